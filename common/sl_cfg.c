@@ -1,0 +1,624 @@
+/*
+ * sl_cfg: the option table and its loader (see sl_cfg.h).
+ *
+ * Loading is two-phase: every key is parsed and range-checked on its own, and only then do
+ * cross-field checks run (finalize), so one run reports every problem. Nothing here connects
+ * to anything.
+ */
+#include "common/sl_cfg.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/sl_err.h"
+#include "common/sl_log.h"
+#include "common/sl_mem.h"
+
+extern char **environ;
+
+enum opt_type { T_STR, T_INT, T_BOOL };
+
+#define F_SECRET 0x1u /* value never printed */
+#define F_DSN    0x2u /* libpq conninfo: mask password=... */
+#define F_URL    0x4u /* URL: mask userinfo password */
+
+struct opt {
+    const char *name;    /* key in config files */
+    const char *env;     /* environment variable */
+    enum opt_type type;  /* value type */
+    size_t off;          /* offsetof(struct sl_config, field) */
+    int64_t min, max;    /* bounds for T_INT (inclusive) */
+    const char *def;     /* default as text */
+    unsigned flags;      /* F_* */
+    const char *help;    /* one line */
+};
+
+#define O(field) offsetof(struct sl_config, field)
+#define S(n, e, f, d, fl, h) {n, e, T_STR, O(f), 0, 0, d, fl, h}
+#define I(n, e, f, lo, hi, d, h) {n, e, T_INT, O(f), lo, hi, d, 0, h}
+#define B(n, e, f, d, h) {n, e, T_BOOL, O(f), 0, 1, d, 0, h}
+
+static const struct opt opts[] = {
+    S("kafka_brokers", "SLUICE_KAFKA_BROKERS", kafka_brokers, "127.0.0.1:19092", 0,
+      "Kafka bootstrap servers (host:port,...)"),
+    S("topic_deliveries", "SLUICE_TOPIC_DELIVERIES", topic_deliveries, "sluice.deliveries", 0,
+      "topic of delivery records (key = endpoint id)"),
+    S("topic_outcomes", "SLUICE_TOPIC_OUTCOMES", topic_outcomes, "sluice.outcomes", 0,
+      "topic of outcome records (one per attempt or state change)"),
+    S("topic_quarantine", "SLUICE_TOPIC_QUARANTINE", topic_quarantine, "sluice.quarantine", 0,
+      "topic for undecodable or invalid records, with the reason"),
+    S("topic_endpoints", "SLUICE_TOPIC_ENDPOINTS", topic_endpoints, "sluice.endpoints", 0,
+      "compacted topic of endpoint records"),
+    S("consumer_group", "SLUICE_CONSUMER_GROUP", consumer_group, "sluice-consumers", 0,
+      "consumer group of sluice-consumer"),
+    S("recorder_group", "SLUICE_RECORDER_GROUP", recorder_group, "sluice-recorder", 0,
+      "consumer group of sluice-recorder"),
+    I("kafka_session_timeout_ms", "SLUICE_KAFKA_SESSION_TIMEOUT_MS", kafka_session_timeout_ms,
+      3000, 300000, "45000", "consumer group session timeout (ms)"),
+    S("redis_url", "SLUICE_REDIS_URL", redis_url, "redis://127.0.0.1:16379", F_URL,
+      "Redis URL redis://[:password@]host:port[/db] (password redacted in output)"),
+    I("redis_timeout_ms", "SLUICE_REDIS_TIMEOUT_MS", redis_timeout_ms, 10, 60000, "2000",
+      "Redis connect and command timeout (ms)"),
+    S("pg_dsn", "SLUICE_PG_DSN", pg_dsn, "host=127.0.0.1 port=15432 dbname=sluice user=sluice",
+      F_DSN, "PostgreSQL libpq connection string (password redacted in output)"),
+    S("master_key", "SLUICE_MASTER_KEY", master_key, "", F_SECRET,
+      "32-byte key (64 hex chars or base64) encrypting endpoint secrets at rest"),
+    S("log_level", "SLUICE_LOG_LEVEL", log_level, "info", 0, "error, warn, info or debug"),
+    S("debug", "SLUICE_DEBUG", debug, "", 0,
+      "debug contexts with log_level=debug: kafka,http,redis,db,cfg or all"),
+    S("instance_id", "SLUICE_INSTANCE_ID", instance_id, "", 0,
+      "this process's id in outcomes and leases (empty = hostname-pid)"),
+    I("http_timeout_ms", "SLUICE_HTTP_TIMEOUT_MS", http_timeout_ms, 100, 600000, "15000",
+      "total request timeout (ms)"),
+    I("http_connect_timeout_ms", "SLUICE_HTTP_CONNECT_TIMEOUT_MS", http_connect_timeout_ms, 10,
+      600000, "5000", "connect timeout including TLS (ms)"),
+    I("max_inflight", "SLUICE_MAX_INFLIGHT", max_inflight, 1, 100000, "2000",
+      "global cap on concurrent requests per consumer process"),
+    I("max_inflight_per_endpoint", "SLUICE_MAX_INFLIGHT_PER_ENDPOINT", max_inflight_per_endpoint,
+      1, 10000, "64", "default cap on concurrent requests to one endpoint"),
+    I("endpoint_backlog", "SLUICE_ENDPOINT_BACKLOG", endpoint_backlog, 1, 1000000, "2000",
+      "deliveries queued in memory per endpoint before spilling to the Redis schedule"),
+    I("max_body_bytes", "SLUICE_MAX_BODY_BYTES", max_body_bytes, 1, 16777216, "1048576",
+      "largest delivery body accepted (bytes)"),
+    I("response_keep_bytes", "SLUICE_RESPONSE_KEEP_BYTES", response_keep_bytes, 0, 65536, "4096",
+      "response body prefix kept in outcome records (bytes)"),
+    I("response_max_bytes", "SLUICE_RESPONSE_MAX_BYTES", response_max_bytes, 1, 67108864,
+      "1048576", "response bodies longer than this abort the transfer (bytes)"),
+    B("ssrf_protection", "SLUICE_SSRF_PROTECTION", ssrf_protection, "true",
+      "refuse to connect to loopback, private, link-local and other non-global addresses"),
+    S("ssrf_allow_cidrs", "SLUICE_SSRF_ALLOW_CIDRS", ssrf_allow_cidrs, "", 0,
+      "comma-separated CIDRs exempt from SSRF refusal (e.g. 127.0.0.0/8 for local demos)"),
+    I("retry_base_ms", "SLUICE_RETRY_BASE_MS", retry_base_ms, 1, 86400000, "30000",
+      "full-jitter backoff base (ms)"),
+    I("retry_cap_ms", "SLUICE_RETRY_CAP_MS", retry_cap_ms, 1, 604800000, "3600000",
+      "maximum backoff delay (ms)"),
+    I("max_attempts", "SLUICE_MAX_ATTEMPTS", max_attempts, 1, 100, "5",
+      "attempts before a delivery becomes a dead letter"),
+    I("retry_shards", "SLUICE_RETRY_SHARDS", retry_shards, 1, 1024, "16",
+      "number of Redis retry sorted sets (hash-tagged shards)"),
+    I("lease_ms", "SLUICE_LEASE_MS", lease_ms, 1000, 3600000, "60000",
+      "lease on a claimed retry job; must exceed http_timeout_ms"),
+    I("retry_after_max_ms", "SLUICE_RETRY_AFTER_MAX_MS", retry_after_max_ms, 0, 86400000,
+      "3600000", "largest Retry-After honoured (ms)"),
+    I("breaker_threshold", "SLUICE_BREAKER_THRESHOLD", breaker_threshold, 1, 100000, "10",
+      "consecutive failures that open an endpoint's breaker"),
+    I("breaker_slow_threshold", "SLUICE_BREAKER_SLOW_THRESHOLD", breaker_slow_threshold, 1,
+      100000, "3", "breaker threshold for endpoints whose P95 latency is slow"),
+    I("breaker_slow_p95_ms", "SLUICE_BREAKER_SLOW_P95_MS", breaker_slow_p95_ms, 1, 600000, "5000",
+      "P95 latency above which the slow threshold applies (ms)"),
+    I("breaker_cooldown_ms", "SLUICE_BREAKER_COOLDOWN_MS", breaker_cooldown_ms, 10, 86400000,
+      "300000", "first breaker cooldown (ms)"),
+    I("breaker_cooldown_max_ms", "SLUICE_BREAKER_COOLDOWN_MAX_MS", breaker_cooldown_max_ms, 10,
+      604800000, "3600000", "cap of the doubled breaker cooldown (ms)"),
+    I("dedup_window_s", "SLUICE_DEDUP_WINDOW_S", dedup_window_s, 1, 2592000, "86400",
+      "how long a delivered marker suppresses duplicates (s)"),
+    I("shutdown_drain_ms", "SLUICE_SHUTDOWN_DRAIN_MS", shutdown_drain_ms, 0, 600000, "10000",
+      "on SIGTERM, time allowed for in-flight requests to finish (ms)"),
+    I("recorder_batch", "SLUICE_RECORDER_BATCH", recorder_batch, 1, 1000000, "5000",
+      "outcome rows per COPY batch"),
+    I("recorder_flush_ms", "SLUICE_RECORDER_FLUSH_MS", recorder_flush_ms, 1, 60000, "500",
+      "flush a partial batch after this long (ms)"),
+    I("latency_window_h", "SLUICE_LATENCY_WINDOW_H", latency_window_h, 1, 720, "24",
+      "rolling window of latency samples (hours)"),
+    I("dead_letter_retention_d", "SLUICE_DEAD_LETTER_RETENTION_D", dead_letter_retention_d, 1,
+      3650, "30", "dead letters (with payloads) kept this many days"),
+    I("history_retention_d", "SLUICE_HISTORY_RETENTION_D", history_retention_d, 1, 3650, "14",
+      "delivery_attempts partitions kept this many days"),
+};
+
+#define NOPTS (sizeof(opts) / sizeof(opts[0]))
+_Static_assert(NOPTS <= sizeof(((struct sl_config *)0)->sources), "sources[] too small");
+
+static char **str_field(struct sl_config *cfg, const struct opt *o)
+{
+    return (char **)(void *)((char *)cfg + o->off);
+}
+
+static int64_t *int_field(struct sl_config *cfg, const struct opt *o)
+{
+    return (int64_t *)(void *)((char *)cfg + o->off);
+}
+
+static bool *bool_field(struct sl_config *cfg, const struct opt *o)
+{
+    return (bool *)(void *)((char *)cfg + o->off);
+}
+
+static const char *src_name(int src, const char *file, char *buf, size_t len, int line)
+{
+    switch (src) {
+    case SL_CFG_SRC_FILE:
+        snprintf(buf, len, "%s:%d", file ? file : "file", line);
+        return buf;
+    case SL_CFG_SRC_ENV:
+        return "env";
+    default:
+        return "default";
+    }
+}
+
+/* Printable form of a value in an error message: secrets are never echoed. */
+static const char *shown(const struct opt *o, const char *val)
+{
+    return (o->flags & F_SECRET) ? "[redacted]" : val;
+}
+
+/* Parse val into the field; on failure print one error naming key, source and value. */
+static int set_value(struct sl_config *cfg, const struct opt *o, const char *val, int src,
+                     const char *file, int line, FILE *errf)
+{
+    char sb[512];
+    const char *key = src == SL_CFG_SRC_ENV ? o->env : o->name;
+    switch (o->type) {
+    case T_STR: {
+        char **f = str_field(cfg, o);
+        free(*f);
+        *f = sl_xstrdup(val);
+        break;
+    }
+    case T_INT: {
+        char *end = NULL;
+        errno = 0;
+        long long v = strtoll(val, &end, 10);
+        if (errno != 0 || end == val || *end != '\0' || v < o->min || v > o->max) {
+            fprintf(errf,
+                    "invalid value for %s (%s): \"%s\": expected an integer in %lld..%lld\n",
+                    key, src_name(src, file, sb, sizeof(sb), line), shown(o, val),
+                    (long long)o->min, (long long)o->max);
+            return -1;
+        }
+        *int_field(cfg, o) = v;
+        break;
+    }
+    case T_BOOL:
+        if (strcmp(val, "true") == 0) {
+            *bool_field(cfg, o) = true;
+        } else if (strcmp(val, "false") == 0) {
+            *bool_field(cfg, o) = false;
+        } else {
+            fprintf(errf, "invalid value for %s (%s): \"%s\": expected true or false\n", key,
+                    src_name(src, file, sb, sizeof(sb), line), shown(o, val));
+            return -1;
+        }
+        break;
+    }
+    cfg->sources[o - opts] = (unsigned char)src;
+    return 0;
+}
+
+static const struct opt *find_name(const char *name)
+{
+    for (size_t i = 0; i < NOPTS; i++) {
+        if (strcmp(opts[i].name, name) == 0)
+            return &opts[i];
+    }
+    return NULL;
+}
+
+static const struct opt *find_env(const char *env)
+{
+    for (size_t i = 0; i < NOPTS; i++) {
+        if (strcmp(opts[i].env, env) == 0)
+            return &opts[i];
+    }
+    return NULL;
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
+        s[--n] = '\0';
+    return s;
+}
+
+/* File format: `name = value` lines; '#' starts a comment line; values may be "quoted". */
+static int load_file(struct sl_config *cfg, const char *path, FILE *errf)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(errf, "could not open config file %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    int nerr = 0;
+    char *linebuf = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int lineno = 0;
+    while ((n = getline(&linebuf, &cap, f)) >= 0) {
+        lineno++;
+        if (n > 8192) {
+            fprintf(errf, "%s:%d: line too long (%zd bytes, limit 8192)\n", path, lineno, n);
+            nerr++;
+            continue;
+        }
+        char *s = trim(linebuf);
+        if (*s == '\0' || *s == '#')
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            fprintf(errf, "%s:%d: expected `name = value`\n", path, lineno);
+            nerr++;
+            continue;
+        }
+        *eq = '\0';
+        char *key = trim(s);
+        char *val = trim(eq + 1);
+        size_t vl = strlen(val);
+        if (vl >= 2 && val[0] == '"' && val[vl - 1] == '"') {
+            val[vl - 1] = '\0';
+            val++;
+        }
+        const struct opt *o = find_name(key);
+        if (!o) {
+            fprintf(errf, "%s:%d: unknown option \"%s\"\n", path, lineno, key);
+            nerr++;
+            continue;
+        }
+        if (set_value(cfg, o, val, SL_CFG_SRC_FILE, path, lineno, errf) != 0)
+            nerr++;
+    }
+    if (linebuf) {
+        sl_secret_wipe(linebuf, cap);
+        free(linebuf);
+    }
+    fclose(f);
+    return nerr;
+}
+
+/* SLUICE_* variables that belong to the scripts (stack, tests, demo), not to the processes. */
+static bool script_var(const char *name)
+{
+    static const char *const prefixes[] = {
+        "SLUICE_STACK_", "SLUICE_CACHE_", "SLUICE_PORT_BASE", "SLUICE_KAFKA_PORT",
+        "SLUICE_KAFKA_CONTROLLER_PORT", "SLUICE_REDIS_PORT", "SLUICE_PG_PORT", "SLUICE_PARTITIONS",
+        "SLUICE_TEST_", "SLUICE_DEMO_", "SLUICE_BENCH_", "SLUICE_BUILD_", "SLUICE_SKIP_"};
+    for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++) {
+        if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0)
+            return true;
+    }
+    return false;
+}
+
+static int load_env(struct sl_config *cfg, char *const *envp, FILE *errf)
+{
+    int nerr = 0;
+    for (char *const *e = envp; e && *e; e++) {
+        if (strncmp(*e, "SLUICE_", 7) != 0)
+            continue;
+        const char *eq = strchr(*e, '=');
+        if (!eq)
+            continue;
+        char name[128];
+        size_t nl = (size_t)(eq - *e);
+        if (nl >= sizeof(name))
+            nl = sizeof(name) - 1;
+        memcpy(name, *e, nl);
+        name[nl] = '\0';
+        if (strcmp(name, "SLUICE_CONFIG_FILE") == 0)
+            continue;
+        const struct opt *o = find_env(name);
+        if (!o) {
+            if (script_var(name))
+                continue;
+            fprintf(errf, "unknown environment variable %s (see --help-config)\n", name);
+            nerr++;
+            continue;
+        }
+        if (set_value(cfg, o, eq + 1, SL_CFG_SRC_ENV, NULL, 0, errf) != 0)
+            nerr++;
+    }
+    return nerr;
+}
+
+static int finalize(struct sl_config *cfg, FILE *errf)
+{
+    int nerr = 0;
+    enum sl_log_level lv;
+    unsigned mask;
+    if (sl_log_level_parse(cfg->log_level, &lv) != 0) {
+        fprintf(errf, "invalid value for log_level: \"%s\": expected error, warn, info or debug\n",
+                cfg->log_level);
+        nerr++;
+    }
+    if (sl_log_debug_parse(cfg->debug, &mask) != 0) {
+        fprintf(errf,
+                "invalid value for debug: \"%s\": expected a list of kafka, http, redis, db, "
+                "cfg, all\n",
+                cfg->debug);
+        nerr++;
+    }
+    if (cfg->http_connect_timeout_ms > cfg->http_timeout_ms) {
+        fprintf(errf,
+                "http_connect_timeout_ms (%lld) must not exceed http_timeout_ms (%lld)\n",
+                (long long)cfg->http_connect_timeout_ms, (long long)cfg->http_timeout_ms);
+        nerr++;
+    }
+    if (cfg->lease_ms <= cfg->http_timeout_ms) {
+        fprintf(errf,
+                "lease_ms (%lld) must exceed http_timeout_ms (%lld) so a slow request's retry "
+                "job is never claimed twice\n",
+                (long long)cfg->lease_ms, (long long)cfg->http_timeout_ms);
+        nerr++;
+    }
+    if (cfg->retry_base_ms > cfg->retry_cap_ms) {
+        fprintf(errf, "retry_base_ms (%lld) must not exceed retry_cap_ms (%lld)\n",
+                (long long)cfg->retry_base_ms, (long long)cfg->retry_cap_ms);
+        nerr++;
+    }
+    if (cfg->breaker_cooldown_ms > cfg->breaker_cooldown_max_ms) {
+        fprintf(errf,
+                "breaker_cooldown_ms (%lld) must not exceed breaker_cooldown_max_ms (%lld)\n",
+                (long long)cfg->breaker_cooldown_ms, (long long)cfg->breaker_cooldown_max_ms);
+        nerr++;
+    }
+    if (cfg->response_keep_bytes > cfg->response_max_bytes) {
+        fprintf(errf, "response_keep_bytes (%lld) must not exceed response_max_bytes (%lld)\n",
+                (long long)cfg->response_keep_bytes, (long long)cfg->response_max_bytes);
+        nerr++;
+    }
+    const char *topics[] = {cfg->topic_deliveries, cfg->topic_outcomes, cfg->topic_quarantine,
+                            cfg->topic_endpoints, cfg->kafka_brokers, cfg->consumer_group,
+                            cfg->recorder_group};
+    const char *tnames[] = {"topic_deliveries", "topic_outcomes", "topic_quarantine",
+                            "topic_endpoints", "kafka_brokers", "consumer_group",
+                            "recorder_group"};
+    for (size_t i = 0; i < sizeof(topics) / sizeof(topics[0]); i++) {
+        if (topics[i][0] == '\0') {
+            fprintf(errf, "%s must not be empty\n", tnames[i]);
+            nerr++;
+        }
+    }
+    if (strncmp(cfg->redis_url, "redis://", 8) != 0) {
+        fprintf(errf, "invalid value for redis_url: expected redis://host:port[/db]\n");
+        nerr++;
+    }
+    return nerr;
+}
+
+int sl_cfg_load(struct sl_config *cfg, const char *file, char *const *envp, FILE *errf)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    if (!errf)
+        errf = stderr;
+    if (!envp)
+        envp = environ;
+    int nerr = 0;
+    for (size_t i = 0; i < NOPTS; i++) {
+        if (set_value(cfg, &opts[i], opts[i].def, SL_CFG_SRC_DEFAULT, NULL, 0, errf) != 0)
+            nerr++; /* a bad default is a bug, but report it like any other */
+    }
+    if (!file) {
+        for (char *const *e = envp; *e; e++) {
+            if (strncmp(*e, "SLUICE_CONFIG_FILE=", 19) == 0 && (*e)[19])
+                file = *e + 19;
+        }
+    }
+    if (file)
+        nerr += load_file(cfg, file, errf);
+    nerr += load_env(cfg, envp, errf);
+    if (nerr == 0)
+        nerr += finalize(cfg, errf);
+    return nerr;
+}
+
+void sl_cfg_fini(struct sl_config *cfg)
+{
+    for (size_t i = 0; i < NOPTS; i++) {
+        if (opts[i].type == T_STR) {
+            char **f = str_field(cfg, &opts[i]);
+            if (*f && (opts[i].flags & F_SECRET))
+                sl_secret_wipe(*f, strlen(*f));
+            free(*f);
+            *f = NULL;
+        }
+    }
+}
+
+static const char *type_name(const struct opt *o)
+{
+    return o->type == T_STR ? "string" : o->type == T_INT ? "integer" : "boolean";
+}
+
+void sl_cfg_print_help(FILE *f)
+{
+    fprintf(f, "Configuration (default < config file < environment):\n\n");
+    for (size_t i = 0; i < NOPTS; i++) {
+        const struct opt *o = &opts[i];
+        fprintf(f, "  %-28s %-34s %s", o->name, o->env, type_name(o));
+        if (o->type == T_INT)
+            fprintf(f, " %lld..%lld", (long long)o->min, (long long)o->max);
+        fprintf(f, "\n      %s (default: \"%s\")%s\n", o->help, o->def,
+                (o->flags & F_SECRET) ? " [secret]" : "");
+    }
+}
+
+/* Mask password=... in a libpq conninfo string, and :password@ in a URL. */
+static void mask_value(const struct opt *o, const char *val, char *out, size_t outlen)
+{
+    if (o->flags & F_SECRET) {
+        snprintf(out, outlen, "%s", val[0] ? "[redacted]" : "");
+        return;
+    }
+    snprintf(out, outlen, "%s", val);
+    if (o->flags & F_DSN) {
+        char *p = strstr(out, "password");
+        if (p) {
+            char *eq = strchr(p, '=');
+            if (eq) {
+                char *q = eq + 1;
+                while (*q == ' ')
+                    q++;
+                char *end = q;
+                if (*q == '\'') {
+                    end = strchr(q + 1, '\'');
+                    end = end ? end + 1 : q + strlen(q);
+                } else {
+                    while (*end && *end != ' ')
+                        end++;
+                }
+                char tail[512];
+                snprintf(tail, sizeof(tail), "%s", end);
+                snprintf(q, outlen - (size_t)(q - out), "[redacted]%s", tail);
+            }
+        }
+    }
+    if (o->flags & F_URL) {
+        char *scheme = strstr(out, "://");
+        char *at = scheme ? strchr(scheme + 3, '@') : NULL;
+        if (scheme && at) {
+            char tail[512];
+            snprintf(tail, sizeof(tail), "%s", at);
+            snprintf(scheme + 3, outlen - (size_t)(scheme + 3 - out), "[redacted]%s", tail);
+        }
+    }
+}
+
+void sl_cfg_print(const struct sl_config *cfg, FILE *f)
+{
+    static const char *const srcn[] = {"default", "file", "env"};
+    for (size_t i = 0; i < NOPTS; i++) {
+        const struct opt *o = &opts[i];
+        char val[1024];
+        const void *base = cfg;
+        if (o->type == T_STR) {
+            const char *s = *(char *const *)(const void *)((const char *)base + o->off);
+            mask_value(o, s ? s : "", val, sizeof(val));
+        } else if (o->type == T_INT) {
+            snprintf(val, sizeof(val), "%lld",
+                     (long long)*(const int64_t *)(const void *)((const char *)base + o->off));
+        } else {
+            snprintf(val, sizeof(val), "%s",
+                     *(const bool *)(const void *)((const char *)base + o->off) ? "true"
+                                                                                 : "false");
+        }
+        fprintf(f, "%s = \"%s\"  # %s\n", o->name, val, srcn[cfg->sources[i]]);
+    }
+}
+
+void sl_cfg_print_markdown(FILE *f)
+{
+    fprintf(f, "# Configuration reference\n\n"
+               "Generated from the option table in common/sl_cfg.c by `sluicectl config-doc`; do "
+               "not edit by hand.\n\n"
+               "Precedence: default < config file (`--config FILE` or `SLUICE_CONFIG_FILE`, "
+               "lines of `name = value`) < environment. Bad values fail start-up with exit code "
+               "78 and a message naming the key, its source and the value (secrets are never "
+               "echoed).\n\n"
+               "| name | environment | type | range | default | description |\n"
+               "|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < NOPTS; i++) {
+        const struct opt *o = &opts[i];
+        char range[64] = "";
+        if (o->type == T_INT)
+            snprintf(range, sizeof(range), "%lld..%lld", (long long)o->min, (long long)o->max);
+        fprintf(f, "| `%s` | `%s` | %s | %s | `%s` | %s%s |\n", o->name, o->env, type_name(o),
+                range, o->def, o->help, (o->flags & F_SECRET) ? " **secret**" : "");
+    }
+}
+
+int sl_cfg_source(const struct sl_config *cfg, const char *name)
+{
+    const struct opt *o = find_name(name);
+    return o ? cfg->sources[o - opts] : -1;
+}
+
+static void register_secrets(const struct sl_config *cfg)
+{
+    if (cfg->master_key[0])
+        sl_log_add_secret(cfg->master_key);
+    /* redis password: redis://[user]:password@host */
+    const char *s = strstr(cfg->redis_url, "://");
+    const char *at = s ? strchr(s + 3, '@') : NULL;
+    if (s && at) {
+        const char *colon = memchr(s + 3, ':', (size_t)(at - (s + 3)));
+        if (colon) {
+            char *pw = sl_xstrndup(colon + 1, (size_t)(at - colon - 1));
+            sl_log_add_secret(pw);
+            sl_secret_wipe(pw, strlen(pw));
+            free(pw);
+        }
+    }
+    const char *p = strstr(cfg->pg_dsn, "password=");
+    if (p) {
+        p += 9;
+        size_t n = strcspn(p, " ");
+        char *pw = sl_xstrndup(p, n);
+        sl_log_add_secret(pw);
+        sl_secret_wipe(pw, n);
+        free(pw);
+    }
+}
+
+void sl_cfg_main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv)
+{
+    const char *file = NULL;
+    bool help = false, print = false, check = false;
+    int out = 1;
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < *argc) {
+            file = argv[++i];
+        } else if (strncmp(argv[i], "--config=", 9) == 0) {
+            file = argv[i] + 9;
+        } else if (strcmp(argv[i], "--help-config") == 0) {
+            help = true;
+        } else if (strcmp(argv[i], "--print-config") == 0) {
+            print = true;
+        } else if (strcmp(argv[i], "--check-config") == 0) {
+            check = true;
+        } else {
+            argv[out++] = argv[i];
+        }
+    }
+    argv[out] = NULL;
+    *argc = out;
+    if (help) {
+        sl_cfg_print_help(stdout);
+        exit(0);
+    }
+    int nerr = sl_cfg_load(cfg, file, NULL, stderr);
+    if (nerr > 0) {
+        fprintf(stderr, "%s: %d configuration error%s, not starting\n", proc, nerr,
+                nerr == 1 ? "" : "s");
+        exit(SL_CFG_EXIT);
+    }
+    enum sl_log_level lv = SL_LOG_INFO;
+    unsigned mask = 0;
+    (void)sl_log_level_parse(cfg->log_level, &lv);
+    (void)sl_log_debug_parse(cfg->debug, &mask);
+    sl_log_init(proc, lv, mask);
+    register_secrets(cfg);
+    if (print) {
+        sl_cfg_print(cfg, stdout);
+        exit(0);
+    }
+    if (check) {
+        printf("%s: configuration ok\n", proc);
+        exit(0);
+    }
+}

@@ -1,0 +1,112 @@
+/*
+ * sl_cfg: one descriptor table drives configuration for every Sluice process.
+ *
+ * Each option has a name (used in config files: `http_timeout_ms = 15000`), an environment
+ * variable (SLUICE_HTTP_TIMEOUT_MS), a type, bounds, a default, flags (secret) and help.
+ * The same table loads, validates, prints --help-config and --print-config (redacted), and
+ * generates docs/CONFIG.md (sluicectl config-doc).
+ *
+ * Precedence: default < file (--config FILE or SLUICE_CONFIG_FILE) < environment. Every value
+ * remembers its source so errors can cite it: `invalid value for SLUICE_HTTP_TIMEOUT_MS (env):
+ * "15s": expected an integer in 100..600000`. Parsing is strict (strtoll with end pointer and
+ * range checks, booleans only true/false). All errors are collected and reported together;
+ * sl_cfg_main_load() then exits with SL_CFG_EXIT (78, EX_CONFIG) before anything connects.
+ *
+ * thread: load at start-up on the main thread; the loaded struct is read-only afterwards.
+ */
+#ifndef SL_CFG_H
+#define SL_CFG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define SL_CFG_EXIT 78 /* EX_CONFIG from sysexits.h */
+
+/* The effective configuration. Strings are owned by the struct (sl_cfg_fini frees). */
+struct sl_config {
+    /* kafka */
+    char *kafka_brokers;     /* bootstrap list host:port[,host:port] */
+    char *topic_deliveries;  /* delivery records (key = endpoint id) */
+    char *topic_outcomes;    /* one record per attempt / state change */
+    char *topic_quarantine;  /* undecodable / invalid records with a reason */
+    char *topic_endpoints;   /* compacted endpoint registry */
+    char *consumer_group;    /* sluice-consumer group id */
+    char *recorder_group;    /* sluice-recorder group id */
+    int64_t kafka_session_timeout_ms; /* group session timeout, ms */
+    /* redis */
+    char *redis_url;         /* redis://[:password@]host:port[/db]; password secret */
+    int64_t redis_timeout_ms;     /* connect and command timeout, ms */
+    /* postgresql */
+    char *pg_dsn;            /* libpq conninfo; password masked in output */
+    /* secrets */
+    char *master_key;        /* 32-byte AES key, hex or base64; secret */
+    /* logging */
+    char *log_level;         /* error|warn|info|debug */
+    char *debug;             /* debug contexts: kafka,http,redis,db,cfg,all */
+    char *instance_id;       /* this process's id in outcomes and leases ("" = host-pid) */
+    /* delivery */
+    int64_t http_timeout_ms;         /* total request timeout, ms */
+    int64_t http_connect_timeout_ms; /* connect (TCP+TLS) timeout, ms */
+    int64_t max_inflight;            /* global cap on concurrent requests */
+    int64_t max_inflight_per_endpoint; /* per-endpoint cap on concurrent requests */
+    int64_t endpoint_backlog;        /* in-memory queued deliveries per endpoint before spill */
+    int64_t max_body_bytes;          /* largest body accepted from producers */
+    int64_t response_keep_bytes;     /* response body prefix kept in outcomes */
+    int64_t response_max_bytes;      /* response read past this aborts the transfer */
+    char *ssrf_allow_cidrs;          /* comma-separated CIDRs exempt from SSRF refusal */
+    bool ssrf_protection;            /* refuse non-global addresses */
+    /* retry */
+    int64_t retry_base_ms;    /* full-jitter base, ms */
+    int64_t retry_cap_ms;     /* maximum delay, ms */
+    int64_t max_attempts;     /* attempts before dead letter */
+    int64_t retry_shards;     /* number of Redis retry sorted sets */
+    int64_t lease_ms;         /* retry job lease; must exceed http_timeout_ms */
+    int64_t retry_after_max_ms; /* upper bound for an honoured Retry-After, ms */
+    /* breaker */
+    int64_t breaker_threshold;       /* consecutive failures that open the breaker */
+    int64_t breaker_slow_threshold;  /* threshold when the endpoint's P95 is slow */
+    int64_t breaker_slow_p95_ms;     /* P95 above which an endpoint counts as slow, ms */
+    int64_t breaker_cooldown_ms;     /* first cooldown, ms */
+    int64_t breaker_cooldown_max_ms; /* cap for the doubled cooldown, ms */
+    /* dedup and shutdown */
+    int64_t dedup_window_s;    /* delivered-marker TTL, s */
+    int64_t shutdown_drain_ms; /* SIGTERM: time to let in-flight requests finish, ms */
+    /* recorder */
+    int64_t recorder_batch;    /* rows per COPY batch */
+    int64_t recorder_flush_ms; /* flush a partial batch after this long, ms */
+    int64_t latency_window_h;  /* rolling window of latency samples, hours */
+    int64_t dead_letter_retention_d; /* dead letters kept this many days */
+    int64_t history_retention_d;     /* delivery_attempts partitions kept, days */
+    /* bookkeeping */
+    unsigned char sources[64]; /* enum sl_cfg_source per option, indexed like the table */
+};
+
+enum sl_cfg_source { SL_CFG_SRC_DEFAULT = 0, SL_CFG_SRC_FILE, SL_CFG_SRC_ENV };
+
+/* Load defaults, then file (may be NULL: then SLUICE_CONFIG_FILE if set), then the environment
+ * (envp NULL = environ). Errors are appended to errs (one line each, NUL-separated text in a
+ * caller buffer would be awkward, so they are printed to errf; NULL = stderr). Returns the
+ * number of errors (0 = ok). cfg is always initialised (call sl_cfg_fini). */
+int sl_cfg_load(struct sl_config *cfg, const char *file, char *const *envp, FILE *errf);
+void sl_cfg_fini(struct sl_config *cfg);
+
+/* Print every option (name, env, type, bounds, default, help). */
+void sl_cfg_print_help(FILE *f);
+/* Print the effective config, one `name = value  # source` line each, secrets redacted. */
+void sl_cfg_print(const struct sl_config *cfg, FILE *f);
+/* Markdown reference generated from the table (docs/CONFIG.md). */
+void sl_cfg_print_markdown(FILE *f);
+/* Source of a loaded option by name; -1 if no such option. */
+int sl_cfg_source(const struct sl_config *cfg, const char *name);
+
+/*
+ * The common start-up sequence for processes: handles --config FILE, --help-config,
+ * --print-config, --check-config, consumes them from argv (argc/argv are rewritten to what
+ * is left), loads, and on error prints every problem and exits SL_CFG_EXIT. Registers secret
+ * values with the logger and initialises it with proc. Returns only on success.
+ */
+void sl_cfg_main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv);
+
+#endif /* SL_CFG_H */

@@ -1,0 +1,40 @@
+/*
+ * sl_mem: allocation that never returns NULL. Out-of-memory logs the size it tried and
+ * aborts (outside data can never cause it: every input-driven size is capped before it
+ * reaches an allocator). Also bounded buffers (sl_buf) whose growth past their maximum
+ * fails cleanly instead of allocating.
+ *
+ * thread: any.
+ */
+#ifndef SL_MEM_H
+#define SL_MEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+void *sl_xmalloc(size_t n);
+void *sl_xcalloc(size_t nmemb, size_t size);
+void *sl_xrealloc(void *p, size_t n);
+char *sl_xstrdup(const char *s);
+char *sl_xstrndup(const char *s, size_t n);
+
+/* Overwrite n bytes at p in a way the compiler cannot elide (for secrets). NULL-safe. */
+void sl_secret_wipe(void *p, size_t n);
+
+/* A growable byte buffer with a hard maximum. Caller-allocated; sl_buf_fini frees. */
+struct sl_buf {
+    uint8_t *data; /* NULL until first append; always NUL-terminated after an append */
+    size_t len;    /* bytes used */
+    size_t cap;    /* bytes allocated (excluding the NUL) */
+    size_t max;    /* hard limit on len; appends past it fail */
+};
+
+void sl_buf_init(struct sl_buf *b, size_t max);
+/* Append n bytes; returns 0, or SL_ETOOBIG (buffer unchanged) past the maximum. */
+int sl_buf_append(struct sl_buf *b, const void *p, size_t n);
+int sl_buf_append_str(struct sl_buf *b, const char *s);
+int sl_buf_printf(struct sl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sl_buf_reset(struct sl_buf *b); /* len = 0, memory kept */
+void sl_buf_fini(struct sl_buf *b);  /* frees; b can be re-initialised */
+
+#endif /* SL_MEM_H */
