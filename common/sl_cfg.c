@@ -297,7 +297,9 @@ static bool script_var(const char *name)
     static const char *const prefixes[] = {
         "SLUICE_STACK_", "SLUICE_CACHE_", "SLUICE_PORT_BASE", "SLUICE_KAFKA_PORT",
         "SLUICE_KAFKA_CONTROLLER_PORT", "SLUICE_REDIS_PORT", "SLUICE_PG_PORT", "SLUICE_PARTITIONS",
-        "SLUICE_TEST_", "SLUICE_DEMO_", "SLUICE_BENCH_", "SLUICE_BUILD_", "SLUICE_SKIP_"};
+        "SLUICE_KAFKA_HEAP", "SLUICE_KAFKA_READY_", "SLUICE_PG_BIN", "SLUICE_PG_OS_USER", "SLUICE_SQL_DIR",
+        "SLUICE_STOP_", "SLUICE_TEST_", "SLUICE_DEMO_", "SLUICE_BENCH_", "SLUICE_BUILD_",
+        "SLUICE_SKIP_"};
     for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++) {
         if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0)
             return true;

@@ -1,0 +1,54 @@
+/*
+ * sl_redis: a blocking hiredis 0.14 connection with the things every caller needs: URL
+ * parsing (redis://[:password@]host:port[/db]), connect and command timeouts, AUTH/SELECT,
+ * transparent reconnect after a dropped connection, and Lua scripts run by EVALSHA with a
+ * fallback to EVAL when the server answers NOSCRIPT (after a restart or SCRIPT FLUSH).
+ * hiredis 0.14 has no RESP3 and no TLS: never send HELLO 3.
+ *
+ * thread: one sl_redis_t per thread.
+ */
+#ifndef SL_REDIS_H
+#define SL_REDIS_H
+
+#include <stddef.h>
+
+#include <hiredis/hiredis.h>
+
+#include "common/sl_err.h"
+
+typedef struct sl_redis sl_redis_t;
+
+/* A Lua script: text plus its SHA1 (filled lazily). Define one static per script. */
+struct sl_redis_script {
+    const char *name; /* for error messages */
+    const char *lua;  /* script text */
+    char sha[41];     /* hex SHA1; "" until first use */
+};
+
+/* Connect; returns NULL and fills err (the password is never in messages). */
+sl_redis_t *sl_redis_connect(const char *url, int timeout_ms, sl_err_t *err);
+void sl_redis_close(sl_redis_t *r);
+
+/*
+ * Run a command (argv form, binary safe). Returns a reply the caller frees with
+ * freeReplyObject, or NULL with err filled (connection errors trigger one reconnect and one
+ * retry only for idempotent=1 commands). An error reply is returned as a reply of type
+ * REDIS_REPLY_ERROR, not as NULL.
+ */
+redisReply *sl_redis_cmd(sl_redis_t *r, int idempotent, int argc, const char **argv,
+                         const size_t *argvlen, sl_err_t *err);
+/* printf-style convenience for fixed commands; external values must go through %s/%b. */
+redisReply *sl_redis_cmdf(sl_redis_t *r, sl_err_t *err, const char *fmt, ...);
+
+/* EVALSHA script with nkeys keys followed by args (EVAL on NOSCRIPT). Same reply rules. */
+redisReply *sl_redis_eval(sl_redis_t *r, struct sl_redis_script *s, int nkeys, int argc,
+                          const char **argv, const size_t *argvlen, sl_err_t *err);
+
+/* Pipelining: append commands, then read replies in order. */
+int sl_redis_append(sl_redis_t *r, int argc, const char **argv, const size_t *argvlen);
+redisReply *sl_redis_get_reply(sl_redis_t *r, sl_err_t *err);
+
+/* The underlying context (borrowed), e.g. for redisAppendCommand. */
+redisContext *sl_redis_ctx(sl_redis_t *r);
+
+#endif /* SL_REDIS_H */

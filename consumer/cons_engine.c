@@ -1,0 +1,1426 @@
+/*
+ * cons_engine: the delivery loop (see cons_engine.h for the life of a message).
+ *
+ * Data structures:
+ *   struct job      one delivery attempt in memory; owns the record bytes and the decoded
+ *                   record; lives from intake until its fate is durable.
+ *   struct cons_ep  this pod's runtime view of one endpoint: the endpoint snapshot, its
+ *                   signer, a FIFO of jobs waiting for a slot, in-flight count, and a local
+ *                   copy of the shared breaker state so a healthy endpoint costs no Redis
+ *                   round trip per delivery.
+ *   ready list      endpoints with queued jobs and a free slot, served round-robin so one
+ *                   busy endpoint cannot starve the others (no head-of-line blocking).
+ *
+ * Durability rules (invariant 1): a Kafka job's offset is finished only after (a) its outcome
+ * record was acknowledged by Kafka and (b) whatever state it left in Redis (delivered marker,
+ * retry job) was written. A Redis job is removed or rescheduled under its lease token only
+ * after its outcome is acknowledged; if we crash first, the lease expires and the job comes
+ * back, and the delivered marker turns a repeat into a duplicate outcome instead of a send.
+ *
+ * Failure of Redis: marker checks fail open (deliver; at-least-once), retry writes are held in
+ * memory and retried (their offsets stay unfinished, so nothing is lost), and intake pauses
+ * once the in-memory bound is reached.
+ */
+#include "consumer/cons_engine.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <librdkafka/rdkafka.h>
+
+#include "common/sl_kafka.h"
+#include "common/sl_log.h"
+#include "common/sl_map.h"
+#include "common/sl_mem.h"
+#include "common/sl_record.h"
+#include "common/sl_redis.h"
+#include "common/sl_sign.h"
+#include "common/sl_url.h"
+#include "consumer/cons_backoff.h"
+#include "consumer/cons_classify.h"
+#include "consumer/cons_http.h"
+#include "consumer/cons_offsets.h"
+#include "consumer/cons_postback.h"
+#include "consumer/cons_ssrf.h"
+#include "consumer/cons_store.h"
+
+#define INTAKE_BATCH       500   /* Kafka records taken per loop turn */
+#define CLAIM_BATCH        200   /* retry jobs claimed per shard per turn */
+#define CLAIM_INTERVAL_MS  100   /* how often due retries are claimed */
+#define STORE_INTERVAL_MS  100   /* how often finished offsets are stored */
+#define STATS_INTERVAL_MS  10000 /* stats log line */
+#define BRK_REFRESH_MS     1000  /* refresh of a local breaker view with recent failures */
+#define REDIS_HOLD_RETRY_MS 1000 /* retry of Redis writes that failed */
+#define URL_MAX            8192  /* expanded postback URL cap, bytes */
+
+enum job_src { SRC_KAFKA, SRC_REDIS };
+
+/* What to do once every outcome of a job is acknowledged. */
+enum job_after {
+    AFTER_FINISH,       /* Kafka: finish the offset; Redis: nothing more */
+    AFTER_COMPLETE,     /* Redis: remove the job (delivered / dead letter / duplicate) */
+};
+
+struct cons_ep;
+
+struct job {
+    enum job_src src;                /* where it came from */
+    struct cons_offset_ref off;      /* SRC_KAFKA: offset handle */
+    int32_t partition;               /* SRC_KAFKA: partition */
+    int64_t offset;                  /* SRC_KAFKA: offset */
+    char job_id[41];                 /* Redis job id (both sources once known) */
+    char token[33];                  /* SRC_REDIS: lease token of our claim */
+    uint8_t *raw;                    /* record bytes as received (owned) */
+    size_t raw_len;                  /* bytes */
+    struct sl_delivery d;            /* decoded record (owned) */
+    struct cons_ep *ce;              /* endpoint runtime (NULL until resolved) */
+    int acks_pending;                /* outcome records not yet acknowledged */
+    enum job_after after;            /* action once acknowledged */
+    bool probe;                      /* this send is the breaker's half-open probe */
+    bool is_spill;                   /* scheduled without spending an attempt */
+    struct curl_slist *hdrs;         /* request headers (owned while in flight) */
+    char *url;                       /* expanded postback URL (owned) or NULL */
+    void *http;                      /* cons_http handle while in flight */
+    int64_t redis_hold_due;          /* next retry of a held Redis write (mono ms) */
+    struct sl_outcome pending_out;   /* outcome to produce after a held write succeeds */
+    int64_t sched_due_ms;            /* held schedule: due time */
+    uint32_t sched_attempt;          /* held schedule: attempts spent */
+    struct job *next;                /* queue link */
+    struct job *iprev, *inext;       /* in-flight list links */
+};
+
+struct cons_ep {
+    struct cons_engine *eng;          /* owner */
+    char id[SL_ENDPOINT_ID_MAX + 1];  /* endpoint id */
+    const struct sl_endpoint *ep;     /* current snapshot (reference) or NULL */
+    uint64_t ep_version;              /* snapshot version the signer was built for */
+    sl_signer_t *signer;              /* signer over the active secrets */
+    int64_t signer_until_ms;          /* rebuild when a secret expires (unix ms; 0 = never) */
+    struct job *q_head, *q_tail;      /* jobs waiting for a slot */
+    size_t qlen;                      /* entries in the queue */
+    int inflight;                     /* requests running */
+    bool on_ready;                    /* linked in the ready list */
+    struct cons_ep *ready_next;       /* ready list link */
+    enum cons_brk_state brk;          /* local view of the shared breaker */
+    int64_t brk_failures;             /* consecutive failures per the last Redis answer */
+    int64_t brk_reopen_at;            /* open: cooldown end (unix ms) */
+    int64_t brk_refreshed_mono;       /* when the view was last refreshed (mono ms) */
+    int64_t last_failure_mono;        /* last failure seen here (mono ms) */
+    bool probe_inflight;              /* our probe is running */
+};
+
+struct cons_engine {
+    const struct sl_config *cfg;   /* borrowed */
+    sl_endpoints_t *endpoints;     /* borrowed */
+    rd_kafka_t *consumer;          /* group consumer on topic_deliveries */
+    rd_kafka_t *producer;          /* outcomes and quarantine */
+    rd_kafka_queue_t *cq;          /* consumer queue (io events) */
+    rd_kafka_queue_t *pq;          /* producer main queue (io events) */
+    sl_redis_t *redis;             /* shared state */
+    cons_http_t *http;             /* transfers */
+    cons_offsets_t *offsets;       /* contiguous offsets */
+    struct cons_ssrf_policy ssrf;  /* address policy */
+    sl_map_t *eps;                 /* endpoint id -> struct cons_ep */
+    struct cons_ep *ready_head, *ready_tail; /* endpoints ready to send */
+    struct job *held;              /* jobs whose Redis write failed, retried later */
+    struct job *inflight;          /* jobs with a request running */
+    struct job *marks;             /* delivered jobs waiting for their marker write */
+    size_t nmarks;                 /* entries in marks */
+    int wake[2];                   /* pipe librdkafka writes to */
+    char pod[SL_POD_MAX + 1];      /* instance id */
+    uint64_t live;                 /* jobs in memory */
+    uint64_t live_cap;             /* intake pauses at this */
+    bool paused;                   /* partitions paused by us */
+    bool kafka_more;               /* the consumer queue may hold more records */
+    volatile sig_atomic_t stop;    /* shutdown requested */
+    bool stopping;                 /* shutdown in progress */
+    uint32_t next_shard;           /* round-robin claim cursor */
+    int64_t next_claim_mono;       /* next claim turn */
+    int64_t next_store_mono;       /* next offsets store */
+    int64_t next_stats_mono;       /* next stats line */
+    int64_t redis_warned_mono;     /* rate limit for Redis warnings */
+    int fatal;                     /* fatal error code */
+    struct cons_stats st;          /* counters */
+    struct cons_stats st_last;     /* counters at the last stats line */
+    struct sl_buf enc;             /* scratch for encoding */
+};
+
+static void job_free(cons_engine_t *e, struct job *j);
+static void dispatch(cons_engine_t *e);
+
+/* ==== Helpers ==== */
+
+static void warn_redis(cons_engine_t *e, const sl_err_t *err)
+{
+    int64_t now = sl_mono_ms();
+    if (now - e->redis_warned_mono < 5000)
+        return;
+    e->redis_warned_mono = now;
+    sl_warn("redis", "redis_unavailable", "%s", err->msg);
+}
+
+static void set_ctx(struct sl_log_ctx *ctx, const struct job *j)
+{
+    memset(ctx, 0, sizeof(*ctx));
+    ctx->event_id = j->d.id;
+    ctx->endpoint_id = j->d.ep;
+    ctx->attempt = (int)j->d.attempt + 1;
+    ctx->partition = j->src == SRC_KAFKA ? j->partition : -1;
+    ctx->offset = j->src == SRC_KAFKA ? j->offset : -1;
+    sl_log_ctx_set(ctx);
+}
+
+static struct cons_ep *ep_get(cons_engine_t *e, const char *id)
+{
+    struct cons_ep *ce = sl_map_get(e->eps, id);
+    if (ce)
+        return ce;
+    ce = sl_xcalloc(1, sizeof(*ce));
+    ce->eng = e;
+    snprintf(ce->id, sizeof(ce->id), "%s", id);
+    ce->brk = CONS_BRK_CLOSED;
+    sl_map_put(e->eps, id, ce, NULL);
+    return ce;
+}
+
+/* Refresh the endpoint snapshot and signer of ce; returns the snapshot or NULL (unknown). */
+static const struct sl_endpoint *ep_refresh(cons_engine_t *e, struct cons_ep *ce)
+{
+    const struct sl_endpoint *cur = sl_endpoints_get(e->endpoints, ce->id);
+    if (!cur) {
+        sl_endpoint_release(ce->ep);
+        ce->ep = NULL;
+        return NULL;
+    }
+    int64_t now = sl_now_ms();
+    bool rebuild = !ce->ep || cur->version != ce->ep_version || !ce->signer ||
+                   (ce->signer_until_ms && now >= ce->signer_until_ms);
+    sl_endpoint_release(ce->ep);
+    ce->ep = cur;
+    if (!rebuild)
+        return cur;
+    struct sl_secret active[SL_SECRETS_MAX];
+    size_t n = 0;
+    int64_t until = 0;
+    for (size_t i = 0; i < cur->n_secrets; i++) {
+        int64_t exp = (int64_t)cur->secret_exp_ms[i];
+        if (exp != 0 && exp <= now)
+            continue;
+        active[n++] = cur->secrets[i];
+        if (exp != 0 && (until == 0 || exp < until))
+            until = exp;
+    }
+    sl_signer_destroy(ce->signer);
+    ce->signer = NULL;
+    if (n > 0) {
+        sl_err_t err;
+        if (sl_signer_new(active, n, &ce->signer, &err) != 0)
+            sl_error("sign", "signer_failed", "cannot build signer for endpoint %s: %s", ce->id,
+                     err.msg);
+    }
+    sl_secret_wipe(active, sizeof(active));
+    ce->signer_until_ms = until;
+    ce->ep_version = cur->version;
+    return cur;
+}
+
+static void ready_push(cons_engine_t *e, struct cons_ep *ce)
+{
+    if (ce->on_ready)
+        return;
+    ce->on_ready = true;
+    ce->ready_next = NULL;
+    if (e->ready_tail)
+        e->ready_tail->ready_next = ce;
+    else
+        e->ready_head = ce;
+    e->ready_tail = ce;
+}
+
+static struct cons_ep *ready_pop(cons_engine_t *e)
+{
+    struct cons_ep *ce = e->ready_head;
+    if (!ce)
+        return NULL;
+    e->ready_head = ce->ready_next;
+    if (!e->ready_head)
+        e->ready_tail = NULL;
+    ce->on_ready = false;
+    ce->ready_next = NULL;
+    return ce;
+}
+
+static struct cons_retry_policy policy_of(const cons_engine_t *e, const struct sl_endpoint *ep)
+{
+    struct cons_retry_policy p;
+    p.base_ms = ep ? ep->retry_base_ms : e->cfg->retry_base_ms;
+    p.cap_ms = ep ? ep->retry_cap_ms : e->cfg->retry_cap_ms;
+    p.max_attempts = (uint32_t)(ep ? ep->max_attempts : e->cfg->max_attempts);
+    return p;
+}
+
+/* ==== Outcomes ==== */
+
+static void outcome_init(cons_engine_t *e, struct job *j, struct sl_outcome *o,
+                         enum sl_outcome_state state, uint32_t attempt)
+{
+    memset(o, 0, sizeof(*o));
+    o->id = j->d.id;
+    o->ep = j->d.ep;
+    o->type = j->d.type;
+    o->attempt = attempt;
+    o->state = state;
+    o->ts_ms = (uint64_t)sl_now_ms();
+    o->created_ms = j->d.ts_ms;
+    o->pod = e->pod;
+}
+
+/* Produce an outcome for j; the job waits for its acknowledgement. Returns 0 or SL_E*. */
+static int produce_outcome(cons_engine_t *e, struct job *j, const struct sl_outcome *o)
+{
+    sl_err_t err;
+    struct sl_decode_limits lim = {.max_body = (size_t)e->cfg->max_body_bytes, .max_record = 0};
+    sl_buf_reset(&e->enc);
+    if (sl_outcome_encode_lim(o, &lim, &e->enc, &err) != 0) {
+        sl_error("kafka", "outcome_encode_failed", "cannot encode outcome: %s", err.msg);
+        return err.code;
+    }
+    j->acks_pending++;
+    if (sl_kafka_produce(e->producer, e->cfg->topic_outcomes, j->d.ep, strlen(j->d.ep),
+                         e->enc.data, e->enc.len, j, 60000, &err) != 0) {
+        j->acks_pending--;
+        sl_error("kafka", "outcome_produce_failed", "%s", err.msg);
+        return err.code;
+    }
+    return 0;
+}
+
+/* The job is done with its in-memory life once acks arrive; called when acks_pending hits 0. */
+static void job_settle(cons_engine_t *e, struct job *j)
+{
+    if (j->src == SRC_KAFKA) {
+        cons_offsets_finish(e->offsets, &j->off);
+    } else if (j->after == AFTER_COMPLETE) {
+        sl_err_t err;
+        uint32_t nshards = (uint32_t)e->cfg->retry_shards;
+        int rc = cons_store_complete(e->redis, nshards, j->job_id, j->token, &err);
+        if (rc == SL_ESTATE)
+            sl_warn("redis", "lease_lost", "retry job lease was lost before completion");
+        else if (rc != 0)
+            warn_redis(e, &err); /* the lease expires; the marker prevents a resend */
+    }
+    job_free(e, j);
+}
+
+/* Finish a job that needs no outcome record (e.g. a Redis job re-deferred). */
+static void job_done_quiet(cons_engine_t *e, struct job *j)
+{
+    if (j->acks_pending == 0)
+        job_settle(e, j);
+}
+
+/* ==== Redis writes with hold-and-retry ==== */
+
+/*
+ * Put j in the retry schedule at due_ms with attempt attempts spent. On success, produce the
+ * outcome o (may be NULL) and settle. On Redis failure the job is held and retried; for a
+ * Kafka job its offset stays unfinished meanwhile.
+ */
+static void schedule_job(cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attempt,
+                         const struct sl_outcome *o);
+
+static void hold(cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attempt,
+                 const struct sl_outcome *o)
+{
+    j->sched_due_ms = due_ms;
+    j->sched_attempt = attempt;
+    if (o)
+        j->pending_out = *o;
+    else
+        memset(&j->pending_out, 0, sizeof(j->pending_out));
+    j->redis_hold_due = sl_mono_ms() + REDIS_HOLD_RETRY_MS;
+    j->next = e->held;
+    e->held = j;
+}
+
+static void schedule_job(cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attempt,
+                         const struct sl_outcome *o)
+{
+    sl_err_t err;
+    uint32_t nshards = (uint32_t)e->cfg->retry_shards;
+    struct sl_delivery copy = j->d;
+    copy.own = NULL;
+    copy.attempt = attempt;
+    struct sl_decode_limits lim = {.max_body = (size_t)e->cfg->max_body_bytes, .max_record = 0};
+    sl_buf_reset(&e->enc);
+    if (sl_delivery_encode_lim(&copy, &lim, &e->enc, &err) != 0) {
+        sl_error("redis", "job_encode_failed", "cannot encode retry job: %s", err.msg);
+        job_done_quiet(e, j);
+        return;
+    }
+    int existed = 0;
+    int rc = cons_store_schedule(e->redis, nshards, j->job_id, e->enc.data, e->enc.len, due_ms,
+                                 j->src == SRC_REDIS ? j->token : NULL, &existed, &err);
+    if (rc == SL_ESTATE) {
+        /* Our lease expired and another pod owns the job now: it is not ours to move. */
+        sl_warn("redis", "lease_lost", "retry job lease was lost; leaving it to its new owner");
+        job_free(e, j);
+        return;
+    }
+    if (rc != 0) {
+        warn_redis(e, &err);
+        if (j->src == SRC_KAFKA) {
+            hold(e, j, due_ms, attempt, o);
+        } else {
+            job_free(e, j); /* the lease expires and the job comes back */
+        }
+        return;
+    }
+    j->after = AFTER_FINISH;
+    if (o && o->state != SL_OUTCOME_DELIVERED && (o->state != SL_OUTCOME_DEFERRED ||
+                                                  j->src == SRC_KAFKA)) {
+        struct sl_outcome oo = *o;
+        if (produce_outcome(e, j, &oo) == 0)
+            return; /* settles on the acknowledgement */
+    }
+    job_done_quiet(e, j);
+}
+
+static void retry_held(cons_engine_t *e)
+{
+    int64_t now = sl_mono_ms();
+    struct job *list = e->held;
+    e->held = NULL;
+    while (list) {
+        struct job *j = list;
+        list = j->next;
+        j->next = NULL;
+        if (now < j->redis_hold_due) {
+            j->next = e->held;
+            e->held = j;
+            continue;
+        }
+        struct sl_outcome o = j->pending_out;
+        schedule_job(e, j, j->sched_due_ms, j->sched_attempt, o.id ? &o : NULL);
+    }
+}
+
+/* ==== Jobs ==== */
+
+static struct job *job_new(cons_engine_t *e, enum job_src src, const void *raw, size_t len)
+{
+    struct job *j = sl_xcalloc(1, sizeof(*j));
+    j->src = src;
+    j->raw = sl_xmalloc(len ? len : 1);
+    memcpy(j->raw, raw, len);
+    j->raw_len = len;
+    e->live++;
+    return j;
+}
+
+static void job_free(cons_engine_t *e, struct job *j)
+{
+    if (!j)
+        return;
+    curl_slist_free_all(j->hdrs);
+    free(j->url);
+    sl_delivery_fini(&j->d);
+    free(j->raw);
+    free(j);
+    e->live--;
+}
+
+/* Quarantine an undecodable record with the reason (Kafka jobs only). */
+static void quarantine(cons_engine_t *e, struct job *j, const char *reason)
+{
+    char part[16], off[24];
+    snprintf(part, sizeof(part), "%d", (int)j->partition);
+    snprintf(off, sizeof(off), "%lld", (long long)j->offset);
+    e->st.quarantined++;
+    sl_warn("kafka", "record_quarantined", "record quarantined: %s", reason);
+    j->acks_pending++;
+    rd_kafka_resp_err_t ke = rd_kafka_producev(
+        e->producer, RD_KAFKA_V_TOPIC(e->cfg->topic_quarantine),
+        RD_KAFKA_V_VALUE(j->raw, j->raw_len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+        RD_KAFKA_V_HEADER("sluice-reason", reason, (ssize_t)strlen(reason)),
+        RD_KAFKA_V_HEADER("sluice-source-topic", e->cfg->topic_deliveries, -1),
+        RD_KAFKA_V_HEADER("sluice-source-partition", part, -1),
+        RD_KAFKA_V_HEADER("sluice-source-offset", off, -1), RD_KAFKA_V_OPAQUE(j),
+        RD_KAFKA_V_END);
+    if (ke != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        /* Keep the offset unfinished: the record comes back after a restart. */
+        j->acks_pending--;
+        sl_error("kafka", "quarantine_failed", "could not quarantine record: %s",
+                 rd_kafka_err2str(ke));
+        job_free(e, j);
+    }
+}
+
+/* Dead-letter j (attempt = attempts spent incl. this one) with error class and message. */
+static void dead_letter(cons_engine_t *e, struct job *j, uint32_t attempt, uint32_t http,
+                        const char *err_class, const char *msg, const struct cons_http_result *r)
+{
+    struct sl_outcome o;
+    outcome_init(e, j, &o, SL_OUTCOME_DEAD_LETTER, attempt);
+    o.http = http;
+    o.err = err_class;
+    o.msg = msg;
+    o.env = j->raw;
+    o.env_len = j->raw_len;
+    if (r) {
+        o.lat_us = (uint64_t)r->total_us;
+        o.dns_us = (uint64_t)r->dns_us;
+        o.conn_us = (uint64_t)r->connect_us;
+        o.tls_us = (uint64_t)r->tls_us;
+        o.ttfb_us = (uint64_t)r->ttfb_us;
+        o.resp = r->resp_len ? r->resp : NULL;
+        o.resp_len = r->resp_len;
+    }
+    e->st.dead++;
+    struct sl_log_ctx ctx;
+    set_ctx(&ctx, j);
+    SL_LOGKV(SL_LOG_WARN, "deliver", "dead_letter",
+             ((struct sl_log_kv[]){SL_KV_S("err", err_class), SL_KV_I("status", http)}),
+             "delivery dead-lettered after %u attempt%s", attempt, attempt == 1 ? "" : "s");
+    sl_log_ctx_clear();
+    j->after = AFTER_COMPLETE;
+    if (produce_outcome(e, j, &o) != 0)
+        job_free(e, j); /* offset stays unfinished (Kafka) or lease expires (Redis) */
+}
+
+/* Defer j without spending an attempt (breaker open, backlog spill, shutdown). */
+static void defer_job(cons_engine_t *e, struct job *j, int64_t due_ms, const char *why)
+{
+    struct sl_outcome o;
+    outcome_init(e, j, &o, SL_OUTCOME_DEFERRED, 0);
+    o.next_ms = (uint64_t)due_ms;
+    o.err = why;
+    schedule_job(e, j, due_ms, j->d.attempt, &o);
+}
+
+/* ==== Intake: decode, resolve, dedup, enqueue ==== */
+
+/* Decode and resolve one job. Returns true when it should go on to the marker check. */
+static bool intake_resolve(cons_engine_t *e, struct job *j)
+{
+    sl_err_t err;
+    struct sl_decode_limits lim = {.max_body = (size_t)e->cfg->max_body_bytes, .max_record = 0};
+    if (sl_delivery_decode(j->raw, j->raw_len, &lim, &j->d, &err) != 0) {
+        if (j->src == SRC_KAFKA) {
+            quarantine(e, j, err.msg);
+        } else {
+            sl_error("redis", "bad_retry_job", "undecodable retry job removed: %s", err.msg);
+            j->after = AFTER_COMPLETE;
+            job_done_quiet(e, j);
+        }
+        return false;
+    }
+    if (j->src == SRC_KAFKA)
+        cons_store_job_id(j->d.ep, j->d.id, j->job_id);
+    struct cons_ep *ce = ep_get(e, j->d.ep);
+    j->ce = ce;
+    const struct sl_endpoint *ep = ep_refresh(e, ce);
+    if (!ep) {
+        if (j->src == SRC_KAFKA) {
+            char reason[128];
+            snprintf(reason, sizeof(reason), "unknown endpoint %s", j->d.ep);
+            quarantine(e, j, reason);
+        } else {
+            dead_letter(e, j, j->d.attempt, 0, "unknown_endpoint", "endpoint no longer exists",
+                        NULL);
+        }
+        return false;
+    }
+    if (!ep->enabled) {
+        dead_letter(e, j, j->d.attempt, 0, "endpoint_disabled",
+                    ep->reason && ep->reason[0] ? ep->reason : "endpoint disabled", NULL);
+        return false;
+    }
+    return true;
+}
+
+static void enqueue(cons_engine_t *e, struct job *j)
+{
+    struct cons_ep *ce = j->ce;
+    if ((int64_t)ce->qlen >= e->cfg->endpoint_backlog && !e->stopping) {
+        /* Beyond the bound the partition keeps flowing: park the job in Redis, due now. */
+        e->st.spilled++;
+        j->is_spill = true;
+        defer_job(e, j, sl_now_ms(), "backlog_spill");
+        return;
+    }
+    j->next = NULL;
+    if (ce->q_tail)
+        ce->q_tail->next = j;
+    else
+        ce->q_head = j;
+    ce->q_tail = j;
+    ce->qlen++;
+    ready_push(e, ce);
+}
+
+/* Marker check for a batch, then duplicates out, the rest queued. */
+static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
+{
+    if (n == 0)
+        return;
+    const char **eps = sl_xcalloc(n, sizeof(*eps));
+    const char **ids = sl_xcalloc(n, sizeof(*ids));
+    unsigned char *dup = sl_xcalloc(n, 1);
+    for (size_t i = 0; i < n; i++) {
+        eps[i] = jobs[i]->d.ep;
+        ids[i] = jobs[i]->d.id;
+    }
+    sl_err_t err;
+    if (cons_store_done_check(e->redis, n, eps, ids, dup, &err) != 0) {
+        warn_redis(e, &err); /* fail open: at-least-once */
+        memset(dup, 0, n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct job *j = jobs[i];
+        if (dup[i]) {
+            e->st.duplicates++;
+            struct sl_outcome o;
+            outcome_init(e, j, &o, SL_OUTCOME_DUPLICATE, 0);
+            j->after = AFTER_COMPLETE;
+            if (produce_outcome(e, j, &o) != 0)
+                job_free(e, j);
+            continue;
+        }
+        enqueue(e, j);
+    }
+    free(eps);
+    free(ids);
+    free(dup);
+}
+
+static void intake_kafka(cons_engine_t *e)
+{
+    e->kafka_more = false;
+    if (e->stopping)
+        return;
+    if (e->live >= e->live_cap) {
+        if (!e->paused) {
+            rd_kafka_topic_partition_list_t *a = NULL;
+            if (rd_kafka_assignment(e->consumer, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
+                rd_kafka_pause_partitions(e->consumer, a);
+                rd_kafka_topic_partition_list_destroy(a);
+            }
+            e->paused = true;
+            sl_info("kafka", "intake_paused", "intake paused: %llu jobs in memory",
+                    (unsigned long long)e->live);
+        }
+    } else if (e->paused && e->live < e->live_cap / 2) {
+        rd_kafka_topic_partition_list_t *a = NULL;
+        if (rd_kafka_assignment(e->consumer, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
+            rd_kafka_resume_partitions(e->consumer, a);
+            rd_kafka_topic_partition_list_destroy(a);
+        }
+        e->paused = false;
+        sl_info("kafka", "intake_resumed", "intake resumed");
+    }
+    struct job *batch[INTAKE_BATCH];
+    size_t n = 0;
+    for (int i = 0; i < INTAKE_BATCH; i++) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(e->consumer, 0);
+        if (!m)
+            break;
+        if (m->err) {
+            if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+                sl_warn("kafka", "consume_error", "%s", rd_kafka_message_errstr(m));
+            rd_kafka_message_destroy(m);
+            continue;
+        }
+        struct job *j = job_new(e, SRC_KAFKA, m->payload ? m->payload : "", m->len);
+        j->partition = m->partition;
+        j->offset = m->offset;
+        bool tracked = cons_offsets_track(e->offsets, m->partition, m->offset, &j->off);
+        rd_kafka_message_destroy(m);
+        if (!tracked) {
+            job_free(e, j); /* not ours (any more): the owner gets it */
+            continue;
+        }
+        e->st.received++;
+        if (i == INTAKE_BATCH - 1)
+            e->kafka_more = true;
+        if (intake_resolve(e, j))
+            batch[n++] = j;
+    }
+    intake_batch(e, batch, n);
+}
+
+static void intake_redis(cons_engine_t *e)
+{
+    int64_t now_mono = sl_mono_ms();
+    if (now_mono < e->next_claim_mono || e->stopping)
+        return;
+    e->next_claim_mono = now_mono + CLAIM_INTERVAL_MS;
+    uint32_t nshards = (uint32_t)e->cfg->retry_shards;
+    for (uint32_t k = 0; k < nshards; k++) {
+        if (e->live >= e->live_cap)
+            return;
+        int64_t room = (int64_t)(e->live_cap - e->live);
+        int max = room < CLAIM_BATCH ? (int)room : CLAIM_BATCH;
+        uint32_t shard = e->next_shard++ % nshards;
+        struct cons_claimed *c = NULL;
+        sl_err_t err;
+        int got = cons_store_claim(e->redis, shard, sl_now_ms(), e->cfg->lease_ms, max, &c, &err);
+        if (got < 0) {
+            warn_redis(e, &err);
+            return;
+        }
+        struct job **batch = sl_xcalloc((size_t)(got ? got : 1), sizeof(*batch));
+        size_t n = 0;
+        for (int i = 0; i < got; i++) {
+            struct job *j = job_new(e, SRC_REDIS, c[i].body, c[i].body_len);
+            memcpy(j->job_id, c[i].job_id, sizeof(j->job_id));
+            memcpy(j->token, c[i].token, sizeof(j->token));
+            e->st.claimed++;
+            if (intake_resolve(e, j))
+                batch[n++] = j;
+        }
+        cons_store_claimed_free(c, got);
+        intake_batch(e, batch, n);
+        free(batch);
+    }
+}
+
+/* ==== Sending ==== */
+
+static void inflight_link(cons_engine_t *e, struct job *j)
+{
+    j->iprev = NULL;
+    j->inext = e->inflight;
+    if (e->inflight)
+        e->inflight->iprev = j;
+    e->inflight = j;
+}
+
+static void inflight_unlink(cons_engine_t *e, struct job *j)
+{
+    if (j->iprev)
+        j->iprev->inext = j->inext;
+    else if (e->inflight == j)
+        e->inflight = j->inext;
+    if (j->inext)
+        j->inext->iprev = j->iprev;
+    j->iprev = j->inext = NULL;
+}
+
+static void on_http_done(void *opaque, const struct cons_http_result *r);
+
+static struct curl_slist *add_hdr(struct curl_slist *l, const char *name, const char *value)
+{
+    char line[SL_HDR_NAME_MAX + SL_HDR_VALUE_MAX + 4];
+    snprintf(line, sizeof(line), "%s: %s", name, value);
+    return curl_slist_append(l, line);
+}
+
+/* Build and start the request for j. Returns 0, or a permanent failure already handled. */
+static int start_send(cons_engine_t *e, struct job *j)
+{
+    struct cons_ep *ce = j->ce;
+    const struct sl_endpoint *ep = ce->ep;
+    sl_err_t err;
+    const char *url = ep->url;
+    if (ep->tpl) {
+        if (cons_postback_expand(ep->url, j->d.macros, j->d.n_macros, URL_MAX, &j->url, &err) !=
+            0) {
+            dead_letter(e, j, j->d.attempt + 1, 0,
+                        err.code == SL_EMISSING ? "macro_missing" : "template_error", err.msg,
+                        NULL);
+            return -1;
+        }
+        url = j->url;
+    }
+    struct sl_sign_headers sh;
+    if (!ce->signer) {
+        dead_letter(e, j, j->d.attempt + 1, 0, "no_signing_secret",
+                    "endpoint has no active signing secret", NULL);
+        return -1;
+    }
+    if (sl_sign_headers(ce->signer, j->d.id, sl_now_ms() / 1000, j->d.body, j->d.body_len, &sh,
+                        &err) != 0) {
+        dead_letter(e, j, j->d.attempt + 1, 0, "sign_failed", err.msg, NULL);
+        return -1;
+    }
+    struct curl_slist *h = NULL;
+    bool get = ep->method == SL_METHOD_GET;
+    if (!get)
+        h = add_hdr(h, "Content-Type", ep->ct ? ep->ct : j->d.ct);
+    h = curl_slist_append(h, sh.id);
+    h = curl_slist_append(h, sh.timestamp);
+    h = curl_slist_append(h, sh.signature);
+    char num[32];
+    snprintf(num, sizeof(num), "%u", j->d.attempt + 1);
+    h = add_hdr(h, "X-Sluice-Attempt", num);
+    snprintf(num, sizeof(num), "%llu", (unsigned long long)j->d.ts_ms);
+    h = add_hdr(h, "X-Sluice-Created-Ms", num);
+    for (size_t i = 0; i < ep->n_hdr; i++)
+        h = add_hdr(h, ep->hdr[i].name, ep->hdr[i].value);
+    for (size_t i = 0; i < j->d.n_hdr; i++)
+        h = add_hdr(h, j->d.hdr[i].name, j->d.hdr[i].value);
+    h = curl_slist_append(h, "Expect:");
+    sl_secret_wipe(&sh, sizeof(sh));
+    j->hdrs = h;
+    struct cons_http_req req = {
+        .method = sl_http_method_name(ep->method),
+        .url = url,
+        .headers = h,
+        .body = get ? NULL : j->d.body,
+        .body_len = get ? 0 : j->d.body_len,
+        .timeout_ms = (long)ep->timeout_ms,
+        .connect_timeout_ms = (long)ep->conn_timeout_ms,
+        .done = on_http_done,
+        .opaque = j,
+    };
+    if (cons_http_start(e->http, &req, &j->http, &err) != 0) {
+        /* Local failure (out of handles): retry later without spending an attempt. */
+        sl_warn("http", "send_failed", "%s", err.msg);
+        defer_job(e, j, sl_now_ms() + 1000, "local_error");
+        return -1;
+    }
+    ce->inflight++;
+    inflight_link(e, j);
+    e->st.sent++;
+    if (j->probe) {
+        ce->probe_inflight = true;
+        e->st.probes++;
+    }
+    return 0;
+}
+
+static void brk_apply(struct cons_ep *ce, const struct cons_brk_view *v)
+{
+    ce->brk = v->state;
+    ce->brk_failures = v->failures;
+    ce->brk_reopen_at = v->reopen_at_ms;
+    ce->brk_refreshed_mono = sl_mono_ms();
+}
+
+/* Defer everything queued on ce until t (breaker open). */
+static void defer_queue(cons_engine_t *e, struct cons_ep *ce, int64_t until_ms)
+{
+    struct job *j = ce->q_head;
+    ce->q_head = ce->q_tail = NULL;
+    ce->qlen = 0;
+    int64_t spread = ce->ep && ce->ep->brk_cooldown_ms > 0 ? ce->ep->brk_cooldown_ms / 10 : 1000;
+    if (spread > 30000)
+        spread = 30000;
+    while (j) {
+        struct job *n = j->next;
+        j->next = NULL;
+        e->st.deferred++;
+        /* jitter so the endpoint is not hit by one burst when it comes back */
+        int64_t due = until_ms + (int64_t)cons_rng_uniform(NULL, (uint64_t)spread);
+        defer_job(e, j, due, "breaker_open");
+        j = n;
+    }
+}
+
+/* May ce send now? Consults the shared breaker only when the local view is not closed. */
+static bool breaker_allows(cons_engine_t *e, struct cons_ep *ce, bool *probe)
+{
+    *probe = false;
+    int64_t now_mono = sl_mono_ms();
+    if (ce->brk == CONS_BRK_CLOSED) {
+        /* A closed view with recent failures may be stale: another pod may have opened it. */
+        if (ce->last_failure_mono && now_mono - ce->last_failure_mono < 60000 &&
+            now_mono - ce->brk_refreshed_mono > BRK_REFRESH_MS) {
+            struct cons_brk_view v;
+            sl_err_t err;
+            if (cons_store_brk_get(e->redis, ce->id, &v, &err) == 0)
+                brk_apply(ce, &v);
+        }
+        if (ce->brk == CONS_BRK_CLOSED)
+            return true;
+    }
+    if (ce->probe_inflight)
+        return false;
+    int64_t now = sl_now_ms();
+    if (ce->brk == CONS_BRK_OPEN && now < ce->brk_reopen_at)
+        return false;
+    struct cons_brk_view v;
+    sl_err_t err;
+    if (cons_store_brk_acquire(e->redis, ce->id, now, e->cfg->lease_ms, e->pod, &v, &err) != 0) {
+        warn_redis(e, &err);
+        return false;
+    }
+    brk_apply(ce, &v);
+    if (v.state == CONS_BRK_CLOSED)
+        return true;
+    if (v.probe) {
+        *probe = true;
+        return true;
+    }
+    return false;
+}
+
+static void dispatch(cons_engine_t *e)
+{
+    /* Each popped endpoint either sends one job (and goes to the back of the list if it has
+     * more) or leaves the list until an event brings it back (a request finishing frees a
+     * slot or ends a probe; a breaker deferral empties its queue). Round-robin, so one busy
+     * endpoint cannot hold back the others. */
+    int64_t max_inflight = e->cfg->max_inflight;
+    while (cons_http_running(e->http) < max_inflight) {
+        struct cons_ep *ce = ready_pop(e);
+        if (!ce)
+            break;
+        if (!ce->q_head)
+            continue;
+        int64_t cap = ce->ep ? ce->ep->max_inflight : e->cfg->max_inflight_per_endpoint;
+        if (ce->inflight >= cap)
+            continue;
+        bool probe = false;
+        if (!breaker_allows(e, ce, &probe)) {
+            if (ce->probe_inflight)
+                continue;
+            int64_t now = sl_now_ms();
+            int64_t until = ce->brk == CONS_BRK_OPEN && ce->brk_reopen_at > now
+                                ? ce->brk_reopen_at
+                                : now + 1000;
+            defer_queue(e, ce, until);
+            continue;
+        }
+        struct job *j = ce->q_head;
+        ce->q_head = j->next;
+        if (!ce->q_head)
+            ce->q_tail = NULL;
+        ce->qlen--;
+        j->next = NULL;
+        j->probe = probe;
+        start_send(e, j);
+        if (ce->q_head && !probe)
+            ready_push(e, ce);
+    }
+}
+
+/* ==== Results ==== */
+
+static void on_http_done(void *opaque, const struct cons_http_result *r)
+{
+    struct job *j = opaque;
+    struct cons_ep *ce = j->ce;
+    cons_engine_t *e = ce->eng;
+    inflight_unlink(e, j);
+    ce->inflight--;
+    j->http = NULL;
+    curl_slist_free_all(j->hdrs);
+    j->hdrs = NULL;
+    uint32_t attempt = j->d.attempt + 1;
+    const char *cls = NULL;
+    enum cons_verdict v = cons_classify(r->curl_code, r->status, r->refusal, &cls);
+    bool was_probe = j->probe;
+    if (was_probe)
+        ce->probe_inflight = false;
+    struct sl_log_ctx ctx;
+    set_ctx(&ctx, j);
+    sl_err_t err;
+    int64_t now = sl_now_ms();
+
+    /* Breaker bookkeeping. Only transient failures count against an endpoint; a probe that
+     * got any answer other than a transient failure proves the endpoint is back. */
+    bool failure = v == CONS_RETRY;
+    if (failure)
+        ce->last_failure_mono = sl_mono_ms();
+    if (failure || ce->brk_failures > 0 || was_probe || ce->brk != CONS_BRK_CLOSED) {
+        struct cons_brk_view bv;
+        const struct sl_endpoint *ep = ce->ep;
+        int64_t threshold = ep ? ep->brk_threshold : e->cfg->breaker_threshold;
+        int64_t cooldown = ep ? ep->brk_cooldown_ms : e->cfg->breaker_cooldown_ms;
+        if (cons_store_brk_record(e->redis, ce->id, failure ? 0 : 1, now, threshold, cooldown,
+                                  e->cfg->breaker_cooldown_max_ms, e->pod, &bv, &err) == 0) {
+            enum cons_brk_state before = ce->brk;
+            brk_apply(ce, &bv);
+            if (before != CONS_BRK_OPEN && bv.state == CONS_BRK_OPEN)
+                SL_LOGKV(SL_LOG_WARN, "breaker", "breaker_opened",
+                         ((struct sl_log_kv[]){SL_KV_I("cooldown_ms", bv.cooldown_ms),
+                                               SL_KV_I("failures", bv.failures)}),
+                         "breaker opened for endpoint %s", ce->id);
+            else if (before != CONS_BRK_CLOSED && bv.state == CONS_BRK_CLOSED)
+                sl_info("breaker", "breaker_closed", "breaker closed for endpoint %s", ce->id);
+        } else {
+            warn_redis(e, &err);
+        }
+    }
+
+    struct sl_outcome o;
+    switch (v) {
+    case CONS_DELIVERED:
+        e->st.delivered++;
+        outcome_init(e, j, &o, SL_OUTCOME_DELIVERED, attempt);
+        o.http = (uint32_t)r->status;
+        o.lat_us = (uint64_t)r->total_us;
+        o.dns_us = (uint64_t)r->dns_us;
+        o.conn_us = (uint64_t)r->connect_us;
+        o.tls_us = (uint64_t)r->tls_us;
+        o.ttfb_us = (uint64_t)r->ttfb_us;
+        j->pending_out = o;
+        j->after = AFTER_COMPLETE;
+        /* marker first (batched), outcome after it: see flush_marks */
+        j->next = e->marks;
+        e->marks = j;
+        e->nmarks++;
+        break;
+    case CONS_RETRY: {
+        struct cons_retry_policy p = policy_of(e, ce->ep);
+        char msg[SL_OUTCOME_MSG_MAX];
+        if (r->refusal == CONS_REFUSAL_SSRF)
+            snprintf(msg, sizeof(msg), "refused address (%s)", r->refusal_why);
+        else
+            snprintf(msg, sizeof(msg), "%s", r->errbuf && r->errbuf[0] ? r->errbuf : cls);
+        if (cons_backoff_exhausted(&p, attempt)) {
+            dead_letter(e, j, attempt, (uint32_t)r->status, cls, msg, r);
+            break;
+        }
+        int64_t ra = cons_retry_after_ms(r->status, r->retry_after_s, 0,
+                                         e->cfg->retry_after_max_ms);
+        int64_t due = cons_backoff_next(&p, attempt, now, ra, NULL);
+        e->st.retried++;
+        outcome_init(e, j, &o, SL_OUTCOME_RETRY_SCHEDULED, attempt);
+        o.http = (uint32_t)r->status;
+        o.err = cls;
+        o.msg = msg;
+        o.next_ms = (uint64_t)due;
+        o.lat_us = (uint64_t)r->total_us;
+        o.resp = r->resp_len ? r->resp : NULL;
+        o.resp_len = r->resp_len;
+        sl_debug(SL_DBG_HTTP, "deliver", "retry_scheduled", "retry in %lld ms (%s)",
+                 (long long)(due - now), cls);
+        schedule_job(e, j, due, attempt, &o);
+        break;
+    }
+    case CONS_PERMANENT:
+    case CONS_PERMANENT_DISABLE: {
+        char msg[SL_OUTCOME_MSG_MAX];
+        if (r->refusal == CONS_REFUSAL_SSRF)
+            snprintf(msg, sizeof(msg), "refused to connect: %s address", r->refusal_why);
+        else if (v == CONS_PERMANENT_DISABLE)
+            snprintf(msg, sizeof(msg), "endpoint answered 410 gone");
+        else
+            snprintf(msg, sizeof(msg), "%s", r->errbuf && r->errbuf[0] ? r->errbuf : cls);
+        if (v == CONS_PERMANENT_DISABLE)
+            sl_warn("deliver", "endpoint_gone", "endpoint %s answered 410: it should be disabled",
+                    ce->id);
+        dead_letter(e, j, attempt, (uint32_t)r->status, cls, msg, r);
+        break;
+    }
+    }
+    sl_log_ctx_clear();
+    if (ce->q_head)
+        ready_push(e, ce);
+}
+
+/* Write delivered markers for the batch, then produce their outcomes. */
+static void flush_marks(cons_engine_t *e)
+{
+    if (!e->marks)
+        return;
+    size_t n = e->nmarks;
+    const char **eps = sl_xcalloc(n, sizeof(*eps));
+    const char **ids = sl_xcalloc(n, sizeof(*ids));
+    size_t i = 0;
+    for (struct job *j = e->marks; j; j = j->next) {
+        eps[i] = j->d.ep;
+        ids[i] = j->d.id;
+        i++;
+    }
+    sl_err_t err;
+    if (cons_store_done_mark(e->redis, n, eps, ids, e->cfg->dedup_window_s, &err) != 0)
+        warn_redis(e, &err); /* delivered all the same; duplicates become more likely */
+    free(eps);
+    free(ids);
+    struct job *list = e->marks;
+    e->marks = NULL;
+    e->nmarks = 0;
+    while (list) {
+        struct job *j = list;
+        list = j->next;
+        j->next = NULL;
+        struct sl_outcome o = j->pending_out;
+        if (produce_outcome(e, j, &o) != 0)
+            job_free(e, j);
+    }
+}
+
+/* ==== Kafka callbacks ==== */
+
+static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+    (void)rk;
+    cons_engine_t *e = opaque;
+    struct job *j = m->_private;
+    if (!j)
+        return;
+    if (m->err) {
+        /* Not acknowledged: produce it again; the job (and its offset) waits. */
+        sl_warn("kafka", "outcome_not_acked", "outcome not acknowledged, producing again: %s",
+                rd_kafka_err2str(m->err));
+        sl_err_t err;
+        if (sl_kafka_produce(e->producer, rd_kafka_topic_name(m->rkt), m->key, m->key_len,
+                             m->payload, m->len, j, 60000, &err) == 0)
+            return;
+        j->acks_pending--;
+        job_free(e, j);
+        return;
+    }
+    if (--j->acks_pending == 0)
+        job_settle(e, j);
+}
+
+static void drop_partition_jobs(cons_engine_t *e)
+{
+    /* Queued Kafka jobs of partitions we no longer own: drop (the new owner gets them; no
+     * state was written for them). */
+    size_t it = 0;
+    const char *key;
+    void *val;
+    while (sl_map_next(e->eps, &it, &key, &val)) {
+        struct cons_ep *ce = val;
+        struct job *keep_h = NULL, *keep_t = NULL;
+        size_t kept = 0;
+        for (struct job *j = ce->q_head; j;) {
+            struct job *n = j->next;
+            j->next = NULL;
+            if (j->src == SRC_KAFKA && !cons_offsets_current(e->offsets, &j->off)) {
+                job_free(e, j);
+            } else {
+                if (keep_t)
+                    keep_t->next = j;
+                else
+                    keep_h = j;
+                keep_t = j;
+                kept++;
+            }
+            j = n;
+        }
+        ce->q_head = keep_h;
+        ce->q_tail = keep_t;
+        ce->qlen = kept;
+    }
+}
+
+static void store_offsets(cons_engine_t *e, bool force);
+
+/* Run the loop without intake until nothing of the given partitions is in flight. */
+static void drain_for(cons_engine_t *e, int64_t bound_ms)
+{
+    int64_t deadline = sl_mono_ms() + bound_ms;
+    while (sl_mono_ms() < deadline &&
+           (cons_http_running(e->http) > 0 || e->marks || rd_kafka_outq_len(e->producer) > 0)) {
+        cons_http_run(e->http, 10, NULL);
+        flush_marks(e);
+        rd_kafka_poll(e->producer, 0);
+    }
+}
+
+static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *parts, void *opaque)
+{
+    cons_engine_t *e = opaque;
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        for (int i = 0; i < parts->cnt; i++)
+            cons_offsets_assign(e->offsets, parts->elems[i].partition);
+        rd_kafka_assign(rk, parts);
+        /* An application pause belongs to the partition object: re-apply ours, and only ever
+         * resume partitions we paused (resuming a non-paused one is buggy before 2.4). */
+        if (e->paused)
+            rd_kafka_pause_partitions(rk, parts);
+        sl_info("kafka", "partitions_assigned", "assigned %d partition%s", parts->cnt,
+                parts->cnt == 1 ? "" : "s");
+        return;
+    }
+    /* Revoke: let in-flight work finish (bounded) so its offsets can still be stored. */
+    if (!rd_kafka_assignment_lost(rk)) {
+        int64_t bound = e->cfg->shutdown_drain_ms < 5000 ? e->cfg->shutdown_drain_ms : 5000;
+        drain_for(e, bound);
+        store_offsets(e, true);
+    }
+    for (int i = 0; i < parts->cnt; i++)
+        cons_offsets_revoke(e->offsets, parts->elems[i].partition);
+    drop_partition_jobs(e);
+    rd_kafka_assign(rk, NULL);
+    e->paused = false;
+    sl_info("kafka", "partitions_revoked", "revoked %d partition%s", parts->cnt,
+            parts->cnt == 1 ? "" : "s");
+}
+
+static void store_offsets(cons_engine_t *e, bool force)
+{
+    int64_t now = sl_mono_ms();
+    if (!force && now < e->next_store_mono)
+        return;
+    e->next_store_mono = now + STORE_INTERVAL_MS;
+    int32_t parts[1024];
+    int n = cons_offsets_partitions(e->offsets, parts, 1024);
+    rd_kafka_topic_partition_list_t *l = NULL;
+    for (int i = 0; i < n; i++) {
+        int64_t off = cons_offsets_committable(e->offsets, parts[i], NULL);
+        if (off < 0)
+            continue;
+        if (!l)
+            l = rd_kafka_topic_partition_list_new(n);
+        rd_kafka_topic_partition_list_add(l, e->cfg->topic_deliveries, parts[i])->offset = off;
+    }
+    if (!l)
+        return;
+    rd_kafka_resp_err_t ke = rd_kafka_offsets_store(e->consumer, l);
+    if (ke != RD_KAFKA_RESP_ERR_NO_ERROR)
+        sl_debug(SL_DBG_KAFKA, "kafka", "offsets_store_failed", "%s", rd_kafka_err2str(ke));
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+static void stats_line(cons_engine_t *e, bool force)
+{
+    int64_t now = sl_mono_ms();
+    if (!force && now < e->next_stats_mono)
+        return;
+    double secs = (double)(STATS_INTERVAL_MS) / 1000.0;
+    e->next_stats_mono = now + STATS_INTERVAL_MS;
+    struct cons_stats *s = &e->st, *l = &e->st_last;
+    SL_LOGKV(SL_LOG_INFO, "stats", "stats",
+             ((struct sl_log_kv[]){
+                 SL_KV_I("received", s->received), SL_KV_I("claimed", s->claimed),
+                 SL_KV_I("sent", s->sent), SL_KV_I("delivered", s->delivered),
+                 SL_KV_I("retried", s->retried), SL_KV_I("dead", s->dead),
+                 SL_KV_I("duplicates", s->duplicates), SL_KV_I("deferred", s->deferred),
+                 SL_KV_I("spilled", s->spilled), SL_KV_I("quarantined", s->quarantined),
+                 SL_KV_I("probes", s->probes), SL_KV_I("inflight", cons_http_running(e->http)),
+                 SL_KV_I("in_memory", e->live),
+                 SL_KV_I("delivered_per_s", (int64_t)((double)(s->delivered - l->delivered) /
+                                                      secs))}),
+             "consumer stats");
+    *l = *s;
+}
+
+/* ==== Life cycle ==== */
+
+cons_engine_t *cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endpoints,
+                               sl_err_t *err)
+{
+    cons_engine_t *e = sl_xcalloc(1, sizeof(*e));
+    e->cfg = cfg;
+    e->endpoints = endpoints;
+    e->wake[0] = e->wake[1] = -1;
+    e->eps = sl_map_new(64);
+    e->offsets = cons_offsets_new();
+    e->live_cap = (uint64_t)cfg->max_inflight + 20000;
+    sl_buf_init(&e->enc, (size_t)cfg->max_body_bytes * 2 + SL_RECORD_OVERHEAD * 2);
+    if (cfg->instance_id[0]) {
+        snprintf(e->pod, sizeof(e->pod), "%s", cfg->instance_id);
+    } else {
+        char host[40] = "host";
+        gethostname(host, sizeof(host) - 1);
+        host[sizeof(host) - 1] = '\0';
+        for (char *p = host; *p; p++) {
+            if (*p < 0x21 || *p > 0x7e)
+                *p = '_';
+        }
+        snprintf(e->pod, sizeof(e->pod), "%s-%d", host, (int)getpid());
+    }
+    if (cons_ssrf_parse(&e->ssrf, cfg->ssrf_protection, cfg->ssrf_allow_cidrs, err) != 0)
+        goto fail;
+    struct cons_http_opts ho = {.ssrf = &e->ssrf,
+                                .keep_bytes = (size_t)cfg->response_keep_bytes,
+                                .max_bytes = (uint64_t)cfg->response_max_bytes,
+                                .user_agent = "Sluice/" SL_VERSION};
+    e->http = cons_http_new(&ho, err);
+    if (!e->http)
+        goto fail;
+    e->redis = sl_redis_connect(cfg->redis_url, (int)cfg->redis_timeout_ms, err);
+    if (!e->redis)
+        goto fail;
+    if (pipe2(e->wake, O_NONBLOCK | O_CLOEXEC) != 0) {
+        sl_err_set(err, -errno, "could not create wake-up pipe: %s", strerror(errno));
+        goto fail;
+    }
+    rd_kafka_conf_t *pconf = sl_kafka_conf_new(cfg, "sluice-consumer-out", err);
+    if (!pconf)
+        goto fail;
+    rd_kafka_conf_set_opaque(pconf, e);
+    e->producer = sl_kafka_producer_new(cfg, "sluice-consumer-out", SL_KAFKA_LATENCY, pconf,
+                                        dr_cb, err);
+    if (!e->producer)
+        goto fail;
+    rd_kafka_conf_t *cconf = sl_kafka_conf_new(cfg, "sluice-consumer", err);
+    if (!cconf)
+        goto fail;
+    rd_kafka_conf_set_opaque(cconf, e);
+    rd_kafka_conf_set_rebalance_cb(cconf, rebalance_cb);
+    e->consumer = sl_kafka_consumer_new(cfg, "sluice-consumer", cfg->consumer_group, cconf, err);
+    if (!e->consumer)
+        goto fail;
+    e->cq = rd_kafka_queue_get_consumer(e->consumer);
+    e->pq = rd_kafka_queue_get_main(e->producer);
+    rd_kafka_queue_io_event_enable(e->cq, e->wake[1], "c", 1);
+    rd_kafka_queue_io_event_enable(e->pq, e->wake[1], "p", 1);
+    cons_http_watch_fd(e->http, e->wake[0]);
+    rd_kafka_topic_partition_list_t *topics = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(topics, cfg->topic_deliveries, RD_KAFKA_PARTITION_UA);
+    rd_kafka_resp_err_t ke = rd_kafka_subscribe(e->consumer, topics);
+    rd_kafka_topic_partition_list_destroy(topics);
+    if (ke != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        sl_err_set(err, SL_EKAFKA, "could not subscribe to %s: %s", cfg->topic_deliveries,
+                   rd_kafka_err2str(ke));
+        goto fail;
+    }
+    return e;
+fail:
+    cons_engine_destroy(e);
+    return NULL;
+}
+
+void cons_engine_stop(cons_engine_t *e)
+{
+    e->stop = 1;
+}
+
+void cons_engine_stats(const cons_engine_t *e, struct cons_stats *out)
+{
+    *out = e->st;
+}
+
+static void drain_wake(cons_engine_t *e)
+{
+    char buf[256];
+    while (read(e->wake[0], buf, sizeof(buf)) > 0) {
+    }
+}
+
+/* Shutdown (invariant 10): stop intake, let in-flight requests finish within the bound,
+ * reschedule what is left without spending attempts, flush outcomes, store offsets. */
+static void shutdown_drain(cons_engine_t *e)
+{
+    e->stopping = true;
+    sl_info("consumer", "shutdown_started", "draining %d in-flight requests (up to %lld ms)",
+            cons_http_running(e->http), (long long)e->cfg->shutdown_drain_ms);
+    int64_t deadline = sl_mono_ms() + e->cfg->shutdown_drain_ms;
+    while (cons_http_running(e->http) > 0 && sl_mono_ms() < deadline) {
+        cons_http_run(e->http, 20, NULL);
+        flush_marks(e);
+        rd_kafka_poll(e->producer, 0);
+    }
+    /* Queued jobs: to the schedule, due now, no attempt spent. In-flight ones that did not
+     * finish are cancelled and rescheduled the same way. */
+    size_t it = 0;
+    const char *key;
+    void *val;
+    while (sl_map_next(e->eps, &it, &key, &val)) {
+        struct cons_ep *ce = val;
+        struct job *j = ce->q_head;
+        ce->q_head = ce->q_tail = NULL;
+        ce->qlen = 0;
+        while (j) {
+            struct job *n = j->next;
+            j->next = NULL;
+            defer_job(e, j, sl_now_ms(), "shutdown");
+            j = n;
+        }
+    }
+    /* Requests still running after the bound are cancelled and rescheduled, due now,
+     * without spending an attempt (they may have reached the endpoint: at-least-once). */
+    while (e->inflight) {
+        struct job *j = e->inflight;
+        inflight_unlink(e, j);
+        cons_http_cancel(e->http, j->http);
+        j->http = NULL;
+        j->ce->inflight--;
+        if (j->probe)
+            j->ce->probe_inflight = false;
+        curl_slist_free_all(j->hdrs);
+        j->hdrs = NULL;
+        defer_job(e, j, sl_now_ms(), "shutdown");
+    }
+    flush_marks(e);
+    int64_t flush_deadline = sl_mono_ms() + 10000;
+    while ((rd_kafka_outq_len(e->producer) > 0 || e->held) && sl_mono_ms() < flush_deadline) {
+        rd_kafka_poll(e->producer, 50);
+        retry_held(e);
+    }
+    store_offsets(e, true);
+}
+
+int cons_engine_run(cons_engine_t *e)
+{
+    sl_info("consumer", "started", "consuming %s as %s (group %s)", e->cfg->topic_deliveries,
+            e->pod, e->cfg->consumer_group);
+    e->next_stats_mono = sl_mono_ms() + STATS_INTERVAL_MS;
+    while (!e->stop) {
+        intake_kafka(e);
+        intake_redis(e);
+        dispatch(e);
+        int wait = e->kafka_more || e->marks ? 0 : 50;
+        int extra = 0;
+        cons_http_run(e->http, wait, &extra);
+        if (extra)
+            drain_wake(e);
+        flush_marks(e);
+        rd_kafka_poll(e->producer, 0);
+        if (e->held)
+            retry_held(e);
+        dispatch(e);
+        store_offsets(e, false);
+        stats_line(e, false);
+        if (rd_kafka_fatal_error(e->producer, NULL, 0) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+            sl_error("kafka", "producer_fatal", "outcome producer hit a fatal error; exiting");
+            e->fatal = SL_EKAFKA;
+            break;
+        }
+    }
+    shutdown_drain(e);
+    stats_line(e, true);
+    rd_kafka_resp_err_t ke = rd_kafka_consumer_close(e->consumer);
+    if (ke != RD_KAFKA_RESP_ERR_NO_ERROR)
+        sl_warn("kafka", "close_failed", "consumer close: %s", rd_kafka_err2str(ke));
+    sl_info("consumer", "stopped", "consumer stopped cleanly");
+    return e->fatal;
+}
+
+void cons_engine_destroy(cons_engine_t *e)
+{
+    if (!e)
+        return;
+    if (e->cq)
+        rd_kafka_queue_destroy(e->cq);
+    if (e->pq)
+        rd_kafka_queue_destroy(e->pq);
+    if (e->consumer)
+        rd_kafka_destroy(e->consumer);
+    if (e->producer) {
+        rd_kafka_flush(e->producer, 5000);
+        rd_kafka_destroy(e->producer);
+    }
+    cons_http_destroy(e->http);
+    sl_redis_close(e->redis);
+    if (e->eps) {
+        size_t it = 0;
+        const char *key;
+        void *val;
+        while (sl_map_next(e->eps, &it, &key, &val)) {
+            struct cons_ep *ce = val;
+            for (struct job *j = ce->q_head; j;) {
+                struct job *n = j->next;
+                job_free(e, j);
+                j = n;
+            }
+            sl_signer_destroy(ce->signer);
+            sl_endpoint_release(ce->ep);
+            free(ce);
+        }
+        sl_map_destroy(e->eps, NULL);
+    }
+    cons_offsets_destroy(e->offsets);
+    sl_buf_fini(&e->enc);
+    if (e->wake[0] >= 0)
+        close(e->wake[0]);
+    if (e->wake[1] >= 0)
+        close(e->wake[1]);
+    free(e);
+}

@@ -1,0 +1,62 @@
+/*
+ * cons_engine: the delivery loop of sluice-consumer.
+ *
+ * One thread drives everything through one epoll set: librdkafka's consumer and producer
+ * queues wake it through a pipe, libcurl's sockets and timers are registered by cons_http,
+ * and periodic work (claiming due retries, storing offsets, stats) runs between waits.
+ *
+ * A message's life (invariants 1-4, 9, 10 of docs/design.md):
+ *   Kafka record -> tracked offset -> decode (bad: quarantine) -> endpoint lookup (unknown:
+ *   quarantine, disabled: dead letter) -> delivered-marker check (duplicate outcome) ->
+ *   breaker check (open: deferred to the Redis schedule, no attempt spent) -> per-endpoint
+ *   queue (beyond the backlog bound: spilled to the Redis schedule) -> HTTP request ->
+ *   classify -> delivered marker + outcome | retry written to Redis + outcome | dead letter
+ *   outcome -> outcome acknowledged by Kafka -> offset finished.
+ * Jobs claimed from the Redis schedule take the same path from the marker check on; their
+ * completion removes or reschedules the job under the lease token of the claim.
+ *
+ * thread: all calls on the thread that runs cons_engine_run; cons_engine_stop is
+ * async-signal-safe.
+ */
+#ifndef CONS_ENGINE_H
+#define CONS_ENGINE_H
+
+#include <stdint.h>
+
+#include "common/sl_cfg.h"
+#include "common/sl_endpoints.h"
+#include "common/sl_err.h"
+
+typedef struct cons_engine cons_engine_t;
+
+/* Counters since start (read by stats lines and tests). */
+struct cons_stats {
+    uint64_t received;     /* records taken from Kafka */
+    uint64_t claimed;      /* jobs claimed from the Redis schedule */
+    uint64_t sent;         /* requests started */
+    uint64_t delivered;    /* 2xx */
+    uint64_t retried;      /* retries scheduled */
+    uint64_t dead;         /* dead letters */
+    uint64_t duplicates;   /* skipped by the delivered marker */
+    uint64_t deferred;     /* breaker-deferred, no attempt spent */
+    uint64_t spilled;      /* moved to the schedule by the backlog bound */
+    uint64_t quarantined;  /* invalid records */
+    uint64_t probes;       /* half-open probes sent */
+};
+
+/* Build the engine: connects to Kafka (consumer + outcome producer) and Redis. endpoints is
+ * borrowed for the engine's life. Returns NULL with err filled. */
+cons_engine_t *cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endpoints,
+                               sl_err_t *err);
+
+/* Run until cons_engine_stop; then drain, reschedule, flush, commit. Returns 0 on a clean
+ * shutdown, or a negative SL_E* code on a fatal error. */
+int cons_engine_run(cons_engine_t *e);
+
+/* Ask the loop to shut down (signal handler). */
+void cons_engine_stop(cons_engine_t *e);
+
+void cons_engine_stats(const cons_engine_t *e, struct cons_stats *out);
+void cons_engine_destroy(cons_engine_t *e);
+
+#endif /* CONS_ENGINE_H */

@@ -1,0 +1,352 @@
+/*
+ * cons_http: libcurl multi_socket + epoll engine (see cons_http.h).
+ *
+ * Ownership: each running transfer has a struct xfer (pooled with its easy handle). The
+ * request's pointers are borrowed from the caller until its done callback returns. Sockets
+ * are registered in epoll from curl's socket callback; curl's timer callback sets a deadline
+ * that cons_http_run honours.
+ */
+#include "consumer/cons_http.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/sl_kafka.h"
+#include "common/sl_log.h"
+#include "common/sl_mem.h"
+
+struct xfer {
+    CURL *easy;                   /* pooled easy handle */
+    cons_http_t *h;               /* owner */
+    cons_http_done_cb done;       /* caller's callback */
+    void *opaque;                 /* caller's data */
+    uint8_t *resp;                /* kept prefix buffer (keep_bytes) */
+    size_t resp_len;              /* bytes kept */
+    uint64_t resp_total;          /* bytes received */
+    enum cons_refusal refusal;    /* set by our callbacks */
+    const char *refusal_why;      /* static SSRF reason */
+    char errbuf[CURL_ERROR_SIZE]; /* libcurl's error text */
+    struct xfer *next_free;       /* pool link */
+};
+
+struct cons_http {
+    CURLM *multi;                 /* the multi handle */
+    int epfd;                     /* epoll set */
+    int64_t timer_deadline_ms;    /* curl timer (monotonic ms); -1 = none */
+    int running;                  /* transfers running */
+    struct xfer *pool;            /* free transfers */
+    struct cons_http_opts opts;   /* copied; pointers borrowed */
+    int extra_fds[4];             /* watched fds */
+    int n_extra;                  /* entries in extra_fds */
+};
+
+static int sock_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
+{
+    (void)easy;
+    cons_http_t *h = userp;
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.data.fd = s;
+    if (what == CURL_POLL_REMOVE) {
+        epoll_ctl(h->epfd, EPOLL_CTL_DEL, s, NULL);
+        return 0;
+    }
+    ev.events = ((what & CURL_POLL_IN) ? EPOLLIN : 0u) | ((what & CURL_POLL_OUT) ? EPOLLOUT : 0u);
+    if (socketp) {
+        if (epoll_ctl(h->epfd, EPOLL_CTL_MOD, s, &ev) != 0 && errno == ENOENT)
+            epoll_ctl(h->epfd, EPOLL_CTL_ADD, s, &ev);
+    } else {
+        if (epoll_ctl(h->epfd, EPOLL_CTL_ADD, s, &ev) != 0 && errno == EEXIST)
+            epoll_ctl(h->epfd, EPOLL_CTL_MOD, s, &ev);
+        curl_multi_assign(h->multi, s, (void *)1);
+    }
+    return 0;
+}
+
+static int timer_cb(CURLM *multi, long timeout_ms, void *userp)
+{
+    (void)multi;
+    cons_http_t *h = userp;
+    h->timer_deadline_ms = timeout_ms < 0 ? -1 : sl_mono_ms() + timeout_ms;
+    return 0;
+}
+
+static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *userp)
+{
+    struct xfer *x = userp;
+    size_t n = size * nmemb;
+    x->resp_total += n;
+    if (x->resp_total > x->h->opts.max_bytes) {
+        x->refusal = CONS_REFUSAL_BODY_CAP;
+        return 0; /* CURLE_WRITE_ERROR: stops endless and oversized bodies */
+    }
+    size_t room = x->h->opts.keep_bytes - x->resp_len;
+    size_t take = n < room ? n : room;
+    if (take) {
+        memcpy(x->resp + x->resp_len, ptr, take);
+        x->resp_len += take;
+    }
+    return n;
+}
+
+static curl_socket_t opensocket_cb(void *clientp, curlsocktype purpose,
+                                   struct curl_sockaddr *addr)
+{
+    struct xfer *x = clientp;
+    (void)purpose;
+    const char *why = NULL;
+    if (x->h->opts.ssrf &&
+        !cons_ssrf_allowed(x->h->opts.ssrf, &addr->addr, addr->addrlen, &why)) {
+        x->refusal = CONS_REFUSAL_SSRF;
+        x->refusal_why = why;
+        return CURL_SOCKET_BAD;
+    }
+    return socket(addr->family, addr->socktype, addr->protocol);
+}
+
+cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err)
+{
+    cons_http_t *h = sl_xcalloc(1, sizeof(*h));
+    h->opts = *opts;
+    h->timer_deadline_ms = -1;
+    h->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (h->epfd < 0) {
+        sl_err_set(err, -errno, "could not create epoll set: %s", strerror(errno));
+        free(h);
+        return NULL;
+    }
+    h->multi = curl_multi_init();
+    curl_multi_setopt(h->multi, CURLMOPT_SOCKETFUNCTION, sock_cb);
+    curl_multi_setopt(h->multi, CURLMOPT_SOCKETDATA, h);
+    curl_multi_setopt(h->multi, CURLMOPT_TIMERFUNCTION, timer_cb);
+    curl_multi_setopt(h->multi, CURLMOPT_TIMERDATA, h);
+    /* HTTP/1.1 to many hosts: no multiplexing; the idle connection cache holds plenty. */
+    curl_multi_setopt(h->multi, CURLMOPT_PIPELINING, (long)CURLPIPE_NOTHING);
+    curl_multi_setopt(h->multi, CURLMOPT_MAXCONNECTS, 20000L);
+    return h;
+}
+
+static void xfer_free(struct xfer *x)
+{
+    if (!x)
+        return;
+    curl_easy_cleanup(x->easy);
+    free(x->resp);
+    free(x);
+}
+
+void cons_http_destroy(cons_http_t *h)
+{
+    if (!h)
+        return;
+    /* Running transfers are abandoned without callbacks (shutdown has drained them). */
+    struct xfer *x = h->pool;
+    while (x) {
+        struct xfer *n = x->next_free;
+        xfer_free(x);
+        x = n;
+    }
+    curl_multi_cleanup(h->multi);
+    close(h->epfd);
+    free(h);
+}
+
+static struct xfer *xfer_get(cons_http_t *h)
+{
+    struct xfer *x = h->pool;
+    if (x) {
+        h->pool = x->next_free;
+        curl_easy_reset(x->easy);
+    } else {
+        x = sl_xcalloc(1, sizeof(*x));
+        x->easy = curl_easy_init();
+        x->resp = sl_xmalloc(h->opts.keep_bytes ? h->opts.keep_bytes : 1);
+        x->h = h;
+    }
+    x->resp_len = 0;
+    x->resp_total = 0;
+    x->refusal = CONS_REFUSAL_NONE;
+    x->refusal_why = NULL;
+    x->errbuf[0] = '\0';
+    x->next_free = NULL;
+    return x;
+}
+
+static void xfer_put(cons_http_t *h, struct xfer *x)
+{
+    x->next_free = h->pool;
+    h->pool = x;
+}
+
+int cons_http_start(cons_http_t *h, const struct cons_http_req *req, void **handle_out,
+                    sl_err_t *err)
+{
+    struct xfer *x = xfer_get(h);
+    CURL *e = x->easy;
+    x->done = req->done;
+    x->opaque = req->opaque;
+    curl_easy_setopt(e, CURLOPT_URL, req->url);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, x);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_PROXY, "");
+    curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, req->timeout_ms);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, req->connect_timeout_ms);
+    curl_easy_setopt(e, CURLOPT_USERAGENT, h->opts.user_agent);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, req->headers);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, x);
+    curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, opensocket_cb);
+    curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, x);
+    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    if (strcmp(req->method, "GET") == 0) {
+        curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+    } else {
+        curl_easy_setopt(e, CURLOPT_POST, 1L);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, req->body_len ? (const char *)req->body : "");
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_len);
+        if (strcmp(req->method, "POST") != 0)
+            curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method);
+    }
+    CURLMcode mc = curl_multi_add_handle(h->multi, e);
+    if (mc != CURLM_OK) {
+        xfer_put(h, x);
+        return sl_err_set(err, SL_EHTTP, "could not start request: %s", curl_multi_strerror(mc));
+    }
+    h->running++;
+    if (handle_out)
+        *handle_out = x;
+    return 0;
+}
+
+void cons_http_cancel(cons_http_t *h, void *handle)
+{
+    struct xfer *x = handle;
+    if (!x)
+        return;
+    curl_multi_remove_handle(h->multi, x->easy);
+    h->running--;
+    xfer_put(h, x);
+}
+
+int cons_http_watch_fd(cons_http_t *h, int fd)
+{
+    if (h->n_extra == (int)(sizeof(h->extra_fds) / sizeof(h->extra_fds[0])))
+        return SL_EINVAL;
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(h->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
+        return -errno;
+    h->extra_fds[h->n_extra++] = fd;
+    return 0;
+}
+
+static int64_t info_us(CURL *e, CURLINFO what)
+{
+    curl_off_t v = 0;
+    if (curl_easy_getinfo(e, what, &v) != CURLE_OK)
+        return 0;
+    return (int64_t)v;
+}
+
+static void finish(cons_http_t *h, CURL *e, CURLcode code)
+{
+    struct xfer *x = NULL;
+    curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)(void *)&x);
+    struct cons_http_result r;
+    memset(&r, 0, sizeof(r));
+    r.curl_code = (int)code;
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r.status);
+    curl_off_t ra = 0;
+    if (curl_easy_getinfo(e, CURLINFO_RETRY_AFTER, &ra) == CURLE_OK)
+        r.retry_after_s = (long)ra;
+    r.refusal = x->refusal;
+    r.refusal_why = x->refusal_why;
+    int64_t dns = info_us(e, CURLINFO_NAMELOOKUP_TIME_T);
+    int64_t conn = info_us(e, CURLINFO_CONNECT_TIME_T);
+    int64_t app = info_us(e, CURLINFO_APPCONNECT_TIME_T);
+    r.total_us = info_us(e, CURLINFO_TOTAL_TIME_T);
+    r.ttfb_us = info_us(e, CURLINFO_STARTTRANSFER_TIME_T);
+    r.dns_us = dns;
+    r.connect_us = conn > dns ? conn - dns : 0;
+    r.tls_us = app > conn ? app - conn : 0;
+    r.resp = x->resp;
+    r.resp_len = x->resp_len;
+    r.resp_total = x->resp_total;
+    r.errbuf = x->errbuf;
+    curl_multi_remove_handle(h->multi, e);
+    h->running--;
+    cons_http_done_cb done = x->done;
+    void *opaque = x->opaque;
+    done(opaque, &r);
+    xfer_put(h, x);
+}
+
+static void drain_done(cons_http_t *h)
+{
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(h->multi, &left)) != NULL) {
+        if (m->msg == CURLMSG_DONE)
+            finish(h, m->easy_handle, m->data.result);
+    }
+}
+
+int cons_http_run(cons_http_t *h, int max_wait_ms, int *extra_ready)
+{
+    struct epoll_event evs[256];
+    int still = 0;
+    int wait = max_wait_ms;
+    if (h->timer_deadline_ms >= 0) {
+        int64_t left = h->timer_deadline_ms - sl_mono_ms();
+        if (left < 0)
+            left = 0;
+        if (left < wait)
+            wait = (int)left;
+    }
+    if (extra_ready)
+        *extra_ready = 0;
+    int n = epoll_wait(h->epfd, evs, (int)(sizeof(evs) / sizeof(evs[0])), wait);
+    for (int i = 0; i < n; i++) {
+        int fd = evs[i].data.fd;
+        bool extra = false;
+        for (int j = 0; j < h->n_extra; j++) {
+            if (h->extra_fds[j] == fd)
+                extra = true;
+        }
+        if (extra) {
+            if (extra_ready)
+                *extra_ready = 1;
+            continue;
+        }
+        int flags = 0;
+        if (evs[i].events & EPOLLIN)
+            flags |= CURL_CSELECT_IN;
+        if (evs[i].events & EPOLLOUT)
+            flags |= CURL_CSELECT_OUT;
+        if (evs[i].events & (EPOLLERR | EPOLLHUP))
+            flags |= CURL_CSELECT_ERR;
+        curl_multi_socket_action(h->multi, fd, flags, &still);
+    }
+    if (h->timer_deadline_ms >= 0 && sl_mono_ms() >= h->timer_deadline_ms) {
+        h->timer_deadline_ms = -1;
+        curl_multi_socket_action(h->multi, CURL_SOCKET_TIMEOUT, 0, &still);
+    }
+    drain_done(h);
+    return h->running;
+}
+
+int cons_http_running(const cons_http_t *h)
+{
+    return h->running;
+}

@@ -1,0 +1,186 @@
+/*
+ * cons_store: the consumer's shared, durable state in Redis. Everything here is shared by all
+ * consumer pods and every multi-key change is one Lua script (atomic). Keys are Redis-Cluster
+ * safe: one hash tag per shard ({s}) or per endpoint ({ep}), and every key a script touches
+ * shares the tag of its KEYS[].
+ *
+ *   sluice:retry:{s}        ZSET  member = job id, score = due time (unix ms). A claimed job
+ *                                 stays in the set with score = lease expiry, so a crashed
+ *                                 consumer's jobs come back by themselves (invariant 6).
+ *   sluice:job:{s}:<jobid>  STRING the job body: a delivery record (schemas/delivery.v1)
+ *                                 whose "attempt" field counts attempts already spent.
+ *   sluice:lease:{s}        HASH  job id -> lease token of the current claim; completion and
+ *                                 reschedule check it, so a consumer whose lease expired and
+ *                                 was re-claimed by another pod cannot complete the job twice.
+ *   sluice:breaker:{ep}     HASH  state (closed|open|half_open), failures, opened_at_ms,
+ *                                 cooldown_ms, probe_owner, probe_until_ms. No key = closed
+ *                                 with no failures.
+ *   sluice:done:{ep}:<id>   STRING delivered marker "1", TTL = dedup window (invariant 2).
+ *
+ * Job id = hex SHA-1 of "<endpoint id>\n<event id>": one retry chain per (event, endpoint),
+ * so a Kafka redelivery of a message whose retry is already scheduled finds the job and does
+ * not start a second chain. Shard = first 4 hex digits of the job id modulo the shard count.
+ *
+ * Lease tokens are 128 random bits (OpenSSL RAND_bytes) as 32 lowercase hex characters,
+ * generated here and passed to the scripts; one claim call uses one fresh token for every job
+ * it leases (the lease check is per (job id, token), so that is enough to tell claims apart).
+ *
+ * Connection loss: read-only and idempotent calls (job_exists, counts, done_check, done_mark,
+ * brk_get) reconnect and retry once. Scripts that change state (schedule, claim, complete,
+ * brk_record, brk_acquire) are not retried: the call fails with SL_EREDIS, its effect is
+ * unknown, and the next call reconnects. That is safe by construction: a lost claim's jobs
+ * come back when their lease expires; a lost schedule/complete/record is the same as a crash
+ * just before or after it.
+ *
+ * Errors: SL_EINVAL (bad argument, checked before any I/O), SL_ESTATE (lease lost),
+ * SL_ECRYPTO (no random bytes for a token), SL_EREDIS (connection, error reply, or a reply
+ * of an unexpected shape). Messages name the operation, never ids, tokens or bodies.
+ *
+ * thread: the consumer main loop only (one sl_redis_t).
+ */
+#ifndef CONS_STORE_H
+#define CONS_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sl_err.h"
+#include "common/sl_redis.h"
+
+#define CONS_JOBID_LEN      40                 /* hex SHA-1 */
+#define CONS_TOKEN_LEN      32                 /* hex lease token (128 bits) */
+#define CONS_STORE_SHARDS_MAX 65536            /* shard count cap (4 hex digits of the id) */
+#define CONS_STORE_CLAIM_MAX  1000             /* jobs per claim call */
+#define CONS_STORE_BODY_MAX   (64 * 1024 * 1024) /* bytes; sanity cap on a job body */
+#define CONS_STORE_PIPE_MAX   1000             /* commands per pipelined round trip */
+#define CONS_STORE_OWNER_MAX  128              /* bytes; breaker probe owner id */
+#define CONS_STORE_MS_MAX     (INT64_C(1) << 50) /* ms; cap on any time or duration argument,
+                                                    so sums stay exact in Lua's doubles */
+
+/* Compute the job id (41 bytes incl. NUL, lowercase hex) of an (endpoint, event) pair.
+ * Both strings are borrowed. Aborts only if OpenSSL cannot compute SHA-1 at all. */
+void cons_store_job_id(const char *endpoint_id, const char *event_id, char out[41]);
+/* Shard of a job id: first 4 hex digits modulo nshards (nshards 0 is treated as 1; a
+ * malformed id maps to shard 0). */
+uint32_t cons_store_shard(const char *job_id, uint32_t nshards);
+
+/* ==== Retry schedule ==== */
+
+/*
+ * Schedule (or reschedule) a job: SET body, ZADD due. When lease_token is non-NULL the call
+ * is a reschedule of a claimed job and succeeds only while that lease is still ours
+ * (returns SL_ESTATE otherwise: another pod owns the job now, drop it); on success the lease
+ * is released (the job is no longer claimed by anyone). When NULL, it is a new job (from
+ * Kafka): if a job with that id already exists (its body key is present) it is left
+ * untouched and SL_ESTATE is NOT returned: *existed is set to 1 instead (existed may be
+ * NULL; it is set to 0 otherwise). A new job also drops any leftover lease entry for its id,
+ * so no stale token can touch it. body (body_len bytes, binary, <= CONS_STORE_BODY_MAX;
+ * NULL only when body_len is 0) and the strings are borrowed. due_ms: unix ms.
+ */
+int cons_store_schedule(sl_redis_t *r, uint32_t nshards, const char *job_id, const void *body,
+                        size_t body_len, int64_t due_ms, const char *lease_token, int *existed,
+                        sl_err_t *err);
+
+/* One claimed job. body is owned by the batch. */
+struct cons_claimed {
+    char job_id[41];     /* hex SHA-1 */
+    char token[33];      /* lease token of this claim (hex, NUL-terminated) */
+    uint32_t shard;      /* shard it lives in */
+    unsigned char *body; /* delivery record bytes (malloc'd; one extra NUL after body_len) */
+    size_t body_len;     /* bytes */
+};
+
+/*
+ * Claim up to max due jobs (score <= now_ms, oldest due first) from one shard, leasing each
+ * until now_ms + lease_ms. Jobs whose body is missing are removed (and count against max, so
+ * fewer than max may come back while more are due). max: 0..CONS_STORE_CLAIM_MAX. Returns
+ * the number claimed (>= 0) with *out a malloc'd array the caller frees with
+ * cons_store_claimed_free (NULL when 0 were claimed), or a negative SL_E* code (*out NULL).
+ */
+int cons_store_claim(sl_redis_t *r, uint32_t shard, int64_t now_ms, int64_t lease_ms, int max,
+                     struct cons_claimed **out, sl_err_t *err);
+/* Free a claim batch of n jobs (NULL-safe). */
+void cons_store_claimed_free(struct cons_claimed *c, int n);
+
+/* Remove a claimed job (delivered, dead-lettered, or dropped) if the lease is still ours.
+ * Returns 0, or SL_ESTATE if the lease was lost (someone else owns it now, or the job was
+ * rescheduled or completed already). */
+int cons_store_complete(sl_redis_t *r, uint32_t nshards, const char *job_id, const char *token,
+                        sl_err_t *err);
+
+/* Is a job with this id scheduled or leased (its body key exists)? 1 yes, 0 no, negative on
+ * error. */
+int cons_store_job_exists(sl_redis_t *r, uint32_t nshards, const char *job_id, sl_err_t *err);
+
+/* Counts for health, over all shards in pipelined round trips: *scheduled = jobs in the
+ * schedule (ZCARD, leased ones included), *leased = jobs holding a lease entry (HLEN; a lease
+ * that expired but was not re-claimed yet still counts). Returns 0 or negative. */
+int cons_store_counts(sl_redis_t *r, uint32_t nshards, int64_t *scheduled, int64_t *leased,
+                      sl_err_t *err);
+
+/* ==== Dedup markers ==== */
+
+/* Check markers for n (endpoint, event) pairs, pipelined (CONS_STORE_PIPE_MAX commands per
+ * round trip). out[i] = 1 when already delivered, else 0. Ids are borrowed C strings
+ * (endpoint <= SL_ENDPOINT_ID_MAX, event <= SL_EVENT_ID_MAX bytes). Returns 0 or negative
+ * (out is then unspecified). */
+int cons_store_done_check(sl_redis_t *r, size_t n, const char *const *endpoint_ids,
+                          const char *const *event_ids, unsigned char *out, sl_err_t *err);
+/* Set markers (SET key 1 EX ttl_s, ttl_s >= 1) for n pairs, pipelined like done_check.
+ * On error some markers may be set (setting one twice is harmless). */
+int cons_store_done_mark(sl_redis_t *r, size_t n, const char *const *endpoint_ids,
+                         const char *const *event_ids, int64_t ttl_s, sl_err_t *err);
+
+/* ==== Circuit breaker ==== */
+
+enum cons_brk_state { CONS_BRK_CLOSED = 0, CONS_BRK_OPEN = 1, CONS_BRK_HALF_OPEN = 2 };
+
+struct cons_brk_view {
+    enum cons_brk_state state; /* as stored in Redis after the call */
+    int64_t failures;          /* consecutive failures (late failures while open count too) */
+    int64_t reopen_at_ms;      /* unix ms; open: when the cooldown ends; half_open: when the
+                                  current probe lease ends (earliest next probe); closed: 0 */
+    int64_t cooldown_ms;       /* ms; current cooldown (0 if never opened) */
+    int probe;                 /* acquire: 1 if this caller holds the half-open probe */
+};
+
+/*
+ * Record an attempt's result atomically; owner (borrowed, 1..CONS_STORE_OWNER_MAX bytes)
+ * identifies the caller as in brk_acquire. threshold >= 1, 1 <= cooldown_base_ms <=
+ * cooldown_max_ms.
+ *   success, any state but "closed with 0 failures" -> closed, failures 0, cooldown_ms =
+ *     base, probe released. A success while open or while someone else probes is a late
+ *     answer from a request sent before the breaker opened; it is still evidence that the
+ *     endpoint works, so it closes the breaker too.
+ *   success, closed with 0 failures -> nothing is written (the hot path costs one HMGET).
+ *   failure, closed -> failures++; at failures >= threshold: open, opened_at = now_ms,
+ *     cooldown = base.
+ *   failure, half_open and owner holds the probe (lease live or expired but not taken over)
+ *     -> open again, opened_at = now_ms, cooldown doubled up to cooldown_max_ms.
+ *   failure, open, or half_open probed by someone else -> a late answer from before the
+ *     breaker opened: failures++ only (no extension of the cooldown, no state change).
+ * now_ms is the caller's clock (pods' clocks are assumed roughly in sync). out may be NULL.
+ */
+int cons_store_brk_record(sl_redis_t *r, const char *endpoint_id, int success, int64_t now_ms,
+                          int64_t threshold, int64_t cooldown_base_ms, int64_t cooldown_max_ms,
+                          const char *owner, struct cons_brk_view *out, sl_err_t *err);
+
+/*
+ * Ask to send while the breaker may be open. closed -> state closed (send; nothing written).
+ * open before the cooldown ends -> open (defer to reopen_at_ms). open after the cooldown, or
+ * half_open whose probe lease expired -> half_open with probe=1 for exactly one caller across
+ * all pods (the probe lease lasts probe_lease_ms >= 1); everyone else gets probe=0 and
+ * defers (to reopen_at_ms = the probe lease end). Not re-entrant: the probe owner asking
+ * again while its lease is live also gets probe=0, so one owner cannot send two probes.
+ * owner: borrowed, 1..CONS_STORE_OWNER_MAX bytes (e.g. the pod's instance id).
+ */
+int cons_store_brk_acquire(sl_redis_t *r, const char *endpoint_id, int64_t now_ms,
+                           int64_t probe_lease_ms, const char *owner, struct cons_brk_view *out,
+                           sl_err_t *err);
+
+/* Read the breaker without changing it (for refreshing local caches and for health).
+ * probe is always 0. */
+int cons_store_brk_get(sl_redis_t *r, const char *endpoint_id, struct cons_brk_view *out,
+                       sl_err_t *err);
+
+#endif /* CONS_STORE_H */
