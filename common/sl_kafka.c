@@ -162,10 +162,13 @@ int sl_kafka_produce(rd_kafka_t *rk, const char *topic, const void *key, size_t 
                      sl_err_t *err)
 {
     int64_t deadline = sl_mono_ms() + max_wait_ms;
+    /* librdkafka's macros take non-const pointers; F_COPY means they are only read */
+    void *k = (void *)(uintptr_t)key;
+    void *v = (void *)(uintptr_t)val;
     for (;;) {
         rd_kafka_resp_err_t e = rd_kafka_producev(
-            rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key, keylen),
-            RD_KAFKA_V_VALUE((void *)(uintptr_t)val, vallen), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+            rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(k, keylen), RD_KAFKA_V_VALUE(v, vallen),
+            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
             RD_KAFKA_V_OPAQUE(msg_opaque), RD_KAFKA_V_END);
         if (e == RD_KAFKA_RESP_ERR_NO_ERROR)
             return 0;

@@ -383,8 +383,7 @@ static void schedule_job(cons_engine_t *e, struct job *j, int64_t due_ms, uint32
         return;
     }
     j->after = AFTER_FINISH;
-    if (o && o->state != SL_OUTCOME_DELIVERED && (o->state != SL_OUTCOME_DEFERRED ||
-                                                  j->src == SRC_KAFKA)) {
+    if (o && o->state != SL_OUTCOME_DELIVERED) {
         struct sl_outcome oo = *o;
         if (produce_outcome(e, j, &oo) == 0)
             return; /* settles on the acknowledgement */
@@ -675,6 +674,9 @@ static void intake_redis(cons_engine_t *e)
             warn_redis(e, &err);
             return;
         }
+        if (got > 0)
+            sl_debug(SL_DBG_REDIS, "redis", "retries_claimed", "claimed %d due jobs from shard %u",
+                     got, shard);
         struct job **batch = sl_xcalloc((size_t)(got ? got : 1), sizeof(*batch));
         size_t n = 0;
         for (int i = 0; i < got; i++) {
@@ -818,7 +820,7 @@ static void defer_queue(cons_engine_t *e, struct cons_ep *ce, int64_t until_ms)
         j->next = NULL;
         e->st.deferred++;
         /* jitter so the endpoint is not hit by one burst when it comes back */
-        int64_t due = until_ms + (int64_t)cons_rng_uniform(NULL, (uint64_t)spread);
+        int64_t due = until_ms + (int64_t)cons_rng_uniform(cons_rng_default(), (uint64_t)spread);
         defer_job(e, j, due, "breaker_open");
         j = n;
     }
@@ -886,6 +888,9 @@ static void dispatch(cons_engine_t *e)
             int64_t until = ce->brk == CONS_BRK_OPEN && ce->brk_reopen_at > now
                                 ? ce->brk_reopen_at
                                 : now + 1000;
+            sl_debug(SL_DBG_HTTP, "deliver", "breaker_defer",
+                     "breaker %d for endpoint %s: deferring %zu queued until %lld", (int)ce->brk,
+                     ce->id, ce->qlen, (long long)until);
             defer_queue(e, ce, until);
             continue;
         }
@@ -917,6 +922,10 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
     uint32_t attempt = j->d.attempt + 1;
     const char *cls = NULL;
     enum cons_verdict v = cons_classify(r->curl_code, r->status, r->refusal, &cls);
+    /* A 2xx whose endless or oversized body we cut off was still accepted by the endpoint:
+     * dead-lettering it would invite a duplicate on replay. */
+    if (r->refusal == CONS_REFUSAL_BODY_CAP && r->status >= 200 && r->status < 300)
+        v = CONS_DELIVERED;
     bool was_probe = j->probe;
     if (was_probe)
         ce->probe_inflight = false;
@@ -982,7 +991,12 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
         }
         int64_t ra = cons_retry_after_ms(r->status, r->retry_after_s, 0,
                                          e->cfg->retry_after_max_ms);
-        int64_t due = cons_backoff_next(&p, attempt, now, ra, NULL);
+        /* Retry-After is bounded by retry_after_max_ms, not by the backoff cap: an endpoint
+         * that asks for 10 minutes gets 10 minutes even when the cap is shorter. */
+        /* attempt - 1 retries so far: the first retry's ceiling is the base */
+        int64_t due = cons_backoff_next(&p, attempt - 1, now, 0, NULL);
+        if (ra > 0 && now + ra > due)
+            due = now + ra;
         e->st.retried++;
         outcome_init(e, j, &o, SL_OUTCOME_RETRY_SCHEDULED, attempt);
         o.http = (uint32_t)r->status;

@@ -47,15 +47,15 @@
 #include "common/sl_err.h"
 #include "common/sl_redis.h"
 
-#define CONS_JOBID_LEN      40                 /* hex SHA-1 */
-#define CONS_TOKEN_LEN      32                 /* hex lease token (128 bits) */
-#define CONS_STORE_SHARDS_MAX 65536            /* shard count cap (4 hex digits of the id) */
-#define CONS_STORE_CLAIM_MAX  1000             /* jobs per claim call */
-#define CONS_STORE_BODY_MAX   (64 * 1024 * 1024) /* bytes; sanity cap on a job body */
-#define CONS_STORE_PIPE_MAX   1000             /* commands per pipelined round trip */
-#define CONS_STORE_OWNER_MAX  128              /* bytes; breaker probe owner id */
-#define CONS_STORE_MS_MAX     (INT64_C(1) << 50) /* ms; cap on any time or duration argument,
-                                                    so sums stay exact in Lua's doubles */
+#define CONS_JOBID_LEN        40                 /* hex SHA-1 */
+#define CONS_TOKEN_LEN        32                 /* hex lease token (128 bits) */
+#define CONS_STORE_SHARDS_MAX 65536              /* shard count cap (4 hex digits of the id) */
+#define CONS_STORE_CLAIM_MAX  1000               /* jobs per claim call */
+#define CONS_STORE_BODY_MAX   ((size_t)64 << 20) /* bytes; sanity cap on a job body */
+#define CONS_STORE_PIPE_MAX   1000               /* commands per pipelined round trip */
+#define CONS_STORE_OWNER_MAX  128                /* bytes; breaker probe owner id */
+/* ms; cap on every time or duration argument, so sums stay exact in Lua's doubles */
+#define CONS_STORE_MS_MAX     (INT64_C(1) << 50)
 
 /* Compute the job id (41 bytes incl. NUL, lowercase hex) of an (endpoint, event) pair.
  * Both strings are borrowed. Aborts only if OpenSSL cannot compute SHA-1 at all. */
@@ -146,8 +146,9 @@ struct cons_brk_view {
 
 /*
  * Record an attempt's result atomically; owner (borrowed, 1..CONS_STORE_OWNER_MAX bytes)
- * identifies the caller as in brk_acquire. threshold >= 1, 1 <= cooldown_base_ms <=
- * cooldown_max_ms.
+ * identifies the caller as in brk_acquire. threshold >= 1, cooldown_base_ms >= 1; a
+ * cooldown_max_ms below the base is raised to the base (an endpoint's own cooldown may exceed
+ * the global cap: the cooldown then stays at the base instead of the call failing).
  *   success, any state but "closed with 0 failures" -> closed, failures 0, cooldown_ms =
  *     base, probe released. A success while open or while someone else probes is a late
  *     answer from a request sent before the breaker opened; it is still evidence that the

@@ -1,0 +1,92 @@
+/*
+ * cons_classify: the fate of one delivery attempt, as a pure function of what libcurl
+ * reported (CURLcode, final HTTP status) and of our own policy refusals. Design invariant 4:
+ *
+ *   DELIVERED         2xx (and only with CURLE_OK)
+ *   RETRY             transfer errors that may be transient (DNS, connect, timeouts, TLS,
+ *                     send/recv, empty or partial replies, HTTP/2 stream errors, local
+ *                     resource errors), 408, 425, 429, 5xx
+ *   PERMANENT         3xx (redirects are never followed), other 4xx, 1xx as a final status,
+ *                     a status outside 100..599 or none at all, a URL curl cannot use, and
+ *                     our policy refusals (SSRF, response body cap)
+ *   PERMANENT_DISABLE 410 Gone: permanent, and the endpoint is disabled
+ *
+ * A policy refusal is an explicit input because libcurl cannot tell it apart: an address
+ * refused in CURLOPT_OPENSOCKETFUNCTION surfaces as CURLE_COULDNT_CONNECT and a body-cap
+ * abort in the write callback as CURLE_WRITE_ERROR. When given, it wins over everything.
+ *
+ * Every verdict but DELIVERED comes with an error class: a stable snake_case string for the
+ * outcome record, dashboards and dead-letter analysis (see CONS_CLASS_* below).
+ *
+ * thread: any; pure functions, static strings.
+ */
+#ifndef CONS_CLASSIFY_H
+#define CONS_CLASSIFY_H
+
+#include <stdint.h>
+
+enum cons_verdict {
+    CONS_DELIVERED = 0,         /* 2xx: done, write the delivered marker */
+    CONS_RETRY = 1,             /* transient: schedule with backoff (or dead-letter if spent) */
+    CONS_PERMANENT = 2,         /* dead-letter now, no retry */
+    CONS_PERMANENT_DISABLE = 3, /* dead-letter now and disable the endpoint (410) */
+};
+
+/* Why we aborted or refused a transfer ourselves (set by the callbacks that did it). */
+enum cons_refusal {
+    CONS_REFUSAL_NONE = 0,     /* libcurl's result stands */
+    CONS_REFUSAL_SSRF = 1,     /* opensocket callback refused the resolved address */
+    CONS_REFUSAL_BODY_CAP = 2, /* write callback stopped an over-long response body */
+};
+
+/* Error classes (the strings returned through *error_class). */
+#define CONS_CLASS_TIMEOUT      "timeout"          /* CURLE_OPERATION_TIMEDOUT */
+#define CONS_CLASS_CONNECT      "connect"          /* refused/unreachable, local interface */
+#define CONS_CLASS_DNS          "dns"              /* host (or proxy) did not resolve */
+#define CONS_CLASS_TLS          "tls"              /* handshake, certificate, pinning */
+#define CONS_CLASS_SEND         "send"             /* error while sending the request */
+#define CONS_CLASS_RECV         "recv"             /* error while receiving the response */
+#define CONS_CLASS_EMPTY_REPLY  "empty_reply"      /* connection closed without a response */
+#define CONS_CLASS_PARTIAL      "partial_response" /* response body cut short */
+#define CONS_CLASS_PROTOCOL     "protocol"         /* malformed HTTP, HTTP/2 or proxy errors */
+#define CONS_CLASS_INTERNAL     "internal"         /* our side: memory, callbacks, bad options */
+#define CONS_CLASS_TRANSFER     "transfer"         /* any other transfer error */
+#define CONS_CLASS_INVALID_URL  "invalid_url"      /* curl cannot use the endpoint URL */
+#define CONS_CLASS_HTTP_1XX     "http_1xx"
+#define CONS_CLASS_HTTP_3XX     "http_3xx"
+#define CONS_CLASS_HTTP_408     "http_408"
+#define CONS_CLASS_HTTP_410     "http_410"
+#define CONS_CLASS_HTTP_425     "http_425"
+#define CONS_CLASS_HTTP_429     "http_429"
+#define CONS_CLASS_HTTP_4XX     "http_4xx"
+#define CONS_CLASS_HTTP_5XX     "http_5xx"
+#define CONS_CLASS_HTTP_INVALID "http_invalid_status" /* no status, or outside 100..599 */
+#define CONS_CLASS_SSRF         "ssrf_refused"
+#define CONS_CLASS_TOO_LARGE    "response_too_large"
+
+/*
+ * Classify one finished attempt. curl_code is the CURLcode from CURLMSG_DONE (as int);
+ * http_status is CURLINFO_RESPONSE_CODE (0 when no response); refusal is what our own
+ * callbacks did. *error_class (OUT, optional: NULL allowed) receives a static string, NULL
+ * for CONS_DELIVERED.
+ *
+ * A transfer error decides on its own even when a status line had already arrived (e.g. a
+ * 200 whose body timed out is retried: at-least-once), except CURLE_HTTP_RETURNED_ERROR,
+ * whose status decides. CURLE_OK with a status outside 100..599 is PERMANENT.
+ */
+enum cons_verdict
+cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const char **error_class);
+
+/* "delivered", "retry", "permanent", "permanent_disable" (static; "unknown" otherwise). */
+const char *cons_verdict_name(enum cons_verdict v);
+
+/*
+ * Delay a server asked for, in ms: honoured only for 429 and 503, and only when
+ * retry_after_s (CURLINFO_RETRY_AFTER: seconds, 0 or -1 = none; HTTP dates are already
+ * converted by libcurl) is positive. The result is clamped to [min_ms, max_ms] (a negative
+ * min_ms counts as 0; max_ms wins when min_ms > max_ms) without overflow for any input.
+ * Returns 0 when there is nothing to honour.
+ */
+int64_t cons_retry_after_ms(long http_status, long retry_after_s, int64_t min_ms, int64_t max_ms);
+
+#endif /* CONS_CLASSIFY_H */

@@ -1,0 +1,935 @@
+/*
+ * cons_store: retry schedule, leases, delivered markers and circuit breakers in Redis (see
+ * cons_store.h for the key layout and the contract).
+ *
+ * Design: every state change that touches more than one key, or that reads before it
+ * writes, is one Lua script, so it is atomic across pods. Each script gets its keys in
+ * KEYS[]; the claim script also derives job body keys from KEYS[3], the job key prefix of
+ * the same shard ("sluice:job:{s}:"), because it cannot know the due job ids in advance;
+ * those keys share the {s} hash tag, so the script stays in one Cluster slot. Bodies are
+ * binary: every argument goes through argv/argvlen, never a %s format.
+ *
+ * Scripts return only integers and strings (RESP2; Lua numbers would be truncated, and all
+ * values here are integral ms counts < 2^53). Numbers written back to Redis go through
+ * string.format('%d') so large values never become "1e+17".
+ *
+ * thread: the caller's (one sl_redis_t per thread); the script structs below cache their
+ * SHA1 on first use, which is idempotent.
+ */
+#include "consumer/cons_store.h"
+
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/sl_mem.h"
+#include "common/sl_record.h"
+
+/* Longest key we build: "sluice:done:{" + endpoint + "}:" + event id. */
+#define KEY_MAX (64 + SL_ENDPOINT_ID_MAX + SL_EVENT_ID_MAX)
+
+/* ==== Lua scripts ==== */
+
+/*
+ * schedule. KEYS: retry zset, job body, lease hash. ARGV: job id, body, due ms, token ("" =
+ * new job). A new job whose body key exists is left alone ("existed"); otherwise it is
+ * written and any stale lease entry for the id is dropped. A reschedule needs our lease.
+ */
+static struct sl_redis_script lua_schedule = {
+    .name = "schedule",
+    .lua = "local id, tok = ARGV[1], ARGV[4]\n"
+           "if tok == '' then\n"
+           "  if redis.call('EXISTS', KEYS[2]) == 1 then return 'existed' end\n"
+           "elseif redis.call('HGET', KEYS[3], id) ~= tok then\n"
+           "  return 'lost'\n"
+           "end\n"
+           "redis.call('SET', KEYS[2], ARGV[2])\n"
+           "redis.call('ZADD', KEYS[1], ARGV[3], id)\n"
+           "redis.call('HDEL', KEYS[3], id)\n"
+           "return 'ok'\n",
+};
+
+/*
+ * claim. KEYS: retry zset, lease hash, job key prefix. ARGV: now ms, lease expiry ms, max,
+ * token. Due jobs (and expired leases: their score is the lease expiry) in score order;
+ * orphans without a body are removed. Returns a flat array [id, token, body, ...].
+ */
+static struct sl_redis_script lua_claim = {
+    .name = "claim",
+    .lua = "local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, "
+           "ARGV[3])\n"
+           "local out = {}\n"
+           "for i = 1, #ids do\n"
+           "  local id = ids[i]\n"
+           "  local body = redis.call('GET', KEYS[3] .. id)\n"
+           "  if body then\n"
+           "    redis.call('ZADD', KEYS[1], ARGV[2], id)\n"
+           "    redis.call('HSET', KEYS[2], id, ARGV[4])\n"
+           "    out[#out + 1] = id\n"
+           "    out[#out + 1] = ARGV[4]\n"
+           "    out[#out + 1] = body\n"
+           "  else\n"
+           "    redis.call('ZREM', KEYS[1], id)\n"
+           "    redis.call('HDEL', KEYS[2], id)\n"
+           "  end\n"
+           "end\n"
+           "return out\n",
+};
+
+/* complete. KEYS: retry zset, job body, lease hash. ARGV: job id, token. */
+static struct sl_redis_script lua_complete = {
+    .name = "complete",
+    .lua = "if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return 'lost' end\n"
+           "redis.call('ZREM', KEYS[1], ARGV[1])\n"
+           "redis.call('DEL', KEYS[2])\n"
+           "redis.call('HDEL', KEYS[3], ARGV[1])\n"
+           "return 'ok'\n",
+};
+
+/*
+ * Breaker prelude shared by the three breaker scripts: read the hash once (absent = closed,
+ * no failures) and build the reply {state code, failures, reopen_at, cooldown, probe}.
+ * reopen_at is the cooldown end when open and the probe lease end when half_open.
+ */
+#define BRK_PRELUDE                                                                                \
+    "local K = KEYS[1]\n"                                                                          \
+    "local f = redis.call('HMGET', K, 'state', 'failures', 'opened_at_ms', 'cooldown_ms', "        \
+    "'probe_owner', 'probe_until_ms')\n"                                                           \
+    "local st = f[1] or 'closed'\n"                                                                \
+    "local failures = tonumber(f[2]) or 0\n"                                                       \
+    "local opened = tonumber(f[3]) or 0\n"                                                         \
+    "local cooldown = tonumber(f[4]) or 0\n"                                                       \
+    "local powner = f[5] or ''\n"                                                                  \
+    "local puntil = tonumber(f[6]) or 0\n"                                                         \
+    "if st ~= 'closed' and st ~= 'open' and st ~= 'half_open' then\n"                              \
+    "  return redis.error_reply('ERR unknown breaker state')\n"                                    \
+    "end\n"                                                                                        \
+    "local function I(x) return string.format('%d', x) end\n"                                      \
+    "local function view(probe)\n"                                                                 \
+    "  if st == 'open' then return {1, failures, opened + cooldown, cooldown, probe} end\n"        \
+    "  if st == 'half_open' then return {2, failures, puntil, cooldown, probe} end\n"              \
+    "  return {0, failures, 0, cooldown, probe}\n"                                                 \
+    "end\n"
+
+/*
+ * record. KEYS: breaker hash. ARGV: success (1/0), now, threshold, base, max, owner.
+ * Semantics in cons_store.h. The probe owner's failure is told apart from a late failure of
+ * a request sent before the breaker opened by comparing owners: only the probe re-opens and
+ * doubles the cooldown; late answers only count.
+ */
+static struct sl_redis_script lua_brk_record = {
+    .name = "breaker_record",
+    .lua = BRK_PRELUDE
+    "local now, threshold = tonumber(ARGV[2]), tonumber(ARGV[3])\n"
+    "local base, cmax, owner = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]\n"
+    "if ARGV[1] == '1' then\n"
+    "  if st == 'closed' and failures == 0 then return view(0) end\n"
+    "  st, failures, cooldown = 'closed', 0, base\n"
+    "  redis.call('HSET', K, 'state', st, 'failures', '0', 'cooldown_ms', I(base))\n"
+    "  redis.call('HDEL', K, 'opened_at_ms', 'probe_owner', 'probe_until_ms')\n"
+    "  return view(0)\n"
+    "end\n"
+    "failures = failures + 1\n"
+    "if st == 'closed' then\n"
+    "  if failures >= threshold then\n"
+    "    st, opened, cooldown = 'open', now, base\n"
+    "    redis.call('HSET', K, 'state', st, 'failures', I(failures), 'opened_at_ms', "
+    "I(now), 'cooldown_ms', I(base))\n"
+    "  else\n"
+    "    redis.call('HSET', K, 'state', st, 'failures', I(failures))\n"
+    "  end\n"
+    "elseif st == 'half_open' and powner == owner then\n"
+    "  if cooldown < base then cooldown = base end\n"
+    "  cooldown = math.min(cooldown * 2, cmax)\n"
+    "  st, opened = 'open', now\n"
+    "  redis.call('HSET', K, 'state', st, 'failures', I(failures), 'opened_at_ms', "
+    "I(now), 'cooldown_ms', I(cooldown))\n"
+    "  redis.call('HDEL', K, 'probe_owner', 'probe_until_ms')\n"
+    "else\n"
+    "  redis.call('HSET', K, 'failures', I(failures))\n"
+    "end\n"
+    "return view(0)\n",
+};
+
+/*
+ * acquire. KEYS: breaker hash. ARGV: now, probe lease ms, owner. The probe goes to the
+ * first caller after the cooldown (or after the previous probe's lease ran out); a live
+ * lease, even the caller's own, answers probe=0.
+ */
+static struct sl_redis_script lua_brk_acquire = {
+    .name = "breaker_acquire",
+    .lua = BRK_PRELUDE "local now = tonumber(ARGV[1])\n"
+                       "if st == 'closed' then return view(0) end\n"
+                       "if st == 'open' and now < opened + cooldown then return view(0) end\n"
+                       "if st == 'half_open' and now < puntil then return view(0) end\n"
+                       "st, powner, puntil = 'half_open', ARGV[3], now + tonumber(ARGV[2])\n"
+                       "redis.call('HSET', K, 'state', st, 'probe_owner', powner, "
+                       "'probe_until_ms', I(puntil))\n"
+                       "return view(1)\n",
+};
+
+/* get. KEYS: breaker hash. Read-only, so safe to retry after a lost connection. */
+static struct sl_redis_script lua_brk_get = {
+    .name = "breaker_get",
+    .lua = BRK_PRELUDE "return view(0)\n",
+};
+
+/* ==== Helpers ==== */
+
+static int is_hex(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f')))
+            return 0;
+    }
+    return 1;
+}
+
+static int valid_job_id(const char *id)
+{
+    return id && strlen(id) == CONS_JOBID_LEN && is_hex(id, CONS_JOBID_LEN);
+}
+
+static int valid_token(const char *tok)
+{
+    return tok && strlen(tok) == CONS_TOKEN_LEN && is_hex(tok, CONS_TOKEN_LEN);
+}
+
+static int valid_str(const char *s, size_t max)
+{
+    if (!s)
+        return 0;
+    size_t n = strnlen(s, max + 1);
+    return n >= 1 && n <= max;
+}
+
+static int valid_ms(int64_t v)
+{
+    return v >= 0 && v <= CONS_STORE_MS_MAX;
+}
+
+static int valid_shards(uint32_t nshards)
+{
+    return nshards >= 1 && nshards <= CONS_STORE_SHARDS_MAX;
+}
+
+/* 128 random bits as 32 lowercase hex characters + NUL. */
+static int new_token(char out[CONS_TOKEN_LEN + 1])
+{
+    unsigned char raw[CONS_TOKEN_LEN / 2];
+    if (RAND_bytes(raw, (int)sizeof(raw)) != 1)
+        return SL_ECRYPTO;
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof(raw); i++) {
+        out[2 * i] = hex[raw[i] >> 4];
+        out[2 * i + 1] = hex[raw[i] & 0x0f];
+    }
+    out[CONS_TOKEN_LEN] = '\0';
+    return 0;
+}
+
+/* Is rep the string (bulk or status) lit? */
+static int reply_is(const redisReply *rep, const char *lit)
+{
+    size_t n = strlen(lit);
+    return (rep->type == REDIS_REPLY_STRING || rep->type == REDIS_REPLY_STATUS) && rep->len == n &&
+           memcmp(rep->str, lit, n) == 0;
+}
+
+/* Report a failed call of operation op; inner carries the sl_redis detail. Returns the
+ * (always negative) code. */
+static int fail_inner(sl_err_t *err, const char *op, const sl_err_t *inner)
+{
+    int code = inner->code < 0 ? inner->code : SL_EREDIS;
+    (void)sl_err_set(err, code, "could not %s: %s", op, inner->msg);
+    return code;
+}
+
+/* Report an error reply or a reply of the wrong shape. Returns SL_EREDIS. */
+static int fail_reply(sl_err_t *err, const char *op, const redisReply *rep)
+{
+    if (rep && rep->type == REDIS_REPLY_ERROR)
+        (void)sl_err_set(err, SL_EREDIS, "could not %s: redis error: %.120s", op, rep->str);
+    else
+        (void)sl_err_set(err, SL_EREDIS, "could not %s: unexpected reply from redis", op);
+    return SL_EREDIS;
+}
+
+/*
+ * Run a script: 0 with *repp set (never an error reply), or a negative code with err
+ * filled. idempotent scripts are run again once when the connection was lost
+ * (sl_redis_eval itself never retries a script).
+ */
+static int run_script(sl_redis_t *r,
+                      struct sl_redis_script *s,
+                      int nkeys,
+                      int argc,
+                      const char **argv,
+                      const size_t *argvlen,
+                      int idempotent,
+                      const char *op,
+                      redisReply **repp,
+                      sl_err_t *err)
+{
+    sl_err_t inner = {0};
+    *repp = NULL;
+    redisReply *rep = sl_redis_eval(r, s, nkeys, argc, argv, argvlen, &inner);
+    if (!rep && idempotent && inner.code == SL_EREDIS) {
+        sl_err_clear(&inner);
+        rep = sl_redis_eval(r, s, nkeys, argc, argv, argvlen, &inner);
+    }
+    if (!rep)
+        return fail_inner(err, op, &inner);
+    if (rep->type == REDIS_REPLY_ERROR) {
+        int rc = fail_reply(err, op, rep);
+        freeReplyObject(rep);
+        return rc;
+    }
+    *repp = rep;
+    return 0;
+}
+
+/* Run one idempotent command (sl_redis_cmd reconnects and retries it once on a lost
+ * connection). Same result rules as run_script. */
+static int run_cmd(
+    sl_redis_t *r, int argc, const char **argv, const char *op, redisReply **repp, sl_err_t *err)
+{
+    sl_err_t inner = {0};
+    *repp = NULL;
+    redisReply *rep = sl_redis_cmd(r, 1, argc, argv, NULL, &inner);
+    if (!rep)
+        return fail_inner(err, op, &inner);
+    if (rep->type == REDIS_REPLY_ERROR) {
+        int rc = fail_reply(err, op, rep);
+        freeReplyObject(rep);
+        return rc;
+    }
+    *repp = rep;
+    return 0;
+}
+
+/* The three shard keys of a job. */
+struct job_keys {
+    char retry[48]; /* sluice:retry:{s} */
+    char job[96];   /* sluice:job:{s}:<id> */
+    char lease[48]; /* sluice:lease:{s} */
+};
+
+static void job_keys(struct job_keys *k, uint32_t shard, const char *job_id)
+{
+    (void)snprintf(k->retry, sizeof(k->retry), "sluice:retry:{%" PRIu32 "}", shard);
+    (void)snprintf(k->job, sizeof(k->job), "sluice:job:{%" PRIu32 "}:%s", shard, job_id);
+    (void)snprintf(k->lease, sizeof(k->lease), "sluice:lease:{%" PRIu32 "}", shard);
+}
+
+/* ==== Job ids ==== */
+
+void cons_store_job_id(const char *endpoint_id, const char *event_id, char out[41])
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha1(), NULL) == 1 &&
+             EVP_DigestUpdate(ctx, endpoint_id, strlen(endpoint_id)) == 1 &&
+             EVP_DigestUpdate(ctx, "\n", 1) == 1 &&
+             EVP_DigestUpdate(ctx, event_id, strlen(event_id)) == 1 &&
+             EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 && mdlen == SHA_DIGEST_LENGTH;
+    EVP_MD_CTX_free(ctx);
+    if (!ok) {
+        /* Without SHA-1 no job id is possible; a constant id would merge every retry chain. */
+        (void)fputs("cons_store: cannot compute sha-1\n", stderr);
+        abort();
+    }
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < SHA_DIGEST_LENGTH; i++) {
+        out[2 * i] = hex[md[i] >> 4];
+        out[2 * i + 1] = hex[md[i] & 0x0f];
+    }
+    out[CONS_JOBID_LEN] = '\0';
+}
+
+uint32_t cons_store_shard(const char *job_id, uint32_t nshards)
+{
+    if (nshards == 0)
+        nshards = 1;
+    if (!job_id || strnlen(job_id, 4) < 4 || !is_hex(job_id, 4))
+        return 0;
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) {
+        char ch = job_id[i];
+        v = v * 16 + (uint32_t)(ch <= '9' ? ch - '0' : ch - 'a' + 10);
+    }
+    return v % nshards;
+}
+
+/* ==== Retry schedule ==== */
+
+int cons_store_schedule(sl_redis_t *r,
+                        uint32_t nshards,
+                        const char *job_id,
+                        const void *body,
+                        size_t body_len,
+                        int64_t due_ms,
+                        const char *lease_token,
+                        int *existed,
+                        sl_err_t *err)
+{
+    static const char op[] = "schedule job";
+    if (existed)
+        *existed = 0;
+    if (!valid_shards(nshards))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: shard count out of range 1..%d", op,
+                          CONS_STORE_SHARDS_MAX);
+    if (!valid_job_id(job_id))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: job id is not 40 lowercase hex digits", op);
+    if (!body && body_len > 0)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: body is missing", op);
+    if (body_len > CONS_STORE_BODY_MAX)
+        return sl_err_set(err, SL_ETOOBIG, "cannot %s: body exceeds %zu bytes", op,
+                          CONS_STORE_BODY_MAX);
+    if (!valid_ms(due_ms))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: due time out of range", op);
+    if (lease_token && !valid_token(lease_token))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: lease token is not 32 hex digits", op);
+
+    struct job_keys k;
+    job_keys(&k, cons_store_shard(job_id, nshards), job_id);
+    char due[24];
+    (void)snprintf(due, sizeof(due), "%" PRId64, due_ms);
+    const char *tok = lease_token ? lease_token : "";
+    const char *argv[] = {k.retry, k.job, k.lease, job_id, body ? (const char *)body : "",
+                          due,     tok};
+    const size_t argvlen[] = {strlen(k.retry), strlen(k.job), strlen(k.lease), CONS_JOBID_LEN,
+                              body_len,        strlen(due),   strlen(tok)};
+    redisReply *rep;
+    int rc = run_script(r, &lua_schedule, 3, 7, argv, argvlen, 0, op, &rep, err);
+    if (rc != 0)
+        return rc;
+    if (reply_is(rep, "ok")) {
+        rc = 0;
+    } else if (reply_is(rep, "existed")) {
+        if (existed)
+            *existed = 1;
+    } else if (reply_is(rep, "lost")) {
+        rc = sl_err_set(err, SL_ESTATE, "cannot reschedule job: lease lost to another claim");
+    } else {
+        rc = fail_reply(err, op, rep);
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+void cons_store_claimed_free(struct cons_claimed *c, int n)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < n; i++)
+        free(c[i].body);
+    free(c);
+}
+
+/* Copy one [id, token, body] triple of the claim reply into c. */
+static int parse_claimed(struct cons_claimed *c, uint32_t shard, redisReply *const *e)
+{
+    for (int i = 0; i < 3; i++)
+        if (e[i]->type != REDIS_REPLY_STRING)
+            return -1;
+    if (e[0]->len != CONS_JOBID_LEN || !is_hex(e[0]->str, CONS_JOBID_LEN) ||
+        e[1]->len != CONS_TOKEN_LEN || !is_hex(e[1]->str, CONS_TOKEN_LEN))
+        return -1;
+    memcpy(c->job_id, e[0]->str, CONS_JOBID_LEN);
+    c->job_id[CONS_JOBID_LEN] = '\0';
+    memcpy(c->token, e[1]->str, CONS_TOKEN_LEN);
+    c->token[CONS_TOKEN_LEN] = '\0';
+    c->shard = shard;
+    c->body_len = e[2]->len;
+    c->body = sl_xmalloc(e[2]->len + 1);
+    if (e[2]->len)
+        memcpy(c->body, e[2]->str, e[2]->len);
+    c->body[e[2]->len] = '\0';
+    return 0;
+}
+
+int cons_store_claim(sl_redis_t *r,
+                     uint32_t shard,
+                     int64_t now_ms,
+                     int64_t lease_ms,
+                     int max,
+                     struct cons_claimed **out,
+                     sl_err_t *err)
+{
+    static const char op[] = "claim jobs";
+    struct cons_claimed *c = NULL;
+    redisReply *rep = NULL;
+    int n = 0, rc;
+    if (!out)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: no output array", op);
+    *out = NULL;
+    if (shard >= CONS_STORE_SHARDS_MAX)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: shard out of range", op);
+    if (!valid_ms(now_ms) || lease_ms < 1 || !valid_ms(lease_ms))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: time or lease out of range", op);
+    if (max < 0 || max > CONS_STORE_CLAIM_MAX)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: max out of range 0..%d", op,
+                          CONS_STORE_CLAIM_MAX);
+    if (max == 0)
+        return 0;
+
+    char token[CONS_TOKEN_LEN + 1];
+    if (new_token(token) != 0)
+        return sl_err_set(err, SL_ECRYPTO, "could not %s: no random bytes for a lease token", op);
+    struct job_keys k;
+    job_keys(&k, shard, "");
+    char now[24], until[24], smax[16];
+    (void)snprintf(now, sizeof(now), "%" PRId64, now_ms);
+    (void)snprintf(until, sizeof(until), "%" PRId64, now_ms + lease_ms);
+    (void)snprintf(smax, sizeof(smax), "%d", max);
+    /* k.job is the prefix "sluice:job:{s}:" here (empty id). */
+    const char *argv[] = {k.retry, k.lease, k.job, now, until, smax, token};
+    rc = run_script(r, &lua_claim, 3, 7, argv, NULL, 0, op, &rep, err);
+    if (rc != 0)
+        return rc;
+    /* From here on the jobs are leased in Redis; if the reply is unusable they come back
+     * when the lease expires. */
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 3 != 0 ||
+        rep->elements / 3 > (size_t)max) {
+        rc = fail_reply(err, op, rep);
+        goto out;
+    }
+    n = (int)(rep->elements / 3);
+    if (n > 0)
+        c = sl_xcalloc((size_t)n, sizeof(*c));
+    for (int i = 0; i < n; i++) {
+        if (parse_claimed(&c[i], shard, rep->element + (size_t)3 * (size_t)i) != 0) {
+            cons_store_claimed_free(c, i);
+            c = NULL;
+            rc = fail_reply(err, op, rep);
+            goto out;
+        }
+    }
+    *out = c;
+    c = NULL;
+    rc = n;
+out:
+    freeReplyObject(rep);
+    return rc;
+}
+
+int cons_store_complete(
+    sl_redis_t *r, uint32_t nshards, const char *job_id, const char *token, sl_err_t *err)
+{
+    static const char op[] = "complete job";
+    if (!valid_shards(nshards))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: shard count out of range 1..%d", op,
+                          CONS_STORE_SHARDS_MAX);
+    if (!valid_job_id(job_id))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: job id is not 40 lowercase hex digits", op);
+    if (!valid_token(token))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: lease token is not 32 hex digits", op);
+    struct job_keys k;
+    job_keys(&k, cons_store_shard(job_id, nshards), job_id);
+    const char *argv[] = {k.retry, k.job, k.lease, job_id, token};
+    redisReply *rep;
+    int rc = run_script(r, &lua_complete, 3, 5, argv, NULL, 0, op, &rep, err);
+    if (rc != 0)
+        return rc;
+    if (reply_is(rep, "lost"))
+        rc = sl_err_set(err, SL_ESTATE, "cannot %s: lease lost to another claim", op);
+    else if (!reply_is(rep, "ok"))
+        rc = fail_reply(err, op, rep);
+    freeReplyObject(rep);
+    return rc;
+}
+
+int cons_store_job_exists(sl_redis_t *r, uint32_t nshards, const char *job_id, sl_err_t *err)
+{
+    static const char op[] = "look up job";
+    if (!valid_shards(nshards))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: shard count out of range 1..%d", op,
+                          CONS_STORE_SHARDS_MAX);
+    if (!valid_job_id(job_id))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: job id is not 40 lowercase hex digits", op);
+    struct job_keys k;
+    job_keys(&k, cons_store_shard(job_id, nshards), job_id);
+    const char *argv[] = {"EXISTS", k.job};
+    redisReply *rep;
+    int rc = run_cmd(r, 2, argv, op, &rep, err);
+    if (rc != 0)
+        return rc;
+    if (rep->type == REDIS_REPLY_INTEGER && (rep->integer == 0 || rep->integer == 1))
+        rc = (int)rep->integer;
+    else
+        rc = fail_reply(err, op, rep);
+    freeReplyObject(rep);
+    return rc;
+}
+
+/* ==== Pipelining ==== */
+
+/*
+ * A pipelined batch of ncmds independent, idempotent commands. build() writes command i's
+ * argv (key text into keybuf, KEY_MAX bytes; redisAppendCommandArgv copies it at once, so
+ * the buffer is reused); check() validates reply i and stores its result (it may be called
+ * again for the same i after a retry, so it must overwrite, not accumulate).
+ */
+struct pipe_ops {
+    int (*build)(void *ctx, size_t i, char *keybuf, const char **argv, size_t *argvlen);
+    int (*check)(void *ctx, size_t i, const redisReply *rep);
+    void *ctx;
+};
+
+/* Send commands [from, to) and read their replies. Returns 0 or a negative code with err
+ * filled; *lost = 1 when the failure was a lost connection (the chunk may be sent again). */
+static int pipe_chunk(sl_redis_t *r,
+                      const struct pipe_ops *ops,
+                      size_t from,
+                      size_t to,
+                      const char *op,
+                      int *lost,
+                      sl_err_t *err)
+{
+    char keybuf[KEY_MAX];
+    const char *argv[8];
+    size_t argvlen[8];
+    size_t sent = 0;
+    int rc = 0;
+    *lost = 0;
+    for (size_t i = from; i < to; i++) {
+        int argc = ops->build(ops->ctx, i, keybuf, argv, argvlen);
+        if (sl_redis_append(r, argc, argv, argvlen) != 0) {
+            rc = sl_err_set(err, SL_EREDIS, "could not %s: could not send to redis", op);
+            *lost = 1;
+            break;
+        }
+        sent++;
+    }
+    /* Read every reply that was sent, even after a bad one, so the connection stays in step
+     * with its commands. A lost connection drops the context and with it the rest. */
+    for (size_t i = 0; i < sent; i++) {
+        sl_err_t inner = {0};
+        redisReply *rep = sl_redis_get_reply(r, &inner);
+        if (!rep) {
+            *lost = 1;
+            return fail_inner(err, op, &inner);
+        }
+        if (rc == 0 && ops->check(ops->ctx, from + i, rep) != 0)
+            rc = fail_reply(err, op, rep);
+        freeReplyObject(rep);
+    }
+    return rc;
+}
+
+static int
+pipe_run(sl_redis_t *r, const struct pipe_ops *ops, size_t ncmds, const char *op, sl_err_t *err)
+{
+    for (size_t from = 0; from < ncmds; from += CONS_STORE_PIPE_MAX) {
+        size_t to = ncmds - from > CONS_STORE_PIPE_MAX ? from + CONS_STORE_PIPE_MAX : ncmds;
+        int lost;
+        int rc = pipe_chunk(r, ops, from, to, op, &lost, err);
+        if (rc != 0 && lost) /* every command here is idempotent: reconnect, send again */
+            rc = pipe_chunk(r, ops, from, to, op, &lost, err);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* ==== Counts ==== */
+
+struct counts_ctx {
+    int64_t *vals; /* 2 per shard: ZCARD, HLEN */
+};
+
+static int counts_build(void *ctx, size_t i, char *keybuf, const char **argv, size_t *argvlen)
+{
+    (void)ctx;
+    uint32_t shard = (uint32_t)(i / 2);
+    int zset = (i % 2) == 0;
+    (void)snprintf(keybuf, KEY_MAX,
+                   zset ? "sluice:retry:{%" PRIu32 "}" : "sluice:lease:{%" PRIu32 "}", shard);
+    argv[0] = zset ? "ZCARD" : "HLEN";
+    argvlen[0] = strlen(argv[0]);
+    argv[1] = keybuf;
+    argvlen[1] = strlen(keybuf);
+    return 2;
+}
+
+static int counts_check(void *ctx, size_t i, const redisReply *rep)
+{
+    struct counts_ctx *c = ctx;
+    if (rep->type != REDIS_REPLY_INTEGER || rep->integer < 0)
+        return -1;
+    c->vals[i] = rep->integer;
+    return 0;
+}
+
+int cons_store_counts(
+    sl_redis_t *r, uint32_t nshards, int64_t *scheduled, int64_t *leased, sl_err_t *err)
+{
+    static const char op[] = "count jobs";
+    if (!valid_shards(nshards))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: shard count out of range 1..%d", op,
+                          CONS_STORE_SHARDS_MAX);
+    struct counts_ctx c = {.vals = sl_xcalloc((size_t)nshards * 2, sizeof(int64_t))};
+    struct pipe_ops ops = {.build = counts_build, .check = counts_check, .ctx = &c};
+    int rc = pipe_run(r, &ops, (size_t)nshards * 2, op, err);
+    if (rc == 0) {
+        int64_t s = 0, l = 0;
+        for (size_t i = 0; i < (size_t)nshards; i++) {
+            s += c.vals[2 * i];
+            l += c.vals[2 * i + 1];
+        }
+        if (scheduled)
+            *scheduled = s;
+        if (leased)
+            *leased = l;
+    }
+    free(c.vals);
+    return rc;
+}
+
+/* ==== Dedup markers ==== */
+
+struct done_ctx {
+    const char *const *endpoint_ids; /* borrowed */
+    const char *const *event_ids;    /* borrowed */
+    unsigned char *out;              /* check: results; mark: NULL */
+    char ttl[24];                    /* mark: EX seconds as text */
+};
+
+/* "sluice:done:{ep}:<event id>" into keybuf; returns its length. */
+static size_t done_key(const struct done_ctx *d, size_t i, char *keybuf)
+{
+    int n = snprintf(keybuf, KEY_MAX, "sluice:done:{%s}:%s", d->endpoint_ids[i], d->event_ids[i]);
+    return (size_t)n; /* lengths were checked against KEY_MAX before any I/O */
+}
+
+static int check_build(void *ctx, size_t i, char *keybuf, const char **argv, size_t *argvlen)
+{
+    argv[0] = "EXISTS";
+    argvlen[0] = 6;
+    argv[1] = keybuf;
+    argvlen[1] = done_key(ctx, i, keybuf);
+    return 2;
+}
+
+static int check_check(void *ctx, size_t i, const redisReply *rep)
+{
+    struct done_ctx *d = ctx;
+    if (rep->type != REDIS_REPLY_INTEGER || (rep->integer != 0 && rep->integer != 1))
+        return -1;
+    d->out[i] = (unsigned char)rep->integer;
+    return 0;
+}
+
+static int mark_build(void *ctx, size_t i, char *keybuf, const char **argv, size_t *argvlen)
+{
+    struct done_ctx *d = ctx;
+    argv[0] = "SET";
+    argvlen[0] = 3;
+    argv[1] = keybuf;
+    argvlen[1] = done_key(d, i, keybuf);
+    argv[2] = "1";
+    argvlen[2] = 1;
+    argv[3] = "EX";
+    argvlen[3] = 2;
+    argv[4] = d->ttl;
+    argvlen[4] = strlen(d->ttl);
+    return 5;
+}
+
+static int mark_check(void *ctx, size_t i, const redisReply *rep)
+{
+    (void)ctx;
+    (void)i;
+    return reply_is(rep, "OK") ? 0 : -1;
+}
+
+static int done_validate(size_t n,
+                         const char *const *endpoint_ids,
+                         const char *const *event_ids,
+                         const char *op,
+                         sl_err_t *err)
+{
+    if (n > 0 && (!endpoint_ids || !event_ids))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: id arrays missing", op);
+    for (size_t i = 0; i < n; i++) {
+        if (!valid_str(endpoint_ids[i], SL_ENDPOINT_ID_MAX))
+            return sl_err_set(err, SL_EINVAL, "cannot %s: endpoint id %zu empty or over %d bytes",
+                              op, i, SL_ENDPOINT_ID_MAX);
+        if (!valid_str(event_ids[i], SL_EVENT_ID_MAX))
+            return sl_err_set(err, SL_EINVAL, "cannot %s: event id %zu empty or over %d bytes", op,
+                              i, SL_EVENT_ID_MAX);
+    }
+    return 0;
+}
+
+int cons_store_done_check(sl_redis_t *r,
+                          size_t n,
+                          const char *const *endpoint_ids,
+                          const char *const *event_ids,
+                          unsigned char *out,
+                          sl_err_t *err)
+{
+    static const char op[] = "check delivered markers";
+    int rc = done_validate(n, endpoint_ids, event_ids, op, err);
+    if (rc != 0)
+        return rc;
+    if (n > 0 && !out)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: no output array", op);
+    struct done_ctx d = {.endpoint_ids = endpoint_ids, .event_ids = event_ids, .out = out};
+    struct pipe_ops ops = {.build = check_build, .check = check_check, .ctx = &d};
+    return pipe_run(r, &ops, n, op, err);
+}
+
+int cons_store_done_mark(sl_redis_t *r,
+                         size_t n,
+                         const char *const *endpoint_ids,
+                         const char *const *event_ids,
+                         int64_t ttl_s,
+                         sl_err_t *err)
+{
+    static const char op[] = "set delivered markers";
+    int rc = done_validate(n, endpoint_ids, event_ids, op, err);
+    if (rc != 0)
+        return rc;
+    if (ttl_s < 1 || ttl_s > CONS_STORE_MS_MAX / 1000)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: ttl out of range", op);
+    struct done_ctx d = {.endpoint_ids = endpoint_ids, .event_ids = event_ids};
+    (void)snprintf(d.ttl, sizeof(d.ttl), "%" PRId64, ttl_s);
+    struct pipe_ops ops = {.build = mark_build, .check = mark_check, .ctx = &d};
+    return pipe_run(r, &ops, n, op, err);
+}
+
+/* ==== Circuit breaker ==== */
+
+/* Parse the breakers' {state, failures, reopen_at, cooldown, probe} reply. */
+static int parse_view(const redisReply *rep, struct cons_brk_view *v)
+{
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 5)
+        return -1;
+    for (size_t i = 0; i < 5; i++)
+        if (rep->element[i]->type != REDIS_REPLY_INTEGER)
+            return -1;
+    long long st = rep->element[0]->integer, probe = rep->element[4]->integer;
+    if (st < CONS_BRK_CLOSED || st > CONS_BRK_HALF_OPEN || (probe != 0 && probe != 1))
+        return -1;
+    v->state = (enum cons_brk_state)st;
+    v->failures = rep->element[1]->integer;
+    v->reopen_at_ms = rep->element[2]->integer;
+    v->cooldown_ms = rep->element[3]->integer;
+    v->probe = (int)probe;
+    return 0;
+}
+
+/* Run a breaker script with its one key and fill out (may be NULL). */
+static int brk_run(sl_redis_t *r,
+                   struct sl_redis_script *s,
+                   const char *endpoint_id,
+                   int argc,
+                   const char **args,
+                   int idempotent,
+                   const char *op,
+                   struct cons_brk_view *out,
+                   sl_err_t *err)
+{
+    char key[KEY_MAX];
+    (void)snprintf(key, sizeof(key), "sluice:breaker:{%s}", endpoint_id);
+    const char *argv[8];
+    argv[0] = key;
+    for (int i = 0; i < argc; i++)
+        argv[1 + i] = args[i];
+    redisReply *rep;
+    int rc = run_script(r, s, 1, argc + 1, argv, NULL, idempotent, op, &rep, err);
+    if (rc != 0)
+        return rc;
+    struct cons_brk_view v;
+    if (parse_view(rep, &v) != 0)
+        rc = fail_reply(err, op, rep);
+    else if (out)
+        *out = v;
+    freeReplyObject(rep);
+    return rc;
+}
+
+int cons_store_brk_record(sl_redis_t *r,
+                          const char *endpoint_id,
+                          int success,
+                          int64_t now_ms,
+                          int64_t threshold,
+                          int64_t cooldown_base_ms,
+                          int64_t cooldown_max_ms,
+                          const char *owner,
+                          struct cons_brk_view *out,
+                          sl_err_t *err)
+{
+    static const char op[] = "record breaker result";
+    if (!valid_str(endpoint_id, SL_ENDPOINT_ID_MAX))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: endpoint id empty or over %d bytes", op,
+                          SL_ENDPOINT_ID_MAX);
+    if (!valid_str(owner, CONS_STORE_OWNER_MAX))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: owner empty or over %d bytes", op,
+                          CONS_STORE_OWNER_MAX);
+    if (!valid_ms(now_ms) || threshold < 1 || threshold > CONS_STORE_MS_MAX ||
+        cooldown_base_ms < 1 || !valid_ms(cooldown_base_ms) || !valid_ms(cooldown_max_ms))
+        return sl_err_set(err, SL_EINVAL,
+                          "cannot %s: time, threshold or cooldown out of range "
+                          "(need threshold >= 1, base >= 1)",
+                          op);
+    /* A per-endpoint base above the global cap: the cap gives way, so the breaker still
+     * works (with a constant cooldown) instead of every record failing. */
+    if (cooldown_max_ms < cooldown_base_ms)
+        cooldown_max_ms = cooldown_base_ms;
+    char now[24], thr[24], base[24], cmax[24];
+    (void)snprintf(now, sizeof(now), "%" PRId64, now_ms);
+    (void)snprintf(thr, sizeof(thr), "%" PRId64, threshold);
+    (void)snprintf(base, sizeof(base), "%" PRId64, cooldown_base_ms);
+    (void)snprintf(cmax, sizeof(cmax), "%" PRId64, cooldown_max_ms);
+    const char *args[] = {success ? "1" : "0", now, thr, base, cmax, owner};
+    return brk_run(r, &lua_brk_record, endpoint_id, 6, args, 0, op, out, err);
+}
+
+int cons_store_brk_acquire(sl_redis_t *r,
+                           const char *endpoint_id,
+                           int64_t now_ms,
+                           int64_t probe_lease_ms,
+                           const char *owner,
+                           struct cons_brk_view *out,
+                           sl_err_t *err)
+{
+    static const char op[] = "acquire breaker probe";
+    if (!valid_str(endpoint_id, SL_ENDPOINT_ID_MAX))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: endpoint id empty or over %d bytes", op,
+                          SL_ENDPOINT_ID_MAX);
+    if (!valid_str(owner, CONS_STORE_OWNER_MAX))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: owner empty or over %d bytes", op,
+                          CONS_STORE_OWNER_MAX);
+    if (!valid_ms(now_ms) || probe_lease_ms < 1 || !valid_ms(probe_lease_ms))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: time or probe lease out of range", op);
+    if (!out)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: no output view", op);
+    char now[24], lease[24];
+    (void)snprintf(now, sizeof(now), "%" PRId64, now_ms);
+    (void)snprintf(lease, sizeof(lease), "%" PRId64, probe_lease_ms);
+    const char *args[] = {now, lease, owner};
+    return brk_run(r, &lua_brk_acquire, endpoint_id, 3, args, 0, op, out, err);
+}
+
+int cons_store_brk_get(sl_redis_t *r,
+                       const char *endpoint_id,
+                       struct cons_brk_view *out,
+                       sl_err_t *err)
+{
+    static const char op[] = "read breaker";
+    if (!valid_str(endpoint_id, SL_ENDPOINT_ID_MAX))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: endpoint id empty or over %d bytes", op,
+                          SL_ENDPOINT_ID_MAX);
+    if (!out)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: no output view", op);
+    return brk_run(r, &lua_brk_get, endpoint_id, 0, NULL, 1, op, out, err);
+}

@@ -1,0 +1,406 @@
+/*
+ * ctl_kafka: topic creation through librdkafka's admin API, and topic dumps decoded by the
+ * record codec (see ctl_kafka.h). Dumps never print delivery bodies, response bodies or
+ * macro values unless --show-payloads is given (an explicit operator request on a terminal,
+ * never a log line).
+ */
+#include "ctl/ctl_kafka.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+#include <librdkafka/rdkafka.h>
+
+#include "common/sl_kafka.h"
+#include "common/sl_log.h"
+#include "common/sl_record.h"
+
+static volatile sig_atomic_t g_stop;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static int parse_int(const char *flag, const char *s, long min, long max, long *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < min || v > max) {
+        fprintf(stderr, "sluicectl: %s expects an integer in %ld..%ld, got \"%s\"\n", flag, min,
+                max, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* ==== topics ensure ==== */
+
+static int topics_main(const struct sl_config *cfg, int argc, char **argv)
+{
+    static const struct option longopts[] = {{"partitions", required_argument, NULL, 'p'},
+                                             {"help", no_argument, NULL, 'h'},
+                                             {NULL, 0, NULL, 0}};
+    long partitions = 4;
+    optind = 1;
+    if (argc < 2 || strcmp(argv[1], "ensure") != 0) {
+        fprintf(stderr, "usage: sluicectl topics ensure [--partitions N]\n");
+        return 2;
+    }
+    int c;
+    while ((c = getopt_long(argc - 1, argv + 1, "p:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'p':
+            if (parse_int("--partitions", optarg, 1, 10000, &partitions) != 0)
+                return 2;
+            break;
+        case 'h':
+            ctl_topics_help(stdout);
+            return 0;
+        default:
+            return 2;
+        }
+    }
+    sl_err_t err;
+    rd_kafka_t *rk = sl_kafka_producer_new(cfg, "sluicectl", SL_KAFKA_LATENCY, NULL, NULL, &err);
+    if (!rk) {
+        fprintf(stderr, "sluicectl: %s\n", err.msg);
+        return 1;
+    }
+    struct {
+        const char *name;
+        int parts;
+        int compact;
+    } want[] = {{cfg->topic_deliveries, (int)partitions, 0},
+                {cfg->topic_outcomes, (int)partitions, 0},
+                {cfg->topic_quarantine, 1, 0},
+                {cfg->topic_endpoints, 1, 1}};
+    rd_kafka_NewTopic_t *nts[4];
+    char errstr[256];
+    for (int i = 0; i < 4; i++) {
+        nts[i] = rd_kafka_NewTopic_new(want[i].name, want[i].parts, 1, errstr, sizeof(errstr));
+        if (!nts[i]) {
+            fprintf(stderr, "sluicectl: cannot describe topic %s: %s\n", want[i].name, errstr);
+            return 1;
+        }
+        if (want[i].compact)
+            rd_kafka_NewTopic_set_config(nts[i], "cleanup.policy", "compact");
+    }
+    rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
+    rd_kafka_AdminOptions_t *opts = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);
+    rd_kafka_AdminOptions_set_request_timeout(opts, 30000, errstr, sizeof(errstr));
+    rd_kafka_CreateTopics(rk, nts, 4, opts, q);
+    rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 60000);
+    int rc = 0;
+    if (!ev) {
+        fprintf(stderr, "sluicectl: could not create topics: no answer from %s in 60 s\n",
+                cfg->kafka_brokers);
+        rc = 1;
+    } else if (rd_kafka_event_error(ev)) {
+        fprintf(stderr, "sluicectl: could not create topics: %s\n",
+                rd_kafka_event_error_string(ev));
+        rc = 1;
+    } else {
+        size_t cnt = 0;
+        const rd_kafka_topic_result_t **tr =
+            rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(ev), &cnt);
+        for (size_t i = 0; i < cnt; i++) {
+            rd_kafka_resp_err_t te = rd_kafka_topic_result_error(tr[i]);
+            const char *name = rd_kafka_topic_result_name(tr[i]);
+            if (te == RD_KAFKA_RESP_ERR_NO_ERROR) {
+                printf("created %s\n", name);
+            } else if (te == RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
+                printf("exists  %s\n", name);
+            } else {
+                fprintf(stderr, "sluicectl: could not create topic %s: %s\n", name,
+                        rd_kafka_topic_result_error_string(tr[i]));
+                rc = 1;
+            }
+        }
+    }
+    if (ev)
+        rd_kafka_event_destroy(ev);
+    rd_kafka_AdminOptions_destroy(opts);
+    rd_kafka_NewTopic_destroy_array(nts, 4);
+    rd_kafka_queue_destroy(q);
+    rd_kafka_destroy(rk);
+    return rc;
+}
+
+/* ==== dump ==== */
+
+static json_t *kvs_json(const struct sl_kv *kv, size_t n, bool values)
+{
+    json_t *o = json_object();
+    for (size_t i = 0; i < n; i++)
+        json_object_set_new(o, kv[i].name, values ? json_string(kv[i].value) : json_string("*"));
+    return o;
+}
+
+static json_t *delivery_json(const struct sl_delivery *d, bool payloads)
+{
+    json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:s, s:I, s:I, s:b}", "id", d->id, "endpoint",
+                          d->ep, "type", d->type, "created_at_ms", (json_int_t)d->ts_ms,
+                          "content_type", d->ct, "body_len", (json_int_t)d->body_len, "attempt",
+                          (json_int_t)d->attempt, "replay", d->replay);
+    if (payloads)
+        json_object_set_new(o, "body", json_stringn((const char *)d->body, d->body_len));
+    if (d->n_hdr)
+        json_object_set_new(o, "headers", kvs_json(d->hdr, d->n_hdr, payloads));
+    if (d->n_macros)
+        json_object_set_new(o, "macros", kvs_json(d->macros, d->n_macros, payloads));
+    return o;
+}
+
+static json_t *outcome_json(const struct sl_outcome *oc, bool payloads)
+{
+    json_t *o = json_pack(
+        "{s:s?, s:s?, s:s?, s:I, s:s, s:I, s:s?, s:s?, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+        "s:s?, s:I, s:I}",
+        "id", oc->id, "endpoint", oc->ep, "type", oc->type, "attempt", (json_int_t)oc->attempt,
+        "state", sl_outcome_state_name(oc->state), "http", (json_int_t)oc->http, "err", oc->err,
+        "msg", oc->msg, "ts_ms", (json_int_t)oc->ts_ms, "created_ms", (json_int_t)oc->created_ms,
+        "lat_us", (json_int_t)oc->lat_us, "dns_us", (json_int_t)oc->dns_us, "conn_us",
+        (json_int_t)oc->conn_us, "tls_us", (json_int_t)oc->tls_us, "ttfb_us",
+        (json_int_t)oc->ttfb_us, "next_ms", (json_int_t)oc->next_ms, "pod", oc->pod, "resp_len",
+        (json_int_t)oc->resp_len, "env_len", (json_int_t)oc->env_len);
+    if (payloads && oc->resp)
+        json_object_set_new(o, "resp", json_stringn((const char *)oc->resp, oc->resp_len));
+    return o;
+}
+
+static json_t *endpoint_json(const struct sl_endpoint_rec *e)
+{
+    return json_pack("{s:s, s:s?, s:b, s:s, s:I, s:b, s:s?, s:I}", "id", e->id, "name", e->name,
+                     "template", e->tpl, "method", sl_http_method_name(e->method), "secrets",
+                     (json_int_t)e->n_secrets, "enabled", e->enabled, "reason", e->reason,
+                     "updated_ms", (json_int_t)e->updated_ms);
+}
+
+static void dump_usage(FILE *f)
+{
+    fprintf(f, "usage: sluicectl dump outcomes|deliveries|quarantine|endpoints [--topic T]\n"
+               "                      [--max N] [--idle-ms N] [--follow] [--show-payloads]\n"
+               "\n"
+               "Prints the topic's records from the beginning as JSON lines and stops at the\n"
+               "end (or after --idle-ms without a new record; --follow keeps waiting). Bodies,\n"
+               "header and macro values are shown only with --show-payloads.\n");
+}
+
+static int dump_main(const struct sl_config *cfg, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"topic", required_argument, NULL, 't'}, {"max", required_argument, NULL, 'm'},
+        {"idle-ms", required_argument, NULL, 'i'}, {"follow", no_argument, NULL, 'f'},
+        {"show-payloads", no_argument, NULL, 'P'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    if (argc < 2 || argv[1][0] == '-') {
+        dump_usage(argc >= 2 && strcmp(argv[1], "--help") == 0 ? stdout : stderr);
+        return argc >= 2 && strcmp(argv[1], "--help") == 0 ? 0 : 2;
+    }
+    const char *kind = argv[1];
+    const char *topic = NULL;
+    if (strcmp(kind, "outcomes") == 0)
+        topic = cfg->topic_outcomes;
+    else if (strcmp(kind, "deliveries") == 0)
+        topic = cfg->topic_deliveries;
+    else if (strcmp(kind, "quarantine") == 0)
+        topic = cfg->topic_quarantine;
+    else if (strcmp(kind, "endpoints") == 0)
+        topic = cfg->topic_endpoints;
+    else {
+        fprintf(stderr, "sluicectl: unknown dump kind \"%s\"\n", kind);
+        dump_usage(stderr);
+        return 2;
+    }
+    long max = -1, idle_ms = 3000;
+    bool follow = false, payloads = false;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc - 1, argv + 1, "t:m:i:fPh", longopts, NULL)) != -1) {
+        switch (c) {
+        case 't':
+            topic = optarg;
+            break;
+        case 'm':
+            if (parse_int("--max", optarg, 1, 1000000000L, &max) != 0)
+                return 2;
+            break;
+        case 'i':
+            if (parse_int("--idle-ms", optarg, 1, 3600000L, &idle_ms) != 0)
+                return 2;
+            break;
+        case 'f':
+            follow = true;
+            break;
+        case 'P':
+            payloads = true;
+            break;
+        case 'h':
+            dump_usage(stdout);
+            return 0;
+        default:
+            dump_usage(stderr);
+            return 2;
+        }
+    }
+    sl_err_t err;
+    rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "sluicectl-dump", &err);
+    if (!conf) {
+        fprintf(stderr, "sluicectl: %s\n", err.msg);
+        return 1;
+    }
+    char errstr[256];
+    rd_kafka_conf_set(conf, "enable.partition.eof", "true", errstr, sizeof(errstr));
+    rd_kafka_conf_set(conf, "group.id", "sluicectl-dump", errstr, sizeof(errstr));
+    rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, sizeof(errstr));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+    if (!rk) {
+        fprintf(stderr, "sluicectl: could not create kafka consumer: %s\n", errstr);
+        return 1;
+    }
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+    rd_kafka_resp_err_t ke = rd_kafka_metadata(rk, 0, rkt, &md, 10000);
+    rd_kafka_topic_destroy(rkt);
+    if (ke != RD_KAFKA_RESP_ERR_NO_ERROR || md->topic_cnt != 1 || md->topics[0].err) {
+        fprintf(stderr, "sluicectl: could not read metadata of topic %s: %s\n", topic,
+                ke ? rd_kafka_err2str(ke)
+                   : rd_kafka_err2str(md->topic_cnt ? md->topics[0].err
+                                                    : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
+        if (md)
+            rd_kafka_metadata_destroy(md);
+        rd_kafka_destroy(rk);
+        return 1;
+    }
+    int nparts = md->topics[0].partition_cnt;
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(nparts);
+    for (int i = 0; i < nparts; i++)
+        rd_kafka_topic_partition_list_add(l, topic, md->topics[0].partitions[i].id)->offset =
+            RD_KAFKA_OFFSET_BEGINNING;
+    rd_kafka_metadata_destroy(md);
+    rd_kafka_assign(rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    signal(SIGINT, on_sigint);
+    long printed = 0;
+    int eofs = 0;
+    int64_t last = sl_mono_ms();
+    int rc = 0;
+    while (!g_stop && (max < 0 || printed < max)) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        if (!m) {
+            if (!follow && sl_mono_ms() - last > idle_ms)
+                break;
+            continue;
+        }
+        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+            rd_kafka_message_destroy(m);
+            if (++eofs >= nparts && !follow)
+                break;
+            continue;
+        }
+        last = sl_mono_ms();
+        if (m->err) {
+            fprintf(stderr, "sluicectl: %s\n", rd_kafka_message_errstr(m));
+            rd_kafka_message_destroy(m);
+            rc = 1;
+            break;
+        }
+        json_t *o = NULL;
+        if (strcmp(kind, "outcomes") == 0) {
+            struct sl_outcome oc;
+            if (sl_outcome_decode(m->payload, m->len, NULL, &oc, &err) == 0)
+                o = outcome_json(&oc, payloads);
+            sl_outcome_fini(&oc);
+        } else if (strcmp(kind, "endpoints") == 0) {
+            struct sl_endpoint_rec er;
+            if (!m->payload) {
+                o = json_pack("{s:s#, s:b}", "id", (const char *)m->key, (int)m->key_len,
+                              "deleted", 1);
+                memset(&er, 0, sizeof(er));
+            } else if (sl_endpoint_rec_decode(m->payload, m->len, NULL, &er, &err) == 0) {
+                o = endpoint_json(&er);
+            }
+            sl_endpoint_rec_fini(&er);
+        } else {
+            struct sl_delivery d;
+            if (sl_delivery_decode(m->payload, m->len, NULL, &d, &err) == 0)
+                o = delivery_json(&d, payloads);
+            sl_delivery_fini(&d);
+            if (strcmp(kind, "quarantine") == 0) {
+                rd_kafka_headers_t *hdrs = NULL;
+                const void *val = NULL;
+                size_t vlen = 0;
+                if (!o)
+                    o = json_object();
+                if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+                    rd_kafka_header_get_last(hdrs, "sluice-reason", &val, &vlen) ==
+                        RD_KAFKA_RESP_ERR_NO_ERROR)
+                    json_object_set_new(o, "reason", json_stringn(val, vlen));
+                json_object_set_new(o, "bytes", json_integer((json_int_t)m->len));
+            }
+        }
+        if (!o)
+            o = json_pack("{s:s, s:s}", "undecodable", err.msg, "error",
+                          sl_err_name(err.code));
+        json_object_set_new(o, "partition", json_integer(m->partition));
+        json_object_set_new(o, "offset", json_integer((json_int_t)m->offset));
+        char *s = json_dumps(o, JSON_COMPACT);
+        puts(s);
+        free(s);
+        json_decref(o);
+        printed++;
+        rd_kafka_message_destroy(m);
+    }
+    fflush(stdout);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    return rc;
+}
+
+void ctl_topics_help(FILE *f)
+{
+    fprintf(f, "usage: sluicectl topics ensure [--partitions N]\n\n"
+               "Creates topic_deliveries and topic_outcomes with N partitions (default 4),\n"
+               "topic_quarantine with 1 and the compacted topic_endpoints with 1, when\n"
+               "missing. Existing topics are left as they are.\n");
+}
+
+void ctl_dump_help(FILE *f)
+{
+    dump_usage(f);
+}
+
+static bool wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return true;
+    }
+    return false;
+}
+
+int ctl_topics_main(struct ctl *c, int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        ctl_topics_help(stdout);
+        return CTL_EXIT_OK;
+    }
+    return topics_main(ctl_config(c), argc, argv);
+}
+
+int ctl_dump_main(struct ctl *c, int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        ctl_dump_help(stdout);
+        return CTL_EXIT_OK;
+    }
+    return dump_main(ctl_config(c), argc, argv);
+}

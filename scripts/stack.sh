@@ -1,0 +1,646 @@
+#!/usr/bin/env bash
+# Sluice local stack: REAL Apache Kafka (KRaft), Redis and PostgreSQL on 127.0.0.1, private
+# ports, all data and logs under one directory. No Docker. Prerequisite: scripts/setup.sh.
+#
+#   scripts/stack.sh start    start what is down, wait until ready, create topics, migrate db
+#   scripts/stack.sh stop     stop all three (SIGTERM, bounded wait, then SIGKILL)
+#   scripts/stack.sh status   one line per service; exit 1 if any is down
+#   scripts/stack.sh reset    stop, then delete the stack's data and logs
+#   scripts/stack.sh env      print `export` lines: eval "$(scripts/stack.sh env)"
+#
+# Env (all optional):
+#   SLUICE_STACK_DIR       data+logs (default <repo>/.stack, git-ignored)
+#   SLUICE_PORT_BASE=N     kafka N, kafka controller N+1, redis N+2, postgres N+3
+#   SLUICE_KAFKA_PORT (19092) SLUICE_KAFKA_CONTROLLER_PORT (19093) SLUICE_REDIS_PORT (16379)
+#   SLUICE_PG_PORT (15432)  -- explicit ports beat SLUICE_PORT_BASE, which beats the ports
+#                              recorded in the stack dir by its last start, which beat defaults
+#   SLUICE_PARTITIONS      partitions of sluice.deliveries and sluice.outcomes (default 4)
+#   SLUICE_CACHE_DIR       where setup.sh put the Kafka jars (default $HOME/.cache/sluice)
+#   SLUICE_KAFKA_HEAP      broker heap flags (default "-Xms512m -Xmx512m")
+#   SLUICE_KAFKA_READY_TIMEOUT  seconds (default 120)
+#   SLUICE_PG_BIN          PostgreSQL 15 server binaries (default /usr/lib/postgresql/15/bin)
+#   SLUICE_PG_OS_USER      OS user that runs postgres when this script runs as root (default sluice)
+#   SLUICE_SQL_DIR         migrations sql/NNNN_*.sql (default <repo>/sql)
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$SCRIPT_DIR/.." && pwd)
+KAFKA_VERSION=4.3.1
+CACHE_DIR="${SLUICE_CACHE_DIR:-${HOME:-/root}/.cache/sluice}"
+KAFKA_HOME_DIR="$CACHE_DIR/kafka-$KAFKA_VERSION"
+KAFKA_LIBS="$KAFKA_HOME_DIR/libs"
+STACK_DIR="${SLUICE_STACK_DIR:-$REPO_DIR/.stack}"
+case "$STACK_DIR" in /*) ;; *) STACK_DIR="$PWD/$STACK_DIR" ;; esac
+STACK_DIR="${STACK_DIR%/}"
+PG_BIN="${SLUICE_PG_BIN:-/usr/lib/postgresql/15/bin}"
+SQL_DIR="${SLUICE_SQL_DIR:-$REPO_DIR/sql}"
+PARTITIONS="${SLUICE_PARTITIONS:-4}"
+KAFKA_READY_TIMEOUT="${SLUICE_KAFKA_READY_TIMEOUT:-120}"
+KAFKA_HEAP="${SLUICE_KAFKA_HEAP:--Xms512m -Xmx512m}"
+STOP_TIMEOUT="${SLUICE_STOP_TIMEOUT:-60}"
+LC_COLLATE=C   # glob order of sql/NNNN_*.sql
+
+K_DIR="$STACK_DIR/kafka"; K_CONF="$K_DIR/config"; K_DATA="$K_DIR/data"
+K_LOG="$K_DIR/broker.out"; K_PID="$K_DIR/kafka.pid"; K_READY="$K_DIR/ready.pid"
+R_DIR="$STACK_DIR/redis"; R_CONF="$R_DIR/redis.conf"; R_LOG="$R_DIR/redis.log"; R_PID="$R_DIR/redis.pid"
+P_DIR="$STACK_DIR/pg"; P_DATA="$P_DIR/data"; P_SOCK="$P_DIR/run"; P_LOG="$P_DIR/postgres.log"
+PORTS_FILE="$STACK_DIR/ports.env"
+
+say()  { printf '[stack] %s\n' "$*"; }
+warn() { printf '[stack] WARNING: %s\n' "$*" >&2; }
+die()  { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
+# fail SERVICE LOGFILE MESSAGE: name the service and its log, show the log's tail, exit 1.
+fail() {
+  local svc=$1 log=$2; shift 2
+  printf '[stack] ERROR: %s: %s\n' "$svc" "$*" >&2
+  if [ -n "$log" ]; then
+    printf '[stack] %s log: %s\n' "$svc" "$log" >&2
+    if [ -s "$log" ]; then
+      printf -- '----- last 40 lines of %s -----\n' "$log" >&2
+      tail -n 40 "$log" >&2
+      if grep -qE ' (ERROR|FATAL) |Exception|Error:' "$log"; then
+        printf -- '----- first error lines of %s -----\n' "$log" >&2
+        grep -m 10 -E ' (ERROR|FATAL) |Exception|Error:' "$log" >&2 || true
+      fi
+      printf -- '-----\n' >&2
+    fi
+  fi
+  if [ -n "${FAIL_KILL_PID:-}" ] && kill -0 "$FAIL_KILL_PID" 2>/dev/null; then
+    printf '[stack] %s: stopping the half-started process (pid %s)\n' "$svc" "$FAIL_KILL_PID" >&2
+    stop_pid "$svc" "$FAIL_KILL_PID" 15
+  fi
+  exit 1
+}
+
+# fail_pre SERVICE LOGFILE MESSAGE: a precondition failed before the service was launched,
+# so its log (if any) is from an earlier run: name it, do not dump it.
+fail_pre() {
+  printf '[stack] ERROR: %s: %s\n[stack] %s log: %s (not written by this run)\n' "$1" "$3" "$1" "$2" >&2
+  exit 1
+}
+
+# ------------------------------------------------------------------------- ports
+valid_port() { [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le 65535 ]; }
+
+resolve_ports() {
+  local rk="" rc="" rr="" rp="" key val
+  if [ -f "$PORTS_FILE" ]; then
+    while IFS='=' read -r key val; do
+      case "$key" in
+        kafka) rk=$val ;; kafka_controller) rc=$val ;; redis) rr=$val ;; postgres) rp=$val ;;
+      esac
+    done < "$PORTS_FILE"
+  fi
+  local dk=19092 dc=19093 dr=16379 dp=15432
+  if [ -n "${SLUICE_PORT_BASE:-}" ]; then
+    valid_port "$SLUICE_PORT_BASE" || die "SLUICE_PORT_BASE=$SLUICE_PORT_BASE is not a port number"
+    dk=$SLUICE_PORT_BASE; dc=$((SLUICE_PORT_BASE + 1)); dr=$((SLUICE_PORT_BASE + 2)); dp=$((SLUICE_PORT_BASE + 3))
+  elif [ -n "$rk$rc$rr$rp" ]; then
+    dk=${rk:-$dk}; dc=${rc:-$dc}; dr=${rr:-$dr}; dp=${rp:-$dp}
+  fi
+  KAFKA_PORT="${SLUICE_KAFKA_PORT:-$dk}"
+  KAFKA_CPORT="${SLUICE_KAFKA_CONTROLLER_PORT:-$dc}"
+  REDIS_PORT="${SLUICE_REDIS_PORT:-$dr}"
+  PG_PORT="${SLUICE_PG_PORT:-$dp}"
+  local p
+  for p in "$KAFKA_PORT" "$KAFKA_CPORT" "$REDIS_PORT" "$PG_PORT"; do
+    valid_port "$p" || die "invalid port '$p' (check SLUICE_*_PORT / SLUICE_PORT_BASE)"
+  done
+  # What the running services were started with (for mismatch detection).
+  REC_KAFKA=$rk; REC_REDIS=$rr; REC_PG=$rp
+}
+
+record_ports() {
+  printf 'kafka=%s\nkafka_controller=%s\nredis=%s\npostgres=%s\n' \
+    "$KAFKA_PORT" "$KAFKA_CPORT" "$REDIS_PORT" "$PG_PORT" > "$PORTS_FILE.tmp"
+  mv -f "$PORTS_FILE.tmp" "$PORTS_FILE"
+}
+
+# Is anything listening on 127.0.0.1:PORT (or the wildcard address)?
+port_busy() {
+  if command -v ss >/dev/null 2>&1; then
+    [ -n "$(ss -Hltn "sport = :$1" 2>/dev/null)" ]
+  else
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+  fi
+}
+port_owner() {
+  if command -v ss >/dev/null 2>&1; then
+    ss -Hltnp "sport = :$1" 2>/dev/null | sed -n 's/.*users:((\(.*\)))/\1/p' | head -n1
+  fi
+}
+check_port_free() { # SERVICE PORT LOG
+  if port_busy "$2"; then
+    local who; who=$(port_owner "$2")
+    fail_pre "$1" "$3" "port $2 on 127.0.0.1 is already in use by another process${who:+ ($who)}; pick other ports with SLUICE_PORT_BASE or SLUICE_*_PORT"
+  fi
+}
+
+# ------------------------------------------------------------------------- process helpers
+proc_cmdline() { tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null || true; }
+read_pid() { local p=""; [ -f "$1" ] && read -r p < "$1" 2>/dev/null; [[ "$p" =~ ^[0-9]+$ ]] && echo "$p"; }
+
+kafka_pid() {
+  local pid; pid=$(read_pid "$K_PID") || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  [[ "$(proc_cmdline "$pid")" == *"kafka.Kafka $K_CONF/server.properties"* ]] || return 1
+  echo "$pid"
+}
+redis_pid() {
+  local pid; pid=$(read_pid "$R_PID") || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = redis-server ] || return 1
+  echo "$pid"
+}
+pg_pid() {
+  local pid; pid=$(read_pid "$P_DATA/postmaster.pid") || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = postgres ] || return 1
+  echo "$pid"
+}
+
+# stop_pid NAME PID TIMEOUT: SIGTERM, wait up to TIMEOUT s, then SIGKILL.
+stop_pid() {
+  local name=$1 pid=$2 timeout=$3 i
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for ((i = 0; i < timeout * 5; i++)); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.2
+  done
+  warn "$name (pid $pid) still running after ${timeout}s, sending SIGKILL"
+  kill -KILL "$pid" 2>/dev/null || true
+  for ((i = 0; i < 50; i++)); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  warn "$name (pid $pid) survived SIGKILL"
+}
+
+# ------------------------------------------------------------------------- Kafka
+java_tool() { # run a short-lived Kafka tool JVM (StorageTool, KafkaReady); extra classpath in $JT_CP
+  java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+    -Dlog4j2.configurationFile="$K_CONF/log4j2-tools.properties" \
+    -cp "${JT_CP:+$JT_CP:}$KAFKA_LIBS/*" "$@"
+}
+
+kafka_prereqs() {
+  command -v java >/dev/null 2>&1 || fail_pre kafka "$K_LOG" "java not found (apt package openjdk-17-jdk-headless; run scripts/setup.sh)"
+  if [ ! -f "$KAFKA_HOME_DIR/.complete" ] || [ ! -f "$KAFKA_LIBS/kafka_2.13-$KAFKA_VERSION.jar" ]; then
+    fail_pre kafka "$K_LOG" "Kafka $KAFKA_VERSION jars missing or incomplete in $KAFKA_LIBS: run scripts/setup.sh"
+  fi
+}
+
+kafka_write_config() {
+  mkdir -p "$K_CONF" "$K_DATA"
+  # Static quorum (controller.quorum.voters) rather than --standalone's dynamic quorum: the
+  # voter endpoint then lives in this file, not in the metadata log, so a later start with
+  # other ports still works on the same data dir.
+  cat > "$K_CONF/server.properties" <<EOF
+# Written by scripts/stack.sh on every start. Single combined broker+controller (KRaft),
+# loopback only. Based on Kafka 4.x config/server.properties.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CPORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CPORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$K_DATA
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.num.partitions=1
+group.initial.rebalance.delay.ms=0
+# The log cleaner allocates this buffer on the heap at start-up (default 128 MiB).
+log.cleaner.dedupe.buffer.size=33554432
+EOF
+  cat > "$K_CONF/log4j2-server.properties" <<'EOF'
+status = warn
+name = sluice-kafka-broker
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.target = SYSTEM_OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = STDOUT
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.reqchan.name = kafka.network.RequestChannel$
+logger.reqchan.level = WARN
+EOF
+  cat > "$K_CONF/log4j2-tools.properties" <<'EOF'
+status = warn
+name = sluice-kafka-tools
+appender.err.type = Console
+appender.err.name = STDERR
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.err.ref = STDERR
+EOF
+}
+
+kafka_format() {
+  [ -f "$K_DATA/meta.properties" ] && return 0
+  local cid log="$K_DIR/format.log"
+  cid=$(java_tool kafka.tools.StorageTool random-uuid 2>"$log") || fail kafka "$log" "StorageTool random-uuid failed"
+  say "kafka: formatting $K_DATA (cluster id $cid)"
+  java_tool kafka.tools.StorageTool format -t "$cid" -c "$K_CONF/server.properties" >>"$log" 2>&1 \
+    || fail kafka "$log" "StorageTool format failed"
+}
+
+# Compile scripts/KafkaReady.java once per content hash into the cache (javac is part of the
+# JDK); falls back to single-file source launch when that is not possible.
+kafka_ready_tool() {
+  local src="$SCRIPT_DIR/KafkaReady.java" sum dir tmp
+  sum=$(sha256sum "$src" | cut -c1-16)
+  dir="$KAFKA_HOME_DIR/tools/kafkaready-$sum"
+  if [ ! -f "$dir/KafkaReady.class" ] && command -v javac >/dev/null 2>&1; then
+    tmp="$dir.tmp.$$"
+    rm -rf "$tmp"; mkdir -p "$tmp"
+    if javac -nowarn -cp "$KAFKA_LIBS/*" -d "$tmp" "$src" >"$K_DIR/javac.log" 2>&1; then
+      mv -T "$tmp" "$dir" 2>/dev/null || rm -rf "$tmp"   # lost a race with a parallel start: fine
+    else
+      rm -rf "$tmp"
+      warn "javac of $src failed (see $K_DIR/javac.log); using source launch"
+    fi
+  fi
+  if [ -f "$dir/KafkaReady.class" ]; then
+    KR_CP=$dir; KR_MAIN=KafkaReady
+  else
+    KR_CP=""; KR_MAIN=$src
+  fi
+}
+
+kafka_launch() {
+  local pid
+  if pid=$(kafka_pid); then
+    if [ -n "$REC_KAFKA" ] && [ "$REC_KAFKA" != "$KAFKA_PORT" ]; then
+      fail_pre kafka "$K_LOG" "already running on port $REC_KAFKA (pid $pid), not $KAFKA_PORT: run stop first"
+    fi
+    say "kafka: already running (pid $pid, port $KAFKA_PORT)"
+    return 0
+  fi
+  kafka_prereqs
+  check_port_free kafka "$KAFKA_PORT" "$K_LOG"
+  check_port_free kafka "$KAFKA_CPORT" "$K_LOG"
+  kafka_write_config
+  kafka_format
+  [ -f "$K_LOG" ] && mv -f "$K_LOG" "$K_LOG.prev"
+  rm -f "$K_READY"
+  # shellcheck disable=SC2086  # KAFKA_HEAP is a list of JVM flags
+  setsid java $KAFKA_HEAP -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -XX:MaxInlineLevel=15 \
+    -Djava.awt.headless=true -Dkafka.logs.dir="$K_DIR" \
+    -Dlog4j2.configurationFile="$K_CONF/log4j2-server.properties" \
+    -cp "$KAFKA_LIBS/*" kafka.Kafka "$K_CONF/server.properties" \
+    >"$K_LOG" 2>&1 </dev/null 9>&- &
+  echo $! > "$K_PID"
+  KAFKA_LAUNCHED=1
+  FAIL_KILL_PID=$!   # if anything in this start fails, do not leave this broker behind
+  KAFKA_T0=$SECONDS
+  say "kafka: launched pid $(cat "$K_PID") (log $K_LOG)"
+}
+
+# Readiness: the broker's own "Kafka Server started" line, then a real client round trip
+# (kcat metadata request), then topics (created idempotently, leaders elected).
+kafka_wait_ready() {
+  local pid t0=${KAFKA_T0:-$SECONDS}
+  local deadline=$((t0 + KAFKA_READY_TIMEOUT))
+  pid=$(read_pid "$K_PID") || fail kafka "$K_LOG" "no pid file"
+  if [ -f "$K_READY" ] && [ "$(cat "$K_READY")" = "$pid" ]; then
+    return 0   # readiness + topics already done for this broker process
+  fi
+  # A broker launched by this run that does not get ready is stopped again on failure.
+  if [ "${KAFKA_LAUNCHED:-0}" = 1 ]; then FAIL_KILL_PID=$pid; fi
+  until grep -q 'Kafka Server started' "$K_LOG" 2>/dev/null; do
+    kafka_pid >/dev/null || fail kafka "$K_LOG" "broker process exited during start-up"
+    [ "$SECONDS" -lt "$deadline" ] || fail kafka "$K_LOG" "not started after ${KAFKA_READY_TIMEOUT}s"
+    sleep 0.25
+  done
+  local ver
+  ver=$(grep -m1 'Kafka version' "$K_LOG" || true)
+  say "kafka: broker log: ${ver:-<no 'Kafka version' line>}"
+  if command -v kcat >/dev/null 2>&1; then
+    local md=""
+    while :; do
+      md=$(kcat -b "127.0.0.1:$KAFKA_PORT" -L -m 5 2>&1) && [[ "$md" == *"broker 1 at 127.0.0.1:$KAFKA_PORT"* ]] && break
+      [ "$SECONDS" -lt "$deadline" ] || fail kafka "$K_LOG" "kcat metadata request to 127.0.0.1:$KAFKA_PORT failed: $md"
+      sleep 0.5
+    done
+    say "kafka: kcat metadata ok ($(printf '%s\n' "$md" | grep -m1 'broker 1 at' | sed 's/^ *//'))"
+  else
+    warn "kcat not installed: skipping the kcat round trip (KafkaReady below still uses a real client)"
+  fi
+  local left=$((deadline - SECONDS)) out
+  [ "$left" -ge 15 ] || left=15
+  kafka_ready_tool
+  if ! out=$(JT_CP=$KR_CP java_tool "$KR_MAIN" "127.0.0.1:$KAFKA_PORT" "$left" \
+        "sluice.deliveries:$PARTITIONS" "sluice.outcomes:$PARTITIONS" "sluice.quarantine:1" \
+        "sluice.endpoints:1:cleanup.policy=compact" 2>&1); then
+    printf '%s\n' "$out" >&2
+    fail kafka "$K_LOG" "topic creation / readiness check failed"
+  fi
+  printf '%s\n' "$out" | sed 's/^/[stack] kafka: /'
+  echo "$pid" > "$K_READY"
+  FAIL_KILL_PID=""
+  say "kafka: ready on 127.0.0.1:$KAFKA_PORT in $((SECONDS - t0))s"
+}
+
+# ------------------------------------------------------------------------- Redis
+redis_start() {
+  local pid i
+  if pid=$(redis_pid); then
+    if [ -n "$REC_REDIS" ] && [ "$REC_REDIS" != "$REDIS_PORT" ]; then
+      fail_pre redis "$R_LOG" "already running on port $REC_REDIS (pid $pid), not $REDIS_PORT: run stop first"
+    fi
+    say "redis: already running (pid $pid, port $REDIS_PORT)"
+    return 0
+  fi
+  command -v redis-server >/dev/null 2>&1 || fail_pre redis "$R_LOG" "redis-server not found (apt package redis-server; run scripts/setup.sh)"
+  check_port_free redis "$REDIS_PORT" "$R_LOG"
+  mkdir -p "$R_DIR/data"
+  rm -f "$R_PID"
+  cat > "$R_CONF" <<EOF
+# Written by scripts/stack.sh on every start.
+bind 127.0.0.1
+port $REDIS_PORT
+protected-mode yes
+daemonize yes
+supervised no
+pidfile $R_PID
+logfile $R_LOG
+dir $R_DIR/data
+appendonly yes
+appendfsync everysec
+appenddirname appendonlydir
+# AOF is the persistence; no RDB snapshots on a timer.
+save ""
+always-show-logo no
+EOF
+  redis-server "$R_CONF" >>"$R_LOG" 2>&1 </dev/null 9>&- || fail redis "$R_LOG" "redis-server exited with an error"
+  for ((i = 0; i < 100; i++)); do
+    [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" PING 2>/dev/null)" = PONG ] && break
+    sleep 0.1
+  done
+  [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" PING 2>/dev/null)" = PONG ] \
+    || fail redis "$R_LOG" "no PONG from 127.0.0.1:$REDIS_PORT after 10s"
+  say "redis: ready on 127.0.0.1:$REDIS_PORT (pid $(read_pid "$R_PID" || echo '?'), appendonly yes)"
+}
+
+# ------------------------------------------------------------------------- PostgreSQL
+PG_OS_USER=""
+PG_CAP=0
+as_pg() { # run a PostgreSQL server tool as the non-root cluster owner
+  if [ -z "$PG_OS_USER" ]; then
+    "$@"
+  elif [ "$PG_CAP" = 1 ]; then
+    # Stack dir below a directory the owner may not search (e.g. /root, mode 0700): keep
+    # CAP_DAC_READ_SEARCH (search/read only, no write) as an ambient capability for the
+    # postgres processes rather than loosening permissions of directories we do not own.
+    (cd / && setpriv --reuid="$PG_OS_USER" --regid="$PG_OS_USER" --init-groups \
+       --inh-caps=+dac_read_search --ambient-caps=+dac_read_search -- "$@")
+  else
+    (cd / && runuser -u "$PG_OS_USER" -- "$@")
+  fi
+}
+# Decide how the cluster owner reaches $P_DIR (must exist and be owned by it).
+pg_access_mode() {
+  PG_CAP=0
+  [ -n "$PG_OS_USER" ] || return 0
+  # A real chdir+create, not test -w: access(2) ignores capabilities for non-root users.
+  # shellcheck disable=SC2016  # $1 is expanded by the inner sh
+  local probe='cd "$1" && : > .sluice-probe && rm -f .sluice-probe'
+  as_pg sh -c "$probe" sh "$P_DIR" 2>/dev/null && return 0
+  PG_CAP=1
+  if command -v setpriv >/dev/null 2>&1 && as_pg sh -c "$probe" sh "$P_DIR" 2>/dev/null; then
+    return 0
+  fi
+  PG_CAP=0
+  fail_pre postgres "$P_LOG" "user $PG_OS_USER cannot reach $P_DIR (a parent directory is not searchable by it) and setpriv with CAP_DAC_READ_SEARCH is not available; put SLUICE_STACK_DIR elsewhere (e.g. under /tmp)"
+}
+pg_setup_user() {
+  [ "$(id -u)" -eq 0 ] || return 0   # not root: run postgres as ourselves
+  PG_OS_USER="${SLUICE_PG_OS_USER:-sluice}"
+  if ! id -u "$PG_OS_USER" >/dev/null 2>&1; then
+    useradd --system --user-group --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin "$PG_OS_USER" 2>/dev/null || true
+    id -u "$PG_OS_USER" >/dev/null 2>&1 || fail postgres "" "could not create system user $PG_OS_USER"
+    say "postgres: created system user $PG_OS_USER (postgres refuses to run as root)"
+  fi
+}
+psql_q() { # psql against database $1 (rest: psql args)
+  local db=$1; shift
+  PGCONNECT_TIMEOUT=5 PGOPTIONS="-c client_min_messages=warning" psql -X -q -v ON_ERROR_STOP=1 \
+    "host=127.0.0.1 port=$PG_PORT dbname=$db user=sluice" "$@"
+}
+
+pg_start() {
+  local pid
+  pg_setup_user
+  if pid=$(pg_pid); then
+    if [ -n "$REC_PG" ] && [ "$REC_PG" != "$PG_PORT" ]; then
+      fail_pre postgres "$P_LOG" "already running on port $REC_PG (pid $pid), not $PG_PORT: run stop first"
+    fi
+    say "postgres: already running (pid $pid, port $PG_PORT)"
+    pg_migrate   # cheap; picks up migrations added since the last start
+    return 0
+  fi
+  [ -x "$PG_BIN/postgres" ] || fail_pre postgres "$P_LOG" "$PG_BIN/postgres not found (apt package postgresql-15; run scripts/setup.sh)"
+  command -v psql >/dev/null 2>&1 || fail_pre postgres "$P_LOG" "psql not found (apt package postgresql-client-15)"
+  check_port_free postgres "$PG_PORT" "$P_LOG"
+  mkdir -p "$P_DIR"
+  if [ -n "$PG_OS_USER" ]; then
+    chown "$PG_OS_USER:" "$P_DIR"
+    # The stack dir is ours (e.g. mktemp -d, mode 0700): let others search (not list) it.
+    chmod o+x "$STACK_DIR"
+    pg_access_mode
+    if [ "$PG_CAP" = 1 ]; then
+      say "postgres: $P_DIR is below a directory $PG_OS_USER cannot search; running postgres with ambient CAP_DAC_READ_SEARCH"
+    fi
+  fi
+  if [ ! -f "$P_DATA/PG_VERSION" ]; then
+    say "postgres: initdb $P_DATA"
+    rm -rf "$P_DATA"
+    as_pg "$PG_BIN/initdb" -D "$P_DATA" -U sluice -A trust -E UTF8 --no-locale --no-sync \
+      >"$P_DIR/initdb.log" 2>&1 || fail postgres "$P_DIR/initdb.log" "initdb failed"
+    cat > "$P_DATA/pg_hba.conf" <<'EOF'
+# Written by scripts/stack.sh: throwaway test cluster, trust on the unix socket and loopback only.
+local   all          all                  trust
+host    all          all   127.0.0.1/32   trust
+local   replication  all                  trust
+host    replication  all   127.0.0.1/32   trust
+EOF
+    echo "include_if_exists = 'sluice-stack.conf'" >> "$P_DATA/postgresql.conf"
+  fi
+  mkdir -p "$P_SOCK"
+  local sockdir="$P_SOCK"
+  if [ "$(( ${#P_SOCK} + 15 ))" -gt 107 ]; then   # sun_path limit: <dir>/.s.PGSQL.NNNNN
+    warn "postgres: socket dir path too long for a unix socket, TCP only: $P_SOCK"
+    sockdir=""
+  fi
+  cat > "$P_DATA/sluice-stack.conf" <<EOF
+# Written by scripts/stack.sh on every start.
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$sockdir'
+max_connections = 200
+shared_buffers = 128MB
+log_line_prefix = '%m [%p] %q%u@%d '
+log_min_messages = warning
+EOF
+  if [ -n "$PG_OS_USER" ]; then
+    chown -R "$PG_OS_USER:" "$P_DIR"
+  fi
+  as_pg "$PG_BIN/pg_ctl" -D "$P_DATA" -l "$P_LOG" -w -t 60 -s start >/dev/null 2>>"$P_DIR/pg_ctl.log" 9>&- \
+    || fail postgres "$P_LOG" "pg_ctl start failed (also see $P_DIR/pg_ctl.log)"
+  local i
+  for ((i = 0; i < 60; i++)); do
+    [ "$(psql_q postgres -Atc 'select 1' 2>/dev/null)" = 1 ] && break
+    sleep 0.5
+  done
+  [ "$(psql_q postgres -Atc 'select 1' 2>&1)" = 1 ] || fail postgres "$P_LOG" "psql -c 'select 1' on 127.0.0.1:$PG_PORT failed"
+  if [ -z "$(psql_q postgres -Atc "select 1 from pg_database where datname = 'sluice'")" ]; then
+    psql_q postgres -c 'create database sluice' || fail postgres "$P_LOG" "create database sluice failed"
+  fi
+  say "postgres: ready on 127.0.0.1:$PG_PORT (pid $(pg_pid || echo '?'), os user ${PG_OS_USER:-$(id -un)})"
+  pg_migrate
+}
+
+# Apply sql/NNNN_*.sql in order, each once, each in one transaction together with its
+# schema_migrations row. A migration must not BEGIN/COMMIT itself.
+pg_migrate() {
+  psql_q sluice -c "create table if not exists schema_migrations (
+      version    text primary key,
+      checksum   text not null,
+      applied_at timestamptz not null default now())" \
+    || fail postgres "$P_LOG" "cannot create schema_migrations"
+  local applied f v sum prev n=0
+  applied=$(psql_q sluice -Atc "select version || ' ' || checksum from schema_migrations") \
+    || fail postgres "$P_LOG" "cannot read schema_migrations"
+  for f in "$SQL_DIR"/[0-9][0-9][0-9][0-9]_*.sql; do
+    [ -f "$f" ] || continue
+    v=${f##*/}
+    [[ "$v" =~ ^[A-Za-z0-9_.-]+$ ]] || fail postgres "" "migration file name not allowed: $f"
+    sum=$(sha256sum "$f" | cut -d' ' -f1)
+    prev=$(printf '%s\n' "$applied" | awk -v v="$v" '$1 == v { print $2 }')
+    if [ -n "$prev" ]; then
+      [ "$prev" = "$sum" ] || warn "postgres: migration $v changed after it was applied (not re-applied)"
+      continue
+    fi
+    psql_q sluice -1 -f "$f" -c "insert into schema_migrations (version, checksum) values ('$v', '$sum')" \
+      >"$P_DIR/migrate.log" 2>&1 || { cat "$P_DIR/migrate.log" >&2; fail postgres "$P_DIR/migrate.log" "migration $v failed (rolled back)"; }
+    say "postgres: applied migration $v"
+    n=$((n + 1))
+  done
+  say "postgres: migrations up to date ($(psql_q sluice -Atc 'select count(*) from schema_migrations') applied, $n new)"
+}
+
+# ------------------------------------------------------------------------- commands
+take_lock() {
+  command -v flock >/dev/null 2>&1 || return 0
+  exec 9>"$STACK_DIR/.lock"
+  flock -w 300 9 || die "another stack.sh holds $STACK_DIR/.lock"
+}
+
+cmd_start() {
+  local t0=$SECONDS
+  mkdir -p "$STACK_DIR"
+  [ -w "$STACK_DIR" ] || die "stack dir not writable: $STACK_DIR"
+  take_lock
+  resolve_ports
+  say "stack dir $STACK_DIR (kafka $KAFKA_PORT/$KAFKA_CPORT, redis $REDIS_PORT, postgres $PG_PORT)"
+  kafka_launch        # JVM boots in the background while Redis and PostgreSQL start
+  redis_start
+  pg_start
+  record_ports
+  kafka_wait_ready
+  say "all services up in $((SECONDS - t0))s; clients: eval \"\$($0 env)\""
+}
+
+cmd_stop() {
+  if [ ! -d "$STACK_DIR" ]; then say "nothing to stop ($STACK_DIR does not exist)"; return 0; fi
+  take_lock
+  local pid
+  if pid=$(kafka_pid); then
+    say "kafka: stopping pid $pid"
+    stop_pid kafka "$pid" "$STOP_TIMEOUT"
+  else
+    say "kafka: not running"
+  fi
+  rm -f "$K_PID" "$K_READY"
+  if pid=$(redis_pid); then
+    say "redis: stopping pid $pid"
+    stop_pid redis "$pid" 20
+  else
+    say "redis: not running"
+  fi
+  rm -f "$R_PID"
+  if pid=$(pg_pid); then
+    say "postgres: stopping pid $pid"
+    pg_setup_user
+    pg_access_mode
+    if ! as_pg "$PG_BIN/pg_ctl" -D "$P_DATA" -m fast -w -t 30 -s stop >/dev/null 2>&1; then
+      warn "postgres: fast shutdown failed, trying immediate"
+      as_pg "$PG_BIN/pg_ctl" -D "$P_DATA" -m immediate -w -t 10 -s stop >/dev/null 2>&1 || stop_pid postgres "$pid" 5
+    fi
+  else
+    say "postgres: not running"
+  fi
+  say "stopped"
+}
+
+status_line() { # NAME PORT PID-OR-EMPTY EXTRA
+  local name=$1 port=$2 pid=$3 extra=$4
+  if [ -n "$pid" ] && port_busy "$port"; then
+    printf '%-9s running  port %-5s pid %-7s %s\n' "$name" "$port" "$pid" "$extra"
+    return 0
+  elif [ -n "$pid" ]; then
+    printf '%-9s starting port %-5s pid %-7s (process up, port not listening) %s\n' "$name" "$port" "$pid" "$extra"
+    return 1
+  fi
+  printf '%-9s stopped  port %-5s\n' "$name" "$port"
+  return 1
+}
+
+cmd_status() {
+  resolve_ports
+  local down=0
+  status_line kafka "$KAFKA_PORT" "$(kafka_pid || true)" "controller $KAFKA_CPORT, log $K_LOG" || down=1
+  status_line redis "$REDIS_PORT" "$(redis_pid || true)" "log $R_LOG" || down=1
+  status_line postgres "$PG_PORT" "$(pg_pid || true)" "log $P_LOG" || down=1
+  return "$down"
+}
+
+cmd_reset() {
+  cmd_stop
+  [ -d "$STACK_DIR" ] || return 0
+  case "$STACK_DIR" in
+    /|"$HOME"|"$REPO_DIR") die "refusing to reset STACK_DIR=$STACK_DIR" ;;
+  esac
+  rm -rf "$K_DIR" "$R_DIR" "$P_DIR" "$PORTS_FILE" "$STACK_DIR/.lock"
+  rmdir "$STACK_DIR" 2>/dev/null || true
+  say "reset: deleted data and logs in $STACK_DIR"
+}
+
+cmd_env() {
+  resolve_ports
+  printf "export SLUICE_KAFKA_BROKERS=127.0.0.1:%s\n" "$KAFKA_PORT"
+  printf "export SLUICE_REDIS_URL=redis://127.0.0.1:%s\n" "$REDIS_PORT"
+  printf "export SLUICE_PG_DSN='host=127.0.0.1 port=%s dbname=sluice user=sluice'\n" "$PG_PORT"
+}
+
+case "${1:-}" in
+  start)  cmd_start ;;
+  stop)   cmd_stop ;;
+  status) cmd_status ;;
+  reset)  cmd_reset ;;
+  env)    cmd_env ;;
+  *) echo "usage: $0 start|stop|status|reset|env" >&2; exit 2 ;;
+esac

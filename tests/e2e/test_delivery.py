@@ -1,0 +1,229 @@
+"""Delivery invariants of sluice-consumer against the real stack (issue: the consumer).
+
+Every test drives real processes: sluice-produce publishes, one or two sluice-consumer
+processes deliver to the scripted sluice-receiver, and the receiver's ledger plus the outcome
+records on Kafka are the oracles.
+"""
+
+import collections
+import signal
+import subprocess
+import time
+
+from sluice_e2e import event, final_states, rand_suffix, wait_until
+
+
+def delivered_ids(outcomes):
+    return {(o["id"], o["endpoint"]) for o in outcomes if o["state"] == "delivered"}
+
+
+def ledger_ok(receiver):
+    return [l for l in receiver.ledger() if 200 <= l["status"] < 300]
+
+
+def test_healthy_every_event_exactly_once_and_signed(make_world):
+    w = make_world()
+    rcv = w.receiver(secrets_list=[w.secret], extra=["--reject-bad-sig"])
+    eps = [w.add_endpoint(f"ok{i}_{w.tag}", rcv.url("ok", f"ok{i}_{w.tag}")) for i in range(3)]
+    events = [event(ep, i, w.tag) for ep in eps for i in range(100)]
+    r = w.produce(events)
+    assert r.returncode == 0, r.stderr
+    c = w.consumer()
+    want = {(e["id"], e["endpoint"]) for e in events}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 90, 1.0, "all delivered")
+    assert c.term() == 0, c.logs()[-3000:]
+    oks = ledger_ok(rcv)
+    per = collections.Counter((l["webhook_id"], l["endpoint"]) for l in oks)
+    assert set(per) == want
+    assert max(per.values()) == 1, "an event reached its endpoint twice"
+    assert all(l["sig_ok"] is True for l in rcv.ledger()), "a signature did not verify"
+    outs = w.outcomes()
+    assert all(o["attempt"] == 1 for o in outs if o["state"] == "delivered")
+    assert {o["state"] for o in outs} == {"delivered"}
+    assert all(o["lat_us"] > 0 and o["pod"] == "c0" for o in outs)
+
+
+def test_retries_classes_and_retry_after(make_world):
+    w = make_world(retry_base_ms=200, retry_cap_ms=800, max_attempts=3,
+                   retry_after_max_ms=10000, http_timeout_ms=1000,
+                   http_connect_timeout_ms=500, lease_ms=5000)
+    rcv = w.receiver()
+    w.add_endpoint("flaky" + w.tag, rcv.url("flaky_n/2", "flaky"))
+    w.add_endpoint("bad" + w.tag, rcv.url("status/400", "bad"))
+    w.add_endpoint("down" + w.tag, rcv.url("status/503", "down"))
+    w.add_endpoint("slow" + w.tag, rcv.url("slow/3000", "slow"))
+    w.add_endpoint("ra" + w.tag, rcv.url("retryafter/2", "ra"), "--max-attempts", "2")
+    eps = ["flaky", "bad", "down", "slow", "ra"]
+    events = [event(ep + w.tag, i, w.tag) for ep in eps for i in range(3)]
+    assert w.produce(events).returncode == 0
+    c = w.consumer()
+
+    def settled():
+        fin = final_states(w.outcomes())
+        return len(fin) == len(events) and all(
+            o["state"] in ("delivered", "dead_letter") for o in fin.values())
+
+    wait_until(settled, 120, 1.0, "every event delivered or dead-lettered")
+    assert c.term() == 0
+    outs = w.outcomes()
+    by_ep = collections.defaultdict(list)
+    for o in outs:
+        by_ep[o["endpoint"]].append(o)
+    fin = final_states(outs)
+    # 500 twice then 200: two retries, delivered on attempt 3
+    for i in range(3):
+        o = fin[(f"evt_{w.tag}_flaky{w.tag}_{i}", "flaky" + w.tag)]
+        assert o["state"] == "delivered" and o["attempt"] == 3
+    # 400: permanent, dead-lettered at once, payload kept for replay
+    for o in by_ep["bad" + w.tag]:
+        assert o["state"] == "dead_letter" and o["attempt"] == 1 and o["http"] == 400
+        assert o["env_len"] > 0
+    # 503 every time: exactly max_attempts attempts, then dead letter
+    down = [o for o in by_ep["down" + w.tag]]
+    for i in range(3):
+        mine = sorted((o for o in down if o["id"] == f"evt_{w.tag}_down{w.tag}_{i}"),
+                      key=lambda o: o["attempt"])
+        assert [o["state"] for o in mine] == ["retry_scheduled", "retry_scheduled",
+                                              "dead_letter"]
+        for o in mine[:-1]:
+            assert 0 <= o["next_ms"] - o["ts_ms"] <= 800 + 100  # full jitter within cap
+    # slow past the 1 s timeout: retried as "timeout"
+    slow = by_ep["slow" + w.tag]
+    assert any(o["err"] == "timeout" and o["state"] == "retry_scheduled" for o in slow)
+    # 429 with Retry-After: 2 honoured (above the 800 ms cap), then dead after 2 attempts
+    ra = [o for o in by_ep["ra" + w.tag] if o["state"] == "retry_scheduled"]
+    assert ra and all(o["next_ms"] - o["ts_ms"] >= 1990 for o in ra)
+    hits = collections.defaultdict(list)
+    for l in rcv.ledger():
+        if l["endpoint"] == "ra":
+            hits[l["webhook_id"]].append(l["ts_ms"])
+    for ts in hits.values():
+        ts.sort()
+        assert len(ts) == 2 and ts[1] - ts[0] >= 1900
+
+
+def test_breaker_one_probe_across_two_consumers(make_world):
+    w = make_world(max_attempts=50, retry_base_ms=100, retry_cap_ms=300,
+                   breaker_cooldown_ms=1000, breaker_cooldown_max_ms=4000)
+    rcv = w.receiver()
+    ep = "brk" + w.tag
+    w.add_endpoint(ep, rcv.url("status/500", ep), "--breaker-threshold", "3",
+                   "--breaker-cooldown-ms", "1000")
+    events = [event(ep, i, w.tag) for i in range(30)]
+    assert w.produce(events).returncode == 0
+    c1, c2 = w.consumer("c1"), w.consumer("c2")
+    # let the breaker open and go through a few failed probes (1 s, 2 s, 4 s, 4 s cooldowns)
+    time.sleep(14)
+    hits = sorted(l["ts_ms"] for l in rcv.ledger() if l["endpoint"] == ep)
+    assert len(hits) >= 3
+    # after the threshold is reached, requests come one at a time: single probes, spaced by
+    # the (doubling) cooldown, never two pods probing together
+    opened_at = hits[2]
+    probes = [t for t in hits if t > opened_at + 500]
+    assert 2 <= len(probes) <= 5, f"probes after opening: {len(probes)}"
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert all(g >= 900 for g in gaps), f"two probes too close together: {gaps}"
+    assert gaps[-1] >= 1.6 * 1000, f"cooldown did not double: {gaps}"
+    # deferral spends no attempt: outcomes while open are "deferred" with attempt 0
+    outs = w.outcomes()
+    assert any(o["state"] == "deferred" and o["err"] == "breaker_open" for o in outs)
+    spent = collections.Counter(o["id"] for o in outs if o["state"] == "retry_scheduled")
+    assert max(spent.values()) <= 6
+    # the endpoint recovers: the next probe succeeds, the breaker closes, everything flows
+    r = w.ctl("endpoints", "update", ep, "--url", rcv.url("ok", ep))
+    assert r.returncode == 0, r.stderr
+    want = {(e["id"], ep) for e in events}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 60, 1.0, "delivery after recovery")
+    assert c1.term() == 0 and c2.term() == 0
+
+
+def test_kill9_mid_run_loses_nothing(make_world):
+    w = make_world(max_inflight=100)
+    rcv = w.receiver()
+    eps = [w.add_endpoint(f"k{i}{w.tag}", rcv.url("ok", f"k{i}") + "?delay_ms=5")
+           for i in range(4)]
+    events = [event(ep, i, w.tag) for ep in eps for i in range(500)]
+    assert w.produce(events).returncode == 0
+    c = w.consumer("first")
+    wait_until(lambda: len(ledger_ok(rcv)) > 400, 60, 0.2, "first deliveries")
+    c.kill9()
+    before = len(ledger_ok(rcv))
+    assert before < len(events), "the consumer finished before it could be killed"
+    c2 = w.consumer("second")
+    want = {(e["id"], e["endpoint"]) for e in events}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()) | {
+        (l["webhook_id"], l["endpoint"] + w.tag) for l in ledger_ok(rcv)}, 120, 1.0,
+        "every event delivered after the restart")
+    assert c2.term() == 0
+    per = collections.Counter(l["webhook_id"] for l in ledger_ok(rcv))
+    assert {e["id"] for e in events} <= set(per), "an event was lost"
+    dups = sum(n - 1 for n in per.values())
+    # only requests in flight at the kill may repeat (the delivered marker stops the rest)
+    assert dups <= 100, f"{dups} duplicates exceed the in-flight bound"
+
+
+def test_slow_endpoint_does_not_block_fast_ones(make_world):
+    w = make_world(partitions=1, http_timeout_ms=15000, max_inflight_per_endpoint=4)
+    rcv = w.receiver()
+    slow = w.add_endpoint("slow" + w.tag, rcv.url("slow/10000", "slow"))
+    fast = [w.add_endpoint(f"f{i}{w.tag}", rcv.url("ok", f"f{i}")) for i in range(50)]
+    events = [event(slow, i, w.tag) for i in range(20)]
+    for i in range(5):
+        events += [event(ep, i, w.tag) for ep in fast]
+    assert w.produce(events).returncode == 0  # slow first, all in one partition
+    t0 = time.time()
+    c = w.consumer()
+    want = {(e["id"], e["endpoint"]) for e in events if e["endpoint"] != slow}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 60, 0.3, "fast deliveries")
+    elapsed = time.time() - t0
+    assert elapsed < 9, f"fast endpoints waited {elapsed:.1f}s behind the slow one"
+    slow_done = [o for o in w.outcomes() if o["endpoint"] == slow and o["state"] == "delivered"]
+    assert not slow_done or min(o["ts_ms"] for o in slow_done) > t0 * 1000 + 9000
+    c.term()
+
+
+def test_poison_records_are_quarantined(make_world):
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint("p" + w.tag, rcv.url("ok", "p"))
+    garbage = b"\xc1\xff not msgpack at all\n"
+    r = subprocess.run(["kcat", "-b", w.env["SLUICE_KAFKA_BROKERS"], "-P", "-t",
+                        w.env["SLUICE_TOPIC_DELIVERIES"], "-k", ep],
+                       input=garbage, capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    good = [event(ep, i, w.tag) for i in range(10)]
+    unknown = [event("nosuch" + w.tag, 0, w.tag)]
+    assert w.produce(unknown + good).returncode == 0
+    c = w.consumer()
+    want = {(e["id"], ep) for e in good}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 60, 0.5, "good records delivered")
+    q = wait_until(lambda: len(w.dump("quarantine")) >= 2 and w.dump("quarantine"), 30, 0.5,
+                   "quarantined records")
+    reasons = sorted(x["reason"] for x in q)
+    assert any("unknown endpoint" in x for x in reasons), reasons
+    assert any("endpoint" not in x for x in reasons), reasons
+    assert c.alive()
+    assert c.term() == 0
+
+
+def test_sigterm_drains_and_reschedules_without_spending_attempts(make_world):
+    w = make_world(max_inflight=10, shutdown_drain_ms=1000, http_timeout_ms=10000)
+    rcv = w.receiver()
+    ep = w.add_endpoint("s" + w.tag, rcv.url("slow/3000", "s"))
+    events = [event(ep, i, w.tag) for i in range(40)]
+    assert w.produce(events).returncode == 0
+    c = w.consumer()
+    wait_until(lambda: any(l["endpoint"] == "s" for l in rcv.ledger()) or
+               len(rcv.ledger()) > 0 or time.sleep(0.5), 30, 0.2, "first request")
+    time.sleep(1)
+    t = time.time()
+    rc = c.term(timeout=60)
+    assert rc == 0, c.logs()[-3000:]
+    assert time.time() - t < 20
+    c2 = w.consumer("after", max_inflight=50)
+    want = {(e["id"], ep) for e in events}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 120, 1.0, "all delivered")
+    assert c2.term() == 0
+    outs = w.outcomes()
+    assert any(o["state"] == "deferred" and o["err"] == "shutdown" for o in outs)
+    assert all(o["attempt"] <= 2 for o in outs if o["state"] == "delivered")
