@@ -79,7 +79,10 @@ rd_kafka_conf_t *sl_kafka_conf_new(const struct sl_config *cfg, const char *role
     if (sl_kafka_conf_set(conf, "bootstrap.servers", cfg->kafka_brokers, err) != 0 ||
         sl_kafka_conf_set(conf, "client.id", client_id, err) != 0 ||
         sl_kafka_conf_set(conf, "socket.nagle.disable", "true", err) != 0 ||
-        sl_kafka_conf_set(conf, "log.connection.close", "false", err) != 0) {
+        sl_kafka_conf_set(conf, "log.connection.close", "false", err) != 0 ||
+        /* the contract allows a 1 MiB body + 64 KiB of record; dead-letter outcomes carry the
+         * whole delivery record; topics are created with the same max.message.bytes */
+        sl_kafka_conf_set(conf, "message.max.bytes", SL_KAFKA_MAX_MESSAGE_BYTES, err) != 0) {
         rd_kafka_conf_destroy(conf);
         return NULL;
     }
@@ -107,6 +110,9 @@ rd_kafka_t *sl_kafka_producer_new(const struct sl_config *cfg, const char *role,
         sl_kafka_conf_set(conf, "batch.num.messages", "10000", err) != 0 ||
         sl_kafka_conf_set(conf, "queue.buffering.max.messages", "500000", err) != 0 ||
         sl_kafka_conf_set(conf, "compression.type", "lz4", err) != 0 ||
+        /* Java's partitioner: an endpoint's records land on the same partition whichever
+         * language's client produced them (librdkafka's default differs) */
+        sl_kafka_conf_set(conf, "partitioner", "murmur2_random", err) != 0 ||
         /* a record that cannot be delivered in 2 minutes is reported as failed, never as
          * delivered: callers keep the offset uncommitted and retry */
         sl_kafka_conf_set(conf, "message.timeout.ms", "120000", err) != 0) {

@@ -18,6 +18,10 @@
 #include "common/sl_cfg.h"
 #include "common/sl_err.h"
 
+/* Largest Kafka record Sluice produces or accepts: the client's message.max.bytes and the
+ * topics' max.message.bytes (a 16 MiB body cap is the config maximum; 1 MiB the default). */
+#define SL_KAFKA_MAX_MESSAGE_BYTES "20971520"
+
 enum sl_kafka_profile {
     SL_KAFKA_THROUGHPUT, /* producer: linger 50 ms, large batches, lz4 */
     SL_KAFKA_LATENCY,    /* producer: linger 2 ms (outcomes/quarantine on the delivery path) */

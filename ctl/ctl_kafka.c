@@ -92,6 +92,7 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
         }
         if (want[i].compact)
             rd_kafka_NewTopic_set_config(nts[i], "cleanup.policy", "compact");
+        rd_kafka_NewTopic_set_config(nts[i], "max.message.bytes", SL_KAFKA_MAX_MESSAGE_BYTES);
     }
     rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
     rd_kafka_AdminOptions_t *opts = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);

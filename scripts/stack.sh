@@ -339,11 +339,15 @@ kafka_wait_ready() {
     warn "kcat not installed: skipping the kcat round trip (KafkaReady below still uses a real client)"
   fi
   local left=$((deadline - SECONDS)) out
+  # records up to 20 MiB (common/sl_kafka.h SL_KAFKA_MAX_MESSAGE_BYTES): 1 MiB bodies plus
+  # the record, and dead-letter outcomes that carry the whole delivery
+  local MAXMSG=max.message.bytes=20971520
   [ "$left" -ge 15 ] || left=15
   kafka_ready_tool
   if ! out=$(JT_CP=$KR_CP java_tool "$KR_MAIN" "127.0.0.1:$KAFKA_PORT" "$left" \
-        "sluice.deliveries:$PARTITIONS" "sluice.outcomes:$PARTITIONS" "sluice.quarantine:1" \
-        "sluice.endpoints:1:cleanup.policy=compact" 2>&1); then
+        "sluice.deliveries:$PARTITIONS:$MAXMSG" "sluice.outcomes:$PARTITIONS:$MAXMSG" \
+        "sluice.quarantine:1:$MAXMSG" "sluice.endpoints:1:cleanup.policy=compact,$MAXMSG" \
+        2>&1); then
     printf '%s\n' "$out" >&2
     fail kafka "$K_LOG" "topic creation / readiness check failed"
   fi

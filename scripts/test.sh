@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Sluice's whole test suite, from a fresh Debian 12 machine or an existing checkout:
+#
+#   bash scripts/test.sh
+#
+#  1. scripts/setup.sh: apt packages, Kafka jars, test venv (a no-op when already there)
+#  2. an isolated stack (real Kafka, Redis, PostgreSQL) under .stack/test on private ports
+#  3. gcc build, warnings as errors; every ctest label: unit, component, fuzz (corpus
+#     replay), integration, e2e
+#  4. clang build with ASan + UBSan; the whole suite again
+#  5. clang libFuzzer build; every fuzzer replays its corpus
+#  6. source checks (clang-format, banned functions)
+# The stack is stopped on exit; logs of a failed run stay under .stack/test and build/.
+#
+# Env: SLUICE_TEST_PORT_BASE (29100)  ports of the test stack
+#      SLUICE_TEST_ONLY=gcc|asan|fuzz|lint   run one stage (after setup and stack)
+#      SLUICE_TEST_KEEP_STACK=1      leave the stack running afterwards
+#      SLUICE_TEST_LABELS=regex      ctest -L filter (default: everything)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+JOBS=2
+ONLY="${SLUICE_TEST_ONLY:-}"
+LABELS="${SLUICE_TEST_LABELS:-}"
+t_start=$SECONDS
+
+say() { printf '\n==== [test] %s (%ds)\n' "$*" "$((SECONDS - t_start))"; }
+
+say "setup"
+bash scripts/setup.sh
+
+export SLUICE_STACK_DIR="$REPO/.stack/test"
+export SLUICE_PORT_BASE="${SLUICE_TEST_PORT_BASE:-29100}"
+say "stack on ports ${SLUICE_PORT_BASE}.. (data in $SLUICE_STACK_DIR)"
+stop_stack() {
+  if [ "${SLUICE_TEST_KEEP_STACK:-0}" != 1 ]; then
+    bash scripts/stack.sh stop >/dev/null 2>&1 || true
+  fi
+}
+trap stop_stack EXIT
+bash scripts/stack.sh start
+eval "$(bash scripts/stack.sh env)"
+export SLUICE_KAFKA_BROKERS SLUICE_REDIS_URL SLUICE_PG_DSN
+
+ctest_run() { # dir, timeout multiplier
+  local dir=$1 mult=$2
+  local args=(--test-dir "$dir" --output-on-failure --no-tests=error -j "$JOBS")
+  [ -n "$LABELS" ] && args+=(-L "$LABELS")
+  SL_TEST_TIMEOUT_MULT=$mult ctest "${args[@]}"
+}
+
+stage() { [ -z "$ONLY" ] || [ "$ONLY" = "$1" ]; }
+
+if stage gcc; then
+  say "gcc build (-Werror)"
+  cmake -S . -B build/test-gcc -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSL_WERROR=ON >/dev/null
+  cmake --build build/test-gcc -j "$JOBS"
+  say "gcc: all tests"
+  ctest_run build/test-gcc 1
+fi
+
+if stage asan; then
+  say "clang build with ASan + UBSan"
+  CC=clang cmake -S . -B build/test-asan -DCMAKE_BUILD_TYPE=Debug -DSL_WERROR=ON \
+    -DSL_SANITIZE=address,undefined >/dev/null
+  cmake --build build/test-asan -j "$JOBS"
+  say "asan+ubsan: all tests"
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  export LSAN_OPTIONS="suppressions=$REPO/tests/lsan.supp:print_suppressions=0"
+  ctest_run build/test-asan 4
+  unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
+fi
+
+if stage fuzz; then
+  say "clang libFuzzer build: corpus replay"
+  CC=clang cmake -S . -B build/test-fuzz -DCMAKE_BUILD_TYPE=Debug -DSL_WERROR=ON -DSL_FUZZ=ON \
+    >/dev/null
+  cmake --build build/test-fuzz -j "$JOBS"
+  SL_TEST_TIMEOUT_MULT=4 ctest --test-dir build/test-fuzz --output-on-failure --no-tests=error \
+    -j "$JOBS" -L fuzz
+fi
+
+if stage lint; then
+  say "source checks"
+  bash scripts/check-src.sh
+fi
+
+say "all stages passed"
