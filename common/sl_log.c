@@ -6,6 +6,7 @@
  */
 #include "common/sl_log.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -225,6 +226,32 @@ static void scrub(struct line *l)
         }
     }
     pthread_mutex_unlock(&g_secret_mu);
+    /* Any Standard Webhooks secret, registered or not (there may be thousands of endpoint
+     * secrets): "whsec_" followed by its base64 text becomes "whsec_[redacted]". */
+    static const char pfx[] = "whsec_";
+    char *p = l->buf;
+    for (;;) {
+        char *hit = memmem(p, l->len - (size_t)(p - l->buf), pfx, sizeof(pfx) - 1);
+        if (!hit)
+            break;
+        char *v = hit + sizeof(pfx) - 1;
+        char *e = v;
+        char *end = l->buf + l->len;
+        while (e < end && (isalnum((unsigned char)*e) || *e == '+' || *e == '/' || *e == '='))
+            e++;
+        size_t vlen = (size_t)(e - v);
+        if (vlen >= 3) {
+            /* shrink-only replacement keeps the line within its buffer */
+            const char *rep = vlen >= sizeof(red) - 1 ? red : "***";
+            size_t rlen = strlen(rep);
+            memcpy(v, rep, rlen);
+            memmove(v + rlen, e, (size_t)(end - e));
+            l->len -= vlen - rlen;
+            p = v + rlen;
+        } else {
+            p = e;
+        }
+    }
 }
 
 void sl__log_write(int level, unsigned dbg_ctx, const char *mod, const char *event,

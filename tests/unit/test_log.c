@@ -119,6 +119,13 @@ static void test_planted_secret_never_logged(void **state)
     assert_null(strstr(out, "PLANTED"));
     assert_non_null(strstr(out, "[redacted]"));
     free(out);
+    /* an endpoint secret nobody registered is still caught by its whsec_ form */
+    path = capture_begin(&fd);
+    sl_warn("x", "leak_attempt", "endpoint secret whsec_UNREGISTEREDc2VjcmV0IHZhbHVl+/= end");
+    out = capture_end(fd, path);
+    assert_null(strstr(out, "UNREGISTERED"));
+    assert_non_null(strstr(out, "whsec_[redacted] end"));
+    free(out);
     sl_log_clear_secrets();
     sl_cfg_fini(&cfg);
     unsetenv("SLUICE_MASTER_KEY");

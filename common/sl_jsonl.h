@@ -1,0 +1,62 @@
+/*
+ * sl_jsonl: one line of sluice-produce input (JSON) -> struct sl_delivery.
+ *
+ * Line format (one JSON object per line; unknown fields are rejected so typos fail loudly):
+ *   "id"            string, optional: event id; absent = "evt_" + 26 random base32 characters
+ *   "endpoint"      string, required: endpoint id (becomes "ep" and the Kafka key)
+ *   "type"          string, required: event type
+ *   "created_at_ms" integer >= 0, optional: unix ms; absent = now
+ *   "content_type"  string, optional: default application/json
+ *   "body"          any JSON value: a string's bytes are sent verbatim (UTF-8); any other value
+ *                   is re-serialised compactly by jansson (numbers may change spelling)
+ *   "body_base64"   string: the exact body bytes, strict standard base64 (sl_b64: padding
+ *                   optional, no whitespace);
+ *                   exactly one of "body" / "body_base64" is required
+ *   "headers"       object {name: string}: extra request headers
+ *   "macros"        object {name: string | number}: postback macro values; numbers become
+ *                   their shortest round-trip decimal text (send strings to keep exact text)
+ * Every rule of the delivery record (schemas/README.md) applies; messages use the JSON field
+ * names above and never echo values.
+ *
+ * thread: any (uses OpenSSL RAND_bytes, which is thread-safe in OpenSSL 3).
+ */
+#ifndef SL_JSONL_H
+#define SL_JSONL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sl_err.h"
+#include "common/sl_record.h"
+
+#define SL_JSONL_MAX_LINE_DEFAULT ((size_t)4 * 1024 * 1024) /* bytes */
+#define SL_JSONL_GEN_ID_LEN       30                        /* strlen("evt_") + 26 */
+
+struct sl_jsonl_opts {
+    size_t max_line;                    /* bytes, including any trailing newline;
+                                           0 = SL_JSONL_MAX_LINE_DEFAULT */
+    const struct sl_decode_limits *lim; /* borrowed; NULL = defaults (body <= 1 MiB) */
+    uint64_t now_ms;                    /* "created_at_ms" when absent, unix ms;
+                                           0 = read CLOCK_REALTIME */
+};
+
+/*
+ * Parse len bytes at line (borrowed; need not be NUL-terminated; one trailing "\n" or "\r\n"
+ * is ignored). opts: NULL = defaults. out: OUT, overwritten; on success it owns its memory
+ * (sl_delivery_fini), on failure it is left empty. Returns 0 or SL_ETOOBIG (line or a field
+ * over its limit), SL_EDECODE (not JSON, not an object, wrong JSON type), SL_EMISSING,
+ * SL_EINVAL (unknown field, a value breaking a rule), SL_ECRYPTO (no randomness for an id).
+ */
+int sl_jsonl_parse(const char *line,
+                   size_t len,
+                   const struct sl_jsonl_opts *opts,
+                   struct sl_delivery *out,
+                   sl_err_t *err);
+
+/*
+ * Write a fresh event id "evt_" + 26 base32 characters (130 random bits) and a NUL into out.
+ * Returns 0 or SL_ECRYPTO.
+ */
+int sl_jsonl_gen_event_id(char out[SL_JSONL_GEN_ID_LEN + 1], sl_err_t *err);
+
+#endif /* SL_JSONL_H */

@@ -1,0 +1,1270 @@
+/*
+ * ctl_endpoints: `sluicectl endpoints ...`, the only writer of the endpoint registry.
+ *
+ *   add, update, disable, enable, rotate-secret, delete: validate every flag (exit 2, nothing
+ *       touched), then change PostgreSQL in one transaction and publish the committed state to
+ *       the endpoints topic, flushed with acks=all, before reporting success (ctl_epstore.h
+ *       has the locking and ordering). A publish failure leaves the committed change in place
+ *       and says so: `endpoints sync` repairs the topic.
+ *   show, list: read PostgreSQL (the source of truth), never the topic.
+ *   sync: republish every endpoint and tombstone topic keys the registry no longer has.
+ *
+ * Secrets are printed only on creation, on rotation and with `show --show-secrets`; header
+ * values (often credentials) only with --show-secrets. `list` redacts URLs (no query string);
+ * `show` prints them whole (the operator asked for this endpoint). Every secret sluicectl
+ * handles in clear is registered with the logger first, so no log line can carry it.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/sl_endpoints.h"
+#include "common/sl_kafka.h"
+#include "common/sl_log.h"
+#include "common/sl_map.h"
+#include "common/sl_mem.h"
+#include "common/sl_record.h"
+#include "common/sl_secretbox.h"
+#include "common/sl_sign.h"
+#include "common/sl_url.h"
+#include "ctl/ctl.h"
+#include "ctl/ctl_epstore.h"
+
+#define FLUSH_TIMEOUT_MS  20000 /* > the producer's 15 s message timeout */
+#define SCAN_TIMEOUT_MS   30000 /* sync: reading the topic to its end */
+#define OVERLAP_DEFAULT_S 86400
+#define OVERLAP_MAX_S     (30LL * 86400)
+
+/* ==== Subcommands and their flags ==== */
+
+enum sub { S_ADD, S_SHOW, S_LIST, S_UPDATE, S_DISABLE, S_ENABLE, S_ROTATE, S_DELETE, S_SYNC, S__N };
+#define M(s)  (1u << (s))
+#define M_ALL ((1u << S__N) - 1)
+
+static const struct {
+    const char *name;     /* subcommand word */
+    const char *synopsis; /* after "sluicectl endpoints <name> " */
+    const char *summary;  /* one line */
+    int npos;             /* positional arguments (the endpoint id) */
+} subs[S__N] = {
+    [S_ADD] = {"add", "--id ID --url URL [flags]",
+               "register an endpoint; prints it with its signing secret (shown only this once)", 0},
+    [S_SHOW] = {"show", "ID [--show-secrets] [--json]",
+                "print one endpoint from the registry, URL in full", 1},
+    [S_LIST] = {"list", "[--json]", "list every endpoint (URLs without their query string)", 0},
+    [S_UPDATE] = {"update", "ID [flags]",
+                  "change the given settings of an endpoint (others stay as they are)", 1},
+    [S_DISABLE] = {"disable", "ID --reason TEXT",
+                   "stop deliveries to an endpoint (reported as disabled)", 1},
+    [S_ENABLE] = {"enable", "ID", "resume deliveries to a disabled endpoint", 1},
+    [S_ROTATE] = {"rotate-secret", "ID [--overlap-s N] [--secret whsec_...]",
+                  "make a new signing secret current; the previous one keeps signing for the "
+                  "overlap; prints the new secret",
+                  1},
+    [S_DELETE] = {"delete", "ID", "remove an endpoint (tombstone on the topic)", 1},
+    [S_SYNC] = {"sync", "[--json]",
+                "republish every endpoint and delete topic entries the registry lacks "
+                "(repairs a failed publish)",
+                0},
+};
+
+enum {
+    O_HELP = 'h',
+    O_ID = 256,
+    O_URL,
+    O_NAME,
+    O_TEMPLATE,
+    O_NO_TEMPLATE,
+    O_METHOD,
+    O_CT,
+    O_HEADER,
+    O_CLEAR_HEADERS,
+    O_SECRET,
+    O_OVERLAP,
+    O_REASON,
+    O_SHOW_SECRETS,
+    O_JSON,
+    O_NUM0, /* + enum ctl_ep_num */
+};
+
+struct optdef {
+    const char *name; /* long option */
+    int has_arg;      /* getopt has_arg */
+    int val;          /* O_* */
+    unsigned subs;    /* M(S_*) of the subcommands taking it */
+    const char *arg;  /* value placeholder for help, NULL for switches */
+    const char *help; /* one line */
+};
+
+#define M_SET (M(S_ADD) | M(S_UPDATE))
+
+static const struct optdef optdefs[] = {
+    {"id", required_argument, O_ID, M(S_ADD), "ID",
+     "endpoint id: 1..64 characters [A-Za-z0-9_-] (required)"},
+    {"url", required_argument, O_URL, M_SET, "URL",
+     "http(s) URL, or a postback template with --template (required for add)"},
+    {"name", required_argument, O_NAME, M_SET, "NAME", "display name (UTF-8, <= 128 bytes)"},
+    {"template", no_argument, O_TEMPLATE, M_SET, NULL,
+     "URL is a postback template: {macro} placeholders (path/query only) filled per delivery"},
+    {"no-template", no_argument, O_NO_TEMPLATE, M(S_UPDATE), NULL, "URL is a plain URL again"},
+    {"method", required_argument, O_METHOD, M_SET, "METHOD", "POST (default), PUT, PATCH or GET"},
+    {"content-type", required_argument, O_CT, M_SET, "CT",
+     "content type of every request ('' = each delivery's own)"},
+    {"header", required_argument, O_HEADER, M_SET, "'NAME: VALUE'",
+     "extra request header, repeatable, at most 32 (update: replaces all)"},
+    {"clear-headers", no_argument, O_CLEAR_HEADERS, M(S_UPDATE), NULL, "remove every extra header"},
+    {"secret", required_argument, O_SECRET, M(S_ADD) | M(S_ROTATE), "whsec_...",
+     "signing secret to use (default: a new random 32-byte secret)"},
+    {"overlap-s", required_argument, O_OVERLAP, M(S_ROTATE), "N",
+     "seconds the previous secret keeps signing (default 86400; 0 = stop now)"},
+    {"reason", required_argument, O_REASON, M(S_DISABLE), "TEXT",
+     "why deliveries stop (<= 256 bytes; required)"},
+    {"show-secrets", no_argument, O_SHOW_SECRETS, M(S_SHOW), NULL,
+     "also print the decrypted signing secrets and header values"},
+    {"json", no_argument, O_JSON, M_ALL, NULL, "print JSON instead of text"},
+    {"help", no_argument, O_HELP, M_ALL, NULL, "this help"},
+};
+
+#define N_OPTDEFS (sizeof(optdefs) / sizeof(optdefs[0]))
+
+/* Everything the command line said. Strings borrowed from argv except the header copies. */
+struct opts {
+    const char *id, *url, *name, *method_s, *ct, *secret_s, *reason;
+    int tpl;                      /* -1 not given, 0 --no-template, 1 --template */
+    struct sl_kv hdr[SL_HDR_MAX]; /* parsed --header values (point into hdr_buf) */
+    char *hdr_buf[SL_HDR_MAX];    /* owned copies split at ':' */
+    size_t n_hdr;                 /* entries in hdr */
+    bool clear_headers;           /* --clear-headers */
+    int64_t num[CTL_N__COUNT];    /* numeric flags */
+    bool num_set[CTL_N__COUNT];   /* which were given */
+    int64_t overlap_s;            /* --overlap-s */
+    bool json, show_secrets;      /* output switches */
+    enum sl_http_method method;   /* parsed --method */
+    struct sl_secret secret;      /* parsed --secret (wiped at exit) */
+    bool have_secret;             /* --secret given */
+};
+
+static void opts_fini(struct opts *o)
+{
+    for (size_t i = 0; i < o->n_hdr; i++)
+        free(o->hdr_buf[i]);
+    sl_secret_fini(&o->secret);
+}
+
+static const char *cmd_name(enum sub s)
+{
+    static char buf[S__N][48];
+    snprintf(buf[s], sizeof(buf[s]), "endpoints %s", subs[s].name);
+    return buf[s];
+}
+
+static void print_flag_help(FILE *f, const char *name, const char *arg, const char *help)
+{
+    char left[64];
+    snprintf(left, sizeof(left), "--%s%s%s", name, arg ? " " : "", arg ? arg : "");
+    fprintf(f, "    %-28s %s\n", left, help);
+}
+
+static void sub_help(FILE *f, enum sub s)
+{
+    fprintf(f, "  %s endpoints %s %s\n      %s\n", CTL_PROG, subs[s].name, subs[s].synopsis,
+            subs[s].summary);
+    for (size_t i = 0; i < N_OPTDEFS; i++) {
+        const struct optdef *d = &optdefs[i];
+        if (!(d->subs & M(s)) || d->val == O_HELP)
+            continue;
+        print_flag_help(f, d->name, d->arg, d->help);
+        if (d->val == O_HEADER) {
+            /* the numeric policy flags follow the header flags */
+            for (int n = 0; n < CTL_N__COUNT; n++) {
+                char help[160];
+                snprintf(help, sizeof(help), "%s: 0 = %s, else %" PRId64 "..%" PRId64,
+                         ctl_ep_nums[n].help, ctl_ep_nums[n].zero, ctl_ep_nums[n].min,
+                         ctl_ep_nums[n].max);
+                print_flag_help(f, ctl_ep_nums[n].flag, "N", help);
+            }
+        }
+    }
+}
+
+void ctl_endpoints_help(FILE *f)
+{
+    fprintf(f,
+            "%s endpoints <subcommand>: the endpoint registry (PostgreSQL), published to the\n"
+            "compacted endpoints topic that every consumer follows.\n\n",
+            CTL_PROG);
+    for (int s = 0; s < S__N; s++) {
+        sub_help(f, (enum sub)s);
+        fputc('\n', f);
+    }
+    fprintf(f, "  Postback templates: {name} placeholders ([A-Za-z0-9_], balanced braces) in the\n"
+               "  path or query, e.g. https://t.example/pb?click={click_id}&sum={payout}.\n"
+               "  Exit codes: 0 ok, 1 failed, 2 usage error, 78 bad configuration.\n");
+}
+
+/* ==== Parsing ==== */
+
+#define HELP_SHOWN (-1)
+
+static int parse_header(enum sub s, struct opts *o, const char *arg)
+{
+    const char *cmd = cmd_name(s);
+    if (o->n_hdr == SL_HDR_MAX)
+        return ctl_usage_error(cmd, "too many --header flags: at most %d", SL_HDR_MAX);
+    const char *colon = strchr(arg, ':');
+    if (!colon)
+        return ctl_usage_error(cmd, "--header must look like 'Name: value'");
+    size_t nl = (size_t)(colon - arg);
+    bool name_ok = sl_valid_header_name(arg, nl);
+    if (strpbrk(arg, "\r\n")) {
+        if (name_ok)
+            return ctl_usage_error(cmd,
+                                   "--header '%.*s' contains CR or LF: refused (header "
+                                   "injection)",
+                                   (int)nl, arg);
+        return ctl_usage_error(cmd, "--header contains CR or LF: refused (header injection)");
+    }
+    if (!name_ok)
+        return ctl_usage_error(cmd,
+                               "--header name is not a valid HTTP field name (1..%d "
+                               "characters of RFC 9110 token characters, no spaces)",
+                               SL_HDR_NAME_MAX);
+    if (sl_header_is_reserved(arg, nl)) {
+        if (nl == 12 && strncasecmp(arg, "content-type", 12) == 0)
+            return ctl_usage_error(cmd, "--header 'Content-Type' is reserved: use "
+                                        "--content-type");
+        return ctl_usage_error(cmd, "--header '%.*s' is reserved: sluice sets it itself", (int)nl,
+                               arg);
+    }
+    char *buf = sl_xstrdup(arg);
+    buf[nl] = '\0';
+    char *val = buf + nl + 1;
+    while (*val == ' ' || *val == '\t')
+        val++;
+    size_t vl = strlen(val);
+    while (vl > 0 && (val[vl - 1] == ' ' || val[vl - 1] == '\t'))
+        val[--vl] = '\0';
+    if (!sl_valid_header_value(val, vl)) {
+        free(buf);
+        if (vl > SL_HDR_VALUE_MAX)
+            return ctl_usage_error(cmd, "--header '%.*s' value is longer than %d bytes", (int)nl,
+                                   arg, SL_HDR_VALUE_MAX);
+        return ctl_usage_error(cmd, "--header '%.*s' value contains a control character", (int)nl,
+                               arg);
+    }
+    for (size_t i = 0; i < o->n_hdr; i++) {
+        if (strcasecmp(o->hdr[i].name, buf) == 0) {
+            free(buf);
+            return ctl_usage_error(cmd, "--header '%.*s' given twice", (int)nl, arg);
+        }
+    }
+    o->hdr_buf[o->n_hdr] = buf;
+    o->hdr[o->n_hdr].name = buf;
+    o->hdr[o->n_hdr].value = val;
+    o->n_hdr++;
+    return 0;
+}
+
+static bool any_setting(const struct opts *o)
+{
+    bool any = o->url || o->name || o->method_s || o->ct || o->tpl >= 0 || o->n_hdr > 0 ||
+               o->clear_headers;
+    for (int i = 0; i < CTL_N__COUNT; i++)
+        any = any || o->num_set[i];
+    return any;
+}
+
+/*
+ * Check one free-text field with the record codec's own rules (UTF-8, length, control
+ * characters), through a minimal record that is valid apart from the field under test.
+ */
+static int codec_text_check(enum sub s, const char *flag, const char *name, const char *reason)
+{
+    struct sl_endpoint_rec rec;
+    struct sl_endpoint_secret sec = {(const uint8_t *)"x", 1, 0};
+    sl_err_t err;
+    memset(&rec, 0, sizeof(rec));
+    rec.id = "x";
+    rec.url = "https://x.invalid/";
+    rec.secrets = &sec;
+    rec.n_secrets = 1;
+    rec.enabled = true;
+    rec.name = name;
+    rec.reason = reason;
+    if (sl_endpoint_rec_validate(&rec, NULL, &err) != 0)
+        return ctl_usage_error(cmd_name(s), "invalid value for %s: %s", flag, err.msg);
+    return 0;
+}
+
+/* Validate what can be validated without the registry. */
+static int check_values(enum sub s, struct opts *o)
+{
+    const char *cmd = cmd_name(s);
+    sl_err_t err;
+    int rc;
+    if (o->id && !sl_valid_endpoint_id(o->id, strlen(o->id)))
+        return ctl_usage_error(cmd,
+                               "invalid endpoint id: expected 1..%d characters "
+                               "[A-Za-z0-9_-]",
+                               SL_ENDPOINT_ID_MAX);
+    if (o->method_s) {
+        char up[8];
+        size_t n = strlen(o->method_s);
+        for (size_t i = 0; i < n && i < sizeof(up); i++)
+            up[i] = (char)(o->method_s[i] >= 'a' && o->method_s[i] <= 'z' ? o->method_s[i] - 32
+                                                                          : o->method_s[i]);
+        if (n >= sizeof(up) || sl_http_method_parse(up, n, &o->method) != 0)
+            return ctl_usage_error(cmd, "invalid value for --method: expected POST, PUT, PATCH "
+                                        "or GET");
+    }
+    if (o->ct && o->ct[0] && !sl_valid_content_type(o->ct, strlen(o->ct)))
+        return ctl_usage_error(cmd,
+                               "invalid value for --content-type: expected 1..%d printable "
+                               "ASCII characters",
+                               SL_CT_MAX);
+    if (o->name && o->name[0]) {
+        rc = codec_text_check(s, "--name", o->name, NULL);
+        if (rc)
+            return rc;
+    }
+    if (o->reason) {
+        if (!o->reason[0])
+            return ctl_usage_error(cmd, "--reason must not be empty");
+        rc = codec_text_check(s, "--reason", NULL, o->reason);
+        if (rc)
+            return rc;
+    }
+    if (o->url) {
+        /* for update without --template/--no-template the final mode is known only after
+         * reading the row; check_merged() repeats the check then */
+        bool tpl = o->tpl == 1;
+        if (s == S_ADD || o->tpl >= 0) {
+            rc = sl_endpoint_url_check(o->url, tpl, &err);
+            if (rc != 0)
+                return ctl_usage_error(cmd, "invalid value for --url: %s", err.msg);
+        }
+    }
+    if (o->secret_s) {
+        if (sl_secret_parse(&o->secret, o->secret_s, &err) != 0)
+            return ctl_usage_error(cmd, "invalid value for --secret: %s", err.msg);
+        o->have_secret = true;
+    }
+    if (s == S_ADD) {
+        if (!o->id)
+            return ctl_usage_error(cmd, "--id is required");
+        if (!o->url)
+            return ctl_usage_error(cmd, "--url is required");
+        if (!o->num_set[CTL_N_RATE] && (o->num_set[CTL_N_BURST] || o->num_set[CTL_N_RATE_PERIOD]))
+            return ctl_usage_error(cmd, "--burst and --rate-period-ms need --rate");
+    }
+    if (s == S_UPDATE && !any_setting(o))
+        return ctl_usage_error(cmd, "nothing to update: give at least one setting flag");
+    if (s == S_UPDATE && o->clear_headers && o->n_hdr > 0)
+        return ctl_usage_error(cmd, "--clear-headers and --header exclude each other");
+    if (s == S_DISABLE && !o->reason)
+        return ctl_usage_error(cmd, "--reason is required");
+    return 0;
+}
+
+static int parse(enum sub s, int argc, char **argv, struct opts *o)
+{
+    const char *cmd = cmd_name(s);
+    struct option lopts[N_OPTDEFS + CTL_N__COUNT + 1];
+    size_t n = 0;
+    memset(o, 0, sizeof(*o));
+    o->tpl = -1;
+    o->overlap_s = OVERLAP_DEFAULT_S;
+    for (size_t i = 0; i < N_OPTDEFS; i++) {
+        if (!(optdefs[i].subs & M(s)))
+            continue;
+        lopts[n++] = (struct option){optdefs[i].name, optdefs[i].has_arg, NULL, optdefs[i].val};
+        if (optdefs[i].val == O_HEADER) {
+            for (int k = 0; k < CTL_N__COUNT; k++)
+                lopts[n++] =
+                    (struct option){ctl_ep_nums[k].flag, required_argument, NULL, O_NUM0 + k};
+        }
+    }
+    lopts[n] = (struct option){NULL, 0, NULL, 0};
+    optind = 0; /* full re-initialisation of GNU getopt */
+    opterr = 0;
+    int c, rc;
+    while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
+        switch (c) {
+        case O_HELP:
+            printf("usage:\n");
+            sub_help(stdout, s);
+            return HELP_SHOWN;
+        case O_ID:
+            o->id = optarg;
+            break;
+        case O_URL:
+            o->url = optarg;
+            break;
+        case O_NAME:
+            o->name = optarg;
+            break;
+        case O_TEMPLATE:
+            o->tpl = 1;
+            break;
+        case O_NO_TEMPLATE:
+            o->tpl = 0;
+            break;
+        case O_METHOD:
+            o->method_s = optarg;
+            break;
+        case O_CT:
+            o->ct = optarg;
+            break;
+        case O_HEADER:
+            rc = parse_header(s, o, optarg);
+            if (rc)
+                return rc;
+            break;
+        case O_CLEAR_HEADERS:
+            o->clear_headers = true;
+            break;
+        case O_SECRET:
+            o->secret_s = optarg;
+            break;
+        case O_OVERLAP:
+            rc = ctl_parse_int(cmd, "--overlap-s", optarg, 0, OVERLAP_MAX_S, false, &o->overlap_s);
+            if (rc)
+                return rc;
+            break;
+        case O_REASON:
+            o->reason = optarg;
+            break;
+        case O_SHOW_SECRETS:
+            o->show_secrets = true;
+            break;
+        case O_JSON:
+            o->json = true;
+            break;
+        case '?':
+        case ':':
+            return ctl_getopt_error(cmd, c, lopts, argv);
+        default:
+            if (c >= O_NUM0 && c < O_NUM0 + CTL_N__COUNT) {
+                const struct ctl_ep_numdef *d = &ctl_ep_nums[c - O_NUM0];
+                char flag[40];
+                snprintf(flag, sizeof(flag), "--%s", d->flag);
+                rc = ctl_parse_int(cmd, flag, optarg, d->min, d->max, true, &o->num[c - O_NUM0]);
+                if (rc)
+                    return rc;
+                o->num_set[c - O_NUM0] = true;
+                break;
+            }
+            return ctl_usage_error(cmd, "unexpected option");
+        }
+    }
+    int npos = argc - optind;
+    if (npos < subs[s].npos)
+        return ctl_usage_error(cmd, "missing endpoint id");
+    if (npos > subs[s].npos)
+        return ctl_usage_error(cmd, "unexpected argument #%d (this subcommand takes %s)",
+                               subs[s].npos + 1,
+                               subs[s].npos ? "one endpoint id" : "no positional arguments");
+    if (subs[s].npos == 1)
+        o->id = argv[optind];
+    return check_values(s, o);
+}
+
+/* ==== Output ==== */
+
+static const char *secret_state(const struct ctl_ep_secret *s)
+{
+    return s->expired ? "expired" : s->exp_ms == 0 ? "current" : "expiring";
+}
+
+/* Decrypted secret i of ep into out (SL_SECRET_ENC_MAX + 1 bytes); "" when it fails. */
+static void open_secret_text(const struct ctl_ep *ep,
+                             size_t i,
+                             const struct sl_masterkey *mk,
+                             char *out,
+                             size_t outlen,
+                             sl_err_t *err)
+{
+    size_t n = 0;
+    out[0] = '\0';
+    if (sl_secretbox_open(mk, ep->id, ep->secrets[i].enc, ep->secrets[i].enc_len, (uint8_t *)out,
+                          outlen - 1, &n, err) != 0) {
+        out[0] = '\0';
+        return;
+    }
+    out[n] = '\0';
+    sl_log_add_secret(out);
+}
+
+struct show_opts {
+    bool show_secrets;                       /* header values and secrets in clear */
+    const struct sl_masterkey *mk;           /* for show_secrets */
+    const char *new_secret;                  /* the secret just created (add), or NULL */
+    const struct sl_endpoint_defaults *defs; /* for effective values */
+};
+
+static json_t *ep_json(const struct ctl_ep *ep, const struct show_opts *so)
+{
+    char t[32];
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(ep->id));
+    json_object_set_new(o, "name", json_string(ep->name));
+    json_object_set_new(o, "url", json_string(ep->url));
+    json_object_set_new(o, "template", json_boolean(ep->tpl));
+    json_object_set_new(o, "method", json_string(sl_http_method_name(ep->method)));
+    json_object_set_new(o, "content_type", ep->ct[0] ? json_string(ep->ct) : json_null());
+    json_t *hs = json_array();
+    for (size_t i = 0; i < ep->n_hdr; i++) {
+        json_t *h = json_object();
+        json_object_set_new(h, "name", json_string(ep->hdr[i].name));
+        if (so->show_secrets)
+            json_object_set_new(h, "value", json_string(ep->hdr[i].value));
+        json_array_append_new(hs, h);
+    }
+    json_object_set_new(o, "headers", hs);
+    json_object_set_new(o, "enabled", json_boolean(ep->enabled));
+    json_object_set_new(o, "disabled_reason", json_string(ep->reason));
+    json_t *eff = json_object();
+    int64_t ev[CTL_N__COUNT];
+    ctl_ep_effective(ep, so->defs, ev);
+    for (int i = 0; i < CTL_N__COUNT; i++) {
+        json_object_set_new(o, ctl_ep_nums[i].column, json_integer(ep->num[i]));
+        json_object_set_new(eff, ctl_ep_nums[i].column, json_integer(ev[i]));
+    }
+    json_object_set_new(o, "effective", eff);
+    json_t *ss = json_array();
+    for (size_t i = 0; i < ep->n_secrets; i++) {
+        const struct ctl_ep_secret *s = &ep->secrets[i];
+        json_t *j = json_object();
+        json_object_set_new(j, "seq", json_integer(s->seq));
+        json_object_set_new(j, "state", json_string(secret_state(s)));
+        ctl_fmt_time(s->created_ms, t, sizeof(t));
+        json_object_set_new(j, "created", json_string(t));
+        json_object_set_new(j, "expires_ms", s->exp_ms ? json_integer(s->exp_ms) : json_null());
+        if (so->show_secrets && !s->expired) {
+            char plain[SL_SECRET_ENC_MAX + 1];
+            sl_err_t err;
+            open_secret_text(ep, i, so->mk, plain, sizeof(plain), &err);
+            json_object_set_new(j, "secret", plain[0] ? json_string(plain) : json_null());
+            if (!plain[0])
+                json_object_set_new(j, "error", json_string(err.msg));
+            sl_secret_wipe(plain, sizeof(plain));
+        }
+        json_array_append_new(ss, j);
+    }
+    json_object_set_new(o, "secrets", ss);
+    if (so->new_secret)
+        json_object_set_new(o, "secret", json_string(so->new_secret));
+    ctl_fmt_time(ep->created_ms, t, sizeof(t));
+    json_object_set_new(o, "created", json_string(t));
+    ctl_fmt_time(ep->updated_ms, t, sizeof(t));
+    json_object_set_new(o, "updated", json_string(t));
+    json_object_set_new(o, "updated_ms", json_integer(ep->updated_ms));
+    return o;
+}
+
+/* Print j (consumed) to stdout, then a newline. */
+static void print_json(json_t *j)
+{
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (s)
+        printf("%s\n", s);
+    free(s);
+    json_decref(j);
+}
+
+#define ROW(label, ...)                                                                            \
+    do {                                                                                           \
+        printf("%-22s", label);                                                                    \
+        printf(__VA_ARGS__);                                                                       \
+        putchar('\n');                                                                             \
+    } while (0)
+
+static void print_ep_text(const struct ctl_ep *ep, const struct show_opts *so)
+{
+    char t1[32], t2[32];
+    ROW("id", "%s", ep->id);
+    ROW("name", "%s", ep->name[0] ? ep->name : "-");
+    ROW("url", "%s", ep->url);
+    ROW("template", "%s", ep->tpl ? "yes" : "no");
+    ROW("method", "%s", sl_http_method_name(ep->method));
+    ROW("content-type", "%s", ep->ct[0] ? ep->ct : "(each delivery's own)");
+    if (ep->n_hdr == 0)
+        ROW("headers", "-");
+    for (size_t i = 0; i < ep->n_hdr; i++)
+        ROW(i == 0 ? "headers" : "", "%s: %s", ep->hdr[i].name,
+            so->show_secrets ? ep->hdr[i].value : "[hidden: --show-secrets]");
+    ROW("enabled", "%s", ep->enabled ? "yes" : "no");
+    if (!ep->enabled)
+        ROW("disabled reason", "%s", ep->reason);
+    int64_t ev[CTL_N__COUNT];
+    ctl_ep_effective(ep, so->defs, ev);
+    for (int i = 0; i < CTL_N__COUNT; i++) {
+        int64_t eff = ev[i];
+        if ((i == CTL_N_RATE || i == CTL_N_BURST) && eff == 0)
+            ROW(ctl_ep_nums[i].flag, "0 (unlimited)");
+        else if (ep->num[i] == 0 && i == CTL_N_BURST)
+            ROW(ctl_ep_nums[i].flag, "%" PRId64 " (same as rate)", eff);
+        else if (ep->num[i] == 0 && i == CTL_N_CONN_TIMEOUT && eff < so->defs->conn_timeout_ms)
+            ROW(ctl_ep_nums[i].flag, "%" PRId64 " (default, limited to timeout-ms)", eff);
+        else if (ep->num[i] == 0 && i == CTL_N_RETRY_CAP && eff > so->defs->retry_cap_ms)
+            ROW(ctl_ep_nums[i].flag, "%" PRId64 " (default, raised to retry-base-ms)", eff);
+        else if (ep->num[i] == 0)
+            ROW(ctl_ep_nums[i].flag, "%" PRId64 " (default)", eff);
+        else if (eff != ep->num[i])
+            ROW(ctl_ep_nums[i].flag, "%" PRId64 " (effective %" PRId64 ")", ep->num[i], eff);
+        else
+            ROW(ctl_ep_nums[i].flag, "%" PRId64, ep->num[i]);
+    }
+    for (size_t i = 0; i < ep->n_secrets; i++) {
+        const struct ctl_ep_secret *s = &ep->secrets[i];
+        char state[64];
+        ctl_fmt_time(s->created_ms, t1, sizeof(t1));
+        ctl_fmt_time(s->exp_ms, t2, sizeof(t2));
+        if (s->exp_ms == 0)
+            snprintf(state, sizeof(state), "current");
+        else
+            snprintf(state, sizeof(state), "%s %s", s->expired ? "expired" : "expires", t2);
+        char plain[SL_SECRET_ENC_MAX + 1] = "";
+        sl_err_t err = {0, ""};
+        if (so->show_secrets && !s->expired)
+            open_secret_text(ep, i, so->mk, plain, sizeof(plain), &err);
+        ROW(i == 0 ? "secrets" : "", "#%d %-32s created %s%s%s", s->seq, state, t1,
+            so->show_secrets && !s->expired ? "  " : "",
+            so->show_secrets && !s->expired ? (plain[0] ? plain : err.msg) : "");
+        sl_secret_wipe(plain, sizeof(plain));
+    }
+    ctl_fmt_time(ep->created_ms, t1, sizeof(t1));
+    ctl_fmt_time(ep->updated_ms, t2, sizeof(t2));
+    ROW("created", "%s", t1);
+    ROW("updated", "%s", t2);
+    if (so->new_secret) {
+        ROW("signing secret", "%s", so->new_secret);
+        printf("\nThe signing secret is shown only this once: give it to the receiver now.\n"
+               "(`%s endpoints rotate-secret %s` replaces it.)\n",
+               CTL_PROG, ep->id);
+    }
+}
+
+/* ==== Shared steps ==== */
+
+struct run {
+    enum sub s;                       /* subcommand */
+    const char *cmd;                  /* "endpoints add" */
+    const struct sl_config *cfg;      /* loaded configuration */
+    struct sl_endpoint_defaults defs; /* for effective values */
+    PGconn *pg;                       /* registry connection */
+    struct ctl_pub pub;               /* producer (rk NULL until opened) */
+    struct sl_masterkey mk;           /* when needed */
+    bool have_mk;                     /* mk parsed */
+};
+
+static void run_fini(struct run *r)
+{
+    ctl_db_rollback(r->pg);
+    if (r->pg)
+        PQfinish(r->pg); /* also releases the advisory locks */
+    ctl_pub_close(&r->pub);
+    sl_masterkey_fini(&r->mk);
+}
+
+/* Parse the master key from the configuration; exits CTL_EXIT_CONFIG when unusable. */
+static int need_master_key(struct run *r, const char *why)
+{
+    sl_err_t err;
+    if (sl_masterkey_parse(&r->mk, r->cfg->master_key, &err) != 0) {
+        fprintf(stderr, "%s %s: master_key (SLUICE_MASTER_KEY) is needed %s: %s\n", CTL_PROG,
+                r->cmd, why, err.msg);
+        return CTL_EXIT_CONFIG;
+    }
+    r->have_mk = true;
+    return 0;
+}
+
+static int open_db(struct run *r)
+{
+    sl_err_t err;
+    r->pg = ctl_db_open(r->cfg, &err);
+    if (!r->pg)
+        return ctl_fail(r->cmd, "%s", err.msg);
+    return 0;
+}
+
+/*
+ * Publish one record (val NULL = tombstone) for id and wait for the acknowledgement. On
+ * failure explain that the registry change stands and how to repair; returns exit code.
+ */
+static int publish(struct run *r, const char *id, const void *val, size_t len)
+{
+    sl_err_t err;
+    int rc = r->pub.rk ? 0 : ctl_pub_open(r->cfg, &r->pub, &err);
+    if (rc == 0)
+        rc = ctl_pub_send(&r->pub, id, val, len, &err);
+    if (rc == 0)
+        rc = ctl_pub_flush(&r->pub, FLUSH_TIMEOUT_MS, &err);
+    if (rc == 0)
+        return CTL_EXIT_OK;
+    return ctl_fail(r->cmd,
+                    "the change to endpoint %s is committed in PostgreSQL but was NOT published "
+                    "to topic %s, so consumers do not see it yet: %s; run '%s endpoints sync' "
+                    "once Kafka is reachable",
+                    id, r->cfg->topic_endpoints, err.msg, CTL_PROG);
+}
+
+/* Read the row back inside the transaction, encode it, commit. */
+static int commit_and_encode(struct run *r, const char *id, struct ctl_ep *ep, struct sl_buf *rec)
+{
+    sl_err_t err;
+    ctl_ep_fini(ep);
+    int rc = ctl_db_load(r->pg, id, false, ep, &err);
+    if (rc == 0)
+        rc = ctl_ep_encode(ep, rec, &err);
+    if (rc != 0) {
+        ctl_db_rollback(r->pg);
+        return ctl_fail(r->cmd, "nothing changed: %s", err.msg);
+    }
+    if (ctl_db_commit(r->pg, &err) != 0)
+        return ctl_fail(r->cmd, "nothing changed: %s", err.msg);
+    return 0;
+}
+
+/* ==== Subcommands ==== */
+
+static void ep_from_opts(struct ctl_ep *ep, const struct opts *o)
+{
+    if (o->url) {
+        free(ep->url);
+        ep->url = sl_xstrdup(o->url);
+    }
+    if (o->name) {
+        free(ep->name);
+        ep->name = sl_xstrdup(o->name);
+    }
+    if (o->tpl >= 0)
+        ep->tpl = o->tpl == 1;
+    if (o->method_s)
+        ep->method = o->method;
+    if (o->ct) {
+        free(ep->ct);
+        ep->ct = sl_xstrdup(o->ct);
+    }
+    if (o->n_hdr > 0 || o->clear_headers)
+        ctl_ep_set_headers(ep, o->hdr, o->n_hdr);
+    for (int i = 0; i < CTL_N__COUNT; i++) {
+        if (o->num_set[i])
+            ep->num[i] = o->num[i];
+    }
+}
+
+/* Cross-field rules on the final settings; usage error naming the flags. */
+static int check_merged(struct run *r, const struct ctl_ep *ep, const struct opts *o)
+{
+    sl_err_t err;
+    if ((o->url || o->tpl >= 0) && sl_endpoint_url_check(ep->url, ep->tpl, &err) != 0) {
+        if (o->url)
+            return ctl_usage_error(r->cmd, "invalid value for --url: %s", err.msg);
+        return ctl_usage_error(r->cmd, "the endpoint's URL does not fit --%s: %s",
+                               ep->tpl ? "template" : "no-template", err.msg);
+    }
+    const int64_t *v = ep->num;
+    if (v[CTL_N_TIMEOUT] && v[CTL_N_CONN_TIMEOUT] && v[CTL_N_CONN_TIMEOUT] > v[CTL_N_TIMEOUT])
+        return ctl_usage_error(r->cmd,
+                               "--connect-timeout-ms (%" PRId64 ") must not exceed "
+                               "--timeout-ms (%" PRId64 ")",
+                               v[CTL_N_CONN_TIMEOUT], v[CTL_N_TIMEOUT]);
+    if (v[CTL_N_RETRY_BASE] && v[CTL_N_RETRY_CAP] && v[CTL_N_RETRY_CAP] < v[CTL_N_RETRY_BASE])
+        return ctl_usage_error(r->cmd,
+                               "--retry-cap-ms (%" PRId64 ") must not be less than "
+                               "--retry-base-ms (%" PRId64 ")",
+                               v[CTL_N_RETRY_CAP], v[CTL_N_RETRY_BASE]);
+    return 0;
+}
+
+static int cmd_add(struct run *r, struct opts *o)
+{
+    int rc;
+    sl_err_t err;
+    struct ctl_ep ep;
+    struct sl_buf rec;
+    struct sl_secret secret;
+    char whsec[SL_SECRET_STR_MAX] = "";
+    uint8_t box[SL_SECRET_ENC_MAX];
+    size_t blen = 0;
+    memset(&ep, 0, sizeof(ep));
+    memset(&secret, 0, sizeof(secret));
+    sl_buf_init(&rec, SL_ENDPOINT_RECORD_MAX);
+    ep.id = sl_xstrdup(o->id);
+    ep.url = sl_xstrdup("");
+    ep.name = sl_xstrdup("");
+    ep.ct = sl_xstrdup("");
+    ep.reason = sl_xstrdup("");
+    ep.enabled = true;
+    ep.method = SL_METHOD_POST;
+    ep_from_opts(&ep, o);
+    rc = check_merged(r, &ep, o);
+    if (rc)
+        goto out;
+    rc = need_master_key(r, "to encrypt the signing secret");
+    if (rc)
+        goto out;
+    if (o->have_secret)
+        secret = o->secret;
+    else if (sl_secret_generate(&secret, &err) != 0) {
+        rc = ctl_fail(r->cmd, "%s", err.msg);
+        goto out;
+    }
+    if (sl_secret_format(&secret, whsec, sizeof(whsec), &err) != 0 ||
+        sl_secretbox_seal(&r->mk, ep.id, (const uint8_t *)whsec, strlen(whsec), box, sizeof(box),
+                          &blen, &err) != 0) {
+        rc = ctl_fail(r->cmd, "cannot prepare the signing secret: %s", err.msg);
+        goto out;
+    }
+    sl_log_add_secret(whsec);
+    rc = open_db(r);
+    if (rc)
+        goto out;
+    if (ctl_db_lock_endpoint(r->pg, ep.id, &err) != 0 || ctl_db_begin(r->pg, &err) != 0 ||
+        ctl_db_insert(r->pg, &ep, &err) != 0 ||
+        ctl_db_add_secret(r->pg, ep.id, box, blen, &err) != 0) {
+        ctl_db_rollback(r->pg);
+        rc = ctl_fail(r->cmd, "nothing changed: %s", err.msg);
+        goto out;
+    }
+    rc = commit_and_encode(r, o->id, &ep, &rec);
+    if (rc)
+        goto out;
+    rc = publish(r, ep.id, rec.data, rec.len);
+    /* Print even when publishing failed: the endpoint exists and its secret is shown once. */
+    struct show_opts so = {false, NULL, whsec, &r->defs};
+    if (o->json) {
+        json_t *j = ep_json(&ep, &so);
+        json_object_set_new(j, "published", json_boolean(rc == CTL_EXIT_OK));
+        print_json(j);
+    } else {
+        print_ep_text(&ep, &so);
+    }
+out:
+    sl_secret_wipe(whsec, sizeof(whsec));
+    sl_secret_wipe(box, sizeof(box));
+    sl_secret_fini(&secret);
+    sl_buf_fini(&rec);
+    ctl_ep_fini(&ep);
+    return rc;
+}
+
+/* update, disable, enable: read-modify-write of the row. */
+static int cmd_update(struct run *r, struct opts *o)
+{
+    int rc;
+    sl_err_t err;
+    struct ctl_ep ep;
+    struct sl_buf before, after;
+    memset(&ep, 0, sizeof(ep));
+    sl_buf_init(&before, SL_ENDPOINT_RECORD_MAX);
+    sl_buf_init(&after, SL_ENDPOINT_RECORD_MAX);
+    rc = open_db(r);
+    if (rc)
+        goto out;
+    if (ctl_db_lock_endpoint(r->pg, o->id, &err) != 0 || ctl_db_begin(r->pg, &err) != 0 ||
+        ctl_db_load(r->pg, o->id, true, &ep, &err) != 0 || ctl_ep_encode(&ep, &before, &err) != 0) {
+        rc = ctl_fail(r->cmd, "%s", err.msg);
+        goto out;
+    }
+    ep_from_opts(&ep, o);
+    if (r->s == S_DISABLE) {
+        ep.enabled = false;
+        free(ep.reason);
+        ep.reason = sl_xstrdup(o->reason);
+    } else if (r->s == S_ENABLE) {
+        ep.enabled = true;
+        free(ep.reason);
+        ep.reason = sl_xstrdup("");
+    }
+    rc = check_merged(r, &ep, o);
+    if (rc)
+        goto out;
+    if (ctl_ep_encode(&ep, &after, &err) != 0) {
+        rc = ctl_usage_error(r->cmd, "invalid endpoint: %s", err.msg);
+        goto out;
+    }
+    struct show_opts so = {false, NULL, NULL, &r->defs};
+    if (before.len == after.len && memcmp(before.data, after.data, before.len) == 0) {
+        /* nothing to do: no write, no publish, no new version for consumers */
+        ctl_db_rollback(r->pg);
+        if (o->json) {
+            json_t *j = ep_json(&ep, &so);
+            json_object_set_new(j, "changed", json_false());
+            print_json(j);
+        } else {
+            printf("endpoint %s unchanged\n", ep.id);
+        }
+        goto out;
+    }
+    if (ctl_db_update(r->pg, &ep, &err) != 0) {
+        rc = ctl_fail(r->cmd, "nothing changed: %s", err.msg);
+        goto out;
+    }
+    sl_buf_reset(&after);
+    rc = commit_and_encode(r, o->id, &ep, &after);
+    if (rc)
+        goto out;
+    rc = publish(r, ep.id, after.data, after.len);
+    if (o->json) {
+        json_t *j = ep_json(&ep, &so);
+        json_object_set_new(j, "changed", json_true());
+        json_object_set_new(j, "published", json_boolean(rc == CTL_EXIT_OK));
+        print_json(j);
+    } else if (rc == CTL_EXIT_OK) {
+        printf("endpoint %s %s\n\n", ep.id,
+               r->s == S_DISABLE  ? "disabled"
+               : r->s == S_ENABLE ? "enabled"
+                                  : "updated");
+        print_ep_text(&ep, &so);
+    }
+out:
+    sl_buf_fini(&before);
+    sl_buf_fini(&after);
+    ctl_ep_fini(&ep);
+    return rc;
+}
+
+static int cmd_rotate(struct run *r, struct opts *o)
+{
+    int rc;
+    sl_err_t err;
+    struct ctl_ep ep;
+    struct sl_buf rec;
+    struct sl_secret secret;
+    char whsec[SL_SECRET_STR_MAX] = "";
+    uint8_t box[SL_SECRET_ENC_MAX];
+    size_t blen = 0;
+    memset(&ep, 0, sizeof(ep));
+    memset(&secret, 0, sizeof(secret));
+    sl_buf_init(&rec, SL_ENDPOINT_RECORD_MAX);
+    rc = need_master_key(r, "to encrypt the new signing secret");
+    if (rc)
+        goto out;
+    if (o->have_secret)
+        secret = o->secret;
+    else if (sl_secret_generate(&secret, &err) != 0) {
+        rc = ctl_fail(r->cmd, "%s", err.msg);
+        goto out;
+    }
+    if (sl_secret_format(&secret, whsec, sizeof(whsec), &err) != 0 ||
+        sl_secretbox_seal(&r->mk, o->id, (const uint8_t *)whsec, strlen(whsec), box, sizeof(box),
+                          &blen, &err) != 0) {
+        rc = ctl_fail(r->cmd, "cannot prepare the signing secret: %s", err.msg);
+        goto out;
+    }
+    sl_log_add_secret(whsec);
+    rc = open_db(r);
+    if (rc)
+        goto out;
+    if (ctl_db_lock_endpoint(r->pg, o->id, &err) != 0 || ctl_db_begin(r->pg, &err) != 0 ||
+        ctl_db_load(r->pg, o->id, true, &ep, &err) != 0 ||
+        ctl_db_rotate(r->pg, o->id, o->overlap_s, box, blen, &err) != 0) {
+        ctl_db_rollback(r->pg);
+        rc = ctl_fail(r->cmd, "nothing changed: %s", err.msg);
+        goto out;
+    }
+    rc = commit_and_encode(r, o->id, &ep, &rec);
+    if (rc)
+        goto out;
+    rc = publish(r, ep.id, rec.data, rec.len);
+    /* the previous current secret is the newest one that now has an expiry */
+    int64_t prev_exp = 0;
+    int prev_seq = 0;
+    for (size_t i = 0; i < ep.n_secrets; i++) {
+        if (ep.secrets[i].exp_ms != 0 && ep.secrets[i].seq > prev_seq) {
+            prev_seq = ep.secrets[i].seq;
+            prev_exp = ep.secrets[i].exp_ms;
+        }
+    }
+    char t[32];
+    ctl_fmt_time(prev_exp, t, sizeof(t));
+    if (o->json) {
+        json_t *j = json_object();
+        json_object_set_new(j, "id", json_string(ep.id));
+        json_object_set_new(j, "secret", json_string(whsec));
+        json_object_set_new(j, "seq", json_integer(ep.n_secrets ? ep.secrets[0].seq : 0));
+        json_object_set_new(j, "previous_seq", json_integer(prev_seq));
+        json_object_set_new(j, "previous_expires_ms", json_integer(prev_exp));
+        json_object_set_new(j, "active_secrets",
+                            json_integer((json_int_t)ctl_ep_active_secrets(&ep)));
+        json_object_set_new(j, "published", json_boolean(rc == CTL_EXIT_OK));
+        print_json(j);
+    } else {
+        printf("endpoint %s: new signing secret #%d is current\n", ep.id,
+               ep.n_secrets ? ep.secrets[0].seq : 0);
+        printf("%-22s%s\n", "signing secret", whsec);
+        if (prev_seq)
+            printf("%-22s#%d keeps signing until %s\n", "previous secret", prev_seq, t);
+        printf("\nThe new secret is shown only this once: give it to the receiver now.\n");
+    }
+out:
+    sl_secret_wipe(whsec, sizeof(whsec));
+    sl_secret_wipe(box, sizeof(box));
+    sl_secret_fini(&secret);
+    sl_buf_fini(&rec);
+    ctl_ep_fini(&ep);
+    return rc;
+}
+
+static int cmd_delete(struct run *r, struct opts *o)
+{
+    sl_err_t err;
+    int rc = open_db(r);
+    if (rc)
+        return rc;
+    if (ctl_db_lock_endpoint(r->pg, o->id, &err) != 0 || ctl_db_begin(r->pg, &err) != 0 ||
+        ctl_db_delete(r->pg, o->id, &err) != 0 || ctl_db_commit(r->pg, &err) != 0) {
+        ctl_db_rollback(r->pg);
+        return ctl_fail(r->cmd, "%s", err.msg);
+    }
+    rc = publish(r, o->id, NULL, 0);
+    if (o->json) {
+        json_t *j =
+            json_pack("{s:s, s:b, s:b}", "id", o->id, "deleted", 1, "published", rc == CTL_EXIT_OK);
+        print_json(j);
+    } else if (rc == CTL_EXIT_OK) {
+        printf("endpoint %s deleted\n", o->id);
+    }
+    return rc;
+}
+
+static int cmd_show(struct run *r, struct opts *o)
+{
+    sl_err_t err;
+    struct ctl_ep ep;
+    memset(&ep, 0, sizeof(ep));
+    int rc = 0;
+    if (o->show_secrets) {
+        rc = need_master_key(r, "to decrypt secrets (--show-secrets)");
+        if (rc)
+            return rc;
+    }
+    rc = open_db(r);
+    if (rc)
+        return rc;
+    if (ctl_db_load(r->pg, o->id, false, &ep, &err) != 0) {
+        rc = ctl_fail(r->cmd, "%s", err.msg);
+        goto out;
+    }
+    struct show_opts so = {o->show_secrets, r->have_mk ? &r->mk : NULL, NULL, &r->defs};
+    if (o->json)
+        print_json(ep_json(&ep, &so));
+    else
+        print_ep_text(&ep, &so);
+out:
+    ctl_ep_fini(&ep);
+    return rc;
+}
+
+static int cmd_list(struct run *r, struct opts *o)
+{
+    sl_err_t err;
+    struct ctl_ep *eps = NULL;
+    size_t n = 0;
+    int rc = open_db(r);
+    if (rc)
+        return rc;
+    if (ctl_db_list(r->pg, &eps, &n, &err) != 0)
+        return ctl_fail(r->cmd, "%s", err.msg);
+    char **red = sl_xcalloc(n ? n : 1, sizeof(*red));
+    for (size_t i = 0; i < n; i++) {
+        char buf[SL_URL_MAX + 1];
+        (void)sl_url_redact(eps[i].url, buf, sizeof(buf)); /* placeholder or prefix on error */
+        red[i] = sl_xstrdup(buf);
+    }
+    if (o->json) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < n; i++) {
+            char t[32];
+            ctl_fmt_time(eps[i].updated_ms, t, sizeof(t));
+            json_array_append_new(
+                arr, json_pack("{s:s, s:s, s:s, s:b, s:s, s:b, s:s, s:I, s:s}", "id", eps[i].id,
+                               "name", eps[i].name, "url", red[i], "template", eps[i].tpl, "method",
+                               sl_http_method_name(eps[i].method), "enabled", eps[i].enabled,
+                               "disabled_reason", eps[i].reason, "active_secrets",
+                               (json_int_t)ctl_ep_active_secrets(&eps[i]), "updated", t));
+        }
+        print_json(arr);
+    } else {
+        int wid = 2, wname = 4;
+        for (size_t i = 0; i < n; i++) {
+            int a = (int)strlen(eps[i].id), b = (int)strlen(eps[i].name);
+            wid = a > wid ? a : wid;
+            wname = b > wname ? b : wname;
+        }
+        if (wname > 32)
+            wname = 32;
+        printf("%-*s  %-*s  %-6s  %-8s  %-7s  %-20s  %s\n", wid, "ID", wname, "NAME", "METHOD",
+               "ENABLED", "SECRETS", "UPDATED", "URL");
+        for (size_t i = 0; i < n; i++) {
+            char t[32];
+            ctl_fmt_time(eps[i].updated_ms, t, sizeof(t));
+            printf("%-*s  %-*.*s  %-6s  %-8s  %-7zu  %-20s  %s%s\n", wid, eps[i].id, wname, wname,
+                   eps[i].name[0] ? eps[i].name : "-", sl_http_method_name(eps[i].method),
+                   eps[i].enabled ? "yes" : "no", ctl_ep_active_secrets(&eps[i]), t, red[i],
+                   eps[i].tpl ? " (template)" : "");
+        }
+        printf("%zu endpoint%s\n", n, n == 1 ? "" : "s");
+    }
+    for (size_t i = 0; i < n; i++) {
+        free(red[i]);
+        ctl_ep_fini(&eps[i]);
+    }
+    free(red);
+    free(eps);
+    return CTL_EXIT_OK;
+}
+
+/* sync: the live keys of the topic, from a scan to its end. */
+static int
+collect_live_key(void *opaque, const char *key, size_t keylen, const void *val, size_t vallen)
+{
+    (void)vallen;
+    sl_map_t *live = opaque;
+    char id[SL_ENDPOINT_ID_MAX + 1];
+    if (!sl_valid_endpoint_id(key, keylen))
+        return 0; /* consumers ignore such records; nothing we could address by id */
+    memcpy(id, key, keylen);
+    id[keylen] = '\0';
+    if (val)
+        sl_map_put(live, id, NULL, NULL);
+    else
+        sl_map_del(live, id, NULL);
+    return 0;
+}
+
+static int cmd_sync(struct run *r, struct opts *o)
+{
+    sl_err_t err;
+    struct ctl_ep *eps = NULL;
+    size_t n = 0, tombstones = 0;
+    struct sl_buf rec;
+    sl_map_t *live = sl_map_new(0);
+    int rc = open_db(r);
+    sl_buf_init(&rec, SL_ENDPOINT_RECORD_MAX);
+    if (rc)
+        goto out;
+    /* exclusive: no endpoint change can commit or publish while the topic is rebuilt */
+    if (ctl_db_lock_registry(r->pg, &err) != 0 || ctl_db_list(r->pg, &eps, &n, &err) != 0) {
+        rc = ctl_fail(r->cmd, "%s", err.msg);
+        goto out;
+    }
+    if (sl_endpoints_scan(r->cfg, SCAN_TIMEOUT_MS, collect_live_key, live, &err) != 0) {
+        rc = ctl_fail(r->cmd, "nothing published: %s", err.msg);
+        goto out;
+    }
+    if (ctl_pub_open(r->cfg, &r->pub, &err) != 0) {
+        rc = ctl_fail(r->cmd, "nothing published: %s", err.msg);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        sl_buf_reset(&rec);
+        sl_map_del(live, eps[i].id, NULL);
+        if (ctl_ep_encode(&eps[i], &rec, &err) != 0 ||
+            ctl_pub_send(&r->pub, eps[i].id, rec.data, rec.len, &err) != 0) {
+            rc = ctl_fail(r->cmd, "endpoint %s: %s", eps[i].id, err.msg);
+            goto out;
+        }
+    }
+    size_t pos = 0;
+    const char *key;
+    while (sl_map_next(live, &pos, &key, NULL)) {
+        if (ctl_pub_send(&r->pub, key, NULL, 0, &err) != 0) {
+            rc = ctl_fail(r->cmd, "tombstone for %s: %s", key, err.msg);
+            goto out;
+        }
+        tombstones++;
+    }
+    if (ctl_pub_flush(&r->pub, FLUSH_TIMEOUT_MS, &err) != 0) {
+        rc = ctl_fail(r->cmd, "%s", err.msg);
+        goto out;
+    }
+    if (o->json) {
+        print_json(json_pack("{s:s, s:I, s:I}", "topic", r->cfg->topic_endpoints, "published",
+                             (json_int_t)n, "tombstones", (json_int_t)tombstones));
+    } else {
+        printf("published %zu endpoint%s and %zu tombstone%s to %s\n", n, n == 1 ? "" : "s",
+               tombstones, tombstones == 1 ? "" : "s", r->cfg->topic_endpoints);
+    }
+out:
+    for (size_t i = 0; i < n; i++)
+        ctl_ep_fini(&eps[i]);
+    free(eps);
+    sl_buf_fini(&rec);
+    sl_map_destroy(live, NULL);
+    return rc;
+}
+
+/* ==== Entry point ==== */
+
+int ctl_endpoints_main(struct ctl *c, int argc, char **argv)
+{
+    if (argc < 2) {
+        ctl_endpoints_help(stderr);
+        return CTL_EXIT_USAGE;
+    }
+    const char *word = argv[1];
+    if (strcmp(word, "-h") == 0 || strcmp(word, "--help") == 0 || strcmp(word, "help") == 0) {
+        ctl_endpoints_help(stdout);
+        return CTL_EXIT_OK;
+    }
+    int s;
+    for (s = 0; s < S__N; s++) {
+        if (strcmp(word, subs[s].name) == 0)
+            break;
+    }
+    if (s == S__N) {
+        size_t n = strcspn(word, "=");
+        return ctl_usage_error("endpoints", "unknown subcommand '%.*s'", (int)n, word);
+    }
+    struct opts o;
+    struct run r;
+    memset(&r, 0, sizeof(r));
+    int rc = parse((enum sub)s, argc - 1, argv + 1, &o);
+    if (rc != 0) {
+        opts_fini(&o);
+        return rc == HELP_SHOWN ? CTL_EXIT_OK : rc;
+    }
+    r.s = (enum sub)s;
+    r.cmd = cmd_name(r.s);
+    r.cfg = ctl_config(c);
+    sl_endpoint_defaults_from_cfg(r.cfg, &r.defs);
+    switch (r.s) {
+    case S_ADD:
+        rc = cmd_add(&r, &o);
+        break;
+    case S_SHOW:
+        rc = cmd_show(&r, &o);
+        break;
+    case S_LIST:
+        rc = cmd_list(&r, &o);
+        break;
+    case S_UPDATE:
+    case S_DISABLE:
+    case S_ENABLE:
+        rc = cmd_update(&r, &o);
+        break;
+    case S_ROTATE:
+        rc = cmd_rotate(&r, &o);
+        break;
+    case S_DELETE:
+        rc = cmd_delete(&r, &o);
+        break;
+    case S_SYNC:
+        rc = cmd_sync(&r, &o);
+        break;
+    default:
+        rc = CTL_EXIT_USAGE;
+        break;
+    }
+    run_fini(&r);
+    opts_fini(&o);
+    return rc;
+}

@@ -1,0 +1,691 @@
+/*
+ * ctl_epstore: endpoint registry rows, records and publishing (see ctl_epstore.h).
+ *
+ * All SQL passes values as parameters (text format). Timestamps cross the boundary as unix
+ * milliseconds computed by PostgreSQL (floor(extract(epoch ...) * 1000)), so the record's
+ * "updated" is exactly what the row says. Sealed secrets travel as hex (encode/decode).
+ */
+#include "ctl/ctl_epstore.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/sl_endpoints.h"
+#include "common/sl_kafka.h"
+#include "common/sl_pg.h"
+
+/* Advisory lock keys (see sql/0001_endpoints.sql): the registry (int8 key space) and one
+ * endpoint (int4 pair: class 'SLEP', hashtext(id)). */
+#define LOCK_REGISTRY "5997849461130"
+#define LOCK_EP_CLASS "1397507408"
+
+#define PUB_MESSAGE_TIMEOUT_MS "15000" /* a record not acknowledged by then is a failure */
+
+/* The field is named alike in SQL, struct sl_endpoint_rec (raw) and struct sl_endpoint
+ * (effective). */
+#define NUM(flag, field, lo, hi, help, zero)                                                       \
+    {                                                                                              \
+        flag, #field, lo, hi, offsetof(struct sl_endpoint_rec, field),                             \
+            offsetof(struct sl_endpoint, field), help, zero                                        \
+    }
+
+const struct ctl_ep_numdef ctl_ep_nums[CTL_N__COUNT] = {
+    [CTL_N_TIMEOUT] =
+        NUM("timeout-ms", timeout_ms, 100, 600000, "total request timeout (ms)", "global default"),
+    [CTL_N_CONN_TIMEOUT] = NUM("connect-timeout-ms",
+                               conn_timeout_ms,
+                               10,
+                               600000,
+                               "connect timeout incl. TLS (ms)",
+                               "global default"),
+    [CTL_N_RETRY_BASE] = NUM("retry-base-ms",
+                             retry_base_ms,
+                             1,
+                             86400000,
+                             "full-jitter backoff base (ms)",
+                             "global default"),
+    [CTL_N_RETRY_CAP] =
+        NUM("retry-cap-ms", retry_cap_ms, 1, 604800000, "backoff cap (ms)", "global default"),
+    [CTL_N_MAX_ATTEMPTS] = NUM(
+        "max-attempts", max_attempts, 1, 100, "attempts before a dead letter", "global default"),
+    [CTL_N_BRK_THRESHOLD] = NUM("breaker-threshold",
+                                brk_threshold,
+                                1,
+                                100000,
+                                "consecutive failures that open the breaker",
+                                "global default"),
+    [CTL_N_BRK_COOLDOWN] = NUM("breaker-cooldown-ms",
+                               brk_cooldown_ms,
+                               10,
+                               86400000,
+                               "first breaker cooldown (ms)",
+                               "global default"),
+    [CTL_N_RATE] = NUM("rate", rate, 1, 1000000, "requests per rate period", "unlimited"),
+    [CTL_N_RATE_PERIOD] =
+        NUM("rate-period-ms", rate_period_ms, 1, 86400000, "rate period (ms)", "1000 ms"),
+    [CTL_N_BURST] = NUM("burst", burst, 1, 1000000, "token bucket size", "same as --rate"),
+    [CTL_N_MAX_INFLIGHT] = NUM("max-inflight",
+                               max_inflight,
+                               1,
+                               10000,
+                               "concurrent requests per consumer pod",
+                               "global default"),
+};
+
+/* Column list of every endpoint query; the numeric columns follow enum ctl_ep_num. */
+#define EP_COLS                                                                                    \
+    "id, name, url, is_template, method, content_type, headers::text, timeout_ms, "                \
+    "conn_timeout_ms, retry_base_ms, retry_cap_ms, max_attempts, brk_threshold, "                  \
+    "brk_cooldown_ms, rate, rate_period_ms, burst, max_inflight, enabled, disabled_reason, "       \
+    "floor(extract(epoch from created_at) * 1000)::bigint, "                                       \
+    "floor(extract(epoch from updated_at) * 1000)::bigint"
+#define COL_NUM0    7
+#define COL_ENABLED 18
+#define COL_REASON  19
+#define COL_CREATED 20
+#define COL_UPDATED 21
+
+#define SECRET_COLS                                                                                \
+    "endpoint_id, seq, encode(secret_enc, 'hex'), "                                                \
+    "floor(extract(epoch from created_at) * 1000)::bigint, "                                       \
+    "coalesce(floor(extract(epoch from expires_at) * 1000)::bigint, 0), "                          \
+    "(expires_at is not null and expires_at <= now())"
+#define SECRET_ORDER "(expires_at is null) desc, seq desc"
+
+/* ==== Rows ==== */
+
+static void secrets_free(struct ctl_ep_secret *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        sl_secret_wipe(s[i].enc, s[i].enc_len);
+        free(s[i].enc);
+    }
+    free(s);
+}
+
+void ctl_ep_fini(struct ctl_ep *ep)
+{
+    if (!ep)
+        return;
+    free(ep->id);
+    free(ep->name);
+    free(ep->url);
+    free(ep->ct);
+    free(ep->hdr);
+    free(ep->reason);
+    secrets_free(ep->secrets, ep->n_secrets);
+    memset(ep, 0, sizeof(*ep));
+}
+
+void ctl_ep_set_headers(struct ctl_ep *ep, const struct sl_kv *hdr, size_t n)
+{
+    struct sl_kv *out = NULL;
+    if (n > 0) {
+        size_t total = n * sizeof(*out);
+        for (size_t i = 0; i < n; i++)
+            total += strlen(hdr[i].name) + strlen(hdr[i].value) + 2;
+        out = sl_xmalloc(total);
+        char *p = (char *)(out + n);
+        for (size_t i = 0; i < n; i++) {
+            size_t a = strlen(hdr[i].name) + 1, b = strlen(hdr[i].value) + 1;
+            memcpy(p, hdr[i].name, a);
+            out[i].name = p;
+            p += a;
+            memcpy(p, hdr[i].value, b);
+            out[i].value = p;
+            p += b;
+        }
+    }
+    free(ep->hdr);
+    ep->hdr = out;
+    ep->n_hdr = n;
+}
+
+/* ep's raw policy values as the uint32 fields of a record (nothing else set). */
+static void rec_policy(const struct ctl_ep *ep, struct sl_endpoint_rec *rec)
+{
+    for (int i = 0; i < CTL_N__COUNT; i++) {
+        uint32_t v = (uint32_t)ep->num[i];
+        memcpy((char *)rec + ctl_ep_nums[i].rec_off, &v, sizeof(v));
+    }
+}
+
+void ctl_ep_effective(const struct ctl_ep *ep,
+                      const struct sl_endpoint_defaults *d,
+                      int64_t eff[CTL_N__COUNT])
+{
+    struct sl_endpoint_rec rec;
+    struct sl_endpoint e;
+    memset(&rec, 0, sizeof(rec));
+    memset(&e, 0, sizeof(e));
+    rec_policy(ep, &rec);
+    sl_endpoint_resolve_policy(&e, &rec, d);
+    for (int i = 0; i < CTL_N__COUNT; i++)
+        memcpy(&eff[i], (const char *)&e + ctl_ep_nums[i].eff_off, sizeof(eff[i]));
+}
+
+size_t ctl_ep_active_secrets(const struct ctl_ep *ep)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < ep->n_secrets; i++)
+        n += !ep->secrets[i].expired;
+    return n;
+}
+
+int ctl_ep_encode(const struct ctl_ep *ep, struct sl_buf *out, sl_err_t *err)
+{
+    struct sl_endpoint_rec rec;
+    struct sl_endpoint_secret secs[SL_SECRETS_MAX];
+    size_t n = 0;
+    memset(&rec, 0, sizeof(rec));
+    for (size_t i = 0; i < ep->n_secrets; i++) {
+        if (ep->secrets[i].expired)
+            continue;
+        if (n == SL_SECRETS_MAX)
+            return sl_err_set(err, SL_ETOOBIG, "endpoint %s has more than %d unexpired secrets",
+                              ep->id, SL_SECRETS_MAX);
+        secs[n].enc = ep->secrets[i].enc;
+        secs[n].enc_len = ep->secrets[i].enc_len;
+        secs[n].exp_ms = (uint64_t)ep->secrets[i].exp_ms;
+        n++;
+    }
+    rec.id = ep->id;
+    rec.name = ep->name[0] ? ep->name : NULL;
+    rec.url = ep->url;
+    rec.tpl = ep->tpl;
+    rec.method = ep->method;
+    rec.ct = ep->ct[0] ? ep->ct : NULL;
+    rec.hdr = ep->hdr;
+    rec.n_hdr = ep->n_hdr;
+    rec.secrets = secs;
+    rec.n_secrets = n;
+    rec_policy(ep, &rec);
+    rec.enabled = ep->enabled;
+    rec.reason = ep->reason[0] ? ep->reason : NULL;
+    rec.updated_ms = (uint64_t)ep->updated_ms;
+    return sl_endpoint_rec_encode(&rec, out, err);
+}
+
+/* ==== Conversions ==== */
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/* Decode lowercase hex (as PostgreSQL's encode(..., 'hex') writes it). NULL on bad input. */
+static uint8_t *unhex(const char *s, size_t *len)
+{
+    size_t n = strlen(s);
+    if (n % 2 != 0 || n == 0)
+        return NULL;
+    uint8_t *out = sl_xmalloc(n / 2);
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            free(out);
+            return NULL;
+        }
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    *len = n / 2;
+    return out;
+}
+
+static char *tohex(const uint8_t *p, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    char *s = sl_xmalloc(2 * n + 1);
+    for (size_t i = 0; i < n; i++) {
+        s[2 * i] = digits[p[i] >> 4];
+        s[2 * i + 1] = digits[p[i] & 15];
+    }
+    s[2 * n] = '\0';
+    return s;
+}
+
+static int64_t to_i64(const char *s)
+{
+    return strtoll(s, NULL, 10); /* from PostgreSQL integer output: always well formed */
+}
+
+static bool to_bool(const char *s)
+{
+    return s[0] == 't';
+}
+
+/* Parse the headers column: [{"name": ..., "value": ...}, ...]. */
+static int headers_from_json(struct ctl_ep *ep, const char *text, sl_err_t *err)
+{
+    json_error_t jerr;
+    json_t *arr = json_loads(text, 0, &jerr);
+    struct sl_kv kv[SL_HDR_MAX];
+    size_t n = 0;
+    int rc = 0;
+    if (!arr || !json_is_array(arr) || json_array_size(arr) > SL_HDR_MAX) {
+        rc = sl_err_set(err, SL_EDECODE,
+                        "headers of endpoint %s are not a JSON array of at "
+                        "most %d entries",
+                        ep->id, SL_HDR_MAX);
+        goto out;
+    }
+    for (n = 0; n < json_array_size(arr); n++) {
+        json_t *h = json_array_get(arr, n);
+        const char *name = json_string_value(json_object_get(h, "name"));
+        const char *value = json_string_value(json_object_get(h, "value"));
+        if (!name || !value) {
+            rc = sl_err_set(err, SL_EDECODE, "header %zu of endpoint %s lacks name or value", n,
+                            ep->id);
+            goto out;
+        }
+        kv[n].name = name;
+        kv[n].value = value;
+    }
+    ctl_ep_set_headers(ep, kv, n);
+out:
+    json_decref(arr);
+    return rc;
+}
+
+static char *headers_to_json(const struct ctl_ep *ep)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < ep->n_hdr; i++)
+        json_array_append_new(
+            arr, json_pack("{s:s, s:s}", "name", ep->hdr[i].name, "value", ep->hdr[i].value));
+    char *s = json_dumps(arr, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(arr);
+    if (!s)
+        s = sl_xstrdup("[]");
+    return s;
+}
+
+static int row_to_ep(const PGresult *res, int r, struct ctl_ep *ep, sl_err_t *err)
+{
+    memset(ep, 0, sizeof(*ep));
+    ep->id = sl_xstrdup(PQgetvalue(res, r, 0));
+    ep->name = sl_xstrdup(PQgetvalue(res, r, 1));
+    ep->url = sl_xstrdup(PQgetvalue(res, r, 2));
+    ep->tpl = to_bool(PQgetvalue(res, r, 3));
+    const char *m = PQgetvalue(res, r, 4);
+    if (sl_http_method_parse(m, strlen(m), &ep->method) != 0)
+        return sl_err_set(err, SL_EDECODE, "endpoint %s has an unknown method", ep->id);
+    ep->ct = sl_xstrdup(PQgetvalue(res, r, 5));
+    for (int i = 0; i < CTL_N__COUNT; i++)
+        ep->num[i] = to_i64(PQgetvalue(res, r, COL_NUM0 + i));
+    ep->enabled = to_bool(PQgetvalue(res, r, COL_ENABLED));
+    ep->reason = sl_xstrdup(PQgetvalue(res, r, COL_REASON));
+    ep->created_ms = to_i64(PQgetvalue(res, r, COL_CREATED));
+    ep->updated_ms = to_i64(PQgetvalue(res, r, COL_UPDATED));
+    return headers_from_json(ep, PQgetvalue(res, r, 6), err);
+}
+
+/* Append secret row r of res to ep. */
+static int add_secret_row(struct ctl_ep *ep, const PGresult *res, int r, sl_err_t *err)
+{
+    struct ctl_ep_secret s;
+    memset(&s, 0, sizeof(s));
+    s.seq = (int)to_i64(PQgetvalue(res, r, 1));
+    s.enc = unhex(PQgetvalue(res, r, 2), &s.enc_len);
+    if (!s.enc)
+        return sl_err_set(err, SL_EDECODE, "secret %d of endpoint %s is not readable", s.seq,
+                          ep->id);
+    s.created_ms = to_i64(PQgetvalue(res, r, 3));
+    s.exp_ms = to_i64(PQgetvalue(res, r, 4));
+    s.expired = to_bool(PQgetvalue(res, r, 5));
+    ep->secrets = sl_xrealloc(ep->secrets, (ep->n_secrets + 1) * sizeof(*ep->secrets));
+    ep->secrets[ep->n_secrets++] = s;
+    return 0;
+}
+
+/* ==== PostgreSQL ==== */
+
+PGconn *ctl_db_open(const struct sl_config *cfg, sl_err_t *err)
+{
+    PGconn *pg = sl_pg_connect(cfg->pg_dsn, err);
+    if (!pg)
+        return NULL;
+    /* never hang behind a stuck sluicectl or a long-running statement */
+    if (sl_pg_cmd(pg, "set lock_timeout", "select set_config('lock_timeout', '30s', false)", 0,
+                  NULL, err) != 0 ||
+        sl_pg_cmd(pg, "set statement_timeout",
+                  "select set_config('statement_timeout', '60s', false)", 0, NULL, err) != 0) {
+        PQfinish(pg);
+        return NULL;
+    }
+    return pg;
+}
+
+int ctl_db_lock_endpoint(PGconn *pg, const char *id, sl_err_t *err)
+{
+    const char *p[1] = {id};
+    if (sl_pg_cmd(pg, "lock the endpoint registry",
+                  "select pg_advisory_lock_shared(" LOCK_REGISTRY ")", 0, NULL, err) != 0)
+        return SL_EPG;
+    return sl_pg_cmd(pg, "lock the endpoint",
+                     "select pg_advisory_lock(" LOCK_EP_CLASS ", hashtext($1))", 1, p, err);
+}
+
+int ctl_db_lock_registry(PGconn *pg, sl_err_t *err)
+{
+    return sl_pg_cmd(pg, "lock the endpoint registry", "select pg_advisory_lock(" LOCK_REGISTRY ")",
+                     0, NULL, err);
+}
+
+int ctl_db_begin(PGconn *pg, sl_err_t *err)
+{
+    return sl_pg_cmd(pg, "begin a transaction", "begin", 0, NULL, err);
+}
+
+int ctl_db_commit(PGconn *pg, sl_err_t *err)
+{
+    return sl_pg_cmd(pg, "commit", "commit", 0, NULL, err);
+}
+
+void ctl_db_rollback(PGconn *pg)
+{
+    if (pg && PQtransactionStatus(pg) != PQTRANS_IDLE)
+        (void)sl_pg_cmd(pg, "roll back", "rollback", 0, NULL, NULL);
+}
+
+static int load_secrets(PGconn *pg, struct ctl_ep *ep, sl_err_t *err)
+{
+    const char *p[1] = {ep->id};
+    PGresult *res = sl_pg_exec(pg, "read endpoint secrets",
+                               "select " SECRET_COLS " from endpoint_secrets where endpoint_id = $1"
+                               " order by " SECRET_ORDER,
+                               1, p, err);
+    if (!res)
+        return SL_EPG;
+    int rc = 0;
+    for (int r = 0; r < PQntuples(res) && rc == 0; r++)
+        rc = add_secret_row(ep, res, r, err);
+    PQclear(res);
+    return rc;
+}
+
+int ctl_db_load(PGconn *pg, const char *id, bool for_update, struct ctl_ep *out, sl_err_t *err)
+{
+    const char *p[1] = {id};
+    int rc = 0;
+    memset(out, 0, sizeof(*out));
+    PGresult *res =
+        sl_pg_exec(pg, "read endpoint",
+                   for_update ? "select " EP_COLS " from endpoints where id = $1 for update"
+                              : "select " EP_COLS " from endpoints where id = $1",
+                   1, p, err);
+    if (!res)
+        return SL_EPG;
+    if (PQntuples(res) != 1) {
+        rc = sl_err_set(err, SL_ENOTFOUND, "endpoint %s not found", id);
+        goto out;
+    }
+    rc = row_to_ep(res, 0, out, err);
+    if (rc == 0)
+        rc = load_secrets(pg, out, err);
+out:
+    PQclear(res);
+    return rc;
+}
+
+int ctl_db_list(PGconn *pg, struct ctl_ep **out, size_t *n, sl_err_t *err)
+{
+    struct ctl_ep *eps = NULL;
+    size_t cnt = 0;
+    int rc = 0;
+    PGresult *sres = NULL;
+    *out = NULL;
+    *n = 0;
+    PGresult *res = sl_pg_exec(pg, "list endpoints",
+                               "select " EP_COLS " from endpoints order by id", 0, NULL, err);
+    if (!res)
+        return SL_EPG;
+    cnt = (size_t)PQntuples(res);
+    eps = sl_xcalloc(cnt ? cnt : 1, sizeof(*eps));
+    for (size_t i = 0; i < cnt && rc == 0; i++)
+        rc = row_to_ep(res, (int)i, &eps[i], err);
+    if (rc != 0)
+        goto out;
+    sres = sl_pg_exec(pg, "list endpoint secrets",
+                      "select " SECRET_COLS
+                      " from endpoint_secrets order by endpoint_id, " SECRET_ORDER,
+                      0, NULL, err);
+    if (!sres) {
+        rc = SL_EPG;
+        goto out;
+    }
+    /* both lists are sorted by endpoint id: merge */
+    size_t e = 0;
+    for (int r = 0; r < PQntuples(sres) && rc == 0; r++) {
+        const char *eid = PQgetvalue(sres, r, 0);
+        while (e < cnt && strcmp(eps[e].id, eid) < 0)
+            e++;
+        if (e < cnt && strcmp(eps[e].id, eid) == 0)
+            rc = add_secret_row(&eps[e], sres, r, err);
+    }
+out:
+    PQclear(res);
+    PQclear(sres);
+    if (rc != 0) {
+        for (size_t i = 0; i < cnt; i++)
+            ctl_ep_fini(&eps[i]);
+        free(eps);
+        return rc;
+    }
+    *out = eps;
+    *n = cnt;
+    return 0;
+}
+
+/* Text parameters $1..$20 for insert/update, in EP_COLS order minus the timestamps. */
+struct ep_params {
+    const char *v[20];          /* parameter values */
+    char num[CTL_N__COUNT][24]; /* storage for the numbers */
+    char *headers;              /* JSON text (owned) */
+};
+
+static void ep_params_fill(struct ep_params *p, const struct ctl_ep *ep)
+{
+    p->headers = headers_to_json(ep);
+    p->v[0] = ep->id;
+    p->v[1] = ep->name;
+    p->v[2] = ep->url;
+    p->v[3] = ep->tpl ? "true" : "false";
+    p->v[4] = sl_http_method_name(ep->method);
+    p->v[5] = ep->ct;
+    p->v[6] = p->headers;
+    for (int i = 0; i < CTL_N__COUNT; i++) {
+        snprintf(p->num[i], sizeof(p->num[i]), "%" PRId64, ep->num[i]);
+        p->v[COL_NUM0 + i] = p->num[i];
+    }
+    p->v[COL_ENABLED] = ep->enabled ? "true" : "false";
+    p->v[COL_REASON] = ep->reason;
+}
+
+int ctl_db_insert(PGconn *pg, const struct ctl_ep *ep, sl_err_t *err)
+{
+    struct ep_params p;
+    int rc = 0;
+    ep_params_fill(&p, ep);
+    PGresult *res = sl_pg_exec(
+        pg, "insert endpoint",
+        "insert into endpoints (id, name, url, is_template, method, content_type, headers, "
+        "timeout_ms, conn_timeout_ms, retry_base_ms, retry_cap_ms, max_attempts, brk_threshold, "
+        "brk_cooldown_ms, rate, rate_period_ms, burst, max_inflight, enabled, disabled_reason, "
+        "created_at, updated_at) values ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, "
+        "$12, $13, $14, $15, $16, $17, $18, $19, $20, now(), now()) "
+        "on conflict (id) do nothing returning id",
+        20, p.v, err);
+    if (!res)
+        rc = SL_EPG;
+    else if (PQntuples(res) != 1)
+        rc = sl_err_set(err, SL_ESTATE, "endpoint %s already exists", ep->id);
+    PQclear(res);
+    free(p.headers);
+    return rc;
+}
+
+int ctl_db_update(PGconn *pg, const struct ctl_ep *ep, sl_err_t *err)
+{
+    struct ep_params p;
+    int rc = 0;
+    ep_params_fill(&p, ep);
+    PGresult *res = sl_pg_exec(
+        pg, "update endpoint",
+        "update endpoints set name = $2, url = $3, is_template = $4, method = $5, "
+        "content_type = $6, headers = $7::jsonb, timeout_ms = $8, conn_timeout_ms = $9, "
+        "retry_base_ms = $10, retry_cap_ms = $11, max_attempts = $12, brk_threshold = $13, "
+        "brk_cooldown_ms = $14, rate = $15, rate_period_ms = $16, burst = $17, "
+        "max_inflight = $18, enabled = $19, disabled_reason = $20, updated_at = now() "
+        "where id = $1 returning id",
+        20, p.v, err);
+    if (!res)
+        rc = SL_EPG;
+    else if (PQntuples(res) != 1)
+        rc = sl_err_set(err, SL_ENOTFOUND, "endpoint %s not found", ep->id);
+    PQclear(res);
+    free(p.headers);
+    return rc;
+}
+
+int ctl_db_add_secret(PGconn *pg, const char *id, const uint8_t *enc, size_t enc_len, sl_err_t *err)
+{
+    char *hex = tohex(enc, enc_len);
+    const char *p[2] = {id, hex};
+    int rc = sl_pg_cmd(pg, "store the endpoint secret",
+                       "insert into endpoint_secrets (endpoint_id, seq, secret_enc) "
+                       "select $1, coalesce(max(seq), 0) + 1, decode($2, 'hex') "
+                       "from endpoint_secrets where endpoint_id = $1",
+                       2, p, err);
+    free(hex);
+    return rc;
+}
+
+int ctl_db_rotate(PGconn *pg,
+                  const char *id,
+                  int64_t overlap_s,
+                  const uint8_t *enc,
+                  size_t enc_len,
+                  sl_err_t *err)
+{
+    char overlap[24];
+    snprintf(overlap, sizeof(overlap), "%" PRId64, overlap_s);
+    const char *p1[1] = {id};
+    const char *p2[2] = {id, overlap};
+    int rc = sl_pg_cmd(
+        pg, "prune expired secrets",
+        "delete from endpoint_secrets where endpoint_id = $1 and expires_at <= now()", 1, p1, err);
+    if (rc == 0)
+        rc = sl_pg_cmd(pg, "expire the current secret",
+                       "update endpoint_secrets set expires_at = now() + $2::bigint * "
+                       "interval '1 second' where endpoint_id = $1 and expires_at is null",
+                       2, p2, err);
+    if (rc == 0)
+        rc = ctl_db_add_secret(pg, id, enc, enc_len, err);
+    if (rc != 0)
+        return rc;
+    PGresult *res = sl_pg_exec(pg, "count secrets",
+                               "select count(*) from endpoint_secrets where endpoint_id = $1 and "
+                               "(expires_at is null or expires_at > now())",
+                               1, p1, err);
+    if (!res)
+        return SL_EPG;
+    int64_t active = to_i64(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    if (active > SL_SECRETS_MAX)
+        return sl_err_set(err, SL_ETOOBIG,
+                          "endpoint %s would have %" PRId64 " unexpired secrets, limit %d: wait "
+                          "for older ones to expire or rotate with a shorter --overlap-s",
+                          id, active, SL_SECRETS_MAX);
+    return sl_pg_cmd(pg, "touch the endpoint",
+                     "update endpoints set updated_at = now() where id = $1", 1, p1, err);
+}
+
+int ctl_db_delete(PGconn *pg, const char *id, sl_err_t *err)
+{
+    const char *p[1] = {id};
+    PGresult *res = sl_pg_exec(pg, "delete endpoint",
+                               "delete from endpoints where id = $1 returning id", 1, p, err);
+    if (!res)
+        return SL_EPG;
+    int rc = PQntuples(res) == 1 ? 0 : sl_err_set(err, SL_ENOTFOUND, "endpoint %s not found", id);
+    PQclear(res);
+    return rc;
+}
+
+/* ==== Kafka ==== */
+
+static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+    (void)rk;
+    struct ctl_pub *p = opaque;
+    if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+        return;
+    if (p->failed++ == 0)
+        snprintf(p->first_err, sizeof(p->first_err), "%s", rd_kafka_err2str(m->err));
+}
+
+int ctl_pub_open(const struct sl_config *cfg, struct ctl_pub *p, sl_err_t *err)
+{
+    char errstr[512];
+    memset(p, 0, sizeof(*p));
+    p->topic = cfg->topic_endpoints;
+    rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "sluicectl", err);
+    if (!conf)
+        return SL_EKAFKA;
+    if (sl_kafka_conf_set(conf, "enable.idempotence", "true", err) != 0 ||
+        sl_kafka_conf_set(conf, "acks", "all", err) != 0 ||
+        sl_kafka_conf_set(conf, "linger.ms", "0", err) != 0 ||
+        sl_kafka_conf_set(conf, "message.timeout.ms", PUB_MESSAGE_TIMEOUT_MS, err) != 0) {
+        rd_kafka_conf_destroy(conf);
+        return SL_EKAFKA;
+    }
+    rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
+    rd_kafka_conf_set_opaque(conf, p);
+    p->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
+    if (!p->rk) {
+        rd_kafka_conf_destroy(conf);
+        return sl_err_set(err, SL_EKAFKA, "could not create kafka producer: %s", errstr);
+    }
+    return 0;
+}
+
+int ctl_pub_send(struct ctl_pub *p, const char *id, const void *val, size_t len, sl_err_t *err)
+{
+    int rc =
+        sl_kafka_produce(p->rk, p->topic, id, strlen(id), val, val ? len : 0, NULL, 10000, err);
+    if (rc == 0)
+        p->sent++;
+    return rc;
+}
+
+int ctl_pub_flush(struct ctl_pub *p, int timeout_ms, sl_err_t *err)
+{
+    rd_kafka_resp_err_t e = rd_kafka_flush(p->rk, timeout_ms);
+    if (e == RD_KAFKA_RESP_ERR__TIMED_OUT)
+        return sl_err_set(err, SL_ETIMEDOUT,
+                          "could not publish to topic %s: %d of %d records not acknowledged "
+                          "within %d ms",
+                          p->topic, rd_kafka_outq_len(p->rk), p->sent, timeout_ms);
+    if (p->failed > 0)
+        return sl_err_set(err, SL_EKAFKA, "could not publish %d of %d records to topic %s: %s",
+                          p->failed, p->sent, p->topic, p->first_err);
+    return 0;
+}
+
+void ctl_pub_close(struct ctl_pub *p)
+{
+    if (!p->rk)
+        return;
+    rd_kafka_purge(p->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+    rd_kafka_flush(p->rk, 1000); /* serve the purge's delivery reports */
+    rd_kafka_destroy(p->rk);
+    p->rk = NULL;
+}
