@@ -274,10 +274,12 @@ static int load_line(const char *line, size_t len, size_t max_line, json_t **roo
         for (size_t i = 0; i < sizeof(jsonl_fields) / sizeof(jsonl_fields[0]); i++)
             known = known || (strlen(jsonl_fields[i]) == klen && strcmp(jsonl_fields[i], key) == 0);
         if (!known) {
+            /* key lives in the tree: format the message before releasing it */
+            int rc = name_printable(key, klen)
+                         ? sl_err_set(err, SL_EINVAL, "unknown field \"%s\"", key)
+                         : sl_err_set(err, SL_EINVAL, "unknown field (name not printable)");
             json_decref(j);
-            if (name_printable(key, klen))
-                return sl_err_set(err, SL_EINVAL, "unknown field \"%s\"", key);
-            return sl_err_set(err, SL_EINVAL, "unknown field (name not printable)");
+            return rc;
         }
     }
     *root = j;

@@ -58,6 +58,10 @@
 #define BRK_REFRESH_MS     1000  /* refresh of a local breaker view with recent failures */
 #define REDIS_HOLD_RETRY_MS 1000 /* retry of Redis writes that failed */
 #define URL_MAX            8192  /* expanded postback URL cap, bytes */
+#define LAT_RING           128   /* latency samples per endpoint for the slow check */
+#define LAT_WINDOW_S       900   /* samples older than this are ignored, s */
+#define LAT_MIN_SAMPLES    20    /* fewer samples never count an endpoint as slow */
+#define RATE_LEASE_MS      500   /* leased rate tokens are used within this, ms */
 
 enum job_src { SRC_KAFKA, SRC_REDIS };
 
@@ -76,6 +80,8 @@ struct job {
     int64_t offset;                  /* SRC_KAFKA: offset */
     char job_id[41];                 /* Redis job id (both sources once known) */
     char token[33];                  /* SRC_REDIS: lease token of our claim */
+    char key[SL_ENDPOINT_ID_MAX + 1]; /* SRC_KAFKA: record key (must equal the endpoint id) */
+    bool key_bad;                    /* SRC_KAFKA: key absent, too long or not text */
     uint8_t *raw;                    /* record bytes as received (owned) */
     size_t raw_len;                  /* bytes */
     struct sl_delivery d;            /* decoded record (owned) */
@@ -113,6 +119,15 @@ struct cons_ep {
     int64_t brk_refreshed_mono;       /* when the view was last refreshed (mono ms) */
     int64_t last_failure_mono;        /* last failure seen here (mono ms) */
     bool probe_inflight;              /* our probe is running */
+    int64_t tokens;                   /* rate tokens leased from the shared bucket */
+    int64_t tokens_until_mono;        /* leased tokens expire then (mono ms) */
+    int64_t blocked_until_mono;       /* rate limit or Retry-After pause (mono ms); 0 = none */
+    bool on_blocked;                  /* linked in the blocked list */
+    struct cons_ep *blocked_next;     /* blocked list link */
+    double cwnd;                      /* AIMD concurrency window after 429s (<= cap) */
+    uint32_t lat_ms[LAT_RING];        /* recent answered-attempt latencies, ms */
+    uint32_t lat_at_s[LAT_RING];      /* when each was taken (mono s) */
+    uint32_t nlat, lat_pos;           /* samples held / next slot */
 };
 
 struct cons_engine {
@@ -128,6 +143,7 @@ struct cons_engine {
     struct cons_ssrf_policy ssrf;  /* address policy */
     sl_map_t *eps;                 /* endpoint id -> struct cons_ep */
     struct cons_ep *ready_head, *ready_tail; /* endpoints ready to send */
+    struct cons_ep *blocked;       /* endpoints paused by a rate limit or Retry-After */
     struct job *held;              /* jobs whose Redis write failed, retried later */
     struct job *inflight;          /* jobs with a request running */
     struct job *marks;             /* delivered jobs waiting for their marker write */
@@ -263,6 +279,127 @@ static struct cons_retry_policy policy_of(const cons_engine_t *e, const struct s
     p.cap_ms = ep ? ep->retry_cap_ms : e->cfg->retry_cap_ms;
     p.max_attempts = (uint32_t)(ep ? ep->max_attempts : e->cfg->max_attempts);
     return p;
+}
+
+/* ==== Latency, pauses and throttling ==== */
+
+static void lat_record(struct cons_ep *ce, int64_t total_us)
+{
+    uint32_t ms = total_us / 1000 > UINT32_MAX ? UINT32_MAX : (uint32_t)(total_us / 1000);
+    ce->lat_ms[ce->lat_pos] = ms;
+    ce->lat_at_s[ce->lat_pos] = (uint32_t)(sl_mono_ms() / 1000);
+    ce->lat_pos = (ce->lat_pos + 1) % LAT_RING;
+    if (ce->nlat < LAT_RING)
+        ce->nlat++;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* P95 latency (ms) of this pod's recent attempts to ce; -1 with too few samples. */
+static int64_t lat_p95(const struct cons_ep *ce)
+{
+    uint32_t tmp[LAT_RING];
+    uint32_t now_s = (uint32_t)(sl_mono_ms() / 1000);
+    size_t n = 0;
+    for (uint32_t i = 0; i < ce->nlat; i++) {
+        if (now_s - ce->lat_at_s[i] <= LAT_WINDOW_S)
+            tmp[n++] = ce->lat_ms[i];
+    }
+    if (n < LAT_MIN_SAMPLES)
+        return -1;
+    qsort(tmp, n, sizeof(tmp[0]), cmp_u32);
+    return tmp[(n - 1) * 95 / 100];
+}
+
+/* Breaker threshold for ce: lowered while its P95 is slow, because slow failures tie up
+ * capacity for the whole timeout. */
+static int64_t brk_threshold(const cons_engine_t *e, const struct cons_ep *ce)
+{
+    int64_t th = ce->ep ? ce->ep->brk_threshold : e->cfg->breaker_threshold;
+    int64_t p95 = lat_p95(ce);
+    if (p95 > e->cfg->breaker_slow_p95_ms && e->cfg->breaker_slow_threshold < th)
+        th = e->cfg->breaker_slow_threshold;
+    return th;
+}
+
+static void block_until(cons_engine_t *e, struct cons_ep *ce, int64_t until_mono)
+{
+    if (until_mono > ce->blocked_until_mono)
+        ce->blocked_until_mono = until_mono;
+    if (ce->on_blocked)
+        return;
+    ce->on_blocked = true;
+    ce->blocked_next = e->blocked;
+    e->blocked = ce;
+}
+
+/* Return endpoints whose pause is over to the ready list. */
+static void unblock(cons_engine_t *e)
+{
+    int64_t now = sl_mono_ms();
+    struct cons_ep **pp = &e->blocked;
+    while (*pp) {
+        struct cons_ep *ce = *pp;
+        if (now >= ce->blocked_until_mono) {
+            *pp = ce->blocked_next;
+            ce->on_blocked = false;
+            ce->blocked_next = NULL;
+            ce->blocked_until_mono = 0;
+            if (ce->q_head)
+                ready_push(e, ce);
+        } else {
+            pp = &ce->blocked_next;
+        }
+    }
+}
+
+/* Effective in-flight cap: the endpoint's cap, shrunk by the AIMD window after 429s. */
+static int64_t inflight_cap(const cons_engine_t *e, const struct cons_ep *ce)
+{
+    int64_t cap = ce->ep ? ce->ep->max_inflight : e->cfg->max_inflight_per_endpoint;
+    if (ce->cwnd > 0 && (int64_t)ce->cwnd < cap)
+        cap = (int64_t)ce->cwnd < 1 ? 1 : (int64_t)ce->cwnd;
+    return cap;
+}
+
+/* One token from the endpoint's shared bucket (leased in small batches). Returns true when
+ * ce may send now; otherwise ce is paused until the bucket refills. */
+static bool rate_allows(cons_engine_t *e, struct cons_ep *ce)
+{
+    const struct sl_endpoint *ep = ce->ep;
+    if (!ep || ep->rate <= 0)
+        return true;
+    int64_t now = sl_mono_ms();
+    if (ce->tokens > 0 && now < ce->tokens_until_mono) {
+        ce->tokens--;
+        return true;
+    }
+    /* a lease of ~1/10 s of the rate, at least 1, at most the burst */
+    int64_t want = ep->rate * 100 / (ep->rate_period_ms > 0 ? ep->rate_period_ms : 1000);
+    if (want < 1)
+        want = 1;
+    if (want > ep->burst)
+        want = ep->burst > 0 ? ep->burst : 1;
+    int64_t granted = 0, wait = 0;
+    sl_err_t err;
+    if (cons_store_rate_take(e->redis, ce->id, ep->rate, ep->rate_period_ms,
+                             ep->burst > 0 ? ep->burst : ep->rate, want, sl_now_ms(), &granted,
+                             &wait, &err) != 0) {
+        warn_redis(e, &err);
+        block_until(e, ce, now + 1000); /* without the bucket, do not risk exceeding it */
+        return false;
+    }
+    if (granted <= 0) {
+        block_until(e, ce, now + (wait > 0 ? wait : 10));
+        return false;
+    }
+    ce->tokens = granted - 1;
+    ce->tokens_until_mono = now + RATE_LEASE_MS;
+    return true;
 }
 
 /* ==== Outcomes ==== */
@@ -520,8 +657,15 @@ static bool intake_resolve(cons_engine_t *e, struct job *j)
         }
         return false;
     }
-    if (j->src == SRC_KAFKA)
+    if (j->src == SRC_KAFKA) {
+        /* The contract keys records by endpoint id so one endpoint's records share a
+         * partition (ordering, one pod's backlog); a record keyed otherwise is invalid. */
+        if (j->key_bad || strcmp(j->key, j->d.ep) != 0) {
+            quarantine(e, j, "record key does not match the endpoint id (field \"ep\")");
+            return false;
+        }
         cons_store_job_id(j->d.ep, j->d.id, j->job_id);
+    }
     struct cons_ep *ce = ep_get(e, j->d.ep);
     j->ce = ce;
     const struct sl_endpoint *ep = ep_refresh(e, ce);
@@ -639,6 +783,13 @@ static void intake_kafka(cons_engine_t *e)
         struct job *j = job_new(e, SRC_KAFKA, m->payload ? m->payload : "", m->len);
         j->partition = m->partition;
         j->offset = m->offset;
+        if (!m->key || m->key_len == 0 || m->key_len > SL_ENDPOINT_ID_MAX ||
+            memchr(m->key, '\0', m->key_len)) {
+            j->key_bad = true;
+        } else {
+            memcpy(j->key, m->key, m->key_len);
+            j->key[m->key_len] = '\0';
+        }
         bool tracked = cons_offsets_track(e->offsets, m->partition, m->offset, &j->off);
         rd_kafka_message_destroy(m);
         if (!tracked) {
@@ -877,8 +1028,11 @@ static void dispatch(cons_engine_t *e)
             break;
         if (!ce->q_head)
             continue;
-        int64_t cap = ce->ep ? ce->ep->max_inflight : e->cfg->max_inflight_per_endpoint;
-        if (ce->inflight >= cap)
+        if (ce->blocked_until_mono && sl_mono_ms() < ce->blocked_until_mono) {
+            block_until(e, ce, ce->blocked_until_mono); /* back when the pause ends */
+            continue;
+        }
+        if (ce->inflight >= inflight_cap(e, ce))
             continue;
         bool probe = false;
         if (!breaker_allows(e, ce, &probe)) {
@@ -894,6 +1048,8 @@ static void dispatch(cons_engine_t *e)
             defer_queue(e, ce, until);
             continue;
         }
+        if (!probe && !rate_allows(e, ce))
+            continue; /* paused until the bucket refills */
         struct job *j = ce->q_head;
         ce->q_head = j->next;
         if (!ce->q_head)
@@ -936,13 +1092,35 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
 
     /* Breaker bookkeeping. Only transient failures count against an endpoint; a probe that
      * got any answer other than a transient failure proves the endpoint is back. */
-    bool failure = v == CONS_RETRY;
+    if (r->status > 0 || r->curl_code == CURLE_OPERATION_TIMEDOUT)
+        lat_record(ce, r->total_us);
+    int64_t ra_ms = cons_retry_after_ms(r->status, r->retry_after_s, 0, e->cfg->retry_after_max_ms);
+    if (r->status == 429 || (r->status == 503 && ra_ms > 0)) {
+        /* The endpoint asks us to slow down: pause it (all its queued deliveries, not just
+         * this one) for Retry-After or 1 s, and halve its concurrency window; successes grow
+         * the window back by about one request per round trip. */
+        block_until(e, ce, sl_mono_ms() + (ra_ms > 0 ? ra_ms : 1000));
+        double cap = (double)(ce->ep ? ce->ep->max_inflight : e->cfg->max_inflight_per_endpoint);
+        double w = ce->cwnd > 0 ? ce->cwnd : cap;
+        ce->cwnd = w / 2 < 1 ? 1 : w / 2;
+        SL_LOGKV(SL_LOG_INFO, "deliver", "endpoint_throttled",
+                 ((struct sl_log_kv[]){SL_KV_I("status", r->status), SL_KV_I("pause_ms", ra_ms),
+                                       SL_KV_I("window", (int64_t)ce->cwnd)}),
+                 "endpoint %s asked to slow down", ce->id);
+    } else if (v == CONS_DELIVERED && ce->cwnd > 0) {
+        double cap = (double)(ce->ep ? ce->ep->max_inflight : e->cfg->max_inflight_per_endpoint);
+        ce->cwnd += 1.0 / ce->cwnd;
+        if (ce->cwnd >= cap)
+            ce->cwnd = 0; /* fully recovered: no window */
+    }
+    /* 429 is a throttle signal, not ill health: it does not count against the breaker */
+    bool failure = v == CONS_RETRY && r->status != 429;
     if (failure)
         ce->last_failure_mono = sl_mono_ms();
     if (failure || ce->brk_failures > 0 || was_probe || ce->brk != CONS_BRK_CLOSED) {
         struct cons_brk_view bv;
         const struct sl_endpoint *ep = ce->ep;
-        int64_t threshold = ep ? ep->brk_threshold : e->cfg->breaker_threshold;
+        int64_t threshold = brk_threshold(e, ce);
         int64_t cooldown = ep ? ep->brk_cooldown_ms : e->cfg->breaker_cooldown_ms;
         if (cons_store_brk_record(e->redis, ce->id, failure ? 0 : 1, now, threshold, cooldown,
                                   e->cfg->breaker_cooldown_max_ms, e->pod, &bv, &err) == 0) {
@@ -989,8 +1167,7 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
             dead_letter(e, j, attempt, (uint32_t)r->status, cls, msg, r);
             break;
         }
-        int64_t ra = cons_retry_after_ms(r->status, r->retry_after_s, 0,
-                                         e->cfg->retry_after_max_ms);
+        int64_t ra = ra_ms;
         /* Retry-After is bounded by retry_after_max_ms, not by the backoff cap: an endpoint
          * that asks for 10 minutes gets 10 minutes even when the cap is shorter. */
         /* attempt - 1 retries so far: the first retry's ceiling is the base */
@@ -1367,6 +1544,8 @@ int cons_engine_run(cons_engine_t *e)
             e->pod, e->cfg->consumer_group);
     e->next_stats_mono = sl_mono_ms() + STATS_INTERVAL_MS;
     while (!e->stop) {
+        if (e->blocked)
+            unblock(e);
         intake_kafka(e);
         intake_redis(e);
         dispatch(e);

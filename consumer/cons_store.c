@@ -933,3 +933,61 @@ int cons_store_brk_get(sl_redis_t *r,
         return sl_err_set(err, SL_EINVAL, "cannot %s: no output view", op);
     return brk_run(r, &lua_brk_get, endpoint_id, 0, NULL, 1, op, out, err);
 }
+
+/* ==== Rate limit ==== */
+
+/* KEYS[1] bucket; ARGV: rate, period_ms, burst, want, now_ms. Tokens are kept in
+ * milli-tokens (integers) so refills of a fraction of a token are not lost; returns
+ * {granted, wait_ms}. The key expires after two full refill periods of idleness. */
+static struct sl_redis_script lua_rate_take = {
+    "rate take",
+    "local rate = tonumber(ARGV[1]); local period = tonumber(ARGV[2])\n"
+    "local burst = tonumber(ARGV[3]) * 1000; local want = tonumber(ARGV[4])\n"
+    "local now = tonumber(ARGV[5])\n"
+    "local h = redis.call('HMGET', KEYS[1], 'mt', 'ts')\n"
+    "local mt = tonumber(h[1]); local ts = tonumber(h[2])\n"
+    "if mt == nil or ts == nil then mt = burst; ts = now end\n"
+    "if now > ts then\n"
+    "  mt = math.min(burst, mt + math.floor((now - ts) * rate * 1000 / period)); ts = now\n"
+    "end\n"
+    "local g = math.min(want, math.floor(mt / 1000))\n"
+    "mt = mt - g * 1000\n"
+    "redis.call('HSET', KEYS[1], 'mt', mt, 'ts', ts)\n"
+    "redis.call('PEXPIRE', KEYS[1], math.max(1000, 2 * period * math.ceil(burst / 1000 / rate)))\n"
+    "local wait = 0\n"
+    "if g < want then wait = math.ceil((1000 - (mt % 1000)) * period / (rate * 1000)) end\n"
+    "return {g, wait}\n",
+    ""};
+
+int cons_store_rate_take(sl_redis_t *r, const char *endpoint_id, int64_t rate, int64_t period_ms,
+                         int64_t burst, int64_t want, int64_t now_ms, int64_t *granted,
+                         int64_t *wait_ms, sl_err_t *err)
+{
+    if (!valid_str(endpoint_id, SL_ENDPOINT_ID_MAX) || rate <= 0 || period_ms <= 0 ||
+        burst <= 0 || want <= 0)
+        return sl_err_set(err, SL_EINVAL, "cannot take rate tokens: invalid arguments");
+    char key[SL_ENDPOINT_ID_MAX + 32];
+    snprintf(key, sizeof(key), "sluice:rate:{%s}", endpoint_id);
+    char a[5][24];
+    snprintf(a[0], sizeof(a[0]), "%lld", (long long)rate);
+    snprintf(a[1], sizeof(a[1]), "%lld", (long long)period_ms);
+    snprintf(a[2], sizeof(a[2]), "%lld", (long long)burst);
+    snprintf(a[3], sizeof(a[3]), "%lld", (long long)want);
+    snprintf(a[4], sizeof(a[4]), "%lld", (long long)now_ms);
+    const char *argv[] = {key, a[0], a[1], a[2], a[3], a[4]};
+    redisReply *rep = sl_redis_eval(r, &lua_rate_take, 1, 6, argv, NULL, err);
+    if (!rep)
+        return SL_EREDIS;
+    int rc = 0;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+        rep->element[0]->type != REDIS_REPLY_INTEGER ||
+        rep->element[1]->type != REDIS_REPLY_INTEGER) {
+        rc = sl_err_set(err, SL_EREDIS, "could not take rate tokens: %s",
+                        rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+    } else {
+        *granted = rep->element[0]->integer;
+        *wait_ms = rep->element[1]->integer;
+    }
+    freeReplyObject(rep);
+    return rc;
+}

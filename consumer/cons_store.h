@@ -184,4 +184,18 @@ int cons_store_brk_acquire(sl_redis_t *r, const char *endpoint_id, int64_t now_m
 int cons_store_brk_get(sl_redis_t *r, const char *endpoint_id, struct cons_brk_view *out,
                        sl_err_t *err);
 
+/* ==== Rate limit (token bucket shared by all pods) ==== */
+
+/*
+ * Take up to want tokens from the endpoint's bucket sluice:rate:{ep} (hash: tokens, ts_ms),
+ * refilled at rate tokens per period_ms up to burst, atomically. *granted (OUT) receives
+ * 0..want; when it is less than want, *wait_ms (OUT) is how long until the next token.
+ * Pods take small leases (several tokens at once) so a high-rate endpoint does not cost a
+ * Redis round trip per delivery; leased tokens count as spent, so the pods together never
+ * exceed the bucket. Returns 0 or SL_E*.
+ */
+int cons_store_rate_take(sl_redis_t *r, const char *endpoint_id, int64_t rate, int64_t period_ms,
+                         int64_t burst, int64_t want, int64_t now_ms, int64_t *granted,
+                         int64_t *wait_ms, sl_err_t *err);
+
 #endif /* CONS_STORE_H */

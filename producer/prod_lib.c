@@ -23,6 +23,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -458,10 +459,12 @@ static int produce(sluice_producer_t *p,
                    sl_err_t *err)
 {
     int64_t deadline = -1; /* set on the first QUEUE_FULL */
+    /* librdkafka's macros take a non-const key; with F_COPY it is only read */
+    void *k = (void *)(uintptr_t)key;
     for (;;) {
         rd_kafka_resp_err_t e = rd_kafka_producev(
             p->rk, RD_KAFKA_V_RKT(p->rkt), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
-            RD_KAFKA_V_KEY(key, strlen(key)), RD_KAFKA_V_VALUE(val->data, val->len),
+            RD_KAFKA_V_KEY(k, strlen(key)), RD_KAFKA_V_VALUE(val->data, val->len),
             RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_OPAQUE(rec), RD_KAFKA_V_END);
         if (e == RD_KAFKA_RESP_ERR_NO_ERROR)
             return 0;

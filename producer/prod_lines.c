@@ -74,10 +74,12 @@ static long fill(struct prod_lines *lr, sl_err_t *err)
 int prod_lines_next(struct prod_lines *lr, const char **line, size_t *len, sl_err_t *err)
 {
     for (;;) {
-        char *base = lr->buf + lr->start;
+        /* buf is NULL until the first read: no pointer arithmetic on it before then */
+        char *base = lr->buf ? lr->buf + lr->start : NULL;
         size_t avail = lr->end - lr->start;
-        char *nl =
-            avail > lr->scanned ? memchr(base + lr->scanned, '\n', avail - lr->scanned) : NULL;
+        char *nl = base && avail > lr->scanned
+                       ? memchr(base + lr->scanned, '\n', avail - lr->scanned)
+                       : NULL;
         if (nl) {
             size_t n = (size_t)(nl - base);
             lr->start += n + 1;

@@ -265,7 +265,7 @@ static int64_t topic_records(void)
 static void produce_raw(const char *key, const void *val, size_t len)
 {
     assert_int_equal(rd_kafka_producev(E.rk, RD_KAFKA_V_TOPIC(E.topic),
-                                       RD_KAFKA_V_KEY(key, strlen(key)),
+                                       RD_KAFKA_V_KEY((void *)(uintptr_t)key, strlen(key)),
                                        RD_KAFKA_V_VALUE((void *)(uintptr_t)val, len),
                                        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END),
                      RD_KAFKA_RESP_ERR_NO_ERROR);

@@ -901,6 +901,7 @@ static enum MHD_Result on_complete(struct req *rq)
     }
     if (!rq->override && (pl->fail_pct > 0 || pl->fail_n > 0) && flaky_fails(rq)) {
         rq->status = pl->fail_status;
+        rq->retry_after_s = pl->retry_after_s; /* e.g. fail_status=429&retry_after=2 */
         rq->override = true;
     }
     if (!rq->override)
