@@ -70,6 +70,8 @@ struct sl_config {
     int64_t breaker_slow_p95_ms;     /* P95 above which an endpoint counts as slow, ms */
     int64_t breaker_cooldown_ms;     /* first cooldown, ms */
     int64_t breaker_cooldown_max_ms; /* cap for the doubled cooldown, ms */
+    int64_t disable_after_ms;        /* only failures for this long disable the endpoint;
+                                        0 = never (410 still disables), ms */
     /* dedup and shutdown */
     int64_t dedup_window_s;    /* delivered-marker TTL, s */
     int64_t shutdown_drain_ms; /* SIGTERM: time to let in-flight requests finish, ms */

@@ -128,6 +128,10 @@ struct cons_ep {
     uint32_t lat_ms[LAT_RING];        /* recent answered-attempt latencies, ms */
     uint32_t lat_at_s[LAT_RING];      /* when each was taken (mono s) */
     uint32_t nlat, lat_pos;           /* samples held / next slot */
+    int64_t failing_since_ms;         /* first failure with no success since (unix ms; 0) */
+    bool disabled_local;              /* we asked the registry to disable it; until the
+                                         registry answers, treat it as disabled here */
+    uint64_t disabled_version;        /* snapshot version when we asked */
 };
 
 struct cons_engine {
@@ -640,6 +644,31 @@ static void defer_job(cons_engine_t *e, struct job *j, int64_t due_ms, const cha
     schedule_job(e, j, due_ms, j->d.attempt, &o);
 }
 
+/* Ask the registry to disable ce (410, or nothing but failures for disable_after_ms): an
+ * outcome with state "disabled" that the recorder applies to the registry, which republishes
+ * the endpoint so every pod stops. This pod stops at once. */
+static void request_disable(cons_engine_t *e, struct job *j, const char *why, const char *msg)
+{
+    struct cons_ep *ce = j->ce;
+    if (ce->disabled_local)
+        return;
+    ce->disabled_local = true;
+    ce->disabled_version = ce->ep ? ce->ep->version : 0;
+    SL_LOGKV(SL_LOG_WARN, "deliver", "endpoint_disable_requested",
+             ((struct sl_log_kv[]){SL_KV_S("reason", why)}),
+             "asking the registry to disable endpoint %s: %s", ce->id, msg);
+    struct job *n = job_new(e, SRC_REDIS, "", 0); /* carries only the outcome */
+    sl_delivery_copy(&n->d, &j->d);
+    n->after = AFTER_FINISH;
+    n->token[0] = '\0';
+    struct sl_outcome o;
+    outcome_init(e, n, &o, SL_OUTCOME_DISABLED, 0);
+    o.err = why;
+    o.msg = msg;
+    if (produce_outcome(e, n, &o) != 0)
+        job_free(e, n);
+}
+
 /* ==== Intake: decode, resolve, dedup, enqueue ==== */
 
 /* Decode and resolve one job. Returns true when it should go on to the marker check. */
@@ -680,7 +709,9 @@ static bool intake_resolve(cons_engine_t *e, struct job *j)
         }
         return false;
     }
-    if (!ep->enabled) {
+    if (ce->disabled_local && ep->enabled && ep->version != ce->disabled_version)
+        ce->disabled_local = false; /* the registry changed it since: its word stands */
+    if (!ep->enabled || ce->disabled_local) {
         dead_letter(e, j, j->d.attempt, 0, "endpoint_disabled",
                     ep->reason && ep->reason[0] ? ep->reason : "endpoint disabled", NULL);
         return false;
@@ -1138,6 +1169,17 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
         }
     }
 
+    if (v == CONS_DELIVERED) {
+        ce->failing_since_ms = 0;
+    } else if (r->status != 429) {
+        if (ce->failing_since_ms == 0)
+            ce->failing_since_ms = now;
+        if (v == CONS_PERMANENT_DISABLE)
+            request_disable(e, j, "endpoint_gone", "endpoint answered 410 Gone");
+        else if (e->cfg->disable_after_ms > 0 &&
+                 now - ce->failing_since_ms >= e->cfg->disable_after_ms)
+            request_disable(e, j, "failing_too_long", "nothing but failures for too long");
+    }
     struct sl_outcome o;
     switch (v) {
     case CONS_DELIVERED:
@@ -1197,9 +1239,6 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
             snprintf(msg, sizeof(msg), "endpoint answered 410 gone");
         else
             snprintf(msg, sizeof(msg), "%s", r->errbuf && r->errbuf[0] ? r->errbuf : cls);
-        if (v == CONS_PERMANENT_DISABLE)
-            sl_warn("deliver", "endpoint_gone", "endpoint %s answered 410: it should be disabled",
-                    ce->id);
         dead_letter(e, j, attempt, (uint32_t)r->status, cls, msg, r);
         break;
     }
