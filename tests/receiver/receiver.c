@@ -46,7 +46,7 @@
 #include "recv_ledger.h"
 #include "recv_sched.h"
 #include "recv_tables.h"
-#include "verify_local.h"
+#include "common/sl_sign.h"
 
 #define ENDPOINT_MAX    128                  /* bytes kept of an endpoint name, with NUL */
 #define LEDGER_LINE_MAX 8192                 /* one ledger line, bytes */
@@ -189,7 +189,7 @@ struct app {
     uint64_t max_body;       /* request body cap, bytes */
     const char *ledger_path; /* --ledger (argv, borrowed); NULL = no ledger */
     bool no_ledger_ok;       /* skip ledger lines for 2xx */
-    struct recv_secret secrets[RECV_VERIFY_MAX_SECRETS]; /* --secret keys (wiped at exit) */
+    struct sl_secret secrets[SL_SIGNER_MAX_SECRETS]; /* --secret keys (wiped at exit) */
     size_t nsecrets;                                     /* secrets in use */
     bool reject_bad_sig;                                 /* answer 401 to bad signatures */
     int64_t tolerance_s;  /* webhook-timestamp skew allowed, s; -1 = unchecked */
@@ -881,8 +881,9 @@ static enum MHD_Result on_complete(struct req *rq)
         sl_err_t err;
         sl_err_clear(&err);
         int rc =
-            recv_verify(app->secrets, app->nsecrets, rq->wh_id, rq->wh_ts, rq->wh_sig,
-                        rq->body.data, rq->body.len, (int64_t)time(NULL), app->tolerance_s, &err);
+            sl_verify(app->secrets, app->nsecrets, rq->wh_id, rq->wh_ts, rq->wh_sig,
+                      rq->body.data, rq->body.len, (int64_t)time(NULL),
+                      app->tolerance_s < 0 ? INT64_MAX : app->tolerance_s, &err);
         rq->sig_ok = rc == 0;
         stat_add(rc == 0 ? &app->st.sig_ok : &app->st.sig_bad, 1);
         if (rc != 0) {
@@ -1173,14 +1174,14 @@ static int parse_args(struct app *app, int argc, char **argv, enum sl_log_level 
             break;
         case OPT_SECRET: {
             sl_err_t err;
-            if (app->nsecrets == RECV_VERIFY_MAX_SECRETS) {
+            if (app->nsecrets == SL_SIGNER_MAX_SECRETS) {
                 fprintf(stderr, "sluice-receiver: more than %d --secret options\n",
-                        RECV_VERIFY_MAX_SECRETS);
+                        SL_SIGNER_MAX_SECRETS);
                 errors++;
                 break;
             }
             sl_log_add_secret(optarg);
-            if (recv_secret_parse(&app->secrets[app->nsecrets], optarg, &err) != 0) {
+            if (sl_secret_parse(&app->secrets[app->nsecrets], optarg, &err) != 0) {
                 /* never echo the value */
                 fprintf(stderr, "sluice-receiver: invalid value for --secret: %s\n", err.msg);
                 errors++;
@@ -1364,7 +1365,7 @@ out:
     recv_ledger_close(app.ledger);
     recv_tables_destroy(app.tables);
     for (size_t i = 0; i < app.nsecrets; i++)
-        recv_secret_fini(&app.secrets[i]);
+        sl_secret_fini(&app.secrets[i]);
     sl_log_clear_secrets();
     return rc;
 }

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Sluice's main job, end to end, on this machine:
+#
+#   bash scripts/demo.sh
+#
+#  1. installs what is missing (scripts/setup.sh) and builds Sluice (build/demo)
+#  2. starts (or reuses) the local stack: Kafka (KRaft), Redis, PostgreSQL (scripts/stack.sh)
+#  3. starts a demo receiver that verifies every Standard Webhooks signature with Sluice's own
+#     sl_verify() and rejects bad ones, and registers seven demo endpoints on it:
+#       demo-healthy     answers 204 at once
+#       demo-slow        answers after 2.5 s (flagged by `sluicectl slow`)
+#       demo-flaky       500 on 30% of attempts (retried with backoff, then delivered)
+#       demo-ratelimited 429 + Retry-After above 5/s; Sluice limits it to 4/s, shared by pods
+#       demo-unauth      401 (permanent: dead letter at once)
+#       demo-dead        nothing listens (retries, breaker opens, dead letters)
+#       demo-postback    affiliate postback: GET with click_id/payout macros in the URL
+#  4. starts two sluice-consumer pods and the sluice-recorder
+#  5. publishes a stream of demo events with sluice-produce while `sluicectl top` shows the
+#     live view (delivered/s, retries, dead letters, breaker states, P95 per endpoint)
+#  6. finishes with `sluicectl health`, `slow` and `dead-letters`
+# Ctrl-C at any point stops everything it started and leaves the stack running (stop it with
+# `bash scripts/stack.sh stop`).
+#
+# Env: SLUICE_DEMO_DURATION_S (60)  how long events flow
+#      SLUICE_DEMO_RATE (40)        events per second
+#      SLUICE_DEMO_BIN_DIR          use these built binaries instead of building build/demo
+#      SLUICE_DEMO_NO_TOP=1         no live view (logs only), e.g. in tests
+#      SLUICE_STACK_DIR, SLUICE_PORT_BASE  as for scripts/stack.sh
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+DURATION="${SLUICE_DEMO_DURATION_S:-60}"
+RATE="${SLUICE_DEMO_RATE:-40}"
+say() { printf '\n\033[1m==== %s\033[0m\n' "$*"; }
+
+if [ -z "${SLUICE_DEMO_BIN_DIR:-}" ]; then
+  say "setup (packages, Kafka jars) and build"
+  bash scripts/setup.sh
+  cmake -S . -B build/demo -DCMAKE_BUILD_TYPE=Release -DSL_TESTS=ON >/dev/null
+  cmake --build build/demo -j2 --target sluice-consumer sluice-recorder sluice-produce sluicectl \
+    sluice-receiver >/dev/null
+  BIN="$REPO/build/demo"
+else
+  BIN="$SLUICE_DEMO_BIN_DIR"
+fi
+CTL="$BIN/ctl/sluicectl"
+
+say "stack: Kafka, Redis, PostgreSQL"
+bash scripts/stack.sh start
+eval "$(bash scripts/stack.sh env)"
+export SLUICE_KAFKA_BROKERS SLUICE_REDIS_URL SLUICE_PG_DSN
+STACK_DIR="${SLUICE_STACK_DIR:-$REPO/.stack}"
+DEMO_DIR="$STACK_DIR/demo"
+mkdir -p "$DEMO_DIR"
+
+# One master key per stack, kept beside its data (git-ignored): endpoint secrets are
+# encrypted with it in PostgreSQL and on the endpoints topic.
+if [ ! -s "$DEMO_DIR/master.key" ]; then
+  (umask 077 && openssl rand -hex 32 > "$DEMO_DIR/master.key")
+fi
+export SLUICE_MASTER_KEY
+SLUICE_MASTER_KEY=$(cat "$DEMO_DIR/master.key")
+# The demo delivers to its own receiver on loopback: exempt 127.0.0.0/8 from SSRF refusal.
+export SLUICE_SSRF_ALLOW_CIDRS=127.0.0.0/8
+# Demo-sized retry and breaker timings, so retries and dead letters show within a minute.
+export SLUICE_RETRY_BASE_MS=1000 SLUICE_RETRY_CAP_MS=8000 SLUICE_MAX_ATTEMPTS=4
+export SLUICE_BREAKER_THRESHOLD=5 SLUICE_BREAKER_COOLDOWN_MS=5000
+export SLUICE_BREAKER_COOLDOWN_MAX_MS=20000 SLUICE_HTTP_TIMEOUT_MS=5000
+export SLUICE_HTTP_CONNECT_TIMEOUT_MS=1000 SLUICE_LEASE_MS=10000 SLUICE_LOG_LEVEL=warn
+
+PIDS=()
+cleanup() {
+  trap - INT TERM EXIT
+  say "stopping the demo processes"
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  echo "logs: $DEMO_DIR/*.log   (stack still running: bash scripts/stack.sh stop)"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "topics"
+"$CTL" topics ensure --partitions "${SLUICE_PARTITIONS:-4}"
+
+# The endpoints' shared signing secret: the receiver must know it to verify.
+if [ ! -s "$DEMO_DIR/signing.secret" ]; then
+  (umask 077 && printf 'whsec_%s\n' "$(openssl rand -base64 32)" > "$DEMO_DIR/signing.secret")
+fi
+SECRET=$(cat "$DEMO_DIR/signing.secret")
+
+say "demo receiver (verifies every signature with sl_verify, rejects bad ones)"
+coproc RECV { exec "$BIN/tests/receiver/sluice-receiver" --port 0 --secret "$SECRET" \
+  --reject-bad-sig --ledger "$DEMO_DIR/ledger.jsonl" 2>"$DEMO_DIR/receiver.log"; }
+PIDS+=("$RECV_PID")
+read -r line <&"${RECV[0]}"
+PORT=${line#port=}
+BASE="http://127.0.0.1:$PORT"
+echo "receiver on $BASE"
+DEAD_PORT=$((PORT == 65535 ? 65534 : PORT + 1))  # nothing listens there (checked below)
+if (exec 3<>"/dev/tcp/127.0.0.1/$DEAD_PORT") 2>/dev/null; then DEAD_PORT=1; fi
+
+say "endpoints"
+register() { # id url [flags...]
+  local id=$1 url=$2
+  shift 2
+  if "$CTL" endpoints show "$id" >/dev/null 2>&1; then
+    "$CTL" endpoints update "$id" --url "$url" "$@" >/dev/null
+    "$CTL" endpoints enable "$id" >/dev/null 2>&1 || true
+  else
+    "$CTL" endpoints add --id "$id" --url "$url" --secret "$SECRET" "$@" >/dev/null
+  fi
+  printf '  %-18s %s\n' "$id" "${url%%\?*}"
+}
+register demo-healthy "$BASE/ok/demo-healthy"
+register demo-slow "$BASE/slow/2500/demo-slow"
+register demo-flaky "$BASE/flaky/30/demo-flaky"
+register demo-ratelimited "$BASE/ratelimit/5/demo-ratelimited" --rate 4 --rate-period-ms 1000 \
+  --burst 4
+register demo-unauth "$BASE/unauth/demo-unauth"
+register demo-dead "http://127.0.0.1:$DEAD_PORT/hook"
+register demo-postback "$BASE/ok/demo-postback?click_id={click_id}&payout={payout}&goal={goal}" \
+  --template --method GET
+
+say "two consumers and the recorder"
+for pod in pod-a pod-b; do
+  SLUICE_INSTANCE_ID=$pod "$BIN/consumer/sluice-consumer" 2>"$DEMO_DIR/consumer-$pod.log" &
+  PIDS+=("$!")
+done
+if [ -x "$BIN/recorder/sluice-recorder" ]; then
+  "$BIN/recorder/sluice-recorder" 2>"$DEMO_DIR/recorder.log" &
+  PIDS+=("$!")
+else
+  echo "sluice-recorder not built: history commands will have nothing to show" >&2
+fi
+
+say "publishing ~$RATE events/s for ${DURATION}s"
+python3 - "$DURATION" "$RATE" <<'PY' | "$BIN/producer/sluice-produce" --quiet \
+  >"$DEMO_DIR/produce.out" 2>"$DEMO_DIR/produce.log" &
+import json, random, sys, time
+duration, rate = float(sys.argv[1]), float(sys.argv[2])
+eps = ["demo-healthy"] * 6 + ["demo-slow", "demo-flaky", "demo-flaky", "demo-ratelimited",
+       "demo-unauth", "demo-dead", "demo-postback", "demo-postback"]
+run = "%x" % int(time.time())
+t0, n = time.time(), 0
+while time.time() - t0 < duration:
+    ep = random.choice(eps)
+    ev = {"id": f"evt_{run}_{n}", "endpoint": ep, "type": "order.paid",
+          "body": {"order": n, "amount": random.randint(100, 99999), "currency": "EUR"}}
+    if ep == "demo-postback":
+        ev["macros"] = {"click_id": f"clk-{random.getrandbits(48):x}",
+                        "payout": f"{random.uniform(1, 90):.2f}", "goal": "deposit"}
+    print(json.dumps(ev), flush=True)
+    n += 1
+    time.sleep(max(0.0, t0 + n / rate - time.time()))
+PY
+PROD=$!
+PIDS+=("$PROD")
+
+TOP_SECS=$((DURATION + 15))
+if [ "${SLUICE_DEMO_NO_TOP:-0}" = 1 ]; then
+  wait "$PROD" || true
+  sleep 15
+else
+  say "live view for ${TOP_SECS}s (Ctrl-C stops the demo)"
+  "$CTL" top --duration-s "$TOP_SECS" || true
+fi
+wait "$PROD" 2>/dev/null || true
+echo "producer: $(cat "$DEMO_DIR/produce.out")"
+
+say "sluicectl health"
+"$CTL" health || true
+say "sluicectl slow"
+"$CTL" slow || true
+say "sluicectl dead-letters"
+"$CTL" dead-letters || true
+say "done"
