@@ -929,13 +929,14 @@ static int start_send(cons_engine_t *e, struct job *j)
                     "endpoint has no active signing secret", NULL);
         return -1;
     }
-    if (sl_sign_headers(ce->signer, j->d.id, sl_now_ms() / 1000, j->d.body, j->d.body_len, &sh,
-                        &err) != 0) {
+    /* the signature covers the bytes actually sent: a GET postback sends no body */
+    bool get = ep->method == SL_METHOD_GET;
+    if (sl_sign_headers(ce->signer, j->d.id, sl_now_ms() / 1000, get ? NULL : j->d.body,
+                        get ? 0 : j->d.body_len, &sh, &err) != 0) {
         dead_letter(e, j, j->d.attempt + 1, 0, "sign_failed", err.msg, NULL);
         return -1;
     }
     struct curl_slist *h = NULL;
-    bool get = ep->method == SL_METHOD_GET;
     if (!get)
         h = add_hdr(h, "Content-Type", ep->ct ? ep->ct : j->d.ct);
     h = curl_slist_append(h, sh.id);

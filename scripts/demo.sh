@@ -10,7 +10,8 @@
 #       demo-healthy     answers 204 at once
 #       demo-slow        answers after 2.5 s (flagged by `sluicectl slow`)
 #       demo-flaky       500 on 30% of attempts (retried with backoff, then delivered)
-#       demo-ratelimited 429 + Retry-After above 5/s; Sluice limits it to 4/s, shared by pods
+#       demo-ratelimited 429 + Retry-After above 5/s; Sluice's shared limit is 6/s, so the
+#                        endpoint pushes back now and then and Sluice pauses it
 #       demo-unauth      401 (permanent: dead letter at once)
 #       demo-dead        nothing listens (retries, breaker opens, dead letters)
 #       demo-postback    affiliate postback: GET with click_id/payout macros in the URL
@@ -115,8 +116,8 @@ register() { # id url [flags...]
 register demo-healthy "$BASE/ok/demo-healthy"
 register demo-slow "$BASE/slow/2500/demo-slow"
 register demo-flaky "$BASE/flaky/30/demo-flaky"
-register demo-ratelimited "$BASE/ratelimit/5/demo-ratelimited" --rate 4 --rate-period-ms 1000 \
-  --burst 4
+register demo-ratelimited "$BASE/ratelimit/5/demo-ratelimited" --rate 6 --rate-period-ms 1000 \
+  --burst 6
 register demo-unauth "$BASE/unauth/demo-unauth"
 register demo-dead "http://127.0.0.1:$DEAD_PORT/hook"
 register demo-postback "$BASE/ok/demo-postback?click_id={click_id}&payout={payout}&goal={goal}" \

@@ -79,7 +79,8 @@ PLANTED_PAYOUT = "98765.43"
 
 def test_postback_templates_fill_encode_and_report_missing(make_world):
     w = make_world(log_level="debug", debug="all", max_attempts=2, retry_base_ms=100)
-    rcv = w.receiver()
+    # signatures of GET postbacks cover the empty body actually sent
+    rcv = w.receiver(secrets_list=[w.secret], extra=["--reject-bad-sig"])
     tpl = (rcv.base + "/ok/pb?click_id={click_id}&payout={payout}&st={status}"
            "&token=PLANTEDTOKEN99")
     ep = w.add_endpoint("pb" + w.tag, tpl, "--template", "--method", "GET")
@@ -106,7 +107,7 @@ def test_postback_templates_fill_encode_and_report_missing(make_world):
     assert 'macro "payout" missing' in m["msg"]
     hits = [l for l in rcv.ledger() if l["path"] == "/ok/pb"]
     assert len(hits) == 5, "a postback with a missing macro was sent"
-    assert all(l["method"] == "GET" and l["query_keys"] == 4 for l in hits)
+    assert all(l["method"] == "GET" and l["query_keys"] == 4 and l["sig_ok"] for l in hits)
     # log scan: no click id, payout, token or query string in any process's log lines
     logs = "".join(p.logs() for p in w.consumers) + r.stderr
     for path in glob.glob(w.dir + "/*.log"):
