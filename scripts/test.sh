@@ -56,6 +56,17 @@ if stage gcc; then
   say "gcc build (-Werror)"
   cmake -S . -B build/test-gcc -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSL_WERROR=ON >/dev/null
   cmake --build build/test-gcc -j "$JOBS"
+  say "smoke: one record through the real broker with librdkafka (sluice-produce -> dump)"
+  smoke_tag="smoke$$$(date +%s)"
+  (
+    export SLUICE_TOPIC_DELIVERIES="$smoke_tag.deliveries" SLUICE_TOPIC_OUTCOMES="$smoke_tag.outcomes"
+    export SLUICE_TOPIC_QUARANTINE="$smoke_tag.quarantine" SLUICE_TOPIC_ENDPOINTS="$smoke_tag.endpoints"
+    build/test-gcc/ctl/sluicectl topics ensure --partitions 1
+    echo '{"id":"evt_smoke_1","endpoint":"smoke","type":"smoke.test","body":{"hello":"kafka"}}' \
+      | build/test-gcc/producer/sluice-produce
+    build/test-gcc/ctl/sluicectl dump deliveries --idle-ms 5000 | tee /dev/stderr \
+      | grep -q '"id":"evt_smoke_1"' || { echo "smoke round trip failed" >&2; exit 1; }
+  )
   say "gcc: all tests"
   ctest_run build/test-gcc 1
 fi
