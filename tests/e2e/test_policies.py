@@ -210,3 +210,37 @@ def test_header_injection_refused_everywhere(make_world):
     assert c.term() == 0
     assert len(q) == 1 and "hdr" in q[0]["reason"]
     assert all(l["webhook_id"] != f"evt_{w.tag}_raw" for l in rcv.ledger())
+
+
+def test_slow_endpoints_get_a_lower_breaker_threshold(make_world):
+    import json as _json
+    w = make_world(breaker_threshold=10, breaker_slow_threshold=2, breaker_slow_p95_ms=200,
+                   max_attempts=50, retry_base_ms=100, retry_cap_ms=300)
+    rcv = w.receiver()
+    slow = w.add_endpoint("sl" + w.tag, rcv.url("slow/400", "sl"))
+    fast = w.add_endpoint("fa" + w.tag, rcv.url("ok", "fa"))
+    warm = [event(ep, i, w.tag) for ep in (slow, fast) for i in range(25)]
+    assert w.produce(warm).returncode == 0
+    c = w.consumer()
+    want = {(e["id"], e["endpoint"]) for e in warm}
+    wait_until(lambda: want <= delivered(w), 60, 0.5, "warm-up deliveries")
+    # both endpoints start failing fast; the slow one's P95 (400 ms > 200 ms) lowers its
+    # threshold from 10 to 2 consecutive failures
+    for ep, name in ((slow, "sl"), (fast, "fa")):
+        assert w.ctl("endpoints", "update", ep, "--url", rcv.url("status/500", name)).returncode == 0
+    time.sleep(2)  # the update reaches the consumer's endpoint table
+    failing = [event(ep, 100 + i, w.tag) for ep in (slow, fast) for i in range(30)]
+    assert w.produce(failing).returncode == 0
+
+    def opened():
+        out = {}
+        for line in c.logs().splitlines():
+            if '"breaker_opened"' in line:
+                d = _json.loads(line)
+                out.setdefault(d["msg"].rsplit(" ", 1)[-1], d["failures"])
+        return out if slow in out and fast in out else None
+
+    got = wait_until(opened, 60, 0.5, "both breakers open")
+    assert c.term() == 0
+    assert got[slow] == 2, got
+    assert got[fast] == 10, got
