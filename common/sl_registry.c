@@ -1,11 +1,11 @@
 /*
- * ctl_epstore: endpoint registry rows, records and publishing (see ctl_epstore.h).
+ * sl_registry: endpoint registry rows, records and publishing (see sl_registry.h).
  *
  * All SQL passes values as parameters (text format). Timestamps cross the boundary as unix
  * milliseconds computed by PostgreSQL (floor(extract(epoch ...) * 1000)), so the record's
  * "updated" is exactly what the row says. Sealed secrets travel as hex (encode/decode).
  */
-#include "ctl/ctl_epstore.h"
+#include "common/sl_registry.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -32,42 +32,42 @@
             offsetof(struct sl_endpoint, field), help, zero                                        \
     }
 
-const struct ctl_ep_numdef ctl_ep_nums[CTL_N__COUNT] = {
-    [CTL_N_TIMEOUT] =
+const struct sl_reg_ep_numdef sl_reg_ep_nums[SL_REG_N__COUNT] = {
+    [SL_REG_N_TIMEOUT] =
         NUM("timeout-ms", timeout_ms, 100, 600000, "total request timeout (ms)", "global default"),
-    [CTL_N_CONN_TIMEOUT] = NUM("connect-timeout-ms",
+    [SL_REG_N_CONN_TIMEOUT] = NUM("connect-timeout-ms",
                                conn_timeout_ms,
                                10,
                                600000,
                                "connect timeout incl. TLS (ms)",
                                "global default"),
-    [CTL_N_RETRY_BASE] = NUM("retry-base-ms",
+    [SL_REG_N_RETRY_BASE] = NUM("retry-base-ms",
                              retry_base_ms,
                              1,
                              86400000,
                              "full-jitter backoff base (ms)",
                              "global default"),
-    [CTL_N_RETRY_CAP] =
+    [SL_REG_N_RETRY_CAP] =
         NUM("retry-cap-ms", retry_cap_ms, 1, 604800000, "backoff cap (ms)", "global default"),
-    [CTL_N_MAX_ATTEMPTS] = NUM(
+    [SL_REG_N_MAX_ATTEMPTS] = NUM(
         "max-attempts", max_attempts, 1, 100, "attempts before a dead letter", "global default"),
-    [CTL_N_BRK_THRESHOLD] = NUM("breaker-threshold",
+    [SL_REG_N_BRK_THRESHOLD] = NUM("breaker-threshold",
                                 brk_threshold,
                                 1,
                                 100000,
                                 "consecutive failures that open the breaker",
                                 "global default"),
-    [CTL_N_BRK_COOLDOWN] = NUM("breaker-cooldown-ms",
+    [SL_REG_N_BRK_COOLDOWN] = NUM("breaker-cooldown-ms",
                                brk_cooldown_ms,
                                10,
                                86400000,
                                "first breaker cooldown (ms)",
                                "global default"),
-    [CTL_N_RATE] = NUM("rate", rate, 1, 1000000, "requests per rate period", "unlimited"),
-    [CTL_N_RATE_PERIOD] =
+    [SL_REG_N_RATE] = NUM("rate", rate, 1, 1000000, "requests per rate period", "unlimited"),
+    [SL_REG_N_RATE_PERIOD] =
         NUM("rate-period-ms", rate_period_ms, 1, 86400000, "rate period (ms)", "1000 ms"),
-    [CTL_N_BURST] = NUM("burst", burst, 1, 1000000, "token bucket size", "same as --rate"),
-    [CTL_N_MAX_INFLIGHT] = NUM("max-inflight",
+    [SL_REG_N_BURST] = NUM("burst", burst, 1, 1000000, "token bucket size", "same as --rate"),
+    [SL_REG_N_MAX_INFLIGHT] = NUM("max-inflight",
                                max_inflight,
                                1,
                                10000,
@@ -75,7 +75,7 @@ const struct ctl_ep_numdef ctl_ep_nums[CTL_N__COUNT] = {
                                "global default"),
 };
 
-/* Column list of every endpoint query; the numeric columns follow enum ctl_ep_num. */
+/* Column list of every endpoint query; the numeric columns follow enum sl_reg_ep_num. */
 #define EP_COLS                                                                                    \
     "id, name, url, is_template, method, content_type, headers::text, timeout_ms, "                \
     "conn_timeout_ms, retry_base_ms, retry_cap_ms, max_attempts, brk_threshold, "                  \
@@ -97,7 +97,7 @@ const struct ctl_ep_numdef ctl_ep_nums[CTL_N__COUNT] = {
 
 /* ==== Rows ==== */
 
-static void secrets_free(struct ctl_ep_secret *s, size_t n)
+static void secrets_free(struct sl_reg_ep_secret *s, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         sl_secret_wipe(s[i].enc, s[i].enc_len);
@@ -106,7 +106,7 @@ static void secrets_free(struct ctl_ep_secret *s, size_t n)
     free(s);
 }
 
-void ctl_ep_fini(struct ctl_ep *ep)
+void sl_reg_ep_fini(struct sl_reg_ep *ep)
 {
     if (!ep)
         return;
@@ -120,7 +120,7 @@ void ctl_ep_fini(struct ctl_ep *ep)
     memset(ep, 0, sizeof(*ep));
 }
 
-void ctl_ep_set_headers(struct ctl_ep *ep, const struct sl_kv *hdr, size_t n)
+void sl_reg_ep_set_headers(struct sl_reg_ep *ep, const struct sl_kv *hdr, size_t n)
 {
     struct sl_kv *out = NULL;
     if (n > 0) {
@@ -145,17 +145,17 @@ void ctl_ep_set_headers(struct ctl_ep *ep, const struct sl_kv *hdr, size_t n)
 }
 
 /* ep's raw policy values as the uint32 fields of a record (nothing else set). */
-static void rec_policy(const struct ctl_ep *ep, struct sl_endpoint_rec *rec)
+static void rec_policy(const struct sl_reg_ep *ep, struct sl_endpoint_rec *rec)
 {
-    for (int i = 0; i < CTL_N__COUNT; i++) {
+    for (int i = 0; i < SL_REG_N__COUNT; i++) {
         uint32_t v = (uint32_t)ep->num[i];
-        memcpy((char *)rec + ctl_ep_nums[i].rec_off, &v, sizeof(v));
+        memcpy((char *)rec + sl_reg_ep_nums[i].rec_off, &v, sizeof(v));
     }
 }
 
-void ctl_ep_effective(const struct ctl_ep *ep,
+void sl_reg_ep_effective(const struct sl_reg_ep *ep,
                       const struct sl_endpoint_defaults *d,
-                      int64_t eff[CTL_N__COUNT])
+                      int64_t eff[SL_REG_N__COUNT])
 {
     struct sl_endpoint_rec rec;
     struct sl_endpoint e;
@@ -163,11 +163,11 @@ void ctl_ep_effective(const struct ctl_ep *ep,
     memset(&e, 0, sizeof(e));
     rec_policy(ep, &rec);
     sl_endpoint_resolve_policy(&e, &rec, d);
-    for (int i = 0; i < CTL_N__COUNT; i++)
-        memcpy(&eff[i], (const char *)&e + ctl_ep_nums[i].eff_off, sizeof(eff[i]));
+    for (int i = 0; i < SL_REG_N__COUNT; i++)
+        memcpy(&eff[i], (const char *)&e + sl_reg_ep_nums[i].eff_off, sizeof(eff[i]));
 }
 
-size_t ctl_ep_active_secrets(const struct ctl_ep *ep)
+size_t sl_reg_ep_active_secrets(const struct sl_reg_ep *ep)
 {
     size_t n = 0;
     for (size_t i = 0; i < ep->n_secrets; i++)
@@ -175,7 +175,7 @@ size_t ctl_ep_active_secrets(const struct ctl_ep *ep)
     return n;
 }
 
-int ctl_ep_encode(const struct ctl_ep *ep, struct sl_buf *out, sl_err_t *err)
+int sl_reg_ep_encode(const struct sl_reg_ep *ep, struct sl_buf *out, sl_err_t *err)
 {
     struct sl_endpoint_rec rec;
     struct sl_endpoint_secret secs[SL_SECRETS_MAX];
@@ -262,7 +262,7 @@ static bool to_bool(const char *s)
 }
 
 /* Parse the headers column: [{"name": ..., "value": ...}, ...]. */
-static int headers_from_json(struct ctl_ep *ep, const char *text, sl_err_t *err)
+static int headers_from_json(struct sl_reg_ep *ep, const char *text, sl_err_t *err)
 {
     json_error_t jerr;
     json_t *arr = json_loads(text, 0, &jerr);
@@ -288,13 +288,13 @@ static int headers_from_json(struct ctl_ep *ep, const char *text, sl_err_t *err)
         kv[n].name = name;
         kv[n].value = value;
     }
-    ctl_ep_set_headers(ep, kv, n);
+    sl_reg_ep_set_headers(ep, kv, n);
 out:
     json_decref(arr);
     return rc;
 }
 
-static char *headers_to_json(const struct ctl_ep *ep)
+static char *headers_to_json(const struct sl_reg_ep *ep)
 {
     json_t *arr = json_array();
     for (size_t i = 0; i < ep->n_hdr; i++)
@@ -307,7 +307,7 @@ static char *headers_to_json(const struct ctl_ep *ep)
     return s;
 }
 
-static int row_to_ep(const PGresult *res, int r, struct ctl_ep *ep, sl_err_t *err)
+static int row_to_ep(const PGresult *res, int r, struct sl_reg_ep *ep, sl_err_t *err)
 {
     memset(ep, 0, sizeof(*ep));
     ep->id = sl_xstrdup(PQgetvalue(res, r, 0));
@@ -318,7 +318,7 @@ static int row_to_ep(const PGresult *res, int r, struct ctl_ep *ep, sl_err_t *er
     if (sl_http_method_parse(m, strlen(m), &ep->method) != 0)
         return sl_err_set(err, SL_EDECODE, "endpoint %s has an unknown method", ep->id);
     ep->ct = sl_xstrdup(PQgetvalue(res, r, 5));
-    for (int i = 0; i < CTL_N__COUNT; i++)
+    for (int i = 0; i < SL_REG_N__COUNT; i++)
         ep->num[i] = to_i64(PQgetvalue(res, r, COL_NUM0 + i));
     ep->enabled = to_bool(PQgetvalue(res, r, COL_ENABLED));
     ep->reason = sl_xstrdup(PQgetvalue(res, r, COL_REASON));
@@ -328,9 +328,9 @@ static int row_to_ep(const PGresult *res, int r, struct ctl_ep *ep, sl_err_t *er
 }
 
 /* Append secret row r of res to ep. */
-static int add_secret_row(struct ctl_ep *ep, const PGresult *res, int r, sl_err_t *err)
+static int add_secret_row(struct sl_reg_ep *ep, const PGresult *res, int r, sl_err_t *err)
 {
-    struct ctl_ep_secret s;
+    struct sl_reg_ep_secret s;
     memset(&s, 0, sizeof(s));
     s.seq = (int)to_i64(PQgetvalue(res, r, 1));
     s.enc = unhex(PQgetvalue(res, r, 2), &s.enc_len);
@@ -347,7 +347,7 @@ static int add_secret_row(struct ctl_ep *ep, const PGresult *res, int r, sl_err_
 
 /* ==== PostgreSQL ==== */
 
-PGconn *ctl_db_open(const struct sl_config *cfg, sl_err_t *err)
+PGconn *sl_reg_db_open(const struct sl_config *cfg, sl_err_t *err)
 {
     PGconn *pg = sl_pg_connect(cfg->pg_dsn, err);
     if (!pg)
@@ -363,7 +363,7 @@ PGconn *ctl_db_open(const struct sl_config *cfg, sl_err_t *err)
     return pg;
 }
 
-int ctl_db_lock_endpoint(PGconn *pg, const char *id, sl_err_t *err)
+int sl_reg_db_lock_endpoint(PGconn *pg, const char *id, sl_err_t *err)
 {
     const char *p[1] = {id};
     if (sl_pg_cmd(pg, "lock the endpoint registry",
@@ -373,29 +373,29 @@ int ctl_db_lock_endpoint(PGconn *pg, const char *id, sl_err_t *err)
                      "select pg_advisory_lock(" LOCK_EP_CLASS ", hashtext($1))", 1, p, err);
 }
 
-int ctl_db_lock_registry(PGconn *pg, sl_err_t *err)
+int sl_reg_db_lock_registry(PGconn *pg, sl_err_t *err)
 {
     return sl_pg_cmd(pg, "lock the endpoint registry", "select pg_advisory_lock(" LOCK_REGISTRY ")",
                      0, NULL, err);
 }
 
-int ctl_db_begin(PGconn *pg, sl_err_t *err)
+int sl_reg_db_begin(PGconn *pg, sl_err_t *err)
 {
     return sl_pg_cmd(pg, "begin a transaction", "begin", 0, NULL, err);
 }
 
-int ctl_db_commit(PGconn *pg, sl_err_t *err)
+int sl_reg_db_commit(PGconn *pg, sl_err_t *err)
 {
     return sl_pg_cmd(pg, "commit", "commit", 0, NULL, err);
 }
 
-void ctl_db_rollback(PGconn *pg)
+void sl_reg_db_rollback(PGconn *pg)
 {
     if (pg && PQtransactionStatus(pg) != PQTRANS_IDLE)
         (void)sl_pg_cmd(pg, "roll back", "rollback", 0, NULL, NULL);
 }
 
-static int load_secrets(PGconn *pg, struct ctl_ep *ep, sl_err_t *err)
+static int load_secrets(PGconn *pg, struct sl_reg_ep *ep, sl_err_t *err)
 {
     const char *p[1] = {ep->id};
     PGresult *res = sl_pg_exec(pg, "read endpoint secrets",
@@ -411,7 +411,7 @@ static int load_secrets(PGconn *pg, struct ctl_ep *ep, sl_err_t *err)
     return rc;
 }
 
-int ctl_db_load(PGconn *pg, const char *id, bool for_update, struct ctl_ep *out, sl_err_t *err)
+int sl_reg_db_load(PGconn *pg, const char *id, bool for_update, struct sl_reg_ep *out, sl_err_t *err)
 {
     const char *p[1] = {id};
     int rc = 0;
@@ -435,9 +435,9 @@ out:
     return rc;
 }
 
-int ctl_db_list(PGconn *pg, struct ctl_ep **out, size_t *n, sl_err_t *err)
+int sl_reg_db_list(PGconn *pg, struct sl_reg_ep **out, size_t *n, sl_err_t *err)
 {
-    struct ctl_ep *eps = NULL;
+    struct sl_reg_ep *eps = NULL;
     size_t cnt = 0;
     int rc = 0;
     PGresult *sres = NULL;
@@ -475,7 +475,7 @@ out:
     PQclear(sres);
     if (rc != 0) {
         for (size_t i = 0; i < cnt; i++)
-            ctl_ep_fini(&eps[i]);
+            sl_reg_ep_fini(&eps[i]);
         free(eps);
         return rc;
     }
@@ -487,11 +487,11 @@ out:
 /* Text parameters $1..$20 for insert/update, in EP_COLS order minus the timestamps. */
 struct ep_params {
     const char *v[20];          /* parameter values */
-    char num[CTL_N__COUNT][24]; /* storage for the numbers */
+    char num[SL_REG_N__COUNT][24]; /* storage for the numbers */
     char *headers;              /* JSON text (owned) */
 };
 
-static void ep_params_fill(struct ep_params *p, const struct ctl_ep *ep)
+static void ep_params_fill(struct ep_params *p, const struct sl_reg_ep *ep)
 {
     p->headers = headers_to_json(ep);
     p->v[0] = ep->id;
@@ -501,7 +501,7 @@ static void ep_params_fill(struct ep_params *p, const struct ctl_ep *ep)
     p->v[4] = sl_http_method_name(ep->method);
     p->v[5] = ep->ct;
     p->v[6] = p->headers;
-    for (int i = 0; i < CTL_N__COUNT; i++) {
+    for (int i = 0; i < SL_REG_N__COUNT; i++) {
         snprintf(p->num[i], sizeof(p->num[i]), "%" PRId64, ep->num[i]);
         p->v[COL_NUM0 + i] = p->num[i];
     }
@@ -509,7 +509,7 @@ static void ep_params_fill(struct ep_params *p, const struct ctl_ep *ep)
     p->v[COL_REASON] = ep->reason;
 }
 
-int ctl_db_insert(PGconn *pg, const struct ctl_ep *ep, sl_err_t *err)
+int sl_reg_db_insert(PGconn *pg, const struct sl_reg_ep *ep, sl_err_t *err)
 {
     struct ep_params p;
     int rc = 0;
@@ -532,7 +532,7 @@ int ctl_db_insert(PGconn *pg, const struct ctl_ep *ep, sl_err_t *err)
     return rc;
 }
 
-int ctl_db_update(PGconn *pg, const struct ctl_ep *ep, sl_err_t *err)
+int sl_reg_db_update(PGconn *pg, const struct sl_reg_ep *ep, sl_err_t *err)
 {
     struct ep_params p;
     int rc = 0;
@@ -555,7 +555,7 @@ int ctl_db_update(PGconn *pg, const struct ctl_ep *ep, sl_err_t *err)
     return rc;
 }
 
-int ctl_db_add_secret(PGconn *pg, const char *id, const uint8_t *enc, size_t enc_len, sl_err_t *err)
+int sl_reg_db_add_secret(PGconn *pg, const char *id, const uint8_t *enc, size_t enc_len, sl_err_t *err)
 {
     char *hex = tohex(enc, enc_len);
     const char *p[2] = {id, hex};
@@ -568,7 +568,7 @@ int ctl_db_add_secret(PGconn *pg, const char *id, const uint8_t *enc, size_t enc
     return rc;
 }
 
-int ctl_db_rotate(PGconn *pg,
+int sl_reg_db_rotate(PGconn *pg,
                   const char *id,
                   int64_t overlap_s,
                   const uint8_t *enc,
@@ -588,7 +588,7 @@ int ctl_db_rotate(PGconn *pg,
                        "interval '1 second' where endpoint_id = $1 and expires_at is null",
                        2, p2, err);
     if (rc == 0)
-        rc = ctl_db_add_secret(pg, id, enc, enc_len, err);
+        rc = sl_reg_db_add_secret(pg, id, enc, enc_len, err);
     if (rc != 0)
         return rc;
     PGresult *res = sl_pg_exec(pg, "count secrets",
@@ -608,7 +608,7 @@ int ctl_db_rotate(PGconn *pg,
                      "update endpoints set updated_at = now() where id = $1", 1, p1, err);
 }
 
-int ctl_db_delete(PGconn *pg, const char *id, sl_err_t *err)
+int sl_reg_db_delete(PGconn *pg, const char *id, sl_err_t *err)
 {
     const char *p[1] = {id};
     PGresult *res = sl_pg_exec(pg, "delete endpoint",
@@ -625,14 +625,14 @@ int ctl_db_delete(PGconn *pg, const char *id, sl_err_t *err)
 static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 {
     (void)rk;
-    struct ctl_pub *p = opaque;
+    struct sl_reg_pub *p = opaque;
     if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
         return;
     if (p->failed++ == 0)
         snprintf(p->first_err, sizeof(p->first_err), "%s", rd_kafka_err2str(m->err));
 }
 
-int ctl_pub_open(const struct sl_config *cfg, struct ctl_pub *p, sl_err_t *err)
+int sl_reg_pub_open(const struct sl_config *cfg, struct sl_reg_pub *p, sl_err_t *err)
 {
     char errstr[512];
     memset(p, 0, sizeof(*p));
@@ -657,7 +657,7 @@ int ctl_pub_open(const struct sl_config *cfg, struct ctl_pub *p, sl_err_t *err)
     return 0;
 }
 
-int ctl_pub_send(struct ctl_pub *p, const char *id, const void *val, size_t len, sl_err_t *err)
+int sl_reg_pub_send(struct sl_reg_pub *p, const char *id, const void *val, size_t len, sl_err_t *err)
 {
     int rc =
         sl_kafka_produce(p->rk, p->topic, id, strlen(id), val, val ? len : 0, NULL, 10000, err);
@@ -666,7 +666,7 @@ int ctl_pub_send(struct ctl_pub *p, const char *id, const void *val, size_t len,
     return rc;
 }
 
-int ctl_pub_flush(struct ctl_pub *p, int timeout_ms, sl_err_t *err)
+int sl_reg_pub_flush(struct sl_reg_pub *p, int timeout_ms, sl_err_t *err)
 {
     rd_kafka_resp_err_t e = rd_kafka_flush(p->rk, timeout_ms);
     if (e == RD_KAFKA_RESP_ERR__TIMED_OUT)
@@ -680,7 +680,7 @@ int ctl_pub_flush(struct ctl_pub *p, int timeout_ms, sl_err_t *err)
     return 0;
 }
 
-void ctl_pub_close(struct ctl_pub *p)
+void sl_reg_pub_close(struct sl_reg_pub *p)
 {
     if (!p->rk)
         return;
@@ -688,4 +688,63 @@ void ctl_pub_close(struct ctl_pub *p)
     rd_kafka_flush(p->rk, 1000); /* serve the purge's delivery reports */
     rd_kafka_destroy(p->rk);
     p->rk = NULL;
+}
+
+int sl_reg_db_unlock_all(PGconn *pg, sl_err_t *err)
+{
+    return sl_pg_cmd(pg, "release registry locks", "select pg_advisory_unlock_all()", 0, NULL,
+                     err);
+}
+
+int sl_reg_disable(PGconn *pg, struct sl_reg_pub *pub, const char *id, const char *reason,
+                   int64_t requested_ms, bool *changed, sl_err_t *err)
+{
+    struct sl_reg_ep ep;
+    struct sl_buf rec;
+    memset(&ep, 0, sizeof(ep));
+    sl_buf_init(&rec, SL_ENDPOINT_RECORD_MAX);
+    bool in_tx = false;
+    if (changed)
+        *changed = false;
+    int rc = sl_reg_db_lock_endpoint(pg, id, err);
+    if (rc == 0)
+        rc = sl_reg_db_begin(pg, err);
+    in_tx = rc == 0;
+    if (rc == 0)
+        rc = sl_reg_db_load(pg, id, true, &ep, err);
+    if (rc != 0)
+        goto out;
+    if (!ep.enabled || (int64_t)ep.updated_ms > requested_ms) {
+        /* already disabled, or an operator changed it after the consumer asked: their word
+         * stands */
+        goto out;
+    }
+    ep.enabled = false;
+    free(ep.reason);
+    ep.reason = sl_xstrdup(reason);
+    rc = sl_reg_db_update(pg, &ep, err);
+    if (rc == 0) {
+        sl_reg_ep_fini(&ep);
+        rc = sl_reg_db_load(pg, id, false, &ep, err);
+    }
+    if (rc == 0)
+        rc = sl_reg_ep_encode(&ep, &rec, err);
+    if (rc == 0)
+        rc = sl_reg_db_commit(pg, err);
+    in_tx = false;
+    if (rc != 0)
+        goto out;
+    if (changed)
+        *changed = true;
+    rc = sl_reg_pub_send(pub, id, rec.data, rec.len, err);
+    if (rc == 0)
+        rc = sl_reg_pub_flush(pub, 30000, err);
+out:
+    if (in_tx)
+        sl_reg_db_rollback(pg);
+    sl_err_t uerr;
+    (void)sl_reg_db_unlock_all(pg, &uerr);
+    sl_buf_fini(&rec);
+    sl_reg_ep_fini(&ep);
+    return rc;
 }
