@@ -61,7 +61,7 @@
 #define LAT_RING           128   /* latency samples per endpoint for the slow check */
 #define LAT_WINDOW_S       900   /* samples older than this are ignored, s */
 #define LAT_MIN_SAMPLES    20    /* fewer samples never count an endpoint as slow */
-#define RATE_LEASE_MS      500   /* leased rate tokens are used within this, ms */
+#define RATE_LEASE_MS      200   /* leased rate tokens are used within this, ms */
 
 enum job_src { SRC_KAFKA, SRC_REDIS };
 

@@ -33,14 +33,16 @@ def test_rate_limit_shared_by_two_consumers(make_world):
     assert c1.term() == 0 and c2.term() == 0
     ts = sorted(l["ts_ms"] for l in rcv.ledger() if l["endpoint"] == "rl")
     assert len(ts) >= n
-    # never above the bucket over any one-second window: rate + burst at most
+    # never above the bucket over any one-second window: rate + burst, plus what a pod may
+    # hold as a lease taken just before the window (leases are used within 200 ms: rate / 5)
+    slack = max(1, rate // 5)
     j = 0
     worst = 0
     for i in range(len(ts)):
         while ts[i] - ts[j] >= 1000:
             j += 1
         worst = max(worst, i - j + 1)
-    assert worst <= rate + burst, f"{worst} requests within one second"
+    assert worst <= rate + burst + slack, f"{worst} requests within one second"
     # and close to the rate overall (loose: shared, noisy machine)
     span = (ts[-1] - ts[0]) / 1000
     achieved = (len(ts) - burst) / span
