@@ -3,7 +3,7 @@
  *
  *   add, update, disable, enable, rotate-secret, delete: validate every flag (exit 2, nothing
  *       touched), then change PostgreSQL in one transaction and publish the committed state to
- *       the endpoints topic, flushed with acks=all, before reporting success (ctl_epstore.h
+ *       the endpoints topic, flushed with acks=all, before reporting success (sl_registry.h
  *       has the locking and ordering). A publish failure leaves the committed change in place
  *       and says so: `endpoints sync` repairs the topic.
  *   show, list: read PostgreSQL (the source of truth), never the topic.
@@ -32,7 +32,7 @@
 #include "common/sl_sign.h"
 #include "common/sl_url.h"
 #include "ctl/ctl.h"
-#include "ctl/ctl_epstore.h"
+#include "common/sl_registry.h"
 
 #define FLUSH_TIMEOUT_MS  20000 /* > the producer's 15 s message timeout */
 #define SCAN_TIMEOUT_MS   30000 /* sync: reading the topic to its end */
@@ -88,7 +88,7 @@ enum {
     O_REASON,
     O_SHOW_SECRETS,
     O_JSON,
-    O_NUM0, /* + enum ctl_ep_num */
+    O_NUM0, /* + enum sl_reg_ep_num */
 };
 
 struct optdef {
@@ -139,8 +139,8 @@ struct opts {
     char *hdr_buf[SL_HDR_MAX];    /* owned copies split at ':' */
     size_t n_hdr;                 /* entries in hdr */
     bool clear_headers;           /* --clear-headers */
-    int64_t num[CTL_N__COUNT];    /* numeric flags */
-    bool num_set[CTL_N__COUNT];   /* which were given */
+    int64_t num[SL_REG_N__COUNT];    /* numeric flags */
+    bool num_set[SL_REG_N__COUNT];   /* which were given */
     int64_t overlap_s;            /* --overlap-s */
     bool json, show_secrets;      /* output switches */
     enum sl_http_method method;   /* parsed --method */
@@ -180,12 +180,12 @@ static void sub_help(FILE *f, enum sub s)
         print_flag_help(f, d->name, d->arg, d->help);
         if (d->val == O_HEADER) {
             /* the numeric policy flags follow the header flags */
-            for (int n = 0; n < CTL_N__COUNT; n++) {
+            for (int n = 0; n < SL_REG_N__COUNT; n++) {
                 char help[160];
                 snprintf(help, sizeof(help), "%s: 0 = %s, else %" PRId64 "..%" PRId64,
-                         ctl_ep_nums[n].help, ctl_ep_nums[n].zero, ctl_ep_nums[n].min,
-                         ctl_ep_nums[n].max);
-                print_flag_help(f, ctl_ep_nums[n].flag, "N", help);
+                         sl_reg_ep_nums[n].help, sl_reg_ep_nums[n].zero, sl_reg_ep_nums[n].min,
+                         sl_reg_ep_nums[n].max);
+                print_flag_help(f, sl_reg_ep_nums[n].flag, "N", help);
             }
         }
     }
@@ -273,7 +273,7 @@ static bool any_setting(const struct opts *o)
 {
     bool any = o->url || o->name || o->method_s || o->ct || o->tpl >= 0 || o->n_hdr > 0 ||
                o->clear_headers;
-    for (int i = 0; i < CTL_N__COUNT; i++)
+    for (int i = 0; i < SL_REG_N__COUNT; i++)
         any = any || o->num_set[i];
     return any;
 }
@@ -358,7 +358,7 @@ static int check_values(enum sub s, struct opts *o)
             return ctl_usage_error(cmd, "--id is required");
         if (!o->url)
             return ctl_usage_error(cmd, "--url is required");
-        if (!o->num_set[CTL_N_RATE] && (o->num_set[CTL_N_BURST] || o->num_set[CTL_N_RATE_PERIOD]))
+        if (!o->num_set[SL_REG_N_RATE] && (o->num_set[SL_REG_N_BURST] || o->num_set[SL_REG_N_RATE_PERIOD]))
             return ctl_usage_error(cmd, "--burst and --rate-period-ms need --rate");
     }
     if (s == S_UPDATE && !any_setting(o))
@@ -373,7 +373,7 @@ static int check_values(enum sub s, struct opts *o)
 static int parse(enum sub s, int argc, char **argv, struct opts *o)
 {
     const char *cmd = cmd_name(s);
-    struct option lopts[N_OPTDEFS + CTL_N__COUNT + 1];
+    struct option lopts[N_OPTDEFS + SL_REG_N__COUNT + 1];
     size_t n = 0;
     memset(o, 0, sizeof(*o));
     o->tpl = -1;
@@ -383,9 +383,9 @@ static int parse(enum sub s, int argc, char **argv, struct opts *o)
             continue;
         lopts[n++] = (struct option){optdefs[i].name, optdefs[i].has_arg, NULL, optdefs[i].val};
         if (optdefs[i].val == O_HEADER) {
-            for (int k = 0; k < CTL_N__COUNT; k++)
+            for (int k = 0; k < SL_REG_N__COUNT; k++)
                 lopts[n++] =
-                    (struct option){ctl_ep_nums[k].flag, required_argument, NULL, O_NUM0 + k};
+                    (struct option){sl_reg_ep_nums[k].flag, required_argument, NULL, O_NUM0 + k};
         }
     }
     lopts[n] = (struct option){NULL, 0, NULL, 0};
@@ -448,8 +448,8 @@ static int parse(enum sub s, int argc, char **argv, struct opts *o)
         case ':':
             return ctl_getopt_error(cmd, c, lopts, argv);
         default:
-            if (c >= O_NUM0 && c < O_NUM0 + CTL_N__COUNT) {
-                const struct ctl_ep_numdef *d = &ctl_ep_nums[c - O_NUM0];
+            if (c >= O_NUM0 && c < O_NUM0 + SL_REG_N__COUNT) {
+                const struct sl_reg_ep_numdef *d = &sl_reg_ep_nums[c - O_NUM0];
                 char flag[40];
                 snprintf(flag, sizeof(flag), "--%s", d->flag);
                 rc = ctl_parse_int(cmd, flag, optarg, d->min, d->max, true, &o->num[c - O_NUM0]);
@@ -475,13 +475,13 @@ static int parse(enum sub s, int argc, char **argv, struct opts *o)
 
 /* ==== Output ==== */
 
-static const char *secret_state(const struct ctl_ep_secret *s)
+static const char *secret_state(const struct sl_reg_ep_secret *s)
 {
     return s->expired ? "expired" : s->exp_ms == 0 ? "current" : "expiring";
 }
 
 /* Decrypted secret i of ep into out (SL_SECRET_ENC_MAX + 1 bytes); "" when it fails. */
-static void open_secret_text(const struct ctl_ep *ep,
+static void open_secret_text(const struct sl_reg_ep *ep,
                              size_t i,
                              const struct sl_masterkey *mk,
                              char *out,
@@ -506,7 +506,7 @@ struct show_opts {
     const struct sl_endpoint_defaults *defs; /* for effective values */
 };
 
-static json_t *ep_json(const struct ctl_ep *ep, const struct show_opts *so)
+static json_t *ep_json(const struct sl_reg_ep *ep, const struct show_opts *so)
 {
     char t[32];
     json_t *o = json_object();
@@ -528,16 +528,16 @@ static json_t *ep_json(const struct ctl_ep *ep, const struct show_opts *so)
     json_object_set_new(o, "enabled", json_boolean(ep->enabled));
     json_object_set_new(o, "disabled_reason", json_string(ep->reason));
     json_t *eff = json_object();
-    int64_t ev[CTL_N__COUNT];
-    ctl_ep_effective(ep, so->defs, ev);
-    for (int i = 0; i < CTL_N__COUNT; i++) {
-        json_object_set_new(o, ctl_ep_nums[i].column, json_integer(ep->num[i]));
-        json_object_set_new(eff, ctl_ep_nums[i].column, json_integer(ev[i]));
+    int64_t ev[SL_REG_N__COUNT];
+    sl_reg_ep_effective(ep, so->defs, ev);
+    for (int i = 0; i < SL_REG_N__COUNT; i++) {
+        json_object_set_new(o, sl_reg_ep_nums[i].column, json_integer(ep->num[i]));
+        json_object_set_new(eff, sl_reg_ep_nums[i].column, json_integer(ev[i]));
     }
     json_object_set_new(o, "effective", eff);
     json_t *ss = json_array();
     for (size_t i = 0; i < ep->n_secrets; i++) {
-        const struct ctl_ep_secret *s = &ep->secrets[i];
+        const struct sl_reg_ep_secret *s = &ep->secrets[i];
         json_t *j = json_object();
         json_object_set_new(j, "seq", json_integer(s->seq));
         json_object_set_new(j, "state", json_string(secret_state(s)));
@@ -583,7 +583,7 @@ static void print_json(json_t *j)
         putchar('\n');                                                                             \
     } while (0)
 
-static void print_ep_text(const struct ctl_ep *ep, const struct show_opts *so)
+static void print_ep_text(const struct sl_reg_ep *ep, const struct show_opts *so)
 {
     char t1[32], t2[32];
     ROW("id", "%s", ep->id);
@@ -600,27 +600,27 @@ static void print_ep_text(const struct ctl_ep *ep, const struct show_opts *so)
     ROW("enabled", "%s", ep->enabled ? "yes" : "no");
     if (!ep->enabled)
         ROW("disabled reason", "%s", ep->reason);
-    int64_t ev[CTL_N__COUNT];
-    ctl_ep_effective(ep, so->defs, ev);
-    for (int i = 0; i < CTL_N__COUNT; i++) {
+    int64_t ev[SL_REG_N__COUNT];
+    sl_reg_ep_effective(ep, so->defs, ev);
+    for (int i = 0; i < SL_REG_N__COUNT; i++) {
         int64_t eff = ev[i];
-        if ((i == CTL_N_RATE || i == CTL_N_BURST) && eff == 0)
-            ROW(ctl_ep_nums[i].flag, "0 (unlimited)");
-        else if (ep->num[i] == 0 && i == CTL_N_BURST)
-            ROW(ctl_ep_nums[i].flag, "%" PRId64 " (same as rate)", eff);
-        else if (ep->num[i] == 0 && i == CTL_N_CONN_TIMEOUT && eff < so->defs->conn_timeout_ms)
-            ROW(ctl_ep_nums[i].flag, "%" PRId64 " (default, limited to timeout-ms)", eff);
-        else if (ep->num[i] == 0 && i == CTL_N_RETRY_CAP && eff > so->defs->retry_cap_ms)
-            ROW(ctl_ep_nums[i].flag, "%" PRId64 " (default, raised to retry-base-ms)", eff);
+        if ((i == SL_REG_N_RATE || i == SL_REG_N_BURST) && eff == 0)
+            ROW(sl_reg_ep_nums[i].flag, "0 (unlimited)");
+        else if (ep->num[i] == 0 && i == SL_REG_N_BURST)
+            ROW(sl_reg_ep_nums[i].flag, "%" PRId64 " (same as rate)", eff);
+        else if (ep->num[i] == 0 && i == SL_REG_N_CONN_TIMEOUT && eff < so->defs->conn_timeout_ms)
+            ROW(sl_reg_ep_nums[i].flag, "%" PRId64 " (default, limited to timeout-ms)", eff);
+        else if (ep->num[i] == 0 && i == SL_REG_N_RETRY_CAP && eff > so->defs->retry_cap_ms)
+            ROW(sl_reg_ep_nums[i].flag, "%" PRId64 " (default, raised to retry-base-ms)", eff);
         else if (ep->num[i] == 0)
-            ROW(ctl_ep_nums[i].flag, "%" PRId64 " (default)", eff);
+            ROW(sl_reg_ep_nums[i].flag, "%" PRId64 " (default)", eff);
         else if (eff != ep->num[i])
-            ROW(ctl_ep_nums[i].flag, "%" PRId64 " (effective %" PRId64 ")", ep->num[i], eff);
+            ROW(sl_reg_ep_nums[i].flag, "%" PRId64 " (effective %" PRId64 ")", ep->num[i], eff);
         else
-            ROW(ctl_ep_nums[i].flag, "%" PRId64, ep->num[i]);
+            ROW(sl_reg_ep_nums[i].flag, "%" PRId64, ep->num[i]);
     }
     for (size_t i = 0; i < ep->n_secrets; i++) {
-        const struct ctl_ep_secret *s = &ep->secrets[i];
+        const struct sl_reg_ep_secret *s = &ep->secrets[i];
         char state[64];
         ctl_fmt_time(s->created_ms, t1, sizeof(t1));
         ctl_fmt_time(s->exp_ms, t2, sizeof(t2));
@@ -657,17 +657,17 @@ struct run {
     const struct sl_config *cfg;      /* loaded configuration */
     struct sl_endpoint_defaults defs; /* for effective values */
     PGconn *pg;                       /* registry connection */
-    struct ctl_pub pub;               /* producer (rk NULL until opened) */
+    struct sl_reg_pub pub;               /* producer (rk NULL until opened) */
     struct sl_masterkey mk;           /* when needed */
     bool have_mk;                     /* mk parsed */
 };
 
 static void run_fini(struct run *r)
 {
-    ctl_db_rollback(r->pg);
+    sl_reg_db_rollback(r->pg);
     if (r->pg)
         PQfinish(r->pg); /* also releases the advisory locks */
-    ctl_pub_close(&r->pub);
+    sl_reg_pub_close(&r->pub);
     sl_masterkey_fini(&r->mk);
 }
 
@@ -687,7 +687,7 @@ static int need_master_key(struct run *r, const char *why)
 static int open_db(struct run *r)
 {
     sl_err_t err;
-    r->pg = ctl_db_open(r->cfg, &err);
+    r->pg = sl_reg_db_open(r->cfg, &err);
     if (!r->pg)
         return ctl_fail(r->cmd, "%s", err.msg);
     return 0;
@@ -700,11 +700,11 @@ static int open_db(struct run *r)
 static int publish(struct run *r, const char *id, const void *val, size_t len)
 {
     sl_err_t err;
-    int rc = r->pub.rk ? 0 : ctl_pub_open(r->cfg, &r->pub, &err);
+    int rc = r->pub.rk ? 0 : sl_reg_pub_open(r->cfg, &r->pub, &err);
     if (rc == 0)
-        rc = ctl_pub_send(&r->pub, id, val, len, &err);
+        rc = sl_reg_pub_send(&r->pub, id, val, len, &err);
     if (rc == 0)
-        rc = ctl_pub_flush(&r->pub, FLUSH_TIMEOUT_MS, &err);
+        rc = sl_reg_pub_flush(&r->pub, FLUSH_TIMEOUT_MS, &err);
     if (rc == 0)
         return CTL_EXIT_OK;
     return ctl_fail(r->cmd,
@@ -715,25 +715,25 @@ static int publish(struct run *r, const char *id, const void *val, size_t len)
 }
 
 /* Read the row back inside the transaction, encode it, commit. */
-static int commit_and_encode(struct run *r, const char *id, struct ctl_ep *ep, struct sl_buf *rec)
+static int commit_and_encode(struct run *r, const char *id, struct sl_reg_ep *ep, struct sl_buf *rec)
 {
     sl_err_t err;
-    ctl_ep_fini(ep);
-    int rc = ctl_db_load(r->pg, id, false, ep, &err);
+    sl_reg_ep_fini(ep);
+    int rc = sl_reg_db_load(r->pg, id, false, ep, &err);
     if (rc == 0)
-        rc = ctl_ep_encode(ep, rec, &err);
+        rc = sl_reg_ep_encode(ep, rec, &err);
     if (rc != 0) {
-        ctl_db_rollback(r->pg);
+        sl_reg_db_rollback(r->pg);
         return ctl_fail(r->cmd, "nothing changed: %s", err.msg);
     }
-    if (ctl_db_commit(r->pg, &err) != 0)
+    if (sl_reg_db_commit(r->pg, &err) != 0)
         return ctl_fail(r->cmd, "nothing changed: %s", err.msg);
     return 0;
 }
 
 /* ==== Subcommands ==== */
 
-static void ep_from_opts(struct ctl_ep *ep, const struct opts *o)
+static void ep_from_opts(struct sl_reg_ep *ep, const struct opts *o)
 {
     if (o->url) {
         free(ep->url);
@@ -752,15 +752,15 @@ static void ep_from_opts(struct ctl_ep *ep, const struct opts *o)
         ep->ct = sl_xstrdup(o->ct);
     }
     if (o->n_hdr > 0 || o->clear_headers)
-        ctl_ep_set_headers(ep, o->hdr, o->n_hdr);
-    for (int i = 0; i < CTL_N__COUNT; i++) {
+        sl_reg_ep_set_headers(ep, o->hdr, o->n_hdr);
+    for (int i = 0; i < SL_REG_N__COUNT; i++) {
         if (o->num_set[i])
             ep->num[i] = o->num[i];
     }
 }
 
 /* Cross-field rules on the final settings; usage error naming the flags. */
-static int check_merged(struct run *r, const struct ctl_ep *ep, const struct opts *o)
+static int check_merged(struct run *r, const struct sl_reg_ep *ep, const struct opts *o)
 {
     sl_err_t err;
     if ((o->url || o->tpl >= 0) && sl_endpoint_url_check(ep->url, ep->tpl, &err) != 0) {
@@ -770,16 +770,16 @@ static int check_merged(struct run *r, const struct ctl_ep *ep, const struct opt
                                ep->tpl ? "template" : "no-template", err.msg);
     }
     const int64_t *v = ep->num;
-    if (v[CTL_N_TIMEOUT] && v[CTL_N_CONN_TIMEOUT] && v[CTL_N_CONN_TIMEOUT] > v[CTL_N_TIMEOUT])
+    if (v[SL_REG_N_TIMEOUT] && v[SL_REG_N_CONN_TIMEOUT] && v[SL_REG_N_CONN_TIMEOUT] > v[SL_REG_N_TIMEOUT])
         return ctl_usage_error(r->cmd,
                                "--connect-timeout-ms (%" PRId64 ") must not exceed "
                                "--timeout-ms (%" PRId64 ")",
-                               v[CTL_N_CONN_TIMEOUT], v[CTL_N_TIMEOUT]);
-    if (v[CTL_N_RETRY_BASE] && v[CTL_N_RETRY_CAP] && v[CTL_N_RETRY_CAP] < v[CTL_N_RETRY_BASE])
+                               v[SL_REG_N_CONN_TIMEOUT], v[SL_REG_N_TIMEOUT]);
+    if (v[SL_REG_N_RETRY_BASE] && v[SL_REG_N_RETRY_CAP] && v[SL_REG_N_RETRY_CAP] < v[SL_REG_N_RETRY_BASE])
         return ctl_usage_error(r->cmd,
                                "--retry-cap-ms (%" PRId64 ") must not be less than "
                                "--retry-base-ms (%" PRId64 ")",
-                               v[CTL_N_RETRY_CAP], v[CTL_N_RETRY_BASE]);
+                               v[SL_REG_N_RETRY_CAP], v[SL_REG_N_RETRY_BASE]);
     return 0;
 }
 
@@ -787,7 +787,7 @@ static int cmd_add(struct run *r, struct opts *o)
 {
     int rc;
     sl_err_t err;
-    struct ctl_ep ep;
+    struct sl_reg_ep ep;
     struct sl_buf rec;
     struct sl_secret secret;
     char whsec[SL_SECRET_STR_MAX] = "";
@@ -826,10 +826,10 @@ static int cmd_add(struct run *r, struct opts *o)
     rc = open_db(r);
     if (rc)
         goto out;
-    if (ctl_db_lock_endpoint(r->pg, ep.id, &err) != 0 || ctl_db_begin(r->pg, &err) != 0 ||
-        ctl_db_insert(r->pg, &ep, &err) != 0 ||
-        ctl_db_add_secret(r->pg, ep.id, box, blen, &err) != 0) {
-        ctl_db_rollback(r->pg);
+    if (sl_reg_db_lock_endpoint(r->pg, ep.id, &err) != 0 || sl_reg_db_begin(r->pg, &err) != 0 ||
+        sl_reg_db_insert(r->pg, &ep, &err) != 0 ||
+        sl_reg_db_add_secret(r->pg, ep.id, box, blen, &err) != 0) {
+        sl_reg_db_rollback(r->pg);
         rc = ctl_fail(r->cmd, "nothing changed: %s", err.msg);
         goto out;
     }
@@ -851,7 +851,7 @@ out:
     sl_secret_wipe(box, sizeof(box));
     sl_secret_fini(&secret);
     sl_buf_fini(&rec);
-    ctl_ep_fini(&ep);
+    sl_reg_ep_fini(&ep);
     return rc;
 }
 
@@ -860,7 +860,7 @@ static int cmd_update(struct run *r, struct opts *o)
 {
     int rc;
     sl_err_t err;
-    struct ctl_ep ep;
+    struct sl_reg_ep ep;
     struct sl_buf before, after;
     memset(&ep, 0, sizeof(ep));
     sl_buf_init(&before, SL_ENDPOINT_RECORD_MAX);
@@ -868,8 +868,8 @@ static int cmd_update(struct run *r, struct opts *o)
     rc = open_db(r);
     if (rc)
         goto out;
-    if (ctl_db_lock_endpoint(r->pg, o->id, &err) != 0 || ctl_db_begin(r->pg, &err) != 0 ||
-        ctl_db_load(r->pg, o->id, true, &ep, &err) != 0 || ctl_ep_encode(&ep, &before, &err) != 0) {
+    if (sl_reg_db_lock_endpoint(r->pg, o->id, &err) != 0 || sl_reg_db_begin(r->pg, &err) != 0 ||
+        sl_reg_db_load(r->pg, o->id, true, &ep, &err) != 0 || sl_reg_ep_encode(&ep, &before, &err) != 0) {
         rc = ctl_fail(r->cmd, "%s", err.msg);
         goto out;
     }
@@ -886,14 +886,14 @@ static int cmd_update(struct run *r, struct opts *o)
     rc = check_merged(r, &ep, o);
     if (rc)
         goto out;
-    if (ctl_ep_encode(&ep, &after, &err) != 0) {
+    if (sl_reg_ep_encode(&ep, &after, &err) != 0) {
         rc = ctl_usage_error(r->cmd, "invalid endpoint: %s", err.msg);
         goto out;
     }
     struct show_opts so = {false, NULL, NULL, &r->defs};
     if (before.len == after.len && memcmp(before.data, after.data, before.len) == 0) {
         /* nothing to do: no write, no publish, no new version for consumers */
-        ctl_db_rollback(r->pg);
+        sl_reg_db_rollback(r->pg);
         if (o->json) {
             json_t *j = ep_json(&ep, &so);
             json_object_set_new(j, "changed", json_false());
@@ -903,7 +903,7 @@ static int cmd_update(struct run *r, struct opts *o)
         }
         goto out;
     }
-    if (ctl_db_update(r->pg, &ep, &err) != 0) {
+    if (sl_reg_db_update(r->pg, &ep, &err) != 0) {
         rc = ctl_fail(r->cmd, "nothing changed: %s", err.msg);
         goto out;
     }
@@ -927,7 +927,7 @@ static int cmd_update(struct run *r, struct opts *o)
 out:
     sl_buf_fini(&before);
     sl_buf_fini(&after);
-    ctl_ep_fini(&ep);
+    sl_reg_ep_fini(&ep);
     return rc;
 }
 
@@ -935,7 +935,7 @@ static int cmd_rotate(struct run *r, struct opts *o)
 {
     int rc;
     sl_err_t err;
-    struct ctl_ep ep;
+    struct sl_reg_ep ep;
     struct sl_buf rec;
     struct sl_secret secret;
     char whsec[SL_SECRET_STR_MAX] = "";
@@ -963,10 +963,10 @@ static int cmd_rotate(struct run *r, struct opts *o)
     rc = open_db(r);
     if (rc)
         goto out;
-    if (ctl_db_lock_endpoint(r->pg, o->id, &err) != 0 || ctl_db_begin(r->pg, &err) != 0 ||
-        ctl_db_load(r->pg, o->id, true, &ep, &err) != 0 ||
-        ctl_db_rotate(r->pg, o->id, o->overlap_s, box, blen, &err) != 0) {
-        ctl_db_rollback(r->pg);
+    if (sl_reg_db_lock_endpoint(r->pg, o->id, &err) != 0 || sl_reg_db_begin(r->pg, &err) != 0 ||
+        sl_reg_db_load(r->pg, o->id, true, &ep, &err) != 0 ||
+        sl_reg_db_rotate(r->pg, o->id, o->overlap_s, box, blen, &err) != 0) {
+        sl_reg_db_rollback(r->pg);
         rc = ctl_fail(r->cmd, "nothing changed: %s", err.msg);
         goto out;
     }
@@ -993,7 +993,7 @@ static int cmd_rotate(struct run *r, struct opts *o)
         json_object_set_new(j, "previous_seq", json_integer(prev_seq));
         json_object_set_new(j, "previous_expires_ms", json_integer(prev_exp));
         json_object_set_new(j, "active_secrets",
-                            json_integer((json_int_t)ctl_ep_active_secrets(&ep)));
+                            json_integer((json_int_t)sl_reg_ep_active_secrets(&ep)));
         json_object_set_new(j, "published", json_boolean(rc == CTL_EXIT_OK));
         print_json(j);
     } else {
@@ -1009,7 +1009,7 @@ out:
     sl_secret_wipe(box, sizeof(box));
     sl_secret_fini(&secret);
     sl_buf_fini(&rec);
-    ctl_ep_fini(&ep);
+    sl_reg_ep_fini(&ep);
     return rc;
 }
 
@@ -1019,9 +1019,9 @@ static int cmd_delete(struct run *r, struct opts *o)
     int rc = open_db(r);
     if (rc)
         return rc;
-    if (ctl_db_lock_endpoint(r->pg, o->id, &err) != 0 || ctl_db_begin(r->pg, &err) != 0 ||
-        ctl_db_delete(r->pg, o->id, &err) != 0 || ctl_db_commit(r->pg, &err) != 0) {
-        ctl_db_rollback(r->pg);
+    if (sl_reg_db_lock_endpoint(r->pg, o->id, &err) != 0 || sl_reg_db_begin(r->pg, &err) != 0 ||
+        sl_reg_db_delete(r->pg, o->id, &err) != 0 || sl_reg_db_commit(r->pg, &err) != 0) {
+        sl_reg_db_rollback(r->pg);
         return ctl_fail(r->cmd, "%s", err.msg);
     }
     rc = publish(r, o->id, NULL, 0);
@@ -1038,7 +1038,7 @@ static int cmd_delete(struct run *r, struct opts *o)
 static int cmd_show(struct run *r, struct opts *o)
 {
     sl_err_t err;
-    struct ctl_ep ep;
+    struct sl_reg_ep ep;
     memset(&ep, 0, sizeof(ep));
     int rc = 0;
     if (o->show_secrets) {
@@ -1049,7 +1049,7 @@ static int cmd_show(struct run *r, struct opts *o)
     rc = open_db(r);
     if (rc)
         return rc;
-    if (ctl_db_load(r->pg, o->id, false, &ep, &err) != 0) {
+    if (sl_reg_db_load(r->pg, o->id, false, &ep, &err) != 0) {
         rc = ctl_fail(r->cmd, "%s", err.msg);
         goto out;
     }
@@ -1059,19 +1059,19 @@ static int cmd_show(struct run *r, struct opts *o)
     else
         print_ep_text(&ep, &so);
 out:
-    ctl_ep_fini(&ep);
+    sl_reg_ep_fini(&ep);
     return rc;
 }
 
 static int cmd_list(struct run *r, struct opts *o)
 {
     sl_err_t err;
-    struct ctl_ep *eps = NULL;
+    struct sl_reg_ep *eps = NULL;
     size_t n = 0;
     int rc = open_db(r);
     if (rc)
         return rc;
-    if (ctl_db_list(r->pg, &eps, &n, &err) != 0)
+    if (sl_reg_db_list(r->pg, &eps, &n, &err) != 0)
         return ctl_fail(r->cmd, "%s", err.msg);
     char **red = sl_xcalloc(n ? n : 1, sizeof(*red));
     for (size_t i = 0; i < n; i++) {
@@ -1089,7 +1089,7 @@ static int cmd_list(struct run *r, struct opts *o)
                                "name", eps[i].name, "url", red[i], "template", eps[i].tpl, "method",
                                sl_http_method_name(eps[i].method), "enabled", eps[i].enabled,
                                "disabled_reason", eps[i].reason, "active_secrets",
-                               (json_int_t)ctl_ep_active_secrets(&eps[i]), "updated", t));
+                               (json_int_t)sl_reg_ep_active_secrets(&eps[i]), "updated", t));
         }
         print_json(arr);
     } else {
@@ -1108,14 +1108,14 @@ static int cmd_list(struct run *r, struct opts *o)
             ctl_fmt_time(eps[i].updated_ms, t, sizeof(t));
             printf("%-*s  %-*.*s  %-6s  %-8s  %-7zu  %-20s  %s%s\n", wid, eps[i].id, wname, wname,
                    eps[i].name[0] ? eps[i].name : "-", sl_http_method_name(eps[i].method),
-                   eps[i].enabled ? "yes" : "no", ctl_ep_active_secrets(&eps[i]), t, red[i],
+                   eps[i].enabled ? "yes" : "no", sl_reg_ep_active_secrets(&eps[i]), t, red[i],
                    eps[i].tpl ? " (template)" : "");
         }
         printf("%zu endpoint%s\n", n, n == 1 ? "" : "s");
     }
     for (size_t i = 0; i < n; i++) {
         free(red[i]);
-        ctl_ep_fini(&eps[i]);
+        sl_reg_ep_fini(&eps[i]);
     }
     free(red);
     free(eps);
@@ -1143,7 +1143,7 @@ collect_live_key(void *opaque, const char *key, size_t keylen, const void *val, 
 static int cmd_sync(struct run *r, struct opts *o)
 {
     sl_err_t err;
-    struct ctl_ep *eps = NULL;
+    struct sl_reg_ep *eps = NULL;
     size_t n = 0, tombstones = 0;
     struct sl_buf rec;
     sl_map_t *live = sl_map_new(0);
@@ -1152,7 +1152,7 @@ static int cmd_sync(struct run *r, struct opts *o)
     if (rc)
         goto out;
     /* exclusive: no endpoint change can commit or publish while the topic is rebuilt */
-    if (ctl_db_lock_registry(r->pg, &err) != 0 || ctl_db_list(r->pg, &eps, &n, &err) != 0) {
+    if (sl_reg_db_lock_registry(r->pg, &err) != 0 || sl_reg_db_list(r->pg, &eps, &n, &err) != 0) {
         rc = ctl_fail(r->cmd, "%s", err.msg);
         goto out;
     }
@@ -1160,15 +1160,15 @@ static int cmd_sync(struct run *r, struct opts *o)
         rc = ctl_fail(r->cmd, "nothing published: %s", err.msg);
         goto out;
     }
-    if (ctl_pub_open(r->cfg, &r->pub, &err) != 0) {
+    if (sl_reg_pub_open(r->cfg, &r->pub, &err) != 0) {
         rc = ctl_fail(r->cmd, "nothing published: %s", err.msg);
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
         sl_buf_reset(&rec);
         sl_map_del(live, eps[i].id, NULL);
-        if (ctl_ep_encode(&eps[i], &rec, &err) != 0 ||
-            ctl_pub_send(&r->pub, eps[i].id, rec.data, rec.len, &err) != 0) {
+        if (sl_reg_ep_encode(&eps[i], &rec, &err) != 0 ||
+            sl_reg_pub_send(&r->pub, eps[i].id, rec.data, rec.len, &err) != 0) {
             rc = ctl_fail(r->cmd, "endpoint %s: %s", eps[i].id, err.msg);
             goto out;
         }
@@ -1176,13 +1176,13 @@ static int cmd_sync(struct run *r, struct opts *o)
     size_t pos = 0;
     const char *key;
     while (sl_map_next(live, &pos, &key, NULL)) {
-        if (ctl_pub_send(&r->pub, key, NULL, 0, &err) != 0) {
+        if (sl_reg_pub_send(&r->pub, key, NULL, 0, &err) != 0) {
             rc = ctl_fail(r->cmd, "tombstone for %s: %s", key, err.msg);
             goto out;
         }
         tombstones++;
     }
-    if (ctl_pub_flush(&r->pub, FLUSH_TIMEOUT_MS, &err) != 0) {
+    if (sl_reg_pub_flush(&r->pub, FLUSH_TIMEOUT_MS, &err) != 0) {
         rc = ctl_fail(r->cmd, "%s", err.msg);
         goto out;
     }
@@ -1195,7 +1195,7 @@ static int cmd_sync(struct run *r, struct opts *o)
     }
 out:
     for (size_t i = 0; i < n; i++)
-        ctl_ep_fini(&eps[i]);
+        sl_reg_ep_fini(&eps[i]);
     free(eps);
     sl_buf_fini(&rec);
     sl_map_destroy(live, NULL);
