@@ -1278,9 +1278,13 @@ static int outcome_check_state_rules(const struct sl_outcome *o,
         return sl_err_set(err, SL_EINVAL, "field \"next\" must be absent when state is %s", st);
     if (!o->env && o->env_len)
         return sl_err_set(err, SL_EINVAL, "field \"env\" has a length but no bytes");
-    if (o->env && o->state != SL_OUTCOME_DEAD_LETTER)
+    /* the record travels with dead letters (replay) and with the outcome that moves a
+     * delivery into the Redis schedule (retries rebuild after a Redis loss) */
+    if (o->env && o->state != SL_OUTCOME_DEAD_LETTER &&
+        o->state != SL_OUTCOME_RETRY_SCHEDULED && o->state != SL_OUTCOME_DEFERRED)
         return sl_err_set(err, SL_EINVAL,
-                          "field \"env\" is only allowed when state is dead_letter");
+                          "field \"env\" is only allowed when state is dead_letter, "
+                          "retry_scheduled or deferred");
     if (o->env_len > lim_env(lim))
         return sl_err_set(err, SL_ETOOBIG, "field \"env\" is %zu bytes, limit %zu", o->env_len,
                           lim_env(lim));

@@ -15,7 +15,10 @@
 
 #include "common/sl_cfg.h"
 #include "ctl/ctl.h"
+#include "ctl/ctl_analysis.h"
 #include "ctl/ctl_kafka.h"
+#include "ctl/ctl_replay.h"
+#include "ctl/ctl_retries.h"
 #include "ctl/ctl_top.h"
 
 /* The command groups. Add a row per ctl_<group>.c (declared in ctl.h). */
@@ -29,6 +32,19 @@ static const struct ctl_command commands[] = {
      ctl_top_main, ctl_top_help},
     {"config-doc", "print the configuration reference (docs/CONFIG.md)", ctl_config_doc_main,
      ctl_config_doc_help},
+    {"health", "pending work (Kafka lag, Redis schedule) and the history's summary",
+     ctl_health_main, ctl_health_help},
+    {"slow", "endpoints whose P95 latency is over a threshold", ctl_slow_main, ctl_slow_help},
+    {"dead-letters", "dead letters per endpoint, with their patterns", ctl_dead_letters_main,
+     ctl_dead_letters_help},
+    {"alerts", "firing alerts; exit 3 when any fires (cron, monitoring)", ctl_alerts_main,
+     ctl_alerts_help},
+    {"latency", "percentiles and histogram of one endpoint's latency", ctl_latency_main,
+     ctl_latency_help},
+    {"replay", "re-publish dead letters (each once) and mark them replayed", ctl_replay_main,
+     ctl_replay_help},
+    {"retries", "rebuild the Redis retry schedule from the history (rebuild)", ctl_retries_main,
+     ctl_retries_help},
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -54,7 +70,8 @@ static void usage(FILE *f, bool full)
                "  -h, --help       this help (with every command's subcommands)\n"
                "  --version        print the version\n"
                "\n"
-               "Exit codes: 0 ok, 1 operation failed, 2 usage error, 78 bad configuration.\n");
+               "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 alerts firing (alerts),\n"
+               "78 bad configuration.\n");
     if (!full)
         return;
     for (size_t i = 0; i < N_COMMANDS; i++) {

@@ -982,7 +982,17 @@ static void test_outcome_encode(void **state)
     o = good_outcome(), o.next_ms = 5;
     want_outcome_error(&o, SL_EINVAL, "field \"next\" must be absent when state is delivered");
     o = good_outcome(), o.env = env, o.env_len = 1;
-    want_outcome_error(&o, SL_EINVAL, "field \"env\" is only allowed when state is dead_letter");
+    want_outcome_error(&o, SL_EINVAL,
+                       "field \"env\" is only allowed when state is dead_letter, "
+                       "retry_scheduled or deferred");
+    o = good_outcome(), o.state = SL_OUTCOME_RETRY_SCHEDULED, o.next_ms = 7, o.env = env,
+    o.env_len = 1;
+    {
+        struct sl_buf eb;
+        sl_buf_init(&eb, 1 << 20);
+        assert_int_equal(sl_outcome_encode(&o, &eb, NULL), 0);
+        sl_buf_fini(&eb);
+    }
     o = good_outcome(), o.http = 42;
     want_outcome_error(&o, SL_EINVAL, "field \"http\"");
     o = good_outcome(), o.msg = "bad\nline";
