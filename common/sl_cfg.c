@@ -26,109 +26,317 @@ enum opt_type { T_STR, T_INT, T_BOOL };
 #define F_URL    0x4u /* URL: mask userinfo password */
 
 struct opt {
-    const char *name;    /* key in config files */
-    const char *env;     /* environment variable */
-    enum opt_type type;  /* value type */
-    size_t off;          /* offsetof(struct sl_config, field) */
-    int64_t min, max;    /* bounds for T_INT (inclusive) */
-    const char *def;     /* default as text */
-    unsigned flags;      /* F_* */
-    const char *help;    /* one line */
+    const char *name;   /* key in config files */
+    const char *env;    /* environment variable */
+    enum opt_type type; /* value type */
+    size_t off;         /* offsetof(struct sl_config, field) */
+    int64_t min, max;   /* bounds for T_INT (inclusive) */
+    const char *def;    /* default as text */
+    unsigned flags;     /* F_* */
+    const char *help;   /* one line */
 };
 
 #define O(field) offsetof(struct sl_config, field)
-#define S(n, e, f, d, fl, h) {n, e, T_STR, O(f), 0, 0, d, fl, h}
-#define I(n, e, f, lo, hi, d, h) {n, e, T_INT, O(f), lo, hi, d, 0, h}
-#define B(n, e, f, d, h) {n, e, T_BOOL, O(f), 0, 1, d, 0, h}
+#define S(n, e, f, d, fl, h)                                                                       \
+    {                                                                                              \
+        n, e, T_STR, O(f), 0, 0, d, fl, h                                                          \
+    }
+#define I(n, e, f, lo, hi, d, h)                                                                   \
+    {                                                                                              \
+        n, e, T_INT, O(f), lo, hi, d, 0, h                                                         \
+    }
+#define B(n, e, f, d, h)                                                                           \
+    {                                                                                              \
+        n, e, T_BOOL, O(f), 0, 1, d, 0, h                                                          \
+    }
 
 static const struct opt opts[] = {
-    S("kafka_brokers", "SLUICE_KAFKA_BROKERS", kafka_brokers, "127.0.0.1:19092", 0,
+    S("kafka_brokers",
+      "SLUICE_KAFKA_BROKERS",
+      kafka_brokers,
+      "127.0.0.1:19092",
+      0,
       "Kafka bootstrap servers (host:port,...)"),
-    S("topic_deliveries", "SLUICE_TOPIC_DELIVERIES", topic_deliveries, "sluice.deliveries", 0,
+    S("topic_deliveries",
+      "SLUICE_TOPIC_DELIVERIES",
+      topic_deliveries,
+      "sluice.deliveries",
+      0,
       "topic of delivery records (key = endpoint id)"),
-    S("topic_outcomes", "SLUICE_TOPIC_OUTCOMES", topic_outcomes, "sluice.outcomes", 0,
+    S("topic_outcomes",
+      "SLUICE_TOPIC_OUTCOMES",
+      topic_outcomes,
+      "sluice.outcomes",
+      0,
       "topic of outcome records (one per attempt or state change)"),
-    S("topic_quarantine", "SLUICE_TOPIC_QUARANTINE", topic_quarantine, "sluice.quarantine", 0,
+    S("topic_quarantine",
+      "SLUICE_TOPIC_QUARANTINE",
+      topic_quarantine,
+      "sluice.quarantine",
+      0,
       "topic for undecodable or invalid records, with the reason"),
-    S("topic_endpoints", "SLUICE_TOPIC_ENDPOINTS", topic_endpoints, "sluice.endpoints", 0,
+    S("topic_endpoints",
+      "SLUICE_TOPIC_ENDPOINTS",
+      topic_endpoints,
+      "sluice.endpoints",
+      0,
       "compacted topic of endpoint records"),
-    S("consumer_group", "SLUICE_CONSUMER_GROUP", consumer_group, "sluice-consumers", 0,
+    S("consumer_group",
+      "SLUICE_CONSUMER_GROUP",
+      consumer_group,
+      "sluice-consumers",
+      0,
       "consumer group of sluice-consumer"),
-    S("recorder_group", "SLUICE_RECORDER_GROUP", recorder_group, "sluice-recorder", 0,
+    S("recorder_group",
+      "SLUICE_RECORDER_GROUP",
+      recorder_group,
+      "sluice-recorder",
+      0,
       "consumer group of sluice-recorder"),
-    I("kafka_session_timeout_ms", "SLUICE_KAFKA_SESSION_TIMEOUT_MS", kafka_session_timeout_ms,
-      3000, 300000, "45000", "consumer group session timeout (ms)"),
-    S("redis_url", "SLUICE_REDIS_URL", redis_url, "redis://127.0.0.1:16379", F_URL,
+    I("kafka_session_timeout_ms",
+      "SLUICE_KAFKA_SESSION_TIMEOUT_MS",
+      kafka_session_timeout_ms,
+      3000,
+      300000,
+      "45000",
+      "consumer group session timeout (ms)"),
+    S("redis_url",
+      "SLUICE_REDIS_URL",
+      redis_url,
+      "redis://127.0.0.1:16379",
+      F_URL,
       "Redis URL redis://[:password@]host:port[/db] (password redacted in output)"),
-    I("redis_timeout_ms", "SLUICE_REDIS_TIMEOUT_MS", redis_timeout_ms, 10, 60000, "2000",
+    I("redis_timeout_ms",
+      "SLUICE_REDIS_TIMEOUT_MS",
+      redis_timeout_ms,
+      10,
+      60000,
+      "2000",
       "Redis connect and command timeout (ms)"),
-    S("pg_dsn", "SLUICE_PG_DSN", pg_dsn, "host=127.0.0.1 port=15432 dbname=sluice user=sluice",
-      F_DSN, "PostgreSQL libpq connection string (password redacted in output)"),
-    S("master_key", "SLUICE_MASTER_KEY", master_key, "", F_SECRET,
+    S("pg_dsn",
+      "SLUICE_PG_DSN",
+      pg_dsn,
+      "host=127.0.0.1 port=15432 dbname=sluice user=sluice",
+      F_DSN,
+      "PostgreSQL libpq connection string (password redacted in output)"),
+    S("master_key",
+      "SLUICE_MASTER_KEY",
+      master_key,
+      "",
+      F_SECRET,
       "32-byte key (64 hex chars or base64) encrypting endpoint secrets at rest"),
     S("log_level", "SLUICE_LOG_LEVEL", log_level, "info", 0, "error, warn, info or debug"),
-    S("debug", "SLUICE_DEBUG", debug, "", 0,
+    S("debug",
+      "SLUICE_DEBUG",
+      debug,
+      "",
+      0,
       "debug contexts with log_level=debug: kafka,http,redis,db,cfg or all"),
-    S("instance_id", "SLUICE_INSTANCE_ID", instance_id, "", 0,
+    S("instance_id",
+      "SLUICE_INSTANCE_ID",
+      instance_id,
+      "",
+      0,
       "this process's id in outcomes and leases (empty = hostname-pid)"),
-    I("http_timeout_ms", "SLUICE_HTTP_TIMEOUT_MS", http_timeout_ms, 100, 600000, "15000",
+    I("http_timeout_ms",
+      "SLUICE_HTTP_TIMEOUT_MS",
+      http_timeout_ms,
+      100,
+      600000,
+      "15000",
       "total request timeout (ms)"),
-    I("http_connect_timeout_ms", "SLUICE_HTTP_CONNECT_TIMEOUT_MS", http_connect_timeout_ms, 10,
-      600000, "5000", "connect timeout including TLS (ms)"),
-    I("max_inflight", "SLUICE_MAX_INFLIGHT", max_inflight, 1, 100000, "2000",
+    I("http_connect_timeout_ms",
+      "SLUICE_HTTP_CONNECT_TIMEOUT_MS",
+      http_connect_timeout_ms,
+      10,
+      600000,
+      "5000",
+      "connect timeout including TLS (ms)"),
+    I("max_inflight",
+      "SLUICE_MAX_INFLIGHT",
+      max_inflight,
+      1,
+      100000,
+      "2000",
       "global cap on concurrent requests per consumer process"),
-    I("max_inflight_per_endpoint", "SLUICE_MAX_INFLIGHT_PER_ENDPOINT", max_inflight_per_endpoint,
-      1, 10000, "64", "default cap on concurrent requests to one endpoint"),
-    I("endpoint_backlog", "SLUICE_ENDPOINT_BACKLOG", endpoint_backlog, 1, 1000000, "2000",
+    I("max_inflight_per_endpoint",
+      "SLUICE_MAX_INFLIGHT_PER_ENDPOINT",
+      max_inflight_per_endpoint,
+      1,
+      10000,
+      "64",
+      "default cap on concurrent requests to one endpoint"),
+    I("endpoint_backlog",
+      "SLUICE_ENDPOINT_BACKLOG",
+      endpoint_backlog,
+      1,
+      1000000,
+      "2000",
       "deliveries queued in memory per endpoint before spilling to the Redis schedule"),
-    I("max_body_bytes", "SLUICE_MAX_BODY_BYTES", max_body_bytes, 1, 16777216, "1048576",
+    I("max_body_bytes",
+      "SLUICE_MAX_BODY_BYTES",
+      max_body_bytes,
+      1,
+      16777216,
+      "1048576",
       "largest delivery body accepted (bytes)"),
-    I("response_keep_bytes", "SLUICE_RESPONSE_KEEP_BYTES", response_keep_bytes, 0, 65536, "4096",
+    I("response_keep_bytes",
+      "SLUICE_RESPONSE_KEEP_BYTES",
+      response_keep_bytes,
+      0,
+      65536,
+      "4096",
       "response body prefix kept in outcome records (bytes)"),
-    I("response_max_bytes", "SLUICE_RESPONSE_MAX_BYTES", response_max_bytes, 1, 67108864,
-      "1048576", "response bodies longer than this abort the transfer (bytes)"),
-    B("ssrf_protection", "SLUICE_SSRF_PROTECTION", ssrf_protection, "true",
+    I("response_max_bytes",
+      "SLUICE_RESPONSE_MAX_BYTES",
+      response_max_bytes,
+      1,
+      67108864,
+      "1048576",
+      "response bodies longer than this abort the transfer (bytes)"),
+    B("ssrf_protection",
+      "SLUICE_SSRF_PROTECTION",
+      ssrf_protection,
+      "true",
       "refuse to connect to loopback, private, link-local and other non-global addresses"),
-    S("ssrf_allow_cidrs", "SLUICE_SSRF_ALLOW_CIDRS", ssrf_allow_cidrs, "", 0,
+    S("ssrf_allow_cidrs",
+      "SLUICE_SSRF_ALLOW_CIDRS",
+      ssrf_allow_cidrs,
+      "",
+      0,
       "comma-separated CIDRs exempt from SSRF refusal (e.g. 127.0.0.0/8 for local demos)"),
-    I("retry_base_ms", "SLUICE_RETRY_BASE_MS", retry_base_ms, 1, 86400000, "30000",
+    I("retry_base_ms",
+      "SLUICE_RETRY_BASE_MS",
+      retry_base_ms,
+      1,
+      86400000,
+      "30000",
       "full-jitter backoff base (ms)"),
-    I("retry_cap_ms", "SLUICE_RETRY_CAP_MS", retry_cap_ms, 1, 604800000, "3600000",
+    I("retry_cap_ms",
+      "SLUICE_RETRY_CAP_MS",
+      retry_cap_ms,
+      1,
+      604800000,
+      "3600000",
       "maximum backoff delay (ms)"),
-    I("max_attempts", "SLUICE_MAX_ATTEMPTS", max_attempts, 1, 100, "5",
+    I("max_attempts",
+      "SLUICE_MAX_ATTEMPTS",
+      max_attempts,
+      1,
+      100,
+      "5",
       "attempts before a delivery becomes a dead letter"),
-    I("retry_shards", "SLUICE_RETRY_SHARDS", retry_shards, 1, 1024, "16",
+    I("retry_shards",
+      "SLUICE_RETRY_SHARDS",
+      retry_shards,
+      1,
+      1024,
+      "16",
       "number of Redis retry sorted sets (hash-tagged shards)"),
-    I("lease_ms", "SLUICE_LEASE_MS", lease_ms, 1000, 3600000, "60000",
+    I("lease_ms",
+      "SLUICE_LEASE_MS",
+      lease_ms,
+      1000,
+      3600000,
+      "60000",
       "lease on a claimed retry job; must exceed http_timeout_ms"),
-    I("retry_after_max_ms", "SLUICE_RETRY_AFTER_MAX_MS", retry_after_max_ms, 0, 86400000,
-      "3600000", "largest Retry-After honoured (ms)"),
-    I("breaker_threshold", "SLUICE_BREAKER_THRESHOLD", breaker_threshold, 1, 100000, "10",
+    I("retry_after_max_ms",
+      "SLUICE_RETRY_AFTER_MAX_MS",
+      retry_after_max_ms,
+      0,
+      86400000,
+      "3600000",
+      "largest Retry-After honoured (ms)"),
+    I("breaker_threshold",
+      "SLUICE_BREAKER_THRESHOLD",
+      breaker_threshold,
+      1,
+      100000,
+      "10",
       "consecutive failures that open an endpoint's breaker"),
-    I("breaker_slow_threshold", "SLUICE_BREAKER_SLOW_THRESHOLD", breaker_slow_threshold, 1,
-      100000, "3", "breaker threshold for endpoints whose P95 latency is slow"),
-    I("breaker_slow_p95_ms", "SLUICE_BREAKER_SLOW_P95_MS", breaker_slow_p95_ms, 1, 600000, "5000",
+    I("breaker_slow_threshold",
+      "SLUICE_BREAKER_SLOW_THRESHOLD",
+      breaker_slow_threshold,
+      1,
+      100000,
+      "3",
+      "breaker threshold for endpoints whose P95 latency is slow"),
+    I("breaker_slow_p95_ms",
+      "SLUICE_BREAKER_SLOW_P95_MS",
+      breaker_slow_p95_ms,
+      1,
+      600000,
+      "5000",
       "P95 latency above which the slow threshold applies (ms)"),
-    I("breaker_cooldown_ms", "SLUICE_BREAKER_COOLDOWN_MS", breaker_cooldown_ms, 10, 86400000,
-      "300000", "first breaker cooldown (ms)"),
-    I("breaker_cooldown_max_ms", "SLUICE_BREAKER_COOLDOWN_MAX_MS", breaker_cooldown_max_ms, 10,
-      604800000, "3600000", "cap of the doubled breaker cooldown (ms)"),
-    I("disable_after_ms", "SLUICE_DISABLE_AFTER_MS", disable_after_ms, 0, 31536000000LL,
+    I("breaker_cooldown_ms",
+      "SLUICE_BREAKER_COOLDOWN_MS",
+      breaker_cooldown_ms,
+      10,
+      86400000,
+      "300000",
+      "first breaker cooldown (ms)"),
+    I("breaker_cooldown_max_ms",
+      "SLUICE_BREAKER_COOLDOWN_MAX_MS",
+      breaker_cooldown_max_ms,
+      10,
+      604800000,
+      "3600000",
+      "cap of the doubled breaker cooldown (ms)"),
+    I("disable_after_ms",
+      "SLUICE_DISABLE_AFTER_MS",
+      disable_after_ms,
+      0,
+      31536000000LL,
       "432000000",
       "disable an endpoint after only failures for this long (0 = never; 410 always disables)"),
-    I("dedup_window_s", "SLUICE_DEDUP_WINDOW_S", dedup_window_s, 1, 2592000, "86400",
+    I("dedup_window_s",
+      "SLUICE_DEDUP_WINDOW_S",
+      dedup_window_s,
+      1,
+      2592000,
+      "86400",
       "how long a delivered marker suppresses duplicates (s)"),
-    I("shutdown_drain_ms", "SLUICE_SHUTDOWN_DRAIN_MS", shutdown_drain_ms, 0, 600000, "10000",
+    I("shutdown_drain_ms",
+      "SLUICE_SHUTDOWN_DRAIN_MS",
+      shutdown_drain_ms,
+      0,
+      600000,
+      "10000",
       "on SIGTERM, time allowed for in-flight requests to finish (ms)"),
-    I("recorder_batch", "SLUICE_RECORDER_BATCH", recorder_batch, 1, 1000000, "5000",
+    I("recorder_batch",
+      "SLUICE_RECORDER_BATCH",
+      recorder_batch,
+      1,
+      1000000,
+      "5000",
       "outcome rows per COPY batch"),
-    I("recorder_flush_ms", "SLUICE_RECORDER_FLUSH_MS", recorder_flush_ms, 1, 60000, "500",
+    I("recorder_flush_ms",
+      "SLUICE_RECORDER_FLUSH_MS",
+      recorder_flush_ms,
+      1,
+      60000,
+      "500",
       "flush a partial batch after this long (ms)"),
-    I("latency_window_h", "SLUICE_LATENCY_WINDOW_H", latency_window_h, 1, 720, "24",
+    I("latency_window_h",
+      "SLUICE_LATENCY_WINDOW_H",
+      latency_window_h,
+      1,
+      720,
+      "24",
       "rolling window of latency samples (hours)"),
-    I("dead_letter_retention_d", "SLUICE_DEAD_LETTER_RETENTION_D", dead_letter_retention_d, 1,
-      3650, "30", "dead letters (with payloads) kept this many days"),
-    I("history_retention_d", "SLUICE_HISTORY_RETENTION_D", history_retention_d, 1, 3650, "14",
+    I("dead_letter_retention_d",
+      "SLUICE_DEAD_LETTER_RETENTION_D",
+      dead_letter_retention_d,
+      1,
+      3650,
+      "30",
+      "dead letters (with payloads) kept this many days"),
+    I("history_retention_d",
+      "SLUICE_HISTORY_RETENTION_D",
+      history_retention_d,
+      1,
+      3650,
+      "14",
       "delivery_attempts partitions kept this many days"),
 };
 
@@ -170,8 +378,13 @@ static const char *shown(const struct opt *o, const char *val)
 }
 
 /* Parse val into the field; on failure print one error naming key, source and value. */
-static int set_value(struct sl_config *cfg, const struct opt *o, const char *val, int src,
-                     const char *file, int line, FILE *errf)
+static int set_value(struct sl_config *cfg,
+                     const struct opt *o,
+                     const char *val,
+                     int src,
+                     const char *file,
+                     int line,
+                     FILE *errf)
 {
     char sb[512];
     const char *key = src == SL_CFG_SRC_ENV ? o->env : o->name;
@@ -187,8 +400,7 @@ static int set_value(struct sl_config *cfg, const struct opt *o, const char *val
         errno = 0;
         long long v = strtoll(val, &end, 10);
         if (errno != 0 || end == val || *end != '\0' || v < o->min || v > o->max) {
-            fprintf(errf,
-                    "invalid value for %s (%s): \"%s\": expected an integer in %lld..%lld\n",
+            fprintf(errf, "invalid value for %s (%s): \"%s\": expected an integer in %lld..%lld\n",
                     key, src_name(src, file, sb, sizeof(sb), line), shown(o, val),
                     (long long)o->min, (long long)o->max);
             return -1;
@@ -297,12 +509,25 @@ static int load_file(struct sl_config *cfg, const char *path, FILE *errf)
 /* SLUICE_* variables that belong to the scripts (stack, tests, demo), not to the processes. */
 static bool script_var(const char *name)
 {
-    static const char *const prefixes[] = {
-        "SLUICE_STACK_", "SLUICE_CACHE_", "SLUICE_PORT_BASE", "SLUICE_KAFKA_PORT",
-        "SLUICE_KAFKA_CONTROLLER_PORT", "SLUICE_REDIS_PORT", "SLUICE_PG_PORT", "SLUICE_PARTITIONS",
-        "SLUICE_KAFKA_HEAP", "SLUICE_KAFKA_READY_", "SLUICE_PG_BIN", "SLUICE_PG_OS_USER", "SLUICE_SQL_DIR",
-        "SLUICE_STOP_", "SLUICE_TEST_", "SLUICE_DEMO_", "SLUICE_BENCH_", "SLUICE_BUILD_",
-        "SLUICE_SKIP_"};
+    static const char *const prefixes[] = {"SLUICE_STACK_",
+                                           "SLUICE_CACHE_",
+                                           "SLUICE_PORT_BASE",
+                                           "SLUICE_KAFKA_PORT",
+                                           "SLUICE_KAFKA_CONTROLLER_PORT",
+                                           "SLUICE_REDIS_PORT",
+                                           "SLUICE_PG_PORT",
+                                           "SLUICE_PARTITIONS",
+                                           "SLUICE_KAFKA_HEAP",
+                                           "SLUICE_KAFKA_READY_",
+                                           "SLUICE_PG_BIN",
+                                           "SLUICE_PG_OS_USER",
+                                           "SLUICE_SQL_DIR",
+                                           "SLUICE_STOP_",
+                                           "SLUICE_TEST_",
+                                           "SLUICE_DEMO_",
+                                           "SLUICE_BENCH_",
+                                           "SLUICE_BUILD_",
+                                           "SLUICE_SKIP_"};
     for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++) {
         if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0)
             return true;
@@ -359,8 +584,7 @@ static int finalize(struct sl_config *cfg, FILE *errf)
         nerr++;
     }
     if (cfg->http_connect_timeout_ms > cfg->http_timeout_ms) {
-        fprintf(errf,
-                "http_connect_timeout_ms (%lld) must not exceed http_timeout_ms (%lld)\n",
+        fprintf(errf, "http_connect_timeout_ms (%lld) must not exceed http_timeout_ms (%lld)\n",
                 (long long)cfg->http_connect_timeout_ms, (long long)cfg->http_timeout_ms);
         nerr++;
     }
@@ -377,8 +601,7 @@ static int finalize(struct sl_config *cfg, FILE *errf)
         nerr++;
     }
     if (cfg->breaker_cooldown_ms > cfg->breaker_cooldown_max_ms) {
-        fprintf(errf,
-                "breaker_cooldown_ms (%lld) must not exceed breaker_cooldown_max_ms (%lld)\n",
+        fprintf(errf, "breaker_cooldown_ms (%lld) must not exceed breaker_cooldown_max_ms (%lld)\n",
                 (long long)cfg->breaker_cooldown_ms, (long long)cfg->breaker_cooldown_max_ms);
         nerr++;
     }
@@ -388,10 +611,10 @@ static int finalize(struct sl_config *cfg, FILE *errf)
         nerr++;
     }
     const char *topics[] = {cfg->topic_deliveries, cfg->topic_outcomes, cfg->topic_quarantine,
-                            cfg->topic_endpoints, cfg->kafka_brokers, cfg->consumer_group,
+                            cfg->topic_endpoints,  cfg->kafka_brokers,  cfg->consumer_group,
                             cfg->recorder_group};
     const char *tnames[] = {"topic_deliveries", "topic_outcomes", "topic_quarantine",
-                            "topic_endpoints", "kafka_brokers", "consumer_group",
+                            "topic_endpoints",  "kafka_brokers",  "consumer_group",
                             "recorder_group"};
     for (size_t i = 0; i < sizeof(topics) / sizeof(topics[0]); i++) {
         if (topics[i][0] == '\0') {
@@ -519,8 +742,7 @@ void sl_cfg_print(const struct sl_config *cfg, FILE *f)
                      (long long)*(const int64_t *)(const void *)((const char *)base + o->off));
         } else {
             snprintf(val, sizeof(val), "%s",
-                     *(const bool *)(const void *)((const char *)base + o->off) ? "true"
-                                                                                 : "false");
+                     *(const bool *)(const void *)((const char *)base + o->off) ? "true" : "false");
         }
         fprintf(f, "%s = \"%s\"  # %s\n", o->name, val, srcn[cfg->sources[i]]);
     }

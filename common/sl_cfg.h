@@ -27,42 +27,42 @@
 /* The effective configuration. Strings are owned by the struct (sl_cfg_fini frees). */
 struct sl_config {
     /* kafka */
-    char *kafka_brokers;     /* bootstrap list host:port[,host:port] */
-    char *topic_deliveries;  /* delivery records (key = endpoint id) */
-    char *topic_outcomes;    /* one record per attempt / state change */
-    char *topic_quarantine;  /* undecodable / invalid records with a reason */
-    char *topic_endpoints;   /* compacted endpoint registry */
-    char *consumer_group;    /* sluice-consumer group id */
-    char *recorder_group;    /* sluice-recorder group id */
+    char *kafka_brokers;              /* bootstrap list host:port[,host:port] */
+    char *topic_deliveries;           /* delivery records (key = endpoint id) */
+    char *topic_outcomes;             /* one record per attempt / state change */
+    char *topic_quarantine;           /* undecodable / invalid records with a reason */
+    char *topic_endpoints;            /* compacted endpoint registry */
+    char *consumer_group;             /* sluice-consumer group id */
+    char *recorder_group;             /* sluice-recorder group id */
     int64_t kafka_session_timeout_ms; /* group session timeout, ms */
     /* redis */
-    char *redis_url;         /* redis://[:password@]host:port[/db]; password secret */
-    int64_t redis_timeout_ms;     /* connect and command timeout, ms */
+    char *redis_url;          /* redis://[:password@]host:port[/db]; password secret */
+    int64_t redis_timeout_ms; /* connect and command timeout, ms */
     /* postgresql */
-    char *pg_dsn;            /* libpq conninfo; password masked in output */
+    char *pg_dsn; /* libpq conninfo; password masked in output */
     /* secrets */
-    char *master_key;        /* 32-byte AES key, hex or base64; secret */
+    char *master_key; /* 32-byte AES key, hex or base64; secret */
     /* logging */
-    char *log_level;         /* error|warn|info|debug */
-    char *debug;             /* debug contexts: kafka,http,redis,db,cfg,all */
-    char *instance_id;       /* this process's id in outcomes and leases ("" = host-pid) */
+    char *log_level;   /* error|warn|info|debug */
+    char *debug;       /* debug contexts: kafka,http,redis,db,cfg,all */
+    char *instance_id; /* this process's id in outcomes and leases ("" = host-pid) */
     /* delivery */
-    int64_t http_timeout_ms;         /* total request timeout, ms */
-    int64_t http_connect_timeout_ms; /* connect (TCP+TLS) timeout, ms */
-    int64_t max_inflight;            /* global cap on concurrent requests */
+    int64_t http_timeout_ms;           /* total request timeout, ms */
+    int64_t http_connect_timeout_ms;   /* connect (TCP+TLS) timeout, ms */
+    int64_t max_inflight;              /* global cap on concurrent requests */
     int64_t max_inflight_per_endpoint; /* per-endpoint cap on concurrent requests */
-    int64_t endpoint_backlog;        /* in-memory queued deliveries per endpoint before spill */
-    int64_t max_body_bytes;          /* largest body accepted from producers */
-    int64_t response_keep_bytes;     /* response body prefix kept in outcomes */
-    int64_t response_max_bytes;      /* response read past this aborts the transfer */
-    char *ssrf_allow_cidrs;          /* comma-separated CIDRs exempt from SSRF refusal */
-    bool ssrf_protection;            /* refuse non-global addresses */
+    int64_t endpoint_backlog;          /* in-memory queued deliveries per endpoint before spill */
+    int64_t max_body_bytes;            /* largest body accepted from producers */
+    int64_t response_keep_bytes;       /* response body prefix kept in outcomes */
+    int64_t response_max_bytes;        /* response read past this aborts the transfer */
+    char *ssrf_allow_cidrs;            /* comma-separated CIDRs exempt from SSRF refusal */
+    bool ssrf_protection;              /* refuse non-global addresses */
     /* retry */
-    int64_t retry_base_ms;    /* full-jitter base, ms */
-    int64_t retry_cap_ms;     /* maximum delay, ms */
-    int64_t max_attempts;     /* attempts before dead letter */
-    int64_t retry_shards;     /* number of Redis retry sorted sets */
-    int64_t lease_ms;         /* retry job lease; must exceed http_timeout_ms */
+    int64_t retry_base_ms;      /* full-jitter base, ms */
+    int64_t retry_cap_ms;       /* maximum delay, ms */
+    int64_t max_attempts;       /* attempts before dead letter */
+    int64_t retry_shards;       /* number of Redis retry sorted sets */
+    int64_t lease_ms;           /* retry job lease; must exceed http_timeout_ms */
     int64_t retry_after_max_ms; /* upper bound for an honoured Retry-After, ms */
     /* breaker */
     int64_t breaker_threshold;       /* consecutive failures that open the breaker */
@@ -76,9 +76,9 @@ struct sl_config {
     int64_t dedup_window_s;    /* delivered-marker TTL, s */
     int64_t shutdown_drain_ms; /* SIGTERM: time to let in-flight requests finish, ms */
     /* recorder */
-    int64_t recorder_batch;    /* rows per COPY batch */
-    int64_t recorder_flush_ms; /* flush a partial batch after this long, ms */
-    int64_t latency_window_h;  /* rolling window of latency samples, hours */
+    int64_t recorder_batch;          /* rows per COPY batch */
+    int64_t recorder_flush_ms;       /* flush a partial batch after this long, ms */
+    int64_t latency_window_h;        /* rolling window of latency samples, hours */
     int64_t dead_letter_retention_d; /* dead letters kept this many days */
     int64_t history_retention_d;     /* delivery_attempts partitions kept, days */
     /* bookkeeping */

@@ -13,7 +13,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +20,7 @@
 #include <time.h>
 
 #include <librdkafka/rdkafka.h>
+#include <openssl/evp.h>
 
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"

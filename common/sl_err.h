@@ -59,8 +59,7 @@ const char *sl_err_name(int code);
  * write `return sl_err_set(err, SL_EINVAL, "...")`. fmt must be a literal: external data
  * goes in as %s arguments, never as the format.
  */
-int sl_err_set(sl_err_t *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+int sl_err_set(sl_err_t *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Reset err to SL_OK / "" (NULL-safe). */
 void sl_err_clear(sl_err_t *err);

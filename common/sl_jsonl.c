@@ -12,12 +12,13 @@
  */
 #include "common/sl_jsonl.h"
 
-#include <jansson.h>
-#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <jansson.h>
+#include <openssl/rand.h>
 
 #include "common/sl_b64.h"
 #include "common/sl_mem.h"

@@ -35,8 +35,10 @@ int64_t sl_mono_us(void)
 static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 {
     (void)rk;
-    int lv = level <= 3 ? SL_LOG_ERROR : level <= 4 ? SL_LOG_WARN : level <= 6 ? SL_LOG_INFO
-                                                                               : SL_LOG_DEBUG;
+    int lv = level <= 3   ? SL_LOG_ERROR
+             : level <= 4 ? SL_LOG_WARN
+             : level <= 6 ? SL_LOG_INFO
+                          : SL_LOG_DEBUG;
     if (lv == SL_LOG_DEBUG) {
         sl_debug(SL_DBG_KAFKA, "kafka", "rdkafka_log", "%s: %s", fac, buf);
         return;
@@ -91,11 +93,13 @@ rd_kafka_conf_t *sl_kafka_conf_new(const struct sl_config *cfg, const char *role
     return conf;
 }
 
-rd_kafka_t *sl_kafka_producer_new(const struct sl_config *cfg, const char *role,
-                                  enum sl_kafka_profile profile, rd_kafka_conf_t *conf,
-                                  void (*dr_msg_cb)(rd_kafka_t *, const rd_kafka_message_t *,
-                                                    void *),
-                                  sl_err_t *err)
+rd_kafka_t *
+sl_kafka_producer_new(const struct sl_config *cfg,
+                      const char *role,
+                      enum sl_kafka_profile profile,
+                      rd_kafka_conf_t *conf,
+                      void (*dr_msg_cb)(rd_kafka_t *, const rd_kafka_message_t *, void *),
+                      sl_err_t *err)
 {
     char errstr[512];
     if (!conf) {
@@ -130,8 +134,11 @@ rd_kafka_t *sl_kafka_producer_new(const struct sl_config *cfg, const char *role,
     return rk;
 }
 
-rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg, const char *role,
-                                  const char *group_id, rd_kafka_conf_t *conf, sl_err_t *err)
+rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg,
+                                  const char *role,
+                                  const char *group_id,
+                                  rd_kafka_conf_t *conf,
+                                  sl_err_t *err)
 {
     char errstr[512];
     char session[32];
@@ -163,8 +170,14 @@ rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg, const char *role,
     return rk;
 }
 
-int sl_kafka_produce(rd_kafka_t *rk, const char *topic, const void *key, size_t keylen,
-                     const void *val, size_t vallen, void *msg_opaque, int max_wait_ms,
+int sl_kafka_produce(rd_kafka_t *rk,
+                     const char *topic,
+                     const void *key,
+                     size_t keylen,
+                     const void *val,
+                     size_t vallen,
+                     void *msg_opaque,
+                     int max_wait_ms,
                      sl_err_t *err)
 {
     int64_t deadline = sl_mono_ms() + max_wait_ms;
@@ -172,10 +185,10 @@ int sl_kafka_produce(rd_kafka_t *rk, const char *topic, const void *key, size_t 
     void *k = (void *)(uintptr_t)key;
     void *v = (void *)(uintptr_t)val;
     for (;;) {
-        rd_kafka_resp_err_t e = rd_kafka_producev(
-            rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(k, keylen), RD_KAFKA_V_VALUE(v, vallen),
-            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-            RD_KAFKA_V_OPAQUE(msg_opaque), RD_KAFKA_V_END);
+        rd_kafka_resp_err_t e =
+            rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(k, keylen),
+                              RD_KAFKA_V_VALUE(v, vallen), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                              RD_KAFKA_V_OPAQUE(msg_opaque), RD_KAFKA_V_END);
         if (e == RD_KAFKA_RESP_ERR_NO_ERROR)
             return 0;
         if (e != RD_KAFKA_RESP_ERR__QUEUE_FULL)

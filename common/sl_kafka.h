@@ -41,24 +41,35 @@ int sl_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value
  * An idempotent producer (acks=all, enable.idempotence=true) tuned by profile. conf may be
  * NULL (a fresh common conf is made); it is consumed in every case. dr_msg_cb may be NULL.
  */
-rd_kafka_t *sl_kafka_producer_new(const struct sl_config *cfg, const char *role,
-                                  enum sl_kafka_profile profile, rd_kafka_conf_t *conf,
-                                  void (*dr_msg_cb)(rd_kafka_t *, const rd_kafka_message_t *,
-                                                    void *),
-                                  sl_err_t *err);
+rd_kafka_t *
+sl_kafka_producer_new(const struct sl_config *cfg,
+                      const char *role,
+                      enum sl_kafka_profile profile,
+                      rd_kafka_conf_t *conf,
+                      void (*dr_msg_cb)(rd_kafka_t *, const rd_kafka_message_t *, void *),
+                      sl_err_t *err);
 
 /*
  * A group consumer with manual offset storing (enable.auto.offset.store=false, auto commit
  * of stored offsets), the eager roundrobin assignor (cooperative-sticky has hangs and loops
  * in 2.0.2, see docs), auto.offset.reset=earliest. conf consumed in every case.
  */
-rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg, const char *role,
-                                  const char *group_id, rd_kafka_conf_t *conf, sl_err_t *err);
+rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg,
+                                  const char *role,
+                                  const char *group_id,
+                                  rd_kafka_conf_t *conf,
+                                  sl_err_t *err);
 
 /* Produce with bounded retry on a full local queue (polls while waiting). Copies key and
  * value. Returns 0 or SL_EKAFKA / SL_ETIMEDOUT. */
-int sl_kafka_produce(rd_kafka_t *rk, const char *topic, const void *key, size_t keylen,
-                     const void *val, size_t vallen, void *msg_opaque, int max_wait_ms,
+int sl_kafka_produce(rd_kafka_t *rk,
+                     const char *topic,
+                     const void *key,
+                     size_t keylen,
+                     const void *val,
+                     size_t vallen,
+                     void *msg_opaque,
+                     int max_wait_ms,
                      sl_err_t *err);
 
 /* Flush with a bound; returns 0, or SL_ETIMEDOUT with the number left in err. */

@@ -254,8 +254,14 @@ static void scrub(struct line *l)
     }
 }
 
-void sl__log_write(int level, unsigned dbg_ctx, const char *mod, const char *event,
-                   const struct sl_log_kv *kv, size_t nkv, const char *fmt, ...)
+void sl__log_write(int level,
+                   unsigned dbg_ctx,
+                   const char *mod,
+                   const char *event,
+                   const struct sl_log_kv *kv,
+                   size_t nkv,
+                   const char *fmt,
+                   ...)
 {
     static _Thread_local struct line l;
     int saved_errno = errno;

@@ -57,7 +57,7 @@ struct sl_log_ctx {
     int64_t offset;          /* -1 = absent */
 };
 
-extern int sl__log_level;          /* current level; read by the macros */
+extern int sl__log_level;           /* current level; read by the macros */
 extern unsigned sl__log_debug_mask; /* enabled debug contexts */
 
 /* Set the process name, level and debug contexts. proc is copied. */
@@ -77,9 +77,14 @@ void sl_log_clear_secrets(void);
 void sl_log_ctx_set(const struct sl_log_ctx *ctx);
 void sl_log_ctx_clear(void);
 
-void sl__log_write(int level, unsigned dbg_ctx, const char *mod, const char *event,
-                   const struct sl_log_kv *kv, size_t nkv, const char *fmt, ...)
-    __attribute__((format(printf, 7, 8)));
+void sl__log_write(int level,
+                   unsigned dbg_ctx,
+                   const char *mod,
+                   const char *event,
+                   const struct sl_log_kv *kv,
+                   size_t nkv,
+                   const char *fmt,
+                   ...) __attribute__((format(printf, 7, 8)));
 
 #define sl_log_enabled(lvl) ((int)(lvl) <= sl__log_level)
 

@@ -33,8 +33,12 @@ PGconn *sl_pg_connect(const char *dsn, sl_err_t *err)
     return pg;
 }
 
-PGresult *sl_pg_exec(PGconn *pg, const char *what, const char *sql, int nparams,
-                     const char *const *params, sl_err_t *err)
+PGresult *sl_pg_exec(PGconn *pg,
+                     const char *what,
+                     const char *sql,
+                     int nparams,
+                     const char *const *params,
+                     sl_err_t *err)
 {
     PGresult *res = PQexecParams(pg, sql, nparams, NULL, params, NULL, NULL, 0);
     ExecStatusType st = PQresultStatus(res);
@@ -51,8 +55,12 @@ PGresult *sl_pg_exec(PGconn *pg, const char *what, const char *sql, int nparams,
     return NULL;
 }
 
-int sl_pg_cmd(PGconn *pg, const char *what, const char *sql, int nparams,
-              const char *const *params, sl_err_t *err)
+int sl_pg_cmd(PGconn *pg,
+              const char *what,
+              const char *sql,
+              int nparams,
+              const char *const *params,
+              sl_err_t *err)
 {
     PGresult *res = sl_pg_exec(pg, what, sql, nparams, params, err);
     if (!res)

@@ -18,11 +18,19 @@ PGconn *sl_pg_connect(const char *dsn, sl_err_t *err);
 
 /* PQexecParams with text params; returns the result (caller PQclear) when its status is
  * COMMAND_OK or TUPLES_OK, else NULL with err filled ("could not <what>: <pg message>"). */
-PGresult *sl_pg_exec(PGconn *pg, const char *what, const char *sql, int nparams,
-                     const char *const *params, sl_err_t *err);
+PGresult *sl_pg_exec(PGconn *pg,
+                     const char *what,
+                     const char *sql,
+                     int nparams,
+                     const char *const *params,
+                     sl_err_t *err);
 
 /* Run a statement with no result rows; 0 or SL_EPG. */
-int sl_pg_cmd(PGconn *pg, const char *what, const char *sql, int nparams,
-              const char *const *params, sl_err_t *err);
+int sl_pg_cmd(PGconn *pg,
+              const char *what,
+              const char *sql,
+              int nparams,
+              const char *const *params,
+              sl_err_t *err);
 
 #endif /* SL_PG_H */

@@ -21,11 +21,12 @@
  */
 #include "common/sl_record.h"
 
-#include <msgpack.h>
 #include <stdalign.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+
+#include <msgpack.h>
 
 #include "common/sl_record_int.h"
 
@@ -1280,8 +1281,8 @@ static int outcome_check_state_rules(const struct sl_outcome *o,
         return sl_err_set(err, SL_EINVAL, "field \"env\" has a length but no bytes");
     /* the record travels with dead letters (replay) and with the outcome that moves a
      * delivery into the Redis schedule (retries rebuild after a Redis loss) */
-    if (o->env && o->state != SL_OUTCOME_DEAD_LETTER &&
-        o->state != SL_OUTCOME_RETRY_SCHEDULED && o->state != SL_OUTCOME_DEFERRED)
+    if (o->env && o->state != SL_OUTCOME_DEAD_LETTER && o->state != SL_OUTCOME_RETRY_SCHEDULED &&
+        o->state != SL_OUTCOME_DEFERRED)
         return sl_err_set(err, SL_EINVAL,
                           "field \"env\" is only allowed when state is dead_letter, "
                           "retry_scheduled or deferred");

@@ -85,8 +85,8 @@ static int do_connect(sl_redis_t *r, sl_err_t *err)
             freeReplyObject(rep);
         if (bad) {
             redisFree(c);
-            return sl_err_set(err, SL_EREDIS, "could not authenticate to redis at %s:%d",
-                              r->host, r->port);
+            return sl_err_set(err, SL_EREDIS, "could not authenticate to redis at %s:%d", r->host,
+                              r->port);
         }
     }
     if (r->db) {
@@ -132,8 +132,12 @@ redisContext *sl_redis_ctx(sl_redis_t *r)
     return r->c;
 }
 
-redisReply *sl_redis_cmd(sl_redis_t *r, int idempotent, int argc, const char **argv,
-                         const size_t *argvlen, sl_err_t *err)
+redisReply *sl_redis_cmd(sl_redis_t *r,
+                         int idempotent,
+                         int argc,
+                         const char **argv,
+                         const size_t *argvlen,
+                         sl_err_t *err)
 {
     for (int tries = 0; tries < 2; tries++) {
         if (!r->c && do_connect(r, err) != 0)
@@ -178,8 +182,13 @@ static void script_sha(struct sl_redis_script *s)
         snprintf(s->sha + 2 * i, 3, "%02x", md[i]);
 }
 
-redisReply *sl_redis_eval(sl_redis_t *r, struct sl_redis_script *s, int nkeys, int argc,
-                          const char **argv, const size_t *argvlen, sl_err_t *err)
+redisReply *sl_redis_eval(sl_redis_t *r,
+                          struct sl_redis_script *s,
+                          int nkeys,
+                          int argc,
+                          const char **argv,
+                          const size_t *argvlen,
+                          sl_err_t *err)
 {
     script_sha(s);
     enum { MAXARGS = 64 };

@@ -35,14 +35,23 @@ void sl_redis_close(sl_redis_t *r);
  * retry only for idempotent=1 commands). An error reply is returned as a reply of type
  * REDIS_REPLY_ERROR, not as NULL.
  */
-redisReply *sl_redis_cmd(sl_redis_t *r, int idempotent, int argc, const char **argv,
-                         const size_t *argvlen, sl_err_t *err);
+redisReply *sl_redis_cmd(sl_redis_t *r,
+                         int idempotent,
+                         int argc,
+                         const char **argv,
+                         const size_t *argvlen,
+                         sl_err_t *err);
 /* printf-style convenience for fixed commands; external values must go through %s/%b. */
 redisReply *sl_redis_cmdf(sl_redis_t *r, sl_err_t *err, const char *fmt, ...);
 
 /* EVALSHA script with nkeys keys followed by args (EVAL on NOSCRIPT). Same reply rules. */
-redisReply *sl_redis_eval(sl_redis_t *r, struct sl_redis_script *s, int nkeys, int argc,
-                          const char **argv, const size_t *argvlen, sl_err_t *err);
+redisReply *sl_redis_eval(sl_redis_t *r,
+                          struct sl_redis_script *s,
+                          int nkeys,
+                          int argc,
+                          const char **argv,
+                          const size_t *argvlen,
+                          sl_err_t *err);
 
 /* Pipelining: append commands, then read replies in order. */
 int sl_redis_append(sl_redis_t *r, int argc, const char **argv, const size_t *argvlen);

@@ -8,10 +8,11 @@
 #include "common/sl_registry.h"
 
 #include <inttypes.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "common/sl_endpoints.h"
 #include "common/sl_kafka.h"
@@ -36,43 +37,43 @@ const struct sl_reg_ep_numdef sl_reg_ep_nums[SL_REG_N__COUNT] = {
     [SL_REG_N_TIMEOUT] =
         NUM("timeout-ms", timeout_ms, 100, 600000, "total request timeout (ms)", "global default"),
     [SL_REG_N_CONN_TIMEOUT] = NUM("connect-timeout-ms",
-                               conn_timeout_ms,
-                               10,
-                               600000,
-                               "connect timeout incl. TLS (ms)",
-                               "global default"),
+                                  conn_timeout_ms,
+                                  10,
+                                  600000,
+                                  "connect timeout incl. TLS (ms)",
+                                  "global default"),
     [SL_REG_N_RETRY_BASE] = NUM("retry-base-ms",
-                             retry_base_ms,
-                             1,
-                             86400000,
-                             "full-jitter backoff base (ms)",
-                             "global default"),
+                                retry_base_ms,
+                                1,
+                                86400000,
+                                "full-jitter backoff base (ms)",
+                                "global default"),
     [SL_REG_N_RETRY_CAP] =
         NUM("retry-cap-ms", retry_cap_ms, 1, 604800000, "backoff cap (ms)", "global default"),
     [SL_REG_N_MAX_ATTEMPTS] = NUM(
         "max-attempts", max_attempts, 1, 100, "attempts before a dead letter", "global default"),
     [SL_REG_N_BRK_THRESHOLD] = NUM("breaker-threshold",
-                                brk_threshold,
-                                1,
-                                100000,
-                                "consecutive failures that open the breaker",
-                                "global default"),
+                                   brk_threshold,
+                                   1,
+                                   100000,
+                                   "consecutive failures that open the breaker",
+                                   "global default"),
     [SL_REG_N_BRK_COOLDOWN] = NUM("breaker-cooldown-ms",
-                               brk_cooldown_ms,
-                               10,
-                               86400000,
-                               "first breaker cooldown (ms)",
-                               "global default"),
+                                  brk_cooldown_ms,
+                                  10,
+                                  86400000,
+                                  "first breaker cooldown (ms)",
+                                  "global default"),
     [SL_REG_N_RATE] = NUM("rate", rate, 1, 1000000, "requests per rate period", "unlimited"),
     [SL_REG_N_RATE_PERIOD] =
         NUM("rate-period-ms", rate_period_ms, 1, 86400000, "rate period (ms)", "1000 ms"),
     [SL_REG_N_BURST] = NUM("burst", burst, 1, 1000000, "token bucket size", "same as --rate"),
     [SL_REG_N_MAX_INFLIGHT] = NUM("max-inflight",
-                               max_inflight,
-                               1,
-                               10000,
-                               "concurrent requests per consumer pod",
-                               "global default"),
+                                  max_inflight,
+                                  1,
+                                  10000,
+                                  "concurrent requests per consumer pod",
+                                  "global default"),
 };
 
 /* Column list of every endpoint query; the numeric columns follow enum sl_reg_ep_num. */
@@ -154,8 +155,8 @@ static void rec_policy(const struct sl_reg_ep *ep, struct sl_endpoint_rec *rec)
 }
 
 void sl_reg_ep_effective(const struct sl_reg_ep *ep,
-                      const struct sl_endpoint_defaults *d,
-                      int64_t eff[SL_REG_N__COUNT])
+                         const struct sl_endpoint_defaults *d,
+                         int64_t eff[SL_REG_N__COUNT])
 {
     struct sl_endpoint_rec rec;
     struct sl_endpoint e;
@@ -411,7 +412,8 @@ static int load_secrets(PGconn *pg, struct sl_reg_ep *ep, sl_err_t *err)
     return rc;
 }
 
-int sl_reg_db_load(PGconn *pg, const char *id, bool for_update, struct sl_reg_ep *out, sl_err_t *err)
+int sl_reg_db_load(
+    PGconn *pg, const char *id, bool for_update, struct sl_reg_ep *out, sl_err_t *err)
 {
     const char *p[1] = {id};
     int rc = 0;
@@ -486,9 +488,9 @@ out:
 
 /* Text parameters $1..$20 for insert/update, in EP_COLS order minus the timestamps. */
 struct ep_params {
-    const char *v[20];          /* parameter values */
+    const char *v[20];             /* parameter values */
     char num[SL_REG_N__COUNT][24]; /* storage for the numbers */
-    char *headers;              /* JSON text (owned) */
+    char *headers;                 /* JSON text (owned) */
 };
 
 static void ep_params_fill(struct ep_params *p, const struct sl_reg_ep *ep)
@@ -555,7 +557,8 @@ int sl_reg_db_update(PGconn *pg, const struct sl_reg_ep *ep, sl_err_t *err)
     return rc;
 }
 
-int sl_reg_db_add_secret(PGconn *pg, const char *id, const uint8_t *enc, size_t enc_len, sl_err_t *err)
+int sl_reg_db_add_secret(
+    PGconn *pg, const char *id, const uint8_t *enc, size_t enc_len, sl_err_t *err)
 {
     char *hex = tohex(enc, enc_len);
     const char *p[2] = {id, hex};
@@ -569,11 +572,11 @@ int sl_reg_db_add_secret(PGconn *pg, const char *id, const uint8_t *enc, size_t 
 }
 
 int sl_reg_db_rotate(PGconn *pg,
-                  const char *id,
-                  int64_t overlap_s,
-                  const uint8_t *enc,
-                  size_t enc_len,
-                  sl_err_t *err)
+                     const char *id,
+                     int64_t overlap_s,
+                     const uint8_t *enc,
+                     size_t enc_len,
+                     sl_err_t *err)
 {
     char overlap[24];
     snprintf(overlap, sizeof(overlap), "%" PRId64, overlap_s);
@@ -657,7 +660,8 @@ int sl_reg_pub_open(const struct sl_config *cfg, struct sl_reg_pub *p, sl_err_t 
     return 0;
 }
 
-int sl_reg_pub_send(struct sl_reg_pub *p, const char *id, const void *val, size_t len, sl_err_t *err)
+int sl_reg_pub_send(
+    struct sl_reg_pub *p, const char *id, const void *val, size_t len, sl_err_t *err)
 {
     int rc =
         sl_kafka_produce(p->rk, p->topic, id, strlen(id), val, val ? len : 0, NULL, 10000, err);
@@ -692,12 +696,16 @@ void sl_reg_pub_close(struct sl_reg_pub *p)
 
 int sl_reg_db_unlock_all(PGconn *pg, sl_err_t *err)
 {
-    return sl_pg_cmd(pg, "release registry locks", "select pg_advisory_unlock_all()", 0, NULL,
-                     err);
+    return sl_pg_cmd(pg, "release registry locks", "select pg_advisory_unlock_all()", 0, NULL, err);
 }
 
-int sl_reg_disable(PGconn *pg, struct sl_reg_pub *pub, const char *id, const char *reason,
-                   int64_t requested_ms, bool *changed, sl_err_t *err)
+int sl_reg_disable(PGconn *pg,
+                   struct sl_reg_pub *pub,
+                   const char *id,
+                   const char *reason,
+                   int64_t requested_ms,
+                   bool *changed,
+                   sl_err_t *err)
 {
     struct sl_reg_ep ep;
     struct sl_buf rec;

@@ -72,21 +72,21 @@ struct sl_reg_ep_secret {
 
 /* One registry row plus its secrets (current first, then newest first). Strings owned. */
 struct sl_reg_ep {
-    char *id;                      /* endpoint id */
-    char *name;                    /* "" = none */
-    char *url;                     /* URL or template */
-    bool tpl;                      /* url is a postback template */
-    enum sl_http_method method;    /* request method */
-    char *ct;                      /* content type; "" = the delivery's */
-    struct sl_kv *hdr;             /* headers (one owned block: array + strings), NULL if none */
-    size_t n_hdr;                  /* entries in hdr */
+    char *id;                         /* endpoint id */
+    char *name;                       /* "" = none */
+    char *url;                        /* URL or template */
+    bool tpl;                         /* url is a postback template */
+    enum sl_http_method method;       /* request method */
+    char *ct;                         /* content type; "" = the delivery's */
+    struct sl_kv *hdr;                /* headers (one owned block: array + strings), NULL if none */
+    size_t n_hdr;                     /* entries in hdr */
     int64_t num[SL_REG_N__COUNT];     /* policy values as stored; 0 = global default */
-    bool enabled;                  /* deliveries allowed */
-    char *reason;                  /* why disabled; "" = none */
-    int64_t created_ms;            /* unix ms */
-    int64_t updated_ms;            /* unix ms; the record's "updated" */
+    bool enabled;                     /* deliveries allowed */
+    char *reason;                     /* why disabled; "" = none */
+    int64_t created_ms;               /* unix ms */
+    int64_t updated_ms;               /* unix ms; the record's "updated" */
     struct sl_reg_ep_secret *secrets; /* n_secrets entries (owned) */
-    size_t n_secrets;              /* including expired ones not yet pruned */
+    size_t n_secrets;                 /* including expired ones not yet pruned */
 };
 
 /* Free what ep owns and zero it (NULL-safe). */
@@ -101,8 +101,8 @@ void sl_reg_ep_set_headers(struct sl_reg_ep *ep, const struct sl_kv *hdr, size_t
  */
 struct sl_endpoint_defaults;
 void sl_reg_ep_effective(const struct sl_reg_ep *ep,
-                      const struct sl_endpoint_defaults *d,
-                      int64_t eff[SL_REG_N__COUNT]);
+                         const struct sl_endpoint_defaults *d,
+                         int64_t eff[SL_REG_N__COUNT]);
 
 /* Number of unexpired secrets. */
 size_t sl_reg_ep_active_secrets(const struct sl_reg_ep *ep);
@@ -131,7 +131,8 @@ void sl_reg_db_rollback(PGconn *pg); /* best effort, for error paths */
  * for_update locks the row until the transaction ends. SL_ENOTFOUND when there is no such
  * endpoint, SL_EPG on database errors.
  */
-int sl_reg_db_load(PGconn *pg, const char *id, bool for_update, struct sl_reg_ep *out, sl_err_t *err);
+int sl_reg_db_load(
+    PGconn *pg, const char *id, bool for_update, struct sl_reg_ep *out, sl_err_t *err);
 
 /*
  * Every endpoint, ordered by id, with secrets: *out (OUT) an array of *n entries the caller
@@ -152,11 +153,11 @@ int sl_reg_db_update(PGconn *pg, const struct sl_reg_ep *ep, sl_err_t *err);
  * more than SL_SECRETS_MAX secrets would be unexpired.
  */
 int sl_reg_db_rotate(PGconn *pg,
-                  const char *id,
-                  int64_t overlap_s,
-                  const uint8_t *enc,
-                  size_t enc_len,
-                  sl_err_t *err);
+                     const char *id,
+                     int64_t overlap_s,
+                     const uint8_t *enc,
+                     size_t enc_len,
+                     sl_err_t *err);
 
 /* Add the first secret of a new endpoint. */
 int sl_reg_db_add_secret(
@@ -179,7 +180,8 @@ struct sl_reg_pub {
 int sl_reg_pub_open(const struct sl_config *cfg, struct sl_reg_pub *p, sl_err_t *err);
 
 /* Produce key id (borrowed) with value val/len (NULL = tombstone; copied). */
-int sl_reg_pub_send(struct sl_reg_pub *p, const char *id, const void *val, size_t len, sl_err_t *err);
+int sl_reg_pub_send(
+    struct sl_reg_pub *p, const char *id, const void *val, size_t len, sl_err_t *err);
 
 /* Wait until everything sent is acknowledged (timeout_ms); SL_ETIMEDOUT / SL_EKAFKA naming
  * the first failure. */
@@ -200,7 +202,12 @@ int sl_reg_db_unlock_all(PGconn *pg, sl_err_t *err);
  * requested_ms (an operator re-enabled it after the request was made), is left alone and
  * *changed (OUT, optional) is false. SL_ENOTFOUND for an unknown endpoint (deleted since).
  */
-int sl_reg_disable(PGconn *pg, struct sl_reg_pub *pub, const char *id, const char *reason,
-                   int64_t requested_ms, bool *changed, sl_err_t *err);
+int sl_reg_disable(PGconn *pg,
+                   struct sl_reg_pub *pub,
+                   const char *id,
+                   const char *reason,
+                   int64_t requested_ms,
+                   bool *changed,
+                   sl_err_t *err);
 
 #endif /* SL_REGISTRY_H */

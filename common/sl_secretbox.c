@@ -6,9 +6,10 @@
  */
 #include "common/sl_secretbox.h"
 
+#include <string.h>
+
 #include <openssl/evp.h>
 #include <openssl/rand.h>
-#include <string.h>
 
 #include "common/sl_b64.h"
 #include "common/sl_mem.h"

@@ -9,14 +9,15 @@
 #include "common/sl_sign.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
 #include <openssl/rand.h>
-#include <stdbool.h>
-#include <stdio.h>
-#include <string.h>
 
 #include "common/sl_b64.h"
 #include "common/sl_mem.h"

@@ -97,7 +97,9 @@ bool cons_offsets_current(const cons_offsets_t *o, const struct cons_offset_ref 
     return pt->assigned && pt->generation == ref->generation;
 }
 
-bool cons_offsets_track(cons_offsets_t *o, int32_t partition, int64_t offset,
+bool cons_offsets_track(cons_offsets_t *o,
+                        int32_t partition,
+                        int64_t offset,
                         struct cons_offset_ref *ref)
 {
     struct part *pt = get_part(o, partition, false);
@@ -149,7 +151,7 @@ int64_t cons_offsets_committable(cons_offsets_t *o, int32_t partition, uint64_t 
     /* Lowest unfinished offset bounds the commit; with nothing unfinished, the offset after
      * the last finished message. */
     int64_t off = pt->head_seq < pt->tail_seq ? pt->ring[pt->head_seq & (pt->cap - 1)].offset
-                                               : pt->next_after;
+                                              : pt->next_after;
     if (off < 0 || off == pt->last_stored)
         return -1;
     /* The head slot itself is unfinished: storing its offset means "resume here". */

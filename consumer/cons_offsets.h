@@ -38,7 +38,9 @@ void cons_offsets_revoke(cons_offsets_t *o, int32_t partition);
 bool cons_offsets_current(const cons_offsets_t *o, const struct cons_offset_ref *ref);
 
 /* Record a received message; fills ref. Returns false if the partition is not assigned. */
-bool cons_offsets_track(cons_offsets_t *o, int32_t partition, int64_t offset,
+bool cons_offsets_track(cons_offsets_t *o,
+                        int32_t partition,
+                        int64_t offset,
                         struct cons_offset_ref *ref);
 /* Mark a message finished (its fate is durable). Stale refs are ignored. */
 void cons_offsets_finish(cons_offsets_t *o, const struct cons_offset_ref *ref);

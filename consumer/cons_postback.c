@@ -12,8 +12,8 @@ static const char hexd[] = "0123456789ABCDEF";
 
 static int is_unreserved(unsigned char c)
 {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '.' || c == '_' || c == '~';
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '.' || c == '_' || c == '~';
 }
 
 static int is_name(unsigned char c)
@@ -37,8 +37,12 @@ static int encode_into(struct sl_buf *b, const char *v)
 }
 
 /* Walk the template; with macros == NULL only validates. */
-static int walk(const char *tpl, const struct sl_kv *macros, size_t n, struct sl_buf *b,
-                int validate_only, sl_err_t *err)
+static int walk(const char *tpl,
+                const struct sl_kv *macros,
+                size_t n,
+                struct sl_buf *b,
+                int validate_only,
+                sl_err_t *err)
 {
     const char *p = tpl;
     while (*p) {
@@ -83,8 +87,12 @@ static int walk(const char *tpl, const struct sl_kv *macros, size_t n, struct sl
     return 0;
 }
 
-int cons_postback_expand(const char *tpl, const struct sl_kv *macros, size_t n, size_t max_len,
-                         char **out, sl_err_t *err)
+int cons_postback_expand(const char *tpl,
+                         const struct sl_kv *macros,
+                         size_t n,
+                         size_t max_len,
+                         char **out,
+                         sl_err_t *err)
 {
     struct sl_buf b;
     sl_buf_init(&b, max_len);

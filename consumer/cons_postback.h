@@ -24,8 +24,12 @@
  * frees) and 0 is returned. Errors: SL_EMISSING "macro \"name\" missing" (the name is ours,
  * not a value), SL_EDECODE for an unbalanced or invalid placeholder, SL_ETOOBIG past max_len.
  */
-int cons_postback_expand(const char *tpl, const struct sl_kv *macros, size_t n, size_t max_len,
-                         char **out, sl_err_t *err);
+int cons_postback_expand(const char *tpl,
+                         const struct sl_kv *macros,
+                         size_t n,
+                         size_t max_len,
+                         char **out,
+                         sl_err_t *err);
 
 /* Validate a template at registration time: braces balanced, names [A-Za-z0-9_]{1,64}.
  * Returns 0 or SL_EDECODE naming the position. */

@@ -42,8 +42,7 @@ static bool unwrap_v4(uint8_t a[16])
     if (memcmp(a, v4mapped_prefix, 12) == 0)
         return true;
     uint8_t v4[4];
-    if (memcmp(a, nat64, 12) == 0 || (memcmp(a, zero12, 12) == 0 &&
-                                      (a[12] | a[13] | a[14]) != 0)) {
+    if (memcmp(a, nat64, 12) == 0 || (memcmp(a, zero12, 12) == 0 && (a[12] | a[13] | a[14]) != 0)) {
         /* 64:ff9b::/96 NAT64 and ::a.b.c.d IPv4-compatible (not :: or ::1) */
         memcpy(v4, a + 12, 4);
     } else if (memcmp(a, nat64_local, 6) == 0) {
@@ -153,16 +152,18 @@ int cons_ssrf_parse(struct cons_ssrf_policy *p, bool enabled, const char *cidrs,
         memcpy(one, s, n);
         one[n] = '\0';
         if (parse_cidr(one, &p->allow[p->n_allow]) != 0)
-            return sl_err_set(err, SL_EINVAL, "ssrf_allow_cidrs entry %d (\"%s\"): not a CIDR",
-                              idx, one);
+            return sl_err_set(err, SL_EINVAL, "ssrf_allow_cidrs entry %d (\"%s\"): not a CIDR", idx,
+                              one);
         p->n_allow++;
         s = e;
     }
     return 0;
 }
 
-bool cons_ssrf_allowed(const struct cons_ssrf_policy *p, const struct sockaddr *sa,
-                       socklen_t len, const char **why)
+bool cons_ssrf_allowed(const struct cons_ssrf_policy *p,
+                       const struct sockaddr *sa,
+                       socklen_t len,
+                       const char **why)
 {
     uint8_t a[16];
     if (why)

@@ -43,7 +43,9 @@ int cons_ssrf_parse(struct cons_ssrf_policy *p, bool enabled, const char *cidrs,
  * May we connect to sa? Returns true when allowed. When refused, *why (optional) gets a
  * static reason ("loopback", "private", "link-local", ...).
  */
-bool cons_ssrf_allowed(const struct cons_ssrf_policy *p, const struct sockaddr *sa,
-                       socklen_t len, const char **why);
+bool cons_ssrf_allowed(const struct cons_ssrf_policy *p,
+                       const struct sockaddr *sa,
+                       socklen_t len,
+                       const char **why);
 
 #endif /* CONS_SSRF_H */

@@ -29,15 +29,14 @@ static void on_signal(int sig)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: sluice-consumer [--config FILE] [--check-config] [--print-config]\n"
-            "                       [--help-config] [--version] [--help]\n"
-            "\n"
-            "Delivers webhook and postback records from Kafka (topic_deliveries) over HTTP,\n"
-            "signed with Standard Webhooks, with retries, circuit breakers and duplicate\n"
-            "protection kept in Redis. Run any number of them: they form one consumer group.\n"
-            "Configuration comes from SLUICE_* environment variables or a config file; see\n"
-            "--help-config. SIGTERM or SIGINT drains in-flight requests and exits cleanly.\n");
+    fprintf(f, "usage: sluice-consumer [--config FILE] [--check-config] [--print-config]\n"
+               "                       [--help-config] [--version] [--help]\n"
+               "\n"
+               "Delivers webhook and postback records from Kafka (topic_deliveries) over HTTP,\n"
+               "signed with Standard Webhooks, with retries, circuit breakers and duplicate\n"
+               "protection kept in Redis. Run any number of them: they form one consumer group.\n"
+               "Configuration comes from SLUICE_* environment variables or a config file; see\n"
+               "--help-config. SIGTERM or SIGINT drains in-flight requests and exits cleanly.\n");
 }
 
 int main(int argc, char **argv)

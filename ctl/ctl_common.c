@@ -24,8 +24,8 @@ const struct sl_config *ctl_config(struct ctl *c)
     return &c->cfg;
 }
 
-__attribute__((format(printf, 2, 0))) static void vreport(const char *cmd, const char *fmt,
-                                                         va_list ap)
+__attribute__((format(printf, 2, 0))) static void
+vreport(const char *cmd, const char *fmt, va_list ap)
 {
     fprintf(stderr, "%s%s%s: ", CTL_PROG, cmd ? " " : "", cmd ? cmd : "");
     vfprintf(stderr, fmt, ap);

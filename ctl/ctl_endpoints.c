@@ -16,11 +16,12 @@
  */
 #include <getopt.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+#include <jansson.h>
 
 #include "common/sl_endpoints.h"
 #include "common/sl_kafka.h"
@@ -28,11 +29,11 @@
 #include "common/sl_map.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
+#include "common/sl_registry.h"
 #include "common/sl_secretbox.h"
 #include "common/sl_sign.h"
 #include "common/sl_url.h"
 #include "ctl/ctl.h"
-#include "common/sl_registry.h"
 
 #define FLUSH_TIMEOUT_MS  20000 /* > the producer's 15 s message timeout */
 #define SCAN_TIMEOUT_MS   30000 /* sync: reading the topic to its end */
@@ -134,18 +135,18 @@ static const struct optdef optdefs[] = {
 /* Everything the command line said. Strings borrowed from argv except the header copies. */
 struct opts {
     const char *id, *url, *name, *method_s, *ct, *secret_s, *reason;
-    int tpl;                      /* -1 not given, 0 --no-template, 1 --template */
-    struct sl_kv hdr[SL_HDR_MAX]; /* parsed --header values (point into hdr_buf) */
-    char *hdr_buf[SL_HDR_MAX];    /* owned copies split at ':' */
-    size_t n_hdr;                 /* entries in hdr */
-    bool clear_headers;           /* --clear-headers */
-    int64_t num[SL_REG_N__COUNT];    /* numeric flags */
-    bool num_set[SL_REG_N__COUNT];   /* which were given */
-    int64_t overlap_s;            /* --overlap-s */
-    bool json, show_secrets;      /* output switches */
-    enum sl_http_method method;   /* parsed --method */
-    struct sl_secret secret;      /* parsed --secret (wiped at exit) */
-    bool have_secret;             /* --secret given */
+    int tpl;                       /* -1 not given, 0 --no-template, 1 --template */
+    struct sl_kv hdr[SL_HDR_MAX];  /* parsed --header values (point into hdr_buf) */
+    char *hdr_buf[SL_HDR_MAX];     /* owned copies split at ':' */
+    size_t n_hdr;                  /* entries in hdr */
+    bool clear_headers;            /* --clear-headers */
+    int64_t num[SL_REG_N__COUNT];  /* numeric flags */
+    bool num_set[SL_REG_N__COUNT]; /* which were given */
+    int64_t overlap_s;             /* --overlap-s */
+    bool json, show_secrets;       /* output switches */
+    enum sl_http_method method;    /* parsed --method */
+    struct sl_secret secret;       /* parsed --secret (wiped at exit) */
+    bool have_secret;              /* --secret given */
 };
 
 static void opts_fini(struct opts *o)
@@ -358,7 +359,8 @@ static int check_values(enum sub s, struct opts *o)
             return ctl_usage_error(cmd, "--id is required");
         if (!o->url)
             return ctl_usage_error(cmd, "--url is required");
-        if (!o->num_set[SL_REG_N_RATE] && (o->num_set[SL_REG_N_BURST] || o->num_set[SL_REG_N_RATE_PERIOD]))
+        if (!o->num_set[SL_REG_N_RATE] &&
+            (o->num_set[SL_REG_N_BURST] || o->num_set[SL_REG_N_RATE_PERIOD]))
             return ctl_usage_error(cmd, "--burst and --rate-period-ms need --rate");
     }
     if (s == S_UPDATE && !any_setting(o))
@@ -657,7 +659,7 @@ struct run {
     const struct sl_config *cfg;      /* loaded configuration */
     struct sl_endpoint_defaults defs; /* for effective values */
     PGconn *pg;                       /* registry connection */
-    struct sl_reg_pub pub;               /* producer (rk NULL until opened) */
+    struct sl_reg_pub pub;            /* producer (rk NULL until opened) */
     struct sl_masterkey mk;           /* when needed */
     bool have_mk;                     /* mk parsed */
 };
@@ -715,7 +717,8 @@ static int publish(struct run *r, const char *id, const void *val, size_t len)
 }
 
 /* Read the row back inside the transaction, encode it, commit. */
-static int commit_and_encode(struct run *r, const char *id, struct sl_reg_ep *ep, struct sl_buf *rec)
+static int
+commit_and_encode(struct run *r, const char *id, struct sl_reg_ep *ep, struct sl_buf *rec)
 {
     sl_err_t err;
     sl_reg_ep_fini(ep);
@@ -770,12 +773,14 @@ static int check_merged(struct run *r, const struct sl_reg_ep *ep, const struct 
                                ep->tpl ? "template" : "no-template", err.msg);
     }
     const int64_t *v = ep->num;
-    if (v[SL_REG_N_TIMEOUT] && v[SL_REG_N_CONN_TIMEOUT] && v[SL_REG_N_CONN_TIMEOUT] > v[SL_REG_N_TIMEOUT])
+    if (v[SL_REG_N_TIMEOUT] && v[SL_REG_N_CONN_TIMEOUT] &&
+        v[SL_REG_N_CONN_TIMEOUT] > v[SL_REG_N_TIMEOUT])
         return ctl_usage_error(r->cmd,
                                "--connect-timeout-ms (%" PRId64 ") must not exceed "
                                "--timeout-ms (%" PRId64 ")",
                                v[SL_REG_N_CONN_TIMEOUT], v[SL_REG_N_TIMEOUT]);
-    if (v[SL_REG_N_RETRY_BASE] && v[SL_REG_N_RETRY_CAP] && v[SL_REG_N_RETRY_CAP] < v[SL_REG_N_RETRY_BASE])
+    if (v[SL_REG_N_RETRY_BASE] && v[SL_REG_N_RETRY_CAP] &&
+        v[SL_REG_N_RETRY_CAP] < v[SL_REG_N_RETRY_BASE])
         return ctl_usage_error(r->cmd,
                                "--retry-cap-ms (%" PRId64 ") must not be less than "
                                "--retry-base-ms (%" PRId64 ")",
@@ -869,7 +874,8 @@ static int cmd_update(struct run *r, struct opts *o)
     if (rc)
         goto out;
     if (sl_reg_db_lock_endpoint(r->pg, o->id, &err) != 0 || sl_reg_db_begin(r->pg, &err) != 0 ||
-        sl_reg_db_load(r->pg, o->id, true, &ep, &err) != 0 || sl_reg_ep_encode(&ep, &before, &err) != 0) {
+        sl_reg_db_load(r->pg, o->id, true, &ep, &err) != 0 ||
+        sl_reg_ep_encode(&ep, &before, &err) != 0) {
         rc = ctl_fail(r->cmd, "%s", err.msg);
         goto out;
     }

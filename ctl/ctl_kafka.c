@@ -197,11 +197,13 @@ static void dump_usage(FILE *f)
 
 static int dump_main(const struct sl_config *cfg, int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"topic", required_argument, NULL, 't'}, {"max", required_argument, NULL, 'm'},
-        {"idle-ms", required_argument, NULL, 'i'}, {"follow", no_argument, NULL, 'f'},
-        {"show-payloads", no_argument, NULL, 'P'}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option longopts[] = {{"topic", required_argument, NULL, 't'},
+                                             {"max", required_argument, NULL, 'm'},
+                                             {"idle-ms", required_argument, NULL, 'i'},
+                                             {"follow", no_argument, NULL, 'f'},
+                                             {"show-payloads", no_argument, NULL, 'P'},
+                                             {"help", no_argument, NULL, 'h'},
+                                             {NULL, 0, NULL, 0}};
     if (argc < 2 || argv[1][0] == '-') {
         dump_usage(argc >= 2 && strcmp(argv[1], "--help") == 0 ? stdout : stderr);
         return argc >= 2 && strcmp(argv[1], "--help") == 0 ? 0 : 2;
@@ -323,8 +325,8 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
         } else if (strcmp(kind, "endpoints") == 0) {
             struct sl_endpoint_rec er;
             if (!m->payload) {
-                o = json_pack("{s:s#, s:b}", "id", (const char *)m->key, (int)m->key_len,
-                              "deleted", 1);
+                o = json_pack("{s:s#, s:b}", "id", (const char *)m->key, (int)m->key_len, "deleted",
+                              1);
                 memset(&er, 0, sizeof(er));
             } else if (sl_endpoint_rec_decode(m->payload, m->len, NULL, &er, &err) == 0) {
                 o = endpoint_json(&er);
@@ -349,8 +351,7 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
             }
         }
         if (!o)
-            o = json_pack("{s:s, s:s}", "undecodable", err.msg, "error",
-                          sl_err_name(err.code));
+            o = json_pack("{s:s, s:s}", "undecodable", err.msg, "error", sl_err_name(err.code));
         json_object_set_new(o, "partition", json_integer(m->partition));
         json_object_set_new(o, "offset", json_integer((json_int_t)m->offset));
         char *s = json_dumps(o, JSON_COMPACT);

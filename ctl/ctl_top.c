@@ -25,12 +25,12 @@
 #define MAX_ROWS 25  /* endpoints shown */
 
 struct ep_stat {
-    char id[SL_ENDPOINT_ID_MAX + 1]; /* endpoint id */
+    char id[SL_ENDPOINT_ID_MAX + 1];                         /* endpoint id */
     uint64_t delivered, retried, dead, dup, deferred, other; /* this window */
     uint64_t total_delivered, total_dead;                    /* since start */
-    uint32_t lat_us[RING];  /* latency samples (µs) of answered attempts */
-    size_t nlat, lat_pos;   /* samples held / next slot */
-    uint32_t last_http;     /* last HTTP status seen */
+    uint32_t lat_us[RING];               /* latency samples (µs) of answered attempts */
+    size_t nlat, lat_pos;                /* samples held / next slot */
+    uint32_t last_http;                  /* last HTTP status seen */
     char last_err[SL_ERR_CLASS_MAX + 1]; /* last error class */
 };
 
@@ -127,8 +127,7 @@ static const char *breaker_state(sl_redis_t *r, const char *ep)
     const char *argv[] = {"HGET", key, "state"};
     redisReply *rep = sl_redis_cmd(r, 1, 3, argv, NULL, NULL);
     static char buf[16];
-    snprintf(buf, sizeof(buf), "%s",
-             rep && rep->type == REDIS_REPLY_STRING ? rep->str : "closed");
+    snprintf(buf, sizeof(buf), "%s", rep && rep->type == REDIS_REPLY_STRING ? rep->str : "closed");
     if (rep)
         freeReplyObject(rep);
     return buf;
@@ -171,15 +170,15 @@ static void frame(sl_map_t *m, sl_redis_t *r, double secs, bool tty, uint64_t fr
             snprintf(last, sizeof(last), "%u", s->last_http);
         printf("%-24.24s %9.1f %7llu %6llu %8.1f %8.1f %8.1f %8llu %-9s %s\n", s->id,
                (double)s->delivered / secs, (unsigned long long)s->retried,
-               (unsigned long long)s->dead, p50, p95, p99,
-               (unsigned long long)s->total_delivered, breaker_state(r, s->id), last);
+               (unsigned long long)s->dead, p50, p95, p99, (unsigned long long)s->total_delivered,
+               breaker_state(r, s->id), last);
     }
     if (n > MAX_ROWS)
         printf("(%zu more endpoints)\n", n - MAX_ROWS);
     fflush(stdout);
     for (i = 0; i < n; i++)
-        rows[i]->delivered = rows[i]->retried = rows[i]->dead = rows[i]->dup =
-            rows[i]->deferred = rows[i]->other = 0;
+        rows[i]->delivered = rows[i]->retried = rows[i]->dead = rows[i]->dup = rows[i]->deferred =
+            rows[i]->other = 0;
     free(rows);
 }
 
@@ -261,8 +260,7 @@ int ctl_top_main(struct ctl *c, int argc, char **argv)
     rd_kafka_topic_partition_list_t *l =
         rd_kafka_topic_partition_list_new(md->topics[0].partition_cnt);
     for (int i = 0; i < md->topics[0].partition_cnt; i++)
-        rd_kafka_topic_partition_list_add(l, cfg->topic_outcomes,
-                                          md->topics[0].partitions[i].id)
+        rd_kafka_topic_partition_list_add(l, cfg->topic_outcomes, md->topics[0].partitions[i].id)
             ->offset = beginning ? RD_KAFKA_OFFSET_BEGINNING : RD_KAFKA_OFFSET_END;
     rd_kafka_metadata_destroy(md);
     rd_kafka_assign(rk, l);

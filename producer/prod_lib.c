@@ -17,9 +17,6 @@
  * Locking: mu protects the outstanding list and counters and the last-error copy; it is
  * never held while calling librdkafka or a done callback.
  */
-#include "producer/sluice_producer.h"
-#include "producer/prod_lib_int.h"
-
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -33,6 +30,8 @@
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "producer/prod_lib_int.h"
+#include "producer/sluice_producer.h"
 
 #define PURGE_SERVE_MS     5000  /* ms; bound on serving the purged records' reports */
 #define QUEUE_FULL_POLL_MS 10    /* ms; poll slice while the local queue is full */

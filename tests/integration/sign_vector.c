@@ -16,13 +16,14 @@
  */
 #include <errno.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <limits.h>
-#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <jansson.h>
+#include <openssl/rand.h>
 
 #include "common/sl_sign.h"
 

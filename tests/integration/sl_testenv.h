@@ -6,7 +6,10 @@
 #ifndef SL_TESTENV_H
 #define SL_TESTENV_H
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,18 +17,15 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
 
 struct sl_test_redis {
-    pid_t pid;       /* redis-server process */
-    int port;        /* its port */
-    char dir[128];   /* temp dir */
-    char url[160];   /* redis://127.0.0.1:port */
+    pid_t pid;     /* redis-server process */
+    int port;      /* its port */
+    char dir[128]; /* temp dir */
+    char url[160]; /* redis://127.0.0.1:port */
 };
 
 static inline int sl_test_free_port(void)
@@ -58,8 +58,8 @@ static inline void sl_test_redis_start(struct sl_test_redis *t)
         if (t->pid == 0) {
             int devnull = open("/dev/null", O_WRONLY);
             dup2(devnull, 1);
-            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1",
-                   "--dir", t->dir, "--appendonly", "yes", "--save", "", (char *)NULL);
+            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--dir",
+                   t->dir, "--appendonly", "yes", "--save", "", (char *)NULL);
             fprintf(stderr, "cannot exec redis-server (run scripts/setup.sh): %s\n",
                     strerror(errno));
             _exit(127);
@@ -110,8 +110,10 @@ static inline const char *sl_test_env(const char *name)
 {
     const char *v = getenv(name);
     if (!v || !*v) {
-        fprintf(stderr, "%s is not set: run integration tests through scripts/test.sh, which "
-                        "starts the stack\n", name);
+        fprintf(stderr,
+                "%s is not set: run integration tests through scripts/test.sh, which "
+                "starts the stack\n",
+                name);
         exit(1);
     }
     return v;

@@ -13,7 +13,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,6 +27,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
 

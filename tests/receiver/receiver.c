@@ -23,7 +23,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -39,14 +38,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <microhttpd.h>
+
 #include "common/sl_cfg.h"
 #include "common/sl_err.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "common/sl_sign.h"
 #include "recv_ledger.h"
 #include "recv_sched.h"
 #include "recv_tables.h"
-#include "common/sl_sign.h"
 
 #define ENDPOINT_MAX    128                  /* bytes kept of an endpoint name, with NUL */
 #define LEDGER_LINE_MAX 8192                 /* one ledger line, bytes */
@@ -190,8 +191,8 @@ struct app {
     const char *ledger_path; /* --ledger (argv, borrowed); NULL = no ledger */
     bool no_ledger_ok;       /* skip ledger lines for 2xx */
     struct sl_secret secrets[SL_SIGNER_MAX_SECRETS]; /* --secret keys (wiped at exit) */
-    size_t nsecrets;                                     /* secrets in use */
-    bool reject_bad_sig;                                 /* answer 401 to bad signatures */
+    size_t nsecrets;                                 /* secrets in use */
+    bool reject_bad_sig;                             /* answer 401 to bad signatures */
     int64_t tolerance_s;  /* webhook-timestamp skew allowed, s; -1 = unchecked */
     uint64_t endless_bps; /* endless pacing, bytes/s */
     uint64_t max_ids;     /* accepted (endpoint, id) pairs remembered */
@@ -880,10 +881,9 @@ static enum MHD_Result on_complete(struct req *rq)
     if (app->nsecrets > 0) {
         sl_err_t err;
         sl_err_clear(&err);
-        int rc =
-            sl_verify(app->secrets, app->nsecrets, rq->wh_id, rq->wh_ts, rq->wh_sig,
-                      rq->body.data, rq->body.len, (int64_t)time(NULL),
-                      app->tolerance_s < 0 ? INT64_MAX : app->tolerance_s, &err);
+        int rc = sl_verify(app->secrets, app->nsecrets, rq->wh_id, rq->wh_ts, rq->wh_sig,
+                           rq->body.data, rq->body.len, (int64_t)time(NULL),
+                           app->tolerance_s < 0 ? INT64_MAX : app->tolerance_s, &err);
         rq->sig_ok = rc == 0;
         stat_add(rc == 0 ? &app->st.sig_ok : &app->st.sig_bad, 1);
         if (rc != 0) {

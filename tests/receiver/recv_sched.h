@@ -27,9 +27,10 @@
 #ifndef SL_RECV_SCHED_H
 #define SL_RECV_SCHED_H
 
-#include <microhttpd.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <microhttpd.h>
 
 #include "common/sl_err.h"
 

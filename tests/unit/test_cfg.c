@@ -2,13 +2,13 @@
  * Config loader: defaults, precedence, strict parsing and bounds, unknown keys, every error
  * reported at once, secret redaction in --print-config, and exit code 78 from a real process.
  */
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 

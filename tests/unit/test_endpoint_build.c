@@ -20,14 +20,12 @@
 static void test_template_syntax(void **state)
 {
     (void)state;
-    static const char
-        *ok[] =
-            {
-                "https://t.example/pb?click={click_id}&sum={payout}",
-                "https://t.example/{a}/{B_9}?x=1", "https://t.example/no-macros",
-                ("https://t.example/"
-                 "{aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa}"), /* 64 */
-            };
+    static const char *ok[] = {
+        "https://t.example/pb?click={click_id}&sum={payout}", "https://t.example/{a}/{B_9}?x=1",
+        "https://t.example/no-macros",
+        ("https://t.example/"
+         "{aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa}"), /* 64 */
+    };
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
         assert_int_equal(sl_endpoint_template_syntax(ok[i], NULL), 0);
     static const struct {

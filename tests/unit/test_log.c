@@ -50,8 +50,12 @@ static void test_json_shape_and_escape(void **state)
     sl_log_init("sluice-test", SL_LOG_INFO, 0);
     int fd;
     char *path = capture_begin(&fd);
-    struct sl_log_ctx ctx = {.event_id = "evt_1", .endpoint_id = "ep_9", .attempt = 2,
-                             .topic = "t", .partition = 3, .offset = 42};
+    struct sl_log_ctx ctx = {.event_id = "evt_1",
+                             .endpoint_id = "ep_9",
+                             .attempt = 2,
+                             .topic = "t",
+                             .partition = 3,
+                             .offset = 42};
     sl_log_ctx_set(&ctx);
     SL_LOGKV(SL_LOG_WARN, "http", "delivery_failed",
              ((struct sl_log_kv[]){SL_KV_S("host", "a\"b\n"), SL_KV_I("status", 503)}),

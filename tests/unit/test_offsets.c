@@ -50,7 +50,7 @@ static void test_revoke_invalidates_refs(void **state)
     assert_false(cons_offsets_current(o, &old));
     struct cons_offset_ref tmp;
     assert_false(cons_offsets_track(o, 0, 8, &tmp)); /* not ours any more */
-    cons_offsets_assign(o, 0); /* assigned again (a later rebalance) */
+    cons_offsets_assign(o, 0);                       /* assigned again (a later rebalance) */
     struct cons_offset_ref fresh;
     assert_true(cons_offsets_track(o, 0, 7, &fresh));
     cons_offsets_finish(o, &old); /* stale: must not count */

@@ -23,8 +23,9 @@ static void test_fills_and_encodes(void **state)
 {
     (void)state;
     const struct sl_kv m[] = {
-        {"click_id", "a b&c=d"},     {"payout", "12.50"}, {"status", "ok/yes?#"},
-        {"name", "Jos\xc3\xa9 \xe2\x82\xac"}, {"empty", ""}, {"pct", "100%"},
+        {"click_id", "a b&c=d"}, {"payout", "12.50"},
+        {"status", "ok/yes?#"},  {"name", "Jos\xc3\xa9 \xe2\x82\xac"},
+        {"empty", ""},           {"pct", "100%"},
     };
     sl_err_t err;
     int rc;

@@ -3,7 +3,6 @@
  * synthetic generator (prod_gen). No network.
  */
 #include <fcntl.h>
-#include <jansson.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +12,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "common/sl_record.h"
 #include "producer/prod_gen.h"

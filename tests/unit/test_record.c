@@ -12,9 +12,6 @@
  * - Direct tests of the encoder rules, the pre-scan, the validators and the ownership rules.
  */
 #include <dirent.h>
-#include <jansson.h>
-#include <msgpack.h>
-#include <openssl/evp.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,6 +21,9 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
+#include <msgpack.h>
+#include <openssl/evp.h>
 
 #include "common/sl_err.h"
 #include "common/sl_mem.h"

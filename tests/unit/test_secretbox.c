@@ -4,8 +4,6 @@
  * The box layout (version | nonce | ciphertext | tag, AD = endpoint id) is checked by
  * decrypting with plain EVP calls in the test, independently of sl_secretbox_open.
  */
-#include <openssl/evp.h>
-#include <openssl/rand.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +13,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 
 #include "common/sl_secretbox.h"
 

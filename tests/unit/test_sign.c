@@ -7,9 +7,6 @@
  * Everything else is checked against an independent one-shot HMAC() of the concatenated
  * input, so the streaming signer cannot agree with itself by accident.
  */
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +17,9 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 
 #include "common/sl_b64.h"
 #include "common/sl_sign.h"

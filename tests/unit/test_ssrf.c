@@ -67,7 +67,7 @@ static void test_refused_ranges(void **state)
         {"::127.0.0.1", "loopback"},
         {"64:ff9b::a9fe:a9fe", "link-local"}, /* NAT64 of 169.254.169.254 */
         {"64:ff9b:1::1", "nat64-local"},
-        {"2002:7f00:1::", "loopback"},        /* 6to4 of 127.0.0.1 */
+        {"2002:7f00:1::", "loopback"}, /* 6to4 of 127.0.0.1 */
         {"2001:db8::1", "documentation"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -85,8 +85,8 @@ static void test_global_allowed(void **state)
     struct cons_ssrf_policy p;
     sl_err_t err;
     assert_int_equal(cons_ssrf_parse(&p, true, NULL, &err), 0);
-    const char *ok[] = {"93.184.216.34", "8.8.8.8", "2606:4700::1111", "::ffff:1.1.1.1",
-                        "172.32.0.1", "11.0.0.1"};
+    const char *ok[] = {"93.184.216.34",  "8.8.8.8",    "2606:4700::1111",
+                        "::ffff:1.1.1.1", "172.32.0.1", "11.0.0.1"};
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
         assert_true(allowed(&p, ok[i], NULL));
 }
