@@ -246,3 +246,35 @@ def test_slow_endpoints_get_a_lower_breaker_threshold(make_world):
     assert c.term() == 0
     assert got[slow] == 2, got
     assert got[fast] == 10, got
+
+
+def test_410_disables_the_endpoint_through_the_registry(make_world):
+    import os as _os
+    from sluice_e2e import Proc
+    w = make_world(max_attempts=3, retry_base_ms=100, recorder_flush_ms=100)
+    rcv = w.receiver()
+    ep = w.add_endpoint("gone" + w.tag, rcv.url("gone", "gone"), "--max-inflight", "1")
+    assert w.produce([event(ep, 0, w.tag)]).returncode == 0
+    rec = Proc([w.bin("recorder/sluice-recorder")], w.env, _os.path.join(w.dir, "recorder.log"))
+    c = w.consumer()
+
+    def disabled():
+        r = w.ctl("endpoints", "show", ep, "--json")
+        return r.returncode == 0 and '"enabled": false' in r.stdout.replace('":false', '": false') \
+            and r.stdout
+
+    shown = wait_until(disabled, 60, 0.5, "endpoint disabled in the registry")
+    assert "410" in shown, shown
+    # every pod learns it from the endpoints topic: later deliveries are dead letters at once,
+    # kept for replay, and never sent
+    time.sleep(1)
+    later = [event(ep, i, w.tag) for i in range(1, 4)]
+    assert w.produce(later).returncode == 0
+    wait_until(lambda: all(final_states(w.outcomes()).get((e["id"], ep), {}).get("err") ==
+                           "endpoint_disabled" for e in later), 60, 0.5, "disabled dead letters")
+    assert len([l for l in rcv.ledger() if l["endpoint"] == "gone"]) == 1
+    assert c.term() == 0 and rec.term() == 0
+    # the operator turns it back on
+    assert w.ctl("endpoints", "enable", ep).returncode == 0
+    r = w.ctl("endpoints", "show", ep, "--json")
+    assert '"enabled": true' in r.stdout.replace('":true', '": true'), r.stdout

@@ -41,16 +41,16 @@ static uint64_t rng(void)
 }
 
 struct gen {
-    rd_kafka_t *rk;          /* producer */
-    const char *topic;       /* target topic */
-    struct sl_buf out;       /* encode scratch */
-    uint64_t left;           /* records still to publish */
-    uint64_t records;        /* records published */
-    uint64_t samples;        /* expected endpoint_latency rows */
-    uint64_t dead;           /* expected dead_letters rows */
-    uint8_t env[600];        /* a valid delivery record for dead letters */
-    size_t env_len;          /* bytes used in env */
-    int failed;              /* produce errors */
+    rd_kafka_t *rk;    /* producer */
+    const char *topic; /* target topic */
+    struct sl_buf out; /* encode scratch */
+    uint64_t left;     /* records still to publish */
+    uint64_t records;  /* records published */
+    uint64_t samples;  /* expected endpoint_latency rows */
+    uint64_t dead;     /* expected dead_letters rows */
+    uint8_t env[600];  /* a valid delivery record for dead letters */
+    size_t env_len;    /* bytes used in env */
+    int failed;        /* produce errors */
 };
 
 static volatile int g_dr_errors;
@@ -147,8 +147,11 @@ int main(int argc, char **argv)
     /* A valid delivery record as the dead letters' env (replay payload). */
     {
         static const char body[] = "{\"order\":42,\"amount\":\"19.99\",\"currency\":\"EUR\"}";
-        struct sl_delivery d = {.id = "gen-env", .ep = "gen-ep", .type = "order.paid",
-                                .ts_ms = 1, .body = (const uint8_t *)body,
+        struct sl_delivery d = {.id = "gen-env",
+                                .ep = "gen-ep",
+                                .type = "order.paid",
+                                .ts_ms = 1,
+                                .body = (const uint8_t *)body,
                                 .body_len = sizeof(body) - 1};
         struct sl_buf eb;
         sl_buf_init(&eb, sizeof(g.env));
@@ -169,8 +172,8 @@ int main(int argc, char **argv)
         snprintf(id, sizeof(id), "%s-%llu", prefix, (unsigned long long)e);
         snprintf(ep, sizeof(ep), "%s-ep%llu", prefix, (unsigned long long)(e % endpoints));
         uint64_t ts = base + e / 4; /* ~4 events per ms */
-        struct sl_outcome o = {.id = id, .ep = ep, .type = "order.paid", .created_ms = ts - 5,
-                               .pod = "gen-pod"};
+        struct sl_outcome o = {
+            .id = id, .ep = ep, .type = "order.paid", .created_ms = ts - 5, .pod = "gen-pod"};
         unsigned r = (unsigned)(rng() % 100);
         unsigned lat = 2000 + (unsigned)(rng() % 400000);
         events++;
@@ -184,59 +187,91 @@ int main(int argc, char **argv)
             o.http = timeout ? 0 : 503, o.err = timeout ? "timeout" : "http_5xx";
             o.lat_us = timeout ? 15000000 : lat, o.next_ms = ts + 30000;
             emit(&g, &o);
-            struct sl_outcome d = {.id = id, .ep = ep, .type = "order.paid", .created_ms = ts - 5,
-                                   .pod = "gen-pod", .attempt = 2,
-                                   .state = SL_OUTCOME_DELIVERED, .http = 200,
-                                   .ts_ms = ts + 30000, .lat_us = lat};
+            struct sl_outcome d = {.id = id,
+                                   .ep = ep,
+                                   .type = "order.paid",
+                                   .created_ms = ts - 5,
+                                   .pod = "gen-pod",
+                                   .attempt = 2,
+                                   .state = SL_OUTCOME_DELIVERED,
+                                   .http = 200,
+                                   .ts_ms = ts + 30000,
+                                   .lat_us = lat};
             emit(&g, &d);
         } else if (r < 92) {
             for (uint32_t a = 1; a <= 4; a++) {
-                struct sl_outcome f = {.id = id, .ep = ep, .type = "order.paid",
-                                       .created_ms = ts - 5, .pod = "gen-pod", .attempt = a,
-                                       .state = SL_OUTCOME_RETRY_SCHEDULED, .http = 500,
-                                       .err = "http_5xx", .ts_ms = ts + a * 1000,
-                                       .next_ms = ts + a * 1000 + 500, .lat_us = lat};
+                struct sl_outcome f = {.id = id,
+                                       .ep = ep,
+                                       .type = "order.paid",
+                                       .created_ms = ts - 5,
+                                       .pod = "gen-pod",
+                                       .attempt = a,
+                                       .state = SL_OUTCOME_RETRY_SCHEDULED,
+                                       .http = 500,
+                                       .err = "http_5xx",
+                                       .ts_ms = ts + a * 1000,
+                                       .next_ms = ts + a * 1000 + 500,
+                                       .lat_us = lat};
                 emit(&g, &f);
             }
-            struct sl_outcome dl = {.id = id, .ep = ep, .type = "order.paid",
-                                    .created_ms = ts - 5, .pod = "gen-pod", .attempt = 5,
-                                    .state = SL_OUTCOME_DEAD_LETTER, .http = 500,
-                                    .err = "http_5xx", .msg = "attempts exhausted",
-                                    .ts_ms = ts + 5000, .lat_us = lat, .env = g.env,
+            struct sl_outcome dl = {.id = id,
+                                    .ep = ep,
+                                    .type = "order.paid",
+                                    .created_ms = ts - 5,
+                                    .pod = "gen-pod",
+                                    .attempt = 5,
+                                    .state = SL_OUTCOME_DEAD_LETTER,
+                                    .http = 500,
+                                    .err = "http_5xx",
+                                    .msg = "attempts exhausted",
+                                    .ts_ms = ts + 5000,
+                                    .lat_us = lat,
+                                    .env = g.env,
                                     .env_len = g.env_len};
             emit(&g, &dl);
         } else if (r < 96) {
             o.attempt = 1, o.state = SL_OUTCOME_DELIVERED, o.http = 200, o.ts_ms = ts;
             o.lat_us = lat;
             emit(&g, &o);
-            struct sl_outcome du = {.id = id, .ep = ep, .type = "order.paid",
-                                    .created_ms = ts - 5, .pod = "gen-pod", .attempt = 0,
-                                    .state = SL_OUTCOME_DUPLICATE, .ts_ms = ts + 100};
+            struct sl_outcome du = {.id = id,
+                                    .ep = ep,
+                                    .type = "order.paid",
+                                    .created_ms = ts - 5,
+                                    .pod = "gen-pod",
+                                    .attempt = 0,
+                                    .state = SL_OUTCOME_DUPLICATE,
+                                    .ts_ms = ts + 100};
             emit(&g, &du);
         } else {
             o.attempt = 0, o.state = SL_OUTCOME_DEFERRED, o.err = "breaker_open", o.ts_ms = ts;
             o.next_ms = ts + 300000;
             emit(&g, &o);
-            struct sl_outcome d = {.id = id, .ep = ep, .type = "order.paid", .created_ms = ts - 5,
-                                   .pod = "gen-pod", .attempt = 1,
-                                   .state = SL_OUTCOME_DELIVERED, .http = 200,
-                                   .ts_ms = ts + 300000, .lat_us = lat};
+            struct sl_outcome d = {.id = id,
+                                   .ep = ep,
+                                   .type = "order.paid",
+                                   .created_ms = ts - 5,
+                                   .pod = "gen-pod",
+                                   .attempt = 1,
+                                   .state = SL_OUTCOME_DELIVERED,
+                                   .http = 200,
+                                   .ts_ms = ts + 300000,
+                                   .lat_us = lat};
             emit(&g, &d);
         }
     }
     int rc = sl_kafka_flush(g.rk, 120000, &err);
     double el = (double)(sl_mono_ms() - t0) / 1000.0;
     if (rc != 0 || g.failed || g_dr_errors) {
-        fprintf(stderr, "sl-test-outcomes: publishing failed (%d produce errors, %d delivery "
-                        "errors)%s%s\n",
+        fprintf(stderr,
+                "sl-test-outcomes: publishing failed (%d produce errors, %d delivery "
+                "errors)%s%s\n",
                 g.failed, g_dr_errors, rc ? ": " : "", rc ? err.msg : "");
         return 1;
     }
     printf("records=%llu events=%llu dead_letters=%llu samples=%llu elapsed_s=%.2f "
            "records_per_s=%.0f\n",
-           (unsigned long long)g.records, (unsigned long long)events,
-           (unsigned long long)g.dead, (unsigned long long)g.samples, el,
-           el > 0 ? (double)g.records / el : 0.0);
+           (unsigned long long)g.records, (unsigned long long)events, (unsigned long long)g.dead,
+           (unsigned long long)g.samples, el, el > 0 ? (double)g.records / el : 0.0);
     rd_kafka_destroy(g.rk);
     sl_buf_fini(&g.out);
     sl_cfg_fini(&cfg);

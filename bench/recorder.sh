@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Recorder throughput benchmark (not a test): sl-test-outcomes --generate-outcomes publishes N
+# synthetic outcome records (the consumer's output: deliveries, retries, dead letters with env,
+# duplicates, deferrals) to a private topic; then sluice-recorder, in a fresh consumer group,
+# writes them into PostgreSQL. Prints outcomes/s from the recorder's start to the moment every
+# row is committed in PostgreSQL (offsets are committed within the next second), checks the
+# row counts exactly, and prints the CPU split (recorder, its PostgreSQL backends), the
+# machine, and the exact command to reproduce.
+#
+#   bench/recorder.sh                    # 1,000,000 outcomes, 1000 endpoints
+#
+# Env (all optional):
+#   SLUICE_KAFKA_BROKERS / SLUICE_PG_DSN   the stack to use; unset = the local stack
+#                          (scripts/stack.sh start, which honours SLUICE_STACK_DIR /
+#                          SLUICE_PORT_BASE)
+#   SLUICE_BUILD_DIR       build dir with recorder/sluice-recorder and
+#                          tests/integration/sl-test-{outcomes,topic} (default <repo>/build)
+#   SLUICE_RECORDER_BATCH  rows per batch (the recorder's own option; default 5000)
+#   BENCH_RECORDS (1000000) BENCH_ENDPOINTS (1000) BENCH_PARTITIONS (4)
+#   BENCH_TARGET (50000)   outcomes/s the report compares against
+#   BENCH_KEEP_ROWS=1      keep the benchmark's rows in PostgreSQL (default: deleted afterwards)
+#   BENCH_KEEP_TOPIC=1     keep the topic
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$SCRIPT_DIR/.." && pwd)
+BUILD_DIR="${SLUICE_BUILD_DIR:-$REPO_DIR/build}"
+N="${BENCH_RECORDS:-1000000}"
+ENDPOINTS="${BENCH_ENDPOINTS:-1000}"
+PARTITIONS="${BENCH_PARTITIONS:-4}"
+TARGET="${BENCH_TARGET:-50000}"
+RECORDER="$BUILD_DIR/recorder/sluice-recorder"
+GEN="$BUILD_DIR/tests/integration/sl-test-outcomes"
+TOPIC_TOOL="$BUILD_DIR/tests/integration/sl-test-topic"
+
+die() { printf 'bench/recorder.sh: %s\n' "$*" >&2; exit 1; }
+
+for bin in "$RECORDER" "$GEN" "$TOPIC_TOOL"; do
+  [ -x "$bin" ] || die "$bin not found: build first (cmake -S $REPO_DIR -B $BUILD_DIR -DSL_TESTS=ON && cmake --build $BUILD_DIR -j2), or set SLUICE_BUILD_DIR"
+done
+command -v psql >/dev/null || die "psql not found (apt package postgresql-client-15)"
+
+if [ -z "${SLUICE_KAFKA_BROKERS:-}" ] && [ -z "${SLUICE_PG_DSN:-}" ]; then
+  "$REPO_DIR/scripts/stack.sh" start >&2 || die "could not start the local stack"
+  eval "$("$REPO_DIR/scripts/stack.sh" env)"
+elif [ -z "${SLUICE_KAFKA_BROKERS:-}" ] || [ -z "${SLUICE_PG_DSN:-}" ]; then
+  die "set both SLUICE_KAFKA_BROKERS and SLUICE_PG_DSN, or neither (then the local stack is used)"
+fi
+export SLUICE_KAFKA_BROKERS SLUICE_PG_DSN
+pg() { PGCONNECT_TIMEOUT=5 psql -X -q -At -v ON_ERROR_STOP=1 "$SLUICE_PG_DSN" "$@"; }
+pg -c 'select 1 from delivery_attempts limit 0' >/dev/null \
+  || die "no delivery_attempts table at SLUICE_PG_DSN: apply sql/ (scripts/stack.sh start does)"
+
+ticks() { # summed utime+stime of the given pids, in clock ticks
+  local t=0 x v
+  for x in "$@"; do
+    v=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$x/stat" 2>/dev/null || echo 0)
+    t=$((t + v))
+  done
+  echo "$t"
+}
+
+prefix="bench$(date +%s)x$$"
+group="$prefix-recorder"
+topic=$("$TOPIC_TOOL" name bench.recorder)
+"$TOPIC_TOOL" create "$topic" "$PARTITIONS" || die "could not create topic $topic"
+logf=$(mktemp)
+rec_pid=""
+cleanup() {
+  if [ -n "$rec_pid" ] && kill -0 "$rec_pid" 2>/dev/null; then
+    kill -TERM "$rec_pid"; wait "$rec_pid" 2>/dev/null || true
+  fi
+  [ "${BENCH_KEEP_TOPIC:-0}" = 1 ] || "$TOPIC_TOOL" delete "$topic" >/dev/null 2>&1 || true
+  if [ "${BENCH_KEEP_ROWS:-0}" != 1 ]; then
+    pg -c "delete from delivery_attempts where event_id like '$prefix-%'" \
+       -c "delete from endpoint_latency where endpoint_id like '$prefix-%'" \
+       -c "delete from deliveries where event_id like '$prefix-%'" \
+       -c "delete from dead_letters where event_id like '$prefix-%'" \
+       -c "delete from endpoint_health where endpoint_id like '$prefix-%'" \
+       >/dev/null 2>&1 || true
+  fi
+  rm -f "$logf"
+}
+trap cleanup EXIT
+
+echo "publishing $N outcome records to $topic ..." >&2
+gen_out=$("$GEN" --generate-outcomes "$N" --topic "$topic" --endpoints "$ENDPOINTS" \
+          --prefix "$prefix" 2>/dev/null) || die "sl-test-outcomes failed"
+field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p" <<<"$gen_out"; }
+events=$(field events); dead=$(field dead_letters); samples=$(field samples)
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "recording ..." >&2
+t0=$(date +%s.%N)
+SLUICE_TOPIC_OUTCOMES="$topic" SLUICE_RECORDER_GROUP="$group" SLUICE_LOG_LEVEL=debug \
+  SLUICE_DEBUG=db "$RECORDER" 2>"$logf" &
+rec_pid=$!
+rows=0
+deadline=$((SECONDS + 1800))
+while :; do
+  sleep 0.2
+  kill -0 "$rec_pid" 2>/dev/null || die "sluice-recorder exited early; log: $(tail -5 "$logf")"
+  # every "batch_written" line is a committed transaction; its rows are all present
+  rows=$({ grep -o '"event":"batch_written","msg":"rows [0-9]*' "$logf" || true; } | awk '{ s += $NF } END { print s + 0 }')
+  [ "$rows" -ge "$N" ] && break
+  [ "$SECONDS" -lt "$deadline" ] || die "only $rows of $N rows after 30 minutes"
+done
+t1=$(date +%s.%N)
+backends=$(pg -c "select string_agg(pid::text, ' ') from pg_stat_activity where application_name = 'sluice-recorder'")
+rec_cpu=$(ticks "$rec_pid"); pg_cpu=$(ticks $backends)
+kill -TERM "$rec_pid"; wait "$rec_pid" || die "sluice-recorder exited non-zero on SIGTERM"
+rec_pid=""
+
+tck=$(getconf CLK_TCK)
+elapsed=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+rate=$(awk -v n="$N" -v e="$elapsed" 'BEGIN { printf "%.0f", n / e }')
+range="event_id like '$prefix-%'"
+got_attempts=$(pg -c "select count(*) from delivery_attempts where $range")
+got_deliveries=$(pg -c "select count(*) from deliveries where $range")
+got_dead=$(pg -c "select count(*) from dead_letters where $range")
+got_samples=$(pg -c "select count(*) from endpoint_latency where endpoint_id like '$prefix-%'")
+check="ok"
+[ "$got_attempts" = "$N" ] && [ "$got_deliveries" = "$events" ] && [ "$got_dead" = "$dead" ] \
+  && [ "$got_samples" = "$samples" ] || check="MISMATCH"
+
+echo "== sluice-recorder benchmark =="
+echo "generator:    $gen_out"
+echo "outcomes/s:   $rate  ($N outcomes in $elapsed s from recorder start to the last row committed; target $TARGET)"
+echo "rows:         delivery_attempts $got_attempts/$N, deliveries $got_deliveries/$events, dead_letters $got_dead/$dead, endpoint_latency $got_samples/$samples: $check"
+echo "CPU:          recorder $(awk -v t="$rec_cpu" -v k="$tck" 'BEGIN { printf "%.2f", t / k }') s, its PostgreSQL backends $(awk -v t="$pg_cpu" -v k="$tck" 'BEGIN { printf "%.2f", t / k }') s (pids $backends)"
+echo "machine:      nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1), load average before run $load_before, after $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "batch:        ${SLUICE_RECORDER_BATCH:-5000} rows (SLUICE_RECORDER_BATCH)"
+echo "reproduce:    SLUICE_KAFKA_BROKERS=$SLUICE_KAFKA_BROKERS SLUICE_PG_DSN='$SLUICE_PG_DSN' BENCH_RECORDS=$N BENCH_ENDPOINTS=$ENDPOINTS BENCH_PARTITIONS=$PARTITIONS${SLUICE_RECORDER_BATCH:+ SLUICE_RECORDER_BATCH=$SLUICE_RECORDER_BATCH} SLUICE_BUILD_DIR=$BUILD_DIR $SCRIPT_DIR/recorder.sh"
+[ "$check" = ok ] || { echo "result:       row counts do not match" >&2; exit 1; }
+if [ "$rate" -ge "$TARGET" ]; then
+  echo "result:       target met ($rate >= $TARGET outcomes/s)"
+else
+  echo "result:       target missed ($rate < $TARGET outcomes/s)"
+fi

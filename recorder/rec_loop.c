@@ -1,0 +1,622 @@
+/*
+ * rec_loop: consume -> batch -> one PostgreSQL transaction -> store offsets (see rec_loop.h).
+ *
+ * State machine of the batch:
+ *   filling  records are added until recorder_batch rows, REC_BATCH_MAX_BYTES, or
+ *            recorder_flush_ms after the first record;
+ *   flushing rec_db_write of the whole batch; on a data error the batch is bisected (an
+ *            explicit stack of ranges) until each rejected row is isolated and skipped;
+ *   blocked  the write failed for another reason (PostgreSQL down, schema missing, ...): the
+ *            assignment is paused, polling continues (heartbeats, rebalances), the write is
+ *            retried at growing intervals; on success offsets are stored and the partitions we
+ *            paused are resumed.
+ * Pause bookkeeping (c-apis.md §1.4): a pause belongs to the partition object and survives an
+ * unassign, and resuming a partition that is not paused is buggy in 2.0.2; so we keep the exact
+ * list we paused, resume only that list, and do so before giving partitions up on revoke.
+ */
+#include "recorder/rec_loop.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <librdkafka/rdkafka.h>
+
+#include "common/sl_kafka.h"
+#include "common/sl_log.h"
+#include "common/sl_mem.h"
+#include "common/sl_record.h"
+#include "common/sl_registry.h"
+#include "recorder/rec_batch.h"
+#include "recorder/rec_db.h"
+#include "recorder/rec_maint.h"
+
+#define POLL_MAX_MS        100   /* longest single consumer poll, ms */
+#define BAD_LOG_WINDOW_MS  10000 /* bad-record log rate limit window, ms */
+#define BAD_LOG_PER_WINDOW 10    /* bad-record lines per window before suppressing */
+#define BISECT_DEPTH       64    /* range stack entries (log2 of any batch size + 1 suffices) */
+#define LANE_SKIPPED_KEPT  8     /* rejected rows a lane reports individually */
+#define DISABLE_MAX        64    /* disable requests waiting for the registry */
+
+/* A consumer asked the registry to disable an endpoint (an outcome with state "disabled"). */
+struct disable_req {
+    char id[SL_ENDPOINT_ID_MAX + 1]; /* endpoint id */
+    char reason[SL_REASON_MAX + 1];  /* why (the outcome's msg, or its error class) */
+    int64_t ts_ms;                   /* when it was asked, unix ms */
+};
+
+struct rec_loop {
+    const struct sl_config *cfg;             /* borrowed */
+    rd_kafka_t *rk;                          /* consumer */
+    rec_db_t *db[REC_MAX_LANES];             /* one PostgreSQL connection per write lane */
+    rec_maint_t *maint;                      /* maintenance thread (own connection) */
+    size_t nlanes;                           /* lanes (= connections) in use */
+    struct rec_batch batch;                  /* current batch */
+    volatile sig_atomic_t stop;              /* set by rec_loop_stop */
+    bool blocked;                            /* the batch could not be written; assignment paused */
+    rd_kafka_topic_partition_list_t *paused; /* exactly what we paused; NULL = nothing */
+    int64_t retry_at_ms;                     /* mono ms of the next write attempt while blocked */
+    int64_t backoff_ms;                      /* current retry delay, ms */
+    bool db_down;             /* last PostgreSQL operation failed (for state-change logs) */
+    int64_t next_stats_ms;    /* mono ms of the next recorder_stats line */
+    int64_t bad_window_ms;    /* start of the current bad-record log window, mono ms */
+    int bad_logged;           /* bad-record lines logged in the window */
+    int64_t bad_suppressed;   /* bad-record lines suppressed in the window */
+    struct rec_loop_stats st; /* totals */
+    struct disable_req disable[DISABLE_MAX]; /* waiting for their batch to commit */
+    size_t n_disable;                        /* entries in disable */
+    PGconn *reg_pg;                          /* registry connection (opened on first use) */
+    struct sl_reg_pub reg_pub;               /* registry publisher (opened on first use) */
+};
+
+static void apply_disables(rec_loop_t *l);
+
+/* ==== PostgreSQL availability (logged on state changes only) ==== */
+
+static void db_failed(rec_loop_t *l, const char *what, const sl_err_t *err)
+{
+    if (!l->db_down) {
+        l->db_down = true;
+        SL_LOGKV(SL_LOG_WARN, "db", "history_db_unavailable",
+                 ((struct sl_log_kv[]){SL_KV_S("during", what)}),
+                 "postgresql unavailable, history paused: %s", err->msg);
+    } else {
+        sl_debug(SL_DBG_DB, "db", "history_db_retry_failed", "%s: %s", what, err->msg);
+    }
+}
+
+static void db_ok(rec_loop_t *l)
+{
+    if (l->db_down) {
+        l->db_down = false;
+        sl_info("db", "history_db_available", "postgresql available again, history resumed");
+    }
+}
+
+/* ==== Offsets, pause, resume ==== */
+
+static void store_offsets(rec_loop_t *l)
+{
+    const struct rec_batch *b = &l->batch;
+    if (b->nparts == 0)
+        return;
+    rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new((int)b->nparts);
+    for (size_t i = 0; i < b->nparts; i++)
+        rd_kafka_topic_partition_list_add(list, l->cfg->topic_outcomes, b->parts[i].partition)
+            ->offset = b->parts[i].next;
+    rd_kafka_resp_err_t e = rd_kafka_offsets_store(l->rk, list);
+    for (int i = 0; i < list->cnt; i++) {
+        if (list->elems[i].err != RD_KAFKA_RESP_ERR_NO_ERROR)
+            SL_LOGKV(SL_LOG_WARN, "kafka", "offset_store_failed",
+                     ((struct sl_log_kv[]){SL_KV_I("partition", list->elems[i].partition),
+                                           SL_KV_I("offset", list->elems[i].offset)}),
+                     "could not store offset (partition no longer assigned?): %s",
+                     rd_kafka_err2str(list->elems[i].err));
+    }
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR && list->cnt > 0 &&
+        list->elems[0].err == RD_KAFKA_RESP_ERR_NO_ERROR)
+        sl_warn("kafka", "offset_store_failed", "could not store offsets: %s", rd_kafka_err2str(e));
+    rd_kafka_topic_partition_list_destroy(list);
+}
+
+static void pause_all(rec_loop_t *l)
+{
+    if (l->paused)
+        return;
+    rd_kafka_topic_partition_list_t *a = NULL;
+    if (rd_kafka_assignment(l->rk, &a) != RD_KAFKA_RESP_ERR_NO_ERROR || !a)
+        return;
+    if (a->cnt == 0) {
+        rd_kafka_topic_partition_list_destroy(a);
+        return;
+    }
+    rd_kafka_pause_partitions(l->rk, a);
+    l->paused = a;
+    sl_info("kafka", "intake_paused", "intake paused on %d partition%s until the batch is written",
+            a->cnt, a->cnt == 1 ? "" : "s");
+}
+
+static void resume_paused(rec_loop_t *l)
+{
+    if (!l->paused)
+        return;
+    rd_kafka_resume_partitions(l->rk, l->paused);
+    sl_info("kafka", "intake_resumed", "intake resumed on %d partition%s", l->paused->cnt,
+            l->paused->cnt == 1 ? "" : "s");
+    rd_kafka_topic_partition_list_destroy(l->paused);
+    l->paused = NULL;
+}
+
+/* ==== Batch write ==== */
+
+static void
+log_skipped(rec_loop_t *l, const char *event, int32_t partition, int64_t offset, const char *why)
+{
+    int64_t now = sl_mono_ms();
+    if (now - l->bad_window_ms >= BAD_LOG_WINDOW_MS) {
+        if (l->bad_suppressed > 0)
+            sl_warn("recorder", "bad_outcomes_suppressed",
+                    "%lld more skipped records not logged individually",
+                    (long long)l->bad_suppressed);
+        l->bad_window_ms = now;
+        l->bad_logged = 0;
+        l->bad_suppressed = 0;
+    }
+    if (l->bad_logged >= BAD_LOG_PER_WINDOW) {
+        l->bad_suppressed++;
+        return;
+    }
+    l->bad_logged++;
+    SL_LOGKV(SL_LOG_WARN, "recorder", event,
+             ((struct sl_log_kv[]){SL_KV_S("topic", l->cfg->topic_outcomes),
+                                   SL_KV_I("partition", partition), SL_KV_I("offset", offset)}),
+             "skipped outcome record: %s", why);
+}
+
+/* One lane's share of a batch write; runs on its own thread when several lanes have rows. */
+struct lane_job {
+    const struct rec_batch *b; /* borrowed, read-only while the job runs */
+    rec_db_t *db;              /* this lane's connection */
+    size_t lane;               /* lane index */
+    int rc;                    /* OUT: 0 or SL_EPG */
+    sl_err_t err;              /* OUT: reason when rc != 0 */
+    int64_t rows;              /* OUT: rows written */
+    int64_t attempts;          /* OUT: delivery_attempts rows new to the history */
+    int64_t rejected;          /* OUT: rows skipped because PostgreSQL rejected them */
+    struct {
+        int32_t partition;        /* Kafka partition of the rejected row */
+        int64_t offset;           /* Kafka offset of the rejected row */
+        char why[SL_ERR_MSG_MAX]; /* SQLSTATE and primary message */
+    } skipped[LANE_SKIPPED_KEPT]; /* OUT: the first rejected rows, logged by the main thread */
+};
+
+/*
+ * Write every row of one lane. Data errors are bisected (explicit range stack) down to single
+ * rows, which are skipped. Sets job->rc to 0 (everything written or skipped) or SL_EPG (try
+ * again later; sub-ranges already committed are harmless to write again).
+ */
+static void *lane_main(void *arg)
+{
+    struct lane_job *job = arg;
+    const struct rec_lane *ln = &job->b->lanes[job->lane];
+    struct {
+        size_t from, to;
+    } stack[BISECT_DEPTH];
+    int top = 0;
+    job->rc = 0;
+    stack[top].from = 0;
+    stack[top].to = ln->n;
+    top++;
+    while (top > 0) {
+        top--;
+        size_t from = stack[top].from;
+        size_t to = stack[top].to;
+        struct rec_db_stats ds;
+        int rc = rec_db_write(job->db, job->b, job->lane, from, to, &ds, &job->err);
+        if (rc == 0) {
+            job->rows += (int64_t)(to - from);
+            job->attempts += ds.attempts;
+            sl_debug(SL_DBG_DB, "db", "batch_written",
+                     "rows %zu new attempts %lld samples %lld deliveries %lld dead letters %lld "
+                     "resolved %lld pending %lld; "
+                     "copy %lld us apply %lld us dead %lld us commit %lld us",
+                     to - from, (long long)ds.attempts, (long long)ds.samples,
+                     (long long)ds.deliveries, (long long)ds.dead, (long long)ds.resolved,
+                     (long long)ds.pending, (long long)ds.copy_us, (long long)ds.apply_us,
+                     (long long)ds.dead_us, (long long)ds.commit_us);
+            continue;
+        }
+        if (rc != SL_EINVAL) {
+            job->rc = SL_EPG;
+            return NULL;
+        }
+        if (to - from == 1) {
+            if (job->rejected < LANE_SKIPPED_KEPT) {
+                job->skipped[job->rejected].partition = ln->idx[from].partition;
+                job->skipped[job->rejected].offset = ln->idx[from].offset;
+                snprintf(job->skipped[job->rejected].why, SL_ERR_MSG_MAX, "%s", job->err.msg);
+            }
+            job->rejected++;
+            continue;
+        }
+        size_t mid = from + (to - from) / 2;
+        if (top + 2 > BISECT_DEPTH) { /* unreachable: depth <= log2(rows) + 1 */
+            job->rc = sl_err_set(&job->err, SL_EPG, "bisection too deep");
+            return NULL;
+        }
+        stack[top].from = mid; /* processed second */
+        stack[top].to = to;
+        top++;
+        stack[top].from = from; /* processed first */
+        stack[top].to = mid;
+        top++;
+    }
+    return NULL;
+}
+
+/*
+ * Write every lane of the batch, lanes with rows in parallel (one thread and connection each;
+ * lanes touch disjoint rows, see rec_batch.h). Returns 0 or SL_EPG with err from a failed lane.
+ */
+static int write_batch(rec_loop_t *l, sl_err_t *err)
+{
+    struct lane_job jobs[REC_MAX_LANES];
+    pthread_t threads[REC_MAX_LANES];
+    bool started[REC_MAX_LANES] = {false};
+    size_t first = l->nlanes;
+    for (size_t i = 0; i < l->nlanes; i++) {
+        memset(&jobs[i], 0, sizeof(jobs[i]));
+        jobs[i].b = &l->batch;
+        jobs[i].db = l->db[i];
+        jobs[i].lane = i;
+        if (l->batch.lanes[i].n == 0)
+            continue;
+        if (first == l->nlanes) {
+            first = i; /* runs on this thread */
+            continue;
+        }
+        started[i] = pthread_create(&threads[i], NULL, lane_main, &jobs[i]) == 0;
+        if (!started[i]) /* no thread: run it here, after the others */
+            sl_debug(SL_DBG_DB, "db", "lane_inline", "could not start a writer thread");
+    }
+    if (first < l->nlanes)
+        lane_main(&jobs[first]);
+    int rc = 0;
+    for (size_t i = 0; i < l->nlanes; i++) {
+        if (l->batch.lanes[i].n == 0)
+            continue;
+        if (started[i])
+            pthread_join(threads[i], NULL);
+        else if (i != first)
+            lane_main(&jobs[i]);
+        l->st.rows += jobs[i].rows;
+        l->st.attempts += jobs[i].attempts;
+        l->st.poison += jobs[i].rejected;
+        for (int64_t k = 0; k < jobs[i].rejected && k < LANE_SKIPPED_KEPT; k++)
+            log_skipped(l, "outcome_rejected_by_db", jobs[i].skipped[k].partition,
+                        jobs[i].skipped[k].offset, jobs[i].skipped[k].why);
+        if (jobs[i].rejected > LANE_SKIPPED_KEPT)
+            sl_warn("recorder", "outcomes_rejected_by_db",
+                    "%lld more rows rejected by postgresql in this batch",
+                    (long long)(jobs[i].rejected - LANE_SKIPPED_KEPT));
+        if (jobs[i].rc != 0 && rc == 0) {
+            rc = jobs[i].rc;
+            if (err)
+                *err = jobs[i].err;
+        }
+    }
+    return rc;
+}
+
+/*
+ * Try to write the batch once. On success: store offsets, reset the batch, resume intake.
+ * On failure: pause intake and schedule a retry (the batch is kept). Returns 0 or SL_EPG.
+ */
+static int flush(rec_loop_t *l)
+{
+    if (rec_batch_empty(&l->batch))
+        return 0;
+    sl_err_t err;
+    sl_err_clear(&err);
+    int rc = write_batch(l, &err);
+    if (rc != 0) {
+        l->st.db_retries++;
+        db_failed(l, "write", &err);
+        if (!l->blocked) {
+            l->blocked = true;
+            l->backoff_ms = REC_RETRY_MIN_MS;
+            pause_all(l);
+        } else {
+            l->backoff_ms =
+                l->backoff_ms * 2 > REC_RETRY_MAX_MS ? REC_RETRY_MAX_MS : l->backoff_ms * 2;
+        }
+        l->retry_at_ms = sl_mono_ms() + l->backoff_ms;
+        return rc;
+    }
+    db_ok(l);
+    store_offsets(l);
+    apply_disables(l);
+    l->st.batches++;
+    rec_batch_reset(&l->batch);
+    if (l->blocked) {
+        l->blocked = false;
+        resume_paused(l);
+    }
+    return 0;
+}
+
+/* ==== Disable requests ==== */
+
+/* Remember a disable request found in a record (applied once its batch committed). The state
+ * string is searched first so ordinary outcomes are not decoded twice. */
+static void note_disable(rec_loop_t *l, const void *payload, size_t len)
+{
+    static const char marker[] = "\xa8" "disabled"; /* msgpack fixstr "disabled" */
+    if (!payload || !memmem(payload, len, marker, sizeof(marker) - 1))
+        return;
+    struct sl_outcome o;
+    if (sl_outcome_decode(payload, len, NULL, &o, NULL) == 0 && o.state == SL_OUTCOME_DISABLED &&
+        o.ep && l->n_disable < DISABLE_MAX) {
+        struct disable_req *d = &l->disable[l->n_disable++];
+        snprintf(d->id, sizeof(d->id), "%s", o.ep);
+        snprintf(d->reason, sizeof(d->reason), "disabled by sluice: %s",
+                 o.msg ? o.msg : (o.err ? o.err : "requested by a consumer"));
+        d->ts_ms = (int64_t)o.ts_ms;
+    }
+    sl_outcome_fini(&o);
+}
+
+/* Apply the waiting disable requests to the registry (PostgreSQL, then the endpoints topic, so
+ * every consumer stops). Requests that fail stay queued for the next batch. */
+static void apply_disables(rec_loop_t *l)
+{
+    if (l->n_disable == 0)
+        return;
+    sl_err_t err;
+    if (!l->reg_pg)
+        l->reg_pg = sl_reg_db_open(l->cfg, &err);
+    if (l->reg_pg && !l->reg_pub.rk && sl_reg_pub_open(l->cfg, &l->reg_pub, &err) != 0) {
+        sl_warn("registry", "disable_deferred", "could not open the registry publisher: %s",
+                err.msg);
+        return;
+    }
+    if (!l->reg_pg) {
+        sl_warn("registry", "disable_deferred", "could not reach the registry: %s", err.msg);
+        return;
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < l->n_disable; i++) {
+        struct disable_req *d = &l->disable[i];
+        bool changed = false;
+        int rc = sl_reg_disable(l->reg_pg, &l->reg_pub, d->id, d->reason, d->ts_ms, &changed,
+                                &err);
+        if (rc == 0 || rc == SL_ENOTFOUND) {
+            if (changed)
+                SL_LOGKV(SL_LOG_WARN, "registry", "endpoint_disabled",
+                         ((struct sl_log_kv[]){SL_KV_S("endpoint_id", d->id)}),
+                         "endpoint disabled at a consumer's request: %s", d->reason);
+            continue;
+        }
+        sl_warn("registry", "disable_failed", "could not disable endpoint %s: %s", d->id,
+                err.msg);
+        if (PQstatus(l->reg_pg) != CONNECTION_OK) {
+            PQfinish(l->reg_pg);
+            l->reg_pg = NULL;
+        }
+        l->disable[kept++] = *d;
+    }
+    l->n_disable = kept;
+}
+
+/* ==== Kafka ==== */
+
+static void rebalance_cb(rd_kafka_t *rk,
+                         rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *parts,
+                         void *opaque)
+{
+    rec_loop_t *l = opaque;
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        rd_kafka_assign(rk, parts);
+        sl_info("kafka", "partitions_assigned", "assigned %d partition%s", parts->cnt,
+                parts->cnt == 1 ? "" : "s");
+        return;
+    }
+    /* Revoke (eager: the whole assignment). Write what we hold while we still own it. */
+    if (!rec_batch_empty(&l->batch)) {
+        if (!rd_kafka_assignment_lost(rk) && flush(l) == 0) {
+            sl_info("kafka", "batch_flushed_on_revoke",
+                    "batch written before giving up partitions");
+        } else {
+            sl_info("kafka", "batch_dropped_on_revoke",
+                    "batch of %zu records not written: the partitions' next owner re-reads them",
+                    l->batch.n_records);
+            rec_batch_reset(&l->batch);
+        }
+    }
+    resume_paused(l); /* our pause would otherwise stick to the partition objects */
+    l->blocked = false;
+    rd_kafka_assign(rk, NULL);
+    sl_info("kafka", "partitions_revoked", "revoked %d partition%s", parts->cnt,
+            parts->cnt == 1 ? "" : "s");
+}
+
+static void handle_message(rec_loop_t *l, rd_kafka_message_t *rkm)
+{
+    if (rkm->err) {
+        if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+            sl_warn("kafka", "consume_error", "consume error: %s", rd_kafka_message_errstr(rkm));
+        return;
+    }
+    sl_err_t err;
+    sl_err_clear(&err);
+    int rc = rec_batch_add(&l->batch, rkm->payload, rkm->len, rkm->partition, rkm->offset,
+                           sl_mono_ms(), &err);
+    if (rc == SL_ESTATE && !l->blocked) {
+        (void)flush(l);
+        rc = rec_batch_add(&l->batch, rkm->payload, rkm->len, rkm->partition, rkm->offset,
+                           sl_mono_ms(), &err);
+    }
+    if (rc == SL_ESTATE) {
+        /* Full and blocked (a record fetched before the pause took effect): do not drop it,
+         * rewind its partition so it is fetched again after the resume. */
+        rd_kafka_resp_err_t e = rd_kafka_seek(rkm->rkt, rkm->partition, rkm->offset, 1000);
+        if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+            SL_LOGKV(SL_LOG_WARN, "kafka", "seek_failed",
+                     ((struct sl_log_kv[]){SL_KV_I("partition", rkm->partition),
+                                           SL_KV_I("offset", rkm->offset)}),
+                     "could not rewind a partition while paused: %s", rd_kafka_err2str(e));
+        return;
+    }
+    l->st.records++;
+    if (rc == 0)
+        note_disable(l, rkm->payload, rkm->len);
+    if (rc != 0) {
+        l->st.bad++;
+        log_skipped(l, "bad_outcome", rkm->partition, rkm->offset, err.msg);
+    }
+}
+
+static void log_stats(const rec_loop_t *l, const char *event, const char *what)
+{
+    SL_LOGKV(SL_LOG_INFO, "recorder", event,
+             ((struct sl_log_kv[]){SL_KV_I("records", l->st.records), SL_KV_I("bad", l->st.bad),
+                                   SL_KV_I("rejected", l->st.poison), SL_KV_I("rows", l->st.rows),
+                                   SL_KV_I("new_attempts", l->st.attempts),
+                                   SL_KV_I("batches", l->st.batches),
+                                   SL_KV_I("db_retries", l->st.db_retries)}),
+             "%s", what);
+}
+
+/* ==== Public ==== */
+
+rec_loop_t *rec_loop_new(const struct sl_config *cfg, sl_err_t *err)
+{
+    rec_loop_t *l = sl_xcalloc(1, sizeof(*l));
+    l->cfg = cfg;
+    l->nlanes = REC_LANES;
+    rec_batch_init(&l->batch, l->nlanes, (size_t)cfg->recorder_batch, REC_BATCH_MAX_BYTES,
+                   (size_t)cfg->max_body_bytes);
+    for (size_t i = 0; i < l->nlanes; i++)
+        l->db[i] = rec_db_new(cfg->pg_dsn, cfg->latency_window_h, cfg->history_retention_d);
+    rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "recorder", err);
+    if (!conf)
+        goto fail;
+    rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
+    rd_kafka_conf_set_opaque(conf, l);
+    l->rk = sl_kafka_consumer_new(cfg, "recorder", cfg->recorder_group, conf, err);
+    if (!l->rk)
+        goto fail;
+    return l;
+fail:
+    rec_loop_destroy(l);
+    return NULL;
+}
+
+void rec_loop_stop(rec_loop_t *l)
+{
+    l->stop = 1;
+}
+
+void rec_loop_get_stats(const rec_loop_t *l, struct rec_loop_stats *out)
+{
+    *out = l->st;
+}
+
+int rec_loop_run(rec_loop_t *l, sl_err_t *err)
+{
+    const struct sl_config *cfg = l->cfg;
+    rd_kafka_topic_partition_list_t *topics = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(topics, cfg->topic_outcomes, RD_KAFKA_PARTITION_UA);
+    rd_kafka_resp_err_t e = rd_kafka_subscribe(l->rk, topics);
+    rd_kafka_topic_partition_list_destroy(topics);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return sl_err_set(err, SL_EKAFKA, "could not subscribe to %s: %s", cfg->topic_outcomes,
+                          rd_kafka_err2str(e));
+    SL_LOGKV(SL_LOG_INFO, "recorder", "recorder_started",
+             ((struct sl_log_kv[]){SL_KV_S("topic", cfg->topic_outcomes),
+                                   SL_KV_S("group", cfg->recorder_group),
+                                   SL_KV_I("batch", cfg->recorder_batch),
+                                   SL_KV_I("flush_ms", cfg->recorder_flush_ms)}),
+             "recording outcomes");
+    l->maint = rec_maint_start(cfg, err);
+    if (!l->maint)
+        return err ? err->code : SL_ESTATE;
+    int64_t now = sl_mono_ms();
+    l->next_stats_ms = now + REC_STATS_EVERY_MS;
+    while (!l->stop) {
+        now = sl_mono_ms();
+        int timeout = POLL_MAX_MS;
+        if (!l->blocked && !rec_batch_empty(&l->batch)) {
+            int64_t left = l->batch.first_mono_ms + cfg->recorder_flush_ms - now;
+            timeout = left <= 0 ? 0 : left < POLL_MAX_MS ? (int)left : POLL_MAX_MS;
+        }
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(l->rk, timeout);
+        if (rkm) {
+            handle_message(l, rkm);
+            rd_kafka_message_destroy(rkm);
+        }
+        now = sl_mono_ms();
+        if (l->blocked) {
+            if (now >= l->retry_at_ms)
+                (void)flush(l);
+        } else if (!rec_batch_empty(&l->batch) &&
+                   (rec_batch_full(&l->batch) ||
+                    now - l->batch.first_mono_ms >= cfg->recorder_flush_ms)) {
+            (void)flush(l);
+        }
+        if (now >= l->next_stats_ms) {
+            l->next_stats_ms = now + REC_STATS_EVERY_MS;
+            log_stats(l, "recorder_stats", "progress");
+        }
+    }
+
+    /* Shutdown: write the last batch (bounded retries), store, commit, leave the group. */
+    rec_maint_stop(l->maint);
+    l->maint = NULL;
+    int64_t deadline = sl_mono_ms() + cfg->shutdown_drain_ms;
+    while (!rec_batch_empty(&l->batch)) {
+        if (flush(l) == 0)
+            break;
+        if (sl_mono_ms() + l->backoff_ms > deadline) {
+            sl_warn("recorder", "batch_not_written",
+                    "shutting down with %zu records not written (not committed either: they are "
+                    "re-read on the next start)",
+                    l->batch.n_records);
+            rec_batch_reset(&l->batch);
+            break;
+        }
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(l->rk, (int)l->backoff_ms);
+        if (rkm) /* paused: nothing should arrive; anything that does is re-read later */
+            rd_kafka_message_destroy(rkm);
+    }
+    e = rd_kafka_commit(l->rk, NULL, 0);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR && e != RD_KAFKA_RESP_ERR__NO_OFFSET)
+        sl_warn("kafka", "commit_failed", "could not commit offsets: %s", rd_kafka_err2str(e));
+    e = rd_kafka_consumer_close(l->rk);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+        sl_warn("kafka", "close_failed", "could not close the consumer cleanly: %s",
+                rd_kafka_err2str(e));
+    log_stats(l, "recorder_stopped", "stopped");
+    return 0;
+}
+
+void rec_loop_destroy(rec_loop_t *l)
+{
+    if (!l)
+        return;
+    rec_maint_stop(l->maint);
+    if (l->paused)
+        rd_kafka_topic_partition_list_destroy(l->paused);
+    if (l->rk)
+        rd_kafka_destroy(l->rk);
+    for (size_t i = 0; i < l->nlanes; i++)
+        rec_db_destroy(l->db[i]);
+    rec_batch_fini(&l->batch);
+    sl_reg_pub_close(&l->reg_pub);
+    if (l->reg_pg)
+        PQfinish(l->reg_pg);
+    free(l);
+}

@@ -1,0 +1,216 @@
+/*
+ * rec_maint: periodic partitions / retention / statistics work on its own thread (see
+ * rec_maint.h). The thread sleeps on a condition variable until the next task is due or it is
+ * told to stop; a stop during a long statement cancels the statement (PQcancel, via
+ * rec_db_cancel), so shutdown never waits for a percentile sort.
+ */
+#include "recorder/rec_maint.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "common/sl_kafka.h"
+#include "common/sl_log.h"
+#include "common/sl_mem.h"
+#include "recorder/rec_db.h"
+
+struct rec_maint {
+    const struct sl_config *cfg; /* borrowed */
+    rec_db_t *db;                /* the maintenance connection */
+    pthread_t th;                /* the thread */
+    pthread_mutex_t mu;          /* guards stop */
+    pthread_cond_t cv;           /* signalled on stop */
+    bool stop;                   /* asked to stop */
+    bool failing;                /* last task failed (for state-change logs) */
+    int64_t next_parts_ms;       /* mono ms: next partition maintenance */
+    int64_t next_purge_ms;       /* mono ms: next retention purge */
+    int64_t next_health_ms;      /* mono ms: next statistics refresh */
+};
+
+static bool stopping(rec_maint_t *m)
+{
+    pthread_mutex_lock(&m->mu);
+    bool s = m->stop;
+    pthread_mutex_unlock(&m->mu);
+    return s;
+}
+
+static void failed(rec_maint_t *m, const char *task, const sl_err_t *err)
+{
+    if (stopping(m))
+        return; /* a cancelled statement at shutdown is not news */
+    if (!m->failing) {
+        m->failing = true;
+        SL_LOGKV(SL_LOG_WARN, "db", "maintenance_failed",
+                 ((struct sl_log_kv[]){SL_KV_S("task", task)}),
+                 "history maintenance failed (retried every minute): %s", err->msg);
+    } else {
+        sl_debug(SL_DBG_DB, "db", "maintenance_retry_failed", "%s: %s", task, err->msg);
+    }
+}
+
+static void succeeded(rec_maint_t *m)
+{
+    if (m->failing) {
+        m->failing = false;
+        sl_info("db", "maintenance_recovered", "history maintenance works again");
+    }
+}
+
+static void do_partitions(rec_maint_t *m)
+{
+    const struct sl_config *cfg = m->cfg;
+    sl_err_t err;
+    int64_t created = 0;
+    int64_t dropped = 0;
+    if (rec_db_partitions(m->db, REC_PARTITION_DAYS_AHEAD, cfg->history_retention_d,
+                          cfg->latency_window_h + REC_LATENCY_MARGIN_H, &created, &dropped,
+                          &err) != 0) {
+        failed(m, "partitions", &err);
+        return;
+    }
+    succeeded(m);
+    if (created || dropped)
+        SL_LOGKV(SL_LOG_INFO, "db", "partitions_maintained",
+                 ((struct sl_log_kv[]){SL_KV_I("created", created), SL_KV_I("dropped", dropped)}),
+                 "partitions: %lld created, %lld dropped", (long long)created, (long long)dropped);
+}
+
+static void do_purge(rec_maint_t *m)
+{
+    const struct sl_config *cfg = m->cfg;
+    const struct {
+        enum rec_purge what;
+        int64_t days;
+        const char *table;
+    } jobs[3] = {{REC_PURGE_DEAD_LETTERS, cfg->dead_letter_retention_d, "dead_letters"},
+                 {REC_PURGE_DELIVERIES, cfg->history_retention_d, "deliveries"},
+                 {REC_PURGE_PENDING, 0, "pending_payloads"}};
+    sl_err_t err;
+    for (int j = 0; j < 3; j++) {
+        int64_t total = 0;
+        int64_t n = REC_PURGE_LIMIT;
+        for (int round = 0; round < REC_PURGE_ROUNDS && n == REC_PURGE_LIMIT && !stopping(m);
+             round++) {
+            if (rec_db_purge(m->db, jobs[j].what, jobs[j].days, REC_PURGE_LIMIT, &n, &err) != 0) {
+                failed(m, "retention", &err);
+                return;
+            }
+            total += n;
+        }
+        succeeded(m);
+        if (total > 0)
+            SL_LOGKV(
+                SL_LOG_INFO, "db", "retention_purged",
+                ((struct sl_log_kv[]){SL_KV_S("table", jobs[j].table), SL_KV_I("rows", total)}),
+                "deleted %lld expired rows from %s", (long long)total, jobs[j].table);
+    }
+}
+
+static void do_health(rec_maint_t *m, int64_t started)
+{
+    sl_err_t err;
+    int64_t n = 0;
+    if (rec_db_refresh_health(m->db, m->cfg->latency_window_h, &n, &err) != 0) {
+        failed(m, "endpoint health", &err);
+        return;
+    }
+    succeeded(m);
+    int64_t took = sl_mono_ms() - started;
+    if (took * REC_HEALTH_SHARE > REC_HEALTH_EVERY_MS)
+        m->next_health_ms = started + took * REC_HEALTH_SHARE;
+    sl_debug(SL_DBG_DB, "db", "health_refreshed", "%lld endpoints with samples in %lld ms",
+             (long long)n, (long long)took);
+}
+
+static void *maint_main(void *arg)
+{
+    rec_maint_t *m = arg;
+    while (!stopping(m)) {
+        int64_t now = sl_mono_ms();
+        if (now >= m->next_parts_ms) {
+            m->next_parts_ms = now + REC_PARTITIONS_EVERY_MS;
+            do_partitions(m);
+        } else if (now >= m->next_purge_ms) {
+            m->next_purge_ms = now + REC_PURGE_EVERY_MS;
+            do_purge(m);
+        } else if (now >= m->next_health_ms) {
+            m->next_health_ms = now + REC_HEALTH_EVERY_MS;
+            do_health(m, now);
+        }
+        now = sl_mono_ms();
+        int64_t next = m->next_parts_ms;
+        if (m->next_purge_ms < next)
+            next = m->next_purge_ms;
+        if (m->next_health_ms < next)
+            next = m->next_health_ms;
+        if (next <= now)
+            continue;
+        /* sleep until then (CLOCK_REALTIME deadline for the condition variable) */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        int64_t ns = ts.tv_nsec + (next - now) * 1000000LL;
+        ts.tv_sec += (time_t)(ns / 1000000000LL);
+        ts.tv_nsec = (long)(ns % 1000000000LL);
+        pthread_mutex_lock(&m->mu);
+        while (!m->stop) {
+            if (pthread_cond_timedwait(&m->cv, &m->mu, &ts) == ETIMEDOUT)
+                break;
+        }
+        pthread_mutex_unlock(&m->mu);
+    }
+    return NULL;
+}
+
+rec_maint_t *rec_maint_start(const struct sl_config *cfg, sl_err_t *err)
+{
+    rec_maint_t *m = sl_xcalloc(1, sizeof(*m));
+    m->cfg = cfg;
+    m->db = rec_db_new(cfg->pg_dsn, cfg->latency_window_h, cfg->history_retention_d);
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_cond_init(&m->cv, NULL);
+    int64_t now = sl_mono_ms();
+    m->next_parts_ms = now;          /* partitions first: a fresh day may need them */
+    m->next_purge_ms = now + 5000;   /* then retention */
+    m->next_health_ms = now + 10000; /* statistics once there is something to count */
+    if (pthread_create(&m->th, NULL, maint_main, m) != 0) {
+        sl_err_set(err, SL_ESTATE, "could not start the maintenance thread");
+        pthread_cond_destroy(&m->cv);
+        pthread_mutex_destroy(&m->mu);
+        rec_db_destroy(m->db);
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void rec_maint_stop(rec_maint_t *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->stop = true;
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    /* A cancel sent just before a statement starts is lost: repeat until the thread is out. */
+    for (;;) {
+        rec_db_cancel(m->db);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        if (pthread_timedjoin_np(m->th, NULL, &ts) == 0)
+            break;
+    }
+    pthread_cond_destroy(&m->cv);
+    pthread_mutex_destroy(&m->mu);
+    rec_db_destroy(m->db);
+    free(m);
+}

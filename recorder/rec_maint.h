@@ -1,0 +1,44 @@
+/*
+ * rec_maint: the recorder's periodic database work, on its own thread and connection so that
+ * none of it ever stalls intake (the percentile refresh sorts the whole latency window and
+ * takes seconds on a busy history):
+ *   - partitions: sluice_drop_old_partitions(history_retention_d, latency_window_h + 1) and
+ *     sluice_ensure_partitions(2), at start and every minute;
+ *   - retention: sluice_purge_dead_letters(dead_letter_retention_d),
+ *     sluice_purge_deliveries(history_retention_d) and sluice_purge_pending_payloads() (records
+ *     of deliveries no longer open; sql/0003), batched, every minute;
+ *   - endpoint_health statistics: sluice_refresh_endpoint_health(latency_window_h) every 30 s,
+ *     or every 10 x its last duration when that is longer (it never takes more than ~10 % of a
+ *     core, whatever the sample volume).
+ * Failures are logged on state changes (maintenance_failed / maintenance_recovered) and retried
+ * at the next tick. Writes and maintenance touch the same tables; their lock interplay is
+ * described in recorder/README.md.
+ *
+ * thread: rec_maint_start/stop on the main thread; the work runs on the thread it starts.
+ */
+#ifndef REC_MAINT_H
+#define REC_MAINT_H
+
+#include "common/sl_cfg.h"
+#include "common/sl_err.h"
+
+/* Schedule, ms (and limits). */
+#define REC_HEALTH_EVERY_MS      30000 /* endpoint_health statistics refresh (at least) */
+#define REC_HEALTH_SHARE         10    /* ...and at most every REC_HEALTH_SHARE x its duration */
+#define REC_PARTITIONS_EVERY_MS  60000 /* drop expired + ensure ahead */
+#define REC_PURGE_EVERY_MS       60000 /* dead_letters / deliveries retention */
+#define REC_PARTITION_DAYS_AHEAD 2     /* days of partitions created ahead of today */
+#define REC_LATENCY_MARGIN_H     1     /* latency partitions kept past the window, hours */
+#define REC_PURGE_LIMIT          10000 /* rows per retention DELETE */
+#define REC_PURGE_ROUNDS         10    /* retention DELETEs per table and tick, at most */
+
+typedef struct rec_maint rec_maint_t;
+
+/* Start the maintenance thread (its connection is made lazily). cfg is borrowed and must
+ * outlive rec_maint_stop. NULL with err if the thread cannot start. */
+rec_maint_t *rec_maint_start(const struct sl_config *cfg, sl_err_t *err);
+
+/* Stop: cancel a running statement, join the thread, disconnect, free. NULL-safe. */
+void rec_maint_stop(rec_maint_t *m);
+
+#endif /* REC_MAINT_H */
