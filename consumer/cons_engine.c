@@ -56,11 +56,18 @@
 #define STORE_INTERVAL_MS  100   /* how often finished offsets are stored */
 #define STATS_INTERVAL_MS  10000 /* stats log line */
 #define BRK_REFRESH_MS     1000  /* refresh of a local breaker view with recent failures */
+#define BRK_STALE_MS       30000 /* refresh of any closed local breaker view this old, ms */
 #define REDIS_HOLD_RETRY_MS 1000 /* retry of Redis writes that failed */
 #define URL_MAX            8192  /* expanded postback URL cap, bytes */
 #define LAT_RING           128   /* latency samples per endpoint for the slow check */
 #define LAT_WINDOW_S       900   /* samples older than this are ignored, s */
 #define LAT_MIN_SAMPLES    20    /* fewer samples never count an endpoint as slow */
+#define LEASE_MARGIN_MS    1000  /* a claimed job is sent only with this much lease to spare
+                                    beyond its request timeout, ms */
+#define STALL_MIN_MS       1000  /* shortest loop stall that is treated as a freeze, ms */
+#define PMARKS_MAX         200000 /* delivered markers held for a retry while Redis is down */
+#define STALL_HOLD_MS      1500  /* after a freeze, no new send for this long: librdkafka
+                                    reports a lost assignment meanwhile, ms */
 #define RATE_LEASE_MS      200   /* leased rate tokens are used within this, ms */
 
 enum job_src { SRC_KAFKA, SRC_REDIS };
@@ -90,7 +97,8 @@ struct job {
     enum job_after after;            /* action once acknowledged */
     bool probe;                      /* this send is the breaker's half-open probe */
     bool is_spill;                   /* scheduled without spending an attempt */
-    struct curl_slist *hdrs;         /* request headers (owned while in flight) */
+    struct curl_slist *hdrs;         /* request headers while in flight (owned; one block
+                                        from hdr_block: release with free()) */
     char *url;                       /* expanded postback URL (owned) or NULL */
     void *http;                      /* cons_http handle while in flight */
     int64_t redis_hold_due;          /* next retry of a held Redis write (mono ms) */
@@ -99,6 +107,11 @@ struct job {
     uint32_t sched_attempt;          /* held schedule: attempts spent */
     struct job *next;                /* queue link */
     struct job *iprev, *inext;       /* in-flight list links */
+    int64_t lease_until_ms;          /* SRC_REDIS claimed: our lease ends then (unix ms) */
+    bool lease_lost;                 /* SRC_REDIS claimed: another claim owns the job now */
+    bool on_leased;                  /* linked in the engine's leased list */
+    bool dead;                       /* dead-lettered: mark it once the outcome is acked */
+    struct job *lprev, *lnext;       /* leased list links */
 };
 
 struct cons_ep {
@@ -134,6 +147,12 @@ struct cons_ep {
     uint64_t disabled_version;        /* snapshot version when we asked */
 };
 
+/* A delivered marker whose write failed: written again once Redis answers. */
+struct pmark {
+    char *ep; /* endpoint id (owned) */
+    char *id; /* event id (owned) */
+};
+
 struct cons_engine {
     const struct sl_config *cfg;   /* borrowed */
     sl_endpoints_t *endpoints;     /* borrowed */
@@ -151,6 +170,13 @@ struct cons_engine {
     struct job *held;              /* jobs whose Redis write failed, retried later */
     struct job *inflight;          /* jobs with a request running */
     struct job *marks;             /* delivered jobs waiting for their marker write */
+    struct job *leased;            /* claimed retry jobs in memory whose leases we keep */
+    struct pmark *pmarks;          /* delivered markers whose write failed (owned) */
+    size_t npmarks, cap_pmarks;    /* entries in pmarks / allocated */
+    int64_t next_pmark_mono;       /* next retry of pmarks (mono ms) */
+    int64_t next_renew_mono;       /* next lease renewal pass (mono ms) */
+    int64_t last_dispatch_mono;    /* previous dispatch call, for stall detection (mono ms) */
+    int64_t hold_until_mono;       /* after a stall: no new send before this (mono ms) */
     size_t nmarks;                 /* entries in marks */
     int wake[2];                   /* pipe librdkafka writes to */
     char pod[SL_POD_MAX + 1];      /* instance id */
@@ -172,6 +198,7 @@ struct cons_engine {
 };
 
 static void job_free(cons_engine_t *e, struct job *j);
+static void leased_unlink(cons_engine_t *e, struct job *j);
 static void dispatch(cons_engine_t *e);
 
 /* ==== Helpers ==== */
@@ -445,6 +472,14 @@ static int produce_outcome(cons_engine_t *e, struct job *j, const struct sl_outc
 /* The job is done with its in-memory life once acks arrive; called when acks_pending hits 0. */
 static void job_settle(cons_engine_t *e, struct job *j)
 {
+    if (j->dead) {
+        /* Only now that the dead letter is recorded: a record read again (a commit lost to a
+         * rebalance or an outage) is then not sent again. Without the marker it would be,
+         * and a transient failure could even end up delivered after its dead letter. */
+        sl_err_t err;
+        if (cons_store_dead_mark(e->redis, j->d.ep, j->d.id, e->cfg->dedup_window_s, &err) != 0)
+            warn_redis(e, &err);
+    }
     if (j->src == SRC_KAFKA) {
         cons_offsets_finish(e->offsets, &j->off);
     } else if (j->after == AFTER_COMPLETE) {
@@ -523,6 +558,7 @@ static void schedule_job(cons_engine_t *e, struct job *j, int64_t due_ms, uint32
         }
         return;
     }
+    leased_unlink(e, j); /* a reschedule released our lease: nothing left to renew */
     j->after = AFTER_FINISH;
     if (o && o->state != SL_OUTCOME_DELIVERED) {
         struct sl_outcome oo = *o;
@@ -564,11 +600,38 @@ static struct job *job_new(cons_engine_t *e, enum job_src src, const void *raw, 
     return j;
 }
 
+/* The leased list: claimed retry jobs in memory, whose leases renew_leases keeps alive until
+ * their lease is released (reschedule) or the job is freed (invariant 6). */
+static void leased_link(cons_engine_t *e, struct job *j)
+{
+    j->lprev = NULL;
+    j->lnext = e->leased;
+    if (e->leased)
+        e->leased->lprev = j;
+    e->leased = j;
+    j->on_leased = true;
+}
+
+static void leased_unlink(cons_engine_t *e, struct job *j)
+{
+    if (!j->on_leased)
+        return;
+    if (j->lprev)
+        j->lprev->lnext = j->lnext;
+    else
+        e->leased = j->lnext;
+    if (j->lnext)
+        j->lnext->lprev = j->lprev;
+    j->lprev = j->lnext = NULL;
+    j->on_leased = false;
+}
+
 static void job_free(cons_engine_t *e, struct job *j)
 {
     if (!j)
         return;
-    curl_slist_free_all(j->hdrs);
+    leased_unlink(e, j);
+    free(j->hdrs); /* one block: see hdr_block */
     free(j->url);
     sl_delivery_fini(&j->d);
     free(j->raw);
@@ -630,6 +693,7 @@ static void dead_letter(cons_engine_t *e, struct job *j, uint32_t attempt, uint3
              "delivery dead-lettered after %u attempt%s", attempt, attempt == 1 ? "" : "s");
     sl_log_ctx_clear();
     j->after = AFTER_COMPLETE;
+    j->dead = true;
     if (produce_outcome(e, j, &o) != 0)
         job_free(e, j); /* offset stays unfinished (Kafka) or lease expires (Redis) */
 }
@@ -641,6 +705,12 @@ static void defer_job(cons_engine_t *e, struct job *j, int64_t due_ms, const cha
     outcome_init(e, j, &o, SL_OUTCOME_DEFERRED, 0);
     o.next_ms = (uint64_t)due_ms;
     o.err = why;
+    if (j->src == SRC_KAFKA) {
+        /* the delivery moves from Kafka into Redis: its record travels with the outcome so
+         * `sluicectl retries rebuild` can restore the schedule after a Redis loss */
+        o.env = j->raw;
+        o.env_len = j->raw_len;
+    }
     schedule_job(e, j, due_ms, j->d.attempt, &o);
 }
 
@@ -758,7 +828,15 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
     }
     for (size_t i = 0; i < n; i++) {
         struct job *j = jobs[i];
-        if (dup[i]) {
+        if (dup[i] == CONS_DONE_DEAD && !j->d.replay) {
+            /* Dead-lettered already (the record was read again): nothing to send and nothing
+             * new to report; a replay is the way to send it again. */
+            e->st.duplicates++;
+            j->after = AFTER_COMPLETE;
+            job_done_quiet(e, j);
+            continue;
+        }
+        if (dup[i] == CONS_DONE_DELIVERED) {
             e->st.duplicates++;
             struct sl_outcome o;
             outcome_init(e, j, &o, SL_OUTCOME_DUPLICATE, 0);
@@ -851,7 +929,8 @@ static void intake_redis(cons_engine_t *e)
         uint32_t shard = e->next_shard++ % nshards;
         struct cons_claimed *c = NULL;
         sl_err_t err;
-        int got = cons_store_claim(e->redis, shard, sl_now_ms(), e->cfg->lease_ms, max, &c, &err);
+        int64_t claim_ms = sl_now_ms();
+        int got = cons_store_claim(e->redis, shard, claim_ms, e->cfg->lease_ms, max, &c, &err);
         if (got < 0) {
             warn_redis(e, &err);
             return;
@@ -865,6 +944,8 @@ static void intake_redis(cons_engine_t *e)
             struct job *j = job_new(e, SRC_REDIS, c[i].body, c[i].body_len);
             memcpy(j->job_id, c[i].job_id, sizeof(j->job_id));
             memcpy(j->token, c[i].token, sizeof(j->token));
+            j->lease_until_ms = claim_ms + e->cfg->lease_ms;
+            leased_link(e, j);
             e->st.claimed++;
             if (intake_resolve(e, j))
                 batch[n++] = j;
@@ -873,6 +954,143 @@ static void intake_redis(cons_engine_t *e)
         intake_batch(e, batch, n);
         free(batch);
     }
+}
+
+/* ==== Leases of claimed jobs (invariant 6) ==== */
+
+struct renew_item {
+    uint32_t shard; /* retry shard of the job */
+    struct job *j;  /* the job (borrowed) */
+};
+
+static int cmp_renew_item(const void *a, const void *b)
+{
+    uint32_t x = ((const struct renew_item *)a)->shard, y = ((const struct renew_item *)b)->shard;
+    return x < y ? -1 : x > y;
+}
+
+/* Renew the leases of items[0..n) (all in one shard) until until_ms; jobs whose lease was
+ * taken by another claim are marked lease_lost. Returns 0 or the store's error code. */
+static int renew_batch(cons_engine_t *e, const struct renew_item *items, size_t n,
+                       int64_t until_ms, size_t *lost)
+{
+    const char *ids[CONS_STORE_RENEW_MAX], *toks[CONS_STORE_RENEW_MAX];
+    unsigned char kept[CONS_STORE_RENEW_MAX];
+    for (size_t i = 0; i < n; i++) {
+        ids[i] = items[i].j->job_id;
+        toks[i] = items[i].j->token;
+    }
+    sl_err_t err;
+    int rc = cons_store_renew(e->redis, items[0].shard, until_ms, n, ids, toks, kept, &err);
+    if (rc != 0) {
+        warn_redis(e, &err);
+        return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (kept[i]) {
+            items[i].j->lease_until_ms = until_ms;
+        } else {
+            items[i].j->lease_lost = true;
+            (*lost)++;
+        }
+    }
+    return 0;
+}
+
+/*
+ * Keep the leases of claimed jobs alive while they are in memory: queued behind a paused or
+ * busy endpoint, or waiting for their outcome's acknowledgement while Kafka is down. A lease
+ * that runs out lets another pod claim the job and send it a second time. Every lease past
+ * half its length is renewed, one script call per shard and batch; normally no job lives
+ * that long and this costs nothing.
+ */
+static void renew_leases(cons_engine_t *e)
+{
+    int64_t now_mono = sl_mono_ms();
+    if (!e->leased || now_mono < e->next_renew_mono)
+        return;
+    int64_t lease = e->cfg->lease_ms;
+    e->next_renew_mono = now_mono + (lease / 4 > 100 ? lease / 4 : 100);
+    int64_t now = sl_now_ms();
+    uint32_t nshards = (uint32_t)e->cfg->retry_shards;
+    size_t n = 0, cap = 0;
+    struct renew_item *items = NULL;
+    for (struct job *j = e->leased; j; j = j->lnext) {
+        if (j->lease_lost || j->lease_until_ms - now > lease / 2)
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64;
+            items = sl_xrealloc(items, cap * sizeof(*items));
+        }
+        items[n].shard = cons_store_shard(j->job_id, nshards);
+        items[n].j = j;
+        n++;
+    }
+    if (n > 1)
+        qsort(items, n, sizeof(*items), cmp_renew_item);
+    size_t lost = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = 1;
+        while (i + k < n && k < CONS_STORE_RENEW_MAX && items[i + k].shard == items[i].shard)
+            k++;
+        if (renew_batch(e, items + i, k, now + lease, &lost) != 0)
+            break; /* Redis unavailable: the next pass tries again */
+        i += k;
+    }
+    free(items);
+    if (lost > 0)
+        sl_warn("redis", "leases_lost",
+                "%zu claimed retry jobs were claimed again elsewhere while held here; they will "
+                "not be sent from here",
+                lost);
+}
+
+/* May the claimed job j be sent now? Only while the lease is ours with room for the whole
+ * request; a lease short of that is renewed first. */
+static bool lease_allows_send(cons_engine_t *e, struct job *j)
+{
+    if (j->src != SRC_REDIS || !j->on_leased)
+        return true;
+    if (j->lease_lost)
+        return false;
+    int64_t now = sl_now_ms();
+    int64_t need = (j->ce && j->ce->ep ? j->ce->ep->timeout_ms : e->cfg->http_timeout_ms) +
+                   LEASE_MARGIN_MS;
+    if (j->lease_until_ms - now >= need)
+        return true;
+    struct renew_item it = {cons_store_shard(j->job_id, (uint32_t)e->cfg->retry_shards), j};
+    size_t lost = 0;
+    if (renew_batch(e, &it, 1, now + e->cfg->lease_ms, &lost) != 0)
+        return false;
+    return !j->lease_lost && j->lease_until_ms - now >= need;
+}
+
+/*
+ * A loop that did not run for a long time (the process was stopped, the machine froze) may
+ * hold work that is no longer its own: the group may have given its partitions to another
+ * pod, and leases may have run out. librdkafka notices the lost assignment right after the
+ * process resumes; until the revocation has been served (and every lease re-validated), no
+ * new request starts. Returns true while sends are held.
+ */
+static bool stall_hold(cons_engine_t *e)
+{
+    int64_t now = sl_mono_ms();
+    int64_t gap = e->last_dispatch_mono ? now - e->last_dispatch_mono : 0;
+    e->last_dispatch_mono = now;
+    int64_t limit = e->cfg->kafka_session_timeout_ms / 2;
+    if (e->cfg->lease_ms / 4 < limit)
+        limit = e->cfg->lease_ms / 4;
+    if (limit < STALL_MIN_MS)
+        limit = STALL_MIN_MS;
+    if (gap > limit) {
+        e->hold_until_mono = now + STALL_HOLD_MS;
+        e->next_renew_mono = 0;
+        sl_warn("consumer", "loop_stalled",
+                "the delivery loop did not run for %lld ms: holding new requests for %d ms "
+                "until the group assignment and retry leases are confirmed",
+                (long long)gap, STALL_HOLD_MS);
+    }
+    return now < e->hold_until_mono;
 }
 
 /* ==== Sending ==== */
@@ -899,11 +1117,45 @@ static void inflight_unlink(cons_engine_t *e, struct job *j)
 
 static void on_http_done(void *opaque, const struct cons_http_result *r);
 
-static struct curl_slist *add_hdr(struct curl_slist *l, const char *name, const char *value)
+/* One request header line: "name: value", or name alone when value is NULL. */
+struct hdr_line {
+    const char *name;  /* header name, or the whole line */
+    const char *value; /* value, or NULL */
+};
+
+/* Sluice's own lines (Content-Type, 3 signature lines, 2 X-Sluice-*, Expect) plus the
+ * endpoint's and the record's extra headers. */
+#define HDR_LINES_MAX (7 + 2 * SL_HDR_MAX)
+
+/*
+ * The request's header list in ONE allocation: n curl_slist nodes followed by their text.
+ * CURLOPT_HTTPHEADER only reads the list, so the owner releases it with free(), never
+ * curl_slist_free_all. curl_slist_append costs two allocations per line; at 7 lines per
+ * delivery that was about 5% of the consumer's CPU (bench/README.md).
+ */
+static struct curl_slist *hdr_block(const struct hdr_line *l, size_t n)
 {
-    char line[SL_HDR_NAME_MAX + SL_HDR_VALUE_MAX + 4];
-    snprintf(line, sizeof(line), "%s: %s", name, value);
-    return curl_slist_append(l, line);
+    size_t text = 0;
+    for (size_t i = 0; i < n; i++)
+        text += strlen(l[i].name) + (l[i].value ? 2 + strlen(l[i].value) : 0) + 1;
+    struct curl_slist *nodes = sl_xmalloc(n * sizeof(*nodes) + text);
+    char *p = (char *)(nodes + n);
+    for (size_t i = 0; i < n; i++) {
+        nodes[i].data = p;
+        nodes[i].next = i + 1 < n ? &nodes[i + 1] : NULL;
+        size_t len = strlen(l[i].name);
+        memcpy(p, l[i].name, len);
+        p += len;
+        if (l[i].value) {
+            *p++ = ':';
+            *p++ = ' ';
+            len = strlen(l[i].value);
+            memcpy(p, l[i].value, len);
+            p += len;
+        }
+        *p++ = '\0';
+    }
+    return nodes;
 }
 
 /* Build and start the request for j. Returns 0, or a permanent failure already handled. */
@@ -936,22 +1188,24 @@ static int start_send(cons_engine_t *e, struct job *j)
         dead_letter(e, j, j->d.attempt + 1, 0, "sign_failed", err.msg, NULL);
         return -1;
     }
-    struct curl_slist *h = NULL;
+    struct hdr_line lines[HDR_LINES_MAX];
+    size_t nl = 0;
     if (!get)
-        h = add_hdr(h, "Content-Type", ep->ct ? ep->ct : j->d.ct);
-    h = curl_slist_append(h, sh.id);
-    h = curl_slist_append(h, sh.timestamp);
-    h = curl_slist_append(h, sh.signature);
-    char num[32];
-    snprintf(num, sizeof(num), "%u", j->d.attempt + 1);
-    h = add_hdr(h, "X-Sluice-Attempt", num);
-    snprintf(num, sizeof(num), "%llu", (unsigned long long)j->d.ts_ms);
-    h = add_hdr(h, "X-Sluice-Created-Ms", num);
-    for (size_t i = 0; i < ep->n_hdr; i++)
-        h = add_hdr(h, ep->hdr[i].name, ep->hdr[i].value);
-    for (size_t i = 0; i < j->d.n_hdr; i++)
-        h = add_hdr(h, j->d.hdr[i].name, j->d.hdr[i].value);
-    h = curl_slist_append(h, "Expect:");
+        lines[nl++] = (struct hdr_line){"Content-Type", ep->ct ? ep->ct : j->d.ct};
+    lines[nl++] = (struct hdr_line){sh.id, NULL};
+    lines[nl++] = (struct hdr_line){sh.timestamp, NULL};
+    lines[nl++] = (struct hdr_line){sh.signature, NULL};
+    char attempt_num[16], created_num[24];
+    snprintf(attempt_num, sizeof(attempt_num), "%u", j->d.attempt + 1);
+    lines[nl++] = (struct hdr_line){"X-Sluice-Attempt", attempt_num};
+    snprintf(created_num, sizeof(created_num), "%llu", (unsigned long long)j->d.ts_ms);
+    lines[nl++] = (struct hdr_line){"X-Sluice-Created-Ms", created_num};
+    for (size_t i = 0; i < ep->n_hdr && i < SL_HDR_MAX; i++)
+        lines[nl++] = (struct hdr_line){ep->hdr[i].name, ep->hdr[i].value};
+    for (size_t i = 0; i < j->d.n_hdr && i < SL_HDR_MAX; i++)
+        lines[nl++] = (struct hdr_line){j->d.hdr[i].name, j->d.hdr[i].value};
+    lines[nl++] = (struct hdr_line){"Expect:", NULL};
+    struct curl_slist *h = hdr_block(lines, nl);
     sl_secret_wipe(&sh, sizeof(sh));
     j->hdrs = h;
     struct cons_http_req req = {
@@ -995,9 +1249,13 @@ static void defer_queue(cons_engine_t *e, struct cons_ep *ce, int64_t until_ms)
     struct job *j = ce->q_head;
     ce->q_head = ce->q_tail = NULL;
     ce->qlen = 0;
-    int64_t spread = ce->ep && ce->ep->brk_cooldown_ms > 0 ? ce->ep->brk_cooldown_ms / 10 : 1000;
-    if (spread > 30000)
-        spread = 30000;
+    /* Spread over a whole cooldown (1 s .. 60 s): when the endpoint comes back, its backlog
+     * arrives over that time instead of all at the moment the probe succeeds. */
+    int64_t spread = ce->ep && ce->ep->brk_cooldown_ms > 0 ? ce->ep->brk_cooldown_ms : 1000;
+    if (spread < 1000)
+        spread = 1000;
+    if (spread > 60000)
+        spread = 60000;
     while (j) {
         struct job *n = j->next;
         j->next = NULL;
@@ -1015,9 +1273,14 @@ static bool breaker_allows(cons_engine_t *e, struct cons_ep *ce, bool *probe)
     *probe = false;
     int64_t now_mono = sl_mono_ms();
     if (ce->brk == CONS_BRK_CLOSED) {
-        /* A closed view with recent failures may be stale: another pod may have opened it. */
-        if (ce->last_failure_mono && now_mono - ce->last_failure_mono < 60000 &&
-            now_mono - ce->brk_refreshed_mono > BRK_REFRESH_MS) {
+        /* A closed view may be stale: another pod may have opened the breaker. Read the
+         * shared state before this pod's first request to the endpoint (it may claim
+         * deferred jobs of a breaker that another pod opened), about once a second while
+         * failures were seen here recently, and every BRK_STALE_MS anyway. */
+        int64_t age = now_mono - ce->brk_refreshed_mono;
+        bool recent = ce->last_failure_mono && now_mono - ce->last_failure_mono < 60000;
+        if (ce->brk_refreshed_mono == 0 || (recent && age > BRK_REFRESH_MS) ||
+            age > BRK_STALE_MS) {
             struct cons_brk_view v;
             sl_err_t err;
             if (cons_store_brk_get(e->redis, ce->id, &v, &err) == 0)
@@ -1054,6 +1317,8 @@ static void dispatch(cons_engine_t *e)
      * slot or ends a probe; a breaker deferral empties its queue). Round-robin, so one busy
      * endpoint cannot hold back the others. */
     int64_t max_inflight = e->cfg->max_inflight;
+    if (stall_hold(e))
+        return;
     while (cons_http_running(e->http) < max_inflight) {
         struct cons_ep *ce = ready_pop(e);
         if (!ce)
@@ -1065,6 +1330,18 @@ static void dispatch(cons_engine_t *e)
             continue;
         }
         if (ce->inflight >= inflight_cap(e, ce))
+            continue;
+        /* Claimed jobs whose lease another claim took (or that we cannot keep) are not ours
+         * to send: drop them; the lease's expiry or the new owner brings them back. */
+        while (ce->q_head && !lease_allows_send(e, ce->q_head)) {
+            struct job *lj = ce->q_head;
+            ce->q_head = lj->next;
+            if (!ce->q_head)
+                ce->q_tail = NULL;
+            ce->qlen--;
+            job_free(e, lj);
+        }
+        if (!ce->q_head)
             continue;
         bool probe = false;
         if (!breaker_allows(e, ce, &probe)) {
@@ -1105,7 +1382,7 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
     inflight_unlink(e, j);
     ce->inflight--;
     j->http = NULL;
-    curl_slist_free_all(j->hdrs);
+    free(j->hdrs);
     j->hdrs = NULL;
     uint32_t attempt = j->d.attempt + 1;
     const char *cls = NULL;
@@ -1219,6 +1496,11 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
             due = now + ra;
         e->st.retried++;
         outcome_init(e, j, &o, SL_OUTCOME_RETRY_SCHEDULED, attempt);
+        o.ts_ms = (uint64_t)now; /* the clock reading "next" was computed from */
+        if (j->src == SRC_KAFKA) {
+            o.env = j->raw; /* moving into Redis: see defer_job */
+            o.env_len = j->raw_len;
+        }
         o.http = (uint32_t)r->status;
         o.err = cls;
         o.msg = msg;
@@ -1249,6 +1531,62 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
         ready_push(e, ce);
 }
 
+/* Keep n markers whose write failed for retry_pmarks (strings are copied). */
+static void pmarks_add(cons_engine_t *e, size_t n, const char **eps, const char **ids)
+{
+    size_t room = PMARKS_MAX - e->npmarks;
+    if (n > room) {
+        sl_warn("redis", "markers_dropped",
+                "%zu delivered markers dropped: %d are already waiting for redis", n - room,
+                PMARKS_MAX);
+        n = room;
+    }
+    if (e->npmarks + n > e->cap_pmarks) {
+        e->cap_pmarks = (e->npmarks + n) * 2;
+        e->pmarks = sl_xrealloc(e->pmarks, e->cap_pmarks * sizeof(*e->pmarks));
+    }
+    for (size_t i = 0; i < n; i++) {
+        e->pmarks[e->npmarks].ep = sl_xstrdup(eps[i]);
+        e->pmarks[e->npmarks].id = sl_xstrdup(ids[i]);
+        e->npmarks++;
+    }
+    e->next_pmark_mono = sl_mono_ms() + REDIS_HOLD_RETRY_MS;
+}
+
+/*
+ * Write the delivered markers that failed while Redis was unavailable, about once a second
+ * until it answers. Without them, a record read again after the outage (a rebalance), or a
+ * claimed retry job that comes back when its lease runs out, would be sent again.
+ */
+static void retry_pmarks(cons_engine_t *e)
+{
+    if (!e->npmarks || sl_mono_ms() < e->next_pmark_mono)
+        return;
+    size_t n = e->npmarks;
+    const char **eps = sl_xcalloc(n, sizeof(*eps));
+    const char **ids = sl_xcalloc(n, sizeof(*ids));
+    for (size_t i = 0; i < n; i++) {
+        eps[i] = e->pmarks[i].ep;
+        ids[i] = e->pmarks[i].id;
+    }
+    sl_err_t err;
+    int rc = cons_store_done_mark(e->redis, n, eps, ids, e->cfg->dedup_window_s, &err);
+    free(eps);
+    free(ids);
+    if (rc != 0) {
+        warn_redis(e, &err);
+        e->next_pmark_mono = sl_mono_ms() + REDIS_HOLD_RETRY_MS;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        free(e->pmarks[i].ep);
+        free(e->pmarks[i].id);
+    }
+    e->npmarks = 0;
+    sl_info("redis", "markers_written", "%zu delivered markers written after redis came back",
+            n);
+}
+
 /* Write delivered markers for the batch, then produce their outcomes. */
 static void flush_marks(cons_engine_t *e)
 {
@@ -1264,8 +1602,10 @@ static void flush_marks(cons_engine_t *e)
         i++;
     }
     sl_err_t err;
-    if (cons_store_done_mark(e->redis, n, eps, ids, e->cfg->dedup_window_s, &err) != 0)
-        warn_redis(e, &err); /* delivered all the same; duplicates become more likely */
+    if (cons_store_done_mark(e->redis, n, eps, ids, e->cfg->dedup_window_s, &err) != 0) {
+        warn_redis(e, &err); /* delivered all the same; the markers are written later */
+        pmarks_add(e, n, eps, ids);
+    }
     free(eps);
     free(ids);
     struct job *list = e->marks;
@@ -1340,6 +1680,23 @@ static void drop_partition_jobs(cons_engine_t *e)
 
 static void store_offsets(cons_engine_t *e, bool force);
 
+/*
+ * Commit the stored offsets now, synchronously. librdkafka commits them by itself when
+ * partitions are unassigned, but that commit can lose a race with the group leave or a
+ * rebalance in progress ("Unknown member") and is then dropped: the next owner re-reads work
+ * whose fate is durable (dead letters sent again, retry chains doubled). Without a
+ * coordinator this fails at once; the auto-commit path stays as the fallback.
+ */
+static void commit_stored(cons_engine_t *e, const char *why)
+{
+    rd_kafka_resp_err_t ke = rd_kafka_commit(e->consumer, NULL, 0);
+    if (ke == RD_KAFKA_RESP_ERR_NO_ERROR)
+        sl_info("kafka", "offsets_committed", "offsets committed before %s", why);
+    else if (ke != RD_KAFKA_RESP_ERR__NO_OFFSET)
+        sl_warn("kafka", "commit_failed", "could not commit offsets before %s: %s", why,
+                rd_kafka_err2str(ke));
+}
+
 /* Run the loop without intake until nothing of the given partitions is in flight. */
 static void drain_for(cons_engine_t *e, int64_t bound_ms)
 {
@@ -1373,10 +1730,15 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         int64_t bound = e->cfg->shutdown_drain_ms < 5000 ? e->cfg->shutdown_drain_ms : 5000;
         drain_for(e, bound);
         store_offsets(e, true);
+        commit_stored(e, "giving up partitions");
     }
     for (int i = 0; i < parts->cnt; i++)
         cons_offsets_revoke(e->offsets, parts->elems[i].partition);
     drop_partition_jobs(e);
+    /* A pause survives unassign/assign in 2.0.2: resume what we paused before giving the
+     * partitions up, or a later assignment of them would stay paused forever. */
+    if (e->paused)
+        rd_kafka_resume_partitions(rk, parts);
     rd_kafka_assign(rk, NULL);
     e->paused = false;
     sl_info("kafka", "partitions_revoked", "revoked %d partition%s", parts->cnt,
@@ -1476,13 +1838,25 @@ cons_engine_t *cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endp
     if (!pconf)
         goto fail;
     rd_kafka_conf_set_opaque(pconf, e);
-    e->producer = sl_kafka_producer_new(cfg, "sluice-consumer-out", SL_KAFKA_LATENCY, pconf,
+    /* Outcomes are batched for throughput (linger.ms=50): the delivery has happened already
+     * (its outcome carries ts_ms from the HTTP answer), only the offset commit waits. With
+     * the latency profile's 2 ms linger, batches of a few records each cost the broker about
+     * a third more CPU per delivery, and librdkafka builds an lz4 context per batch
+     * (bench/README.md, "What bounds it"). */
+    e->producer = sl_kafka_producer_new(cfg, "sluice-consumer-out", SL_KAFKA_THROUGHPUT, pconf,
                                         dr_cb, err);
     if (!e->producer)
         goto fail;
     rd_kafka_conf_t *cconf = sl_kafka_conf_new(cfg, "sluice-consumer", err);
     if (!cconf)
         goto fail;
+    /* librdkafka pre-fetches up to 64 MB by default, on top of the live_cap jobs held here
+     * (53 MB of the heap at 10,000 in flight, bench/README.md); 16 MB is still about 25,000
+     * records of 640 bytes ahead of the loop. */
+    if (sl_kafka_conf_set(cconf, "queued.max.messages.kbytes", "16384", err) != 0) {
+        rd_kafka_conf_destroy(cconf);
+        goto fail;
+    }
     rd_kafka_conf_set_opaque(cconf, e);
     rd_kafka_conf_set_rebalance_cb(cconf, rebalance_cb);
     e->consumer = sl_kafka_consumer_new(cfg, "sluice-consumer", cfg->consumer_group, cconf, err);
@@ -1565,17 +1939,20 @@ static void shutdown_drain(cons_engine_t *e)
         j->ce->inflight--;
         if (j->probe)
             j->ce->probe_inflight = false;
-        curl_slist_free_all(j->hdrs);
+        free(j->hdrs);
         j->hdrs = NULL;
         defer_job(e, j, sl_now_ms(), "shutdown");
     }
     flush_marks(e);
     int64_t flush_deadline = sl_mono_ms() + 10000;
-    while ((rd_kafka_outq_len(e->producer) > 0 || e->held) && sl_mono_ms() < flush_deadline) {
+    while ((rd_kafka_outq_len(e->producer) > 0 || e->held || e->npmarks) &&
+           sl_mono_ms() < flush_deadline) {
         rd_kafka_poll(e->producer, 50);
         retry_held(e);
+        retry_pmarks(e);
     }
     store_offsets(e, true);
+    commit_stored(e, "shutdown");
 }
 
 int cons_engine_run(cons_engine_t *e)
@@ -1588,6 +1965,7 @@ int cons_engine_run(cons_engine_t *e)
             unblock(e);
         intake_kafka(e);
         intake_redis(e);
+        renew_leases(e);
         dispatch(e);
         int wait = e->kafka_more || e->marks ? 0 : 50;
         int extra = 0;
@@ -1598,6 +1976,7 @@ int cons_engine_run(cons_engine_t *e)
         rd_kafka_poll(e->producer, 0);
         if (e->held)
             retry_held(e);
+        retry_pmarks(e);
         dispatch(e);
         store_offsets(e, false);
         stats_line(e, false);
@@ -1649,6 +2028,11 @@ void cons_engine_destroy(cons_engine_t *e)
         }
         sl_map_destroy(e->eps, NULL);
     }
+    for (size_t i = 0; i < e->npmarks; i++) {
+        free(e->pmarks[i].ep);
+        free(e->pmarks[i].id);
+    }
+    free(e->pmarks);
     cons_offsets_destroy(e->offsets);
     sl_buf_fini(&e->enc);
     if (e->wake[0] >= 0)

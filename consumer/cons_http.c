@@ -20,12 +20,33 @@
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 
+/*
+ * Connection caches. libcurl 7.88 scans a host's whole connection list to find an idle one
+ * for each request (ConnectionExists), and curl_multi_remove_handle walks the whole cache
+ * after each one (close_connect_only): per-request CPU grows with the connections open to
+ * one host. With thousands in flight to one host that tripled the consumer's CPU per
+ * delivery (bench/README.md). So the easy handles are spread over CONN_CACHES share objects
+ * that each hold their own connection cache (CURL_LOCK_DATA_CONNECT): a scan covers about
+ * 1/CONN_CACHES of the connections. A connection is reused only by the handles of its cache;
+ * all of them are on this one thread, so the shares need no lock callbacks.
+ */
+#define CONN_CACHES 64
+
+/*
+ * Receive buffer per running transfer (CURLOPT_BUFFERSIZE; libcurl's default is 16 KiB,
+ * allocated for every transfer while it runs). Webhook answers are small and we keep at most
+ * response_keep_bytes of them, so 4 KiB saves about 120 MB at 10,000 in flight; a large
+ * answer only takes more reads.
+ */
+#define RECV_BUFFER_BYTES 4096L
+
 struct xfer {
     CURL *easy;                   /* pooled easy handle */
     cons_http_t *h;               /* owner */
     cons_http_done_cb done;       /* caller's callback */
     void *opaque;                 /* caller's data */
-    uint8_t *resp;                /* kept prefix buffer (keep_bytes) */
+    uint8_t *resp;                /* kept prefix buffer (keep_bytes), allocated at the
+                                     first body byte (a 204 needs none); NULL until then */
     size_t resp_len;              /* bytes kept */
     uint64_t resp_total;          /* bytes received */
     enum cons_refusal refusal;    /* set by our callbacks */
@@ -43,6 +64,8 @@ struct cons_http {
     struct cons_http_opts opts;   /* copied; pointers borrowed */
     int extra_fds[4];             /* watched fds */
     int n_extra;                  /* entries in extra_fds */
+    CURLSH *shares[CONN_CACHES];  /* connection caches (see CONN_CACHES); NULL = the multi's */
+    unsigned n_xfers;             /* easy handles created, to spread them over the shares */
 };
 
 static int sock_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
@@ -88,6 +111,8 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *userp)
     size_t room = x->h->opts.keep_bytes - x->resp_len;
     size_t take = n < room ? n : room;
     if (take) {
+        if (!x->resp)
+            x->resp = sl_xmalloc(x->h->opts.keep_bytes);
         memcpy(x->resp + x->resp_len, ptr, take);
         x->resp_len += take;
     }
@@ -128,6 +153,14 @@ cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err)
     /* HTTP/1.1 to many hosts: no multiplexing; the idle connection cache holds plenty. */
     curl_multi_setopt(h->multi, CURLMOPT_PIPELINING, (long)CURLPIPE_NOTHING);
     curl_multi_setopt(h->multi, CURLMOPT_MAXCONNECTS, 20000L);
+    for (int i = 0; i < CONN_CACHES; i++) {
+        h->shares[i] = curl_share_init();
+        if (h->shares[i] && curl_share_setopt(h->shares[i], CURLSHOPT_SHARE,
+                                              CURL_LOCK_DATA_CONNECT) != CURLSHE_OK) {
+            curl_share_cleanup(h->shares[i]);
+            h->shares[i] = NULL; /* its handles use the multi's cache */
+        }
+    }
     return h;
 }
 
@@ -152,6 +185,9 @@ void cons_http_destroy(cons_http_t *h)
         x = n;
     }
     curl_multi_cleanup(h->multi);
+    /* after the easy handles: a share still referenced by one refuses to go (leaked at exit) */
+    for (int i = 0; i < CONN_CACHES; i++)
+        curl_share_cleanup(h->shares[i]);
     close(h->epfd);
     free(h);
 }
@@ -165,8 +201,11 @@ static struct xfer *xfer_get(cons_http_t *h)
     } else {
         x = sl_xcalloc(1, sizeof(*x));
         x->easy = curl_easy_init();
-        x->resp = sl_xmalloc(h->opts.keep_bytes ? h->opts.keep_bytes : 1);
         x->h = h;
+        /* the share stays attached across curl_easy_reset */
+        CURLSH *sh = h->shares[h->n_xfers++ % CONN_CACHES];
+        if (sh)
+            curl_easy_setopt(x->easy, CURLOPT_SHARE, sh);
     }
     x->resp_len = 0;
     x->resp_total = 0;
@@ -207,6 +246,7 @@ int cons_http_start(cons_http_t *h, const struct cons_http_req *req, void **hand
     curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, opensocket_cb);
     curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, x);
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, RECV_BUFFER_BYTES);
     if (strcmp(req->method, "GET") == 0) {
         curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
     } else {

@@ -91,6 +91,26 @@ static struct sl_redis_script lua_complete = {
 };
 
 /*
+ * renew. KEYS: retry zset, lease hash. ARGV: lease expiry ms, then (job id, token) pairs.
+ * Only a lease that still holds the caller's token, on a job still in the schedule, is
+ * extended; one 1 (renewed) or 0 (lost) per pair.
+ */
+static struct sl_redis_script lua_renew = {
+    .name = "renew",
+    .lua = "local out = {}\n"
+           "for i = 2, #ARGV - 1, 2 do\n"
+           "  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] and\n"
+           "     redis.call('ZSCORE', KEYS[1], ARGV[i]) then\n"
+           "    redis.call('ZADD', KEYS[1], 'XX', ARGV[1], ARGV[i])\n"
+           "    out[#out + 1] = 1\n"
+           "  else\n"
+           "    out[#out + 1] = 0\n"
+           "  end\n"
+           "end\n"
+           "return out\n",
+};
+
+/*
  * Breaker prelude shared by the three breaker scripts: read the hash once (absent = closed,
  * no failures) and build the reply {state code, failures, reopen_at, cooldown, probe}.
  * reopen_at is the cooldown end when open and the probe lease end when half_open.
@@ -546,6 +566,61 @@ int cons_store_complete(
     return rc;
 }
 
+int cons_store_renew(sl_redis_t *r,
+                     uint32_t shard,
+                     int64_t until_ms,
+                     size_t n,
+                     const char *const *job_ids,
+                     const char *const *tokens,
+                     unsigned char *kept,
+                     sl_err_t *err)
+{
+    static const char op[] = "renew leases";
+    if (shard >= CONS_STORE_SHARDS_MAX)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: shard out of range", op);
+    if (!valid_ms(until_ms))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: lease expiry out of range", op);
+    if (n < 1 || n > CONS_STORE_RENEW_MAX || !job_ids || !tokens || !kept)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: need 1..%d jobs", op,
+                          CONS_STORE_RENEW_MAX);
+    for (size_t i = 0; i < n; i++) {
+        if (!valid_job_id(job_ids[i]) || !valid_token(tokens[i]))
+            return sl_err_set(err, SL_EINVAL, "cannot %s: job %zu has a malformed id or token",
+                              op, i);
+    }
+    struct job_keys k;
+    job_keys(&k, shard, "");
+    char until[24];
+    (void)snprintf(until, sizeof(until), "%" PRId64, until_ms);
+    const char *argv[3 + 2 * CONS_STORE_RENEW_MAX];
+    argv[0] = k.retry;
+    argv[1] = k.lease;
+    argv[2] = until;
+    for (size_t i = 0; i < n; i++) {
+        argv[3 + 2 * i] = job_ids[i];
+        argv[4 + 2 * i] = tokens[i];
+    }
+    redisReply *rep = NULL;
+    int rc = run_script(r, &lua_renew, 2, (int)(3 + 2 * n), argv, NULL, 0, op, &rep, err);
+    if (rc != 0)
+        return rc;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != n) {
+        rc = fail_reply(err, op, rep);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const redisReply *e = rep->element[i];
+        if (e->type != REDIS_REPLY_INTEGER || (e->integer != 0 && e->integer != 1)) {
+            rc = fail_reply(err, op, rep);
+            goto out;
+        }
+        kept[i] = (unsigned char)e->integer;
+    }
+out:
+    freeReplyObject(rep);
+    return rc;
+}
+
 int cons_store_job_exists(sl_redis_t *r, uint32_t nshards, const char *job_id, sl_err_t *err)
 {
     static const char op[] = "look up job";
@@ -711,8 +786,8 @@ static size_t done_key(const struct done_ctx *d, size_t i, char *keybuf)
 
 static int check_build(void *ctx, size_t i, char *keybuf, const char **argv, size_t *argvlen)
 {
-    argv[0] = "EXISTS";
-    argvlen[0] = 6;
+    argv[0] = "GET";
+    argvlen[0] = 3;
     argv[1] = keybuf;
     argvlen[1] = done_key(ctx, i, keybuf);
     return 2;
@@ -721,9 +796,14 @@ static int check_build(void *ctx, size_t i, char *keybuf, const char **argv, siz
 static int check_check(void *ctx, size_t i, const redisReply *rep)
 {
     struct done_ctx *d = ctx;
-    if (rep->type != REDIS_REPLY_INTEGER || (rep->integer != 0 && rep->integer != 1))
+    if (rep->type == REDIS_REPLY_NIL)
+        d->out[i] = 0;
+    else if (rep->type != REDIS_REPLY_STRING)
         return -1;
-    d->out[i] = (unsigned char)rep->integer;
+    else if (rep->len == 1 && rep->str[0] == 'd')
+        d->out[i] = CONS_DONE_DEAD;
+    else
+        d->out[i] = CONS_DONE_DELIVERED; /* "1" (or any other value: treat as delivered) */
     return 0;
 }
 
@@ -785,6 +865,33 @@ int cons_store_done_check(sl_redis_t *r,
     struct done_ctx d = {.endpoint_ids = endpoint_ids, .event_ids = event_ids, .out = out};
     struct pipe_ops ops = {.build = check_build, .check = check_check, .ctx = &d};
     return pipe_run(r, &ops, n, op, err);
+}
+
+int cons_store_dead_mark(sl_redis_t *r, const char *endpoint_id, const char *event_id,
+                         int64_t ttl_s, sl_err_t *err)
+{
+    static const char op[] = "set dead-letter marker";
+    const char *eps[1] = {endpoint_id}, *ids[1] = {event_id};
+    int rc = done_validate(1, eps, ids, op, err);
+    if (rc != 0)
+        return rc;
+    if (ttl_s < 1 || ttl_s > CONS_STORE_MS_MAX / 1000)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: ttl out of range", op);
+    struct done_ctx d = {.endpoint_ids = eps, .event_ids = ids};
+    char key[KEY_MAX];
+    (void)done_key(&d, 0, key);
+    char ttl[24];
+    (void)snprintf(ttl, sizeof(ttl), "%" PRId64, ttl_s);
+    const char *argv[] = {"SET", key, "d", "EX", ttl, "NX"};
+    redisReply *rep;
+    rc = run_cmd(r, 6, argv, op, &rep, err);
+    if (rc != 0)
+        return rc;
+    /* OK when set, nil when a marker was there already: both fine */
+    if (rep->type != REDIS_REPLY_NIL && !reply_is(rep, "OK"))
+        rc = fail_reply(err, op, rep);
+    freeReplyObject(rep);
+    return rc;
 }
 
 int cons_store_done_mark(sl_redis_t *r,

@@ -15,7 +15,9 @@
  *   sluice:breaker:{ep}     HASH  state (closed|open|half_open), failures, opened_at_ms,
  *                                 cooldown_ms, probe_owner, probe_until_ms. No key = closed
  *                                 with no failures.
- *   sluice:done:{ep}:<id>   STRING delivered marker "1", TTL = dedup window (invariant 2).
+ *   sluice:done:{ep}:<id>   STRING final-state marker, TTL = dedup window: "1" delivered
+ *                                 (invariant 2), "d" dead-lettered (a record read again is
+ *                                 not sent again; replays bypass it).
  *
  * Job id = hex SHA-1 of "<endpoint id>\n<event id>": one retry chain per (event, endpoint),
  * so a Kafka redelivery of a message whose retry is already scheduled finds the job and does
@@ -54,6 +56,7 @@
 #define CONS_STORE_BODY_MAX   ((size_t)64 << 20) /* bytes; sanity cap on a job body */
 #define CONS_STORE_PIPE_MAX   1000               /* commands per pipelined round trip */
 #define CONS_STORE_OWNER_MAX  128                /* bytes; breaker probe owner id */
+#define CONS_STORE_RENEW_MAX  29                 /* jobs per renew call (64 script args) */
 /* ms; cap on every time or duration argument, so sums stay exact in Lua's doubles */
 #define CONS_STORE_MS_MAX     (INT64_C(1) << 50)
 
@@ -108,6 +111,19 @@ void cons_store_claimed_free(struct cons_claimed *c, int n);
 int cons_store_complete(sl_redis_t *r, uint32_t nshards, const char *job_id, const char *token,
                         sl_err_t *err);
 
+/*
+ * Keep the leases of n claimed jobs of one shard alive until until_ms (unix ms): a job whose
+ * lease entry still holds its token gets its score (the lease expiry) moved to until_ms and
+ * kept[i] = 1; a job claimed by someone else since, rescheduled or completed gets kept[i] = 0
+ * (the job is no longer ours: do not send it). A lease that ran out but was not claimed by
+ * anyone else is still ours and is renewed. n: 1..CONS_STORE_RENEW_MAX; every job must live
+ * in shard (cons_store_shard of its id). Ids, tokens and kept are borrowed. Not retried on a
+ * lost connection (its effect is unknown; the caller renews again later). Returns 0 or SL_E*.
+ */
+int cons_store_renew(sl_redis_t *r, uint32_t shard, int64_t until_ms, size_t n,
+                     const char *const *job_ids, const char *const *tokens, unsigned char *kept,
+                     sl_err_t *err);
+
 /* Is a job with this id scheduled or leased (its body key exists)? 1 yes, 0 no, negative on
  * error. */
 int cons_store_job_exists(sl_redis_t *r, uint32_t nshards, const char *job_id, sl_err_t *err);
@@ -120,12 +136,20 @@ int cons_store_counts(sl_redis_t *r, uint32_t nshards, int64_t *scheduled, int64
 
 /* ==== Dedup markers ==== */
 
+#define CONS_DONE_DELIVERED 1 /* done_check: a delivered marker */
+#define CONS_DONE_DEAD      2 /* done_check: a dead-letter marker */
+
 /* Check markers for n (endpoint, event) pairs, pipelined (CONS_STORE_PIPE_MAX commands per
- * round trip). out[i] = 1 when already delivered, else 0. Ids are borrowed C strings
- * (endpoint <= SL_ENDPOINT_ID_MAX, event <= SL_EVENT_ID_MAX bytes). Returns 0 or negative
- * (out is then unspecified). */
+ * round trip). out[i] = CONS_DONE_DELIVERED when already delivered, CONS_DONE_DEAD when
+ * dead-lettered, else 0. Ids are borrowed C strings (endpoint <= SL_ENDPOINT_ID_MAX, event
+ * <= SL_EVENT_ID_MAX bytes). Returns 0 or negative (out is then unspecified). */
 int cons_store_done_check(sl_redis_t *r, size_t n, const char *const *endpoint_ids,
                           const char *const *event_ids, unsigned char *out, sl_err_t *err);
+/* Set a dead-letter marker (SET key d EX ttl_s NX, ttl_s >= 1) for one pair: only where no
+ * marker is, so a delivered marker is never downgraded. Ids are borrowed. Idempotent
+ * (retried once on a lost connection). Returns 0 or negative. */
+int cons_store_dead_mark(sl_redis_t *r, const char *endpoint_id, const char *event_id,
+                         int64_t ttl_s, sl_err_t *err);
 /* Set markers (SET key 1 EX ttl_s, ttl_s >= 1) for n pairs, pipelined like done_check.
  * On error some markers may be set (setting one twice is harmless). */
 int cons_store_done_mark(sl_redis_t *r, size_t n, const char *const *endpoint_ids,

@@ -1,0 +1,820 @@
+#!/usr/bin/env python3
+"""The phases of bench/run.sh (run through it: it builds, starts the private stack and passes
+the paths). Python 3 standard library only.
+
+Phases, side by side in one run on this machine:
+  wrk        raw HTTP rate of sluice-receiver /ok (POST, 512-byte body, Sluice's headers)
+             with the connection count the consumer uses
+  produce    bench/produce.sh (sluice-produce --generate, 512-byte bodies)
+  e2e        pre-produce N deliveries over 100 endpoints, one consumer drains them
+  latency    a consumer fed at half the e2e rate by sl-bench pace (the producer library, and
+             the latency profile of common/sl_kafka for comparison)
+  recorder   bench/recorder.sh when present, else reported as not available
+  scaling    1, 2 and 4 consumers against 8 partitions
+  endpoints  10,000 distinct endpoints, one consumer (compared with the 1-consumer scaling run)
+
+Every process's CPU comes from /proc/<pid>/stat (utime+stime) and its peak RSS from VmHWM
+(VmRSS samples for the long-lived broker). Nothing here asserts a timing: figures are
+reported next to their targets.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PHASES = ["wrk", "produce", "e2e", "latency", "recorder", "scaling", "endpoints"]
+BODY_BYTES = 512
+PARTITIONS = 8
+ENDPOINTS = 100
+MANY_ENDPOINTS = 10000
+
+TARGETS = {
+    "e2e_rate": 20000,        # deliveries/s, whole stack on this machine
+    "p99_ms": 50,             # publish -> delivered at half that rate
+    "rss_mb": 200,            # consumer peak RSS with 10,000 in flight
+}
+
+
+def log(msg):
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- /proc helpers
+
+def proc_cpu_s(pid):
+    """utime+stime of every thread of pid, seconds (None when gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return (int(rest[11]) + int(rest[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def proc_status_kb(pid, key):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def read_pid(path):
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return [float(x) for x in f.read().split()[:3]]
+
+
+def proc_stat_totals():
+    """(busy, total) jiffies of the whole machine, for the share of CPU others used."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return sum(v) - idle, sum(v)
+
+
+class Monitor(threading.Thread):
+    """Samples CPU and RSS of labelled pids every `interval` seconds."""
+
+    def __init__(self, pids, interval=1.0):
+        super().__init__(daemon=True)
+        self.pids = dict(pids)
+        self.interval = interval
+        self.samples = []            # (t, {label: (cpu_s, rss_kb)}, machine busy fraction)
+        self.peak_rss = {k: 0 for k in self.pids}
+        self._halt = threading.Event()
+
+    def add(self, label, pid):
+        self.pids[label] = pid
+        self.peak_rss.setdefault(label, 0)
+
+    def run(self):
+        last = proc_stat_totals()
+        while not self._halt.is_set():
+            row = {}
+            for label, pid in list(self.pids.items()):
+                rss = proc_status_kb(pid, "VmRSS")
+                row[label] = (proc_cpu_s(pid), rss)
+                if rss and rss > self.peak_rss.get(label, 0):
+                    self.peak_rss[label] = rss
+            cur = proc_stat_totals()
+            busy = (cur[0] - last[0]) / max(1, cur[1] - last[1])
+            last = cur
+            self.samples.append((time.time(), row, busy))
+            self._halt.wait(self.interval)
+
+    def stop(self):
+        self._halt.set()
+        self.join(5)
+
+
+# ---------------------------------------------------------------------------- the bench
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.quick = a.quick
+        self.run_id = datetime.datetime.now().strftime("%H%M%S") + f"{os.getpid() % 1000:03d}"
+        self.results = {"phases": {}}
+        self.work = a.work
+        self.port = a.receiver_port
+        self.stack_dir = a.stack_dir
+        self.broker_pid = read_pid(os.path.join(a.stack_dir, "kafka", "kafka.pid"))
+        self.redis_pid = read_pid(os.path.join(a.stack_dir, "redis", "redis.pid"))
+        self.master_key = os.urandom(32).hex()
+        self.redis_db = 0
+        self.n_main = 100_000 if self.quick else 1_000_000
+        self.n_scale = 50_000 if self.quick else 300_000
+        self.n_produce = 200_000 if self.quick else 1_000_000
+        self.wrk_s = 5 if self.quick else 10
+        self.pace_s = 10 if self.quick else 20
+        self.inflight = a.inflight
+        self.per_ep = max(1, min(10000, -(-self.inflight // ENDPOINTS)))
+        self.ep_prefix = f"b{self.run_id}_"
+        self.many_prefix = f"m{self.run_id}_"
+        self.base_env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+        for k in ("SLUICE_KAFKA_BROKERS", "SLUICE_REDIS_URL", "SLUICE_PG_DSN"):
+            self.base_env[k] = os.environ[k]
+        self.base_env.update({
+            "SLUICE_MASTER_KEY": self.master_key,
+            "SLUICE_TOPIC_ENDPOINTS": f"bench.{self.run_id}.endpoints",
+            "SLUICE_SSRF_ALLOW_CIDRS": "127.0.0.0/8",
+            "SLUICE_LOG_LEVEL": "info",
+        })
+
+    # -------------------------------------------------------------------- small helpers
+    def bin(self, rel):
+        return os.path.join(self.a.build, rel)
+
+    def env(self, name, **cfg):
+        """Environment of one phase: its own topics, group and Redis database."""
+        e = dict(self.base_env)
+        t = f"bench.{self.run_id}.{name}"
+        e.update({
+            "SLUICE_TOPIC_DELIVERIES": f"{t}.deliveries",
+            "SLUICE_TOPIC_OUTCOMES": f"{t}.outcomes",
+            "SLUICE_TOPIC_QUARANTINE": f"{t}.quarantine",
+            "SLUICE_CONSUMER_GROUP": f"{t}.consumers",
+            "SLUICE_RECORDER_GROUP": f"{t}.recorder",
+        })
+        for k, v in cfg.items():
+            e["SLUICE_" + k.upper()] = str(v)
+        return e
+
+    def new_redis_db(self, e):
+        """A fresh Redis database (1..15) per phase: no retry jobs or markers from another."""
+        self.redis_db = self.redis_db % 15 + 1
+        base = os.environ["SLUICE_REDIS_URL"].rstrip("/")
+        base = re.sub(r"/\d+$", "", base)
+        e["SLUICE_REDIS_URL"] = f"{base}/{self.redis_db}"
+        self.redis(e["SLUICE_REDIS_URL"], "FLUSHDB")
+
+    @staticmethod
+    def redis(url, *args):
+        rest = url[len("redis://"):]
+        hostport, _, db = rest.partition("/")
+        host, _, port = hostport.rpartition(":")
+        s = socket.create_connection((host, int(port)), timeout=30)
+        try:
+            def cmd(parts):
+                out = f"*{len(parts)}\r\n".encode()
+                for p in parts:
+                    b = str(p).encode()
+                    out += b"$%d\r\n%s\r\n" % (len(b), b)
+                s.sendall(out)
+                return s.recv(65536)
+            if db:
+                cmd(["SELECT", db])
+            return cmd(list(args))
+        finally:
+            s.close()
+
+    def run(self, args, env, timeout=600, check=True):
+        r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} exited {r.returncode}: {r.stderr[-2000:]}")
+        return r
+
+    def ctl(self, env, *args, **kw):
+        return self.run([self.bin("ctl/sluicectl"), *args], env, **kw)
+
+    def topics(self, env, partitions=PARTITIONS):
+        self.ctl(env, "topics", "ensure", "--partitions", str(partitions))
+
+    def delete_topics(self, env):
+        tool = self.bin("tests/integration/sl-test-topic")
+        for k in ("SLUICE_TOPIC_DELIVERIES", "SLUICE_TOPIC_OUTCOMES", "SLUICE_TOPIC_QUARANTINE"):
+            subprocess.run([tool, "delete", env[k]], env=env, capture_output=True)
+
+    def produce(self, env, n, prefix, endpoints, run_id):
+        t0 = time.time()
+        r = self.run([self.bin("producer/sluice-produce"), "--generate", str(n), "--endpoints",
+                      str(endpoints), "--endpoint-prefix", prefix, "--body-bytes",
+                      str(BODY_BYTES), "--run-id", run_id, "--quiet", "--timeout-ms", "120000"],
+                     env, timeout=900)
+        m = dict(re.findall(r"(\w+)=([\d.]+)", r.stdout))
+        if int(m.get("published", 0)) != n:
+            raise RuntimeError(f"sluice-produce published {m.get('published')} of {n}")
+        return {"records": n, "records_per_s": float(m["records_per_s"]),
+                "elapsed_s": round(time.time() - t0, 2)}
+
+    # -------------------------------------------------------------------- receiver
+    def start_receiver(self, tag):
+        logf = open(os.path.join(self.work, f"receiver-{tag}.log"), "ab")
+        p = subprocess.Popen([self.bin("tests/receiver/sluice-receiver"), "--port", str(self.port),
+                              "--no-ledger-ok", "--threads", str(self.a.receiver_threads),
+                              "--max-ids", "0", "--log-level", "warn"],
+                             stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL)
+        line = p.stdout.readline().decode().strip()
+        if not line.startswith("port="):
+            raise RuntimeError(f"receiver did not start (see {logf.name}): {line!r}")
+        p.logf = logf
+        return p
+
+    def stop_proc(self, p, timeout=60):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if getattr(p, "logf", None):
+            p.logf.close()
+
+    def receiver_stats(self):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_stats", timeout=10) as r:
+            return json.loads(r.read())
+
+    def receiver_ok(self):
+        return int(self.receiver_stats().get("by_status", {}).get("204", 0))
+
+    # -------------------------------------------------------------------- consumers
+    def start_consumer(self, env, name):
+        e = dict(env)
+        e["SLUICE_INSTANCE_ID"] = name
+        path = os.path.join(self.work, f"consumer-{name}.log")
+        logf = open(path, "ab")
+        p = subprocess.Popen([self.bin("consumer/sluice-consumer")], env=e, stdout=logf,
+                             stderr=logf, stdin=subprocess.DEVNULL)
+        p.logf = logf
+        p.log_path = path
+        p.name = name
+        return p
+
+    @staticmethod
+    def consumer_log(p):
+        out = []
+        try:
+            with open(p.log_path) as f:
+                for line in f:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass
+        except OSError:
+            pass
+        return out
+
+    def assigned(self, p):
+        """Partitions currently assigned to p, from its log (None before the first)."""
+        n = None
+        for ev in self.consumer_log(p):
+            if ev.get("event") == "partitions_assigned":
+                n = int(re.search(r"(\d+)", ev.get("msg", "0")).group(1))
+            elif ev.get("event") == "partitions_revoked":
+                n = 0
+        return n
+
+    def wait_assigned(self, procs, total, timeout=90):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for p in procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"consumer {p.name} exited {p.returncode} (see {p.log_path})")
+            got = [self.assigned(p) for p in procs]
+            if all(g is not None for g in got) and sum(got) == total and all(g > 0 for g in got):
+                return
+            time.sleep(0.3)
+        raise RuntimeError(f"consumers not assigned {total} partitions in {timeout}s")
+
+    def consumer_peaks(self, p):
+        """Largest in-flight and in-memory counts from the stats lines."""
+        infl = mem = 0
+        for ev in self.consumer_log(p):
+            if ev.get("event") == "stats":
+                infl = max(infl, int(ev.get("inflight", 0)))
+                mem = max(mem, int(ev.get("in_memory", 0)))
+        return infl, mem
+
+    def wait_delivered(self, target, procs, timeout, series=None):
+        """Poll the receiver until target 2xx answers; returns seconds waited."""
+        t0 = time.time()
+        last, last_t = 0, t0
+        while True:
+            n = self.receiver_ok()
+            now = time.time()
+            if series is not None:
+                series.append((round(now - t0, 2), n))
+            if n >= target:
+                return now - t0
+            for p in procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"consumer {p.name} exited {p.returncode} (see {p.log_path})")
+            if n != last:
+                last, last_t = n, now
+            if now - last_t > 60:
+                raise RuntimeError(f"no delivery for 60 s at {n} of {target}")
+            if now - t0 > timeout:
+                raise RuntimeError(f"only {n} of {target} delivered in {timeout}s")
+            time.sleep(0.5)
+
+    def outcomes(self, env, expect, prefix, t0_ms, tag, timeout=300):
+        series = os.path.join(self.work, f"series-{tag}.tsv")
+        cdf = os.path.join(self.work, f"cdf-{tag}.tsv")
+        r = self.run([self.a.tool, "outcomes", "--expect", str(expect), "--id-prefix", prefix,
+                      "--t0-ms", str(t0_ms), "--timeout-s", str(timeout), "--series", series,
+                      "--cdf", cdf], env, timeout=timeout + 60, check=False)
+        if not r.stdout.strip():
+            raise RuntimeError(f"sl-bench outcomes failed: {r.stderr[-2000:]}")
+        o = json.loads(r.stdout)
+        o["series_file"], o["cdf_file"] = series, cdf
+        return o
+
+    @staticmethod
+    def read_series(path):
+        rows, names = [], []
+        with open(path) as f:
+            for line in f:
+                if line.startswith("#"):
+                    names = line[1:].split()[2:]
+                    continue
+                rows.append([int(x) for x in line.split()])
+        return names, rows
+
+    @staticmethod
+    def steady_rate(rows, col=1):
+        """Median of the per-second counts between the first and last full second."""
+        vals = [r[col] for r in rows]
+        nz = [i for i, v in enumerate(vals) if v > 0]
+        if len(nz) < 3:
+            return float(sum(vals))
+        inner = vals[nz[0] + 1:nz[-1]]
+        return float(statistics.median(inner)) if inner else float(sum(vals))
+
+    # -------------------------------------------------------------------- one drain
+    def drain(self, name, n, prefix, endpoints, consumers, produce_first, cfg=None):
+        """Deliver n records over `endpoints` endpoints with `consumers` consumer processes.
+
+        produce_first: pre-produce everything, then start the consumers (one consumer);
+        otherwise start the consumers, wait until they share the partitions, then produce
+        (several consumers: no rebalance inside the measured window).
+        """
+        cfg = dict(cfg or {})
+        cfg.setdefault("max_inflight", self.inflight)
+        cfg.setdefault("max_inflight_per_endpoint", self.per_ep)
+        env = self.env(name, **cfg)
+        self.new_redis_db(env)
+        self.topics(env)
+        run_id = f"{name}{self.run_id}"
+        res = {"deliveries": n, "endpoints": endpoints, "consumers": consumers,
+               "partitions": PARTITIONS, "body_bytes": BODY_BYTES,
+               "consumer_config": {"SLUICE_" + k.upper(): v for k, v in cfg.items()}}
+        if produce_first:
+            log(f"{name}: producing {n} deliveries over {endpoints} endpoints")
+            res["produce"] = self.produce(env, n, prefix, endpoints, run_id)
+        recv = self.start_receiver(name)
+        mon = Monitor({"receiver": recv.pid, "broker": self.broker_pid, "redis": self.redis_pid})
+        mon.start()
+        cpu0 = {k: proc_cpu_s(v) for k, v in mon.pids.items()}
+        m0 = proc_stat_totals()
+        procs = []
+        prod_end_ms = None
+        try:
+            t0_ms = int(time.time() * 1000)
+            for i in range(consumers):
+                p = self.start_consumer(env, f"{name}-c{i}")
+                procs.append(p)
+                mon.add(p.name, p.pid)
+                cpu0[p.name] = 0.0
+            if not produce_first:
+                self.wait_assigned(procs, PARTITIONS)
+                log(f"{name}: {consumers} consumer(s) assigned; producing {n} deliveries")
+                res["produce"] = self.produce(env, n, prefix, endpoints, run_id)
+                prod_end_ms = int(time.time() * 1000)
+            else:
+                log(f"{name}: {consumers} consumer(s) draining")
+            waited = self.wait_delivered(n, procs, timeout=max(600, n // 500))
+            cpu1 = {k: proc_cpu_s(v) for k, v in mon.pids.items()}
+            m1 = proc_stat_totals()
+            hwm = {p.name: proc_status_kb(p.pid, "VmHWM") for p in procs}
+            hwm["receiver"] = proc_status_kb(recv.pid, "VmHWM")
+            hwm["broker"] = proc_status_kb(self.broker_pid, "VmHWM")
+        finally:
+            for p in procs:
+                self.stop_proc(p)
+            mon.stop()
+            self.stop_proc(recv)
+        res["wall_s"] = round(waited, 2)
+        res["machine_busy_fraction"] = round((m1[0] - m0[0]) / max(1, m1[1] - m0[1]), 3)
+        # CPU the rest of the machine (other engineers' work) used meanwhile, in cores
+        ours = sum(cpu1[k] - cpu0[k] for k in cpu0
+                   if cpu0[k] is not None and cpu1.get(k) is not None)
+        res["others_cores"] = round(max(0.0, (m1[0] - m0[0]) / CLK_TCK - ours) / max(0.1, waited), 2)
+        o = self.outcomes(env, n, f"evt_{run_id}_", t0_ms, name)
+        names, rows = self.read_series(o["series_file"])
+        span_s = max(0.001, (o["last_ms"] - o["first_ms"]) / 1000)
+        res["delivered"] = o["delivered"]
+        res["states"] = o["states"]
+        res["rate_mean"] = round(o["delivered"] / span_s, 1)
+        res["rate_median_1s"] = self.steady_rate(rows)
+        res["e2e_ms"] = o["e2e_ms"]
+        res["http_ms"] = o["http_ms"]
+        res["series"] = {"columns": ["sec", "total"] + names, "rows": rows}
+        res["cdf_file"] = o["cdf_file"]
+        # CPU per 10,000 deliveries, each process over the drain
+        cpu = {}
+        for k in cpu0:
+            if cpu0[k] is not None and cpu1.get(k) is not None:
+                cpu[k] = round((cpu1[k] - cpu0[k]) / max(1, o["delivered"]) * 10000, 3)
+        res["cpu_s_per_10k"] = cpu
+        res["cpu_s_per_10k"]["consumers_total"] = round(
+            sum(v for k, v in cpu.items() if k.startswith(name + "-c")), 3)
+        res["peak_rss_kb"] = {k: v for k, v in hwm.items()}
+        res["peak_rss_kb"]["broker_sampled"] = mon.peak_rss.get("broker")
+        res["peak_rss_kb"]["redis_sampled"] = mon.peak_rss.get("redis")
+        peaks = [self.consumer_peaks(p) for p in procs]
+        res["consumer_peak_inflight"] = max(x[0] for x in peaks)
+        res["consumer_peak_in_memory"] = max(x[1] for x in peaks)
+        res["cpu_series"] = self.cpu_series(mon)
+        if prod_end_ms is not None:
+            # the seconds after production ended in which every consumer was delivering
+            res["window"] = self.window_rates(names, rows, o["pods"],
+                                              -(-(prod_end_ms - t0_ms) // 1000) + 1)
+        self.delete_topics(env)
+        return res
+
+    @staticmethod
+    def cpu_series(mon):
+        """Per-second CPU use (cores) of each monitored process."""
+        out = []
+        prev = None
+        for t, row, busy in mon.samples:
+            if prev:
+                dt = t - prev[0]
+                cores = {}
+                for k, (c, _rss) in row.items():
+                    pc = prev[1].get(k, (None, None))[0]
+                    if c is not None and pc is not None and dt > 0:
+                        cores[k] = round((c - pc) / dt, 3)
+                out.append({"t": round(t - mon.samples[0][0], 1), "cores": cores,
+                            "machine_busy": round(busy, 3)})
+            prev = (t, row)
+        return out
+
+    @staticmethod
+    def window_rates(names, rows, pods, start_sec):
+        """Aggregate and per-pod rates over the full seconds from start_sec on in which every
+        pod delivered (production has ended: the producer no longer competes for CPU)."""
+        if not rows:
+            return {}
+        cols = {nm: i + 2 for i, nm in enumerate(names)}
+        active = [r for r in rows if r[0] >= start_sec and all(r[c] > 0 for c in cols.values())]
+        if len(active) > 1:
+            active = active[:-1]   # the last second is partial
+        out = {"window_s": len(active), "start_sec": start_sec}
+        if not active:
+            return out
+        out["aggregate_rate"] = round(sum(r[1] for r in active) / len(active), 1)
+        out["pods"] = {nm: {"rate": round(sum(r[c] for r in active) / len(active), 1),
+                            "delivered": pods.get(nm, {}).get("delivered")}
+                       for nm, c in cols.items()}
+        return out
+
+    # -------------------------------------------------------------------- phases
+    def phase_wrk(self):
+        conns = min(self.inflight, 10000)
+        lua = os.path.join(self.work, "post.lua")
+        body = '{"seq":1,"data":"' + "x" * (BODY_BYTES - 20) + '"}'
+        with open(lua, "w") as f:
+            f.write('wrk.method = "POST"\n')
+            f.write(f"wrk.body = {json.dumps(body)}\n")
+            for k, v in [("Content-Type", "application/json"),
+                         ("webhook-id", "evt_bench_0"), ("webhook-timestamp", "1700000000"),
+                         ("webhook-signature", "v1," + "A" * 44),
+                         ("X-Sluice-Attempt", "1"), ("X-Sluice-Created-Ms", "1700000000000"),
+                         ("User-Agent", "Sluice/0.1.0")]:
+                f.write(f'wrk.headers["{k}"] = "{v}"\n')
+        recv = self.start_receiver("wrk")
+        res = {"connections": conns, "threads": self.a.wrk_threads, "duration_s": self.wrk_s,
+               "receiver_threads": self.a.receiver_threads, "body_bytes": BODY_BYTES,
+               "method": "POST /ok (Sluice's headers)"}
+        try:
+            cpu0 = proc_cpu_s(recv.pid)
+            cmd = ["/usr/bin/time", "-f", "WRKCPU %U %S", "wrk", f"-t{self.a.wrk_threads}", f"-c{conns}", f"-d{self.wrk_s}s",
+                   "--timeout", "10s", "--latency", "-s", lua, f"http://127.0.0.1:{self.port}/ok/wrk"]
+            res["command"] = " ".join(cmd[3:])
+            t = time.time()
+            r = self.run(cmd, self.base_env, timeout=self.wrk_s + 120)
+            el = time.time() - t
+            cpu1 = proc_cpu_s(recv.pid)
+            res["receiver_hwm_kb"] = proc_status_kb(recv.pid, "VmHWM")
+        finally:
+            self.stop_proc(recv)
+        m = re.search(r"Requests/sec:\s+([\d.]+)", r.stdout)
+        res["requests_per_s"] = float(m.group(1)) if m else None
+        tot = re.search(r"(\d+) requests in", r.stdout)
+        if tot and cpu0 is not None and cpu1 is not None:
+            res["receiver_cpu_s_per_10k"] = round((cpu1 - cpu0) / int(tot.group(1)) * 10000, 3)
+        lat = dict(re.findall(r"^\s+(50|90|99)%\s+([\d.]+\w+)", r.stdout, re.M))
+        res["latency"] = lat
+        errs = re.search(r"Socket errors: (.*)", r.stdout)
+        res["socket_errors"] = errs.group(1) if errs else None
+        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", r.stdout)
+        res["non_2xx"] = int(non2xx.group(1)) if non2xx else 0
+        res["wall_s"] = round(el, 1)
+        w = re.search(r"WRKCPU ([\d.]+) ([\d.]+)", r.stderr)
+        if w and tot:
+            res["wrk_cpu_s_per_10k"] = round((float(w.group(1)) + float(w.group(2)))
+                                             / int(tot.group(1)) * 10000, 3)
+        return res
+
+    def phase_produce(self):
+        script = os.path.join(self.a.repo, "bench", "produce.sh")
+        e = dict(self.base_env)
+        e.update({"SLUICE_BUILD_DIR": self.a.build, "BENCH_RECORDS": str(self.n_produce),
+                  "BENCH_BODY_BYTES": str(BODY_BYTES), "BENCH_ENDPOINTS": "1000",
+                  "BENCH_PARTITIONS": str(PARTITIONS)})
+        e.pop("SLUICE_MASTER_KEY", None)
+        e.pop("SLUICE_SSRF_ALLOW_CIDRS", None)
+        r = self.run(["bash", script], e, timeout=900)
+        out = r.stdout
+        res = {"script": "bench/produce.sh", "records": self.n_produce, "body_bytes": BODY_BYTES,
+               "partitions": PARTITIONS, "output": out.strip().splitlines()}
+        m = re.search(r"records/s:\s+([\d.]+)", out)
+        res["records_per_s"] = float(m.group(1)) if m else None
+        m = re.search(r"peak RSS:\s+(\d+) KiB", out)
+        res["producer_peak_rss_kb"] = int(m.group(1)) if m else None
+        m = re.search(r"producer CPU: user ([\d.]+) s \+ sys ([\d.]+) s", out)
+        if m:
+            res["producer_cpu_s_per_10k"] = round(
+                (float(m.group(1)) + float(m.group(2))) / self.n_produce * 10000, 3)
+        m = re.search(r"broker CPU:\s+([\d.]+) s", out)
+        if m:
+            res["broker_cpu_s_per_10k"] = round(float(m.group(1)) / self.n_produce * 10000, 3)
+        return res
+
+    def register_endpoints(self):
+        env = self.env("setup")
+        self.topics(env, 1)   # the shared endpoints topic (and a few unused ones)
+        log(f"registering {ENDPOINTS} endpoints with sluicectl endpoints add")
+        t = time.time()
+        for i in range(ENDPOINTS):
+            ep = f"{self.ep_prefix}{i}"
+            self.ctl(env, "endpoints", "add", "--id", ep, "--url",
+                     f"http://127.0.0.1:{self.port}/ok/{ep}")
+        self.results["setup"] = {"endpoints_add_s": round(time.time() - t, 1)}
+
+    def register_many(self):
+        env = self.env("setup")
+        log(f"registering {MANY_ENDPOINTS} endpoints (COPY into the registry + sluicectl endpoints sync)")
+        t = time.time()
+        sql = self.run([self.a.tool, "endpoints-sql", "--count", str(MANY_ENDPOINTS), "--prefix",
+                        self.many_prefix, "--url-base", f"http://127.0.0.1:{self.port}/ok/"], env)
+        p = subprocess.run(["psql", "-q", "-v", "ON_ERROR_STOP=1", os.environ["SLUICE_PG_DSN"]],
+                           input=sql.stdout, capture_output=True, text=True, env=env)
+        if p.returncode != 0:
+            raise RuntimeError(f"psql: {p.stderr[-1000:]}")
+        self.ctl(env, "endpoints", "sync", timeout=600)
+        return round(time.time() - t, 1)
+
+    def phase_e2e(self):
+        res = self.drain("e2e", self.n_main, self.ep_prefix, ENDPOINTS, 1, produce_first=True)
+        return res
+
+    def phase_latency(self, max_rate):
+        rate = max(100, int(max_rate / 2))
+        count = rate * self.pace_s
+        env = self.env("latency", max_inflight=self.inflight,
+                       max_inflight_per_endpoint=self.per_ep)
+        self.new_redis_db(env)
+        self.topics(env)
+        recv = self.start_receiver("latency")
+        cons = self.start_consumer(env, "latency-c0")
+        mon = Monitor({"consumer": cons.pid, "receiver": recv.pid, "broker": self.broker_pid,
+                       "redis": self.redis_pid})
+        mon.start()
+        res = {"rate": rate, "seconds": self.pace_s, "endpoints": ENDPOINTS,
+               "half_of": max_rate, "runs": {}}
+        try:
+            self.wait_assigned([cons], PARTITIONS)
+            time.sleep(1)
+            base = self.receiver_ok()
+            t0_ms = int(time.time() * 1000)
+            for prof in ("lib", "latency"):
+                run_id = f"lat{prof}{self.run_id}"
+                log(f"latency: pacing {count} deliveries at {rate}/s (--profile {prof})")
+                r = self.run([self.a.tool, "pace", "--rate", str(rate), "--count", str(count),
+                              "--endpoints", str(ENDPOINTS), "--prefix", self.ep_prefix,
+                              "--body-bytes", str(BODY_BYTES), "--run-id", run_id,
+                              "--profile", prof], env, timeout=self.pace_s * 4 + 120)
+                pace = json.loads(r.stdout)
+                base += count
+                self.wait_delivered(base, [cons], timeout=300)
+                res["runs"][prof] = {"pace": pace, "run_id": run_id}
+            cpu = proc_cpu_s(cons.pid)
+            res["consumer_hwm_kb"] = proc_status_kb(cons.pid, "VmHWM")
+        finally:
+            self.stop_proc(cons)
+            mon.stop()
+            self.stop_proc(recv)
+        res["consumer_cpu_s"] = cpu
+        res["cpu_series"] = self.cpu_series(mon)
+        for prof, rr in res["runs"].items():
+            o = self.outcomes(env, count, f"evt_{rr['run_id']}_", t0_ms, f"latency-{prof}")
+            rr["delivered"] = o["delivered"]
+            rr["e2e_ms"] = o["e2e_ms"]
+            rr["http_ms"] = o["http_ms"]
+            rr["cdf_file"] = o["cdf_file"]
+            names, rows = self.read_series(o["series_file"])
+            rr["rate_median_1s"] = self.steady_rate(rows)
+        self.delete_topics(env)
+        return res
+
+    def phase_recorder(self):
+        script = os.path.join(self.a.repo, "bench", "recorder.sh")
+        if not os.path.exists(script):
+            return {"available": False,
+                    "reason": "bench/recorder.sh is not present in this tree (the recorder "
+                              "engineer is writing it): recorder rows/s not measured"}
+        e = dict(self.base_env)
+        records = 200_000 if self.quick else 1_000_000
+        e.update({"SLUICE_BUILD_DIR": self.a.build, "BENCH_RECORDS": str(records)})
+        e.pop("SLUICE_SSRF_ALLOW_CIDRS", None)
+        e.pop("SLUICE_MASTER_KEY", None)
+        r = subprocess.run(["bash", script], env=e, capture_output=True, text=True, timeout=900)
+        out = (r.stdout + r.stderr).strip().splitlines()
+        res = {"available": True, "script": "bench/recorder.sh", "records": records,
+               "exit": r.returncode, "output": out[-40:]}
+        m = re.search(r"^outcomes/s:\s+([\d.]+)", r.stdout, re.M)
+        res["outcomes_per_s"] = float(m.group(1)) if m else None
+        if m is None and r.returncode == 0:
+            res["reason"] = "bench/recorder.sh printed no 'outcomes/s:' line"
+        if r.returncode != 0:
+            res["reason"] = f"bench/recorder.sh exited {r.returncode}"
+        return res
+
+    def phase_scaling(self):
+        res = {"deliveries": self.n_scale, "partitions": PARTITIONS, "runs": {}}
+        for c in (1, 2, 4):
+            log(f"scaling: {c} consumer(s)")
+            res["runs"][str(c)] = self.drain(f"scale{c}", self.n_scale, self.ep_prefix, ENDPOINTS,
+                                             c, produce_first=False)
+        return res
+
+    def phase_endpoints(self):
+        secs = self.register_many()
+        r = self.drain("eps10k", self.n_scale, self.many_prefix, MANY_ENDPOINTS, 1,
+                       produce_first=False)
+        r["register_s"] = secs
+        return r
+
+    # -------------------------------------------------------------------- main
+    def machine(self):
+        with open("/proc/meminfo") as f:
+            mem_kb = int(f.readline().split()[1])
+        model = "?"
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+        git = subprocess.run(["git", "-C", self.a.repo, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", self.a.repo, "status", "--porcelain", "--",
+                                "consumer", "common", "producer", "tests/receiver"],
+                               capture_output=True, text=True).stdout.strip()
+        versions = {}
+        for pkg in ("rdkafka", "libcurl", "hiredis", "libmicrohttpd"):
+            versions[pkg] = subprocess.run(["pkg-config", "--modversion", pkg],
+                                           capture_output=True, text=True).stdout.strip()
+        cc_v = subprocess.run(["cc", "--version"], capture_output=True,
+                              text=True).stdout.split("\n")[0]
+        try:
+            wrk_v = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0]
+        except OSError:
+            wrk_v = "?"
+        return {"host": socket.gethostname(), "nproc": os.cpu_count(), "model_name": model,
+                "mem_total_gib": round(mem_kb / 1048576, 1), "kernel": platform.release(),
+                "loadavg_start": loadavg(), "git": git + ("+local changes" if dirty else ""),
+                "build": "Release (cmake -DCMAKE_BUILD_TYPE=Release), " + cc_v,
+                "libraries": versions, "wrk": wrk_v,
+                "broker": "Kafka 4.3.1 KRaft single node, -Xmx512m (scripts/stack.sh)",
+                "note": "2 vCPUs shared with other engineers' builds, tests and stacks"}
+
+    def main(self):
+        a = self.a
+        phases = PHASES if not a.only else a.only.split(",")
+        for p in phases:
+            if p not in PHASES:
+                raise SystemExit(f"unknown phase {p}; known: {','.join(PHASES)}")
+        started = datetime.datetime.now()
+        self.results.update({
+            "date": started.isoformat(timespec="seconds"),
+            "mode": "quick" if self.quick else "full",
+            "command": a.command,
+            "machine": self.machine(),
+            "targets": TARGETS,
+            "settings": {"consumer_max_inflight": self.inflight,
+                         "consumer_max_inflight_per_endpoint": self.per_ep,
+                         "receiver_threads": a.receiver_threads, "wrk_threads": a.wrk_threads,
+                         "partitions": PARTITIONS, "body_bytes": BODY_BYTES,
+                         "endpoints": ENDPOINTS, "many_endpoints": MANY_ENDPOINTS},
+        })
+        log(f"machine: {self.results['machine']['nproc']} x {self.results['machine']['model_name']}, "
+            f"load average {self.results['machine']['loadavg_start']}")
+        need_eps = any(p in phases for p in ("e2e", "latency", "scaling"))
+        if need_eps:
+            self.register_endpoints()
+        ph = self.results["phases"]
+        failures = []
+        for p in phases:
+            log(f"=== phase {p}")
+            t = time.time()
+            try:
+                if p == "wrk":
+                    ph[p] = self.phase_wrk()
+                elif p == "produce":
+                    ph[p] = self.phase_produce()
+                elif p == "e2e":
+                    ph[p] = self.phase_e2e()
+                elif p == "latency":
+                    max_rate = (ph.get("e2e") or {}).get("rate_median_1s") or a.latency_rate
+                    ph[p] = self.phase_latency(max_rate)
+                elif p == "recorder":
+                    ph[p] = self.phase_recorder()
+                elif p == "scaling":
+                    ph[p] = self.phase_scaling()
+                elif p == "endpoints":
+                    ph[p] = self.phase_endpoints()
+            except Exception as ex:  # a failed phase is reported; the others still run
+                import traceback
+                traceback.print_exc()
+                log(f"phase {p} FAILED: {ex}")
+                ph[p] = {"failed": str(ex)}
+                failures.append(p)
+            ph.setdefault(p, {})["phase_s"] = round(time.time() - t, 1)
+        self.results["loadavg_end"] = loadavg()
+        self.results["duration_s"] = round((datetime.datetime.now() - started).total_seconds(), 1)
+        import report  # bench/report.py: table, plots, files
+        report.write(self.results, a.results, self.work, quick=self.quick)
+        return 1 if failures else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repo", required=True)
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--tool", required=True)
+    ap.add_argument("--stack-dir", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--receiver-port", type=int, required=True)
+    ap.add_argument("--inflight", type=int, default=10000)
+    ap.add_argument("--receiver-threads", type=int, default=2)
+    ap.add_argument("--wrk-threads", type=int, default=2)
+    ap.add_argument("--latency-rate", type=int, default=5000,
+                    help="max rate assumed by --only latency without e2e (half is paced)")
+    ap.add_argument("--command", default="bench/run.sh")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.exit(Bench(a).main())
+
+
+if __name__ == "__main__":
+    main()

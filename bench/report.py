@@ -1,0 +1,345 @@
+"""Turns bench.py's results into the committed files: <stem>.json, <stem>.txt (the printed
+table, the machine, the command), <stem>-throughput.png and <stem>-latency-cdf.png (gnuplot).
+Also usable on its own to redraw a committed JSON:  python3 bench/report.py results.json
+"""
+
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+
+def fmt(v, unit="", digits=0):
+    if v is None:
+        return "n/a"
+    if isinstance(v, (int, float)):
+        s = f"{v:,.{digits}f}"
+        return f"{s}{unit}"
+    return str(v)
+
+
+def ratio(v, base):
+    if not v or not base:
+        return ""
+    return f"{v / base:.2f}"
+
+
+def mb(kb):
+    return None if kb is None else kb / 1024
+
+
+def run_rate(run):
+    """Deliveries/s of a drain: the after-production window when there is one (scaling and
+    10,000-endpoint runs), else the median of the per-second counts."""
+    w = (run.get("window") or {}).get("aggregate_rate")
+    return w if w else run.get("rate_median_1s")
+
+
+def verdict(ok):
+    return "MET" if ok else "MISSED"
+
+
+def table(r):
+    ph = r["phases"]
+    m = r["machine"]
+    rows = []   # (figure, value, ratio to raw HTTP)
+    wrk = ph.get("wrk", {})
+    base = wrk.get("requests_per_s")
+
+    def add(name, value, rate=None):
+        rows.append((name, value, ratio(rate, base) if rate is not None else ""))
+
+    if "requests_per_s" in wrk:
+        add(f"raw HTTP: wrk -t{wrk['threads']} -c{wrk['connections']} POST /ok, receiver "
+            f"{wrk['receiver_threads']} threads", fmt(base, " req/s"), base)
+        if wrk.get("wrk_cpu_s_per_10k") is not None:
+            add("  CPU s per 10,000 requests in that run",
+                f"wrk client {wrk['wrk_cpu_s_per_10k']:.2f}, receiver "
+                f"{fmt(wrk.get('receiver_cpu_s_per_10k'), '', 2)}")
+    elif "wrk" in ph:
+        add("raw HTTP (wrk)", "FAILED: " + ph["wrk"].get("failed", "?"))
+    pr = ph.get("produce", {})
+    if "records_per_s" in pr:
+        add(f"producer: bench/produce.sh, {pr['records']:,} x {pr['body_bytes']} B",
+            fmt(pr["records_per_s"], " rec/s"), pr["records_per_s"])
+    elif "produce" in ph:
+        add("producer", "FAILED: " + ph["produce"].get("failed", "?"))
+    e2e = ph.get("e2e", {})
+    if "rate_median_1s" in e2e:
+        add(f"end to end: 1 consumer drains {e2e['deliveries']:,} (100 endpoints), median of 1-s",
+            fmt(e2e["rate_median_1s"], " deliv/s"), e2e["rate_median_1s"])
+        add("end to end: same run, mean first..last outcome", fmt(e2e["rate_mean"], " deliv/s"),
+            e2e["rate_mean"])
+    elif "e2e" in ph:
+        add("end to end", "FAILED: " + ph["e2e"].get("failed", "?"))
+    sc = ph.get("scaling", {})
+    one = None
+    for c, run in sorted(sc.get("runs", {}).items(), key=lambda kv: int(kv[0])):
+        if "failed" in run:
+            add(f"scaling: {c} consumer(s)", "FAILED: " + run["failed"])
+            continue
+        rate = run_rate(run)
+        if c == "1":
+            one = rate
+        per = ""
+        if c != "1" and run.get("window", {}).get("pods"):
+            per = " (" + " + ".join(fmt(p["rate"]) for p in run["window"]["pods"].values()) + ")"
+        x = f", x{rate / one:.2f} of 1" if one and c != "1" else ""
+        add(f"scaling: {c} consumer(s), 8 partitions, {sc['deliveries']:,} deliveries",
+            fmt(rate, " deliv/s") + per + x, rate)
+    eps = ph.get("endpoints", {})
+    if "rate_median_1s" in eps:
+        rate = run_rate(eps)
+        x = f", x{rate / one:.2f} of 100 endpoints" if one else ""
+        add(f"10,000 endpoints: 1 consumer, {eps['deliveries']:,} deliveries",
+            fmt(rate, " deliv/s") + x, rate)
+    elif "endpoints" in ph:
+        add("10,000 endpoints", "FAILED: " + ph["endpoints"].get("failed", "?"))
+    rec = ph.get("recorder", {})
+    if rec:
+        if rec.get("available") and rec.get("outcomes_per_s"):
+            add(f"recorder: bench/recorder.sh, {rec['records']:,} outcomes into PostgreSQL",
+                fmt(rec["outcomes_per_s"], " outcomes/s"), rec["outcomes_per_s"])
+        elif rec.get("available") and rec.get("exit"):
+            add("recorder", f"FAILED: bench/recorder.sh exited {rec['exit']}")
+        else:
+            add("recorder", "not available: " + rec.get("reason", rec.get("failed", "?")))
+    lat = ph.get("latency", {})
+    for prof, run in lat.get("runs", {}).items():
+        if "e2e_ms" not in run:
+            continue
+        e = run["e2e_ms"]
+        label = ("producer library, linger.ms=50" if prof == "lib"
+                 else "SL_KAFKA_LATENCY producer, linger.ms=2")
+        add(f"latency at {lat['rate']:,}/s ({label}) P50/P95/P99",
+            f"{e['p50']:.0f} / {e['p95']:.0f} / {e['p99']:.0f} ms"
+            f" (publish->ack P99 {run['pace']['ack_ms']['p99']:.0f} ms)")
+    if "latency" in ph and "failed" in ph["latency"]:
+        add("latency", "FAILED: " + ph["latency"]["failed"])
+    if "e2e_ms" in e2e:
+        e = e2e["e2e_ms"]
+        add("drain latency (queueing behind the backlog) P50/P99",
+            f"{e['p50'] / 1000:.1f} / {e['p99'] / 1000:.1f} s")
+        h = e2e["http_ms"]
+        add("HTTP request time in the consumer during the drain P50/P99",
+            f"{h['p50']:.1f} / {h['p99']:.1f} ms")
+    if "cpu_s_per_10k" in e2e:
+        c = e2e["cpu_s_per_10k"]
+        cons = c.get("consumers_total")
+        parts = [("consumer", cons), ("receiver", c.get("receiver")), ("broker", c.get("broker")),
+                 ("redis", c.get("redis"))]
+        total = sum(v for _, v in parts if v)
+        add("CPU s per 10,000 deliveries (e2e run)",
+            ", ".join(f"{k} {fmt(v, '', 2)}" for k, v in parts) + f"; sum {total:.2f}")
+        if total:
+            add("  => whole-stack CPU per delivery; max rate if 2 cores were ours",
+                f"{total * 100:.0f} us; {2 / (total / 10000):,.0f} deliv/s")
+        rss = e2e["peak_rss_kb"]
+        cname = [k for k in rss if k.startswith("e2e-c")]
+        add(f"peak RSS (e2e run, consumer in flight up to {e2e.get('consumer_peak_inflight')})",
+            f"consumer {fmt(mb(rss.get(cname[0]) if cname else None), ' MB')}, receiver "
+            f"{fmt(mb(rss.get('receiver')), ' MB')}, broker JVM "
+            f"{fmt(mb(rss.get('broker_sampled')), ' MB')}")
+    # widths
+    w0 = max(len(x[0]) for x in rows) if rows else 10
+    w1 = max(len(x[1]) for x in rows) if rows else 10
+    out = [f"Sluice benchmark {r['date']} ({r['mode']} run, {r.get('duration_s', '?')} s)", ""]
+    out.append(f"{'figure'.ljust(w0)}  {'value'.ljust(w1)}  ratio to raw HTTP")
+    out.append(f"{'-' * w0}  {'-' * w1}  -----------------")
+    for a, b, c in rows:
+        out.append(f"{a.ljust(w0)}  {b.ljust(w1)}  {c}")
+    out.append("")
+    out += targets(r)
+    out.append("")
+    out.append(f"machine:  {m['nproc']} x {m['model_name']}, {m['mem_total_gib']} GiB, kernel "
+               f"{m['kernel']}, load average at start {' '.join(str(x) for x in m['loadavg_start'])}"
+               f", at end {' '.join(str(x) for x in r.get('loadavg_end', []))}")
+    out.append(f"          {m['note']}; {m['broker']}; git {m['git']}; {m['build']}")
+    out.append(f"          libraries {json.dumps(m['libraries'])}; {m['wrk']}")
+    busy = e2e.get("machine_busy_fraction")
+    if busy is not None:
+        out.append(f"          machine CPU busy during the e2e drain: {busy * 100:.0f}% of both cores, "
+                   f"{e2e.get('others_cores', 0):.2f} cores of it used by other people's processes")
+    out.append(f"reproduce: {r['command']}")
+    return "\n".join(out) + "\n"
+
+
+def targets(r):
+    ph = r["phases"]
+    t = r["targets"]
+    out = ["targets:"]
+    e2e = ph.get("e2e", {})
+    rate = e2e.get("rate_median_1s")
+    if rate is not None:
+        out.append(f"  >= {t['e2e_rate']:,} deliveries/s end to end: {verdict(rate >= t['e2e_rate'])}"
+                   f" ({rate:,.0f}/s)")
+    lat = ph.get("latency", {}).get("runs", {})
+    for prof, run in lat.items():
+        if "e2e_ms" in run:
+            p99 = run["e2e_ms"]["p99"]
+            out.append(f"  P99 < {t['p99_ms']} ms at half rate ({prof}): "
+                       f"{verdict(p99 < t['p99_ms'])} ({p99:.0f} ms at {ph['latency']['rate']:,}/s)")
+    rss = e2e.get("peak_rss_kb", {})
+    cname = [k for k in rss if k.startswith("e2e-c")]
+    if cname and rss.get(cname[0]):
+        v = rss[cname[0]] / 1024
+        out.append(f"  consumer RSS < {t['rss_mb']} MB with {r['settings']['consumer_max_inflight']:,}"
+                   f" max in flight (reached {e2e.get('consumer_peak_inflight'):,}): "
+                   f"{verdict(v < t['rss_mb'])} ({v:.0f} MB)")
+    sc = ph.get("scaling", {}).get("runs", {})
+    if "1" in sc and "2" in sc and "rate_median_1s" in sc["1"] and "rate_median_1s" in sc["2"]:
+        one, two = run_rate(sc["1"]), run_rate(sc["2"])
+        busy = sc["2"].get("machine_busy_fraction")
+        others = sc["2"].get("others_cores")
+        out.append(f"  near-linear 1 -> 2 consumers: x{two / one:.2f}"
+                   + (f" (machine CPU {busy * 100:.0f}% busy during the 2-consumer run, "
+                      f"{others:.2f} cores of it other people's work)" if busy is not None else ""))
+    return out
+
+
+# ---------------------------------------------------------------------------- plots
+
+def terminal():
+    try:
+        t = subprocess.run(["gnuplot", "-e", "set terminal"], capture_output=True, text=True)
+        text = t.stdout + t.stderr
+    except OSError:
+        return None
+    if "pngcairo" in text:
+        return "pngcairo size 1000,600 font ',10'"
+    if " png " in text or "\npng" in text or "png " in text:
+        return "png size 1000,600"
+    return None
+
+
+def thin_cdf(src, dst, points=1500):
+    rows = []
+    with open(src) as f:
+        for line in f:
+            if not line.startswith("#"):
+                a, b = line.split()
+                rows.append((max(float(a), 0.5), float(b)))
+    if len(rows) > points:
+        step = len(rows) / points
+        rows = [rows[int(i * step)] for i in range(points)] + [rows[-1]]
+    with open(dst, "w") as f:
+        for a, b in rows:
+            f.write(f"{a} {b}\n")
+    return len(rows)
+
+
+def plots(r, outdir, stem, work):
+    term = terminal()
+    if not term or not shutil.which("gnuplot"):
+        return ["gnuplot with a png terminal not available: no plots"]
+    made = []
+    ph = r["phases"]
+    # throughput over time
+    series = []
+    for label, run in [("e2e, 1 consumer, 100 endpoints", ph.get("e2e", {}))] + [
+            (f"scaling, {c} consumer(s)", run) for c, run in
+            sorted(ph.get("scaling", {}).get("runs", {}).items())] + [
+            ("10,000 endpoints, 1 consumer", ph.get("endpoints", {}))]:
+        rows = (run.get("series") or {}).get("rows")
+        if not rows:
+            continue
+        nz = [i for i, row in enumerate(rows) if row[1] > 0]
+        if not nz:
+            continue
+        path = os.path.join(work, f"plot-tp-{len(series)}.dat")
+        with open(path, "w") as f:
+            for row in rows[nz[0]:nz[-1] + 1]:
+                f.write(f"{row[0] - rows[nz[0]][0]} {row[1]}\n")
+        series.append((label, path))
+    if series:
+        png = os.path.join(outdir, f"{stem}-throughput.png")
+        base = ph.get("wrk", {}).get("requests_per_s")
+        gp = [f"set terminal {term}", f"set output '{png}'",
+              "set title 'Deliveries per second (outcome timestamps), " + r["date"] + "'",
+              "set xlabel 'seconds since the first delivery'", "set ylabel 'delivered / s'",
+              "set grid", "set key outside bottom center horizontal", "set yrange [0:*]"]
+        plot = [f"'{p}' using 1:2 with lines lw 2 title '{t}'" for t, p in series]
+        if base:
+            plot.append(f"{base} with lines dt 2 lc rgb 'gray' title 'raw HTTP (wrk)'")
+        gp.append("plot " + ", ".join(plot))
+        run_gp(gp, work, "throughput")
+        made.append(png)
+    # latency CDF
+    cdfs = []
+    lat = ph.get("latency", {})
+    for prof, run in lat.get("runs", {}).items():
+        if run.get("cdf_file") and os.path.exists(run["cdf_file"]):
+            dst = os.path.join(work, f"plot-cdf-{prof}.dat")
+            thin_cdf(run["cdf_file"], dst)
+            label = ("paced at %s/s, producer library (linger 50 ms)" if prof == "lib" else
+                     "paced at %s/s, latency profile (linger 2 ms)") % f"{lat['rate']:,}"
+            cdfs.append((label, dst))
+    e2e = ph.get("e2e", {})
+    if e2e.get("cdf_file") and os.path.exists(e2e["cdf_file"]):
+        dst = os.path.join(work, "plot-cdf-e2e.dat")
+        thin_cdf(e2e["cdf_file"], dst)
+        cdfs.append(("draining a 1M backlog (queueing)", dst))
+    if cdfs:
+        png = os.path.join(outdir, f"{stem}-latency-cdf.png")
+        gp = [f"set terminal {term}", f"set output '{png}'",
+              "set title 'Publish-to-delivered latency CDF (outcome ts_ms - created_ms), "
+              + r["date"] + "'",
+              "set xlabel 'latency (ms, log scale)'", "set ylabel 'fraction delivered'",
+              "set logscale x", "set grid", "set key bottom right", "set yrange [0:1]",
+              f"set arrow from {r['targets']['p99_ms']},0 to {r['targets']['p99_ms']},1 nohead dt 2 lc rgb 'red'",
+              "set label 'P99 target' at %d,0.05 tc rgb 'red'" % r["targets"]["p99_ms"]]
+        gp.append("plot " + ", ".join(f"'{p}' using 1:2 with lines lw 2 title '{t}'"
+                                      for t, p in cdfs))
+        run_gp(gp, work, "cdf")
+        made.append(png)
+    return made
+
+
+def run_gp(lines, work, tag):
+    path = os.path.join(work, f"plot-{tag}.gp")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    subprocess.run(["gnuplot", path], check=False, capture_output=True)
+
+
+# ---------------------------------------------------------------------------- files
+
+def strip(r):
+    """A copy for the committed JSON: per-second series kept, bulky per-process CPU samples
+    thinned, local file paths dropped."""
+    def clean(o):
+        if isinstance(o, dict):
+            return {k: clean(v) for k, v in o.items()
+                    if not k.endswith("_file")}
+        if isinstance(o, list):
+            return [clean(v) for v in o]
+        return o
+    return clean(r)
+
+
+def write(r, outdir, work, quick=False):
+    os.makedirs(outdir, exist_ok=True)
+    day = r["date"][:10]
+    stem = f"{day}-{r['machine']['host']}" + ("-quick" if quick else "")
+    made = plots(r, outdir, stem, work)
+    r["plots"] = [os.path.basename(p) for p in made if p.endswith(".png")]
+    txt = table(r)
+    with open(os.path.join(outdir, f"{stem}.json"), "w") as f:
+        json.dump(strip(r), f, indent=1)
+        f.write("\n")
+    with open(os.path.join(outdir, f"{stem}.txt"), "w") as f:
+        f.write(txt)
+        if r["plots"]:
+            f.write("plots:    " + ", ".join(r["plots"]) + "\n")
+    print(txt, end="")
+    print(f"results:  {os.path.join(outdir, stem)}.json, .txt" +
+          ("".join(f", {p}" for p in r["plots"])))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python3 bench/report.py RESULTS.json   (prints the table)")
+    with open(sys.argv[1]) as f:
+        print(table(json.load(f)), end="")

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The Sluice benchmark suite: one command, every figure side by side in one run on this
+# machine, against a private stack it starts (and stops) itself. Not a test: it exits non-zero
+# only when a run fails, never for a missed target. See bench/README.md.
+#
+#   bench/run.sh            full run (1,000,000 deliveries end to end; about 15 minutes)
+#   bench/run.sh --quick    100,000 deliveries and shorter phases, for iteration (about 5 min)
+#   bench/run.sh --only wrk,produce,e2e,latency,recorder,scaling,endpoints   a subset
+#
+# Steps: Release build into build/bench (cmake, -j2) -> sl-bench helper tool compiled against
+# it -> private stack (scripts/stack.sh, SLUICE_STACK_DIR=<tmp>, SLUICE_PORT_BASE) ->
+# bench/bench.py runs the phases and writes bench/results/<date>-<host>[-quick].{json,txt}
+# and the PNG plots -> stack stopped and its directory removed.
+#
+# Env (all optional):
+#   BENCH_PORT_BASE (33000)   SLUICE_PORT_BASE of the private stack; the receiver listens on
+#                             BENCH_PORT_BASE+10
+#   BENCH_STACK_DIR           reuse this stack dir and leave the stack running afterwards
+#                             (default: a fresh mktemp dir, stopped and removed at the end)
+#   BENCH_BUILD_DIR           build dir (default <repo>/build/bench); BENCH_SKIP_BUILD=1 to
+#                             use it as it is
+#   BENCH_RESULTS_DIR         where results go (default <repo>/bench/results)
+#   BENCH_INFLIGHT (10000)    SLUICE_MAX_INFLIGHT of the consumers (per endpoint: / 100)
+#   BENCH_KEEP_TMP=1          keep the work dir (logs, raw series) under $TMPDIR
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$SCRIPT_DIR/.." && pwd)
+BUILD_DIR="${BENCH_BUILD_DIR:-$REPO_DIR/build/bench}"
+PORT_BASE="${BENCH_PORT_BASE:-33000}"
+ARGS=("$@")
+
+say() { printf '[bench] %s\n' "$*" >&2; }
+die() { printf '[bench] ERROR: %s\n' "$*" >&2; exit 1; }
+
+for a in "$@"; do
+  case "$a" in
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  esac
+done
+
+for tool in cmake cc wrk gnuplot psql curl python3 pkg-config; do
+  command -v "$tool" >/dev/null 2>&1 || die "$tool not found: run scripts/setup.sh (wrk, gnuplot-nox and postgresql-client are Debian packages)"
+done
+[ -f "${SLUICE_CACHE_DIR:-${HOME:-/root}/.cache/sluice}/kafka-4.3.1/libs/kafka-clients-4.3.1.jar" ] ||
+  say "Kafka jars not found in the cache: scripts/stack.sh will say what is missing (run scripts/setup.sh)"
+
+# ---- build (Release) -------------------------------------------------------------------
+if [ "${BENCH_SKIP_BUILD:-0}" != 1 ]; then
+  say "building Release into $BUILD_DIR"
+  cmake -S "$REPO_DIR" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSL_TESTS=ON >/dev/null ||
+    die "cmake configure failed"
+  cmake --build "$BUILD_DIR" -j2 --target sluice-consumer sluice-produce sluicectl \
+    sluice-receiver sl-test-topic >/dev/null || die "build failed"
+  # the recorder phase (bench/recorder.sh) needs these; a failure is reported by that phase
+  for t in sluice-recorder sl-test-outcomes; do
+    if cmake --build "$BUILD_DIR" --target help 2>/dev/null | grep -q "\.\.\. $t\$"; then
+      cmake --build "$BUILD_DIR" -j2 --target "$t" >/dev/null 2>&1 || say "$t did not build"
+    fi
+  done
+fi
+for bin in consumer/sluice-consumer producer/sluice-produce ctl/sluicectl \
+           tests/receiver/sluice-receiver tests/integration/sl-test-topic; do
+  [ -x "$BUILD_DIR/$bin" ] || die "$BUILD_DIR/$bin missing (build failed?)"
+done
+
+# The helper tool links the static libraries of this build (bench/ is not a CMake subdir).
+mkdir -p "$BUILD_DIR/bench"
+TOOL="$BUILD_DIR/bench/sl-bench"
+if [ ! -x "$TOOL" ] || [ "$SCRIPT_DIR/sl_bench.c" -nt "$TOOL" ] ||
+   [ "$BUILD_DIR/common/libsluice_common.a" -nt "$TOOL" ] ||
+   [ "$BUILD_DIR/producer/libsluice_producer.a" -nt "$TOOL" ]; then
+  say "compiling $TOOL"
+  # shellcheck disable=SC2046
+  cc -O2 -g -std=c11 -D_GNU_SOURCE -DSL_VERSION='"bench"' -DOPENSSL_API_COMPAT=30000 \
+     -DOPENSSL_NO_DEPRECATED -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+     -Wformat=2 -Wvla -Wconversion -Wno-sign-conversion -Wcast-qual -Wundef -Werror \
+     -I"$REPO_DIR" "$SCRIPT_DIR/sl_bench.c" \
+     "$BUILD_DIR/producer/libsluice_producer.a" "$BUILD_DIR/common/libsluice_common.a" \
+     $(pkg-config --libs rdkafka hiredis libcurl libpq libcrypto msgpack jansson) -lm -lpthread \
+     -o "$TOOL" || die "could not compile bench/sl_bench.c"
+fi
+
+# ---- private stack -----------------------------------------------------------------------
+OWN_STACK=0
+if [ -n "${BENCH_STACK_DIR:-}" ]; then
+  STACK_DIR=$BENCH_STACK_DIR
+else
+  STACK_DIR=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench-stack.XXXXXX")
+  OWN_STACK=1
+fi
+WORK_DIR=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench-work.XXXXXX")
+stack() { SLUICE_STACK_DIR="$STACK_DIR" SLUICE_PORT_BASE="$PORT_BASE" "$REPO_DIR/scripts/stack.sh" "$@"; }
+cleanup() {
+  local rc=$?
+  if [ "$OWN_STACK" = 1 ]; then
+    say "stopping the private stack ($STACK_DIR)"
+    stack stop >/dev/null 2>&1 || true
+    rm -rf "$STACK_DIR"
+  fi
+  if [ "${BENCH_KEEP_TMP:-0}" = 1 ] || [ "$rc" -ne 0 ]; then
+    say "work dir kept: $WORK_DIR"
+  else
+    rm -rf "$WORK_DIR"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "starting a private stack in $STACK_DIR (port base $PORT_BASE)"
+stack start >"$WORK_DIR/stack.log" 2>&1 || { tail -n 30 "$WORK_DIR/stack.log" >&2; die "could not start the stack"; }
+eval "$(stack env)"
+export SLUICE_KAFKA_BROKERS SLUICE_REDIS_URL SLUICE_PG_DSN
+
+# ---- the phases --------------------------------------------------------------------------
+CMDLINE="bench/run.sh${ARGS[*]:+ ${ARGS[*]}}"
+PYTHONDONTWRITEBYTECODE=1 python3 "$SCRIPT_DIR/bench.py" \
+  --repo "$REPO_DIR" --build "$BUILD_DIR" --tool "$TOOL" --stack-dir "$STACK_DIR" \
+  --work "$WORK_DIR" --results "${BENCH_RESULTS_DIR:-$REPO_DIR/bench/results}" \
+  --receiver-port $((PORT_BASE + 10)) --inflight "${BENCH_INFLIGHT:-10000}" \
+  --command "$CMDLINE" "$@"

@@ -1,0 +1,641 @@
+/*
+ * sl-bench: helper tool for bench/run.sh (not part of the product; built by bench/run.sh
+ * against the libraries of a Release build, see bench/README.md).
+ *
+ *   sl-bench pace --rate R --count N [--endpoints K] [--prefix P] [--body-bytes B]
+ *                 [--run-id ID] [--profile lib|latency]
+ *       Publishes N synthetic deliveries (producer/prod_gen.h, the generator behind
+ *       sluice-produce --generate) at R records/s to topic_deliveries, then waits for every
+ *       acknowledgement. --profile lib (default) publishes through the application library
+ *       producer/sluice_producer.h (SL_KAFKA_THROUGHPUT: linger.ms=50); --profile latency
+ *       uses common/sl_kafka's SL_KAFKA_LATENCY profile (linger.ms=2) with the same record
+ *       codec. Prints one JSON object: published, failed, elapsed_s, rate, lag (how far the
+ *       pacer fell behind its schedule) and publish->ack latency percentiles in ms.
+ *
+ *   sl-bench outcomes [--expect N] [--timeout-s S] [--idle-ms MS] [--id-prefix P]
+ *                     [--t0-ms T] [--series FILE] [--cdf FILE]
+ *       Reads topic_outcomes from the beginning (all partitions) until every partition is at
+ *       its end and, with --expect, N delivered outcomes were seen (or --timeout-s passed).
+ *       Only outcomes whose event id starts with P count. Prints one JSON object: outcomes
+ *       by state, delivered count, first/last outcome time, publish->delivered latency
+ *       (outcome ts_ms - created_ms) percentiles, HTTP request latency (lat_us)
+ *       percentiles, and per-pod delivered counts. --series writes delivered outcomes per
+ *       second (by outcome ts_ms, seconds since --t0-ms): "sec total pod1 pod2 ...";
+ *       --cdf writes the publish->delivered latency CDF: "latency_ms fraction".
+ *
+ *   sl-bench endpoints-sql --count N --prefix P --url-base URL
+ *       Prints SQL (COPY) that registers endpoints P0..P(N-1) with url URL<id> and one fresh
+ *       signing secret each, sealed with SLUICE_MASTER_KEY exactly as sluicectl does; pipe
+ *       it to psql, then run `sluicectl endpoints sync` to publish them. Registering 10,000
+ *       endpoints one `sluicectl endpoints add` at a time takes about 20 minutes here.
+ *
+ * Configuration comes from SLUICE_* variables through the common loader (brokers, topics,
+ * master key), as for every Sluice process.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <librdkafka/rdkafka.h>
+
+#include "common/sl_cfg.h"
+#include "common/sl_kafka.h"
+#include "common/sl_log.h"
+#include "common/sl_mem.h"
+#include "common/sl_record.h"
+#include "common/sl_secretbox.h"
+#include "common/sl_sign.h"
+#include "producer/prod_gen.h"
+#include "producer/sluice_producer.h"
+
+#define PROG "sl-bench"
+
+extern char **environ;
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, PROG ": ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+static int64_t num_arg(const char *name, const char *s, int64_t lo, int64_t hi)
+{
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || !end || *end || v < lo || v > hi)
+        die("bad value for %s", name);
+    return (int64_t)v;
+}
+
+static void load_cfg(struct sl_config *cfg)
+{
+    if (sl_cfg_load(cfg, NULL, environ, stderr) != 0)
+        exit(78);
+    sl_log_init(PROG, SL_LOG_WARN, 0);
+}
+
+/* ==== Histograms: fixed-width buckets with an overflow bucket ==== */
+
+struct hist {
+    uint64_t *b;     /* counts per bucket */
+    size_t n;        /* buckets, the last one counts overflow */
+    double width;    /* bucket width in the unit reported (ms) */
+    uint64_t count;  /* samples */
+    double sum;      /* sum of samples, for the mean */
+    double max;      /* largest sample */
+};
+
+static void hist_init(struct hist *h, size_t n, double width)
+{
+    memset(h, 0, sizeof(*h));
+    h->b = sl_xcalloc(n, sizeof(*h->b));
+    h->n = n;
+    h->width = width;
+}
+
+static void hist_add(struct hist *h, double v)
+{
+    if (v < 0)
+        v = 0;
+    size_t i = (size_t)(v / h->width);
+    if (i >= h->n)
+        i = h->n - 1;
+    h->b[i]++;
+    h->count++;
+    h->sum += v;
+    if (v > h->max)
+        h->max = v;
+}
+
+/* Value at quantile q (upper edge of the bucket holding it). */
+static double hist_q(const struct hist *h, double q)
+{
+    if (h->count == 0)
+        return 0;
+    uint64_t want = (uint64_t)((double)h->count * q);
+    if (want >= h->count)
+        want = h->count - 1;
+    uint64_t acc = 0;
+    for (size_t i = 0; i < h->n; i++) {
+        acc += h->b[i];
+        if (acc > want)
+            return i + 1 == h->n ? h->max : (double)(i + 1) * h->width;
+    }
+    return h->max;
+}
+
+static void hist_json(FILE *f, const char *name, const struct hist *h)
+{
+    fprintf(f,
+            "\"%s\":{\"count\":%" PRIu64 ",\"mean\":%.3f,\"p50\":%.3f,\"p90\":%.3f,"
+            "\"p95\":%.3f,\"p99\":%.3f,\"p999\":%.3f,\"max\":%.3f}",
+            name, h->count, h->count ? h->sum / (double)h->count : 0.0, hist_q(h, 0.50),
+            hist_q(h, 0.90), hist_q(h, 0.95), hist_q(h, 0.99), hist_q(h, 0.999), h->max);
+}
+
+static void hist_fini(struct hist *h)
+{
+    free(h->b);
+    h->b = NULL;
+}
+
+/* ==== pace ==== */
+
+struct pacer {
+    struct hist ack;   /* publish -> acknowledged, ms */
+    uint64_t acked;    /* acknowledged records */
+    uint64_t failed;   /* failed records */
+};
+
+static int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void pace_done(struct pacer *pc, int64_t t_pub_us, int failed)
+{
+    if (failed) {
+        pc->failed++;
+        return;
+    }
+    pc->acked++;
+    hist_add(&pc->ack, (double)(mono_us() - t_pub_us) / 1000.0);
+}
+
+static struct pacer *g_pacer; /* the callbacks below have no room for two pointers */
+
+static void lib_done(void *opaque, int status, const char *reason)
+{
+    (void)reason;
+    pace_done(g_pacer, (int64_t)(intptr_t)opaque, status != 0);
+}
+
+static void rk_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+    (void)rk;
+    (void)opaque;
+    pace_done(g_pacer, (int64_t)(intptr_t)m->_private, m->err != RD_KAFKA_RESP_ERR_NO_ERROR);
+}
+
+static int cmd_pace(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        {"rate", required_argument, NULL, 'r'},       {"count", required_argument, NULL, 'n'},
+        {"endpoints", required_argument, NULL, 'k'},  {"prefix", required_argument, NULL, 'p'},
+        {"body-bytes", required_argument, NULL, 'b'}, {"run-id", required_argument, NULL, 'i'},
+        {"profile", required_argument, NULL, 'P'},    {NULL, 0, NULL, 0}};
+    int64_t rate = 0, count = 0, endpoints = 100, body = 512;
+    const char *prefix = "ep_", *run = NULL, *profile = "lib";
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'r': rate = num_arg("--rate", optarg, 1, 10000000); break;
+        case 'n': count = num_arg("--count", optarg, 1, 1000000000); break;
+        case 'k': endpoints = num_arg("--endpoints", optarg, 1, PROD_GEN_MAX_ENDPOINTS); break;
+        case 'p': prefix = optarg; break;
+        case 'b': body = num_arg("--body-bytes", optarg, 0, 16777216); break;
+        case 'i': run = optarg; break;
+        case 'P': profile = optarg; break;
+        default: return 2;
+        }
+    }
+    if (!rate || !count)
+        die("%s", "pace needs --rate and --count");
+    bool lib = strcmp(profile, "lib") == 0;
+    if (!lib && strcmp(profile, "latency") != 0)
+        die("unknown --profile %s (lib or latency)", profile);
+    struct sl_config cfg;
+    load_cfg(&cfg);
+    sl_err_t err;
+    struct prod_gen g;
+    if (prod_gen_init(&g, (uint64_t)count, (uint32_t)endpoints, (size_t)body,
+                      (size_t)cfg.max_body_bytes, prefix, "bench.paced", run, &err) != 0)
+        die("%s", err.msg);
+    struct pacer pc;
+    memset(&pc, 0, sizeof(pc));
+    hist_init(&pc.ack, 600000, 0.1); /* 0.1 ms buckets up to 60 s */
+    g_pacer = &pc;
+    sluice_producer_t *p = NULL;
+    rd_kafka_t *rk = NULL;
+    struct sl_buf enc;
+    sl_buf_init(&enc, (size_t)cfg.max_body_bytes * 2 + SL_RECORD_OVERHEAD);
+    if (lib) {
+        p = sluice_producer_new(&cfg, &err);
+        if (!p)
+            die("%s", err.msg);
+    } else {
+        rk = sl_kafka_producer_new(&cfg, "sl-bench-pace", SL_KAFKA_LATENCY, NULL, rk_dr, &err);
+        if (!rk)
+            die("%s", err.msg);
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    uint64_t sent = 0, send_fail = 0;
+    int64_t max_lag_us = 0;
+    int64_t t0 = mono_us();
+    const struct sl_delivery *d;
+    while (!g_stop && (d = prod_gen_next(&g)) != NULL) {
+        int64_t due = t0 + (int64_t)((double)sent * 1e6 / (double)rate);
+        for (;;) {
+            int64_t now = mono_us();
+            if (now >= due) {
+                if (now - due > max_lag_us)
+                    max_lag_us = now - due;
+                break;
+            }
+            if (lib)
+                sluice_producer_poll(p, 0);
+            else
+                rd_kafka_poll(rk, 0);
+            int64_t left = due - mono_us();
+            if (left > 200) {
+                struct timespec ts = {0, (long)((left > 1000 ? 1000 : left) - 100) * 1000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        /* created-at is the moment of publishing: prod_gen stamps it in prod_gen_next, so
+         * re-stamp it here, after the wait */
+        struct sl_delivery rec = *d;
+        rec.ts_ms = (uint64_t)sl_now_ms();
+        void *opaque = (void *)(intptr_t)mono_us();
+        int rc;
+        if (lib) {
+            rc = sluice_producer_publish(p, &rec, lib_done, opaque, &err);
+        } else {
+            sl_buf_reset(&enc);
+            rc = sl_delivery_encode(&rec, &enc, &err);
+            if (rc == 0)
+                rc = sl_kafka_produce(rk, cfg.topic_deliveries, rec.ep, strlen(rec.ep),
+                                      enc.data, enc.len, opaque, 10000, &err);
+        }
+        if (rc != 0) {
+            send_fail++;
+            fprintf(stderr, PROG ": publish failed: %s\n", err.msg);
+            if (send_fail > 10)
+                break;
+        } else {
+            sent++;
+        }
+        if ((sent & 63) == 0) {
+            if (lib)
+                sluice_producer_poll(p, 0);
+            else
+                rd_kafka_poll(rk, 0);
+        }
+    }
+    int64_t t_sent = mono_us();
+    if (lib) {
+        sluice_producer_flush(p, 60000, NULL);
+        sluice_producer_destroy(p);
+    } else {
+        rd_kafka_flush(rk, 60000);
+        rd_kafka_destroy(rk);
+    }
+    double el = (double)(t_sent - t0) / 1e6;
+    printf("{\"profile\":\"%s\",\"linger_ms\":%d,\"target_rate\":%" PRId64 ",\"sent\":%" PRIu64
+           ",\"published\":%" PRIu64 ",\"failed\":%" PRIu64
+           ",\"elapsed_s\":%.3f,\"rate\":%.1f,\"max_lag_ms\":%.3f,",
+           profile, lib ? 50 : 2, rate, sent, pc.acked, pc.failed + send_fail, el,
+           el > 0 ? (double)sent / el : 0.0, (double)max_lag_us / 1000.0);
+    hist_json(stdout, "ack_ms", &pc.ack);
+    printf("}\n");
+    hist_fini(&pc.ack);
+    sl_buf_fini(&enc);
+    prod_gen_fini(&g);
+    sl_cfg_fini(&cfg);
+    return pc.acked == (uint64_t)count ? 0 : 1;
+}
+
+/* ==== outcomes ==== */
+
+#define MAX_PODS   16
+#define MAX_SECS   7200 /* per-second series length, s */
+
+struct pod {
+    char name[SL_POD_MAX + 1];   /* instance id */
+    uint64_t delivered;          /* delivered outcomes */
+    uint64_t first_ms, last_ms;  /* first/last delivered outcome, unix ms */
+    uint32_t *per_s;             /* delivered per second since t0 */
+};
+
+static struct pod *pod_of(struct pod *pods, int *npods, const char *name)
+{
+    for (int i = 0; i < *npods; i++) {
+        if (strcmp(pods[i].name, name) == 0)
+            return &pods[i];
+    }
+    if (*npods == MAX_PODS)
+        return &pods[MAX_PODS - 1]; /* lumped together; never happens in bench/run.sh */
+    struct pod *p = &pods[(*npods)++];
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "%s", name);
+    p->per_s = sl_xcalloc(MAX_SECS, sizeof(*p->per_s));
+    return p;
+}
+
+static int cmd_outcomes(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        {"expect", required_argument, NULL, 'e'},    {"timeout-s", required_argument, NULL, 't'},
+        {"idle-ms", required_argument, NULL, 'i'},   {"id-prefix", required_argument, NULL, 'p'},
+        {"t0-ms", required_argument, NULL, '0'},     {"series", required_argument, NULL, 's'},
+        {"cdf", required_argument, NULL, 'c'},       {NULL, 0, NULL, 0}};
+    int64_t expect = 0, timeout_s = 600, idle_ms = 3000, t0_ms = 0;
+    const char *prefix = "", *series = NULL, *cdf = NULL;
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'e': expect = num_arg("--expect", optarg, 0, 1000000000); break;
+        case 't': timeout_s = num_arg("--timeout-s", optarg, 1, 86400); break;
+        case 'i': idle_ms = num_arg("--idle-ms", optarg, 1, 3600000); break;
+        case 'p': prefix = optarg; break;
+        case '0': t0_ms = num_arg("--t0-ms", optarg, 0, INT64_MAX); break;
+        case 's': series = optarg; break;
+        case 'c': cdf = optarg; break;
+        default: return 2;
+        }
+    }
+    struct sl_config cfg;
+    load_cfg(&cfg);
+    sl_err_t err;
+    rd_kafka_conf_t *conf = sl_kafka_conf_new(&cfg, "sl-bench-outcomes", &err);
+    if (!conf)
+        die("%s", err.msg);
+    char errstr[256], group[64];
+    snprintf(group, sizeof(group), "sl-bench-%d-%" PRId64, (int)getpid(), sl_now_ms());
+    if (rd_kafka_conf_set(conf, "enable.partition.eof", "true", errstr, sizeof(errstr)) ||
+        rd_kafka_conf_set(conf, "group.id", group, errstr, sizeof(errstr)) ||
+        rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, sizeof(errstr)) ||
+        rd_kafka_conf_set(conf, "fetch.max.bytes", "52428800", errstr, sizeof(errstr)))
+        die("%s", errstr);
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+    if (!rk)
+        die("%s", errstr);
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, cfg.topic_outcomes, NULL);
+    rd_kafka_resp_err_t ke = rd_kafka_metadata(rk, 0, rkt, &md, 10000);
+    rd_kafka_topic_destroy(rkt);
+    if (ke || md->topic_cnt != 1 || md->topics[0].err)
+        die("cannot read metadata of %s", cfg.topic_outcomes);
+    int nparts = md->topics[0].partition_cnt;
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(nparts);
+    for (int i = 0; i < nparts; i++)
+        rd_kafka_topic_partition_list_add(l, cfg.topic_outcomes, md->topics[0].partitions[i].id)
+            ->offset = RD_KAFKA_OFFSET_BEGINNING;
+    rd_kafka_metadata_destroy(md);
+    rd_kafka_assign(rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+
+    struct hist e2e, http;
+    hist_init(&e2e, 3600000, 1.0); /* 1 ms buckets up to 1 h */
+    hist_init(&http, 600000, 0.1); /* 0.1 ms buckets up to 60 s */
+    uint64_t states[SL_OUTCOME_STATE_COUNT] = {0};
+    uint64_t total = 0, undecodable = 0, delivered = 0, first_ms = UINT64_MAX, last_ms = 0;
+    uint64_t before_t0 = 0, late = 0;
+    struct pod pods[MAX_PODS];
+    int npods = 0;
+    size_t plen = strlen(prefix);
+    int eofs = 0;
+    bool *at_eof = sl_xcalloc((size_t)nparts, sizeof(*at_eof));
+    int64_t start = sl_mono_ms(), last_rx = start;
+    while (!g_stop) {
+        int64_t now = sl_mono_ms();
+        if (now - start > timeout_s * 1000)
+            break;
+        bool enough = expect == 0 || delivered >= (uint64_t)expect;
+        if (enough && eofs >= nparts)
+            break;
+        if (expect == 0 && now - last_rx > idle_ms)
+            break;
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        if (!m)
+            continue;
+        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+            if (m->partition >= 0 && m->partition < nparts && !at_eof[m->partition]) {
+                at_eof[m->partition] = true;
+                eofs++;
+            }
+            rd_kafka_message_destroy(m);
+            continue;
+        }
+        if (m->err) {
+            fprintf(stderr, PROG ": %s\n", rd_kafka_message_errstr(m));
+            rd_kafka_message_destroy(m);
+            continue;
+        }
+        last_rx = sl_mono_ms();
+        if (m->partition >= 0 && m->partition < nparts && at_eof[m->partition]) {
+            at_eof[m->partition] = false;
+            eofs--;
+        }
+        struct sl_outcome o;
+        if (sl_outcome_decode(m->payload, m->len, NULL, &o, &err) != 0) {
+            undecodable++;
+            rd_kafka_message_destroy(m);
+            continue;
+        }
+        rd_kafka_message_destroy(m);
+        if (o.id && strncmp(o.id, prefix, plen) == 0) {
+            total++;
+            if ((unsigned)o.state < SL_OUTCOME_STATE_COUNT)
+                states[o.state]++;
+            if (o.state == SL_OUTCOME_DELIVERED) {
+                delivered++;
+                if (o.ts_ms < first_ms)
+                    first_ms = o.ts_ms;
+                if (o.ts_ms > last_ms)
+                    last_ms = o.ts_ms;
+                hist_add(&e2e, (double)((int64_t)o.ts_ms - (int64_t)o.created_ms));
+                hist_add(&http, (double)o.lat_us / 1000.0);
+                struct pod *p = pod_of(pods, &npods, o.pod ? o.pod : "?");
+                p->delivered++;
+                if (!p->first_ms || o.ts_ms < p->first_ms)
+                    p->first_ms = o.ts_ms;
+                if (o.ts_ms > p->last_ms)
+                    p->last_ms = o.ts_ms;
+                int64_t sec = ((int64_t)o.ts_ms - t0_ms) / 1000;
+                if (sec < 0) {
+                    before_t0++;
+                    sec = 0;
+                }
+                if (sec >= MAX_SECS) {
+                    late++;
+                    sec = MAX_SECS - 1;
+                }
+                p->per_s[sec]++;
+            }
+        }
+        sl_outcome_fini(&o);
+    }
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+
+    printf("{\"outcomes\":%" PRIu64 ",\"undecodable\":%" PRIu64 ",\"states\":{", total,
+           undecodable);
+    for (int s = 0; s < SL_OUTCOME_STATE_COUNT; s++)
+        printf("%s\"%s\":%" PRIu64, s ? "," : "",
+               sl_outcome_state_name((enum sl_outcome_state)s), states[s]);
+    printf("},\"delivered\":%" PRIu64 ",\"expected\":%" PRId64 ",\"complete\":%s,", delivered,
+           expect, expect == 0 || delivered >= (uint64_t)expect ? "true" : "false");
+    printf("\"first_ms\":%" PRIu64 ",\"last_ms\":%" PRIu64 ",\"before_t0\":%" PRIu64
+           ",\"late\":%" PRIu64 ",",
+           delivered ? first_ms : 0, last_ms, before_t0, late);
+    hist_json(stdout, "e2e_ms", &e2e);
+    printf(",");
+    hist_json(stdout, "http_ms", &http);
+    printf(",\"pods\":{");
+    int64_t max_sec = 0;
+    for (int i = 0; i < npods; i++) {
+        printf("%s\"%s\":{\"delivered\":%" PRIu64 ",\"first_ms\":%" PRIu64 ",\"last_ms\":%" PRIu64
+               "}",
+               i ? "," : "", pods[i].name, pods[i].delivered, pods[i].first_ms, pods[i].last_ms);
+        for (int64_t s = MAX_SECS - 1; s > max_sec; s--) {
+            if (pods[i].per_s[s]) {
+                max_sec = s;
+                break;
+            }
+        }
+    }
+    printf("}}\n");
+    if (series) {
+        FILE *f = fopen(series, "w");
+        if (!f)
+            die("cannot write %s", series);
+        fprintf(f, "# sec total");
+        for (int i = 0; i < npods; i++)
+            fprintf(f, " %s", pods[i].name);
+        fprintf(f, "\n");
+        for (int64_t s = 0; s <= max_sec && npods; s++) {
+            uint64_t sum = 0;
+            for (int i = 0; i < npods; i++)
+                sum += pods[i].per_s[s];
+            fprintf(f, "%" PRId64 " %" PRIu64, s, sum);
+            for (int i = 0; i < npods; i++)
+                fprintf(f, " %u", pods[i].per_s[s]);
+            fprintf(f, "\n");
+        }
+        fclose(f);
+    }
+    if (cdf) {
+        FILE *f = fopen(cdf, "w");
+        if (!f)
+            die("cannot write %s", cdf);
+        fprintf(f, "# latency_ms fraction (publish -> delivered)\n");
+        uint64_t acc = 0;
+        for (size_t i = 0; i < e2e.n && e2e.count; i++) {
+            if (!e2e.b[i])
+                continue;
+            acc += e2e.b[i];
+            fprintf(f, "%zu %.6f\n", i, (double)acc / (double)e2e.count);
+        }
+        fclose(f);
+    }
+    for (int i = 0; i < npods; i++)
+        free(pods[i].per_s);
+    free(at_eof);
+    hist_fini(&e2e);
+    hist_fini(&http);
+    sl_cfg_fini(&cfg);
+    return expect == 0 || delivered >= (uint64_t)expect ? 0 : 1;
+}
+
+/* ==== endpoints-sql ==== */
+
+static int cmd_endpoints_sql(int argc, char **argv)
+{
+    static const struct option lo[] = {{"count", required_argument, NULL, 'n'},
+                                       {"prefix", required_argument, NULL, 'p'},
+                                       {"url-base", required_argument, NULL, 'u'},
+                                       {NULL, 0, NULL, 0}};
+    int64_t count = 0;
+    const char *prefix = NULL, *url = NULL;
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'n': count = num_arg("--count", optarg, 1, 1000000); break;
+        case 'p': prefix = optarg; break;
+        case 'u': url = optarg; break;
+        default: return 2;
+        }
+    }
+    if (!count || !prefix || !url)
+        die("%s", "endpoints-sql needs --count, --prefix and --url-base");
+    struct sl_config cfg;
+    load_cfg(&cfg);
+    sl_err_t err;
+    struct sl_masterkey mk;
+    if (sl_masterkey_parse(&mk, cfg.master_key, &err) != 0)
+        die("master_key: %s", err.msg);
+    printf("begin;\ncopy endpoints (id, url) from stdin;\n");
+    for (int64_t i = 0; i < count; i++)
+        printf("%s%" PRId64 "\t%s%s%" PRId64 "\n", prefix, i, url, prefix, i);
+    printf("\\.\ncopy endpoint_secrets (endpoint_id, seq, secret_enc) from stdin;\n");
+    for (int64_t i = 0; i < count; i++) {
+        char id[SL_ENDPOINT_ID_MAX + 1], whsec[SL_SECRET_STR_MAX];
+        uint8_t box[SL_SECRET_ENC_MAX];
+        size_t blen = 0;
+        struct sl_secret s;
+        snprintf(id, sizeof(id), "%s%" PRId64, prefix, i);
+        if (sl_secret_generate(&s, &err) != 0 ||
+            sl_secret_format(&s, whsec, sizeof(whsec), &err) != 0 ||
+            sl_secretbox_seal(&mk, id, (const uint8_t *)whsec, strlen(whsec), box, sizeof(box),
+                              &blen, &err) != 0)
+            die("cannot seal a secret: %s", err.msg);
+        sl_secret_wipe(whsec, sizeof(whsec));
+        sl_secret_fini(&s);
+        printf("%s\t1\t\\\\x", id);
+        for (size_t k = 0; k < blen; k++)
+            printf("%02x", box[k]);
+        printf("\n");
+    }
+    printf("\\.\ncommit;\n");
+    sl_masterkey_fini(&mk);
+    sl_cfg_fini(&cfg);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: " PROG " pace|outcomes|endpoints-sql [options] (see the source "
+                        "header or bench/README.md)\n");
+        return 2;
+    }
+    const char *cmd = argv[1];
+    argv[1] = argv[0];
+    if (strcmp(cmd, "pace") == 0)
+        return cmd_pace(argc - 1, argv + 1);
+    if (strcmp(cmd, "outcomes") == 0)
+        return cmd_outcomes(argc - 1, argv + 1);
+    if (strcmp(cmd, "endpoints-sql") == 0)
+        return cmd_endpoints_sql(argc - 1, argv + 1);
+    fprintf(stderr, PROG ": unknown command %s\n", cmd);
+    return 2;
+}

@@ -1,0 +1,233 @@
+"""Chaos scenarios on the services: Kafka broker restart, Redis restart (AOF keeps the
+schedule), Redis loss followed by `sluicectl retries rebuild`, and a PostgreSQL outage under
+the recorder. The stack is the suite's own (conftest), so killing its services is safe."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from chaos_lib import (PROFILE, kafka_lag, psql, recorder_available, redis_cmd, verify,
+                       wait_until)
+
+HAVE_RECORDER = recorder_available()
+RECORDER_TODO = ("sluice-recorder is not built (recorder/ not landed): the history checks "
+                 "and this scenario need it")
+
+
+def _sluicectl_knows(*words):
+    p = os.path.join(os.environ.get("SL_BINARY_DIR", ""), "ctl", "sluicectl")
+    if not os.path.exists(p):
+        return False
+    r = subprocess.run([p, *words, "--help"], capture_output=True, text=True, timeout=30)
+    return r.returncode == 0
+
+
+HAVE_REBUILD = _sluicectl_knows("retries", "rebuild")
+
+
+def workload(w, rcv, per_ep, ok_eps=5, flaky_eps=2, delay_ms=20):
+    eps = w.endpoints(rcv, "ok", ok_eps, "ok", f"?delay_ms={delay_ms}")
+    eps += w.endpoints(rcv, "fl", flaky_eps, "flaky/50", f"?delay_ms={delay_ms}")
+    eps += w.endpoints(rcv, "bad", 1, "status/400")
+    w.produce_for(eps, per_ep)
+    return eps
+
+
+def cap_of(w, eps):
+    return min(int(w.env["SLUICE_MAX_INFLIGHT"]),
+               int(w.env["SLUICE_MAX_INFLIGHT_PER_ENDPOINT"]) * len(eps))
+
+
+def test_kafka_broker_restart(make_world, stack):
+    """kill -9 of the only broker mid-run, restart after a pause. Consumers keep delivering
+    what they hold, outcomes wait in the producer queue, offsets wait for them; after the
+    restart the group re-forms and everything settles. Nothing lost; duplicates only from
+    work the group re-reads after the coordinator expired the members."""
+    w = make_world(max_inflight_per_endpoint=2)
+    rcv = w.receiver()
+    eps = workload(w, rcv, per_ep=PROFILE.n(150), delay_ms=50)
+    if HAVE_RECORDER:
+        w.recorder()
+    w.consumer("a")
+    w.consumer("b")
+    downtime = []
+    for i in range(PROFILE.repeats):
+        w.wait_progress(rcv, 0.2 + 0.2 * i, timeout=120)
+        if i == 0:
+            w.mark("fault_start")
+        downtime.append(round(stack.bounce_kafka(down_s=3.0), 1))
+    w.mark("fault_end")
+    w.notes["broker_down_s"] = downtime
+    # The pods held their records in memory and kept delivering during the outage; new
+    # events produced now can only arrive once the group has re-formed: recovery_s is the
+    # time until the first of them is delivered.
+    w.produce_for(eps[:-1], PROFILE.n(30))
+    cap = cap_of(w, eps)
+    verify(w, rcv, dup_bound=2 * PROFILE.repeats * cap,
+           dup_reason="requests in flight when the group re-formed (two pods)",
+           settle_timeout=120)
+
+
+def test_redis_restart_aof_keeps_schedule(make_world, stack):
+    """kill -9 of Redis while retry jobs wait in it, restart from the AOF. First with both
+    pods frozen (SIGSTOP, well inside the session timeout), so the schedule can be compared
+    exactly: every job id must still be there after the restart. Then with the pods running
+    into the outage: they reconnect, markers fail open meanwhile, nothing is lost."""
+    w = make_world(retry_base_ms=500, retry_cap_ms=2000, max_attempts=12,
+                   breaker_threshold=1000)
+    rcv = w.receiver()
+    eps = workload(w, rcv, per_ep=PROFILE.n(100), flaky_eps=3)
+    pods = [w.consumer("a"), w.consumer("b")]
+    wait_until(lambda: w.redis_state()[2] >= 20, PROFILE.t(60), 0.1, "retry jobs in Redis")
+    w.mark("fault_start")
+    # 1. frozen pods: the exact AOF check
+    for p in pods:
+        p.stop(signal.SIGSTOP)
+    time.sleep(0.2)
+    before = w.job_ids()
+    stack.kill_redis(signal.SIGKILL)
+    time.sleep(1)
+    stack.restart_down()
+    after = w.job_ids()
+    for p in pods:
+        p.stop(signal.SIGCONT)
+    w.notes["jobs_before_kill"] = len(before)
+    w.notes["jobs_lost_by_restart"] = len(before - after)
+    assert before <= after, f"{len(before - after)} of {len(before)} jobs lost by the restart"
+    # 2. running pods meet the outage
+    for i in range(PROFILE.repeats):
+        wait_until(lambda: w.redis_state()[2] >= 10, PROFILE.t(60), 0.1, "retry jobs in Redis")
+        stack.kill_redis(signal.SIGKILL)
+        time.sleep(2)
+        stack.restart_down()
+    w.mark("fault_end")
+    cap = cap_of(w, eps)
+    verify(w, rcv, dup_bound=2 * PROFILE.repeats * cap,
+           dup_reason="deliveries whose marker write failed while Redis was down and whose "
+                      "job came back after its lease",
+           settle_timeout=120)
+
+
+@pytest.mark.xfail(not HAVE_REBUILD or not HAVE_RECORDER, strict=True,
+                   reason="`sluicectl retries rebuild` is not implemented yet (another "
+                          "engineer is writing it); without it, a Redis loss loses every "
+                          "scheduled retry")
+def test_redis_flushall_then_retries_rebuild(make_world, stack):
+    """Redis loses everything (FLUSHALL) while every delivery waits for a retry. The
+    recorder's history knows what was scheduled: `sluicectl retries rebuild` puts it back,
+    and everything is delivered once the endpoints recover. Retries are spread over 8 s
+    (full jitter) and attempts are plenty, so at the loss every delivery is in Redis."""
+    w = make_world(retry_base_ms=8000, retry_cap_ms=8000, max_attempts=50,
+                   breaker_threshold=1000)
+    rcv = w.receiver()
+    eps = w.endpoints(rcv, "down", 4, "status/503")
+    w.produce_for(eps, PROFILE.n(40))
+    w.recorder()
+    w.consumer("a")
+    w.consumer("b")
+    # every delivery failed once and waits in Redis; the history has recorded that
+    want = w.want()
+
+    def all_scheduled():
+        return want <= {(o["id"], o["endpoint"]) for o in w.outcomes()
+                        if o["state"] == "retry_scheduled"}
+
+    wait_until(all_scheduled, PROFILE.t(60), 0.5, "every delivery scheduled for a retry")
+    # (retries keep coming, so the recorder's lag is rarely 0 at any instant: ask the
+    # history itself)
+    sql = (f"select count(*) from deliveries where event_id like 'evt\\_{w.tag}\\_%' "
+           f"and state in ('retry_scheduled', 'deferred')")
+    wait_until(lambda: int(psql(w.env["SLUICE_PG_DSN"], sql)[0][0]) == len(want),
+               PROFILE.t(60), 0.5, "the history knows every scheduled retry")
+    w.mark("fault_start")
+    jobs = w.redis_state()[2]
+    redis_cmd(w.redis_url, "FLUSHALL")
+    w.notes["jobs_lost"] = jobs
+    for ep in eps:
+        w.set_url(rcv, ep, "ok")
+    r = w.ctl("retries", "rebuild", "--json")
+    assert r.returncode in (0, 1), f"sluicectl retries rebuild failed: {r.stderr}"
+    res = json.loads(r.stdout)
+    ours_lost = [d for d in res["not_recoverable_deliveries"]
+                 if (d["event_id"], d["endpoint_id"]) in want]
+    w.notes["rebuild"] = {k: res[k] for k in ("open_deliveries", "restored_from_history",
+                                              "restored_from_kafka", "already_scheduled",
+                                              "not_recoverable")}
+    assert not ours_lost, f"rebuild could not restore {len(ours_lost)}: {ours_lost[:3]}"
+    # (deliveries of other scenarios' worlds share the history database; only ours count)
+    w.mark("fault_end")
+    verify(w, rcv, dup_bound=0, dup_reason="nothing was delivered before the loss",
+           settle_timeout=60)
+
+
+@pytest.mark.xfail(not HAVE_RECORDER, strict=True, reason=RECORDER_TODO)
+def test_postgres_outage_under_recorder(make_world, stack):
+    """PostgreSQL goes down (immediate shutdown) under the recorder: deliveries never pause
+    (consumers do not need the database), the recorder holds its batch and resumes; the
+    history then agrees with the receivers' ledger."""
+    w = make_world(max_inflight_per_endpoint=2)
+    rcv = w.receiver()
+    eps = workload(w, rcv, per_ep=PROFILE.n(150), delay_ms=50)
+    w.recorder()
+    w.consumer("a")
+    w.consumer("b")
+    w.wait_progress(rcv, 0.15, timeout=90)
+    w.mark("fault_start")
+    stack.stop_pg_immediate()
+    t_down = time.time()
+    at_down = w.accepted_count(rcv)
+    outage = max(8.0, 4.0 * PROFILE.repeats)
+    time.sleep(outage)
+    during = w.accepted_count(rcv) - at_down
+    stack.restart_down()
+    w.mark("fault_end")
+    t_up = time.monotonic()
+    rec_lag = None
+    while time.monotonic() - t_up < PROFILE.t(60):
+        rec_lag = kafka_lag(w.env, w.env["SLUICE_RECORDER_GROUP"],
+                            w.env["SLUICE_TOPIC_OUTCOMES"])[0]
+        if rec_lag == 0:
+            break
+        time.sleep(0.25)
+    w.notes["history_catchup_s"] = round(time.monotonic() - t_up, 1) if rec_lag == 0 else None
+    w.notes["pg_down_s"] = round(time.time() - t_down, 1)
+    w.notes["delivered_during_outage"] = during
+    assert during > 0, "deliveries paused while PostgreSQL was down"
+    cap = cap_of(w, eps)
+    verify(w, rcv, dup_bound=0 * cap, dup_reason="no consumer fault: none expected",
+           settle_timeout=120)
+
+
+def test_markers_written_during_a_redis_outage_are_kept(make_world, stack):
+    """Regression (delivered markers lost in a Redis outage): deliveries go on while Redis is
+    down (marker writes fail open), a slow request holds the partition's commit back, Redis
+    comes back, then the pod is killed and the next one reads everything again. The markers
+    of what was delivered during the outage must have been written once Redis answered, so
+    the re-read sends none of it again."""
+    w = make_world(partitions=1, http_timeout_ms=9000, lease_ms=12000,
+                   max_inflight_per_endpoint=2)
+    rcv = w.receiver()
+    slow = w.endpoints(rcv, "slow", 1, "slow/7000")
+    ok = w.endpoints(rcv, "ok", 1, "ok", "?delay_ms=50")
+    w.produce_for(slow, 1)
+    w.produce_for(ok, PROFILE.n(200))
+    a = w.consumer("a")
+    w.wait_progress(rcv, 0.1, timeout=60)
+    w.mark("fault_start")
+    stack.kill_redis(signal.SIGKILL)
+    at_kill = w.accepted_count(rcv)
+    time.sleep(2)
+    during = w.accepted_count(rcv) - at_kill
+    stack.restart_down()
+    time.sleep(2)  # the held markers are written about a second after Redis answers
+    w.kill9(a)     # the slow request is still running: nothing past it was committed
+    w.consumer("b")
+    w.mark("fault_end")
+    w.notes["delivered_while_redis_down"] = during
+    assert during > 0, "nothing was delivered while Redis was down"
+    verify(w, rcv, dup_bound=3, dup_reason="the requests in flight at the kill (2 ok + 1 slow)",
+           settle_timeout=60)
