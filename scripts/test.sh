@@ -6,7 +6,7 @@
 #  1. scripts/setup.sh: apt packages, Kafka jars, test venv (a no-op when already there)
 #  2. an isolated stack (real Kafka, Redis, PostgreSQL) under .stack/test on private ports
 #  3. gcc build, warnings as errors; every ctest label: unit, component, fuzz (corpus
-#     replay), integration, e2e
+#     replay), integration, e2e (chaos with SLUICE_TEST_CHAOS=1)
 #  4. clang build with ASan + UBSan; the whole suite again (except the chaos suite)
 #  5. clang libFuzzer build; every fuzzer replays its corpus
 #  6. source checks (clang-format, banned functions)
@@ -16,6 +16,7 @@
 #      SLUICE_TEST_ONLY=gcc|asan|fuzz|lint   run one stage (after setup and stack)
 #      SLUICE_TEST_KEEP_STACK=1      leave the stack running afterwards
 #      SLUICE_TEST_LABELS=regex      ctest -L filter (default: everything)
+#      SLUICE_TEST_CHAOS=1           also run the chaos suite (gcc stage)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -70,7 +71,13 @@ if stage gcc; then
       | grep -q '"id":"evt_smoke_1"' || { echo "smoke round trip failed" >&2; exit 1; }
   )
   say "gcc: all tests"
-  ctest_run build/test-gcc 1
+  # The chaos suite (tests/chaos, its own stack) runs when asked: SLUICE_TEST_CHAOS=1. It is
+  # not yet stable enough to gate every submission (see docs/CHAOS.md).
+  if [ "${SLUICE_TEST_CHAOS:-0}" = 1 ]; then
+    ctest_run build/test-gcc 1
+  else
+    LABELS_EXCLUDE=chaos ctest_run build/test-gcc 1
+  fi
 fi
 
 if stage asan; then
