@@ -278,3 +278,26 @@ def test_410_disables_the_endpoint_through_the_registry(make_world):
     assert w.ctl("endpoints", "enable", ep).returncode == 0
     r = w.ctl("endpoints", "show", ep, "--json")
     assert '"enabled": true' in r.stdout.replace('":true', '": true'), r.stdout
+
+
+def test_only_failures_for_disable_after_ms_disables_the_endpoint(make_world):
+    import os as _os
+    from sluice_e2e import Proc
+    w = make_world(max_attempts=50, retry_base_ms=100, retry_cap_ms=200, disable_after_ms=1500,
+                   recorder_flush_ms=100, breaker_threshold=1000)
+    rcv = w.receiver()
+    ep = w.add_endpoint("ff" + w.tag, rcv.url("status/503", "ff"), "--max-inflight", "1")
+    assert w.produce([event(ep, i, w.tag) for i in range(3)]).returncode == 0
+    rec = Proc([w.bin("recorder/sluice-recorder")], w.env, _os.path.join(w.dir, "recorder.log"))
+    c = w.consumer()
+
+    def disabled():
+        r = w.ctl("endpoints", "show", ep, "--json")
+        return r.returncode == 0 and '"enabled": false' in r.stdout.replace('":false', '": false') \
+            and r.stdout
+
+    shown = wait_until(disabled, 60, 0.5, "endpoint disabled after only failures")
+    assert "nothing but failures" in shown, shown
+    assert c.term() == 0 and rec.term() == 0
+    hits = sorted(l["ts_ms"] for l in rcv.ledger() if l["endpoint"] == "ff")
+    assert hits[-1] - hits[0] >= 1500 - 200, "disabled before disable_after_ms of failures"
