@@ -100,12 +100,12 @@ static void load_cfg(struct sl_config *cfg)
 /* ==== Histograms: fixed-width buckets with an overflow bucket ==== */
 
 struct hist {
-    uint64_t *b;     /* counts per bucket */
-    size_t n;        /* buckets, the last one counts overflow */
-    double width;    /* bucket width in the unit reported (ms) */
-    uint64_t count;  /* samples */
-    double sum;      /* sum of samples, for the mean */
-    double max;      /* largest sample */
+    uint64_t *b;    /* counts per bucket */
+    size_t n;       /* buckets, the last one counts overflow */
+    double width;   /* bucket width in the unit reported (ms) */
+    uint64_t count; /* samples */
+    double sum;     /* sum of samples, for the mean */
+    double max;     /* largest sample */
 };
 
 static void hist_init(struct hist *h, size_t n, double width)
@@ -165,9 +165,9 @@ static void hist_fini(struct hist *h)
 /* ==== pace ==== */
 
 struct pacer {
-    struct hist ack;   /* publish -> acknowledged, ms */
-    uint64_t acked;    /* acknowledged records */
-    uint64_t failed;   /* failed records */
+    struct hist ack; /* publish -> acknowledged, ms */
+    uint64_t acked;  /* acknowledged records */
+    uint64_t failed; /* failed records */
 };
 
 static int64_t mono_us(void)
@@ -214,14 +214,29 @@ static int cmd_pace(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
-        case 'r': rate = num_arg("--rate", optarg, 1, 10000000); break;
-        case 'n': count = num_arg("--count", optarg, 1, 1000000000); break;
-        case 'k': endpoints = num_arg("--endpoints", optarg, 1, PROD_GEN_MAX_ENDPOINTS); break;
-        case 'p': prefix = optarg; break;
-        case 'b': body = num_arg("--body-bytes", optarg, 0, 16777216); break;
-        case 'i': run = optarg; break;
-        case 'P': profile = optarg; break;
-        default: return 2;
+        case 'r':
+            rate = num_arg("--rate", optarg, 1, 10000000);
+            break;
+        case 'n':
+            count = num_arg("--count", optarg, 1, 1000000000);
+            break;
+        case 'k':
+            endpoints = num_arg("--endpoints", optarg, 1, PROD_GEN_MAX_ENDPOINTS);
+            break;
+        case 'p':
+            prefix = optarg;
+            break;
+        case 'b':
+            body = num_arg("--body-bytes", optarg, 0, 16777216);
+            break;
+        case 'i':
+            run = optarg;
+            break;
+        case 'P':
+            profile = optarg;
+            break;
+        default:
+            return 2;
         }
     }
     if (!rate || !count)
@@ -290,8 +305,8 @@ static int cmd_pace(int argc, char **argv)
             sl_buf_reset(&enc);
             rc = sl_delivery_encode(&rec, &enc, &err);
             if (rc == 0)
-                rc = sl_kafka_produce(rk, cfg.topic_deliveries, rec.ep, strlen(rec.ep),
-                                      enc.data, enc.len, opaque, 10000, &err);
+                rc = sl_kafka_produce(rk, cfg.topic_deliveries, rec.ep, strlen(rec.ep), enc.data,
+                                      enc.len, opaque, 10000, &err);
         }
         if (rc != 0) {
             send_fail++;
@@ -333,14 +348,14 @@ static int cmd_pace(int argc, char **argv)
 
 /* ==== outcomes ==== */
 
-#define MAX_PODS   16
-#define MAX_SECS   7200 /* per-second series length, s */
+#define MAX_PODS 16
+#define MAX_SECS 7200 /* per-second series length, s */
 
 struct pod {
-    char name[SL_POD_MAX + 1];   /* instance id */
-    uint64_t delivered;          /* delivered outcomes */
-    uint64_t first_ms, last_ms;  /* first/last delivered outcome, unix ms */
-    uint32_t *per_s;             /* delivered per second since t0 */
+    char name[SL_POD_MAX + 1];  /* instance id */
+    uint64_t delivered;         /* delivered outcomes */
+    uint64_t first_ms, last_ms; /* first/last delivered outcome, unix ms */
+    uint32_t *per_s;            /* delivered per second since t0 */
 };
 
 static struct pod *pod_of(struct pod *pods, int *npods, const char *name)
@@ -361,23 +376,38 @@ static struct pod *pod_of(struct pod *pods, int *npods, const char *name)
 static int cmd_outcomes(int argc, char **argv)
 {
     static const struct option lo[] = {
-        {"expect", required_argument, NULL, 'e'},    {"timeout-s", required_argument, NULL, 't'},
-        {"idle-ms", required_argument, NULL, 'i'},   {"id-prefix", required_argument, NULL, 'p'},
-        {"t0-ms", required_argument, NULL, '0'},     {"series", required_argument, NULL, 's'},
-        {"cdf", required_argument, NULL, 'c'},       {NULL, 0, NULL, 0}};
+        {"expect", required_argument, NULL, 'e'},  {"timeout-s", required_argument, NULL, 't'},
+        {"idle-ms", required_argument, NULL, 'i'}, {"id-prefix", required_argument, NULL, 'p'},
+        {"t0-ms", required_argument, NULL, '0'},   {"series", required_argument, NULL, 's'},
+        {"cdf", required_argument, NULL, 'c'},     {NULL, 0, NULL, 0}};
     int64_t expect = 0, timeout_s = 600, idle_ms = 3000, t0_ms = 0;
     const char *prefix = "", *series = NULL, *cdf = NULL;
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
-        case 'e': expect = num_arg("--expect", optarg, 0, 1000000000); break;
-        case 't': timeout_s = num_arg("--timeout-s", optarg, 1, 86400); break;
-        case 'i': idle_ms = num_arg("--idle-ms", optarg, 1, 3600000); break;
-        case 'p': prefix = optarg; break;
-        case '0': t0_ms = num_arg("--t0-ms", optarg, 0, INT64_MAX); break;
-        case 's': series = optarg; break;
-        case 'c': cdf = optarg; break;
-        default: return 2;
+        case 'e':
+            expect = num_arg("--expect", optarg, 0, 1000000000);
+            break;
+        case 't':
+            timeout_s = num_arg("--timeout-s", optarg, 1, 86400);
+            break;
+        case 'i':
+            idle_ms = num_arg("--idle-ms", optarg, 1, 3600000);
+            break;
+        case 'p':
+            prefix = optarg;
+            break;
+        case '0':
+            t0_ms = num_arg("--t0-ms", optarg, 0, INT64_MAX);
+            break;
+        case 's':
+            series = optarg;
+            break;
+        case 'c':
+            cdf = optarg;
+            break;
+        default:
+            return 2;
         }
     }
     struct sl_config cfg;
@@ -500,8 +530,8 @@ static int cmd_outcomes(int argc, char **argv)
     printf("{\"outcomes\":%" PRIu64 ",\"undecodable\":%" PRIu64 ",\"states\":{", total,
            undecodable);
     for (int s = 0; s < SL_OUTCOME_STATE_COUNT; s++)
-        printf("%s\"%s\":%" PRIu64, s ? "," : "",
-               sl_outcome_state_name((enum sl_outcome_state)s), states[s]);
+        printf("%s\"%s\":%" PRIu64, s ? "," : "", sl_outcome_state_name((enum sl_outcome_state)s),
+               states[s]);
     printf("},\"delivered\":%" PRIu64 ",\"expected\":%" PRId64 ",\"complete\":%s,", delivered,
            expect, expect == 0 || delivered >= (uint64_t)expect ? "true" : "false");
     printf("\"first_ms\":%" PRIu64 ",\"last_ms\":%" PRIu64 ",\"before_t0\":%" PRIu64
@@ -579,10 +609,17 @@ static int cmd_endpoints_sql(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
-        case 'n': count = num_arg("--count", optarg, 1, 1000000); break;
-        case 'p': prefix = optarg; break;
-        case 'u': url = optarg; break;
-        default: return 2;
+        case 'n':
+            count = num_arg("--count", optarg, 1, 1000000);
+            break;
+        case 'p':
+            prefix = optarg;
+            break;
+        case 'u':
+            url = optarg;
+            break;
+        default:
+            return 2;
         }
     }
     if (!count || !prefix || !url)

@@ -50,101 +50,103 @@
 #include "consumer/cons_ssrf.h"
 #include "consumer/cons_store.h"
 
-#define INTAKE_BATCH       500   /* Kafka records taken per loop turn */
-#define CLAIM_BATCH        200   /* retry jobs claimed per shard per turn */
-#define CLAIM_INTERVAL_MS  100   /* how often due retries are claimed */
-#define STORE_INTERVAL_MS  100   /* how often finished offsets are stored */
-#define STATS_INTERVAL_MS  10000 /* stats log line */
-#define BRK_REFRESH_MS     1000  /* refresh of a local breaker view with recent failures */
-#define BRK_STALE_MS       30000 /* refresh of any closed local breaker view this old, ms */
-#define REDIS_HOLD_RETRY_MS 1000 /* retry of Redis writes that failed */
-#define URL_MAX            8192  /* expanded postback URL cap, bytes */
-#define LAT_RING           128   /* latency samples per endpoint for the slow check */
-#define LAT_WINDOW_S       900   /* samples older than this are ignored, s */
-#define LAT_MIN_SAMPLES    20    /* fewer samples never count an endpoint as slow */
-#define LEASE_MARGIN_MS    1000  /* a claimed job is sent only with this much lease to spare
-                                    beyond its request timeout, ms */
-#define STALL_MIN_MS       1000  /* shortest loop stall that is treated as a freeze, ms */
-#define PMARKS_MAX         200000 /* delivered markers held for a retry while Redis is down */
-#define STALL_HOLD_MS      1500  /* after a freeze, no new send for this long: librdkafka
-                                    reports a lost assignment meanwhile, ms */
-#define RATE_LEASE_MS      200   /* leased rate tokens are used within this, ms */
+#define INTAKE_BATCH        500   /* Kafka records taken per loop turn */
+#define CLAIM_BATCH         200   /* retry jobs claimed per shard per turn */
+#define CLAIM_INTERVAL_MS   100   /* how often due retries are claimed */
+#define STORE_INTERVAL_MS   100   /* how often finished offsets are stored */
+#define STATS_INTERVAL_MS   10000 /* stats log line */
+#define BRK_REFRESH_MS      1000  /* refresh of a local breaker view with recent failures */
+#define BRK_STALE_MS        30000 /* refresh of any closed local breaker view this old, ms */
+#define REDIS_HOLD_RETRY_MS 1000  /* retry of Redis writes that failed */
+#define URL_MAX             8192  /* expanded postback URL cap, bytes */
+#define LAT_RING            128   /* latency samples per endpoint for the slow check */
+#define LAT_WINDOW_S        900   /* samples older than this are ignored, s */
+#define LAT_MIN_SAMPLES     20    /* fewer samples never count an endpoint as slow */
+#define LEASE_MARGIN_MS                                                                            \
+    1000                    /* a claimed job is sent only with this much lease to spare            \
+                               beyond its request timeout, ms */
+#define STALL_MIN_MS 1000   /* shortest loop stall that is treated as a freeze, ms */
+#define PMARKS_MAX   200000 /* delivered markers held for a retry while Redis is down */
+#define STALL_HOLD_MS                                                                              \
+    1500                  /* after a freeze, no new send for this long: librdkafka                 \
+                             reports a lost assignment meanwhile, ms */
+#define RATE_LEASE_MS 200 /* leased rate tokens are used within this, ms */
 
 enum job_src { SRC_KAFKA, SRC_REDIS };
 
 /* What to do once every outcome of a job is acknowledged. */
 enum job_after {
-    AFTER_FINISH,       /* Kafka: finish the offset; Redis: nothing more */
-    AFTER_COMPLETE,     /* Redis: remove the job (delivered / dead letter / duplicate) */
+    AFTER_FINISH,   /* Kafka: finish the offset; Redis: nothing more */
+    AFTER_COMPLETE, /* Redis: remove the job (delivered / dead letter / duplicate) */
 };
 
 struct cons_ep;
 
 struct job {
-    enum job_src src;                /* where it came from */
-    struct cons_offset_ref off;      /* SRC_KAFKA: offset handle */
-    int32_t partition;               /* SRC_KAFKA: partition */
-    int64_t offset;                  /* SRC_KAFKA: offset */
-    char job_id[41];                 /* Redis job id (both sources once known) */
-    char token[33];                  /* SRC_REDIS: lease token of our claim */
+    enum job_src src;                 /* where it came from */
+    struct cons_offset_ref off;       /* SRC_KAFKA: offset handle */
+    int32_t partition;                /* SRC_KAFKA: partition */
+    int64_t offset;                   /* SRC_KAFKA: offset */
+    char job_id[41];                  /* Redis job id (both sources once known) */
+    char token[33];                   /* SRC_REDIS: lease token of our claim */
     char key[SL_ENDPOINT_ID_MAX + 1]; /* SRC_KAFKA: record key (must equal the endpoint id) */
-    bool key_bad;                    /* SRC_KAFKA: key absent, too long or not text */
-    uint8_t *raw;                    /* record bytes as received (owned) */
-    size_t raw_len;                  /* bytes */
-    struct sl_delivery d;            /* decoded record (owned) */
-    struct cons_ep *ce;              /* endpoint runtime (NULL until resolved) */
-    int acks_pending;                /* outcome records not yet acknowledged */
-    enum job_after after;            /* action once acknowledged */
-    bool probe;                      /* this send is the breaker's half-open probe */
-    bool is_spill;                   /* scheduled without spending an attempt */
-    struct curl_slist *hdrs;         /* request headers while in flight (owned; one block
-                                        from hdr_block: release with free()) */
-    char *url;                       /* expanded postback URL (owned) or NULL */
-    void *http;                      /* cons_http handle while in flight */
-    int64_t redis_hold_due;          /* next retry of a held Redis write (mono ms) */
-    struct sl_outcome pending_out;   /* outcome to produce after a held write succeeds */
-    int64_t sched_due_ms;            /* held schedule: due time */
-    uint32_t sched_attempt;          /* held schedule: attempts spent */
-    struct job *next;                /* queue link */
-    struct job *iprev, *inext;       /* in-flight list links */
-    int64_t lease_until_ms;          /* SRC_REDIS claimed: our lease ends then (unix ms) */
-    bool lease_lost;                 /* SRC_REDIS claimed: another claim owns the job now */
-    bool on_leased;                  /* linked in the engine's leased list */
-    bool dead;                       /* dead-lettered: mark it once the outcome is acked */
-    struct job *lprev, *lnext;       /* leased list links */
+    bool key_bad;                     /* SRC_KAFKA: key absent, too long or not text */
+    uint8_t *raw;                     /* record bytes as received (owned) */
+    size_t raw_len;                   /* bytes */
+    struct sl_delivery d;             /* decoded record (owned) */
+    struct cons_ep *ce;               /* endpoint runtime (NULL until resolved) */
+    int acks_pending;                 /* outcome records not yet acknowledged */
+    enum job_after after;             /* action once acknowledged */
+    bool probe;                       /* this send is the breaker's half-open probe */
+    bool is_spill;                    /* scheduled without spending an attempt */
+    struct curl_slist *hdrs;          /* request headers while in flight (owned; one block
+                                         from hdr_block: release with free()) */
+    char *url;                        /* expanded postback URL (owned) or NULL */
+    void *http;                       /* cons_http handle while in flight */
+    int64_t redis_hold_due;           /* next retry of a held Redis write (mono ms) */
+    struct sl_outcome pending_out;    /* outcome to produce after a held write succeeds */
+    int64_t sched_due_ms;             /* held schedule: due time */
+    uint32_t sched_attempt;           /* held schedule: attempts spent */
+    struct job *next;                 /* queue link */
+    struct job *iprev, *inext;        /* in-flight list links */
+    int64_t lease_until_ms;           /* SRC_REDIS claimed: our lease ends then (unix ms) */
+    bool lease_lost;                  /* SRC_REDIS claimed: another claim owns the job now */
+    bool on_leased;                   /* linked in the engine's leased list */
+    bool dead;                        /* dead-lettered: mark it once the outcome is acked */
+    struct job *lprev, *lnext;        /* leased list links */
 };
 
 struct cons_ep {
-    struct cons_engine *eng;          /* owner */
-    char id[SL_ENDPOINT_ID_MAX + 1];  /* endpoint id */
-    const struct sl_endpoint *ep;     /* current snapshot (reference) or NULL */
-    uint64_t ep_version;              /* snapshot version the signer was built for */
-    sl_signer_t *signer;              /* signer over the active secrets */
-    int64_t signer_until_ms;          /* rebuild when a secret expires (unix ms; 0 = never) */
-    struct job *q_head, *q_tail;      /* jobs waiting for a slot */
-    size_t qlen;                      /* entries in the queue */
-    int inflight;                     /* requests running */
-    bool on_ready;                    /* linked in the ready list */
-    struct cons_ep *ready_next;       /* ready list link */
-    enum cons_brk_state brk;          /* local view of the shared breaker */
-    int64_t brk_failures;             /* consecutive failures per the last Redis answer */
-    int64_t brk_reopen_at;            /* open: cooldown end (unix ms) */
-    int64_t brk_refreshed_mono;       /* when the view was last refreshed (mono ms) */
-    int64_t last_failure_mono;        /* last failure seen here (mono ms) */
-    bool probe_inflight;              /* our probe is running */
-    int64_t tokens;                   /* rate tokens leased from the shared bucket */
-    int64_t tokens_until_mono;        /* leased tokens expire then (mono ms) */
-    int64_t blocked_until_mono;       /* rate limit or Retry-After pause (mono ms); 0 = none */
-    bool on_blocked;                  /* linked in the blocked list */
-    struct cons_ep *blocked_next;     /* blocked list link */
-    double cwnd;                      /* AIMD concurrency window after 429s (<= cap) */
-    uint32_t lat_ms[LAT_RING];        /* recent answered-attempt latencies, ms */
-    uint32_t lat_at_s[LAT_RING];      /* when each was taken (mono s) */
-    uint32_t nlat, lat_pos;           /* samples held / next slot */
-    int64_t failing_since_ms;         /* first failure with no success since (unix ms; 0) */
-    bool disabled_local;              /* we asked the registry to disable it; until the
-                                         registry answers, treat it as disabled here */
-    uint64_t disabled_version;        /* snapshot version when we asked */
+    struct cons_engine *eng;         /* owner */
+    char id[SL_ENDPOINT_ID_MAX + 1]; /* endpoint id */
+    const struct sl_endpoint *ep;    /* current snapshot (reference) or NULL */
+    uint64_t ep_version;             /* snapshot version the signer was built for */
+    sl_signer_t *signer;             /* signer over the active secrets */
+    int64_t signer_until_ms;         /* rebuild when a secret expires (unix ms; 0 = never) */
+    struct job *q_head, *q_tail;     /* jobs waiting for a slot */
+    size_t qlen;                     /* entries in the queue */
+    int inflight;                    /* requests running */
+    bool on_ready;                   /* linked in the ready list */
+    struct cons_ep *ready_next;      /* ready list link */
+    enum cons_brk_state brk;         /* local view of the shared breaker */
+    int64_t brk_failures;            /* consecutive failures per the last Redis answer */
+    int64_t brk_reopen_at;           /* open: cooldown end (unix ms) */
+    int64_t brk_refreshed_mono;      /* when the view was last refreshed (mono ms) */
+    int64_t last_failure_mono;       /* last failure seen here (mono ms) */
+    bool probe_inflight;             /* our probe is running */
+    int64_t tokens;                  /* rate tokens leased from the shared bucket */
+    int64_t tokens_until_mono;       /* leased tokens expire then (mono ms) */
+    int64_t blocked_until_mono;      /* rate limit or Retry-After pause (mono ms); 0 = none */
+    bool on_blocked;                 /* linked in the blocked list */
+    struct cons_ep *blocked_next;    /* blocked list link */
+    double cwnd;                     /* AIMD concurrency window after 429s (<= cap) */
+    uint32_t lat_ms[LAT_RING];       /* recent answered-attempt latencies, ms */
+    uint32_t lat_at_s[LAT_RING];     /* when each was taken (mono s) */
+    uint32_t nlat, lat_pos;          /* samples held / next slot */
+    int64_t failing_since_ms;        /* first failure with no success since (unix ms; 0) */
+    bool disabled_local;             /* we asked the registry to disable it; until the
+                                        registry answers, treat it as disabled here */
+    uint64_t disabled_version;       /* snapshot version when we asked */
 };
 
 /* A delivered marker whose write failed: written again once Redis answers. */
@@ -154,47 +156,47 @@ struct pmark {
 };
 
 struct cons_engine {
-    const struct sl_config *cfg;   /* borrowed */
-    sl_endpoints_t *endpoints;     /* borrowed */
-    rd_kafka_t *consumer;          /* group consumer on topic_deliveries */
-    rd_kafka_t *producer;          /* outcomes and quarantine */
-    rd_kafka_queue_t *cq;          /* consumer queue (io events) */
-    rd_kafka_queue_t *pq;          /* producer main queue (io events) */
-    sl_redis_t *redis;             /* shared state */
-    cons_http_t *http;             /* transfers */
-    cons_offsets_t *offsets;       /* contiguous offsets */
-    struct cons_ssrf_policy ssrf;  /* address policy */
-    sl_map_t *eps;                 /* endpoint id -> struct cons_ep */
+    const struct sl_config *cfg;             /* borrowed */
+    sl_endpoints_t *endpoints;               /* borrowed */
+    rd_kafka_t *consumer;                    /* group consumer on topic_deliveries */
+    rd_kafka_t *producer;                    /* outcomes and quarantine */
+    rd_kafka_queue_t *cq;                    /* consumer queue (io events) */
+    rd_kafka_queue_t *pq;                    /* producer main queue (io events) */
+    sl_redis_t *redis;                       /* shared state */
+    cons_http_t *http;                       /* transfers */
+    cons_offsets_t *offsets;                 /* contiguous offsets */
+    struct cons_ssrf_policy ssrf;            /* address policy */
+    sl_map_t *eps;                           /* endpoint id -> struct cons_ep */
     struct cons_ep *ready_head, *ready_tail; /* endpoints ready to send */
-    struct cons_ep *blocked;       /* endpoints paused by a rate limit or Retry-After */
-    struct job *held;              /* jobs whose Redis write failed, retried later */
-    struct job *inflight;          /* jobs with a request running */
-    struct job *marks;             /* delivered jobs waiting for their marker write */
-    struct job *leased;            /* claimed retry jobs in memory whose leases we keep */
-    struct pmark *pmarks;          /* delivered markers whose write failed (owned) */
-    size_t npmarks, cap_pmarks;    /* entries in pmarks / allocated */
-    int64_t next_pmark_mono;       /* next retry of pmarks (mono ms) */
-    int64_t next_renew_mono;       /* next lease renewal pass (mono ms) */
-    int64_t last_dispatch_mono;    /* previous dispatch call, for stall detection (mono ms) */
-    int64_t hold_until_mono;       /* after a stall: no new send before this (mono ms) */
-    size_t nmarks;                 /* entries in marks */
-    int wake[2];                   /* pipe librdkafka writes to */
-    char pod[SL_POD_MAX + 1];      /* instance id */
-    uint64_t live;                 /* jobs in memory */
-    uint64_t live_cap;             /* intake pauses at this */
-    bool paused;                   /* partitions paused by us */
-    bool kafka_more;               /* the consumer queue may hold more records */
-    volatile sig_atomic_t stop;    /* shutdown requested */
-    bool stopping;                 /* shutdown in progress */
-    uint32_t next_shard;           /* round-robin claim cursor */
-    int64_t next_claim_mono;       /* next claim turn */
-    int64_t next_store_mono;       /* next offsets store */
-    int64_t next_stats_mono;       /* next stats line */
-    int64_t redis_warned_mono;     /* rate limit for Redis warnings */
-    int fatal;                     /* fatal error code */
-    struct cons_stats st;          /* counters */
-    struct cons_stats st_last;     /* counters at the last stats line */
-    struct sl_buf enc;             /* scratch for encoding */
+    struct cons_ep *blocked;                 /* endpoints paused by a rate limit or Retry-After */
+    struct job *held;                        /* jobs whose Redis write failed, retried later */
+    struct job *inflight;                    /* jobs with a request running */
+    struct job *marks;                       /* delivered jobs waiting for their marker write */
+    struct job *leased;                      /* claimed retry jobs in memory whose leases we keep */
+    struct pmark *pmarks;                    /* delivered markers whose write failed (owned) */
+    size_t npmarks, cap_pmarks;              /* entries in pmarks / allocated */
+    int64_t next_pmark_mono;                 /* next retry of pmarks (mono ms) */
+    int64_t next_renew_mono;                 /* next lease renewal pass (mono ms) */
+    int64_t last_dispatch_mono; /* previous dispatch call, for stall detection (mono ms) */
+    int64_t hold_until_mono;    /* after a stall: no new send before this (mono ms) */
+    size_t nmarks;              /* entries in marks */
+    int wake[2];                /* pipe librdkafka writes to */
+    char pod[SL_POD_MAX + 1];   /* instance id */
+    uint64_t live;              /* jobs in memory */
+    uint64_t live_cap;          /* intake pauses at this */
+    bool paused;                /* partitions paused by us */
+    bool kafka_more;            /* the consumer queue may hold more records */
+    volatile sig_atomic_t stop; /* shutdown requested */
+    bool stopping;              /* shutdown in progress */
+    uint32_t next_shard;        /* round-robin claim cursor */
+    int64_t next_claim_mono;    /* next claim turn */
+    int64_t next_store_mono;    /* next offsets store */
+    int64_t next_stats_mono;    /* next stats line */
+    int64_t redis_warned_mono;  /* rate limit for Redis warnings */
+    int fatal;                  /* fatal error code */
+    struct cons_stats st;       /* counters */
+    struct cons_stats st_last;  /* counters at the last stats line */
+    struct sl_buf enc;          /* scratch for encoding */
 };
 
 static void job_free(cons_engine_t *e, struct job *j);
@@ -435,8 +437,11 @@ static bool rate_allows(cons_engine_t *e, struct cons_ep *ce)
 
 /* ==== Outcomes ==== */
 
-static void outcome_init(cons_engine_t *e, struct job *j, struct sl_outcome *o,
-                         enum sl_outcome_state state, uint32_t attempt)
+static void outcome_init(cons_engine_t *e,
+                         struct job *j,
+                         struct sl_outcome *o,
+                         enum sl_outcome_state state,
+                         uint32_t attempt)
 {
     memset(o, 0, sizeof(*o));
     o->id = j->d.id;
@@ -460,8 +465,8 @@ static int produce_outcome(cons_engine_t *e, struct job *j, const struct sl_outc
         return err.code;
     }
     j->acks_pending++;
-    if (sl_kafka_produce(e->producer, e->cfg->topic_outcomes, j->d.ep, strlen(j->d.ep),
-                         e->enc.data, e->enc.len, j, 60000, &err) != 0) {
+    if (sl_kafka_produce(e->producer, e->cfg->topic_outcomes, j->d.ep, strlen(j->d.ep), e->enc.data,
+                         e->enc.len, j, 60000, &err) != 0) {
         j->acks_pending--;
         sl_error("kafka", "outcome_produce_failed", "%s", err.msg);
         return err.code;
@@ -508,11 +513,11 @@ static void job_done_quiet(cons_engine_t *e, struct job *j)
  * outcome o (may be NULL) and settle. On Redis failure the job is held and retried; for a
  * Kafka job its offset stays unfinished meanwhile.
  */
-static void schedule_job(cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attempt,
-                         const struct sl_outcome *o);
+static void schedule_job(
+    cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attempt, const struct sl_outcome *o);
 
-static void hold(cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attempt,
-                 const struct sl_outcome *o)
+static void
+hold(cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attempt, const struct sl_outcome *o)
 {
     j->sched_due_ms = due_ms;
     j->sched_attempt = attempt;
@@ -525,8 +530,8 @@ static void hold(cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attem
     e->held = j;
 }
 
-static void schedule_job(cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attempt,
-                         const struct sl_outcome *o)
+static void schedule_job(
+    cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attempt, const struct sl_outcome *o)
 {
     sl_err_t err;
     uint32_t nshards = (uint32_t)e->cfg->retry_shards;
@@ -654,8 +659,7 @@ static void quarantine(cons_engine_t *e, struct job *j, const char *reason)
         RD_KAFKA_V_HEADER("sluice-reason", reason, (ssize_t)strlen(reason)),
         RD_KAFKA_V_HEADER("sluice-source-topic", e->cfg->topic_deliveries, -1),
         RD_KAFKA_V_HEADER("sluice-source-partition", part, -1),
-        RD_KAFKA_V_HEADER("sluice-source-offset", off, -1), RD_KAFKA_V_OPAQUE(j),
-        RD_KAFKA_V_END);
+        RD_KAFKA_V_HEADER("sluice-source-offset", off, -1), RD_KAFKA_V_OPAQUE(j), RD_KAFKA_V_END);
     if (ke != RD_KAFKA_RESP_ERR_NO_ERROR) {
         /* Keep the offset unfinished: the record comes back after a restart. */
         j->acks_pending--;
@@ -666,8 +670,13 @@ static void quarantine(cons_engine_t *e, struct job *j, const char *reason)
 }
 
 /* Dead-letter j (attempt = attempts spent incl. this one) with error class and message. */
-static void dead_letter(cons_engine_t *e, struct job *j, uint32_t attempt, uint32_t http,
-                        const char *err_class, const char *msg, const struct cons_http_result *r)
+static void dead_letter(cons_engine_t *e,
+                        struct job *j,
+                        uint32_t attempt,
+                        uint32_t http,
+                        const char *err_class,
+                        const char *msg,
+                        const struct cons_http_result *r)
 {
     struct sl_outcome o;
     outcome_init(e, j, &o, SL_OUTCOME_DEAD_LETTER, attempt);
@@ -971,8 +980,8 @@ static int cmp_renew_item(const void *a, const void *b)
 
 /* Renew the leases of items[0..n) (all in one shard) until until_ms; jobs whose lease was
  * taken by another claim are marked lease_lost. Returns 0 or the store's error code. */
-static int renew_batch(cons_engine_t *e, const struct renew_item *items, size_t n,
-                       int64_t until_ms, size_t *lost)
+static int renew_batch(
+    cons_engine_t *e, const struct renew_item *items, size_t n, int64_t until_ms, size_t *lost)
 {
     const char *ids[CONS_STORE_RENEW_MAX], *toks[CONS_STORE_RENEW_MAX];
     unsigned char kept[CONS_STORE_RENEW_MAX];
@@ -1054,8 +1063,8 @@ static bool lease_allows_send(cons_engine_t *e, struct job *j)
     if (j->lease_lost)
         return false;
     int64_t now = sl_now_ms();
-    int64_t need = (j->ce && j->ce->ep ? j->ce->ep->timeout_ms : e->cfg->http_timeout_ms) +
-                   LEASE_MARGIN_MS;
+    int64_t need =
+        (j->ce && j->ce->ep ? j->ce->ep->timeout_ms : e->cfg->http_timeout_ms) + LEASE_MARGIN_MS;
     if (j->lease_until_ms - now >= need)
         return true;
     struct renew_item it = {cons_store_shard(j->job_id, (uint32_t)e->cfg->retry_shards), j};
@@ -1279,8 +1288,7 @@ static bool breaker_allows(cons_engine_t *e, struct cons_ep *ce, bool *probe)
          * failures were seen here recently, and every BRK_STALE_MS anyway. */
         int64_t age = now_mono - ce->brk_refreshed_mono;
         bool recent = ce->last_failure_mono && now_mono - ce->last_failure_mono < 60000;
-        if (ce->brk_refreshed_mono == 0 || (recent && age > BRK_REFRESH_MS) ||
-            age > BRK_STALE_MS) {
+        if (ce->brk_refreshed_mono == 0 || (recent && age > BRK_REFRESH_MS) || age > BRK_STALE_MS) {
             struct cons_brk_view v;
             sl_err_t err;
             if (cons_store_brk_get(e->redis, ce->id, &v, &err) == 0)
@@ -1348,9 +1356,8 @@ static void dispatch(cons_engine_t *e)
             if (ce->probe_inflight)
                 continue;
             int64_t now = sl_now_ms();
-            int64_t until = ce->brk == CONS_BRK_OPEN && ce->brk_reopen_at > now
-                                ? ce->brk_reopen_at
-                                : now + 1000;
+            int64_t until = ce->brk == CONS_BRK_OPEN && ce->brk_reopen_at > now ? ce->brk_reopen_at
+                                                                                : now + 1000;
             sl_debug(SL_DBG_HTTP, "deliver", "breaker_defer",
                      "breaker %d for endpoint %s: deferring %zu queued until %lld", (int)ce->brk,
                      ce->id, ce->qlen, (long long)until);
@@ -1583,8 +1590,7 @@ static void retry_pmarks(cons_engine_t *e)
         free(e->pmarks[i].id);
     }
     e->npmarks = 0;
-    sl_info("redis", "markers_written", "%zu delivered markers written after redis came back",
-            n);
+    sl_info("redis", "markers_written", "%zu delivered markers written after redis came back", n);
 }
 
 /* Write delivered markers for the batch, then produce their outcomes. */
@@ -1709,8 +1715,10 @@ static void drain_for(cons_engine_t *e, int64_t bound_ms)
     }
 }
 
-static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
-                         rd_kafka_topic_partition_list_t *parts, void *opaque)
+static void rebalance_cb(rd_kafka_t *rk,
+                         rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *parts,
+                         void *opaque)
 {
     cons_engine_t *e = opaque;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
@@ -1778,25 +1786,25 @@ static void stats_line(cons_engine_t *e, bool force)
     double secs = (double)(STATS_INTERVAL_MS) / 1000.0;
     e->next_stats_mono = now + STATS_INTERVAL_MS;
     struct cons_stats *s = &e->st, *l = &e->st_last;
-    SL_LOGKV(SL_LOG_INFO, "stats", "stats",
-             ((struct sl_log_kv[]){
-                 SL_KV_I("received", s->received), SL_KV_I("claimed", s->claimed),
-                 SL_KV_I("sent", s->sent), SL_KV_I("delivered", s->delivered),
-                 SL_KV_I("retried", s->retried), SL_KV_I("dead", s->dead),
-                 SL_KV_I("duplicates", s->duplicates), SL_KV_I("deferred", s->deferred),
-                 SL_KV_I("spilled", s->spilled), SL_KV_I("quarantined", s->quarantined),
-                 SL_KV_I("probes", s->probes), SL_KV_I("inflight", cons_http_running(e->http)),
-                 SL_KV_I("in_memory", e->live),
-                 SL_KV_I("delivered_per_s", (int64_t)((double)(s->delivered - l->delivered) /
-                                                      secs))}),
-             "consumer stats");
+    SL_LOGKV(
+        SL_LOG_INFO, "stats", "stats",
+        ((struct sl_log_kv[]){
+            SL_KV_I("received", s->received), SL_KV_I("claimed", s->claimed),
+            SL_KV_I("sent", s->sent), SL_KV_I("delivered", s->delivered),
+            SL_KV_I("retried", s->retried), SL_KV_I("dead", s->dead),
+            SL_KV_I("duplicates", s->duplicates), SL_KV_I("deferred", s->deferred),
+            SL_KV_I("spilled", s->spilled), SL_KV_I("quarantined", s->quarantined),
+            SL_KV_I("probes", s->probes), SL_KV_I("inflight", cons_http_running(e->http)),
+            SL_KV_I("in_memory", e->live),
+            SL_KV_I("delivered_per_s", (int64_t)((double)(s->delivered - l->delivered) / secs))}),
+        "consumer stats");
     *l = *s;
 }
 
 /* ==== Life cycle ==== */
 
-cons_engine_t *cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endpoints,
-                               sl_err_t *err)
+cons_engine_t *
+cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endpoints, sl_err_t *err)
 {
     cons_engine_t *e = sl_xcalloc(1, sizeof(*e));
     e->cfg = cfg;
@@ -1843,8 +1851,8 @@ cons_engine_t *cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endp
      * the latency profile's 2 ms linger, batches of a few records each cost the broker about
      * a third more CPU per delivery, and librdkafka builds an lz4 context per batch
      * (bench/README.md, "What bounds it"). */
-    e->producer = sl_kafka_producer_new(cfg, "sluice-consumer-out", SL_KAFKA_THROUGHPUT, pconf,
-                                        dr_cb, err);
+    e->producer =
+        sl_kafka_producer_new(cfg, "sluice-consumer-out", SL_KAFKA_THROUGHPUT, pconf, dr_cb, err);
     if (!e->producer)
         goto fail;
     rd_kafka_conf_t *cconf = sl_kafka_conf_new(cfg, "sluice-consumer", err);

@@ -31,23 +31,23 @@ typedef struct cons_engine cons_engine_t;
 
 /* Counters since start (read by stats lines and tests). */
 struct cons_stats {
-    uint64_t received;     /* records taken from Kafka */
-    uint64_t claimed;      /* jobs claimed from the Redis schedule */
-    uint64_t sent;         /* requests started */
-    uint64_t delivered;    /* 2xx */
-    uint64_t retried;      /* retries scheduled */
-    uint64_t dead;         /* dead letters */
-    uint64_t duplicates;   /* skipped by the delivered marker */
-    uint64_t deferred;     /* breaker-deferred, no attempt spent */
-    uint64_t spilled;      /* moved to the schedule by the backlog bound */
-    uint64_t quarantined;  /* invalid records */
-    uint64_t probes;       /* half-open probes sent */
+    uint64_t received;    /* records taken from Kafka */
+    uint64_t claimed;     /* jobs claimed from the Redis schedule */
+    uint64_t sent;        /* requests started */
+    uint64_t delivered;   /* 2xx */
+    uint64_t retried;     /* retries scheduled */
+    uint64_t dead;        /* dead letters */
+    uint64_t duplicates;  /* skipped by the delivered marker */
+    uint64_t deferred;    /* breaker-deferred, no attempt spent */
+    uint64_t spilled;     /* moved to the schedule by the backlog bound */
+    uint64_t quarantined; /* invalid records */
+    uint64_t probes;      /* half-open probes sent */
 };
 
 /* Build the engine: connects to Kafka (consumer + outcome producer) and Redis. endpoints is
  * borrowed for the engine's life. Returns NULL with err filled. */
-cons_engine_t *cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endpoints,
-                               sl_err_t *err);
+cons_engine_t *
+cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endpoints, sl_err_t *err);
 
 /* Run until cons_engine_stop; then drain, reschedule, flush, commit. Returns 0 on a clean
  * shutdown, or a negative SL_E* code on a fatal error. */

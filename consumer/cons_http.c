@@ -56,16 +56,16 @@ struct xfer {
 };
 
 struct cons_http {
-    CURLM *multi;                 /* the multi handle */
-    int epfd;                     /* epoll set */
-    int64_t timer_deadline_ms;    /* curl timer (monotonic ms); -1 = none */
-    int running;                  /* transfers running */
-    struct xfer *pool;            /* free transfers */
-    struct cons_http_opts opts;   /* copied; pointers borrowed */
-    int extra_fds[4];             /* watched fds */
-    int n_extra;                  /* entries in extra_fds */
-    CURLSH *shares[CONN_CACHES];  /* connection caches (see CONN_CACHES); NULL = the multi's */
-    unsigned n_xfers;             /* easy handles created, to spread them over the shares */
+    CURLM *multi;                /* the multi handle */
+    int epfd;                    /* epoll set */
+    int64_t timer_deadline_ms;   /* curl timer (monotonic ms); -1 = none */
+    int running;                 /* transfers running */
+    struct xfer *pool;           /* free transfers */
+    struct cons_http_opts opts;  /* copied; pointers borrowed */
+    int extra_fds[4];            /* watched fds */
+    int n_extra;                 /* entries in extra_fds */
+    CURLSH *shares[CONN_CACHES]; /* connection caches (see CONN_CACHES); NULL = the multi's */
+    unsigned n_xfers;            /* easy handles created, to spread them over the shares */
 };
 
 static int sock_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
@@ -119,14 +119,12 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *userp)
     return n;
 }
 
-static curl_socket_t opensocket_cb(void *clientp, curlsocktype purpose,
-                                   struct curl_sockaddr *addr)
+static curl_socket_t opensocket_cb(void *clientp, curlsocktype purpose, struct curl_sockaddr *addr)
 {
     struct xfer *x = clientp;
     (void)purpose;
     const char *why = NULL;
-    if (x->h->opts.ssrf &&
-        !cons_ssrf_allowed(x->h->opts.ssrf, &addr->addr, addr->addrlen, &why)) {
+    if (x->h->opts.ssrf && !cons_ssrf_allowed(x->h->opts.ssrf, &addr->addr, addr->addrlen, &why)) {
         x->refusal = CONS_REFUSAL_SSRF;
         x->refusal_why = why;
         return CURL_SOCKET_BAD;
@@ -222,7 +220,9 @@ static void xfer_put(cons_http_t *h, struct xfer *x)
     h->pool = x;
 }
 
-int cons_http_start(cons_http_t *h, const struct cons_http_req *req, void **handle_out,
+int cons_http_start(cons_http_t *h,
+                    const struct cons_http_req *req,
+                    void **handle_out,
                     sl_err_t *err)
 {
     struct xfer *x = xfer_get(h);

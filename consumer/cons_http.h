@@ -31,21 +31,21 @@ typedef struct cons_http cons_http_t;
 
 /* What came back from one request. */
 struct cons_http_result {
-    int curl_code;              /* CURLcode as int */
-    long status;                /* HTTP status; 0 = none */
-    long retry_after_s;         /* CURLINFO_RETRY_AFTER; 0 = none */
-    enum cons_refusal refusal;  /* set when our callbacks refused or aborted */
-    const char *refusal_why;    /* static detail for SSRF refusals (e.g. "loopback") */
-    int64_t total_us;           /* CURLINFO_TOTAL_TIME_T */
-    int64_t dns_us;             /* name lookup */
-    int64_t connect_us;         /* TCP connect (after DNS); 0 on a reused connection */
-    int64_t tls_us;             /* TLS handshake; 0 for http or reuse */
-    int64_t ttfb_us;            /* time to first response byte */
-    const uint8_t *resp;        /* kept prefix of the response body (borrowed until the
-                                   callback returns) */
-    size_t resp_len;            /* bytes in resp */
-    uint64_t resp_total;        /* response bytes received */
-    const char *errbuf;         /* libcurl's error text ("" if none) */
+    int curl_code;             /* CURLcode as int */
+    long status;               /* HTTP status; 0 = none */
+    long retry_after_s;        /* CURLINFO_RETRY_AFTER; 0 = none */
+    enum cons_refusal refusal; /* set when our callbacks refused or aborted */
+    const char *refusal_why;   /* static detail for SSRF refusals (e.g. "loopback") */
+    int64_t total_us;          /* CURLINFO_TOTAL_TIME_T */
+    int64_t dns_us;            /* name lookup */
+    int64_t connect_us;        /* TCP connect (after DNS); 0 on a reused connection */
+    int64_t tls_us;            /* TLS handshake; 0 for http or reuse */
+    int64_t ttfb_us;           /* time to first response byte */
+    const uint8_t *resp;       /* kept prefix of the response body (borrowed until the
+                                  callback returns) */
+    size_t resp_len;           /* bytes in resp */
+    uint64_t resp_total;       /* response bytes received */
+    const char *errbuf;        /* libcurl's error text ("" if none) */
 };
 
 /* Called once per request, from cons_http_run. */
@@ -53,15 +53,15 @@ typedef void (*cons_http_done_cb)(void *opaque, const struct cons_http_result *r
 
 /* One request. Every pointer is borrowed until the done callback has run. */
 struct cons_http_req {
-    const char *method;             /* "POST", "GET", ... */
-    const char *url;                /* full URL (may carry secrets in its query: never logged) */
-    struct curl_slist *headers;     /* complete header list */
-    const uint8_t *body;            /* request body (NULL with len 0 for GET) */
-    size_t body_len;                /* bytes */
-    long timeout_ms;                /* total */
-    long connect_timeout_ms;        /* connect incl. TLS */
-    cons_http_done_cb done;         /* completion callback */
-    void *opaque;                   /* passed to done */
+    const char *method;         /* "POST", "GET", ... */
+    const char *url;            /* full URL (may carry secrets in its query: never logged) */
+    struct curl_slist *headers; /* complete header list */
+    const uint8_t *body;        /* request body (NULL with len 0 for GET) */
+    size_t body_len;            /* bytes */
+    long timeout_ms;            /* total */
+    long connect_timeout_ms;    /* connect incl. TLS */
+    cons_http_done_cb done;     /* completion callback */
+    void *opaque;               /* passed to done */
 };
 
 struct cons_http_opts {
@@ -76,7 +76,9 @@ void cons_http_destroy(cons_http_t *h);
 
 /* Start a request. Returns 0 (done will be called exactly once) or SL_E* (never called).
  * *handle_out (optional) identifies it for cons_http_cancel. */
-int cons_http_start(cons_http_t *h, const struct cons_http_req *req, void **handle_out,
+int cons_http_start(cons_http_t *h,
+                    const struct cons_http_req *req,
+                    void **handle_out,
                     sl_err_t *err);
 /* Abort a running request without calling its done callback. */
 void cons_http_cancel(cons_http_t *h, void *handle);

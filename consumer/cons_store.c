@@ -19,12 +19,13 @@
 #include "consumer/cons_store.h"
 
 #include <inttypes.h>
-#include <openssl/evp.h>
-#include <openssl/rand.h>
-#include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
 
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
@@ -581,12 +582,11 @@ int cons_store_renew(sl_redis_t *r,
     if (!valid_ms(until_ms))
         return sl_err_set(err, SL_EINVAL, "cannot %s: lease expiry out of range", op);
     if (n < 1 || n > CONS_STORE_RENEW_MAX || !job_ids || !tokens || !kept)
-        return sl_err_set(err, SL_EINVAL, "cannot %s: need 1..%d jobs", op,
-                          CONS_STORE_RENEW_MAX);
+        return sl_err_set(err, SL_EINVAL, "cannot %s: need 1..%d jobs", op, CONS_STORE_RENEW_MAX);
     for (size_t i = 0; i < n; i++) {
         if (!valid_job_id(job_ids[i]) || !valid_token(tokens[i]))
-            return sl_err_set(err, SL_EINVAL, "cannot %s: job %zu has a malformed id or token",
-                              op, i);
+            return sl_err_set(err, SL_EINVAL, "cannot %s: job %zu has a malformed id or token", op,
+                              i);
     }
     struct job_keys k;
     job_keys(&k, shard, "");
@@ -867,8 +867,8 @@ int cons_store_done_check(sl_redis_t *r,
     return pipe_run(r, &ops, n, op, err);
 }
 
-int cons_store_dead_mark(sl_redis_t *r, const char *endpoint_id, const char *event_id,
-                         int64_t ttl_s, sl_err_t *err)
+int cons_store_dead_mark(
+    sl_redis_t *r, const char *endpoint_id, const char *event_id, int64_t ttl_s, sl_err_t *err)
 {
     static const char op[] = "set dead-letter marker";
     const char *eps[1] = {endpoint_id}, *ids[1] = {event_id};
@@ -1066,12 +1066,19 @@ static struct sl_redis_script lua_rate_take = {
     "return {g, wait}\n",
     ""};
 
-int cons_store_rate_take(sl_redis_t *r, const char *endpoint_id, int64_t rate, int64_t period_ms,
-                         int64_t burst, int64_t want, int64_t now_ms, int64_t *granted,
-                         int64_t *wait_ms, sl_err_t *err)
+int cons_store_rate_take(sl_redis_t *r,
+                         const char *endpoint_id,
+                         int64_t rate,
+                         int64_t period_ms,
+                         int64_t burst,
+                         int64_t want,
+                         int64_t now_ms,
+                         int64_t *granted,
+                         int64_t *wait_ms,
+                         sl_err_t *err)
 {
-    if (!valid_str(endpoint_id, SL_ENDPOINT_ID_MAX) || rate <= 0 || period_ms <= 0 ||
-        burst <= 0 || want <= 0)
+    if (!valid_str(endpoint_id, SL_ENDPOINT_ID_MAX) || rate <= 0 || period_ms <= 0 || burst <= 0 ||
+        want <= 0)
         return sl_err_set(err, SL_EINVAL, "cannot take rate tokens: invalid arguments");
     char key[SL_ENDPOINT_ID_MAX + 32];
     snprintf(key, sizeof(key), "sluice:rate:{%s}", endpoint_id);

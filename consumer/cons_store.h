@@ -58,7 +58,7 @@
 #define CONS_STORE_OWNER_MAX  128                /* bytes; breaker probe owner id */
 #define CONS_STORE_RENEW_MAX  29                 /* jobs per renew call (64 script args) */
 /* ms; cap on every time or duration argument, so sums stay exact in Lua's doubles */
-#define CONS_STORE_MS_MAX     (INT64_C(1) << 50)
+#define CONS_STORE_MS_MAX (INT64_C(1) << 50)
 
 /* Compute the job id (41 bytes incl. NUL, lowercase hex) of an (endpoint, event) pair.
  * Both strings are borrowed. Aborts only if OpenSSL cannot compute SHA-1 at all. */
@@ -80,8 +80,14 @@ uint32_t cons_store_shard(const char *job_id, uint32_t nshards);
  * so no stale token can touch it. body (body_len bytes, binary, <= CONS_STORE_BODY_MAX;
  * NULL only when body_len is 0) and the strings are borrowed. due_ms: unix ms.
  */
-int cons_store_schedule(sl_redis_t *r, uint32_t nshards, const char *job_id, const void *body,
-                        size_t body_len, int64_t due_ms, const char *lease_token, int *existed,
+int cons_store_schedule(sl_redis_t *r,
+                        uint32_t nshards,
+                        const char *job_id,
+                        const void *body,
+                        size_t body_len,
+                        int64_t due_ms,
+                        const char *lease_token,
+                        int *existed,
                         sl_err_t *err);
 
 /* One claimed job. body is owned by the batch. */
@@ -100,16 +106,21 @@ struct cons_claimed {
  * the number claimed (>= 0) with *out a malloc'd array the caller frees with
  * cons_store_claimed_free (NULL when 0 were claimed), or a negative SL_E* code (*out NULL).
  */
-int cons_store_claim(sl_redis_t *r, uint32_t shard, int64_t now_ms, int64_t lease_ms, int max,
-                     struct cons_claimed **out, sl_err_t *err);
+int cons_store_claim(sl_redis_t *r,
+                     uint32_t shard,
+                     int64_t now_ms,
+                     int64_t lease_ms,
+                     int max,
+                     struct cons_claimed **out,
+                     sl_err_t *err);
 /* Free a claim batch of n jobs (NULL-safe). */
 void cons_store_claimed_free(struct cons_claimed *c, int n);
 
 /* Remove a claimed job (delivered, dead-lettered, or dropped) if the lease is still ours.
  * Returns 0, or SL_ESTATE if the lease was lost (someone else owns it now, or the job was
  * rescheduled or completed already). */
-int cons_store_complete(sl_redis_t *r, uint32_t nshards, const char *job_id, const char *token,
-                        sl_err_t *err);
+int cons_store_complete(
+    sl_redis_t *r, uint32_t nshards, const char *job_id, const char *token, sl_err_t *err);
 
 /*
  * Keep the leases of n claimed jobs of one shard alive until until_ms (unix ms): a job whose
@@ -120,8 +131,13 @@ int cons_store_complete(sl_redis_t *r, uint32_t nshards, const char *job_id, con
  * in shard (cons_store_shard of its id). Ids, tokens and kept are borrowed. Not retried on a
  * lost connection (its effect is unknown; the caller renews again later). Returns 0 or SL_E*.
  */
-int cons_store_renew(sl_redis_t *r, uint32_t shard, int64_t until_ms, size_t n,
-                     const char *const *job_ids, const char *const *tokens, unsigned char *kept,
+int cons_store_renew(sl_redis_t *r,
+                     uint32_t shard,
+                     int64_t until_ms,
+                     size_t n,
+                     const char *const *job_ids,
+                     const char *const *tokens,
+                     unsigned char *kept,
                      sl_err_t *err);
 
 /* Is a job with this id scheduled or leased (its body key exists)? 1 yes, 0 no, negative on
@@ -131,8 +147,8 @@ int cons_store_job_exists(sl_redis_t *r, uint32_t nshards, const char *job_id, s
 /* Counts for health, over all shards in pipelined round trips: *scheduled = jobs in the
  * schedule (ZCARD, leased ones included), *leased = jobs holding a lease entry (HLEN; a lease
  * that expired but was not re-claimed yet still counts). Returns 0 or negative. */
-int cons_store_counts(sl_redis_t *r, uint32_t nshards, int64_t *scheduled, int64_t *leased,
-                      sl_err_t *err);
+int cons_store_counts(
+    sl_redis_t *r, uint32_t nshards, int64_t *scheduled, int64_t *leased, sl_err_t *err);
 
 /* ==== Dedup markers ==== */
 
@@ -143,17 +159,25 @@ int cons_store_counts(sl_redis_t *r, uint32_t nshards, int64_t *scheduled, int64
  * round trip). out[i] = CONS_DONE_DELIVERED when already delivered, CONS_DONE_DEAD when
  * dead-lettered, else 0. Ids are borrowed C strings (endpoint <= SL_ENDPOINT_ID_MAX, event
  * <= SL_EVENT_ID_MAX bytes). Returns 0 or negative (out is then unspecified). */
-int cons_store_done_check(sl_redis_t *r, size_t n, const char *const *endpoint_ids,
-                          const char *const *event_ids, unsigned char *out, sl_err_t *err);
+int cons_store_done_check(sl_redis_t *r,
+                          size_t n,
+                          const char *const *endpoint_ids,
+                          const char *const *event_ids,
+                          unsigned char *out,
+                          sl_err_t *err);
 /* Set a dead-letter marker (SET key d EX ttl_s NX, ttl_s >= 1) for one pair: only where no
  * marker is, so a delivered marker is never downgraded. Ids are borrowed. Idempotent
  * (retried once on a lost connection). Returns 0 or negative. */
-int cons_store_dead_mark(sl_redis_t *r, const char *endpoint_id, const char *event_id,
-                         int64_t ttl_s, sl_err_t *err);
+int cons_store_dead_mark(
+    sl_redis_t *r, const char *endpoint_id, const char *event_id, int64_t ttl_s, sl_err_t *err);
 /* Set markers (SET key 1 EX ttl_s, ttl_s >= 1) for n pairs, pipelined like done_check.
  * On error some markers may be set (setting one twice is harmless). */
-int cons_store_done_mark(sl_redis_t *r, size_t n, const char *const *endpoint_ids,
-                         const char *const *event_ids, int64_t ttl_s, sl_err_t *err);
+int cons_store_done_mark(sl_redis_t *r,
+                         size_t n,
+                         const char *const *endpoint_ids,
+                         const char *const *event_ids,
+                         int64_t ttl_s,
+                         sl_err_t *err);
 
 /* ==== Circuit breaker ==== */
 
@@ -186,9 +210,16 @@ struct cons_brk_view {
  *     breaker opened: failures++ only (no extension of the cooldown, no state change).
  * now_ms is the caller's clock (pods' clocks are assumed roughly in sync). out may be NULL.
  */
-int cons_store_brk_record(sl_redis_t *r, const char *endpoint_id, int success, int64_t now_ms,
-                          int64_t threshold, int64_t cooldown_base_ms, int64_t cooldown_max_ms,
-                          const char *owner, struct cons_brk_view *out, sl_err_t *err);
+int cons_store_brk_record(sl_redis_t *r,
+                          const char *endpoint_id,
+                          int success,
+                          int64_t now_ms,
+                          int64_t threshold,
+                          int64_t cooldown_base_ms,
+                          int64_t cooldown_max_ms,
+                          const char *owner,
+                          struct cons_brk_view *out,
+                          sl_err_t *err);
 
 /*
  * Ask to send while the breaker may be open. closed -> state closed (send; nothing written).
@@ -199,13 +230,19 @@ int cons_store_brk_record(sl_redis_t *r, const char *endpoint_id, int success, i
  * again while its lease is live also gets probe=0, so one owner cannot send two probes.
  * owner: borrowed, 1..CONS_STORE_OWNER_MAX bytes (e.g. the pod's instance id).
  */
-int cons_store_brk_acquire(sl_redis_t *r, const char *endpoint_id, int64_t now_ms,
-                           int64_t probe_lease_ms, const char *owner, struct cons_brk_view *out,
+int cons_store_brk_acquire(sl_redis_t *r,
+                           const char *endpoint_id,
+                           int64_t now_ms,
+                           int64_t probe_lease_ms,
+                           const char *owner,
+                           struct cons_brk_view *out,
                            sl_err_t *err);
 
 /* Read the breaker without changing it (for refreshing local caches and for health).
  * probe is always 0. */
-int cons_store_brk_get(sl_redis_t *r, const char *endpoint_id, struct cons_brk_view *out,
+int cons_store_brk_get(sl_redis_t *r,
+                       const char *endpoint_id,
+                       struct cons_brk_view *out,
                        sl_err_t *err);
 
 /* ==== Rate limit (token bucket shared by all pods) ==== */
@@ -218,8 +255,15 @@ int cons_store_brk_get(sl_redis_t *r, const char *endpoint_id, struct cons_brk_v
  * Redis round trip per delivery; leased tokens count as spent, so the pods together never
  * exceed the bucket. Returns 0 or SL_E*.
  */
-int cons_store_rate_take(sl_redis_t *r, const char *endpoint_id, int64_t rate, int64_t period_ms,
-                         int64_t burst, int64_t want, int64_t now_ms, int64_t *granted,
-                         int64_t *wait_ms, sl_err_t *err);
+int cons_store_rate_take(sl_redis_t *r,
+                         const char *endpoint_id,
+                         int64_t rate,
+                         int64_t period_ms,
+                         int64_t burst,
+                         int64_t want,
+                         int64_t now_ms,
+                         int64_t *granted,
+                         int64_t *wait_ms,
+                         sl_err_t *err);
 
 #endif /* CONS_STORE_H */

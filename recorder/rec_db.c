@@ -93,8 +93,8 @@ static const char SQL_COPY[] = "copy rec_stage from stdin with (format binary)";
     "     and ts >= now() - make_interval(hours => $1::int)"                                       \
     "  returning 1"                                                                                \
     "), win as (" /* per key: the batch's winner (deliveries_replaces order: earliest delivered,   \
-                   * else the greatest (ts, state)) and the batch's aggregates; the window is                                   \
-                   * ordered like the DISTINCT ON, so one sort serves both, and the result comes                                        \
+                   * else the greatest (ts, state)) and the batch's aggregates; the window is      \
+                   * ordered like the DISTINCT ON, so one sort serves both, and the result comes   \
                    * out in key order */                                                           \
     "  select distinct on (event_id, endpoint_id) *,"                                              \
     "         max(attempt) over k as attempts, min(ts) over k as first_seen,"                      \
@@ -141,7 +141,7 @@ static const char SQL_COPY[] = "copy rec_stage from stdin with (format binary)";
     "    recorded_at = now()"                                                                      \
     "  returning event_id, endpoint_id, last_dead_at"                                              \
     "), res as (" /* dead letters resolved by this batch: keys that died before and are now        \
-                   * delivered later (RETURNING shows the row after the upsert, so an earlier                                          \
+                   * delivered later (RETURNING shows the row after the upsert, so an earlier      \
                    * death is known without a probe) */                                            \
     "  update dead_letters dl set resolved_at = w.ts"                                              \
     "    from dlv r join win w on w.event_id = r.event_id and w.endpoint_id = r.endpoint_id"       \

@@ -353,7 +353,8 @@ static int flush(rec_loop_t *l)
  * string is searched first so ordinary outcomes are not decoded twice. */
 static void note_disable(rec_loop_t *l, const void *payload, size_t len)
 {
-    static const char marker[] = "\xa8" "disabled"; /* msgpack fixstr "disabled" */
+    static const char marker[] = "\xa8"
+                                 "disabled"; /* msgpack fixstr "disabled" */
     if (!payload || !memmem(payload, len, marker, sizeof(marker) - 1))
         return;
     struct sl_outcome o;
@@ -390,8 +391,7 @@ static void apply_disables(rec_loop_t *l)
     for (size_t i = 0; i < l->n_disable; i++) {
         struct disable_req *d = &l->disable[i];
         bool changed = false;
-        int rc = sl_reg_disable(l->reg_pg, &l->reg_pub, d->id, d->reason, d->ts_ms, &changed,
-                                &err);
+        int rc = sl_reg_disable(l->reg_pg, &l->reg_pub, d->id, d->reason, d->ts_ms, &changed, &err);
         if (rc == 0 || rc == SL_ENOTFOUND) {
             if (changed)
                 SL_LOGKV(SL_LOG_WARN, "registry", "endpoint_disabled",
@@ -399,8 +399,7 @@ static void apply_disables(rec_loop_t *l)
                          "endpoint disabled at a consumer's request: %s", d->reason);
             continue;
         }
-        sl_warn("registry", "disable_failed", "could not disable endpoint %s: %s", d->id,
-                err.msg);
+        sl_warn("registry", "disable_failed", "could not disable endpoint %s: %s", d->id, err.msg);
         if (PQstatus(l->reg_pg) != CONNECTION_OK) {
             PQfinish(l->reg_pg);
             l->reg_pg = NULL;

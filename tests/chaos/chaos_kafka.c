@@ -44,10 +44,10 @@ static rd_kafka_t *client_new(rd_kafka_type_t type, const char *brokers, const c
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers, errstr, sizeof(errstr)) !=
             RD_KAFKA_CONF_OK ||
-        (group && (rd_kafka_conf_set(conf, "group.id", group, errstr, sizeof(errstr)) !=
-                       RD_KAFKA_CONF_OK ||
-                   rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr,
-                                     sizeof(errstr)) != RD_KAFKA_CONF_OK))) {
+        (group &&
+         (rd_kafka_conf_set(conf, "group.id", group, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
+          rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, sizeof(errstr)) !=
+              RD_KAFKA_CONF_OK))) {
         fprintf(stderr, "sl-chaos-kafka: cannot configure the client: %s\n", errstr);
         rd_kafka_conf_destroy(conf);
         return NULL;
@@ -73,8 +73,9 @@ static int lag_main(const char *brokers, const char *group, const char *topic)
     rd_kafka_topic_destroy(rkt);
     if (ke != RD_KAFKA_RESP_ERR_NO_ERROR || md->topic_cnt != 1 || md->topics[0].err) {
         fprintf(stderr, "sl-chaos-kafka: could not read metadata of the topic: %s\n",
-                rd_kafka_err2str(ke ? ke : md->topic_cnt ? md->topics[0].err
-                                                         : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
+                rd_kafka_err2str(ke              ? ke
+                                 : md->topic_cnt ? md->topics[0].err
+                                                 : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
         goto out;
     }
     int n = md->topics[0].partition_cnt;
@@ -101,8 +102,7 @@ static int lag_main(const char *brokers, const char *group, const char *topic)
         ke = rd_kafka_query_watermark_offsets(rk, topic, p->partition, &lo, &hi, CK_TIMEOUT_MS);
         if (ke != RD_KAFKA_RESP_ERR_NO_ERROR) {
             fprintf(stderr,
-                    "sl-chaos-kafka: could not read the watermarks of partition %" PRId32
-                    ": %s\n",
+                    "sl-chaos-kafka: could not read the watermarks of partition %" PRId32 ": %s\n",
                     p->partition, rd_kafka_err2str(ke));
             goto out;
         }
@@ -142,8 +142,8 @@ static int delete_main(const char *brokers, int n, char **topics)
     q = rd_kafka_queue_new(rk);
     rd_kafka_AdminOptions_t *opt = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_DELETETOPICS);
     char errstr[256];
-    if (rd_kafka_AdminOptions_set_operation_timeout(opt, CK_TIMEOUT_MS, errstr,
-                                                    sizeof(errstr)) != RD_KAFKA_RESP_ERR_NO_ERROR)
+    if (rd_kafka_AdminOptions_set_operation_timeout(opt, CK_TIMEOUT_MS, errstr, sizeof(errstr)) !=
+        RD_KAFKA_RESP_ERR_NO_ERROR)
         fprintf(stderr, "sl-chaos-kafka: %s (using the default timeout)\n", errstr);
     rd_kafka_DeleteTopics(rk, del, (size_t)n, opt, q);
     rd_kafka_AdminOptions_destroy(opt);

@@ -73,7 +73,7 @@ static size_t make_body(size_t i, uint8_t *b)
     size_t want = i % 5 == 0 ? MAX_BODY : rnd(MAX_BODY + 1);
     size_t n = 0;
     if (i % 2 == 0 && want >= 16) { /* JSON-shaped */
-        n += (size_t)sprintf((char *)b, "{\"i\":%zu,\"s\":\"", i);
+        n += (size_t)snprintf((char *)b, want, "{\"i\":%zu,\"s\":\"", i);
         while (n < want - 2) {
             size_t w = put_char(b + n, want - 2 - n);
             if (w == 0)

@@ -365,7 +365,8 @@ static int group_setup(void **state)
     const char *brokers = sl_test_env("SLUICE_KAFKA_BROKERS");
     const char *dsn = sl_test_env("SLUICE_PG_DSN");
     const char *mult = getenv("SL_TEST_TIMEOUT_MULT");
-    E.wait_ms = 2000 * (mult && atoi(mult) > 0 ? atoi(mult) : 1);
+    long mv = mult ? strtol(mult, NULL, 10) : 0;
+    E.wait_ms = 2000 * (mv > 0 ? (int)mv : 1);
     rand_hex(rnd, 8);
     snprintf(E.topic, sizeof(E.topic), "test.ep.%s", rnd);
     snprintf(E.prefix, sizeof(E.prefix), "t%.8s-", rnd);

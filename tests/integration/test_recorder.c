@@ -1327,8 +1327,9 @@ static int setup(void **state)
     g_brokers = sl_test_env("SLUICE_KAFKA_BROKERS");
     g_dsn = sl_test_env("SLUICE_PG_DSN");
     const char *m = getenv("SL_TEST_TIMEOUT_MULT");
-    if (m && atoi(m) > 1)
-        g_mult = atoi(m);
+    long mv = m ? strtol(m, NULL, 10) : 0;
+    if (mv > 1)
+        g_mult = (int)mv;
     g_pg = PQconnectdb(g_dsn);
     if (PQstatus(g_pg) != CONNECTION_OK) {
         fprintf(stderr, "cannot connect to %s: %s", g_dsn, PQerrorMessage(g_pg));

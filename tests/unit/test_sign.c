@@ -266,7 +266,7 @@ static void test_sign_rejects_bad_input(void **state)
     static const char *const bad_ids[] = {
         "", "a.b", "a b", "a\r\nx-injected: 1", "caf\xc3\xa9", "tab\there"};
     for (size_t i = 0; i < sizeof(bad_ids) / sizeof(bad_ids[0]); i++) {
-        strcpy(out, "junk");
+        snprintf(out, sizeof(out), "junk");
         assert_int_equal(sl_signer_sign(sg, bad_ids[i], 1, NULL, 0, out, sizeof(out), &err),
                          SL_EINVAL);
         assert_string_equal(out, "");
@@ -617,9 +617,9 @@ static void test_verify_malformed(void **state)
      * the valid entry first. */
     char *big = malloc(SL_VERIFY_HEADER_MAX + 2);
     assert_non_null(big);
-    size_t o = (size_t)sprintf(big, "%s", VEC_SIG);
+    size_t o = (size_t)snprintf(big, SL_VERIFY_HEADER_MAX + 2, "%s", VEC_SIG);
     for (int i = 1; i < SL_VERIFY_MAX_ENTRIES; i++) {
-        o += (size_t)sprintf(big + o, " v9,");
+        o += (size_t)snprintf(big + o, SL_VERIFY_HEADER_MAX + 2 - o, " v9,");
         size_t fill = i + 1 < SL_VERIFY_MAX_ENTRIES ? 60 : SL_VERIFY_HEADER_MAX - o;
         memset(big + o, 'A', fill);
         o += fill;
@@ -628,9 +628,9 @@ static void test_verify_malformed(void **state)
     assert_int_equal(o, SL_VERIFY_HEADER_MAX);
     assert_int_equal(verify_vec(&s, 1, VEC_MSG_ID, VEC_TS_STR, big, VEC_PAYLOAD, t, &err), 0);
     /* Over the entry limit. */
-    o = (size_t)sprintf(big, "%s", VEC_SIG);
+    o = (size_t)snprintf(big, SL_VERIFY_HEADER_MAX + 2, "%s", VEC_SIG);
     for (int i = 0; i < SL_VERIFY_MAX_ENTRIES; i++)
-        o += (size_t)sprintf(big + o, " v9,A");
+        o += (size_t)snprintf(big + o, SL_VERIFY_HEADER_MAX + 2 - o, " v9,A");
     assert_int_equal(verify_vec(&s, 1, VEC_MSG_ID, VEC_TS_STR, big, VEC_PAYLOAD, t, &err),
                      SL_EDECODE);
     /* Over the byte limit. */

@@ -229,7 +229,7 @@ static void test_validate_length_and_secrecy(void **state)
     /* Exactly SL_URL_MAX bytes passes, one more fails. */
     char *u = malloc(SL_URL_MAX + 2);
     assert_non_null(u);
-    strcpy(u, "https://h.example/");
+    snprintf(u, SL_URL_MAX + 2, "https://h.example/");
     size_t n = strlen(u);
     memset(u + n, 'a', SL_URL_MAX - n);
     u[SL_URL_MAX] = '\0';
