@@ -172,7 +172,7 @@ class World:
         self.tag = rand_suffix()
         self.secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
         base_redis = os.environ["SLUICE_REDIS_URL"].split("/")[0:3]
-        db = random.randint(1, 15)
+        db = self._lock_redis_db(base_redis)
         self.redis_url = "/".join(base_redis) + f"/{db}"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         self.env.update({
@@ -197,6 +197,24 @@ class World:
         assert r.returncode == 0, r.stderr
         self.consumers = []
         self.receivers = []
+
+    def _lock_redis_db(self, base):
+        """A Redis database of our own: retry schedules of two worlds must never mix (tests
+        run in parallel under ctest -j). Held with an exclusive lock file until close()."""
+        import fcntl
+        tag = "".join(c for c in "".join(base) if c.isalnum())
+        for _ in range(600):
+            for db in range(1, 16):
+                f = open(f"/tmp/sluice-e2e-{tag}-db{db}.lock", "w")
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    f.close()
+                    continue
+                self._db_lock = f
+                return db
+            time.sleep(0.1)
+        pytest.fail("no free Redis database for the test world", pytrace=False)
 
     def bin(self, rel):
         p = os.path.join(self.bindir, rel)
@@ -250,6 +268,10 @@ class World:
                 c.kill9()
         for r in self.receivers:
             r.stop()
+        lock = getattr(self, "_db_lock", None)
+        if lock:
+            lock.close()
+            self._db_lock = None
 
 
 def event(ep, i, tag, body=None, **extra):
