@@ -3,7 +3,6 @@ table, the machine, the command), <stem>-throughput.png and <stem>-latency-cdf.p
 Also usable on its own to redraw a committed JSON:  python3 bench/report.py results.json
 """
 
-import datetime
 import json
 import os
 import shutil
@@ -256,7 +255,7 @@ def plots(r, outdir, stem, work):
     if series:
         png = os.path.join(outdir, f"{stem}-throughput.png")
         base = ph.get("wrk", {}).get("requests_per_s")
-        gp = [f"set terminal {term}", f"set output '{png}'",
+        gp = [f"set terminal {term}", "set termoption noenhanced", f"set output '{png}'",
               "set title 'Deliveries per second (outcome timestamps), " + r["date"] + "'",
               "set xlabel 'seconds since the first delivery'", "set ylabel 'delivered / s'",
               "set grid", "set key outside bottom center horizontal", "set yrange [0:*]"]
@@ -270,20 +269,22 @@ def plots(r, outdir, stem, work):
     cdfs = []
     lat = ph.get("latency", {})
     for prof, run in lat.get("runs", {}).items():
-        if run.get("cdf_file") and os.path.exists(run["cdf_file"]):
+        src = run.get("cdf_file") or os.path.join(work, f"cdf-latency-{prof}.tsv")
+        if os.path.exists(src):
             dst = os.path.join(work, f"plot-cdf-{prof}.dat")
-            thin_cdf(run["cdf_file"], dst)
+            thin_cdf(src, dst)
             label = ("paced at %s/s, producer library (linger 50 ms)" if prof == "lib" else
                      "paced at %s/s, latency profile (linger 2 ms)") % f"{lat['rate']:,}"
             cdfs.append((label, dst))
     e2e = ph.get("e2e", {})
-    if e2e.get("cdf_file") and os.path.exists(e2e["cdf_file"]):
+    src = e2e.get("cdf_file") or os.path.join(work, "cdf-e2e.tsv")
+    if e2e and os.path.exists(src):
         dst = os.path.join(work, "plot-cdf-e2e.dat")
-        thin_cdf(e2e["cdf_file"], dst)
+        thin_cdf(src, dst)
         cdfs.append(("draining a 1M backlog (queueing)", dst))
     if cdfs:
         png = os.path.join(outdir, f"{stem}-latency-cdf.png")
-        gp = [f"set terminal {term}", f"set output '{png}'",
+        gp = [f"set terminal {term}", "set termoption noenhanced", f"set output '{png}'",
               "set title 'Publish-to-delivered latency CDF (outcome ts_ms - created_ms), "
               + r["date"] + "'",
               "set xlabel 'latency (ms, log scale)'", "set ylabel 'fraction delivered'",
@@ -339,7 +340,15 @@ def write(r, outdir, work, quick=False):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python3 bench/report.py RESULTS.json   (prints the table)")
+    # RESULTS.json: print the table again; with WORK_DIR (a run's kept work dir,
+    # BENCH_KEEP_TMP=1), redraw its plots next to the JSON as well.
+    if len(sys.argv) not in (2, 3):
+        raise SystemExit("usage: python3 bench/report.py RESULTS.json [WORK_DIR]")
     with open(sys.argv[1]) as f:
-        print(table(json.load(f)), end="")
+        res = json.load(f)
+    print(table(res), end="")
+    if len(sys.argv) == 3:
+        out = os.path.dirname(os.path.abspath(sys.argv[1]))
+        stem = os.path.basename(sys.argv[1])[:-len(".json")]
+        for p in plots(res, out, stem, sys.argv[2]):
+            print(p)

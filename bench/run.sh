@@ -3,7 +3,7 @@
 # machine, against a private stack it starts (and stops) itself. Not a test: it exits non-zero
 # only when a run fails, never for a missed target. See bench/README.md.
 #
-#   bench/run.sh            full run (1,000,000 deliveries end to end; about 15 minutes)
+#   bench/run.sh            full run (1,000,000 deliveries end to end; 10 to 14 minutes)
 #   bench/run.sh --quick    100,000 deliveries and shorter phases, for iteration (about 5 min)
 #   bench/run.sh --only wrk,produce,e2e,latency,recorder,scaling,endpoints   a subset
 #
@@ -13,8 +13,9 @@
 # and the PNG plots -> stack stopped and its directory removed.
 #
 # Env (all optional):
-#   BENCH_PORT_BASE (33000)   SLUICE_PORT_BASE of the private stack; the receiver listens on
-#                             BENCH_PORT_BASE+10
+#   BENCH_PORT_BASE (24000)   SLUICE_PORT_BASE of the private stack; the receiver listens on
+#                             BENCH_PORT_BASE+10. Keep it below the ephemeral port range
+#                             (32768-60999 here), where any client socket may hold a port
 #   BENCH_STACK_DIR           reuse this stack dir and leave the stack running afterwards
 #                             (default: a fresh mktemp dir, stopped and removed at the end)
 #   BENCH_BUILD_DIR           build dir (default <repo>/build/bench); BENCH_SKIP_BUILD=1 to
@@ -27,7 +28,7 @@ set -euo pipefail
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$SCRIPT_DIR/.." && pwd)
 BUILD_DIR="${BENCH_BUILD_DIR:-$REPO_DIR/build/bench}"
-PORT_BASE="${BENCH_PORT_BASE:-33000}"
+PORT_BASE="${BENCH_PORT_BASE:-24000}"
 ARGS=("$@")
 
 say() { printf '[bench] %s\n' "$*" >&2; }
