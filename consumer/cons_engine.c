@@ -105,6 +105,8 @@ struct job {
     void *http;                       /* cons_http handle while in flight */
     int64_t redis_hold_due;           /* next retry of a held Redis write (mono ms) */
     struct sl_outcome pending_out;    /* outcome to produce after a held write succeeds */
+    char *held_msg;                   /* pending_out.msg while held (owned) or NULL */
+    uint8_t *held_resp;               /* pending_out.resp while held (owned) or NULL */
     int64_t sched_due_ms;             /* held schedule: due time */
     uint32_t sched_attempt;           /* held schedule: attempts spent */
     struct job *next;                 /* queue link */
@@ -179,6 +181,9 @@ struct cons_engine {
     int64_t next_renew_mono;                 /* next lease renewal pass (mono ms) */
     int64_t last_dispatch_mono; /* previous dispatch call, for stall detection (mono ms) */
     int64_t hold_until_mono;    /* after a stall: no new send before this (mono ms) */
+    bool await_revoke;          /* a stall outlived the session: hold until the group's
+                                   revocation is served (or hold_until_mono passes) */
+    int64_t last_revoke_mono;   /* last revocation served (mono ms; 0 = none) */
     size_t nmarks;              /* entries in marks */
     int wake[2];                /* pipe librdkafka writes to */
     char pod[SL_POD_MAX + 1];   /* instance id */
@@ -521,10 +526,26 @@ hold(cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attempt, const st
 {
     j->sched_due_ms = due_ms;
     j->sched_attempt = attempt;
+    /* o's msg and resp borrow the caller's stack and the transfer's buffer, both gone by the
+     * time the write is retried: the held outcome owns copies (o may be the previous hold's
+     * own outcome, so copy before freeing) */
+    char *msg = o && o->msg ? sl_xstrdup(o->msg) : NULL;
+    uint8_t *resp = NULL;
+    if (o && o->resp && o->resp_len) {
+        resp = sl_xmalloc(o->resp_len);
+        memcpy(resp, o->resp, o->resp_len);
+    }
+    free(j->held_msg);
+    free(j->held_resp);
+    j->held_msg = msg;
+    j->held_resp = resp;
     if (o)
         j->pending_out = *o;
     else
         memset(&j->pending_out, 0, sizeof(j->pending_out));
+    j->pending_out.msg = msg;
+    j->pending_out.resp = resp;
+    j->pending_out.resp_len = resp ? o->resp_len : 0;
     j->redis_hold_due = sl_mono_ms() + REDIS_HOLD_RETRY_MS;
     j->next = e->held;
     e->held = j;
@@ -638,6 +659,8 @@ static void job_free(cons_engine_t *e, struct job *j)
     leased_unlink(e, j);
     free(j->hdrs); /* one block: see hdr_block */
     free(j->url);
+    free(j->held_msg);
+    free(j->held_resp);
     sl_delivery_fini(&j->d);
     free(j->raw);
     free(j);
@@ -825,18 +848,30 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
         return;
     const char **eps = sl_xcalloc(n, sizeof(*eps));
     const char **ids = sl_xcalloc(n, sizeof(*ids));
+    const char **jids = sl_xcalloc(n, sizeof(*jids));
     unsigned char *dup = sl_xcalloc(n, 1);
     for (size_t i = 0; i < n; i++) {
         eps[i] = jobs[i]->d.ep;
         ids[i] = jobs[i]->d.id;
+        /* a record from Kafka may be a copy read again while its retry chain runs */
+        jids[i] = jobs[i]->src == SRC_KAFKA ? jobs[i]->job_id : NULL;
     }
     sl_err_t err;
-    if (cons_store_done_check(e->redis, n, eps, ids, dup, &err) != 0) {
+    if (cons_store_intake_check(e->redis, (uint32_t)e->cfg->retry_shards, n, eps, ids, jids, dup,
+                                &err) != 0) {
         warn_redis(e, &err); /* fail open: at-least-once */
         memset(dup, 0, n);
     }
     for (size_t i = 0; i < n; i++) {
         struct job *j = jobs[i];
+        if (dup[i] == CONS_DONE_CHAIN && !j->d.replay) {
+            /* Its retry job exists (leased, scheduled or deferred): that chain owns the
+             * delivery and reports it; this copy, read again after a rebalance or a lost
+             * commit, must not send it in parallel (or after the chain's dead letter). */
+            e->st.duplicates++;
+            job_done_quiet(e, j);
+            continue;
+        }
         if (dup[i] == CONS_DONE_DEAD && !j->d.replay) {
             /* Dead-lettered already (the record was read again): nothing to send and nothing
              * new to report; a replay is the way to send it again. */
@@ -858,6 +893,7 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
     }
     free(eps);
     free(ids);
+    free(jids);
     free(dup);
 }
 
@@ -1092,13 +1128,22 @@ static bool stall_hold(cons_engine_t *e)
     if (limit < STALL_MIN_MS)
         limit = STALL_MIN_MS;
     if (gap > limit) {
-        e->hold_until_mono = now + STALL_HOLD_MS;
+        /* Past the session timeout the coordinator has certainly given our partitions away,
+         * but librdkafka only finds out at its next heartbeat (up to heartbeat.interval.ms
+         * later, longer than STALL_HOLD_MS): wait for that revocation, bounded by a session
+         * timeout in case the group somehow kept us. */
+        e->await_revoke = gap > e->cfg->kafka_session_timeout_ms &&
+                          e->last_revoke_mono < now - gap; /* not served since the stall */
+        int64_t hold = e->await_revoke ? e->cfg->kafka_session_timeout_ms : STALL_HOLD_MS;
+        e->hold_until_mono = now + hold;
         e->next_renew_mono = 0;
         sl_warn("consumer", "loop_stalled",
-                "the delivery loop did not run for %lld ms: holding new requests for %d ms "
-                "until the group assignment and retry leases are confirmed",
-                (long long)gap, STALL_HOLD_MS);
+                "the delivery loop did not run for %lld ms: holding new requests for up to "
+                "%lld ms until the group assignment and retry leases are confirmed",
+                (long long)gap, (long long)hold);
     }
+    if (e->await_revoke && now >= e->hold_until_mono)
+        e->await_revoke = false;
     return now < e->hold_until_mono;
 }
 
@@ -1743,6 +1788,15 @@ static void rebalance_cb(rd_kafka_t *rk,
     for (int i = 0; i < parts->cnt; i++)
         cons_offsets_revoke(e->offsets, parts->elems[i].partition);
     drop_partition_jobs(e);
+    e->last_revoke_mono = sl_mono_ms();
+    if (e->await_revoke) {
+        /* the stale Kafka work is gone: after the usual short hold, claimed jobs (their
+         * leases re-validated first) may go */
+        e->await_revoke = false;
+        int64_t until = sl_mono_ms() + STALL_HOLD_MS;
+        if (until < e->hold_until_mono)
+            e->hold_until_mono = until;
+    }
     /* A pause survives unassign/assign in 2.0.2: resume what we paused before giving the
      * partitions up, or a later assignment of them would stay paused forever. */
     if (e->paused)

@@ -775,6 +775,9 @@ struct done_ctx {
     const char *const *event_ids;    /* borrowed */
     unsigned char *out;              /* check: results; mark: NULL */
     char ttl[24];                    /* mark: EX seconds as text */
+    const char *const *job_ids;      /* intake check: job id per pair or NULL (borrowed) */
+    unsigned char *exists;           /* intake check: job key exists, per pair */
+    uint32_t nshards;                /* intake check: retry shard count */
 };
 
 /* "sluice:done:{ep}:<event id>" into keybuf; returns its length. */
@@ -847,6 +850,78 @@ static int done_validate(size_t n,
                               i, SL_EVENT_ID_MAX);
     }
     return 0;
+}
+
+/* Intake check: command 2i reads pair i's marker, command 2i+1 asks whether its retry job
+ * exists (for a pair without a job id, the marker key again; that answer is ignored). */
+static int intake_build(void *ctx, size_t i, char *keybuf, const char **argv, size_t *argvlen)
+{
+    struct done_ctx *d = ctx;
+    size_t k = i / 2;
+    if (i % 2 == 0)
+        return check_build(ctx, k, keybuf, argv, argvlen);
+    argv[0] = "EXISTS";
+    argvlen[0] = 6;
+    argv[1] = keybuf;
+    if (d->job_ids[k]) {
+        struct job_keys jk;
+        job_keys(&jk, cons_store_shard(d->job_ids[k], d->nshards), d->job_ids[k]);
+        argvlen[1] = (size_t)snprintf(keybuf, KEY_MAX, "%s", jk.job);
+    } else {
+        argvlen[1] = done_key(d, k, keybuf);
+    }
+    return 2;
+}
+
+static int intake_check_reply(void *ctx, size_t i, const redisReply *rep)
+{
+    struct done_ctx *d = ctx;
+    size_t k = i / 2;
+    if (i % 2 == 0)
+        return check_check(ctx, k, rep);
+    if (rep->type != REDIS_REPLY_INTEGER)
+        return -1;
+    d->exists[k] = d->job_ids[k] && rep->integer == 1;
+    return 0;
+}
+
+int cons_store_intake_check(sl_redis_t *r,
+                            uint32_t nshards,
+                            size_t n,
+                            const char *const *endpoint_ids,
+                            const char *const *event_ids,
+                            const char *const *job_ids,
+                            unsigned char *out,
+                            sl_err_t *err)
+{
+    static const char op[] = "check delivered markers and retry jobs";
+    int rc = done_validate(n, endpoint_ids, event_ids, op, err);
+    if (rc != 0)
+        return rc;
+    if (n > 0 && (!out || !job_ids))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: no output or job id array", op);
+    if (!valid_shards(nshards))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: shard count out of range 1..%d", op,
+                          CONS_STORE_SHARDS_MAX);
+    for (size_t i = 0; i < n; i++) {
+        if (job_ids[i] && !valid_job_id(job_ids[i]))
+            return sl_err_set(err, SL_EINVAL, "cannot %s: job id %zu is not 40 hex digits", op, i);
+    }
+    unsigned char *exists = sl_xcalloc(n ? n : 1, 1);
+    struct done_ctx d = {.endpoint_ids = endpoint_ids,
+                         .event_ids = event_ids,
+                         .out = out,
+                         .job_ids = job_ids,
+                         .exists = exists,
+                         .nshards = nshards};
+    struct pipe_ops ops = {.build = intake_build, .check = intake_check_reply, .ctx = &d};
+    rc = pipe_run(r, &ops, 2 * n, op, err);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        if (out[i] == 0 && exists[i])
+            out[i] = CONS_DONE_CHAIN;
+    }
+    free(exists);
+    return rc;
 }
 
 int cons_store_done_check(sl_redis_t *r,

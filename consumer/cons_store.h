@@ -27,12 +27,13 @@
  * generated here and passed to the scripts; one claim call uses one fresh token for every job
  * it leases (the lease check is per (job id, token), so that is enough to tell claims apart).
  *
- * Connection loss: read-only and idempotent calls (job_exists, counts, done_check, done_mark,
- * brk_get) reconnect and retry once. Scripts that change state (schedule, claim, complete,
- * brk_record, brk_acquire) are not retried: the call fails with SL_EREDIS, its effect is
- * unknown, and the next call reconnects. That is safe by construction: a lost claim's jobs
- * come back when their lease expires; a lost schedule/complete/record is the same as a crash
- * just before or after it.
+ * Connection loss: read-only and idempotent calls (job_exists, counts, done_check,
+ * intake_check, done_mark, dead_mark, brk_get) reconnect and retry once. Scripts that change
+ * state (schedule, claim, renew, complete, brk_record, brk_acquire) are not retried: the call
+ * fails with SL_EREDIS, its effect is unknown, and the next call reconnects. That is safe by
+ * construction: a lost claim's jobs come back when their lease expires; a lost renew is
+ * tried again; a lost schedule/complete/record is the same as a crash just before or after
+ * it.
  *
  * Errors: SL_EINVAL (bad argument, checked before any I/O), SL_ESTATE (lease lost),
  * SL_ECRYPTO (no random bytes for a token), SL_EREDIS (connection, error reply, or a reply
@@ -154,6 +155,7 @@ int cons_store_counts(
 
 #define CONS_DONE_DELIVERED 1 /* done_check: a delivered marker */
 #define CONS_DONE_DEAD      2 /* done_check: a dead-letter marker */
+#define CONS_DONE_CHAIN     3 /* intake_check: no marker, but the pair's retry job exists */
 
 /* Check markers for n (endpoint, event) pairs, pipelined (CONS_STORE_PIPE_MAX commands per
  * round trip). out[i] = CONS_DONE_DELIVERED when already delivered, CONS_DONE_DEAD when
@@ -165,6 +167,23 @@ int cons_store_done_check(sl_redis_t *r,
                           const char *const *event_ids,
                           unsigned char *out,
                           sl_err_t *err);
+/*
+ * The consumer's intake check, one pipeline for n pairs: each pair's marker (as done_check)
+ * and, when job_ids[i] is non-NULL, whether that retry job exists. out[i] = the marker's
+ * CONS_DONE_* value if there is one, else CONS_DONE_CHAIN when the job exists (a retry chain
+ * owns the pair: a copy read again from Kafka must not be sent), else 0. From a pair's first
+ * failure until its final marker is written, its job exists, so a copy read again always
+ * finds one or the other. Ids are borrowed; job_ids[i] may be NULL (a claimed job checking
+ * itself). Idempotent (retried once on a lost connection). Returns 0 or negative.
+ */
+int cons_store_intake_check(sl_redis_t *r,
+                            uint32_t nshards,
+                            size_t n,
+                            const char *const *endpoint_ids,
+                            const char *const *event_ids,
+                            const char *const *job_ids,
+                            unsigned char *out,
+                            sl_err_t *err);
 /* Set a dead-letter marker (SET key d EX ttl_s NX, ttl_s >= 1) for one pair: only where no
  * marker is, so a delivered marker is never downgraded. Ids are borrowed. Idempotent
  * (retried once on a lost connection). Returns 0 or negative. */

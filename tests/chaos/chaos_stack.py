@@ -223,6 +223,28 @@ class Stack:
         self._kill_wait(self.redis_pid(), sig, "redis",
                         pid_file=os.path.join(self.dir, "redis", "redis.pid"))
 
+    def start_redis(self, timeout=60):
+        """Start Redis again from the config stack.sh wrote (AOF on), without the rest of
+        `stack.sh start` (which also checks Kafka and migrates PostgreSQL): about 0.2 s, so a
+        fault can be kept shorter than the pods' timeouts. Waits for PONG."""
+        conf = os.path.join(self.dir, "redis", "redis.conf")
+        port = self.addr["SLUICE_REDIS_URL"].rsplit(":", 1)[1].split("/")[0]
+        deadline = time.monotonic() + timeout
+        while True:
+            r = subprocess.run(["redis-server", conf], capture_output=True, text=True,
+                               timeout=30)
+            if r.returncode == 0:
+                break
+            assert time.monotonic() < deadline, f"redis-server did not start: {r.stderr}"
+            time.sleep(1)  # e.g. its port still held by a closing connection
+        while True:
+            r = subprocess.run(["redis-cli", "-p", port, "PING"], capture_output=True,
+                               text=True, timeout=10)
+            if r.stdout.strip() == "PONG":
+                return
+            assert time.monotonic() < deadline, "redis did not answer PING after its restart"
+            time.sleep(0.05)
+
     def stop_pg_immediate(self):
         """SIGQUIT to the postmaster: PostgreSQL's immediate shutdown (crash-like: no
         checkpoint, recovery on the next start)."""

@@ -1,7 +1,6 @@
 """Chaos suite fixtures: one private stack per session (scenarios restart its services), a
 World factory on it, and the report (JSON + text) written at the end of the session."""
 
-import datetime
 import json
 import os
 import sys

@@ -552,6 +552,58 @@ static void test_done_markers(void **state)
     free(out);
 }
 
+/* The consumer's intake check: markers first, then "a retry chain owns this pair" when the
+ * pair's job exists; a NULL job id (a claimed job checking itself) never reports a chain. */
+static void test_intake_check(void **state)
+{
+    struct fx *f = *state;
+    sl_err_t err = {0};
+    const char *eps[] = {"ep_a", "ep_a", "ep_a", "ep_a", "ep_b"};
+    const char *evs[] = {"evt_1", "evt_2", "evt_3", "evt_4", "evt_5"};
+    char ids[5][41];
+    const char *jids[5];
+    for (int i = 0; i < 5; i++) {
+        cons_store_job_id(eps[i], evs[i], ids[i]);
+        jids[i] = ids[i];
+    }
+    unsigned char out[5];
+    memset(out, 7, sizeof(out));
+    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, jids, out, &err), 0);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(out[i], 0);
+    /* evt_1 delivered, evt_2 dead, evt_3 and evt_5 have retry jobs (evt_5 also delivered:
+     * the marker wins), evt_4 nothing */
+    assert_int_equal(cons_store_done_mark(f->r, 1, &eps[0], &evs[0], 3600, &err), 0);
+    assert_int_equal(cons_store_dead_mark(f->r, eps[1], evs[1], 3600, &err), 0);
+    assert_int_equal(cons_store_schedule(f->r, 4, ids[2], "x", 1, T0, NULL, NULL, &err), 0);
+    assert_int_equal(cons_store_schedule(f->r, 4, ids[4], "y", 1, T0, NULL, NULL, &err), 0);
+    assert_int_equal(cons_store_done_mark(f->r, 1, &eps[4], &evs[4], 3600, &err), 0);
+    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, jids, out, &err), 0);
+    assert_int_equal(out[0], CONS_DONE_DELIVERED);
+    assert_int_equal(out[1], CONS_DONE_DEAD);
+    assert_int_equal(out[2], CONS_DONE_CHAIN);
+    assert_int_equal(out[3], 0);
+    assert_int_equal(out[4], CONS_DONE_DELIVERED);
+    /* without its job id, the same pair is not reported as a chain */
+    jids[2] = NULL;
+    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, jids, out, &err), 0);
+    assert_int_equal(out[2], 0);
+    /* a leased (claimed) job still owns the pair */
+    jids[2] = ids[2];
+    struct cons_claimed *c = NULL;
+    uint32_t shard = cons_store_shard(ids[2], 4);
+    int n = cons_store_claim(f->r, shard, T0, 30000, 10, &c, &err);
+    assert_true(n >= 1);
+    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, jids, out, &err), 0);
+    assert_int_equal(out[2], CONS_DONE_CHAIN);
+    cons_store_claimed_free(c, n);
+    /* bad input refused before any I/O */
+    const char *bad_jids[] = {ids[0], "not-hex", ids[2], ids[3], ids[4]};
+    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, bad_jids, out, &err), SL_EINVAL);
+    assert_non_null(strstr(err.msg, "job id 1"));
+    assert_int_equal(cons_store_intake_check(f->r, 0, 5, eps, evs, jids, out, &err), SL_EINVAL);
+}
+
 /* ==== Circuit breaker ==== */
 
 #define BASE  INT64_C(1000)
@@ -966,6 +1018,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_missing_body_cleanup, setup, teardown),
         cmocka_unit_test_setup_teardown(test_counts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_done_markers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_intake_check, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_threshold, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_single_probe, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_probe_success, setup, teardown),
