@@ -58,9 +58,7 @@ void sl_secret_wipe(void *p, size_t n)
 {
     if (!p)
         return;
-    volatile unsigned char *v = p;
-    while (n--)
-        *v++ = 0;
+    explicit_bzero(p, n); /* never optimised away, unlike a memset before free */
 }
 
 void sl_buf_init(struct sl_buf *b, size_t max)
