@@ -10,9 +10,8 @@
 #include <time.h>
 
 #include <librdkafka/rdkafka.h>
-#include <openssl/evp.h>
-#include <openssl/sha.h>
 
+#include "common/sl_jobkey.h"
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
@@ -403,47 +402,6 @@ void ctl_ops_lag_fini(struct ctl_ops_lag *l)
 
 /* ==== Redis retry schedule ==== */
 
-void ctl_ops_job_id(const char *endpoint_id, const char *event_id, char out[41])
-{
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int mdlen = 0;
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha1(), NULL) == 1 &&
-             EVP_DigestUpdate(ctx, endpoint_id, strlen(endpoint_id)) == 1 &&
-             EVP_DigestUpdate(ctx, "\n", 1) == 1 &&
-             EVP_DigestUpdate(ctx, event_id, strlen(event_id)) == 1 &&
-             EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 && mdlen == SHA_DIGEST_LENGTH;
-    EVP_MD_CTX_free(ctx);
-    if (!ok) {
-        /* a made-up id would schedule a job no consumer chain recognises */
-        (void)fputs("sluicectl: cannot compute sha-1\n", stderr);
-        abort();
-    }
-    static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < SHA_DIGEST_LENGTH; i++) {
-        out[2 * i] = hex[md[i] >> 4];
-        out[2 * i + 1] = hex[md[i] & 15];
-    }
-    out[CTL_OPS_JOBID_LEN] = '\0';
-}
-
-uint32_t ctl_ops_job_shard(const char *job_id, uint32_t nshards)
-{
-    if (nshards == 0)
-        nshards = 1;
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) {
-        int ch = job_id ? (unsigned char)job_id[i] : 0;
-        if (ch >= '0' && ch <= '9')
-            v = v * 16 + (uint32_t)(ch - '0');
-        else if (ch >= 'a' && ch <= 'f')
-            v = v * 16 + (uint32_t)(ch - 'a' + 10);
-        else
-            return 0;
-    }
-    return v % nshards;
-}
-
 /* Append count command i of the pipeline: per shard ZCARD retry, HLEN lease, ZCOUNT due. */
 static int append_count(sl_redis_t *r, size_t i, const char *now)
 {
@@ -452,10 +410,10 @@ static int append_count(sl_redis_t *r, size_t i, const char *now)
     const char *argv[4] = {NULL, key, "-inf", now};
     int argc = 2;
     if (i % 3 == 1) {
-        snprintf(key, sizeof(key), "sluice:lease:{%" PRIu32 "}", shard);
+        snprintf(key, sizeof(key), SL_JOBKEY_LEASE, shard);
         argv[0] = "HLEN";
     } else {
-        snprintf(key, sizeof(key), "sluice:retry:{%" PRIu32 "}", shard);
+        snprintf(key, sizeof(key), SL_JOBKEY_RETRY, shard);
         argv[0] = i % 3 == 0 ? "ZCARD" : "ZCOUNT";
         argc = i % 3 == 0 ? 2 : 4;
     }
@@ -534,13 +492,13 @@ int ctl_ops_sched_put(sl_redis_t *r,
                       sl_err_t *err)
 {
     *existed = 0;
-    if (strlen(job_id) != CTL_OPS_JOBID_LEN || due_ms < 0)
+    if (strlen(job_id) != SL_JOBKEY_ID_LEN || due_ms < 0)
         return sl_err_set(err, SL_EINVAL, "cannot schedule a job: bad job id or due time");
-    uint32_t shard = ctl_ops_job_shard(job_id, nshards);
+    uint32_t shard = sl_jobkey_shard(job_id, nshards);
     char kz[KEY_MAX], kj[KEY_MAX], kl[KEY_MAX], due[24];
-    snprintf(kz, sizeof(kz), "sluice:retry:{%" PRIu32 "}", shard);
-    snprintf(kj, sizeof(kj), "sluice:job:{%" PRIu32 "}:%s", shard, job_id);
-    snprintf(kl, sizeof(kl), "sluice:lease:{%" PRIu32 "}", shard);
+    snprintf(kz, sizeof(kz), SL_JOBKEY_RETRY, shard);
+    snprintf(kj, sizeof(kj), SL_JOBKEY_JOB, shard, job_id);
+    snprintf(kl, sizeof(kl), SL_JOBKEY_LEASE, shard);
     snprintf(due, sizeof(due), "%" PRId64, due_ms);
     const char *argv[6] = {kz, kj, kl, job_id, body, due};
     size_t argvlen[6] = {strlen(kz), strlen(kj), strlen(kl), strlen(job_id), body_len, strlen(due)};

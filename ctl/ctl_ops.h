@@ -30,7 +30,6 @@
 #include "common/sl_redis.h"
 
 #define CTL_OPS_DUR_MAX_S   (366LL * 86400) /* s; longest accepted window (= SQL's check) */
-#define CTL_OPS_JOBID_LEN   40              /* hex SHA-1 */
 #define CTL_OPS_EXIT_ALERTS 3               /* `alerts`: at least one alert fires */
 
 /* ==== Durations and times ==== */
@@ -116,12 +115,7 @@ int ctl_ops_kafka_lag(const struct sl_config *cfg,
                       sl_err_t *err);
 void ctl_ops_lag_fini(struct ctl_ops_lag *l);
 
-/* ==== Redis retry schedule (layout of consumer/cons_store.h) ==== */
-
-/* Job id (lowercase hex SHA-1 of "<endpoint_id>\n<event_id>", NUL-terminated). */
-void ctl_ops_job_id(const char *endpoint_id, const char *event_id, char out[41]);
-/* Shard of a job id: first 4 hex digits modulo nshards (0 treated as 1; malformed -> 0). */
-uint32_t ctl_ops_job_shard(const char *job_id, uint32_t nshards);
+/* ==== Redis retry schedule (layout: common/sl_jobkey.h) ==== */
 
 struct ctl_ops_sched {
     int64_t scheduled; /* jobs in the retry zsets (ZCARD; leased ones included) */

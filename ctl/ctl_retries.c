@@ -26,6 +26,7 @@
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
 
+#include "common/sl_jobkey.h"
 #include "common/sl_kafka.h"
 #include "common/sl_map.h"
 #include "common/sl_mem.h"
@@ -151,7 +152,7 @@ static int put_job(struct rebuild *rb,
         return 0;
     }
     char job[41];
-    ctl_ops_job_id(d->ep, d->id, job);
+    sl_jobkey_id(d->ep, d->id, job);
     int existed = 0;
     rc = ctl_ops_sched_put(rb->redis, (uint32_t)rb->cfg->retry_shards, job, rb->enc.data,
                            rb->enc.len, due_ms, &existed, err);
@@ -166,10 +167,10 @@ static int jobs_exist(struct rebuild *rb, const PGresult *res, int n, bool *pres
 {
     for (int i = 0; i < n; i++) {
         char job[41], key[128];
-        ctl_ops_job_id(ctl_ops_pg_str(res, i, "endpoint_id"), ctl_ops_pg_str(res, i, "event_id"),
-                       job);
-        snprintf(key, sizeof(key), "sluice:job:{%" PRIu32 "}:%s",
-                 ctl_ops_job_shard(job, (uint32_t)rb->cfg->retry_shards), job);
+        sl_jobkey_id(ctl_ops_pg_str(res, i, "endpoint_id"), ctl_ops_pg_str(res, i, "event_id"),
+                     job);
+        snprintf(key, sizeof(key), SL_JOBKEY_JOB,
+                 sl_jobkey_shard(job, (uint32_t)rb->cfg->retry_shards), job);
         const char *argv[2] = {"EXISTS", key};
         if (sl_redis_append(rb->redis, 2, argv, NULL) != 0)
             return sl_err_set(err, SL_EREDIS, "could not send EXISTS to redis");

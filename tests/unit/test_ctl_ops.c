@@ -1,9 +1,7 @@
 /*
  * Unit tests for ctl/ctl_ops: strict duration and time parsing (every rejected form named in
- * the header), formatting, PostgreSQL array literals, text tables, and the retry-schedule
- * layout, which sluicectl restates from consumer/cons_store: job ids and shards must agree
- * with the consumer's for every input, or `retries rebuild` would create jobs no consumer
- * chain recognises.
+ * the header), formatting, PostgreSQL array literals and text tables. (The retry-schedule
+ * layout sluicectl shares with the consumer is common/sl_jobkey: tests/unit/test_jobkey.c.)
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,7 +13,6 @@
 
 #include <cmocka.h>
 
-#include "consumer/cons_store.h"
 #include "ctl/ctl_ops.h"
 
 static void test_duration_accepts(void **state)
@@ -182,32 +179,6 @@ static void test_pg_text_array(void **state)
 }
 
 /* The consumer's layout, for ids of every shape the contract allows. */
-static void test_job_layout_matches_consumer(void **state)
-{
-    (void)state;
-    char ep[80], ev[160];
-    for (int i = 0; i < 2000; i++) {
-        snprintf(ep, sizeof(ep), "ep-%d_%c", i * 7919, 'A' + i % 26);
-        snprintf(ev, sizeof(ev), "evt_%d!#$%%&'()*+,-/:;<=>?@[]^_`{|}~%d", i, i * 31);
-        char a[41], b[41];
-        ctl_ops_job_id(ep, ev, a);
-        cons_store_job_id(ep, ev, b);
-        assert_string_equal(a, b);
-        for (uint32_t n = 0; n <= 33; n += 11) {
-            assert_int_equal(ctl_ops_job_shard(a, n), cons_store_shard(b, n));
-            assert_int_equal(ctl_ops_job_shard(a, 16 + n * 100), cons_store_shard(b, 16 + n * 100));
-        }
-    }
-    /* known value: sha1("ep\nid") */
-    char id[41];
-    ctl_ops_job_id("ep", "id", id);
-    assert_int_equal(strlen(id), CTL_OPS_JOBID_LEN);
-    assert_int_equal(ctl_ops_job_shard("zzzz", 16), cons_store_shard("zzzz", 16));
-    assert_int_equal(ctl_ops_job_shard("ab", 16), cons_store_shard("ab", 16));
-    assert_int_equal(ctl_ops_job_shard("ABCD", 16), cons_store_shard("ABCD", 16));
-    assert_int_equal(ctl_ops_job_shard("ffff", 65535), 0xffffu % 65535u);
-}
-
 static void test_table(void **state)
 {
     (void)state;
@@ -241,7 +212,6 @@ int main(void)
         cmocka_unit_test(test_time_parse),
         cmocka_unit_test(test_fmt_ms),
         cmocka_unit_test(test_pg_text_array),
-        cmocka_unit_test(test_job_layout_matches_consumer),
         cmocka_unit_test(test_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
