@@ -18,6 +18,7 @@
 
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
+#include "common/sl_mem.h"
 #include "common/sl_record.h"
 
 static volatile sig_atomic_t g_stop;
@@ -191,7 +192,8 @@ static void dump_usage(FILE *f)
                "                      [--max N] [--idle-ms N] [--follow] [--show-payloads]\n"
                "\n"
                "Prints the topic's records from the beginning as JSON lines and stops at the\n"
-               "end (or after --idle-ms without a new record; --follow keeps waiting). Bodies,\n"
+               "end each partition had when the dump started (or after --idle-ms without a\n"
+               "new record; --follow keeps waiting and prints new records too). Bodies,\n"
                "header and macro values are shown only with --show-payloads.\n");
 }
 
@@ -284,32 +286,64 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
         return 1;
     }
     int nparts = md->topics[0].partition_cnt;
+    /* Without --follow the dump ends at each partition's end as it was at the start (its
+     * high watermark then), so a partition that keeps growing cannot keep it going; the
+     * partition EOF event ends a partition too (compaction can remove its last offsets). */
+    int64_t *end = sl_xcalloc(nparts > 0 ? (size_t)nparts : 1, sizeof(*end));
+    bool *done = sl_xcalloc(nparts > 0 ? (size_t)nparts : 1, sizeof(*done));
+    int ndone = 0;
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(nparts);
-    for (int i = 0; i < nparts; i++)
-        rd_kafka_topic_partition_list_add(l, topic, md->topics[0].partitions[i].id)->offset =
-            RD_KAFKA_OFFSET_BEGINNING;
+    for (int i = 0; i < nparts; i++) {
+        int32_t id = md->topics[0].partitions[i].id;
+        rd_kafka_topic_partition_list_add(l, topic, id)->offset = RD_KAFKA_OFFSET_BEGINNING;
+        int64_t lo = 0, hi = -1;
+        if (!follow && id >= 0 && id < nparts &&
+            rd_kafka_query_watermark_offsets(rk, topic, id, &lo, &hi, 10000) ==
+                RD_KAFKA_RESP_ERR_NO_ERROR) {
+            end[id] = hi;
+            if (hi <= lo) { /* empty */
+                done[id] = true;
+                ndone++;
+            }
+        } else if (id >= 0 && id < nparts) {
+            end[id] = INT64_MAX; /* unknown: EOF or --idle-ms ends it */
+        }
+    }
     rd_kafka_metadata_destroy(md);
     rd_kafka_assign(rk, l);
     rd_kafka_topic_partition_list_destroy(l);
     signal(SIGINT, on_sigint);
     long printed = 0;
-    int eofs = 0;
     int64_t last = sl_mono_ms();
     int rc = 0;
-    while (!g_stop && (max < 0 || printed < max)) {
+    while (!g_stop && (max < 0 || printed < max) && (follow || ndone < nparts)) {
         rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
         if (!m) {
             if (!follow && sl_mono_ms() - last > idle_ms)
                 break;
             continue;
         }
+        bool known = m->partition >= 0 && m->partition < nparts;
         if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+            if (known && !done[m->partition]) {
+                done[m->partition] = true;
+                ndone++;
+            }
             rd_kafka_message_destroy(m);
-            if (++eofs >= nparts && !follow)
-                break;
             continue;
         }
         last = sl_mono_ms();
+        if (!m->err && known && !follow) {
+            bool past = m->offset >= end[m->partition]; /* produced after the start */
+            if (m->offset + 1 >= end[m->partition] && !done[m->partition]) {
+                done[m->partition] = true;
+                ndone++;
+            }
+            if (past) {
+                rd_kafka_message_destroy(m);
+                continue;
+            }
+        }
         if (m->err) {
             fprintf(stderr, "sluicectl: %s\n", rd_kafka_message_errstr(m));
             rd_kafka_message_destroy(m);
@@ -356,12 +390,16 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
         json_object_set_new(o, "offset", json_integer((json_int_t)m->offset));
         char *s = json_dumps(o, JSON_COMPACT);
         puts(s);
+        if (follow)
+            fflush(stdout); /* a live tail: each record as it comes, also into a pipe */
         free(s);
         json_decref(o);
         printed++;
         rd_kafka_message_destroy(m);
     }
     fflush(stdout);
+    free(end);
+    free(done);
     rd_kafka_consumer_close(rk);
     rd_kafka_destroy(rk);
     return rc;

@@ -243,12 +243,12 @@ class ChaosWorld(World):
     DUMP_HANGS = 0  # times `sluicectl dump` printed everything but did not exit (see dump)
 
     def dump(self, kind, idle_ms=1000):
-        """`sluicectl dump` with a watchdog. The dump ends at the partitions' ends (EOF) or
-        after idle_ms without a record; while one partition keeps growing (a breaker's
-        deferral churn puts every outcome of an endpoint in one partition) it reaches neither
-        and never ends (reported to ctl's owner). A dump killed by the watchdog has printed
-        everything that existed when it started, so its complete lines are used; one that
-        printed nothing is retried."""
+        """`sluicectl dump` with a watchdog. The dump ends at the ends the partitions had
+        when it started (regression 11 in docs/CHAOS.md: it used to run on while one
+        partition kept growing); the watchdog stays as a guard and counts hangs
+        (`dump_hangs`, expected 0). A dump killed by it has printed everything that existed
+        when it started, so its complete lines are used; one that printed nothing is
+        retried."""
         for _ in range(3):
             try:
                 r = subprocess.run([self.bin("ctl/sluicectl"), "dump", kind, "--idle-ms",
