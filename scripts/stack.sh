@@ -138,23 +138,30 @@ check_port_free() { # SERVICE PORT LOG
 
 # ------------------------------------------------------------------------- process helpers
 proc_cmdline() { tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null || true; }
+# alive PID: running, and not a zombie waiting to be reaped (a killed daemon whose parent has
+# not reaped it yet still answers kill -0; taking it for running would skip a restart)
+alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  local st; st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+  [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
+}
 read_pid() { local p=""; [ -f "$1" ] && read -r p < "$1" 2>/dev/null; [[ "$p" =~ ^[0-9]+$ ]] && echo "$p"; }
 
 kafka_pid() {
   local pid; pid=$(read_pid "$K_PID") || return 1
-  kill -0 "$pid" 2>/dev/null || return 1
+  alive "$pid" || return 1
   [[ "$(proc_cmdline "$pid")" == *"kafka.Kafka $K_CONF/server.properties"* ]] || return 1
   echo "$pid"
 }
 redis_pid() {
   local pid; pid=$(read_pid "$R_PID") || return 1
-  kill -0 "$pid" 2>/dev/null || return 1
+  alive "$pid" || return 1
   [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = redis-server ] || return 1
   echo "$pid"
 }
 pg_pid() {
   local pid; pid=$(read_pid "$P_DATA/postmaster.pid") || return 1
-  kill -0 "$pid" 2>/dev/null || return 1
+  alive "$pid" || return 1
   [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = postgres ] || return 1
   echo "$pid"
 }
@@ -164,12 +171,12 @@ stop_pid() {
   local name=$1 pid=$2 timeout=$3 i
   kill -TERM "$pid" 2>/dev/null || return 0
   for ((i = 0; i < timeout * 5; i++)); do
-    kill -0 "$pid" 2>/dev/null || return 0
+    alive "$pid" || return 0
     sleep 0.2
   done
   warn "$name (pid $pid) still running after ${timeout}s, sending SIGKILL"
   kill -KILL "$pid" 2>/dev/null || true
-  for ((i = 0; i < 50; i++)); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  for ((i = 0; i < 50; i++)); do alive "$pid" || return 0; sleep 0.1; done
   warn "$name (pid $pid) survived SIGKILL"
 }
 
