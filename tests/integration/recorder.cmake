@@ -1,7 +1,7 @@
 # sluice-recorder integration test (tests/integration/test_recorder.c, registered by the glob in
 # CMakeLists.txt) runs the real binary, so it must be built first; it reads SLUICE_KAFKA_BROKERS
 # / SLUICE_PG_DSN from the environment (eval "$(scripts/stack.sh env)", or
-# tests/integration/run_recorder.sh with a private stack).
+# tests/integration/run_private.sh test_recorder with a private stack).
 # sl-test-outcomes publishes synthetic outcome records (bench/recorder.sh).
 if(TARGET test_recorder AND TARGET sluice-recorder)
   add_dependencies(test_recorder sluice-recorder)

@@ -13,7 +13,7 @@
  *   partitions       sluice_ensure_partitions / sluice_drop_old_partitions
  *   cli              --help, bad config exit 78
  *
- * Env: SLUICE_KAFKA_BROKERS, SLUICE_PG_DSN (tests/integration/run_recorder.sh or
+ * Env: SLUICE_KAFKA_BROKERS, SLUICE_PG_DSN (tests/integration/run_private.sh test_recorder or
  * eval "$(scripts/stack.sh env)"); SL_TEST_TIMEOUT_MULT scales the waits.
  */
 #include <errno.h>
