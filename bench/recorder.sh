@@ -16,6 +16,8 @@
 #   SLUICE_BUILD_DIR       build dir with recorder/sluice-recorder and
 #                          tests/integration/sl-test-{outcomes,topic} (default <repo>/build)
 #   SLUICE_RECORDER_BATCH  rows per batch (the recorder's own option; default 5000)
+#   SLUICE_RECORDER_LANES  parallel write lanes (the recorder's own option; default 2)
+#   BENCH_LOG=FILE         keep the recorder's log (debug, db context) in FILE
 #   BENCH_RECORDS (1000000) BENCH_ENDPOINTS (1000) BENCH_PARTITIONS (4)
 #   BENCH_TARGET (50000)   outcomes/s the report compares against
 #   BENCH_KEEP_ROWS=1      keep the benchmark's rows in PostgreSQL (default: deleted afterwards)
@@ -79,6 +81,7 @@ cleanup() {
        -c "delete from endpoint_health where endpoint_id like '$prefix-%'" \
        >/dev/null 2>&1 || true
   fi
+  if [ -n "${BENCH_LOG:-}" ]; then cp "$logf" "$BENCH_LOG" 2>/dev/null || true; fi
   rm -f "$logf"
 }
 trap cleanup EXIT
@@ -128,9 +131,13 @@ echo "generator:    $gen_out"
 echo "outcomes/s:   $rate  ($N outcomes in $elapsed s from recorder start to the last row committed; target $TARGET)"
 echo "rows:         delivery_attempts $got_attempts/$N, deliveries $got_deliveries/$events, dead_letters $got_dead/$dead, endpoint_latency $got_samples/$samples: $check"
 echo "CPU:          recorder $(awk -v t="$rec_cpu" -v k="$tck" 'BEGIN { printf "%.2f", t / k }') s, its PostgreSQL backends $(awk -v t="$pg_cpu" -v k="$tck" 'BEGIN { printf "%.2f", t / k }') s (pids $backends)"
+# wall time the write lanes spent per phase (summed over lanes; from the batch_written lines)
+phases=$(sed -n 's/.*"event":"batch_written","msg":"rows [0-9]* .*copy \([0-9]*\) us apply \([0-9]*\) us dead \([0-9]*\) us commit \([0-9]*\) us.*/\1 \2 \3 \4/p' "$logf" \
+  | awk '{ c += $1; a += $2; d += $3; m += $4; n++ } END { printf "%d transactions: copy %.2f s, apply %.2f s, dead letters %.2f s, commit %.2f s", n, c / 1e6, a / 1e6, d / 1e6, m / 1e6 }')
+echo "lanes:        ${SLUICE_RECORDER_LANES:-2} (SLUICE_RECORDER_LANES); $phases"
 echo "machine:      nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1), load average before run $load_before, after $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "batch:        ${SLUICE_RECORDER_BATCH:-5000} rows (SLUICE_RECORDER_BATCH)"
-echo "reproduce:    SLUICE_KAFKA_BROKERS=$SLUICE_KAFKA_BROKERS SLUICE_PG_DSN='$SLUICE_PG_DSN' BENCH_RECORDS=$N BENCH_ENDPOINTS=$ENDPOINTS BENCH_PARTITIONS=$PARTITIONS${SLUICE_RECORDER_BATCH:+ SLUICE_RECORDER_BATCH=$SLUICE_RECORDER_BATCH} SLUICE_BUILD_DIR=$BUILD_DIR $SCRIPT_DIR/recorder.sh"
+echo "reproduce:    SLUICE_KAFKA_BROKERS=$SLUICE_KAFKA_BROKERS SLUICE_PG_DSN='$SLUICE_PG_DSN' BENCH_RECORDS=$N BENCH_ENDPOINTS=$ENDPOINTS BENCH_PARTITIONS=$PARTITIONS${SLUICE_RECORDER_BATCH:+ SLUICE_RECORDER_BATCH=$SLUICE_RECORDER_BATCH}${SLUICE_RECORDER_LANES:+ SLUICE_RECORDER_LANES=$SLUICE_RECORDER_LANES} SLUICE_BUILD_DIR=$BUILD_DIR $SCRIPT_DIR/recorder.sh"
 [ "$check" = ok ] || { echo "result:       row counts do not match" >&2; exit 1; }
 if [ "$rate" -ge "$TARGET" ]; then
   echo "result:       target met ($rate >= $TARGET outcomes/s)"

@@ -24,6 +24,9 @@
 
 #define SL_CFG_EXIT 78 /* EX_CONFIG from sysexits.h */
 
+/* Upper bound of recorder_lanes (the recorder's REC_MAX_LANES is defined from it). */
+#define SL_CFG_RECORDER_LANES_MAX 16
+
 /* The effective configuration. Strings are owned by the struct (sl_cfg_fini frees). */
 struct sl_config {
     /* kafka */
@@ -76,11 +79,14 @@ struct sl_config {
     int64_t dedup_window_s;    /* delivered-marker TTL, s */
     int64_t shutdown_drain_ms; /* SIGTERM: time to let in-flight requests finish, ms */
     /* recorder */
-    int64_t recorder_batch;          /* rows per COPY batch */
-    int64_t recorder_flush_ms;       /* flush a partial batch after this long, ms */
-    int64_t latency_window_h;        /* rolling window of latency samples, hours */
-    int64_t dead_letter_retention_d; /* dead letters kept this many days */
-    int64_t history_retention_d;     /* delivery_attempts partitions kept, days */
+    int64_t recorder_batch;             /* rows per COPY batch */
+    int64_t recorder_flush_ms;          /* flush a partial batch after this long, ms */
+    int64_t recorder_lanes;             /* parallel write lanes (PostgreSQL connections) */
+    int64_t recorder_batch_max_bytes;   /* encoded bytes that make a batch full, bytes */
+    int64_t recorder_health_refresh_ms; /* endpoint_health refresh interval (at least), ms */
+    int64_t latency_window_h;           /* rolling window of latency samples, hours */
+    int64_t dead_letter_retention_d;    /* dead letters kept this many days */
+    int64_t history_retention_d;        /* delivery_attempts partitions kept, days */
     /* bookkeeping */
     unsigned char sources[64]; /* enum sl_cfg_source per option, indexed like the table */
 };

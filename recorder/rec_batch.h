@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/sl_cfg.h"
 #include "common/sl_err.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
@@ -58,7 +59,7 @@ struct rec_row {
     bool pending;      /* retry_scheduled/deferred carrying env (pending_payloads upsert) */
 };
 
-#define REC_MAX_LANES 16 /* parallel write lanes, at most */
+#define REC_MAX_LANES SL_CFG_RECORDER_LANES_MAX /* parallel write lanes, at most (16) */
 
 /* One lane: the encoded rows of the endpoints with rec_batch_lane_of(ep) == lane index. */
 struct rec_lane {

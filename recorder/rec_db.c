@@ -19,6 +19,7 @@
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "recorder/rec_agg.h"
 
 #define COPY_CHUNK              ((size_t)1 << 20) /* bytes per PQputCopyData call */
 #define REC_DB_SAFE_WRITES      20 /* writes that use the safe apply after a duplicate */
@@ -35,6 +36,7 @@ struct rec_db {
     pthread_mutex_t mu;       /* guards cancel (rec_db_cancel comes from another thread) */
     PGcancel *cancel;         /* cancel handle of pg; NULL = not connected */
     bool has_pending;         /* pending_payloads exists (checked at connect) */
+    struct rec_agg agg;       /* health inputs of the slice being written (fast apply) */
 };
 
 /* ==== SQL ==== */
@@ -43,9 +45,17 @@ static const char SQL_SESSION[] =
     "set statement_timeout = '120s'; set lock_timeout = '30s'; "
     "set idle_in_transaction_session_timeout = '300s'; "
 
-    "create temp table if not exists rec_stage (" REC_STAGE_COLUMNS ") on commit delete rows";
+    "create temp table if not exists rec_stage (" REC_STAGE_COLUMNS ") on commit delete rows; "
+    "create temp table if not exists rec_hstage (" REC_HSTAGE_COLUMNS ") on commit delete rows; "
+    "create temp table if not exists rec_fstage (" REC_FSTAGE_COLUMNS ") on commit delete rows";
 
-static const char SQL_COPY[] = "copy rec_stage from stdin with (format binary)";
+/* BEGIN travels with the first COPY (one round trip less per write; PQexec stops at the COPY
+ * and returns its result, an error of either statement otherwise). */
+static const char SQL_COPY[] = "begin; copy rec_stage from stdin with (format binary)";
+/* The same plus the recorder's per-endpoint health inputs (rec_agg), in one query. */
+static const char SQL_COPY_AGG[] = "begin; copy rec_stage from stdin with (format binary); "
+                                   "copy rec_hstage from stdin with (format binary); "
+                                   "copy rec_fstage from stdin with (format binary)";
 
 /*
  * The apply statement. $1 = latency window (hours), $2 = history retention (days). Returns one
@@ -71,7 +81,62 @@ static const char SQL_COPY[] = "copy rec_stage from stdin with (format binary)";
     "      when excluded.state = 'delivered' then true"                                            \
     "      else (excluded.last_update, excluded.state) > (d.last_update, d.state) end)"
 
-#define APPLY_SQL(ON_CONFLICT)                                                                     \
+/* The win CTE computed in SQL from the rows the attempt insert returned: per key the batch's
+ * winner (deliveries_replaces order: earliest delivered, else the greatest (ts, state)) and the
+ * batch's aggregates; the window is ordered like the DISTINCT ON, so one sort serves both, and
+ * the result comes out in key order. */
+#define WIN_SQL                                                                                    \
+    "  select distinct on (event_id, endpoint_id) *,"                                              \
+    "         max(attempt) over k as attempts, min(ts) over k as first_seen,"                      \
+    "         min(ts) filter (where state = 'delivered') over k as delivered_at,"                  \
+    "         min(ts) filter (where state in ('retry_scheduled', 'dead_letter')"                   \
+    "                           and attempt > 0) over k as first_failed_at,"                       \
+    "         max(ts) filter (where state = 'dead_letter') over k as last_dead_at"                 \
+    "    from known"                                                                               \
+    "  window k as (partition by event_id, endpoint_id"                                            \
+    "               order by (state = 'delivered') desc,"                                          \
+    "                        case when state = 'delivered' then ts end asc, ts desc, state desc"   \
+    "               rows between unbounded preceding and unbounded following)"                     \
+    "   order by event_id, endpoint_id, (state = 'delivered') desc,"                               \
+    "            case when state = 'delivered' then ts end asc, ts desc, state desc"
+
+/* The endpoint_health inputs computed in SQL from the new rows: per endpoint the newest
+ * success and failure (hb), the newest outcome (hl), and the failures to count (hc: newer than
+ * the newest success known after this batch). rec_agg.c computes hb and hl and the candidate
+ * failures of hc in the recorder (keep the two in step). */
+#define HEALTH_SQL                                                                                 \
+    "), hb as ("                                                                                   \
+    "  select endpoint_id,"                                                                        \
+    "         max(ts) filter (where state = 'delivered') as ok_ts,"                                \
+    "         max(ts) filter (where state in ('retry_scheduled', 'dead_letter')"                   \
+    "                           and attempt > 0) as fail_ts"                                       \
+    "    from known group by endpoint_id"                                                          \
+    "), hl as ("                                                                                   \
+    "  select distinct on (endpoint_id) endpoint_id, state, ts, http_status, err from known"       \
+    "   order by endpoint_id, ts desc, state desc"                                                 \
+    "), hc as (" /* failures to count: newer than the newest success known after this batch */     \
+    "  select k.endpoint_id,"                                                                      \
+    "         count(*) filter (where k.state in ('retry_scheduled', 'dead_letter')"                \
+    "             and k.attempt > 0"                                                               \
+    "             and k.ts > coalesce(greatest(h.last_success_at, b.ok_ts), '-infinity')) as n"    \
+    "    from known k join hb b on b.endpoint_id = k.endpoint_id"                                  \
+    "    left join endpoint_health h on h.endpoint_id = k.endpoint_id"                             \
+    "   group by k.endpoint_id"
+
+/* The same from the recorder's per-endpoint rows (rec_agg; fast apply only). rec_fstage holds
+ * the failed attempts newer than the batch's newest success of their endpoint, so only the
+ * comparison with the stored last_success_at is left. */
+#define HEALTH_HSTAGE                                                                              \
+    "), hb as (select endpoint_id, ok_ts, fail_ts from rec_hstage"                                 \
+    "), hl as (select endpoint_id, state, ts, http_status, err from rec_hstage"                    \
+    "), hc as ("                                                                                   \
+    "  select b.endpoint_id,"                                                                      \
+    "         count(f.ts) filter (where f.ts > coalesce(h.last_success_at, '-infinity')) as n"     \
+    "    from rec_hstage b left join rec_fstage f on f.endpoint_id = b.endpoint_id"                \
+    "    left join endpoint_health h on h.endpoint_id = b.endpoint_id"                             \
+    "   group by b.endpoint_id"
+
+#define APPLY_SQL(ON_CONFLICT, HEALTH)                                                             \
     "with ins as ("                                                                                \
     "  insert into delivery_attempts (event_id, endpoint_id, attempt, state, http_status, err,"    \
     "         msg, ts, created_at, latency_us, dns_us, conn_us, tls_us, ttfb_us, next_at, pod,"    \
@@ -92,24 +157,7 @@ static const char SQL_COPY[] = "copy rec_stage from stdin with (format binary)";
     "     and state in ('delivered', 'retry_scheduled', 'dead_letter')"                            \
     "     and ts >= now() - make_interval(hours => $1::int)"                                       \
     "  returning 1"                                                                                \
-    "), win as (" /* per key: the batch's winner (deliveries_replaces order: earliest delivered,   \
-                   * else the greatest (ts, state)) and the batch's aggregates; the window is      \
-                   * ordered like the DISTINCT ON, so one sort serves both, and the result comes   \
-                   * out in key order */                                                           \
-    "  select distinct on (event_id, endpoint_id) *,"                                              \
-    "         max(attempt) over k as attempts, min(ts) over k as first_seen,"                      \
-    "         min(ts) filter (where state = 'delivered') over k as delivered_at,"                  \
-    "         min(ts) filter (where state in ('retry_scheduled', 'dead_letter')"                   \
-    "                           and attempt > 0) over k as first_failed_at,"                       \
-    "         max(ts) filter (where state = 'dead_letter') over k as last_dead_at"                 \
-    "    from known"                                                                               \
-    "  window k as (partition by event_id, endpoint_id"                                            \
-    "               order by (state = 'delivered') desc,"                                          \
-    "                        case when state = 'delivered' then ts end asc, ts desc, state desc"   \
-    "               rows between unbounded preceding and unbounded following)"                     \
-    "   order by event_id, endpoint_id, (state = 'delivered') desc,"                               \
-    "            case when state = 'delivered' then ts end asc, ts desc, state desc"               \
-    "), dlv as ("                                                                                  \
+    "), win as (" WIN_SQL "), dlv as ("                                                            \
     "  insert into deliveries as d (event_id, endpoint_id, event_type, state, attempts,"           \
     "         first_seen, last_update, created_at, delivered_at, first_failed_at,"                 \
     "         last_dead_at, next_attempt_at, last_status, last_error, last_msg)"                   \
@@ -148,24 +196,7 @@ static const char SQL_COPY[] = "copy rec_stage from stdin with (format binary)";
     "   where r.last_dead_at is not null and w.state = 'delivered' and w.ts > r.last_dead_at"      \
     "     and dl.event_id = r.event_id and dl.endpoint_id = r.endpoint_id"                         \
     "     and dl.resolved_at is null and dl.dead_at < w.ts"                                        \
-    "  returning 1"                                                                                \
-    "), hb as ("                                                                                   \
-    "  select endpoint_id,"                                                                        \
-    "         max(ts) filter (where state = 'delivered') as ok_ts,"                                \
-    "         max(ts) filter (where state in ('retry_scheduled', 'dead_letter')"                   \
-    "                           and attempt > 0) as fail_ts"                                       \
-    "    from known group by endpoint_id"                                                          \
-    "), hl as ("                                                                                   \
-    "  select distinct on (endpoint_id) endpoint_id, state, ts, http_status, err from known"       \
-    "   order by endpoint_id, ts desc, state desc"                                                 \
-    "), hc as (" /* failures to count: newer than the newest success known after this batch */     \
-    "  select k.endpoint_id,"                                                                      \
-    "         count(*) filter (where k.state in ('retry_scheduled', 'dead_letter')"                \
-    "             and k.attempt > 0"                                                               \
-    "             and k.ts > coalesce(greatest(h.last_success_at, b.ok_ts), '-infinity')) as n"    \
-    "    from known k join hb b on b.endpoint_id = k.endpoint_id"                                  \
-    "    left join endpoint_health h on h.endpoint_id = k.endpoint_id"                             \
-    "   group by k.endpoint_id"                                                                    \
+    "  returning 1" HEALTH /* hb, hl, hc: HEALTH_SQL or HEALTH_HSTAGE */                           \
     "), hlth as ("                                                                                 \
     "  insert into endpoint_health as h (endpoint_id, breaker_state, consecutive_failures,"        \
     "         last_outcome_state, last_outcome_at, last_status, last_error, last_success_at,"      \
@@ -212,8 +243,9 @@ static const char SQL_COPY[] = "copy rec_stage from stdin with (format binary)";
     " select (select count(*) from ins), (select count(*) from lat), (select count(*) from dlv),"  \
     "        (select count(*) from res)"
 
-static const char SQL_APPLY_SAFE[] = APPLY_SQL("  on conflict do nothing");
-static const char SQL_APPLY_FAST[] = APPLY_SQL("");
+static const char SQL_APPLY_SAFE[] = APPLY_SQL("  on conflict do nothing", HEALTH_SQL);
+static const char SQL_APPLY_FAST[] = APPLY_SQL("", HEALTH_SQL);
+static const char SQL_APPLY_FAST_AGG[] = APPLY_SQL("", HEALTH_HSTAGE);
 
 /*
  * Dead letters of the staged slice (run after the apply statement in the same transaction, so
@@ -318,6 +350,7 @@ void rec_db_destroy(rec_db_t *db)
     if (!db)
         return;
     rec_db_disconnect(db);
+    rec_agg_fini(&db->agg);
     pthread_mutex_destroy(&db->mu);
     free(db->dsn);
     free(db);
@@ -431,16 +464,9 @@ int rec_db_connect(rec_db_t *db, sl_err_t *err)
 
 /* ==== Batch write ==== */
 
-/* COPY the slice into rec_stage; the transaction is open. */
-static int copy_slice(rec_db_t *db, const uint8_t *p, size_t len, sl_err_t *err)
+/* Send one COPY's data: header, len bytes of binary tuples at p, trailer, end. 0 or SL_EPG. */
+static int copy_send(rec_db_t *db, const uint8_t *p, size_t len, sl_err_t *err)
 {
-    PGresult *res = PQexec(db->pg, SQL_COPY);
-    if (PQresultStatus(res) != PGRES_COPY_IN) {
-        int rc = result_error(db, res, "start copy into the staging table", err);
-        PQclear(res);
-        return rc;
-    }
-    PQclear(res);
     int ok = PQputCopyData(db->pg, (const char *)rec_copy_header, REC_COPY_HEADER_LEN) == 1;
     for (size_t off = 0; ok && off < len; off += COPY_CHUNK) {
         size_t n = len - off < COPY_CHUNK ? len - off : COPY_CHUNK;
@@ -450,14 +476,55 @@ static int copy_slice(rec_db_t *db, const uint8_t *p, size_t len, sl_err_t *err)
         ok = PQputCopyData(db->pg, (const char *)rec_copy_trailer, REC_COPY_TRAILER_LEN) == 1;
     if (PQputCopyEnd(db->pg, ok ? NULL : "recorder aborted the copy") != 1)
         return conn_error(db, "end copy into the staging table", err);
-    int rc = 0;
+    return ok ? 0 : conn_error(db, "send copy data", err);
+}
+
+/*
+ * Run sql, a query string of nparts COPY ... FROM STDIN statements (after an optional BEGIN),
+ * feeding part i's len[i] bytes of binary tuples at p[i] to the i-th COPY: one round trip for
+ * all of them (the server runs the statements of a simple query one after the other, and libpq
+ * reports each COPY's start as PGRES_COPY_IN). The transaction is open afterwards.
+ */
+static int copy_parts(rec_db_t *db,
+                      const char *sql,
+                      size_t nparts,
+                      const uint8_t *const *p,
+                      const size_t *len,
+                      sl_err_t *err)
+{
+    PGresult *res = PQexec(db->pg, sql);
+    if (PQresultStatus(res) != PGRES_COPY_IN) {
+        int rc = result_error(db, res, "start copy into the staging table", err);
+        PQclear(res);
+        return rc;
+    }
+    PQclear(res);
+    int rc = copy_send(db, p[0], len[0], err);
+    size_t part = 1;
     while ((res = PQgetResult(db->pg)) != NULL) {
-        if (rc == 0 && PQresultStatus(res) != PGRES_COMMAND_OK)
+        ExecStatusType st = PQresultStatus(res);
+        if (st == PGRES_COPY_IN) { /* the next COPY of the query string */
+            PQclear(res);
+            if (rc == 0 && part < nparts) {
+                rc = copy_send(db, p[part], len[part], err);
+            } else {
+                if (PQputCopyEnd(db->pg, "recorder has no data for this copy") != 1)
+                    rc = conn_error(db, "end copy into the staging table", err);
+                else if (rc == 0)
+                    rc = sl_err_set(err, SL_EPG,
+                                    "could not copy into the staging tables: "
+                                    "more copy statements than parts");
+            }
+            part++;
+            continue;
+        }
+        if (rc == 0 && st != PGRES_COMMAND_OK)
             rc = result_error(db, res, "copy into the staging table", err);
         PQclear(res);
     }
-    if (rc == 0 && !ok)
-        rc = conn_error(db, "send copy data", err);
+    if (rc == 0 && part != nparts)
+        rc = sl_err_set(err, SL_EPG, "could not copy into the staging tables: %zu of %zu copies",
+                        part, nparts);
     return rc;
 }
 
@@ -470,6 +537,7 @@ static int64_t int_value(PGresult *res, int col)
 /* One attempt at writing the slice with the given apply variant, in one transaction. */
 static int write_once(rec_db_t *db,
                       bool safe,
+                      bool agg,
                       const uint8_t *p,
                       size_t len,
                       size_t n_dead,
@@ -481,9 +549,9 @@ static int write_once(rec_db_t *db,
     PGresult *res = NULL;
     *duplicate = false;
     int64_t t0 = sl_mono_us();
-    int rc = exec_cmd(db, "begin a transaction", "begin", err);
-    if (rc == 0)
-        rc = copy_slice(db, p, len, err);
+    const uint8_t *parts[3] = {p, db->agg.hout.data, db->agg.fout.data};
+    const size_t lens[3] = {len, db->agg.hout.len, db->agg.fout.len};
+    int rc = copy_parts(db, agg ? SQL_COPY_AGG : SQL_COPY, agg ? 3 : 1, parts, lens, err);
     int64_t t1 = sl_mono_us();
     s->copy_us = t1 - t0;
     if (rc == 0) {
@@ -492,8 +560,8 @@ static int write_once(rec_db_t *db,
         snprintf(hours, sizeof(hours), "%lld", (long long)db->latency_window_h);
         snprintf(days, sizeof(days), "%lld", (long long)db->history_days);
         const char *params[2] = {hours, days};
-        res = PQexecParams(db->pg, safe ? SQL_APPLY_SAFE : SQL_APPLY_FAST, 2, NULL, params, NULL,
-                           NULL, 0);
+        const char *sql = safe ? SQL_APPLY_SAFE : agg ? SQL_APPLY_FAST_AGG : SQL_APPLY_FAST;
+        res = PQexecParams(db->pg, sql, 2, NULL, params, NULL, NULL, 0);
         if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 || PQnfields(res) != 4) {
             const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
             *duplicate = !safe && state && strcmp(state, "23505") == 0;
@@ -558,9 +626,17 @@ int rec_db_write(rec_db_t *db,
     struct rec_db_stats s = {0};
     bool duplicate = false;
     bool safe = db->safe_writes > 0;
+    bool agg = false;
+    if (!safe) {
+        /* Per-delivery rows computed here instead of in SQL when the retention filter cannot
+         * drop any row (a day's margin for the clocks): rec_agg.h. */
+        int64_t limit_ms = sl_now_ms() - (db->history_days - 1) * 86400000LL;
+        if (rec_agg_build(&db->agg, b, lane, from, to, limit_ms, &agg) != 0)
+            agg = false;
+    }
     for (int attempt = 0;; attempt++) {
         memset(&s, 0, sizeof(s));
-        rc = write_once(db, safe, p, len, n_dead, n_pending, &s, &duplicate, err);
+        rc = write_once(db, safe, agg && !safe, p, len, n_dead, n_pending, &s, &duplicate, err);
         if (rc != 0 && duplicate && !safe) {
             /* Some rows are already recorded: redo with the safe variant, and keep using it
              * for a while (a re-read after a crash or rebalance spans several batches). */

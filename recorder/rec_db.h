@@ -1,9 +1,10 @@
 /*
- * rec_db: the recorder's PostgreSQL side. One connection; per connection a TEMP staging table
- * (ON COMMIT DELETE ROWS).
+ * rec_db: the recorder's PostgreSQL side. One connection; per connection three TEMP staging
+ * tables (ON COMMIT DELETE ROWS).
  *
  * rec_db_write() applies a slice of a batch in ONE transaction:
- *   BEGIN; COPY rec_stage FROM STDIN (binary);
+ *   BEGIN; COPY rec_stage FROM STDIN (binary); in the fast apply also COPY rec_hstage and
+ *          rec_fstage (the endpoint_health inputs, computed by rec_agg; one query for all);
  *   apply: INSERT delivery_attempts ... RETURNING (the rows really new)
  *          -> endpoint_latency samples, deliveries upsert (batch aggregated per key first),
  *             dead letters resolved by a later delivery (keys whose deliveries row shows an

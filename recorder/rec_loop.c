@@ -2,10 +2,15 @@
  * rec_loop: consume -> batch -> one PostgreSQL transaction -> store offsets (see rec_loop.h).
  *
  * State machine of the batch:
- *   filling  records are added until recorder_batch rows, REC_BATCH_MAX_BYTES, or
+ *   filling  records are added until recorder_batch rows, recorder_batch_max_bytes, or
  *            recorder_flush_ms after the first record;
- *   flushing rec_db_write of the whole batch; on a data error the batch is bisected (an
- *            explicit stack of ranges) until each rejected row is isolated and skipped;
+ *   flushing the batch is handed to the write lanes (one thread and connection each, rec_db_write
+ *            per lane; on a data error a lane is bisected with an explicit stack of ranges until
+ *            each rejected row is isolated and skipped) and a second batch starts filling
+ *            while they run (double buffering: decoding and Kafka fetches overlap the
+ *            PostgreSQL work). At most one batch is being written at a time, and batches are
+ *            committed and their offsets stored in consumption order: the next batch is handed
+ *            over only after the previous one committed and its offsets were stored;
  *   blocked  the write failed for another reason (PostgreSQL down, schema missing, ...): the
  *            assignment is paused, polling continues (heartbeats, rebalances), the write is
  *            retried at growing intervals; on success offsets are stored and the partitions we
@@ -18,6 +23,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +45,7 @@
 #define BISECT_DEPTH       64    /* range stack entries (log2 of any batch size + 1 suffices) */
 #define LANE_SKIPPED_KEPT  8     /* rejected rows a lane reports individually */
 #define DISABLE_MAX        64    /* disable requests waiting for the registry */
+#define WRITE_CHECK_MS     5     /* longest poll while a batch is being written, ms */
 
 /* A consumer asked the registry to disable an endpoint (an outcome with state "disabled"). */
 struct disable_req {
@@ -47,15 +54,43 @@ struct disable_req {
     int64_t ts_ms;                   /* when it was asked, unix ms */
 };
 
+/* One lane's share of a batch write; runs on its own thread when several lanes have rows. */
+struct lane_job {
+    const struct rec_batch *b; /* borrowed, read-only while the job runs */
+    rec_db_t *db;              /* this lane's connection */
+    size_t lane;               /* lane index */
+    atomic_int *done;          /* incremented when the job has finished (borrowed) */
+    int rc;                    /* OUT: 0 or SL_EPG */
+    sl_err_t err;              /* OUT: reason when rc != 0 */
+    int64_t rows;              /* OUT: rows written */
+    int64_t attempts;          /* OUT: delivery_attempts rows new to the history */
+    int64_t rejected;          /* OUT: rows skipped because PostgreSQL rejected them */
+    struct {
+        int32_t partition;        /* Kafka partition of the rejected row */
+        int64_t offset;           /* Kafka offset of the rejected row */
+        char why[SL_ERR_MSG_MAX]; /* SQLSTATE and primary message */
+    } skipped[LANE_SKIPPED_KEPT]; /* OUT: the first rejected rows, logged by the main thread */
+};
+
 struct rec_loop {
-    const struct sl_config *cfg;             /* borrowed */
-    rd_kafka_t *rk;                          /* consumer */
-    rec_db_t *db[REC_MAX_LANES];             /* one PostgreSQL connection per write lane */
-    rec_maint_t *maint;                      /* maintenance thread (own connection) */
-    size_t nlanes;                           /* lanes (= connections) in use */
-    struct rec_batch batch;                  /* current batch */
-    volatile sig_atomic_t stop;              /* set by rec_loop_stop */
-    bool blocked;                            /* the batch could not be written; assignment paused */
+    const struct sl_config *cfg;         /* borrowed */
+    rd_kafka_t *rk;                      /* consumer */
+    rec_db_t *db[REC_MAX_LANES];         /* one PostgreSQL connection per write lane */
+    rec_maint_t *maint;                  /* maintenance thread (own connection) */
+    size_t nlanes;                       /* lanes (= connections) in use */
+    struct rec_batch bufs[2];            /* the two batches (double buffering) */
+    struct rec_batch *batch;             /* the batch being filled (one of bufs) */
+    struct rec_batch *wbatch;            /* the batch being written, or waiting for a retry after a
+                                            failed write (the other of bufs); NULL = none */
+    bool writing;                        /* lane jobs are running on wbatch */
+    struct lane_job jobs[REC_MAX_LANES]; /* the lane jobs of wbatch */
+    pthread_t threads[REC_MAX_LANES];    /* their threads (where started[]) */
+    bool started[REC_MAX_LANES];         /* a thread runs jobs[i] */
+    size_t njobs;                        /* lanes of wbatch with rows (jobs to wait for) */
+    atomic_int jobs_done;                /* jobs finished so far */
+    size_t wdisable;                     /* disable requests noted up to wbatch's last record */
+    volatile sig_atomic_t stop;          /* set by rec_loop_stop */
+    bool blocked;                        /* wbatch could not be written; assignment paused */
     rd_kafka_topic_partition_list_t *paused; /* exactly what we paused; NULL = nothing */
     int64_t retry_at_ms;                     /* mono ms of the next write attempt while blocked */
     int64_t backoff_ms;                      /* current retry delay, ms */
@@ -71,7 +106,7 @@ struct rec_loop {
     struct sl_reg_pub reg_pub;               /* registry publisher (opened on first use) */
 };
 
-static void apply_disables(rec_loop_t *l);
+static void apply_disables(rec_loop_t *l, size_t upto);
 
 /* ==== PostgreSQL availability (logged on state changes only) ==== */
 
@@ -97,9 +132,8 @@ static void db_ok(rec_loop_t *l)
 
 /* ==== Offsets, pause, resume ==== */
 
-static void store_offsets(rec_loop_t *l)
+static void store_offsets(rec_loop_t *l, const struct rec_batch *b)
 {
-    const struct rec_batch *b = &l->batch;
     if (b->nparts == 0)
         return;
     rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new((int)b->nparts);
@@ -175,31 +209,23 @@ log_skipped(rec_loop_t *l, const char *event, int32_t partition, int64_t offset,
              "skipped outcome record: %s", why);
 }
 
-/* One lane's share of a batch write; runs on its own thread when several lanes have rows. */
-struct lane_job {
-    const struct rec_batch *b; /* borrowed, read-only while the job runs */
-    rec_db_t *db;              /* this lane's connection */
-    size_t lane;               /* lane index */
-    int rc;                    /* OUT: 0 or SL_EPG */
-    sl_err_t err;              /* OUT: reason when rc != 0 */
-    int64_t rows;              /* OUT: rows written */
-    int64_t attempts;          /* OUT: delivery_attempts rows new to the history */
-    int64_t rejected;          /* OUT: rows skipped because PostgreSQL rejected them */
-    struct {
-        int32_t partition;        /* Kafka partition of the rejected row */
-        int64_t offset;           /* Kafka offset of the rejected row */
-        char why[SL_ERR_MSG_MAX]; /* SQLSTATE and primary message */
-    } skipped[LANE_SKIPPED_KEPT]; /* OUT: the first rejected rows, logged by the main thread */
-};
-
 /*
  * Write every row of one lane. Data errors are bisected (explicit range stack) down to single
  * rows, which are skipped. Sets job->rc to 0 (everything written or skipped) or SL_EPG (try
  * again later; sub-ranges already committed are harmless to write again).
  */
+static void lane_run(struct lane_job *job);
+
 static void *lane_main(void *arg)
 {
     struct lane_job *job = arg;
+    lane_run(job);
+    atomic_fetch_add(job->done, 1);
+    return NULL;
+}
+
+static void lane_run(struct lane_job *job)
+{
     const struct rec_lane *ln = &job->b->lanes[job->lane];
     struct {
         size_t from, to;
@@ -230,7 +256,7 @@ static void *lane_main(void *arg)
         }
         if (rc != SL_EINVAL) {
             job->rc = SL_EPG;
-            return NULL;
+            return;
         }
         if (to - from == 1) {
             if (job->rejected < LANE_SKIPPED_KEPT) {
@@ -244,7 +270,7 @@ static void *lane_main(void *arg)
         size_t mid = from + (to - from) / 2;
         if (top + 2 > BISECT_DEPTH) { /* unreachable: depth <= log2(rows) + 1 */
             job->rc = sl_err_set(&job->err, SL_EPG, "bisection too deep");
-            return NULL;
+            return;
         }
         stack[top].from = mid; /* processed second */
         stack[top].to = to;
@@ -253,74 +279,85 @@ static void *lane_main(void *arg)
         stack[top].to = mid;
         top++;
     }
-    return NULL;
 }
 
 /*
- * Write every lane of the batch, lanes with rows in parallel (one thread and connection each;
- * lanes touch disjoint rows, see rec_batch.h). Returns 0 or SL_EPG with err from a failed lane.
+ * Start writing l->wbatch: one job per lane with rows, each on its own thread (lanes touch
+ * disjoint rows, see rec_batch.h); a job whose thread cannot start runs here at once. Returns
+ * without waiting; write_join() collects the results.
  */
-static int write_batch(rec_loop_t *l, sl_err_t *err)
+static void write_start(rec_loop_t *l)
 {
-    struct lane_job jobs[REC_MAX_LANES];
-    pthread_t threads[REC_MAX_LANES];
-    bool started[REC_MAX_LANES] = {false};
-    size_t first = l->nlanes;
+    atomic_store(&l->jobs_done, 0);
+    l->njobs = 0;
     for (size_t i = 0; i < l->nlanes; i++) {
-        memset(&jobs[i], 0, sizeof(jobs[i]));
-        jobs[i].b = &l->batch;
-        jobs[i].db = l->db[i];
-        jobs[i].lane = i;
-        if (l->batch.lanes[i].n == 0)
+        memset(&l->jobs[i], 0, sizeof(l->jobs[i]));
+        l->started[i] = false;
+        l->jobs[i].b = l->wbatch;
+        l->jobs[i].db = l->db[i];
+        l->jobs[i].lane = i;
+        l->jobs[i].done = &l->jobs_done;
+        if (l->wbatch->lanes[i].n == 0)
             continue;
-        if (first == l->nlanes) {
-            first = i; /* runs on this thread */
-            continue;
-        }
-        started[i] = pthread_create(&threads[i], NULL, lane_main, &jobs[i]) == 0;
-        if (!started[i]) /* no thread: run it here, after the others */
+        l->njobs++;
+        l->started[i] = pthread_create(&l->threads[i], NULL, lane_main, &l->jobs[i]) == 0;
+        if (!l->started[i]) { /* no thread: run it here */
             sl_debug(SL_DBG_DB, "db", "lane_inline", "could not start a writer thread");
+            lane_main(&l->jobs[i]);
+        }
     }
-    if (first < l->nlanes)
-        lane_main(&jobs[first]);
+    l->writing = true;
+}
+
+/* True when every job of the running write has finished (write_join will not block). */
+static bool write_done(rec_loop_t *l)
+{
+    return (size_t)atomic_load(&l->jobs_done) >= l->njobs;
+}
+
+/* Wait for the lane jobs of l->wbatch and collect their results (stats, rejected rows).
+ * Returns 0 or SL_EPG with err from a failed lane. */
+static int write_join(rec_loop_t *l, sl_err_t *err)
+{
     int rc = 0;
     for (size_t i = 0; i < l->nlanes; i++) {
-        if (l->batch.lanes[i].n == 0)
+        struct lane_job *job = &l->jobs[i];
+        if (l->wbatch->lanes[i].n == 0)
             continue;
-        if (started[i])
-            pthread_join(threads[i], NULL);
-        else if (i != first)
-            lane_main(&jobs[i]);
-        l->st.rows += jobs[i].rows;
-        l->st.attempts += jobs[i].attempts;
-        l->st.poison += jobs[i].rejected;
-        for (int64_t k = 0; k < jobs[i].rejected && k < LANE_SKIPPED_KEPT; k++)
-            log_skipped(l, "outcome_rejected_by_db", jobs[i].skipped[k].partition,
-                        jobs[i].skipped[k].offset, jobs[i].skipped[k].why);
-        if (jobs[i].rejected > LANE_SKIPPED_KEPT)
+        if (l->started[i])
+            pthread_join(l->threads[i], NULL);
+        l->started[i] = false;
+        l->st.rows += job->rows;
+        l->st.attempts += job->attempts;
+        l->st.poison += job->rejected;
+        for (int64_t k = 0; k < job->rejected && k < LANE_SKIPPED_KEPT; k++)
+            log_skipped(l, "outcome_rejected_by_db", job->skipped[k].partition,
+                        job->skipped[k].offset, job->skipped[k].why);
+        if (job->rejected > LANE_SKIPPED_KEPT)
             sl_warn("recorder", "outcomes_rejected_by_db",
                     "%lld more rows rejected by postgresql in this batch",
-                    (long long)(jobs[i].rejected - LANE_SKIPPED_KEPT));
-        if (jobs[i].rc != 0 && rc == 0) {
-            rc = jobs[i].rc;
+                    (long long)(job->rejected - LANE_SKIPPED_KEPT));
+        if (job->rc != 0 && rc == 0) {
+            rc = job->rc;
             if (err)
-                *err = jobs[i].err;
+                *err = job->err;
         }
     }
+    l->writing = false;
     return rc;
 }
 
 /*
- * Try to write the batch once. On success: store offsets, reset the batch, resume intake.
- * On failure: pause intake and schedule a retry (the batch is kept). Returns 0 or SL_EPG.
+ * Finish the write of l->wbatch (waits for its lanes). On success: store its offsets, apply
+ * the disable requests noted up to its last record, release it, resume intake if it was
+ * blocked. On failure: keep it for a retry, pause intake, schedule the retry. Returns 0 or
+ * SL_EPG.
  */
-static int flush(rec_loop_t *l)
+static int write_finish(rec_loop_t *l)
 {
-    if (rec_batch_empty(&l->batch))
-        return 0;
     sl_err_t err;
     sl_err_clear(&err);
-    int rc = write_batch(l, &err);
+    int rc = write_join(l, &err);
     if (rc != 0) {
         l->st.db_retries++;
         db_failed(l, "write", &err);
@@ -336,15 +373,78 @@ static int flush(rec_loop_t *l)
         return rc;
     }
     db_ok(l);
-    store_offsets(l);
-    apply_disables(l);
+    store_offsets(l, l->wbatch);
+    apply_disables(l, l->wdisable);
+    l->wdisable = 0;
     l->st.batches++;
-    rec_batch_reset(&l->batch);
+    rec_batch_reset(l->wbatch);
+    l->wbatch = NULL;
     if (l->blocked) {
         l->blocked = false;
         resume_paused(l);
     }
     return 0;
+}
+
+/* Retry the write of a batch that failed before, synchronously. Returns 0 or SL_EPG. */
+static int write_retry(rec_loop_t *l)
+{
+    write_start(l);
+    return write_finish(l);
+}
+
+/*
+ * Hand the filling batch to the write lanes and start a new one. A write still running is
+ * waited for first (batches commit in order); a batch waiting for a retry blocks the hand-over
+ * (SL_EPG). Returns 0 (the write was started, not finished) or SL_EPG.
+ */
+static int flush(rec_loop_t *l)
+{
+    if (l->writing && write_finish(l) != 0)
+        return SL_EPG;
+    if (l->wbatch) /* a failed write not retried successfully yet */
+        return SL_EPG;
+    if (rec_batch_empty(l->batch))
+        return 0;
+    l->wbatch = l->batch;
+    l->batch = l->batch == &l->bufs[0] ? &l->bufs[1] : &l->bufs[0];
+    l->wdisable = l->n_disable;
+    write_start(l);
+    return 0;
+}
+
+/* Write everything held (a running write, a batch waiting for a retry, the filling batch) and
+ * wait for it. Returns 0 when all of it committed (offsets stored), else SL_EPG. */
+static int flush_wait(rec_loop_t *l)
+{
+    if (l->writing && write_finish(l) != 0)
+        return SL_EPG;
+    if (l->wbatch && write_retry(l) != 0)
+        return SL_EPG;
+    if (flush(l) != 0)
+        return SL_EPG;
+    if (l->writing && write_finish(l) != 0)
+        return SL_EPG;
+    return 0;
+}
+
+/* Records held in memory and not committed (both batches). */
+static size_t held_records(const rec_loop_t *l)
+{
+    return l->batch->n_records + (l->wbatch ? l->wbatch->n_records : 0);
+}
+
+/* Drop everything held, uncommitted and unstored (the partitions' next reader re-reads it).
+ * Waits for a running write first: its threads read the batch. */
+static void drop_held(rec_loop_t *l)
+{
+    if (l->writing)
+        (void)write_join(l, NULL);
+    if (l->wbatch)
+        rec_batch_reset(l->wbatch);
+    l->wbatch = NULL;
+    l->wdisable = 0;
+    rec_batch_reset(l->batch);
 }
 
 /* ==== Disable requests ==== */
@@ -369,11 +469,14 @@ static void note_disable(rec_loop_t *l, const void *payload, size_t len)
     sl_outcome_fini(&o);
 }
 
-/* Apply the waiting disable requests to the registry (PostgreSQL, then the endpoints topic, so
- * every consumer stops). Requests that fail stay queued for the next batch. */
-static void apply_disables(rec_loop_t *l)
+/* Apply the first upto waiting disable requests (those of committed batches) to the registry
+ * (PostgreSQL, then the endpoints topic, so every consumer stops). Requests that fail stay
+ * queued for the next batch, ahead of the requests of batches not committed yet. */
+static void apply_disables(rec_loop_t *l, size_t upto)
 {
-    if (l->n_disable == 0)
+    if (upto > l->n_disable)
+        upto = l->n_disable;
+    if (upto == 0)
         return;
     sl_err_t err;
     if (!l->reg_pg)
@@ -388,7 +491,7 @@ static void apply_disables(rec_loop_t *l)
         return;
     }
     size_t kept = 0;
-    for (size_t i = 0; i < l->n_disable; i++) {
+    for (size_t i = 0; i < upto; i++) {
         struct disable_req *d = &l->disable[i];
         bool changed = false;
         int rc = sl_reg_disable(l->reg_pg, &l->reg_pub, d->id, d->reason, d->ts_ms, &changed, &err);
@@ -406,6 +509,8 @@ static void apply_disables(rec_loop_t *l)
         }
         l->disable[kept++] = *d;
     }
+    for (size_t i = upto; i < l->n_disable; i++) /* not committed yet */
+        l->disable[kept++] = l->disable[i];
     l->n_disable = kept;
 }
 
@@ -424,15 +529,15 @@ static void rebalance_cb(rd_kafka_t *rk,
         return;
     }
     /* Revoke (eager: the whole assignment). Write what we hold while we still own it. */
-    if (!rec_batch_empty(&l->batch)) {
-        if (!rd_kafka_assignment_lost(rk) && flush(l) == 0) {
+    if (l->writing || l->wbatch || !rec_batch_empty(l->batch)) {
+        if (!rd_kafka_assignment_lost(rk) && flush_wait(l) == 0) {
             sl_info("kafka", "batch_flushed_on_revoke",
                     "batch written before giving up partitions");
         } else {
             sl_info("kafka", "batch_dropped_on_revoke",
                     "batch of %zu records not written: the partitions' next owner re-reads them",
-                    l->batch.n_records);
-            rec_batch_reset(&l->batch);
+                    held_records(l));
+            drop_held(l);
         }
     }
     resume_paused(l); /* our pause would otherwise stick to the partition objects */
@@ -451,11 +556,11 @@ static void handle_message(rec_loop_t *l, rd_kafka_message_t *rkm)
     }
     sl_err_t err;
     sl_err_clear(&err);
-    int rc = rec_batch_add(&l->batch, rkm->payload, rkm->len, rkm->partition, rkm->offset,
+    int rc = rec_batch_add(l->batch, rkm->payload, rkm->len, rkm->partition, rkm->offset,
                            sl_mono_ms(), &err);
     if (rc == SL_ESTATE && !l->blocked) {
         (void)flush(l);
-        rc = rec_batch_add(&l->batch, rkm->payload, rkm->len, rkm->partition, rkm->offset,
+        rc = rec_batch_add(l->batch, rkm->payload, rkm->len, rkm->partition, rkm->offset,
                            sl_mono_ms(), &err);
     }
     if (rc == SL_ESTATE) {
@@ -495,9 +600,13 @@ rec_loop_t *rec_loop_new(const struct sl_config *cfg, sl_err_t *err)
 {
     rec_loop_t *l = sl_xcalloc(1, sizeof(*l));
     l->cfg = cfg;
-    l->nlanes = REC_LANES;
-    rec_batch_init(&l->batch, l->nlanes, (size_t)cfg->recorder_batch, REC_BATCH_MAX_BYTES,
-                   (size_t)cfg->max_body_bytes);
+    /* recorder_lanes is validated to 1..REC_MAX_LANES; rec_batch_init clamps as well */
+    for (int i = 0; i < 2; i++)
+        rec_batch_init(&l->bufs[i], (size_t)cfg->recorder_lanes, (size_t)cfg->recorder_batch,
+                       (size_t)cfg->recorder_batch_max_bytes, (size_t)cfg->max_body_bytes);
+    l->batch = &l->bufs[0];
+    l->nlanes = l->batch->nlanes;
+    atomic_init(&l->jobs_done, 0);
     for (size_t i = 0; i < l->nlanes; i++)
         l->db[i] = rec_db_new(cfg->pg_dsn, cfg->latency_window_h, cfg->history_retention_d);
     rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "recorder", err);
@@ -538,7 +647,9 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
              ((struct sl_log_kv[]){SL_KV_S("topic", cfg->topic_outcomes),
                                    SL_KV_S("group", cfg->recorder_group),
                                    SL_KV_I("batch", cfg->recorder_batch),
-                                   SL_KV_I("flush_ms", cfg->recorder_flush_ms)}),
+                                   SL_KV_I("batch_max_bytes", cfg->recorder_batch_max_bytes),
+                                   SL_KV_I("flush_ms", cfg->recorder_flush_ms),
+                                   SL_KV_I("lanes", (int64_t)l->nlanes)}),
              "recording outcomes");
     l->maint = rec_maint_start(cfg, err);
     if (!l->maint)
@@ -548,22 +659,26 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
     while (!l->stop) {
         now = sl_mono_ms();
         int timeout = POLL_MAX_MS;
-        if (!l->blocked && !rec_batch_empty(&l->batch)) {
-            int64_t left = l->batch.first_mono_ms + cfg->recorder_flush_ms - now;
+        if (!l->blocked && !rec_batch_empty(l->batch)) {
+            int64_t left = l->batch->first_mono_ms + cfg->recorder_flush_ms - now;
             timeout = left <= 0 ? 0 : left < POLL_MAX_MS ? (int)left : POLL_MAX_MS;
         }
+        if (l->writing && timeout > WRITE_CHECK_MS) /* notice the commit soon when idle */
+            timeout = WRITE_CHECK_MS;
         rd_kafka_message_t *rkm = rd_kafka_consumer_poll(l->rk, timeout);
         if (rkm) {
             handle_message(l, rkm);
             rd_kafka_message_destroy(rkm);
         }
+        if (l->writing && write_done(l))
+            (void)write_finish(l); /* committed: store its offsets now (a failure blocks) */
         now = sl_mono_ms();
         if (l->blocked) {
             if (now >= l->retry_at_ms)
-                (void)flush(l);
-        } else if (!rec_batch_empty(&l->batch) &&
-                   (rec_batch_full(&l->batch) ||
-                    now - l->batch.first_mono_ms >= cfg->recorder_flush_ms)) {
+                (void)write_retry(l);
+        } else if (!rec_batch_empty(l->batch) &&
+                   (rec_batch_full(l->batch) ||
+                    now - l->batch->first_mono_ms >= cfg->recorder_flush_ms)) {
             (void)flush(l);
         }
         if (now >= l->next_stats_ms) {
@@ -572,19 +687,19 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
         }
     }
 
-    /* Shutdown: write the last batch (bounded retries), store, commit, leave the group. */
+    /* Shutdown: write the last batches (bounded retries), store, commit, leave the group. */
     rec_maint_stop(l->maint);
     l->maint = NULL;
     int64_t deadline = sl_mono_ms() + cfg->shutdown_drain_ms;
-    while (!rec_batch_empty(&l->batch)) {
-        if (flush(l) == 0)
+    while (l->writing || l->wbatch || !rec_batch_empty(l->batch)) {
+        if (flush_wait(l) == 0)
             break;
         if (sl_mono_ms() + l->backoff_ms > deadline) {
             sl_warn("recorder", "batch_not_written",
                     "shutting down with %zu records not written (not committed either: they are "
                     "re-read on the next start)",
-                    l->batch.n_records);
-            rec_batch_reset(&l->batch);
+                    held_records(l));
+            drop_held(l);
             break;
         }
         rd_kafka_message_t *rkm = rd_kafka_consumer_poll(l->rk, (int)l->backoff_ms);
@@ -607,13 +722,16 @@ void rec_loop_destroy(rec_loop_t *l)
     if (!l)
         return;
     rec_maint_stop(l->maint);
+    if (l->batch)
+        drop_held(l); /* joins a running write */
     if (l->paused)
         rd_kafka_topic_partition_list_destroy(l->paused);
     if (l->rk)
         rd_kafka_destroy(l->rk);
     for (size_t i = 0; i < l->nlanes; i++)
         rec_db_destroy(l->db[i]);
-    rec_batch_fini(&l->batch);
+    rec_batch_fini(&l->bufs[0]);
+    rec_batch_fini(&l->bufs[1]);
     sl_reg_pub_close(&l->reg_pub);
     if (l->reg_pg)
         PQfinish(l->reg_pg);

@@ -1,9 +1,11 @@
 /*
  * rec_loop: sluice-recorder's main loop. Consumes sluice.outcomes in its own consumer group,
- * batches records (rec_batch), writes each batch to PostgreSQL in one transaction (rec_db),
- * and only then stores the batch's offsets (offset + 1 per partition; librdkafka auto-commits
- * stored offsets every second). Periodic maintenance (partitions, retention, endpoint_health
- * statistics) runs on its own thread and connection (rec_maint), so it never stalls intake.
+ * batches records (rec_batch), writes each batch to PostgreSQL in one transaction per lane
+ * (rec_db) while the next batch fills (at most one batch in flight, batches committed in
+ * order), and only then stores the batch's offsets (offset + 1 per partition; librdkafka
+ * auto-commits stored offsets every second). Periodic maintenance (partitions, retention,
+ * endpoint_health statistics) runs on its own thread and connection (rec_maint), so it never
+ * stalls intake.
  *
  * Failure model (details in recorder/README.md):
  *   - a bad record (undecodable, or a value PostgreSQL would refuse) is logged with its
@@ -12,7 +14,8 @@
  *     row(s), which are skipped like bad records;
  *   - PostgreSQL unavailable: the batch stays in memory, the whole assignment is paused (the
  *     loop keeps polling for group liveness), the write is retried with backoff and
- *     reconnects, and consumption resumes after the commit; memory stays bounded by one batch;
+ *     reconnects, and consumption resumes after the commit; memory stays bounded by two
+ *     batches (the one waiting to be written and the one that was filling);
  *   - rebalance (revoke): the batch is written and its offsets stored before the unassign; if
  *     that fails the batch is dropped unstored and the partitions' next owner re-reads it;
  *   - SIGTERM/SIGINT: stop polling, write and store the last batch (bounded retries), commit
@@ -29,12 +32,11 @@
 #include "common/sl_cfg.h"
 #include "common/sl_err.h"
 
-/* Write lanes = PostgreSQL connections used in parallel (rec_batch.h explains why lanes never
- * touch the same rows). 2 matches the dev machine's cores; proposed as an option. */
-#define REC_LANES 2
-/* Soft cap on one batch's encoded bytes (dead letters carry whole delivery records). */
-#define REC_BATCH_MAX_BYTES ((size_t)64 * 1024 * 1024)
-#define REC_STATS_EVERY_MS  60000 /* recorder_stats log line, ms */
+/* Write lanes (recorder_lanes, 1..REC_MAX_LANES = PostgreSQL connections used in parallel;
+ * rec_batch.h explains why lanes never touch the same rows) and the soft cap on one batch's
+ * encoded bytes (recorder_batch_max_bytes; dead letters carry whole delivery records) are
+ * options in common/sl_cfg.c. */
+#define REC_STATS_EVERY_MS 60000 /* recorder_stats log line, ms */
 /* Retry of a batch PostgreSQL could not take: first delay and cap, ms (doubling). */
 #define REC_RETRY_MIN_MS 200
 #define REC_RETRY_MAX_MS 10000

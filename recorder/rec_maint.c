@@ -121,7 +121,7 @@ static void do_health(rec_maint_t *m, int64_t started)
     }
     succeeded(m);
     int64_t took = sl_mono_ms() - started;
-    if (took * REC_HEALTH_SHARE > REC_HEALTH_EVERY_MS)
+    if (took * REC_HEALTH_SHARE > m->cfg->recorder_health_refresh_ms)
         m->next_health_ms = started + took * REC_HEALTH_SHARE;
     sl_debug(SL_DBG_DB, "db", "health_refreshed", "%lld endpoints with samples in %lld ms",
              (long long)n, (long long)took);
@@ -139,7 +139,7 @@ static void *maint_main(void *arg)
             m->next_purge_ms = now + REC_PURGE_EVERY_MS;
             do_purge(m);
         } else if (now >= m->next_health_ms) {
-            m->next_health_ms = now + REC_HEALTH_EVERY_MS;
+            m->next_health_ms = now + m->cfg->recorder_health_refresh_ms;
             do_health(m, now);
         }
         now = sl_mono_ms();
@@ -174,9 +174,11 @@ rec_maint_t *rec_maint_start(const struct sl_config *cfg, sl_err_t *err)
     pthread_mutex_init(&m->mu, NULL);
     pthread_cond_init(&m->cv, NULL);
     int64_t now = sl_mono_ms();
-    m->next_parts_ms = now;          /* partitions first: a fresh day may need them */
-    m->next_purge_ms = now + 5000;   /* then retention */
-    m->next_health_ms = now + 10000; /* statistics once there is something to count */
+    m->next_parts_ms = now;        /* partitions first: a fresh day may need them */
+    m->next_purge_ms = now + 5000; /* then retention */
+    /* statistics once there is something to count: after 10 s, or one interval if shorter */
+    m->next_health_ms =
+        now + (cfg->recorder_health_refresh_ms < 10000 ? cfg->recorder_health_refresh_ms : 10000);
     if (pthread_create(&m->th, NULL, maint_main, m) != 0) {
         sl_err_set(err, SL_ESTATE, "could not start the maintenance thread");
         pthread_cond_destroy(&m->cv);

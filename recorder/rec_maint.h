@@ -7,9 +7,9 @@
  *   - retention: sluice_purge_dead_letters(dead_letter_retention_d),
  *     sluice_purge_deliveries(history_retention_d) and sluice_purge_pending_payloads() (records
  *     of deliveries no longer open; sql/0003), batched, every minute;
- *   - endpoint_health statistics: sluice_refresh_endpoint_health(latency_window_h) every 30 s,
- *     or every 10 x its last duration when that is longer (it never takes more than ~10 % of a
- *     core, whatever the sample volume).
+ *   - endpoint_health statistics: sluice_refresh_endpoint_health(latency_window_h) every
+ *     recorder_health_refresh_ms (default 30 s), or every 10 x its last duration when that is
+ *     longer (it never takes more than ~10 % of a core, whatever the sample volume).
  * Failures are logged on state changes (maintenance_failed / maintenance_recovered) and retried
  * at the next tick. Writes and maintenance touch the same tables; their lock interplay is
  * described in recorder/README.md.
@@ -23,8 +23,9 @@
 #include "common/sl_err.h"
 
 /* Schedule, ms (and limits). */
-#define REC_HEALTH_EVERY_MS      30000 /* endpoint_health statistics refresh (at least) */
-#define REC_HEALTH_SHARE         10    /* ...and at most every REC_HEALTH_SHARE x its duration */
+/* endpoint_health statistics refresh: every recorder_health_refresh_ms (sl_cfg, default
+ * 30 s) at least, and at most every REC_HEALTH_SHARE x its last duration. */
+#define REC_HEALTH_SHARE         10
 #define REC_PARTITIONS_EVERY_MS  60000 /* drop expired + ensure ahead */
 #define REC_PURGE_EVERY_MS       60000 /* dead_letters / deliveries retention */
 #define REC_PARTITION_DAYS_AHEAD 2     /* days of partitions created ahead of today */

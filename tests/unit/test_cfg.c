@@ -149,6 +149,68 @@ static void test_cross_field(void **state)
     sl_cfg_fini(&cfg);
 }
 
+/* The recorder's tunables: defaults, file < env, inclusive bounds, and a rejection that names
+ * the option and its range. */
+static void test_recorder_tunables(void **state)
+{
+    (void)state;
+    struct sl_config cfg;
+    int nerr;
+    char *env0[] = {NULL};
+    char *errs = load_errs(&cfg, NULL, env0, &nerr);
+    assert_int_equal(nerr, 0);
+    assert_int_equal(cfg.recorder_lanes, 2);
+    assert_int_equal(cfg.recorder_batch_max_bytes, 64 * 1024 * 1024);
+    assert_int_equal(cfg.recorder_health_refresh_ms, 30000);
+    assert_int_equal(sl_cfg_source(&cfg, "recorder_lanes"), SL_CFG_SRC_DEFAULT);
+    free(errs);
+    sl_cfg_fini(&cfg);
+
+    char *path = write_tmp("recorder_lanes = 3\nrecorder_batch_max_bytes = 2097152\n"
+                           "recorder_health_refresh_ms = 5000\n");
+    char *env1[] = {"SLUICE_RECORDER_LANES=4", "SLUICE_RECORDER_HEALTH_REFRESH_MS=1000", NULL};
+    errs = load_errs(&cfg, path, env1, &nerr);
+    assert_int_equal(nerr, 0);
+    assert_int_equal(cfg.recorder_lanes, 4);
+    assert_int_equal(cfg.recorder_batch_max_bytes, 2097152);
+    assert_int_equal(cfg.recorder_health_refresh_ms, 1000);
+    assert_int_equal(sl_cfg_source(&cfg, "recorder_lanes"), SL_CFG_SRC_ENV);
+    assert_int_equal(sl_cfg_source(&cfg, "recorder_batch_max_bytes"), SL_CFG_SRC_FILE);
+    free(errs);
+    sl_cfg_fini(&cfg);
+    unlink(path);
+    free(path);
+
+    char *env2[] = {"SLUICE_RECORDER_LANES=16", "SLUICE_RECORDER_BATCH_MAX_BYTES=1048576",
+                    "SLUICE_RECORDER_HEALTH_REFRESH_MS=3600000", NULL};
+    errs = load_errs(&cfg, NULL, env2, &nerr);
+    assert_int_equal(nerr, 0);
+    assert_int_equal(cfg.recorder_lanes, SL_CFG_RECORDER_LANES_MAX);
+    free(errs);
+    sl_cfg_fini(&cfg);
+
+    char *env3[] = {"SLUICE_RECORDER_LANES=17", "SLUICE_RECORDER_BATCH_MAX_BYTES=1048575",
+                    "SLUICE_RECORDER_HEALTH_REFRESH_MS=999", NULL};
+    errs = load_errs(&cfg, NULL, env3, &nerr);
+    assert_int_equal(nerr, 3);
+    assert_non_null(strstr(errs,
+                           "invalid value for SLUICE_RECORDER_LANES (env): \"17\": expected an "
+                           "integer in 1..16"));
+    assert_non_null(strstr(errs, "invalid value for SLUICE_RECORDER_BATCH_MAX_BYTES (env): "
+                                 "\"1048575\": expected an integer in 1048576..1073741824"));
+    assert_non_null(strstr(errs, "invalid value for SLUICE_RECORDER_HEALTH_REFRESH_MS (env): "
+                                 "\"999\": expected an integer in 1000..3600000"));
+    free(errs);
+    sl_cfg_fini(&cfg);
+
+    char *env4[] = {"SLUICE_RECORDER_LANES=0", NULL};
+    errs = load_errs(&cfg, NULL, env4, &nerr);
+    assert_int_equal(nerr, 1);
+    assert_non_null(strstr(errs, "SLUICE_RECORDER_LANES"));
+    free(errs);
+    sl_cfg_fini(&cfg);
+}
+
 static void test_print_redacts(void **state)
 {
     (void)state;
@@ -222,6 +284,7 @@ int main(void)
         cmocka_unit_test(test_strict_and_all_errors),
         cmocka_unit_test(test_bounds_inclusive),
         cmocka_unit_test(test_cross_field),
+        cmocka_unit_test(test_recorder_tunables),
         cmocka_unit_test(test_print_redacts),
         cmocka_unit_test(test_bad_secret_value_not_echoed),
         cmocka_unit_test(test_exit_code_78),
