@@ -502,7 +502,11 @@ listen_addresses = '127.0.0.1'
 port = $PG_PORT
 unix_socket_directories = '$sockdir'
 max_connections = 200
-shared_buffers = 128MB
+# The recorder's COPY batches write a lot: with 128 MB the backends wrote back dirty buffers
+# themselves, and 1 GB of WAL forced a checkpoint every few seconds of ingest.
+shared_buffers = 512MB
+max_wal_size = 4GB
+checkpoint_timeout = 15min
 log_line_prefix = '%m [%p] %q%u@%d '
 log_min_messages = warning
 EOF
