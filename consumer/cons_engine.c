@@ -1913,9 +1913,9 @@ cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endpoints, sl_err_t
     if (!cconf)
         goto fail;
     /* librdkafka pre-fetches up to 64 MB by default, on top of the live_cap jobs held here
-     * (53 MB of the heap at 10,000 in flight, bench/README.md); 16 MB is still about 25,000
-     * records of 640 bytes ahead of the loop. */
-    if (sl_kafka_conf_set(cconf, "queued.max.messages.kbytes", "16384", err) != 0) {
+     * (53 MB of the heap at 10,000 in flight, bench/README.md); 4 MB is still about 6,000
+     * records of 640 bytes (over 0.3 s at 20,000/s) ahead of the loop. */
+    if (sl_kafka_conf_set(cconf, "queued.max.messages.kbytes", "4096", err) != 0) {
         rd_kafka_conf_destroy(cconf);
         goto fail;
     }

@@ -33,12 +33,20 @@
 #define CONN_CACHES 64
 
 /*
- * Receive buffer per running transfer (CURLOPT_BUFFERSIZE; libcurl's default is 16 KiB,
- * allocated for every transfer while it runs). Webhook answers are small and we keep at most
- * response_keep_bytes of them, so 4 KiB saves about 120 MB at 10,000 in flight; a large
- * answer only takes more reads.
+ * Receive buffer of each pooled handle (CURLOPT_BUFFERSIZE; libcurl's default is 16 KiB).
+ * Webhook answers are small (a 204 with its headers is about 150 bytes) and we keep at most
+ * response_keep_bytes of them; libcurl's minimum, 1 KiB, is 15 KiB per handle less than
+ * the default (bench/README.md); a large answer only takes more reads.
  */
-#define RECV_BUFFER_BYTES 4096L
+#define RECV_BUFFER_BYTES 1024L
+
+/*
+ * Upload buffer (CURLOPT_UPLOAD_BUFFERSIZE; default 64 KiB). Over TLS libcurl 7.88 copies
+ * the request into it before sending (Curl_buffer_send), at most CURL_MAX_WRITE_SIZE
+ * (16 KiB) at a time, so its minimum, 16 KiB, is all it uses; it stays allocated on the
+ * pooled handle.
+ */
+#define UPLOAD_BUFFER_BYTES 16384L
 
 struct xfer {
     CURL *easy;                   /* pooled easy handle */
@@ -190,20 +198,46 @@ void cons_http_destroy(cons_http_t *h)
     free(h);
 }
 
+/*
+ * The options every request shares, set once when the pooled handle is created. A pooled
+ * handle is never curl_easy_reset: the reset frees every option string (copied again by
+ * about 20 setopts per delivery) and puts the buffer size back to 16 KiB, which
+ * CURLOPT_BUFFERSIZE then changed again. cons_http_start sets the per-request options, every
+ * one of them on every request, so nothing of one request carries into the next.
+ */
+static void xfer_init_opts(cons_http_t *h, struct xfer *x)
+{
+    CURL *e = x->easy;
+    curl_easy_setopt(e, CURLOPT_PRIVATE, x);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_PROXY, "");
+    curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(e, CURLOPT_USERAGENT, h->opts.user_agent);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, x);
+    curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, opensocket_cb);
+    curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, x);
+    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, RECV_BUFFER_BYTES);
+    curl_easy_setopt(e, CURLOPT_UPLOAD_BUFFERSIZE, UPLOAD_BUFFER_BYTES);
+}
+
 static struct xfer *xfer_get(cons_http_t *h)
 {
     struct xfer *x = h->pool;
     if (x) {
         h->pool = x->next_free;
-        curl_easy_reset(x->easy);
     } else {
         x = sl_xcalloc(1, sizeof(*x));
         x->easy = curl_easy_init();
         x->h = h;
-        /* the share stays attached across curl_easy_reset */
         CURLSH *sh = h->shares[h->n_xfers++ % CONN_CACHES];
         if (sh)
             curl_easy_setopt(x->easy, CURLOPT_SHARE, sh);
+        xfer_init_opts(h, x);
     }
     x->resp_len = 0;
     x->resp_total = 0;
@@ -229,32 +263,20 @@ int cons_http_start(cons_http_t *h,
     CURL *e = x->easy;
     x->done = req->done;
     x->opaque = req->opaque;
+    /* per request (the rest: xfer_init_opts); each of these is set on every request */
     curl_easy_setopt(e, CURLOPT_URL, req->url);
-    curl_easy_setopt(e, CURLOPT_PRIVATE, x);
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
-    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(e, CURLOPT_PROXY, "");
-    curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, req->timeout_ms);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, req->connect_timeout_ms);
-    curl_easy_setopt(e, CURLOPT_USERAGENT, h->opts.user_agent);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, req->headers);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, x);
-    curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, opensocket_cb);
-    curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, x);
-    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, RECV_BUFFER_BYTES);
     if (strcmp(req->method, "GET") == 0) {
-        curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+        curl_easy_setopt(e, CURLOPT_HTTPGET, 1L); /* also drops a previous request's body */
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, (char *)NULL);
     } else {
         curl_easy_setopt(e, CURLOPT_POST, 1L);
         curl_easy_setopt(e, CURLOPT_POSTFIELDS, req->body_len ? (const char *)req->body : "");
         curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_len);
-        if (strcmp(req->method, "POST") != 0)
-            curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method);
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST,
+                         strcmp(req->method, "POST") != 0 ? req->method : (const char *)NULL);
     }
     CURLMcode mc = curl_multi_add_handle(h->multi, e);
     if (mc != CURLM_OK) {

@@ -4,8 +4,9 @@
  *
  * The engine owns the epoll set; other event sources (librdkafka's queue wake-up pipe) are
  * added with cons_http_watch_fd and reported by cons_http_run. Easy handles are pooled and
- * reused, so connections (keep-alive, the multi handle's shared connection cache) and DNS
- * cache entries are reused across deliveries.
+ * reused with their options (set once per handle, never curl_easy_reset), so connections
+ * (keep-alive, in the connection caches of cons_http.c's share objects) and DNS cache
+ * entries are reused across deliveries.
  *
  * Every request is built safely by construction: redirects never followed, protocols limited
  * to http and https, proxy environment variables ignored, no signals, "Expect:" suppressed,

@@ -658,6 +658,45 @@ struct pipe_ops {
     void *ctx;
 };
 
+/* Append "<prefix><n>\r\n" (a RESP array or bulk length) to b. */
+static int resp_len(struct sl_buf *b, char prefix, size_t n)
+{
+    char tmp[24];
+    char *p = tmp + sizeof(tmp);
+    *--p = '\n';
+    *--p = '\r';
+    do {
+        *--p = (char)('0' + n % 10);
+        n /= 10;
+    } while (n);
+    *--p = prefix;
+    return sl_buf_append(b, p, (size_t)(tmp + sizeof(tmp) - p));
+}
+
+/*
+ * Encode commands [from, to) as RESP into b, for one redisAppendFormattedCommand: hiredis's
+ * redisAppendCommandArgv formats every argument with sdscatfmt and grows the output
+ * buffer per command, about 3,000 instructions per command (3 commands per delivery:
+ * bench/README.md). Returns 0, or SL_ETOOBIG past b's maximum.
+ */
+static int pipe_encode(const struct pipe_ops *ops, size_t from, size_t to, struct sl_buf *b)
+{
+    char keybuf[KEY_MAX];
+    const char *argv[8];
+    size_t argvlen[8];
+    for (size_t i = from; i < to; i++) {
+        int argc = ops->build(ops->ctx, i, keybuf, argv, argvlen);
+        if (resp_len(b, '*', (size_t)argc) != 0)
+            return SL_ETOOBIG;
+        for (int k = 0; k < argc; k++) {
+            if (resp_len(b, '$', argvlen[k]) != 0 || sl_buf_append(b, argv[k], argvlen[k]) != 0 ||
+                sl_buf_append(b, "\r\n", 2) != 0)
+                return SL_ETOOBIG;
+        }
+    }
+    return 0;
+}
+
 /* Send commands [from, to) and read their replies. Returns 0 or a negative code with err
  * filled; *lost = 1 when the failure was a lost connection (the chunk may be sent again). */
 static int pipe_chunk(sl_redis_t *r,
@@ -674,15 +713,31 @@ static int pipe_chunk(sl_redis_t *r,
     size_t sent = 0;
     int rc = 0;
     *lost = 0;
-    for (size_t i = from; i < to; i++) {
-        int argc = ops->build(ops->ctx, i, keybuf, argv, argvlen);
-        if (sl_redis_append(r, argc, argv, argvlen) != 0) {
+    redisContext *c = sl_redis_ctx(r);
+    struct sl_buf b;
+    /* every argument is a key (< KEY_MAX) or a short constant; 8 arguments at most */
+    sl_buf_init(&b, (to - from) * (8 * (KEY_MAX + 16) + 16) + 1);
+    if (c && pipe_encode(ops, from, to, &b) == 0) {
+        /* one append for the chunk; hiredis writes it on the first read */
+        if (redisAppendFormattedCommand(c, (const char *)b.data, b.len) != REDIS_OK) {
             rc = sl_err_set(err, SL_EREDIS, "could not %s: could not send to redis", op);
             *lost = 1;
-            break;
+        } else {
+            sent = to - from;
         }
-        sent++;
+    } else {
+        /* not connected (sl_redis_append reconnects) or an argument too long to pre-format */
+        for (size_t i = from; i < to; i++) {
+            int argc = ops->build(ops->ctx, i, keybuf, argv, argvlen);
+            if (sl_redis_append(r, argc, argv, argvlen) != 0) {
+                rc = sl_err_set(err, SL_EREDIS, "could not %s: could not send to redis", op);
+                *lost = 1;
+                break;
+            }
+            sent++;
+        }
     }
+    sl_buf_fini(&b);
     /* Read every reply that was sent, even after a bad one, so the connection stays in step
      * with its commands. A lost connection drops the context and with it the rest. */
     for (size_t i = 0; i < sent; i++) {
