@@ -153,8 +153,9 @@ struct cons_ep {
 
 /* A delivered marker whose write failed: written again once Redis answers. */
 struct pmark {
-    char *ep; /* endpoint id (owned) */
-    char *id; /* event id (owned) */
+    char *ep;                   /* endpoint id (owned) */
+    char *id;                   /* event id (owned) */
+    struct cons_done_info info; /* what the marker remembers of the delivery */
 };
 
 struct cons_engine {
@@ -850,6 +851,7 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
     const char **ids = sl_xcalloc(n, sizeof(*ids));
     const char **jids = sl_xcalloc(n, sizeof(*jids));
     unsigned char *dup = sl_xcalloc(n, 1);
+    struct cons_done_info *info = sl_xcalloc(n, sizeof(*info));
     for (size_t i = 0; i < n; i++) {
         eps[i] = jobs[i]->d.ep;
         ids[i] = jobs[i]->d.id;
@@ -858,7 +860,7 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
     }
     sl_err_t err;
     if (cons_store_intake_check(e->redis, (uint32_t)e->cfg->retry_shards, n, eps, ids, jids, dup,
-                                &err) != 0) {
+                                info, &err) != 0) {
         warn_redis(e, &err); /* fail open: at-least-once */
         memset(dup, 0, n);
     }
@@ -882,10 +884,25 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
         }
         if (dup[i] == CONS_DONE_DELIVERED) {
             e->st.duplicates++;
-            struct sl_outcome o;
-            outcome_init(e, j, &o, SL_OUTCOME_DUPLICATE, 0);
             j->after = AFTER_COMPLETE;
-            if (produce_outcome(e, j, &o) != 0)
+            struct sl_outcome o;
+            if (info[i].attempt > 0) {
+                /* The delivery's own outcome again, as the marker remembers it: the same
+                 * (attempt, state, ts) is the same history row, so the recorder keeps one;
+                 * when the first one was lost (the pod that delivered was killed before its
+                 * acknowledgement), this one fills the gap. */
+                outcome_init(e, j, &o, SL_OUTCOME_DELIVERED, info[i].attempt);
+                o.ts_ms = (uint64_t)info[i].ts_ms;
+                o.http = info[i].status;
+                o.lat_us = info[i].lat_us;
+                o.msg = "reported again from the delivered marker";
+                if (produce_outcome(e, j, &o) != 0) {
+                    job_free(e, j);
+                    continue;
+                }
+            }
+            outcome_init(e, j, &o, SL_OUTCOME_DUPLICATE, 0);
+            if (produce_outcome(e, j, &o) != 0 && j->acks_pending == 0)
                 job_free(e, j);
             continue;
         }
@@ -895,6 +912,7 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
     free(ids);
     free(jids);
     free(dup);
+    free(info);
 }
 
 static void intake_kafka(cons_engine_t *e)
@@ -1584,7 +1602,11 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
 }
 
 /* Keep n markers whose write failed for retry_pmarks (strings are copied). */
-static void pmarks_add(cons_engine_t *e, size_t n, const char **eps, const char **ids)
+static void pmarks_add(cons_engine_t *e,
+                       size_t n,
+                       const char **eps,
+                       const char **ids,
+                       const struct cons_done_info *info)
 {
     size_t room = PMARKS_MAX - e->npmarks;
     if (n > room) {
@@ -1600,6 +1622,7 @@ static void pmarks_add(cons_engine_t *e, size_t n, const char **eps, const char 
     for (size_t i = 0; i < n; i++) {
         e->pmarks[e->npmarks].ep = sl_xstrdup(eps[i]);
         e->pmarks[e->npmarks].id = sl_xstrdup(ids[i]);
+        e->pmarks[e->npmarks].info = info[i];
         e->npmarks++;
     }
     e->next_pmark_mono = sl_mono_ms() + REDIS_HOLD_RETRY_MS;
@@ -1617,14 +1640,17 @@ static void retry_pmarks(cons_engine_t *e)
     size_t n = e->npmarks;
     const char **eps = sl_xcalloc(n, sizeof(*eps));
     const char **ids = sl_xcalloc(n, sizeof(*ids));
+    struct cons_done_info *info = sl_xcalloc(n, sizeof(*info));
     for (size_t i = 0; i < n; i++) {
         eps[i] = e->pmarks[i].ep;
         ids[i] = e->pmarks[i].id;
+        info[i] = e->pmarks[i].info;
     }
     sl_err_t err;
-    int rc = cons_store_done_mark(e->redis, n, eps, ids, e->cfg->dedup_window_s, &err);
+    int rc = cons_store_done_mark(e->redis, n, eps, ids, info, e->cfg->dedup_window_s, &err);
     free(eps);
     free(ids);
+    free(info);
     if (rc != 0) {
         warn_redis(e, &err);
         e->next_pmark_mono = sl_mono_ms() + REDIS_HOLD_RETRY_MS;
@@ -1646,19 +1672,27 @@ static void flush_marks(cons_engine_t *e)
     size_t n = e->nmarks;
     const char **eps = sl_xcalloc(n, sizeof(*eps));
     const char **ids = sl_xcalloc(n, sizeof(*ids));
+    struct cons_done_info *info = sl_xcalloc(n, sizeof(*info));
     size_t i = 0;
     for (struct job *j = e->marks; j; j = j->next) {
         eps[i] = j->d.ep;
         ids[i] = j->d.id;
+        /* the marker remembers the delivery, so a copy read again can report it once more
+         * if this outcome is lost (killed before its acknowledgement) */
+        info[i].attempt = j->pending_out.attempt;
+        info[i].ts_ms = (int64_t)j->pending_out.ts_ms;
+        info[i].status = j->pending_out.http;
+        info[i].lat_us = j->pending_out.lat_us;
         i++;
     }
     sl_err_t err;
-    if (cons_store_done_mark(e->redis, n, eps, ids, e->cfg->dedup_window_s, &err) != 0) {
+    if (cons_store_done_mark(e->redis, n, eps, ids, info, e->cfg->dedup_window_s, &err) != 0) {
         warn_redis(e, &err); /* delivered all the same; the markers are written later */
-        pmarks_add(e, n, eps, ids);
+        pmarks_add(e, n, eps, ids, info);
     }
     free(eps);
     free(ids);
+    free(info);
     struct job *list = e->marks;
     e->marks = NULL;
     e->nmarks = 0;

@@ -826,14 +826,40 @@ int cons_store_counts(
 /* ==== Dedup markers ==== */
 
 struct done_ctx {
-    const char *const *endpoint_ids; /* borrowed */
-    const char *const *event_ids;    /* borrowed */
-    unsigned char *out;              /* check: results; mark: NULL */
-    char ttl[24];                    /* mark: EX seconds as text */
-    const char *const *job_ids;      /* intake check: job id per pair or NULL (borrowed) */
-    unsigned char *exists;           /* intake check: job key exists, per pair */
-    uint32_t nshards;                /* intake check: retry shard count */
+    const char *const *endpoint_ids;      /* borrowed */
+    const char *const *event_ids;         /* borrowed */
+    unsigned char *out;                   /* check: results; mark: NULL */
+    char ttl[24];                         /* mark: EX seconds as text */
+    const char *const *job_ids;           /* intake check: job id per pair or NULL (borrowed) */
+    unsigned char *exists;                /* intake check: job key exists, per pair */
+    uint32_t nshards;                     /* intake check: retry shard count */
+    const struct cons_done_info *info_in; /* mark: per pair or NULL (borrowed) */
+    struct cons_done_info *info_out;      /* check: per pair or NULL (borrowed) */
+    char val[96];                         /* mark: the value of the command being built */
 };
+
+/* Parse a delivered marker's value "1 <attempt> <ts_ms> <status> <lat_us>" into *out; a bare
+ * "1" (or anything unexpected) leaves it zeroed (attempt 0 = unknown). */
+static void parse_done_value(const char *s, size_t len, struct cons_done_info *out)
+{
+    memset(out, 0, sizeof(*out));
+    char tmp[96];
+    if (len < 3 || len >= sizeof(tmp) || s[0] != '1' || s[1] != ' ')
+        return;
+    memcpy(tmp, s, len);
+    tmp[len] = '\0';
+    unsigned long long a, st, lat;
+    long long ts;
+    char extra;
+    if (sscanf(tmp + 2, "%llu %lld %llu %llu%c", &a, &ts, &st, &lat, &extra) != 4)
+        return;
+    if (a < 1 || a > UINT32_MAX || ts < 0 || st > 999)
+        return;
+    out->attempt = (uint32_t)a;
+    out->ts_ms = ts;
+    out->status = (uint32_t)st;
+    out->lat_us = (uint64_t)lat;
+}
 
 /* "sluice:done:{ep}:<event id>" into keybuf; returns its length. */
 static size_t done_key(const struct done_ctx *d, size_t i, char *keybuf)
@@ -861,7 +887,13 @@ static int check_check(void *ctx, size_t i, const redisReply *rep)
     else if (rep->len == 1 && rep->str[0] == 'd')
         d->out[i] = CONS_DONE_DEAD;
     else
-        d->out[i] = CONS_DONE_DELIVERED; /* "1" (or any other value: treat as delivered) */
+        d->out[i] = CONS_DONE_DELIVERED; /* "1 ..." (or any other value: treat as delivered) */
+    if (d->info_out) {
+        if (d->out[i] == CONS_DONE_DELIVERED)
+            parse_done_value(rep->str, rep->len, &d->info_out[i]);
+        else
+            memset(&d->info_out[i], 0, sizeof(d->info_out[i]));
+    }
     return 0;
 }
 
@@ -874,6 +906,15 @@ static int mark_build(void *ctx, size_t i, char *keybuf, const char **argv, size
     argvlen[1] = done_key(d, i, keybuf);
     argv[2] = "1";
     argvlen[2] = 1;
+    const struct cons_done_info *in = d->info_in ? &d->info_in[i] : NULL;
+    if (in && in->attempt > 0) {
+        int n = snprintf(d->val, sizeof(d->val), "1 %" PRIu32 " %" PRId64 " %" PRIu32 " %" PRIu64,
+                         in->attempt, in->ts_ms, in->status, in->lat_us);
+        if (n > 0 && (size_t)n < sizeof(d->val)) {
+            argv[2] = d->val;
+            argvlen[2] = (size_t)n;
+        }
+    }
     argv[3] = "EX";
     argvlen[3] = 2;
     argv[4] = d->ttl;
@@ -947,6 +988,7 @@ int cons_store_intake_check(sl_redis_t *r,
                             const char *const *event_ids,
                             const char *const *job_ids,
                             unsigned char *out,
+                            struct cons_done_info *info,
                             sl_err_t *err)
 {
     static const char op[] = "check delivered markers and retry jobs";
@@ -968,7 +1010,8 @@ int cons_store_intake_check(sl_redis_t *r,
                          .out = out,
                          .job_ids = job_ids,
                          .exists = exists,
-                         .nshards = nshards};
+                         .nshards = nshards,
+                         .info_out = info};
     struct pipe_ops ops = {.build = intake_build, .check = intake_check_reply, .ctx = &d};
     rc = pipe_run(r, &ops, 2 * n, op, err);
     for (size_t i = 0; rc == 0 && i < n; i++) {
@@ -984,6 +1027,7 @@ int cons_store_done_check(sl_redis_t *r,
                           const char *const *endpoint_ids,
                           const char *const *event_ids,
                           unsigned char *out,
+                          struct cons_done_info *info,
                           sl_err_t *err)
 {
     static const char op[] = "check delivered markers";
@@ -992,7 +1036,8 @@ int cons_store_done_check(sl_redis_t *r,
         return rc;
     if (n > 0 && !out)
         return sl_err_set(err, SL_EINVAL, "cannot %s: no output array", op);
-    struct done_ctx d = {.endpoint_ids = endpoint_ids, .event_ids = event_ids, .out = out};
+    struct done_ctx d = {
+        .endpoint_ids = endpoint_ids, .event_ids = event_ids, .out = out, .info_out = info};
     struct pipe_ops ops = {.build = check_build, .check = check_check, .ctx = &d};
     return pipe_run(r, &ops, n, op, err);
 }
@@ -1028,6 +1073,7 @@ int cons_store_done_mark(sl_redis_t *r,
                          size_t n,
                          const char *const *endpoint_ids,
                          const char *const *event_ids,
+                         const struct cons_done_info *info,
                          int64_t ttl_s,
                          sl_err_t *err)
 {
@@ -1037,7 +1083,7 @@ int cons_store_done_mark(sl_redis_t *r,
         return rc;
     if (ttl_s < 1 || ttl_s > CONS_STORE_MS_MAX / 1000)
         return sl_err_set(err, SL_EINVAL, "cannot %s: ttl out of range", op);
-    struct done_ctx d = {.endpoint_ids = endpoint_ids, .event_ids = event_ids};
+    struct done_ctx d = {.endpoint_ids = endpoint_ids, .event_ids = event_ids, .info_in = info};
     (void)snprintf(d.ttl, sizeof(d.ttl), "%" PRId64, ttl_s);
     struct pipe_ops ops = {.build = mark_build, .check = mark_check, .ctx = &d};
     return pipe_run(r, &ops, n, op, err);

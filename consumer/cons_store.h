@@ -157,15 +157,28 @@ int cons_store_counts(
 #define CONS_DONE_DEAD      2 /* done_check: a dead-letter marker */
 #define CONS_DONE_CHAIN     3 /* intake_check: no marker, but the pair's retry job exists */
 
+/* What a delivered marker remembers of its delivery, so that a copy read again can report it
+ * once more when its own outcome was lost (a pod killed between the marker and the outcome's
+ * acknowledgement): the same (attempt, ts) make the same history row, which the recorder
+ * deduplicates. attempt 0 = not known (a marker written without it). */
+struct cons_done_info {
+    uint32_t attempt; /* attempt that was delivered (1-based); 0 = unknown */
+    int64_t ts_ms;    /* its outcome's ts, wall clock ms */
+    uint32_t status;  /* HTTP status */
+    uint64_t lat_us;  /* total request time, us */
+};
+
 /* Check markers for n (endpoint, event) pairs, pipelined (CONS_STORE_PIPE_MAX commands per
  * round trip). out[i] = CONS_DONE_DELIVERED when already delivered, CONS_DONE_DEAD when
- * dead-lettered, else 0. Ids are borrowed C strings (endpoint <= SL_ENDPOINT_ID_MAX, event
- * <= SL_EVENT_ID_MAX bytes). Returns 0 or negative (out is then unspecified). */
+ * dead-lettered, else 0. info (optional, n entries) receives what each delivered marker
+ * remembers (zeroed otherwise). Ids are borrowed C strings (endpoint <= SL_ENDPOINT_ID_MAX,
+ * event <= SL_EVENT_ID_MAX bytes). Returns 0 or negative (out is then unspecified). */
 int cons_store_done_check(sl_redis_t *r,
                           size_t n,
                           const char *const *endpoint_ids,
                           const char *const *event_ids,
                           unsigned char *out,
+                          struct cons_done_info *info,
                           sl_err_t *err);
 /*
  * The consumer's intake check, one pipeline for n pairs: each pair's marker (as done_check)
@@ -173,8 +186,9 @@ int cons_store_done_check(sl_redis_t *r,
  * CONS_DONE_* value if there is one, else CONS_DONE_CHAIN when the job exists (a retry chain
  * owns the pair: a copy read again from Kafka must not be sent), else 0. From a pair's first
  * failure until its final marker is written, its job exists, so a copy read again always
- * finds one or the other. Ids are borrowed; job_ids[i] may be NULL (a claimed job checking
- * itself). Idempotent (retried once on a lost connection). Returns 0 or negative.
+ * finds one or the other. info (optional) as done_check. Ids are borrowed; job_ids[i] may
+ * be NULL (a claimed job checking itself). Idempotent (retried once on a lost connection).
+ * Returns 0 or negative.
  */
 int cons_store_intake_check(sl_redis_t *r,
                             uint32_t nshards,
@@ -183,18 +197,21 @@ int cons_store_intake_check(sl_redis_t *r,
                             const char *const *event_ids,
                             const char *const *job_ids,
                             unsigned char *out,
+                            struct cons_done_info *info,
                             sl_err_t *err);
 /* Set a dead-letter marker (SET key d EX ttl_s NX, ttl_s >= 1) for one pair: only where no
  * marker is, so a delivered marker is never downgraded. Ids are borrowed. Idempotent
  * (retried once on a lost connection). Returns 0 or negative. */
 int cons_store_dead_mark(
     sl_redis_t *r, const char *endpoint_id, const char *event_id, int64_t ttl_s, sl_err_t *err);
-/* Set markers (SET key 1 EX ttl_s, ttl_s >= 1) for n pairs, pipelined like done_check.
- * On error some markers may be set (setting one twice is harmless). */
+/* Set delivered markers (SET key "1 <attempt> <ts_ms> <status> <lat_us>" EX ttl_s, ttl_s >=
+ * 1; just "1" where info is NULL) for n pairs, pipelined like done_check; info (optional)
+ * has n entries. On error some markers may be set (setting one twice is harmless). */
 int cons_store_done_mark(sl_redis_t *r,
                          size_t n,
                          const char *const *endpoint_ids,
                          const char *const *event_ids,
+                         const struct cons_done_info *info,
                          int64_t ttl_s,
                          sl_err_t *err);
 

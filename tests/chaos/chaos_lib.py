@@ -490,6 +490,11 @@ def verify(w, rcv, dup_bound, dup_reason, settle_timeout=90, fault_end=None,
     if duplicates > dup_bound:
         problems.append(f"{duplicates} duplicate deliveries exceed the bound {dup_bound} "
                         f"({dup_reason})")
+    if marker_only:
+        # delivered (the endpoint has it, the marker says so) but no delivered outcome: the
+        # copy read again must report the delivery again from its marker (regression 13)
+        problems.append(f"{len(marker_only)} events delivered without a delivered outcome "
+                        f"(only duplicates): {sorted(marker_only)[:5]}")
     if lag != 0:
         problems.append(f"consumer group lag {lag} after shutdown: {lag_rows}")
     if bad_logs:

@@ -513,11 +513,11 @@ static void test_done_markers(void **state)
         }
     }
     memset(out, 7, NPAIRS);
-    assert_int_equal(cons_store_done_check(f->r, NPAIRS, p->eps, p->evs, out, &err), 0);
+    assert_int_equal(cons_store_done_check(f->r, NPAIRS, p->eps, p->evs, out, NULL, &err), 0);
     for (int i = 0; i < NPAIRS; i++)
         assert_int_equal(out[i], 0);
-    assert_int_equal(cons_store_done_mark(f->r, nodd, odd->eps, odd->evs, 3600, &err), 0);
-    assert_int_equal(cons_store_done_check(f->r, NPAIRS, p->eps, p->evs, out, &err), 0);
+    assert_int_equal(cons_store_done_mark(f->r, nodd, odd->eps, odd->evs, NULL, 3600, &err), 0);
+    assert_int_equal(cons_store_done_check(f->r, NPAIRS, p->eps, p->evs, out, NULL, &err), 0);
     for (int i = 0; i < NPAIRS; i++)
         assert_int_equal(out[i], (unsigned char)(i % 2));
 
@@ -530,26 +530,69 @@ static void test_done_markers(void **state)
     assert_string_equal(rep->str, "1");
     freeReplyObject(rep);
     /* Marking again refreshes the TTL. */
-    assert_int_equal(cons_store_done_mark(f->r, 1, odd->eps, odd->evs, 100, &err), 0);
+    assert_int_equal(cons_store_done_mark(f->r, 1, odd->eps, odd->evs, NULL, 100, &err), 0);
     ttl = adm_int(f, "TTL sluice:done:{%s}:%s", "ep_1", "evt_1");
     assert_true(ttl >= 90 && ttl <= 100);
 
     /* Nothing to do, and bad input refused before any I/O. */
-    assert_int_equal(cons_store_done_check(f->r, 0, NULL, NULL, NULL, &err), 0);
-    assert_int_equal(cons_store_done_mark(f->r, 1, odd->eps, odd->evs, 0, &err), SL_EINVAL);
+    assert_int_equal(cons_store_done_check(f->r, 0, NULL, NULL, NULL, NULL, &err), 0);
+    assert_int_equal(cons_store_done_mark(f->r, 1, odd->eps, odd->evs, NULL, 0, &err), SL_EINVAL);
     char longev[SL_EVENT_ID_MAX + 2];
     memset(longev, 'e', sizeof(longev) - 1);
     longev[sizeof(longev) - 1] = '\0';
     const char *bad_ev[] = {"evt_0", longev};
     const char *two_ep[] = {"ep_0", "ep_0"};
-    assert_int_equal(cons_store_done_check(f->r, 2, two_ep, bad_ev, out, &err), SL_EINVAL);
+    assert_int_equal(cons_store_done_check(f->r, 2, two_ep, bad_ev, out, NULL, &err), SL_EINVAL);
     assert_non_null(strstr(err.msg, "event id 1"));
     assert_null(strstr(err.msg, "eeee"));
     const char *empty_ep[] = {""};
-    assert_int_equal(cons_store_done_mark(f->r, 1, empty_ep, bad_ev, 10, &err), SL_EINVAL);
+    assert_int_equal(cons_store_done_mark(f->r, 1, empty_ep, bad_ev, NULL, 10, &err), SL_EINVAL);
     free(p);
     free(odd);
     free(out);
+}
+
+/* A delivered marker remembers its delivery (attempt, ts, status, latency) for a copy read
+ * again; a bare "1" (markers of older versions) and malformed values are delivered with
+ * nothing remembered. */
+static void test_marker_info(void **state)
+{
+    struct fx *f = *state;
+    sl_err_t err = {0};
+    const char *eps[] = {"ep_i", "ep_i", "ep_i", "ep_i"};
+    const char *evs[] = {"evt_1", "evt_2", "evt_3", "evt_4"};
+    struct cons_done_info in[2] = {
+        {.attempt = 3, .ts_ms = INT64_C(1764000000123), .status = 204, .lat_us = 1500},
+        {.attempt = 0}};
+    assert_int_equal(cons_store_done_mark(f->r, 2, eps, evs, in, 600, &err), 0);
+    redisReply *rep = adm(f, "GET sluice:done:{ep_i}:evt_1");
+    assert_string_equal(rep->str, "1 3 1764000000123 204 1500");
+    freeReplyObject(rep);
+    rep = adm(f, "GET sluice:done:{ep_i}:evt_2"); /* attempt 0: nothing to remember */
+    assert_string_equal(rep->str, "1");
+    freeReplyObject(rep);
+    freeReplyObject(adm(f, "SET sluice:done:{ep_i}:evt_3 %s", "1 x 2 3 4"));
+    unsigned char out[4];
+    struct cons_done_info info[4];
+    memset(info, 0x5a, sizeof(info));
+    assert_int_equal(cons_store_done_check(f->r, 4, eps, evs, out, info, &err), 0);
+    assert_int_equal(out[0], CONS_DONE_DELIVERED);
+    assert_int_equal(info[0].attempt, 3);
+    assert_int_equal(info[0].ts_ms, INT64_C(1764000000123));
+    assert_int_equal(info[0].status, 204);
+    assert_int_equal(info[0].lat_us, 1500);
+    for (int i = 1; i < 4; i++) {
+        assert_int_equal(out[i], i == 3 ? 0 : CONS_DONE_DELIVERED);
+        assert_int_equal(info[i].attempt, 0);
+        assert_int_equal(info[i].ts_ms, 0);
+    }
+    /* the intake check reports the same */
+    const char *jids[4] = {NULL, NULL, NULL, NULL};
+    memset(info, 0x5a, sizeof(info));
+    assert_int_equal(cons_store_intake_check(f->r, 4, 4, eps, evs, jids, out, info, &err), 0);
+    assert_int_equal(info[0].attempt, 3);
+    assert_int_equal(info[0].lat_us, 1500);
+    assert_int_equal(info[3].attempt, 0);
 }
 
 /* The consumer's intake check: markers first, then "a retry chain owns this pair" when the
@@ -568,17 +611,17 @@ static void test_intake_check(void **state)
     }
     unsigned char out[5];
     memset(out, 7, sizeof(out));
-    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, jids, out, &err), 0);
+    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, jids, out, NULL, &err), 0);
     for (int i = 0; i < 5; i++)
         assert_int_equal(out[i], 0);
     /* evt_1 delivered, evt_2 dead, evt_3 and evt_5 have retry jobs (evt_5 also delivered:
      * the marker wins), evt_4 nothing */
-    assert_int_equal(cons_store_done_mark(f->r, 1, &eps[0], &evs[0], 3600, &err), 0);
+    assert_int_equal(cons_store_done_mark(f->r, 1, &eps[0], &evs[0], NULL, 3600, &err), 0);
     assert_int_equal(cons_store_dead_mark(f->r, eps[1], evs[1], 3600, &err), 0);
     assert_int_equal(cons_store_schedule(f->r, 4, ids[2], "x", 1, T0, NULL, NULL, &err), 0);
     assert_int_equal(cons_store_schedule(f->r, 4, ids[4], "y", 1, T0, NULL, NULL, &err), 0);
-    assert_int_equal(cons_store_done_mark(f->r, 1, &eps[4], &evs[4], 3600, &err), 0);
-    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, jids, out, &err), 0);
+    assert_int_equal(cons_store_done_mark(f->r, 1, &eps[4], &evs[4], NULL, 3600, &err), 0);
+    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, jids, out, NULL, &err), 0);
     assert_int_equal(out[0], CONS_DONE_DELIVERED);
     assert_int_equal(out[1], CONS_DONE_DEAD);
     assert_int_equal(out[2], CONS_DONE_CHAIN);
@@ -586,7 +629,7 @@ static void test_intake_check(void **state)
     assert_int_equal(out[4], CONS_DONE_DELIVERED);
     /* without its job id, the same pair is not reported as a chain */
     jids[2] = NULL;
-    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, jids, out, &err), 0);
+    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, jids, out, NULL, &err), 0);
     assert_int_equal(out[2], 0);
     /* a leased (claimed) job still owns the pair */
     jids[2] = ids[2];
@@ -594,14 +637,16 @@ static void test_intake_check(void **state)
     uint32_t shard = cons_store_shard(ids[2], 4);
     int n = cons_store_claim(f->r, shard, T0, 30000, 10, &c, &err);
     assert_true(n >= 1);
-    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, jids, out, &err), 0);
+    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, jids, out, NULL, &err), 0);
     assert_int_equal(out[2], CONS_DONE_CHAIN);
     cons_store_claimed_free(c, n);
     /* bad input refused before any I/O */
     const char *bad_jids[] = {ids[0], "not-hex", ids[2], ids[3], ids[4]};
-    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, bad_jids, out, &err), SL_EINVAL);
+    assert_int_equal(cons_store_intake_check(f->r, 4, 5, eps, evs, bad_jids, out, NULL, &err),
+                     SL_EINVAL);
     assert_non_null(strstr(err.msg, "job id 1"));
-    assert_int_equal(cons_store_intake_check(f->r, 0, 5, eps, evs, jids, out, &err), SL_EINVAL);
+    assert_int_equal(cons_store_intake_check(f->r, 0, 5, eps, evs, jids, out, NULL, &err),
+                     SL_EINVAL);
 }
 
 /* ==== Circuit breaker ==== */
@@ -946,9 +991,9 @@ static void test_connection_loss(void **state)
     const char *eps[] = {"ep_1"}, *evs[] = {"evt_1"};
     unsigned char out[1] = {9};
     kill_clients(f);
-    assert_int_equal(cons_store_done_mark(f->r, 1, eps, evs, 60, &err), 0);
+    assert_int_equal(cons_store_done_mark(f->r, 1, eps, evs, NULL, 60, &err), 0);
     kill_clients(f);
-    assert_int_equal(cons_store_done_check(f->r, 1, eps, evs, out, &err), 0);
+    assert_int_equal(cons_store_done_check(f->r, 1, eps, evs, out, NULL, &err), 0);
     assert_int_equal(out[0], 1);
     kill_clients(f);
     assert_int_equal(cons_store_job_exists(f->r, 1, id, &err), 1);
@@ -1019,6 +1064,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_counts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_done_markers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intake_check, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_marker_info, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_threshold, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_single_probe, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_probe_success, setup, teardown),
