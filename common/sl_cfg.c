@@ -166,6 +166,15 @@ static const struct opt opts[] = {
       10000,
       "64",
       "default cap on concurrent requests to one endpoint"),
+    I("max_queued",
+      "SLUICE_MAX_QUEUED",
+      max_queued,
+      100,
+      1000000,
+      "5000",
+      "jobs held in memory beyond max_inflight (queued to send, waiting for an outcome's "
+      "acknowledgement); at max_inflight + max_queued Kafka intake pauses, and resumes below "
+      "max_inflight + max_queued / 2"),
     I("endpoint_backlog",
       "SLUICE_ENDPOINT_BACKLOG",
       endpoint_backlog,

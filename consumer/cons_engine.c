@@ -189,7 +189,8 @@ struct cons_engine {
     int wake[2];                /* pipe librdkafka writes to */
     char pod[SL_POD_MAX + 1];   /* instance id */
     uint64_t live;              /* jobs in memory */
-    uint64_t live_cap;          /* intake pauses at this */
+    uint64_t live_cap;          /* intake pauses at this many jobs in memory */
+    uint64_t live_resume;       /* and resumes below this many */
     bool paused;                /* partitions paused by us */
     bool kafka_more;            /* the consumer queue may hold more records */
     volatile sig_atomic_t stop; /* shutdown requested */
@@ -931,7 +932,7 @@ static void intake_kafka(cons_engine_t *e)
             sl_info("kafka", "intake_paused", "intake paused: %llu jobs in memory",
                     (unsigned long long)e->live);
         }
-    } else if (e->paused && e->live < e->live_cap / 2) {
+    } else if (e->paused && e->live < e->live_resume) {
         rd_kafka_topic_partition_list_t *a = NULL;
         if (rd_kafka_assignment(e->consumer, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
             rd_kafka_resume_partitions(e->consumer, a);
@@ -1900,7 +1901,9 @@ cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endpoints, sl_err_t
     e->wake[0] = e->wake[1] = -1;
     e->eps = sl_map_new(64);
     e->offsets = cons_offsets_new();
-    e->live_cap = (uint64_t)cfg->max_inflight + 20000;
+    e->live_cap = (uint64_t)cfg->max_inflight + (uint64_t)cfg->max_queued;
+    /* resume above max_inflight, so the requests in flight never run dry meanwhile */
+    e->live_resume = (uint64_t)cfg->max_inflight + (uint64_t)cfg->max_queued / 2;
     sl_buf_init(&e->enc, (size_t)cfg->max_body_bytes * 2 + SL_RECORD_OVERHEAD * 2);
     if (cfg->instance_id[0]) {
         snprintf(e->pod, sizeof(e->pod), "%s", cfg->instance_id);

@@ -140,9 +140,11 @@ def test_breaker_one_probe_across_two_consumers(make_world):
 def test_kill9_mid_run_loses_nothing(make_world):
     w = make_world(max_inflight=100)
     rcv = w.receiver()
-    eps = [w.add_endpoint(f"k{i}{w.tag}", rcv.url("ok", f"k{i}") + "?delay_ms=5")
+    # 100 in flight x 50 ms answers: at most ~2,000/s, so 4,000 events take 2 s or more and
+    # the kill lands mid-run
+    eps = [w.add_endpoint(f"k{i}{w.tag}", rcv.url("ok", f"k{i}") + "?delay_ms=50")
            for i in range(4)]
-    events = [event(ep, i, w.tag) for ep in eps for i in range(500)]
+    events = [event(ep, i, w.tag) for ep in eps for i in range(1000)]
     assert w.produce(events).returncode == 0
     c = w.consumer("first")
     wait_until(lambda: len(ledger_ok(rcv)) > 400, 60, 0.2, "first deliveries")

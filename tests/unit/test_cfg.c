@@ -211,6 +211,32 @@ static void test_recorder_tunables(void **state)
     sl_cfg_fini(&cfg);
 }
 
+static void test_max_queued(void **state)
+{
+    (void)state;
+    struct sl_config cfg;
+    int nerr;
+    char *env0[] = {NULL};
+    char *errs = load_errs(&cfg, NULL, env0, &nerr);
+    assert_int_equal(nerr, 0);
+    assert_int_equal(cfg.max_queued, 5000);
+    free(errs);
+    sl_cfg_fini(&cfg);
+    char *env1[] = {"SLUICE_MAX_QUEUED=100", NULL};
+    errs = load_errs(&cfg, NULL, env1, &nerr);
+    assert_int_equal(nerr, 0);
+    assert_int_equal(cfg.max_queued, 100);
+    free(errs);
+    sl_cfg_fini(&cfg);
+    char *env2[] = {"SLUICE_MAX_QUEUED=99", NULL};
+    errs = load_errs(&cfg, NULL, env2, &nerr);
+    assert_int_equal(nerr, 1);
+    assert_non_null(strstr(errs, "invalid value for SLUICE_MAX_QUEUED (env): \"99\": expected "
+                                 "an integer in 100..1000000"));
+    free(errs);
+    sl_cfg_fini(&cfg);
+}
+
 static void test_print_redacts(void **state)
 {
     (void)state;
@@ -285,6 +311,7 @@ int main(void)
         cmocka_unit_test(test_bounds_inclusive),
         cmocka_unit_test(test_cross_field),
         cmocka_unit_test(test_recorder_tunables),
+        cmocka_unit_test(test_max_queued),
         cmocka_unit_test(test_print_redacts),
         cmocka_unit_test(test_bad_secret_value_not_echoed),
         cmocka_unit_test(test_exit_code_78),
