@@ -23,10 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/evp.h>
 #include <openssl/rand.h>
-#include <openssl/sha.h>
 
+#include "common/sl_jobkey.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
 
@@ -343,49 +342,22 @@ struct job_keys {
 
 static void job_keys(struct job_keys *k, uint32_t shard, const char *job_id)
 {
-    (void)snprintf(k->retry, sizeof(k->retry), "sluice:retry:{%" PRIu32 "}", shard);
-    (void)snprintf(k->job, sizeof(k->job), "sluice:job:{%" PRIu32 "}:%s", shard, job_id);
-    (void)snprintf(k->lease, sizeof(k->lease), "sluice:lease:{%" PRIu32 "}", shard);
+    (void)snprintf(k->retry, sizeof(k->retry), SL_JOBKEY_RETRY, shard);
+    (void)snprintf(k->job, sizeof(k->job), SL_JOBKEY_JOB, shard, job_id);
+    (void)snprintf(k->lease, sizeof(k->lease), SL_JOBKEY_LEASE, shard);
 }
 
 /* ==== Job ids ==== */
 
+/* The layout is common/sl_jobkey's, shared with `sluicectl retries rebuild`. */
 void cons_store_job_id(const char *endpoint_id, const char *event_id, char out[41])
 {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int mdlen = 0;
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha1(), NULL) == 1 &&
-             EVP_DigestUpdate(ctx, endpoint_id, strlen(endpoint_id)) == 1 &&
-             EVP_DigestUpdate(ctx, "\n", 1) == 1 &&
-             EVP_DigestUpdate(ctx, event_id, strlen(event_id)) == 1 &&
-             EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 && mdlen == SHA_DIGEST_LENGTH;
-    EVP_MD_CTX_free(ctx);
-    if (!ok) {
-        /* Without SHA-1 no job id is possible; a constant id would merge every retry chain. */
-        (void)fputs("cons_store: cannot compute sha-1\n", stderr);
-        abort();
-    }
-    static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < SHA_DIGEST_LENGTH; i++) {
-        out[2 * i] = hex[md[i] >> 4];
-        out[2 * i + 1] = hex[md[i] & 0x0f];
-    }
-    out[CONS_JOBID_LEN] = '\0';
+    sl_jobkey_id(endpoint_id, event_id, out);
 }
 
 uint32_t cons_store_shard(const char *job_id, uint32_t nshards)
 {
-    if (nshards == 0)
-        nshards = 1;
-    if (!job_id || strnlen(job_id, 4) < 4 || !is_hex(job_id, 4))
-        return 0;
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) {
-        char ch = job_id[i];
-        v = v * 16 + (uint32_t)(ch <= '9' ? ch - '0' : ch - 'a' + 10);
-    }
-    return v % nshards;
+    return sl_jobkey_shard(job_id, nshards);
 }
 
 /* ==== Retry schedule ==== */
@@ -780,8 +752,7 @@ static int counts_build(void *ctx, size_t i, char *keybuf, const char **argv, si
     (void)ctx;
     uint32_t shard = (uint32_t)(i / 2);
     int zset = (i % 2) == 0;
-    (void)snprintf(keybuf, KEY_MAX,
-                   zset ? "sluice:retry:{%" PRIu32 "}" : "sluice:lease:{%" PRIu32 "}", shard);
+    (void)snprintf(keybuf, KEY_MAX, zset ? SL_JOBKEY_RETRY : SL_JOBKEY_LEASE, shard);
     argv[0] = zset ? "ZCARD" : "HLEN";
     argvlen[0] = strlen(argv[0]);
     argv[1] = keybuf;

@@ -2,8 +2,9 @@
  * Unit tests for common/sl_jobkey, the retry-schedule layout the consumer writes and
  * sluicectl counts and rebuilds: job ids (known SHA-1 values; the separator keeps pairs that
  * concatenate alike apart), shards (hex prefix modulo the count; malformed ids and a count
- * of 0), the key formats, and agreement with the consumer's own store API for many inputs
- * (otherwise `retries rebuild` would create jobs no consumer chain recognises).
+ * of 0), the key formats, and that the consumer's store API (which now delegates to it)
+ * still agrees for many inputs: otherwise `retries rebuild` would create jobs no consumer
+ * chain recognises.
  */
 #include <setjmp.h>
 #include <stdarg.h>
