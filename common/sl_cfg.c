@@ -305,6 +305,13 @@ static const struct opt opts[] = {
       2592000,
       "86400",
       "how long a delivered marker suppresses duplicates (s)"),
+    B("dedup_fail_open",
+      "SLUICE_DEDUP_FAIL_OPEN",
+      dedup_fail_open,
+      "true",
+      "when the duplicate check cannot reach Redis, deliver anyway (true: at-least-once, "
+      "endpoints keep receiving; false: hold the records and pause intake until Redis "
+      "answers, so a rebalance during an outage does not resend work)"),
     I("shutdown_drain_ms",
       "SLUICE_SHUTDOWN_DRAIN_MS",
       shutdown_drain_ms,

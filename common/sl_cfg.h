@@ -78,6 +78,7 @@ struct sl_config {
                                         0 = never (410 still disables), ms */
     /* dedup and shutdown */
     int64_t dedup_window_s;    /* delivered-marker TTL, s */
+    bool dedup_fail_open;      /* marker check fails: deliver (true) or hold and pause */
     int64_t shutdown_drain_ms; /* SIGTERM: time to let in-flight requests finish, ms */
     /* recorder */
     int64_t recorder_batch;             /* rows per COPY batch */

@@ -191,6 +191,10 @@ struct cons_engine {
     uint64_t live;              /* jobs in memory */
     uint64_t live_cap;          /* intake pauses at this many jobs in memory */
     uint64_t live_resume;       /* and resumes below this many */
+    struct job *ihold;          /* dedup_fail_open=false: records whose duplicate check
+                                   failed, waiting for Redis (owned, linked by next) */
+    size_t nihold;              /* jobs in ihold */
+    int64_t ihold_retry_mono;   /* next check of ihold (mono ms) */
     bool paused;                /* partitions paused by us */
     bool kafka_more;            /* the consumer queue may hold more records */
     volatile sig_atomic_t stop; /* shutdown requested */
@@ -862,8 +866,19 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
     sl_err_t err;
     if (cons_store_intake_check(e->redis, (uint32_t)e->cfg->retry_shards, n, eps, ids, jids, dup,
                                 info, &err) != 0) {
-        warn_redis(e, &err); /* fail open: at-least-once */
-        memset(dup, 0, n);
+        warn_redis(e, &err);
+        if (!e->cfg->dedup_fail_open) {
+            /* hold them (intake pauses meanwhile) and check again when Redis answers */
+            for (size_t i = 0; i < n; i++) {
+                jobs[i]->next = e->ihold;
+                e->ihold = jobs[i];
+                e->nihold++;
+            }
+            e->ihold_retry_mono = sl_mono_ms() + REDIS_HOLD_RETRY_MS;
+            n = 0;
+        } else {
+            memset(dup, 0, n); /* fail open: at-least-once */
+        }
     }
     for (size_t i = 0; i < n; i++) {
         struct job *j = jobs[i];
@@ -916,10 +931,30 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
     free(info);
 }
 
+/* dedup_fail_open=false: check the held records again, about once a second. */
+static void retry_ihold(cons_engine_t *e)
+{
+    if (!e->ihold || sl_mono_ms() < e->ihold_retry_mono)
+        return;
+    size_t n = e->nihold;
+    struct job **jobs = sl_xcalloc(n, sizeof(*jobs));
+    size_t k = n;
+    for (struct job *j = e->ihold; j && k > 0; j = j->next)
+        jobs[--k] = j; /* oldest first */
+    for (size_t i = 0; i < n; i++)
+        jobs[i]->next = NULL;
+    e->ihold = NULL;
+    e->nihold = 0;
+    intake_batch(e, jobs, n); /* holds them again if Redis still does not answer */
+    if (!e->ihold)
+        sl_info("redis", "intake_resumed", "%zu held records checked after redis came back", n);
+    free(jobs);
+}
+
 static void intake_kafka(cons_engine_t *e)
 {
     e->kafka_more = false;
-    if (e->stopping)
+    if (e->stopping || e->ihold) /* records wait for their duplicate check */
         return;
     if (e->live >= e->live_cap) {
         if (!e->paused) {
@@ -981,7 +1016,7 @@ static void intake_kafka(cons_engine_t *e)
 static void intake_redis(cons_engine_t *e)
 {
     int64_t now_mono = sl_mono_ms();
-    if (now_mono < e->next_claim_mono || e->stopping)
+    if (now_mono < e->next_claim_mono || e->stopping || e->ihold)
         return;
     e->next_claim_mono = now_mono + CLAIM_INTERVAL_MS;
     uint32_t nshards = (uint32_t)e->cfg->retry_shards;
@@ -1762,6 +1797,17 @@ static void drop_partition_jobs(cons_engine_t *e)
         ce->q_tail = keep_t;
         ce->qlen = kept;
     }
+    struct job **pp = &e->ihold;
+    while (*pp) {
+        struct job *j = *pp;
+        if (j->src == SRC_KAFKA && !cons_offsets_current(e->offsets, &j->off)) {
+            *pp = j->next;
+            e->nihold--;
+            job_free(e, j);
+        } else {
+            pp = &j->next;
+        }
+    }
 }
 
 static void store_offsets(cons_engine_t *e, bool force);
@@ -2076,6 +2122,7 @@ int cons_engine_run(cons_engine_t *e)
         if (e->held)
             retry_held(e);
         retry_pmarks(e);
+        retry_ihold(e);
         dispatch(e);
         store_offsets(e, false);
         stats_line(e, false);
@@ -2126,6 +2173,12 @@ void cons_engine_destroy(cons_engine_t *e)
             free(ce);
         }
         sl_map_destroy(e->eps, NULL);
+    }
+    for (struct job *j = e->ihold; j;) {
+        /* never checked, never sent: a Kafka record's offset was not stored (read again) */
+        struct job *n = j->next;
+        job_free(e, j);
+        j = n;
     }
     for (size_t i = 0; i < e->npmarks; i++) {
         free(e->pmarks[i].ep);

@@ -236,3 +236,57 @@ def test_markers_written_during_a_redis_outage_are_kept(make_world, stack):
     assert during > 0, "nothing was delivered while Redis was down"
     verify(w, rcv, dup_bound=3, dup_reason="the requests in flight at the kill (2 ok + 1 slow)",
            settle_timeout=60)
+
+
+def test_redis_outage_with_dedup_closed_resends_nothing(make_world, stack):
+    """dedup_fail_open=false (finding F2): a pod that reads work again while Redis is down
+    holds it instead of sending it unchecked. A slow request holds the partition's commit
+    back; Redis goes down, the pod is killed, and the idle second pod takes the partition
+    during the outage and re-reads everything delivered so far. It must send nothing while
+    Redis is down and, once Redis answers, skip every record its marker says was delivered.
+    (With the default, fail open, it sends the whole re-read again: a duplicate per
+    delivered event.)"""
+    w = make_world(partitions=1, http_timeout_ms=9000, lease_ms=12000,
+                   max_inflight_per_endpoint=2, dedup_fail_open="false")
+    rcv = w.receiver()
+    slow = w.endpoints(rcv, "slow", 1, "slow/7000")
+    ok = w.endpoints(rcv, "ok", 1, "ok", "?delay_ms=50")
+    w.produce_for(slow, 1)
+    w.produce_for(ok, PROFILE.n(200))
+    pods = {"a": w.consumer("a"), "b": w.consumer("b")}  # one partition: one of them works
+    w.wait_progress(rcv, 0.25, timeout=60)
+
+    def owns(pod):  # the pod's last assignment gave it the partition
+        lines = [line for line in pod.logs().splitlines() if "partitions_assigned" in line]
+        return bool(lines) and "assigned 1 partition" in lines[-1]
+
+    wait_until(lambda: sum(owns(p) for p in pods.values()) == 1, PROFILE.t(30), 0.2,
+               "one pod owns the partition")
+    busy = next(p for p in pods.values() if owns(p))
+    idle = next(p for p in pods.values() if p is not busy)
+    before = idle.logs().count("assigned 1 partition")
+    w.mark("fault_start")
+    # frozen first: what it delivers while Redis is down would lose its markers with it (they
+    # wait in memory for Redis) and be sent again, a different fault than this one
+    busy.stop(signal.SIGSTOP)
+    # SIGTERM: Redis writes its AOF out before it goes, so the outage alone is tested (a
+    # kill -9 also loses up to a second of marker writes: appendfsync everysec, a separate,
+    # documented trade-off)
+    stack.kill_redis(signal.SIGTERM)
+    down_at = time.time() * 1000
+    w.kill9(busy)  # the slow request is still running: nothing past it was committed
+    delivered_before = w.accepted_count(rcv)
+    wait_until(lambda: idle.logs().count("assigned 1 partition") > before, PROFILE.t(30), 0.2,
+               "the idle pod takes the partition while Redis is down")
+    time.sleep(3)  # it has re-read the partition by now, with Redis still down
+    up_at = time.time() * 1000
+    sent_while_down = sum(1 for line in rcv.ledger()
+                          if line["endpoint"] == ok[0] and down_at + 500 <= line["ts_ms"] < up_at)
+    stack.start_redis()
+    w.mark("fault_end")
+    w.notes["delivered_before_outage"] = delivered_before
+    w.notes["sent_while_redis_down"] = sent_while_down
+    assert delivered_before > 10, "too little was delivered before the outage to tell"
+    assert sent_while_down == 0, f"{sent_while_down} requests sent without a duplicate check"
+    verify(w, rcv, dup_bound=3, dup_reason="the requests in flight at the kill (2 ok + 1 slow)",
+           settle_timeout=60)

@@ -211,7 +211,7 @@ static void test_recorder_tunables(void **state)
     sl_cfg_fini(&cfg);
 }
 
-static void test_max_queued(void **state)
+static void test_max_queued_and_dedup_fail_open(void **state)
 {
     (void)state;
     struct sl_config cfg;
@@ -220,12 +220,14 @@ static void test_max_queued(void **state)
     char *errs = load_errs(&cfg, NULL, env0, &nerr);
     assert_int_equal(nerr, 0);
     assert_int_equal(cfg.max_queued, 5000);
+    assert_true(cfg.dedup_fail_open); /* default: deliver when the check cannot run */
     free(errs);
     sl_cfg_fini(&cfg);
-    char *env1[] = {"SLUICE_MAX_QUEUED=100", NULL};
+    char *env1[] = {"SLUICE_MAX_QUEUED=100", "SLUICE_DEDUP_FAIL_OPEN=false", NULL};
     errs = load_errs(&cfg, NULL, env1, &nerr);
     assert_int_equal(nerr, 0);
     assert_int_equal(cfg.max_queued, 100);
+    assert_false(cfg.dedup_fail_open);
     free(errs);
     sl_cfg_fini(&cfg);
     char *env2[] = {"SLUICE_MAX_QUEUED=99", NULL};
@@ -311,7 +313,7 @@ int main(void)
         cmocka_unit_test(test_bounds_inclusive),
         cmocka_unit_test(test_cross_field),
         cmocka_unit_test(test_recorder_tunables),
-        cmocka_unit_test(test_max_queued),
+        cmocka_unit_test(test_max_queued_and_dedup_fail_open),
         cmocka_unit_test(test_print_redacts),
         cmocka_unit_test(test_bad_secret_value_not_echoed),
         cmocka_unit_test(test_exit_code_78),
