@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -885,4 +886,37 @@ void sl_cfg_main_load(struct sl_config *cfg, const char *proc, int *argc, char *
         printf("%s: configuration ok\n", proc);
         exit(0);
     }
+}
+
+int sl_cfg_main_daemon(struct sl_config *cfg,
+                       const char *proc,
+                       void (*usage)(FILE *f),
+                       void (*on_stop)(int sig),
+                       int *argc,
+                       char **argv)
+{
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            exit(0);
+        }
+        if (strcmp(argv[i], "--version") == 0) {
+            printf("%s %s\n", proc, SL_VERSION);
+            exit(0);
+        }
+    }
+    sl_cfg_main_load(cfg, proc, argc, argv);
+    if (*argc > 1) {
+        fprintf(stderr, "%s: unknown argument \"%s\"\n", proc, argv[1]);
+        usage(stderr);
+        sl_cfg_fini(cfg);
+        return 2;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    return -1;
 }

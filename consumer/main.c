@@ -41,23 +41,10 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (strcmp(argv[i], "--version") == 0) {
-            printf("sluice-consumer %s\n", SL_VERSION);
-            return 0;
-        }
-    }
     struct sl_config cfg;
-    sl_cfg_main_load(&cfg, "sluice-consumer", &argc, argv);
-    if (argc > 1) {
-        fprintf(stderr, "sluice-consumer: unknown argument \"%s\"\n", argv[1]);
-        usage(stderr);
-        return 2;
-    }
+    int early = sl_cfg_main_daemon(&cfg, "sluice-consumer", usage, on_signal, &argc, argv);
+    if (early >= 0)
+        return early;
     sl_err_t err;
     struct sl_masterkey mk;
     if (!cfg.master_key[0]) {
@@ -69,12 +56,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "sluice-consumer: invalid value for master_key: %s\n", err.msg);
         return SL_CFG_EXIT;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
     curl_global_init(CURL_GLOBAL_DEFAULT);
 
     int rc = 1;

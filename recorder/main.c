@@ -41,30 +41,10 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (strcmp(argv[i], "--version") == 0) {
-            printf("sluice-recorder %s\n", SL_VERSION);
-            return 0;
-        }
-    }
     struct sl_config cfg;
-    sl_cfg_main_load(&cfg, "sluice-recorder", &argc, argv);
-    if (argc > 1) {
-        fprintf(stderr, "sluice-recorder: unknown argument \"%s\"\n", argv[1]);
-        usage(stderr);
-        sl_cfg_fini(&cfg);
-        return 2;
-    }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    int early = sl_cfg_main_daemon(&cfg, "sluice-recorder", usage, on_signal, &argc, argv);
+    if (early >= 0)
+        return early;
 
     int rc = 1;
     sl_err_t err;
