@@ -804,6 +804,8 @@ struct done_ctx {
     const char *const *job_ids;           /* intake check: job id per pair or NULL (borrowed) */
     unsigned char *exists;                /* intake check: job key exists, per pair */
     uint32_t nshards;                     /* intake check: retry shard count */
+    size_t n;                             /* intake check: pairs (the first n commands) */
+    const size_t *jpair;                  /* intake check: pair of each EXISTS command */
     const struct cons_done_info *info_in; /* mark: per pair or NULL (borrowed) */
     struct cons_done_info *info_out;      /* check: per pair or NULL (borrowed) */
     char val[96];                         /* mark: the value of the command being built */
@@ -919,36 +921,31 @@ static int done_validate(size_t n,
     return 0;
 }
 
-/* Intake check: command 2i reads pair i's marker, command 2i+1 asks whether its retry job
- * exists (for a pair without a job id, the marker key again; that answer is ignored). */
+/* Intake check: commands [0, n) read the pairs' markers; command n + k asks whether the
+ * retry job of pair jpair[k] (the pairs that have a job id, in order) exists. */
 static int intake_build(void *ctx, size_t i, char *keybuf, const char **argv, size_t *argvlen)
 {
     struct done_ctx *d = ctx;
-    size_t k = i / 2;
-    if (i % 2 == 0)
-        return check_build(ctx, k, keybuf, argv, argvlen);
+    if (i < d->n)
+        return check_build(ctx, i, keybuf, argv, argvlen);
+    const char *job_id = d->job_ids[d->jpair[i - d->n]];
+    struct job_keys jk;
+    job_keys(&jk, cons_store_shard(job_id, d->nshards), job_id);
     argv[0] = "EXISTS";
     argvlen[0] = 6;
     argv[1] = keybuf;
-    if (d->job_ids[k]) {
-        struct job_keys jk;
-        job_keys(&jk, cons_store_shard(d->job_ids[k], d->nshards), d->job_ids[k]);
-        argvlen[1] = (size_t)snprintf(keybuf, KEY_MAX, "%s", jk.job);
-    } else {
-        argvlen[1] = done_key(d, k, keybuf);
-    }
+    argvlen[1] = (size_t)snprintf(keybuf, KEY_MAX, "%s", jk.job);
     return 2;
 }
 
 static int intake_check_reply(void *ctx, size_t i, const redisReply *rep)
 {
     struct done_ctx *d = ctx;
-    size_t k = i / 2;
-    if (i % 2 == 0)
-        return check_check(ctx, k, rep);
+    if (i < d->n)
+        return check_check(ctx, i, rep);
     if (rep->type != REDIS_REPLY_INTEGER)
         return -1;
-    d->exists[k] = d->job_ids[k] && rep->integer == 1;
+    d->exists[d->jpair[i - d->n]] = rep->integer == 1;
     return 0;
 }
 
@@ -966,51 +963,41 @@ int cons_store_intake_check(sl_redis_t *r,
     int rc = done_validate(n, endpoint_ids, event_ids, op, err);
     if (rc != 0)
         return rc;
-    if (n > 0 && (!out || !job_ids))
-        return sl_err_set(err, SL_EINVAL, "cannot %s: no output or job id array", op);
+    if (n > 0 && !out)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: no output array", op);
     if (!valid_shards(nshards))
         return sl_err_set(err, SL_EINVAL, "cannot %s: shard count out of range 1..%d", op,
                           CONS_STORE_SHARDS_MAX);
-    for (size_t i = 0; i < n; i++) {
+    size_t m = 0; /* pairs with a job id */
+    for (size_t i = 0; job_ids && i < n; i++) {
         if (job_ids[i] && !valid_job_id(job_ids[i]))
             return sl_err_set(err, SL_EINVAL, "cannot %s: job id %zu is not 40 hex digits", op, i);
+        m += job_ids[i] != NULL;
     }
     unsigned char *exists = sl_xcalloc(n ? n : 1, 1);
+    size_t *jpair = sl_xcalloc(m ? m : 1, sizeof(*jpair));
+    for (size_t i = 0, k = 0; job_ids && i < n; i++) {
+        if (job_ids[i])
+            jpair[k++] = i;
+    }
     struct done_ctx d = {.endpoint_ids = endpoint_ids,
                          .event_ids = event_ids,
                          .out = out,
                          .job_ids = job_ids,
                          .exists = exists,
                          .nshards = nshards,
-                         .info_out = info};
+                         .info_out = info,
+                         .n = n,
+                         .jpair = jpair};
     struct pipe_ops ops = {.build = intake_build, .check = intake_check_reply, .ctx = &d};
-    rc = pipe_run(r, &ops, 2 * n, op, err);
+    rc = pipe_run(r, &ops, n + m, op, err);
     for (size_t i = 0; rc == 0 && i < n; i++) {
         if (out[i] == 0 && exists[i])
             out[i] = CONS_DONE_CHAIN;
     }
     free(exists);
+    free(jpair);
     return rc;
-}
-
-int cons_store_done_check(sl_redis_t *r,
-                          size_t n,
-                          const char *const *endpoint_ids,
-                          const char *const *event_ids,
-                          unsigned char *out,
-                          struct cons_done_info *info,
-                          sl_err_t *err)
-{
-    static const char op[] = "check delivered markers";
-    int rc = done_validate(n, endpoint_ids, event_ids, op, err);
-    if (rc != 0)
-        return rc;
-    if (n > 0 && !out)
-        return sl_err_set(err, SL_EINVAL, "cannot %s: no output array", op);
-    struct done_ctx d = {
-        .endpoint_ids = endpoint_ids, .event_ids = event_ids, .out = out, .info_out = info};
-    struct pipe_ops ops = {.build = check_build, .check = check_check, .ctx = &d};
-    return pipe_run(r, &ops, n, op, err);
 }
 
 int cons_store_dead_mark(

@@ -27,7 +27,7 @@
  * generated here and passed to the scripts; one claim call uses one fresh token for every job
  * it leases (the lease check is per (job id, token), so that is enough to tell claims apart).
  *
- * Connection loss: read-only and idempotent calls (job_exists, counts, done_check,
+ * Connection loss: read-only and idempotent calls (job_exists, counts,
  * intake_check, done_mark, dead_mark, brk_get) reconnect and retry once. Scripts that change
  * state (schedule, claim, renew, complete, brk_record, brk_acquire) are not retried: the call
  * fails with SL_EREDIS, its effect is unknown, and the next call reconnects. That is safe by
@@ -153,8 +153,8 @@ int cons_store_counts(
 
 /* ==== Dedup markers ==== */
 
-#define CONS_DONE_DELIVERED 1 /* done_check: a delivered marker */
-#define CONS_DONE_DEAD      2 /* done_check: a dead-letter marker */
+#define CONS_DONE_DELIVERED 1 /* intake_check: a delivered marker */
+#define CONS_DONE_DEAD      2 /* intake_check: a dead-letter marker */
 #define CONS_DONE_CHAIN     3 /* intake_check: no marker, but the pair's retry job exists */
 
 /* What a delivered marker remembers of its delivery, so that a copy read again can report it
@@ -168,27 +168,18 @@ struct cons_done_info {
     uint64_t lat_us;  /* total request time, us */
 };
 
-/* Check markers for n (endpoint, event) pairs, pipelined (CONS_STORE_PIPE_MAX commands per
- * round trip). out[i] = CONS_DONE_DELIVERED when already delivered, CONS_DONE_DEAD when
- * dead-lettered, else 0. info (optional, n entries) receives what each delivered marker
- * remembers (zeroed otherwise). Ids are borrowed C strings (endpoint <= SL_ENDPOINT_ID_MAX,
- * event <= SL_EVENT_ID_MAX bytes). Returns 0 or negative (out is then unspecified). */
-int cons_store_done_check(sl_redis_t *r,
-                          size_t n,
-                          const char *const *endpoint_ids,
-                          const char *const *event_ids,
-                          unsigned char *out,
-                          struct cons_done_info *info,
-                          sl_err_t *err);
 /*
- * The consumer's intake check, one pipeline for n pairs: each pair's marker (as done_check)
- * and, when job_ids[i] is non-NULL, whether that retry job exists. out[i] = the marker's
- * CONS_DONE_* value if there is one, else CONS_DONE_CHAIN when the job exists (a retry chain
- * owns the pair: a copy read again from Kafka must not be sent), else 0. From a pair's first
- * failure until its final marker is written, its job exists, so a copy read again always
- * finds one or the other. info (optional) as done_check. Ids are borrowed; job_ids[i] may
- * be NULL (a claimed job checking itself). Idempotent (retried once on a lost connection).
- * Returns 0 or negative.
+ * The consumer's intake check, one pipeline (CONS_STORE_PIPE_MAX commands per round trip)
+ * for n (endpoint, event) pairs: each pair's marker and, when job_ids[i] is non-NULL, whether
+ * that retry job exists. out[i] = CONS_DONE_DELIVERED when already delivered, CONS_DONE_DEAD
+ * when dead-lettered, else CONS_DONE_CHAIN when the job exists (a retry chain owns the pair:
+ * a copy read again from Kafka must not be sent), else 0. From a pair's first failure until
+ * its final marker is written, its job exists, so a copy read again always finds one or the
+ * other. info (optional, n entries) receives what each delivered marker remembers (zeroed
+ * otherwise). Ids are borrowed C strings (endpoint <= SL_ENDPOINT_ID_MAX, event <=
+ * SL_EVENT_ID_MAX bytes); job_ids may be NULL, or job_ids[i] NULL (a claimed job checking
+ * itself): markers only. Idempotent (retried once on a lost connection). Returns 0 or
+ * negative (out is then unspecified).
  */
 int cons_store_intake_check(sl_redis_t *r,
                             uint32_t nshards,
@@ -205,7 +196,7 @@ int cons_store_intake_check(sl_redis_t *r,
 int cons_store_dead_mark(
     sl_redis_t *r, const char *endpoint_id, const char *event_id, int64_t ttl_s, sl_err_t *err);
 /* Set delivered markers (SET key "1 <attempt> <ts_ms> <status> <lat_us>" EX ttl_s, ttl_s >=
- * 1; just "1" where info is NULL) for n pairs, pipelined like done_check; info (optional)
+ * 1; just "1" where info is NULL) for n pairs, pipelined like intake_check; info (optional)
  * has n entries. On error some markers may be set (setting one twice is harmless). */
 int cons_store_done_mark(sl_redis_t *r,
                          size_t n,

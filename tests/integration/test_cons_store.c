@@ -513,11 +513,13 @@ static void test_done_markers(void **state)
         }
     }
     memset(out, 7, NPAIRS);
-    assert_int_equal(cons_store_done_check(f->r, NPAIRS, p->eps, p->evs, out, NULL, &err), 0);
+    assert_int_equal(
+        cons_store_intake_check(f->r, 1, NPAIRS, p->eps, p->evs, NULL, out, NULL, &err), 0);
     for (int i = 0; i < NPAIRS; i++)
         assert_int_equal(out[i], 0);
     assert_int_equal(cons_store_done_mark(f->r, nodd, odd->eps, odd->evs, NULL, 3600, &err), 0);
-    assert_int_equal(cons_store_done_check(f->r, NPAIRS, p->eps, p->evs, out, NULL, &err), 0);
+    assert_int_equal(
+        cons_store_intake_check(f->r, 1, NPAIRS, p->eps, p->evs, NULL, out, NULL, &err), 0);
     for (int i = 0; i < NPAIRS; i++)
         assert_int_equal(out[i], (unsigned char)(i % 2));
 
@@ -535,14 +537,15 @@ static void test_done_markers(void **state)
     assert_true(ttl >= 90 && ttl <= 100);
 
     /* Nothing to do, and bad input refused before any I/O. */
-    assert_int_equal(cons_store_done_check(f->r, 0, NULL, NULL, NULL, NULL, &err), 0);
+    assert_int_equal(cons_store_intake_check(f->r, 1, 0, NULL, NULL, NULL, NULL, NULL, &err), 0);
     assert_int_equal(cons_store_done_mark(f->r, 1, odd->eps, odd->evs, NULL, 0, &err), SL_EINVAL);
     char longev[SL_EVENT_ID_MAX + 2];
     memset(longev, 'e', sizeof(longev) - 1);
     longev[sizeof(longev) - 1] = '\0';
     const char *bad_ev[] = {"evt_0", longev};
     const char *two_ep[] = {"ep_0", "ep_0"};
-    assert_int_equal(cons_store_done_check(f->r, 2, two_ep, bad_ev, out, NULL, &err), SL_EINVAL);
+    assert_int_equal(cons_store_intake_check(f->r, 1, 2, two_ep, bad_ev, NULL, out, NULL, &err),
+                     SL_EINVAL);
     assert_non_null(strstr(err.msg, "event id 1"));
     assert_null(strstr(err.msg, "eeee"));
     const char *empty_ep[] = {""};
@@ -575,7 +578,7 @@ static void test_marker_info(void **state)
     unsigned char out[4];
     struct cons_done_info info[4];
     memset(info, 0x5a, sizeof(info));
-    assert_int_equal(cons_store_done_check(f->r, 4, eps, evs, out, info, &err), 0);
+    assert_int_equal(cons_store_intake_check(f->r, 1, 4, eps, evs, NULL, out, info, &err), 0);
     assert_int_equal(out[0], CONS_DONE_DELIVERED);
     assert_int_equal(info[0].attempt, 3);
     assert_int_equal(info[0].ts_ms, INT64_C(1764000000123));
@@ -993,7 +996,7 @@ static void test_connection_loss(void **state)
     kill_clients(f);
     assert_int_equal(cons_store_done_mark(f->r, 1, eps, evs, NULL, 60, &err), 0);
     kill_clients(f);
-    assert_int_equal(cons_store_done_check(f->r, 1, eps, evs, out, NULL, &err), 0);
+    assert_int_equal(cons_store_intake_check(f->r, 1, 1, eps, evs, NULL, out, NULL, &err), 0);
     assert_int_equal(out[0], 1);
     kill_clients(f);
     assert_int_equal(cons_store_job_exists(f->r, 1, id, &err), 1);
