@@ -235,8 +235,19 @@ static struct got *read_topic(const char *topic, size_t *n_out)
     int64_t total = 0;
     for (int i = 0; i < PARTITIONS; i++) {
         int64_t lo = 0, hi = 0;
-        assert_int_equal(rd_kafka_query_watermark_offsets(rk, topic, i, &lo, &hi, 10000),
-                         RD_KAFKA_RESP_ERR_NO_ERROR);
+        /* a topic just created may not have its partition leaders yet (NOT_LEADER,
+         * LEADER_NOT_AVAILABLE): ask again until it has */
+        rd_kafka_resp_err_t ke;
+        int64_t until = sl_mono_ms() + 15000;
+        while ((ke = rd_kafka_query_watermark_offsets(rk, topic, i, &lo, &hi, 10000)) ==
+                   RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION ||
+               ke == RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE ||
+               ke == RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION) {
+            if (sl_mono_ms() > until)
+                break;
+            usleep(200 * 1000);
+        }
+        assert_int_equal(ke, RD_KAFKA_RESP_ERR_NO_ERROR);
         total += hi - lo;
     }
 
