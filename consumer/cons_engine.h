@@ -42,6 +42,8 @@ struct cons_stats {
     uint64_t spilled;     /* moved to the schedule by the backlog bound */
     uint64_t quarantined; /* invalid records */
     uint64_t probes;      /* half-open probes sent */
+    uint64_t raw_kept;    /* records kept as received: they do not encode back to the same
+                             bytes (not canonical), so they cost their size again in memory */
 };
 
 /* Build the engine: connects to Kafka (consumer + outcome producer) and Redis. endpoints is

@@ -6,6 +6,8 @@ records on Kafka are the oracles.
 """
 
 import collections
+import json
+import os
 import signal
 import subprocess
 import time
@@ -229,3 +231,58 @@ def test_sigterm_drains_and_reschedules_without_spending_attempts(make_world):
     outs = w.outcomes()
     assert any(o["state"] == "deferred" and o["err"] == "shutdown" for o in outs)
     assert all(o["attempt"] <= 2 for o in outs if o["state"] == "delivered")
+
+
+def kafka_values(w, topic):
+    """Every record value of topic, as bytes (kcat frames each with its length, %R)."""
+    r = subprocess.run(["kcat", "-b", w.env["SLUICE_KAFKA_BROKERS"], "-C", "-t", topic, "-e",
+                        "-q", "-f", "%R%s"], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out, b = [], r.stdout
+    while b:
+        n = int.from_bytes(b[:4], "big", signed=True)
+        assert n >= 0, "a record without a value"
+        out.append(b[4:4 + n])
+        b = b[4 + n:]
+    return out
+
+
+def test_outcomes_carry_the_record_bytes_exactly(make_world):
+    """A job's record bytes are dropped after intake when its decoded copy encodes back to
+    them (canonical records, the usual case: less memory per job) and kept when it does not
+    (an unknown key a newer producer wrote). Either way the dead-letter outcome carries the
+    bytes as received, byte for byte: replay and `retries rebuild` read them there."""
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint("dl" + w.tag, rcv.url("status/400", "dl"))
+    evs = [event(ep, i, w.tag) for i in range(2)]
+    assert w.produce(evs).returncode == 0
+    canonical = wait_until(lambda: len(kafka_values(w, w.env["SLUICE_TOPIC_DELIVERIES"])) == 2
+                           and kafka_values(w, w.env["SLUICE_TOPIC_DELIVERIES"]), 30, 0.5,
+                           "the two records on the deliveries topic")
+    # A third record: the second one under another id, with a key this consumer does not
+    # know appended to its top-level map (fixmap: one more entry in the first byte).
+    old_id, new_id = evs[1]["id"].encode(), evs[1]["id"][:-1].encode() + b"9"
+    base = canonical[1] if old_id in canonical[1] else canonical[0]
+    assert old_id in base and 0x80 <= base[0] < 0x8F, base[:1]
+    extra = bytes([base[0] + 1]) + base[1:].replace(old_id, new_id) + b"\xa9zz_future\xa4kept"
+    path = os.path.join(w.dir, "extra.msgpack")  # a file is one message (no delimiter)
+    with open(path, "wb") as f:
+        f.write(extra)
+    r = subprocess.run(["kcat", "-b", w.env["SLUICE_KAFKA_BROKERS"], "-P", "-t",
+                        w.env["SLUICE_TOPIC_DELIVERIES"], "-k", ep, path],
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    c = w.consumer()
+
+    def dead():
+        return {o["id"] for o in w.outcomes() if o["state"] == "dead_letter"}
+
+    wait_until(lambda: len(dead()) == 3, 60, 0.5, "three dead letters")
+    assert c.term() == 0
+    outs = kafka_values(w, w.env["SLUICE_TOPIC_OUTCOMES"])
+    for raw in canonical + [extra]:
+        assert any(raw in o for o in outs), "an outcome lost or changed a record's bytes"
+    stats = [json.loads(l) for l in c.logs().splitlines()
+             if l.startswith("{") and '"event":"stats"' in l]
+    assert stats and stats[-1]["raw_kept"] == 1, stats[-1:]
