@@ -141,6 +141,14 @@ def table(r):
             f"consumer {fmt(mb(rss.get(cname[0]) if cname else None), ' MB')}, receiver "
             f"{fmt(mb(rss.get('receiver')), ' MB')}, broker JVM "
             f"{fmt(mb(rss.get('broker_sampled')), ' MB')}")
+    rp = ph.get("rss", {})
+    if "consumer_hwm_kb" in rp:
+        add(f"consumer peak RSS holding {rp['consumer_config']['SLUICE_MAX_INFLIGHT']:,} in flight "
+            f"(endpoints answer after {rp['delay_ms'] / 1000:.0f} s)",
+            f"{mb(rp['consumer_hwm_kb']):.0f} MB (reached {rp['consumer_peak_inflight']:,} in "
+            f"flight, {rp['consumer_peak_in_memory']:,} jobs in memory)")
+    elif "rss" in ph:
+        add("consumer peak RSS holding 10,000 in flight", "FAILED: " + ph["rss"].get("failed", "?"))
     # widths
     w0 = max(len(x[0]) for x in rows) if rows else 10
     w1 = max(len(x[1]) for x in rows) if rows else 10
@@ -180,9 +188,17 @@ def targets(r):
             p99 = run["e2e_ms"]["p99"]
             out.append(f"  P99 < {t['p99_ms']} ms at half rate ({prof}): "
                        f"{verdict(p99 < t['p99_ms'])} ({p99:.0f} ms at {ph['latency']['rate']:,}/s)")
+    rp = ph.get("rss", {})
     rss = e2e.get("peak_rss_kb", {})
     cname = [k for k in rss if k.startswith("e2e-c")]
-    if cname and rss.get(cname[0]):
+    if "consumer_hwm_kb" in rp:
+        v = rp["consumer_hwm_kb"] / 1024
+        infl = rp["consumer_peak_inflight"]
+        want = rp["consumer_config"]["SLUICE_MAX_INFLIGHT"]
+        ok = v < t["rss_mb"] and infl >= want
+        out.append(f"  consumer RSS < {t['rss_mb']} MB with {want:,} in flight (rss phase, reached "
+                   f"{infl:,}): {verdict(ok)} ({v:.0f} MB)")
+    elif cname and rss.get(cname[0]):
         v = rss[cname[0]] / 1024
         out.append(f"  consumer RSS < {t['rss_mb']} MB with {r['settings']['consumer_max_inflight']:,}"
                    f" max in flight (reached {e2e.get('consumer_peak_inflight'):,}): "

@@ -190,6 +190,8 @@ struct cons_engine {
     int wake[2];                /* pipe librdkafka writes to */
     char pod[SL_POD_MAX + 1];   /* instance id */
     uint64_t live;              /* jobs in memory */
+    int inflight_max;           /* most requests in flight since the last stats line */
+    uint64_t live_max;          /* most jobs in memory since the last stats line */
     uint64_t live_cap;          /* intake pauses at this many jobs in memory */
     uint64_t live_resume;       /* and resumes below this many */
     struct job *ihold;          /* dedup_fail_open=false: records whose duplicate check
@@ -631,6 +633,8 @@ static struct job *job_new(cons_engine_t *e, enum job_src src, const void *raw, 
     memcpy(j->raw, raw, len);
     j->raw_len = len;
     e->live++;
+    if (e->live > e->live_max)
+        e->live_max = e->live;
     return j;
 }
 
@@ -1387,6 +1391,9 @@ static int start_send(cons_engine_t *e, struct job *j)
     ce->inflight++;
     inflight_link(e, j);
     e->st.sent++;
+    int running = cons_http_running(e->http);
+    if (running > e->inflight_max)
+        e->inflight_max = running;
     if (j->probe) {
         ce->probe_inflight = true;
         e->st.probes++;
@@ -1980,10 +1987,14 @@ static void stats_line(cons_engine_t *e, bool force)
             SL_KV_I("duplicates", s->duplicates), SL_KV_I("deferred", s->deferred),
             SL_KV_I("spilled", s->spilled), SL_KV_I("quarantined", s->quarantined),
             SL_KV_I("probes", s->probes), SL_KV_I("raw_kept", s->raw_kept),
-            SL_KV_I("inflight", cons_http_running(e->http)), SL_KV_I("in_memory", e->live),
+            SL_KV_I("inflight", cons_http_running(e->http)),
+            SL_KV_I("inflight_max", e->inflight_max), SL_KV_I("in_memory", e->live),
+            SL_KV_I("in_memory_max", e->live_max),
             SL_KV_I("delivered_per_s", (int64_t)((double)(s->delivered - l->delivered) / secs))}),
         "consumer stats");
     *l = *s;
+    e->inflight_max = cons_http_running(e->http);
+    e->live_max = e->live;
 }
 
 /* ==== Life cycle ==== */
