@@ -286,3 +286,6 @@ def test_outcomes_carry_the_record_bytes_exactly(make_world):
     stats = [json.loads(l) for l in c.logs().splitlines()
              if l.startswith("{") and '"event":"stats"' in l]
     assert stats and stats[-1]["raw_kept"] == 1, stats[-1:]
+    # three requests went out, none of them while a stats line was written
+    assert 1 <= max(x["inflight_max"] for x in stats) <= 3, stats
+    assert max(x["in_memory_max"] for x in stats) >= 1, stats
