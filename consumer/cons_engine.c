@@ -181,37 +181,38 @@ struct cons_engine {
     size_t npmarks, cap_pmarks;              /* entries in pmarks / allocated */
     int64_t next_pmark_mono;                 /* next retry of pmarks (mono ms) */
     int64_t next_renew_mono;                 /* next lease renewal pass (mono ms) */
-    int64_t last_dispatch_mono; /* previous dispatch call, for stall detection (mono ms) */
-    int64_t hold_until_mono;    /* after a stall: no new send before this (mono ms) */
-    bool await_revoke;          /* a stall outlived the session: hold until the group's
-                                   revocation is served (or hold_until_mono passes) */
-    int64_t last_revoke_mono;   /* last revocation served (mono ms; 0 = none) */
-    size_t nmarks;              /* entries in marks */
-    int wake[2];                /* pipe librdkafka writes to */
-    char pod[SL_POD_MAX + 1];   /* instance id */
-    uint64_t live;              /* jobs in memory */
-    int inflight_max;           /* most requests in flight since the last stats line */
-    uint64_t live_max;          /* most jobs in memory since the last stats line */
-    uint64_t live_cap;          /* intake pauses at this many jobs in memory */
-    uint64_t live_resume;       /* and resumes below this many */
-    struct job *ihold;          /* dedup_fail_open=false: records whose duplicate check
-                                   failed, waiting for Redis (owned, linked by next) */
-    size_t nihold;              /* jobs in ihold */
-    int64_t ihold_retry_mono;   /* next check of ihold (mono ms) */
-    bool paused;                /* partitions paused by us */
-    bool kafka_more;            /* the consumer queue may hold more records */
-    volatile sig_atomic_t stop; /* shutdown requested */
-    bool stopping;              /* shutdown in progress */
-    uint32_t next_shard;        /* round-robin claim cursor */
-    int64_t next_claim_mono;    /* next claim turn */
-    int64_t next_store_mono;    /* next offsets store */
-    int64_t next_stats_mono;    /* next stats line */
-    int64_t redis_warned_mono;  /* rate limit for Redis warnings */
-    int fatal;                  /* fatal error code */
-    struct cons_stats st;       /* counters */
-    struct cons_stats st_last;  /* counters at the last stats line */
-    struct sl_buf enc;          /* scratch for encoding */
-    struct sl_buf canon;        /* scratch: a decoded record encoded again */
+    int64_t last_dispatch_mono;  /* previous dispatch call, for stall detection (mono ms) */
+    int64_t hold_until_mono;     /* after a stall: no new send before this (mono ms) */
+    bool await_revoke;           /* a stall outlived the session: hold until the group's
+                                    revocation is served (or hold_until_mono passes) */
+    int64_t last_revoke_mono;    /* last revocation served (mono ms; 0 = none) */
+    size_t nmarks;               /* entries in marks */
+    int wake[2];                 /* pipe librdkafka writes to */
+    char pod[SL_POD_MAX + 1];    /* instance id */
+    uint64_t live;               /* jobs in memory */
+    int inflight_max;            /* most requests in flight since the last stats line */
+    uint64_t live_max;           /* most jobs in memory since the last stats line */
+    uint64_t live_cap;           /* intake pauses at this many jobs in memory */
+    uint64_t live_resume;        /* and resumes below this many */
+    struct job *ihold;           /* dedup_fail_open=false: records whose duplicate check
+                                    failed, waiting for Redis (owned, linked by next) */
+    size_t nihold;               /* jobs in ihold */
+    int64_t ihold_retry_mono;    /* next check of ihold (mono ms) */
+    bool paused;                 /* partitions paused by us */
+    bool kafka_more;             /* the consumer queue may hold more records */
+    volatile sig_atomic_t stop;  /* shutdown requested */
+    bool stopping;               /* shutdown in progress */
+    uint32_t next_shard;         /* round-robin claim cursor */
+    int64_t next_claim_mono;     /* next claim turn */
+    int64_t next_store_mono;     /* next offsets store */
+    int64_t next_stats_mono;     /* next stats line */
+    int64_t redis_warned_mono;   /* rate limit for Redis warnings */
+    int fatal;                   /* fatal error code */
+    struct cons_stats st;        /* counters */
+    struct cons_stats st_last;   /* counters at the last stats line */
+    struct sl_buf enc;           /* scratch for encoding */
+    struct sl_buf canon;         /* scratch: a decoded record encoded again */
+    struct sl_decode_limits lim; /* record limits (max_body_bytes) for decode and encode */
 };
 
 static void job_free(cons_engine_t *e, struct job *j);
@@ -473,9 +474,8 @@ static void outcome_init(cons_engine_t *e,
 static int produce_outcome(cons_engine_t *e, struct job *j, const struct sl_outcome *o)
 {
     sl_err_t err;
-    struct sl_decode_limits lim = {.max_body = (size_t)e->cfg->max_body_bytes, .max_record = 0};
     sl_buf_reset(&e->enc);
-    if (sl_outcome_encode_lim(o, &lim, &e->enc, &err) != 0) {
+    if (sl_outcome_encode_lim(o, &e->lim, &e->enc, &err) != 0) {
         sl_error("kafka", "outcome_encode_failed", "cannot encode outcome: %s", err.msg);
         return err.code;
     }
@@ -569,9 +569,8 @@ static void schedule_job(
     struct sl_delivery copy = j->d;
     copy.own = NULL;
     copy.attempt = attempt;
-    struct sl_decode_limits lim = {.max_body = (size_t)e->cfg->max_body_bytes, .max_record = 0};
     sl_buf_reset(&e->enc);
-    if (sl_delivery_encode_lim(&copy, &lim, &e->enc, &err) != 0) {
+    if (sl_delivery_encode_lim(&copy, &e->lim, &e->enc, &err) != 0) {
         sl_error("redis", "job_encode_failed", "cannot encode retry job: %s", err.msg);
         job_done_quiet(e, j);
         return;
@@ -689,13 +688,17 @@ static void job_free(cons_engine_t *e, struct job *j)
  * again, byte for byte, if an outcome needs them. A record that encodes back differently (an
  * unknown key kept for a newer reader, another encoder's key order) keeps its bytes.
  */
+static int encode_canon(cons_engine_t *e, const struct job *j, sl_err_t *err)
+{
+    sl_buf_reset(&e->canon);
+    return sl_delivery_encode_lim(&j->d, &e->lim, &e->canon, err);
+}
+
 static void drop_canonical_raw(cons_engine_t *e, struct job *j)
 {
     if (!j->raw || !j->raw_len)
         return;
-    struct sl_decode_limits lim = {.max_body = (size_t)e->cfg->max_body_bytes, .max_record = 0};
-    sl_buf_reset(&e->canon);
-    if (sl_delivery_encode_lim(&j->d, &lim, &e->canon, NULL) != 0)
+    if (encode_canon(e, j, NULL) != 0)
         return;
     if (e->canon.len != j->raw_len || memcmp(e->canon.data, j->raw, j->raw_len) != 0) {
         e->st.raw_kept++;
@@ -711,11 +714,8 @@ static void drop_canonical_raw(cons_engine_t *e, struct job *j)
 static const uint8_t *job_env(cons_engine_t *e, struct job *j, size_t *len)
 {
     if (!j->raw && j->raw_len) {
-        struct sl_decode_limits lim = {.max_body = (size_t)e->cfg->max_body_bytes, .max_record = 0};
         sl_err_t err;
-        sl_buf_reset(&e->canon);
-        if (sl_delivery_encode_lim(&j->d, &lim, &e->canon, &err) != 0 ||
-            e->canon.len != j->raw_len) {
+        if (encode_canon(e, j, &err) != 0 || e->canon.len != j->raw_len) {
             sl_error("consumer", "record_reencode_failed",
                      "could not make a record's bytes again for its outcome: %s",
                      e->canon.len != j->raw_len ? "length differs" : err.msg);
@@ -837,8 +837,7 @@ static void request_disable(cons_engine_t *e, struct job *j, const char *why, co
 static bool intake_resolve(cons_engine_t *e, struct job *j)
 {
     sl_err_t err;
-    struct sl_decode_limits lim = {.max_body = (size_t)e->cfg->max_body_bytes, .max_record = 0};
-    if (sl_delivery_decode(j->raw, j->raw_len, &lim, &j->d, &err) != 0) {
+    if (sl_delivery_decode(j->raw, j->raw_len, &e->lim, &j->d, &err) != 0) {
         if (j->src == SRC_KAFKA) {
             quarantine(e, j, err.msg);
         } else {
@@ -2013,6 +2012,7 @@ cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endpoints, sl_err_t
     e->live_resume = (uint64_t)cfg->max_inflight + (uint64_t)cfg->max_queued / 2;
     sl_buf_init(&e->enc, (size_t)cfg->max_body_bytes * 2 + SL_RECORD_OVERHEAD * 2);
     sl_buf_init(&e->canon, (size_t)cfg->max_body_bytes + SL_RECORD_OVERHEAD);
+    e->lim = (struct sl_decode_limits){.max_body = (size_t)cfg->max_body_bytes, .max_record = 0};
     if (cfg->instance_id[0]) {
         snprintf(e->pod, sizeof(e->pod), "%s", cfg->instance_id);
     } else {

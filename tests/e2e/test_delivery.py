@@ -257,9 +257,11 @@ def test_outcomes_carry_the_record_bytes_exactly(make_world):
     ep = w.add_endpoint("dl" + w.tag, rcv.url("status/400", "dl"))
     evs = [event(ep, i, w.tag) for i in range(2)]
     assert w.produce(evs).returncode == 0
-    canonical = wait_until(lambda: len(kafka_values(w, w.env["SLUICE_TOPIC_DELIVERIES"])) == 2
-                           and kafka_values(w, w.env["SLUICE_TOPIC_DELIVERIES"]), 30, 0.5,
-                           "the two records on the deliveries topic")
+    def both_records():
+        v = kafka_values(w, w.env["SLUICE_TOPIC_DELIVERIES"])
+        return v if len(v) == 2 else None
+
+    canonical = wait_until(both_records, 30, 0.5, "the two records on the deliveries topic")
     # A third record: the second one under another id, with a key this consumer does not
     # know appended to its top-level map (fixmap: one more entry in the first byte).
     old_id, new_id = evs[1]["id"].encode(), evs[1]["id"][:-1].encode() + b"9"
