@@ -675,13 +675,17 @@ class Bench:
             time.sleep(1)
             base = self.receiver_ok()
             t0_ms = int(time.time() * 1000)
-            for prof in ("lib", "latency"):
+            # the library as shipped (linger 50 ms), the library with its linger_ms option at
+            # 5 ms, and common/sl_kafka's latency profile (linger 2 ms)
+            for prof, extra in (("lib", ["--profile", "lib"]),
+                                ("lib5", ["--profile", "lib", "--linger-ms", "5"]),
+                                ("latency", ["--profile", "latency"])):
                 run_id = f"lat{prof}{self.run_id}"
-                log(f"latency: pacing {count} deliveries at {rate}/s (--profile {prof})")
+                log(f"latency: pacing {count} deliveries at {rate}/s ({' '.join(extra)})")
                 r = self.run([self.a.tool, "pace", "--rate", str(rate), "--count", str(count),
                               "--endpoints", str(ENDPOINTS), "--prefix", self.ep_prefix,
-                              "--body-bytes", str(BODY_BYTES), "--run-id", run_id,
-                              "--profile", prof], env, timeout=self.pace_s * 4 + 120)
+                              "--body-bytes", str(BODY_BYTES), "--run-id", run_id] + extra,
+                             env, timeout=self.pace_s * 4 + 120)
                 pace = json.loads(r.stdout)
                 base += count
                 self.wait_delivered(base, [cons], timeout=300)

@@ -36,6 +36,15 @@ def run_rate(run):
     return w if w else run.get("rate_median_1s")
 
 
+def prof_label(prof, run):
+    """How a latency run published: the producer library (with its linger) or the latency
+    profile of common/sl_kafka. Older result files have no linger_ms in pace."""
+    linger = (run.get("pace") or {}).get("linger_ms")
+    if prof.startswith("lib"):
+        return f"producer library, linger_ms={linger if linger is not None else 50}"
+    return f"SL_KAFKA_LATENCY producer, linger.ms={linger if linger is not None else 2}"
+
+
 def verdict(ok):
     return "MET" if ok else "MISSED"
 
@@ -110,8 +119,7 @@ def table(r):
         if "e2e_ms" not in run:
             continue
         e = run["e2e_ms"]
-        label = ("producer library, linger.ms=50" if prof == "lib"
-                 else "SL_KAFKA_LATENCY producer, linger.ms=2")
+        label = prof_label(prof, run)
         add(f"latency at {lat['rate']:,}/s ({label}) P50/P95/P99",
             f"{e['p50']:.0f} / {e['p95']:.0f} / {e['p99']:.0f} ms"
             f" (publish->ack P99 {run['pace']['ack_ms']['p99']:.0f} ms)")
@@ -289,8 +297,7 @@ def plots(r, outdir, stem, work):
         if os.path.exists(src):
             dst = os.path.join(work, f"plot-cdf-{prof}.dat")
             thin_cdf(src, dst)
-            label = ("paced at %s/s, producer library (linger 50 ms)" if prof == "lib" else
-                     "paced at %s/s, latency profile (linger 2 ms)") % f"{lat['rate']:,}"
+            label = f"paced at {lat['rate']:,}/s, {prof_label(prof, run)}"
             cdfs.append((label, dst))
     e2e = ph.get("e2e", {})
     src = e2e.get("cdf_file") or os.path.join(work, "cdf-e2e.tsv")

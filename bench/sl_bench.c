@@ -3,14 +3,15 @@
  * against the libraries of a Release build, see bench/README.md).
  *
  *   sl-bench pace --rate R --count N [--endpoints K] [--prefix P] [--body-bytes B]
- *                 [--run-id ID] [--profile lib|latency]
+ *                 [--run-id ID] [--profile lib|latency] [--linger-ms L]
  *       Publishes N synthetic deliveries (producer/prod_gen.h, the generator behind
  *       sluice-produce --generate) at R records/s to topic_deliveries, then waits for every
  *       acknowledgement. --profile lib (default) publishes through the application library
- *       producer/sluice_producer.h (SL_KAFKA_THROUGHPUT: linger.ms=50); --profile latency
- *       uses common/sl_kafka's SL_KAFKA_LATENCY profile (linger.ms=2) with the same record
- *       codec. Prints one JSON object: published, failed, elapsed_s, rate, lag (how far the
- *       pacer fell behind its schedule) and publish->ack latency percentiles in ms.
+ *       producer/sluice_producer.h (SL_KAFKA_THROUGHPUT: linger.ms=50, or its linger_ms option
+ *       when --linger-ms is given); --profile latency uses common/sl_kafka's
+ *       SL_KAFKA_LATENCY profile (linger.ms=2) with the same record codec. Prints one JSON object:
+ * published, failed, elapsed_s, rate, lag (how far the pacer fell behind its schedule) and
+ * publish->ack latency percentiles in ms.
  *
  *   sl-bench outcomes [--expect N] [--timeout-s S] [--idle-ms MS] [--id-prefix P]
  *                     [--t0-ms T] [--series FILE] [--cdf FILE]
@@ -204,12 +205,16 @@ static void rk_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 
 static int cmd_pace(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"rate", required_argument, NULL, 'r'},       {"count", required_argument, NULL, 'n'},
-        {"endpoints", required_argument, NULL, 'k'},  {"prefix", required_argument, NULL, 'p'},
-        {"body-bytes", required_argument, NULL, 'b'}, {"run-id", required_argument, NULL, 'i'},
-        {"profile", required_argument, NULL, 'P'},    {NULL, 0, NULL, 0}};
-    int64_t rate = 0, count = 0, endpoints = 100, body = 512;
+    static const struct option lo[] = {{"rate", required_argument, NULL, 'r'},
+                                       {"count", required_argument, NULL, 'n'},
+                                       {"endpoints", required_argument, NULL, 'k'},
+                                       {"prefix", required_argument, NULL, 'p'},
+                                       {"body-bytes", required_argument, NULL, 'b'},
+                                       {"run-id", required_argument, NULL, 'i'},
+                                       {"profile", required_argument, NULL, 'P'},
+                                       {"linger-ms", required_argument, NULL, 'L'},
+                                       {NULL, 0, NULL, 0}};
+    int64_t rate = 0, count = 0, endpoints = 100, body = 512, linger = 0;
     const char *prefix = "ep_", *run = NULL, *profile = "lib";
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -235,6 +240,9 @@ static int cmd_pace(int argc, char **argv)
         case 'P':
             profile = optarg;
             break;
+        case 'L':
+            linger = num_arg("--linger-ms", optarg, 1, SLUICE_PRODUCER_LINGER_MAX_MS);
+            break;
         default:
             return 2;
         }
@@ -244,6 +252,8 @@ static int cmd_pace(int argc, char **argv)
     bool lib = strcmp(profile, "lib") == 0;
     if (!lib && strcmp(profile, "latency") != 0)
         die("unknown --profile %s (lib or latency)", profile);
+    if (linger && !lib)
+        die("%s", "--linger-ms applies to --profile lib only");
     struct sl_config cfg;
     load_cfg(&cfg);
     sl_err_t err;
@@ -260,7 +270,8 @@ static int cmd_pace(int argc, char **argv)
     struct sl_buf enc;
     sl_buf_init(&enc, (size_t)cfg.max_body_bytes * 2 + SL_RECORD_OVERHEAD);
     if (lib) {
-        p = sluice_producer_new(&cfg, &err);
+        struct sluice_producer_opts po = {.linger_ms = linger};
+        p = sluice_producer_new_opts(&cfg, &po, &err);
         if (!p)
             die("%s", err.msg);
     } else {
@@ -332,11 +343,14 @@ static int cmd_pace(int argc, char **argv)
         rd_kafka_destroy(rk);
     }
     double el = (double)(t_sent - t0) / 1e6;
-    printf("{\"profile\":\"%s\",\"linger_ms\":%d,\"target_rate\":%" PRId64 ",\"sent\":%" PRIu64
-           ",\"published\":%" PRIu64 ",\"failed\":%" PRIu64
+    printf("{\"profile\":\"%s\",\"linger_ms\":%" PRId64 ",\"target_rate\":%" PRId64
+           ",\"sent\":%" PRIu64 ",\"published\":%" PRIu64 ",\"failed\":%" PRIu64
            ",\"elapsed_s\":%.3f,\"rate\":%.1f,\"max_lag_ms\":%.3f,",
-           profile, lib ? 50 : 2, rate, sent, pc.acked, pc.failed + send_fail, el,
-           el > 0 ? (double)sent / el : 0.0, (double)max_lag_us / 1000.0);
+           profile,
+           lib ? (linger ? linger : SLUICE_PRODUCER_LINGER_DEFAULT_MS)
+               : (int64_t)SL_KAFKA_LATENCY_LINGER_MS,
+           rate, sent, pc.acked, pc.failed + send_fail, el, el > 0 ? (double)sent / el : 0.0,
+           (double)max_lag_us / 1000.0);
     hist_json(stdout, "ack_ms", &pc.ack);
     printf("}\n");
     hist_fini(&pc.ack);

@@ -38,6 +38,8 @@ struct sl_config {
     char *consumer_group;             /* sluice-consumer group id */
     char *recorder_group;             /* sluice-recorder group id */
     int64_t kafka_session_timeout_ms; /* group session timeout, ms */
+    int64_t kafka_fetch_wait_ms;      /* fetch.wait.max.ms of every consumer, ms */
+    int64_t kafka_fetch_min_bytes;    /* fetch.min.bytes of every consumer */
     /* redis */
     char *redis_url;          /* redis://[:password@]host:port[/db]; password secret */
     int64_t redis_timeout_ms; /* connect and command timeout, ms */

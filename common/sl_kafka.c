@@ -101,13 +101,27 @@ sl_kafka_producer_new(const struct sl_config *cfg,
                       void (*dr_msg_cb)(rd_kafka_t *, const rd_kafka_message_t *, void *),
                       sl_err_t *err)
 {
+    int64_t linger =
+        profile == SL_KAFKA_THROUGHPUT ? SL_KAFKA_THROUGHPUT_LINGER_MS : SL_KAFKA_LATENCY_LINGER_MS;
+    return sl_kafka_producer_new_linger(cfg, role, linger, conf, dr_msg_cb, err);
+}
+
+rd_kafka_t *
+sl_kafka_producer_new_linger(const struct sl_config *cfg,
+                             const char *role,
+                             int64_t linger_ms,
+                             rd_kafka_conf_t *conf,
+                             void (*dr_msg_cb)(rd_kafka_t *, const rd_kafka_message_t *, void *),
+                             sl_err_t *err)
+{
     char errstr[512];
     if (!conf) {
         conf = sl_kafka_conf_new(cfg, role, err);
         if (!conf)
             return NULL;
     }
-    const char *linger = profile == SL_KAFKA_THROUGHPUT ? "50" : "2";
+    char linger[32];
+    snprintf(linger, sizeof(linger), "%lld", (long long)linger_ms);
     if (sl_kafka_conf_set(conf, "enable.idempotence", "true", err) != 0 ||
         sl_kafka_conf_set(conf, "acks", "all", err) != 0 ||
         sl_kafka_conf_set(conf, "linger.ms", linger, err) != 0 ||
@@ -148,6 +162,15 @@ rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg,
             return NULL;
     }
     snprintf(session, sizeof(session), "%lld", (long long)cfg->kafka_session_timeout_ms);
+    /* Fetches wait for fetch_min bytes or fetch_wait ms: with librdkafka's fetch.min.bytes=1
+     * a fetch returns as soon as any record arrives, so at a few thousand records/s from a
+     * low-linger producer the broker answers one fetch per produced batch and spends a core
+     * on it; its CPU then shows up as delivery-latency tails on a small machine
+     * (bench/README.md, "Latency"). */
+    char fetch_wait[32];
+    char fetch_min[32];
+    snprintf(fetch_wait, sizeof(fetch_wait), "%lld", (long long)cfg->kafka_fetch_wait_ms);
+    snprintf(fetch_min, sizeof(fetch_min), "%lld", (long long)cfg->kafka_fetch_min_bytes);
     if (sl_kafka_conf_set(conf, "group.id", group_id, err) != 0 ||
         sl_kafka_conf_set(conf, "enable.auto.commit", "true", err) != 0 ||
         sl_kafka_conf_set(conf, "enable.auto.offset.store", "false", err) != 0 ||
@@ -156,7 +179,8 @@ rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg,
         sl_kafka_conf_set(conf, "partition.assignment.strategy", "roundrobin", err) != 0 ||
         sl_kafka_conf_set(conf, "session.timeout.ms", session, err) != 0 ||
         sl_kafka_conf_set(conf, "heartbeat.interval.ms", "1000", err) != 0 ||
-        sl_kafka_conf_set(conf, "fetch.wait.max.ms", "50", err) != 0) {
+        sl_kafka_conf_set(conf, "fetch.wait.max.ms", fetch_wait, err) != 0 ||
+        sl_kafka_conf_set(conf, "fetch.min.bytes", fetch_min, err) != 0) {
         rd_kafka_conf_destroy(conf);
         return NULL;
     }

@@ -37,6 +37,10 @@ rd_kafka_conf_t *sl_kafka_conf_new(const struct sl_config *cfg, const char *role
 /* Set one property; returns 0 or SL_EKAFKA with the property named in err. */
 int sl_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, sl_err_t *err);
 
+/* linger.ms of each profile, ms. */
+#define SL_KAFKA_THROUGHPUT_LINGER_MS 50
+#define SL_KAFKA_LATENCY_LINGER_MS    2
+
 /*
  * An idempotent producer (acks=all, enable.idempotence=true) tuned by profile. conf may be
  * NULL (a fresh common conf is made); it is consumed in every case. dr_msg_cb may be NULL.
@@ -48,6 +52,16 @@ sl_kafka_producer_new(const struct sl_config *cfg,
                       rd_kafka_conf_t *conf,
                       void (*dr_msg_cb)(rd_kafka_t *, const rd_kafka_message_t *, void *),
                       sl_err_t *err);
+
+/* As sl_kafka_producer_new with linger_ms (>= 0) as linger.ms, how long a record may wait for
+ * others to share its batch (the profiles differ only in it). */
+rd_kafka_t *
+sl_kafka_producer_new_linger(const struct sl_config *cfg,
+                             const char *role,
+                             int64_t linger_ms,
+                             rd_kafka_conf_t *conf,
+                             void (*dr_msg_cb)(rd_kafka_t *, const rd_kafka_message_t *, void *),
+                             sl_err_t *err);
 
 /*
  * A group consumer with manual offset storing (enable.auto.offset.store=false, auto commit

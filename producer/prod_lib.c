@@ -224,6 +224,9 @@ static int check_opts(const struct sluice_producer_opts *o, sl_err_t *err)
         return sl_err_set(err, SL_EINVAL, "message_timeout_ms must be in %d..%d",
                           SLUICE_PRODUCER_MESSAGE_TIMEOUT_MIN_MS,
                           SLUICE_PRODUCER_MESSAGE_TIMEOUT_MAX_MS);
+    if (o->linger_ms < 0 || o->linger_ms > SLUICE_PRODUCER_LINGER_MAX_MS)
+        return sl_err_set(err, SL_EINVAL, "linger_ms must be in 0..%d",
+                          SLUICE_PRODUCER_LINGER_MAX_MS);
     if (o->enqueue_timeout_ms < 0 || o->enqueue_timeout_ms > INT32_MAX)
         return sl_err_set(err, SL_EINVAL, "enqueue_timeout_ms must be in 0..%d", INT32_MAX);
     if (o->close_timeout_ms > INT32_MAX)
@@ -276,7 +279,9 @@ sluice_producer_t *sluice_producer_new_opts(const struct sl_config *cfg,
     rd_kafka_conf_set_error_cb(conf, error_cb);
     rd_kafka_conf_set_opaque(conf, p);
     /* consumes conf in every case */
-    p->rk = sl_kafka_producer_new(cfg, role, SL_KAFKA_THROUGHPUT, conf, dr_msg_cb, err);
+    p->rk = sl_kafka_producer_new_linger(
+        cfg, role, o->linger_ms ? o->linger_ms : SLUICE_PRODUCER_LINGER_DEFAULT_MS, conf, dr_msg_cb,
+        err);
     conf = NULL;
     if (!p->rk)
         goto fail;

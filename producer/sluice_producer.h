@@ -5,7 +5,8 @@
  * encodes it before anything reaches Kafka, so a bad record is an error returned to the
  * caller and never a record a consumer has to quarantine. Good records go to
  * cfg->topic_deliveries with key = endpoint id, through an idempotent producer (acks=all,
- * enable.idempotence=true, the SL_KAFKA_THROUGHPUT batching profile of common/sl_kafka).
+ * enable.idempotence=true, the SL_KAFKA_THROUGHPUT batching profile of common/sl_kafka, whose
+ * linger.ms opts.linger_ms can shorten).
  *
  * Completion: every successful publish gets exactly one done(opaque, status, reason) call,
  * made from a Kafka delivery report: status 0 when Kafka acknowledged the record (written to
@@ -54,11 +55,17 @@ struct sluice_producer_opts {
     int64_t close_timeout_ms;   /* ms destroy waits for outstanding acknowledgements before
                                    purging them; 0 = 10000; < 0 = do not wait */
     const char *role;           /* client.id role (borrowed); NULL = "sluice-producer" */
+    int64_t linger_ms;          /* ms a record may wait for others to share its batch
+                                   (linger.ms); 0 = 50, which keeps the broker's cost per
+                                   record low; 1..900 trades broker CPU for latency: every
+                                   record waits up to this long before it is even sent */
 };
 
 #define SLUICE_PRODUCER_MESSAGE_TIMEOUT_DEFAULT_MS 120000   /* ms */
 #define SLUICE_PRODUCER_CLOSE_TIMEOUT_DEFAULT_MS   10000    /* ms */
-#define SLUICE_PRODUCER_MESSAGE_TIMEOUT_MIN_MS     1000     /* ms; > linger.ms of the profile */
+#define SLUICE_PRODUCER_MESSAGE_TIMEOUT_MIN_MS     1000     /* ms; > the largest linger_ms */
+#define SLUICE_PRODUCER_LINGER_DEFAULT_MS          50       /* ms */
+#define SLUICE_PRODUCER_LINGER_MAX_MS              900      /* ms */
 #define SLUICE_PRODUCER_MESSAGE_TIMEOUT_MAX_MS     86400000 /* ms; one day */
 
 /*

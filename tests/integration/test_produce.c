@@ -920,6 +920,47 @@ static void test_lib_destroy_fails_pending(void **state)
     sl_cfg_fini(&cfg);
 }
 
+/* The linger.ms a library producer hands to librdkafka. */
+static void lib_linger(const struct sl_config *cfg, int64_t linger_ms, char *out, size_t cap)
+{
+    struct sluice_producer_opts o = {.linger_ms = linger_ms, .close_timeout_ms = -1};
+    sl_err_t err = {0};
+    sluice_producer_t *p = sluice_producer_new_opts(cfg, &o, &err);
+    if (!p)
+        fail_msg("sluice_producer_new_opts(linger_ms %lld): %s", (long long)linger_ms, err.msg);
+    size_t n = cap;
+    assert_int_equal(rd_kafka_conf_get(rd_kafka_conf(prod_lib_kafka(p)), "linger.ms", out, &n),
+                     RD_KAFKA_CONF_OK);
+    sluice_producer_destroy(p);
+}
+
+/* opts.linger_ms: 0 keeps the 50 ms default, 1..900 is used as it is, anything else is
+ * refused with the option named. No broker is needed. */
+static void test_lib_linger(void **state)
+{
+    (void)state;
+    char brokers[64];
+    snprintf(brokers, sizeof(brokers), "127.0.0.1:%d", sl_test_free_port());
+    struct sl_config cfg;
+    load_cfg(&cfg, "test.produce.nowhere", brokers);
+    char v[32];
+    lib_linger(&cfg, 0, v, sizeof(v));
+    assert_string_equal(v, "50");
+    lib_linger(&cfg, 5, v, sizeof(v));
+    assert_string_equal(v, "5");
+    lib_linger(&cfg, SLUICE_PRODUCER_LINGER_MAX_MS, v, sizeof(v));
+    assert_string_equal(v, "900");
+    const int64_t bad[] = {-1, SLUICE_PRODUCER_LINGER_MAX_MS + 1};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct sluice_producer_opts o = {.linger_ms = bad[i]};
+        sl_err_t err = {0};
+        assert_null(sluice_producer_new_opts(&cfg, &o, &err));
+        assert_int_equal(err.code, SL_EINVAL);
+        assert_string_equal(err.msg, "linger_ms must be in 0..900");
+    }
+    sl_cfg_fini(&cfg);
+}
+
 /* A fatal idempotent-producer error: reported, later publishes refused, callbacks still
  * exactly once. */
 static void test_lib_fatal(void **state)
@@ -982,7 +1023,7 @@ int main(void)
         cmocka_unit_test(test_invalid_lines),    cmocka_unit_test(test_strict),
         cmocka_unit_test(test_broker_down),      cmocka_unit_test(test_generate),
         cmocka_unit_test(test_lib_publish),      cmocka_unit_test(test_lib_destroy_fails_pending),
-        cmocka_unit_test(test_lib_fatal),
+        cmocka_unit_test(test_lib_fatal),        cmocka_unit_test(test_lib_linger),
     };
     int failed = cmocka_run_group_tests_name("produce", tests, NULL, teardown);
     g_failed = failed != 0;

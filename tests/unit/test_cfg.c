@@ -13,8 +13,10 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <librdkafka/rdkafka.h>
 
 #include "common/sl_cfg.h"
+#include "common/sl_kafka.h"
 
 static char *load_errs(struct sl_config *cfg, const char *file, char **envp, int *nerr)
 {
@@ -239,6 +241,63 @@ static void test_max_queued_and_dedup_fail_open(void **state)
     sl_cfg_fini(&cfg);
 }
 
+/* The value librdkafka holds for a property of a client. */
+static void kafka_prop(rd_kafka_t *rk, const char *name, char *out, size_t cap)
+{
+    size_t n = cap;
+    assert_int_equal(rd_kafka_conf_get(rd_kafka_conf(rk), name, out, &n), RD_KAFKA_CONF_OK);
+}
+
+/* kafka_fetch_wait_ms / kafka_fetch_min_bytes reach the group consumers that sl_kafka makes
+ * (sluice-consumer's and sluice-recorder's): defaults 10 ms / 64 KiB, overrides, bounds.
+ * rd_kafka_new does not connect, so no broker is needed. */
+static void test_kafka_fetch_settings(void **state)
+{
+    (void)state;
+    struct sl_config cfg;
+    int nerr;
+    char v[64];
+    char *env0[] = {"SLUICE_KAFKA_BROKERS=127.0.0.1:1", NULL};
+    char *errs = load_errs(&cfg, NULL, env0, &nerr);
+    assert_int_equal(nerr, 0);
+    assert_int_equal(cfg.kafka_fetch_wait_ms, 10);
+    assert_int_equal(cfg.kafka_fetch_min_bytes, 65536);
+    sl_err_t err = {0};
+    rd_kafka_t *rk = sl_kafka_consumer_new(&cfg, "test", "g", NULL, &err);
+    assert_non_null(rk);
+    kafka_prop(rk, "fetch.wait.max.ms", v, sizeof(v));
+    assert_string_equal(v, "10");
+    kafka_prop(rk, "fetch.min.bytes", v, sizeof(v));
+    assert_string_equal(v, "65536");
+    rd_kafka_destroy(rk);
+    free(errs);
+    sl_cfg_fini(&cfg);
+
+    char *env1[] = {"SLUICE_KAFKA_BROKERS=127.0.0.1:1", "SLUICE_KAFKA_FETCH_WAIT_MS=250",
+                    "SLUICE_KAFKA_FETCH_MIN_BYTES=1", NULL};
+    errs = load_errs(&cfg, NULL, env1, &nerr);
+    assert_int_equal(nerr, 0);
+    rk = sl_kafka_consumer_new(&cfg, "test", "g", NULL, &err);
+    assert_non_null(rk);
+    kafka_prop(rk, "fetch.wait.max.ms", v, sizeof(v));
+    assert_string_equal(v, "250");
+    kafka_prop(rk, "fetch.min.bytes", v, sizeof(v));
+    assert_string_equal(v, "1");
+    rd_kafka_destroy(rk);
+    free(errs);
+    sl_cfg_fini(&cfg);
+
+    char *env2[] = {"SLUICE_KAFKA_FETCH_WAIT_MS=0", "SLUICE_KAFKA_FETCH_MIN_BYTES=16777217", NULL};
+    errs = load_errs(&cfg, NULL, env2, &nerr);
+    assert_int_equal(nerr, 2);
+    assert_non_null(strstr(errs, "invalid value for SLUICE_KAFKA_FETCH_WAIT_MS (env): \"0\": "
+                                 "expected an integer in 1..10000"));
+    assert_non_null(strstr(errs, "invalid value for SLUICE_KAFKA_FETCH_MIN_BYTES (env): "
+                                 "\"16777217\": expected an integer in 1..16777216"));
+    free(errs);
+    sl_cfg_fini(&cfg);
+}
+
 static void test_print_redacts(void **state)
 {
     (void)state;
@@ -314,6 +373,7 @@ int main(void)
         cmocka_unit_test(test_cross_field),
         cmocka_unit_test(test_recorder_tunables),
         cmocka_unit_test(test_max_queued_and_dedup_fail_open),
+        cmocka_unit_test(test_kafka_fetch_settings),
         cmocka_unit_test(test_print_redacts),
         cmocka_unit_test(test_bad_secret_value_not_echoed),
         cmocka_unit_test(test_exit_code_78),
