@@ -241,54 +241,45 @@ static void test_max_queued_and_dedup_fail_open(void **state)
     sl_cfg_fini(&cfg);
 }
 
-/* The value librdkafka holds for a property of a client. */
-static void kafka_prop(rd_kafka_t *rk, const char *name, char *out, size_t cap)
+/* Load the config from env, make a group consumer with sl_kafka and check the fetch
+ * properties librdkafka holds (rd_kafka_new does not connect: no broker is needed). */
+static void assert_fetch(char **env, const char *wait_ms, const char *min_bytes)
 {
-    size_t n = cap;
-    assert_int_equal(rd_kafka_conf_get(rd_kafka_conf(rk), name, out, &n), RD_KAFKA_CONF_OK);
-}
-
-/* kafka_fetch_wait_ms / kafka_fetch_min_bytes reach the group consumers that sl_kafka makes
- * (sluice-consumer's and sluice-recorder's): defaults 10 ms / 64 KiB, overrides, bounds.
- * rd_kafka_new does not connect, so no broker is needed. */
-static void test_kafka_fetch_settings(void **state)
-{
-    (void)state;
     struct sl_config cfg;
     int nerr;
-    char v[64];
-    char *env0[] = {"SLUICE_KAFKA_BROKERS=127.0.0.1:1", NULL};
-    char *errs = load_errs(&cfg, NULL, env0, &nerr);
+    char *errs = load_errs(&cfg, NULL, env, &nerr);
     assert_int_equal(nerr, 0);
-    assert_int_equal(cfg.kafka_fetch_wait_ms, 10);
-    assert_int_equal(cfg.kafka_fetch_min_bytes, 65536);
     sl_err_t err = {0};
     rd_kafka_t *rk = sl_kafka_consumer_new(&cfg, "test", "g", NULL, &err);
     assert_non_null(rk);
-    kafka_prop(rk, "fetch.wait.max.ms", v, sizeof(v));
-    assert_string_equal(v, "10");
-    kafka_prop(rk, "fetch.min.bytes", v, sizeof(v));
-    assert_string_equal(v, "65536");
+    const char *names[2] = {"fetch.wait.max.ms", "fetch.min.bytes"};
+    const char *want[2] = {wait_ms, min_bytes};
+    for (int i = 0; i < 2; i++) {
+        char v[64];
+        size_t n = sizeof(v);
+        assert_int_equal(rd_kafka_conf_get(rd_kafka_conf(rk), names[i], v, &n), RD_KAFKA_CONF_OK);
+        assert_string_equal(v, want[i]);
+    }
     rd_kafka_destroy(rk);
     free(errs);
     sl_cfg_fini(&cfg);
+}
 
+/* kafka_fetch_wait_ms / kafka_fetch_min_bytes reach the group consumers that sl_kafka makes
+ * (sluice-consumer's and sluice-recorder's): defaults 10 ms / 64 KiB, overrides, bounds. */
+static void test_kafka_fetch_settings(void **state)
+{
+    (void)state;
+    char *env0[] = {"SLUICE_KAFKA_BROKERS=127.0.0.1:1", NULL};
+    assert_fetch(env0, "10", "65536");
     char *env1[] = {"SLUICE_KAFKA_BROKERS=127.0.0.1:1", "SLUICE_KAFKA_FETCH_WAIT_MS=250",
                     "SLUICE_KAFKA_FETCH_MIN_BYTES=1", NULL};
-    errs = load_errs(&cfg, NULL, env1, &nerr);
-    assert_int_equal(nerr, 0);
-    rk = sl_kafka_consumer_new(&cfg, "test", "g", NULL, &err);
-    assert_non_null(rk);
-    kafka_prop(rk, "fetch.wait.max.ms", v, sizeof(v));
-    assert_string_equal(v, "250");
-    kafka_prop(rk, "fetch.min.bytes", v, sizeof(v));
-    assert_string_equal(v, "1");
-    rd_kafka_destroy(rk);
-    free(errs);
-    sl_cfg_fini(&cfg);
+    assert_fetch(env1, "250", "1");
 
+    struct sl_config cfg;
+    int nerr;
     char *env2[] = {"SLUICE_KAFKA_FETCH_WAIT_MS=0", "SLUICE_KAFKA_FETCH_MIN_BYTES=16777217", NULL};
-    errs = load_errs(&cfg, NULL, env2, &nerr);
+    char *errs = load_errs(&cfg, NULL, env2, &nerr);
     assert_int_equal(nerr, 2);
     assert_non_null(strstr(errs, "invalid value for SLUICE_KAFKA_FETCH_WAIT_MS (env): \"0\": "
                                  "expected an integer in 1..10000"));
