@@ -122,6 +122,11 @@ class Proc:
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
 
+    def log_lines(self):
+        """The complete log lines (a last one without its newline is still being written)."""
+        text = self.logs()
+        return text[:text.rfind("\n") + 1].splitlines()
+
 
 class Receiver:
     def __init__(self, world, secrets_list=(), extra=()):
@@ -143,10 +148,15 @@ class Receiver:
         return f"{self.base}/{behaviour}/{endpoint}"
 
     def ledger(self):
+        """Every complete ledger line. The receiver appends while we read, so a last line
+        without its newline is still being written: it is left for the next read (a
+        malformed complete line still fails the parse)."""
         out = []
         try:
             with open(self.ledger_path) as f:
                 for line in f:
+                    if not line.endswith("\n"):
+                        break
                     line = line.strip()
                     if line:
                         out.append(json.loads(line))

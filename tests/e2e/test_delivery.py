@@ -285,7 +285,7 @@ def test_outcomes_carry_the_record_bytes_exactly(make_world):
     outs = kafka_values(w, w.env["SLUICE_TOPIC_OUTCOMES"])
     for raw in canonical + [extra]:
         assert any(raw in o for o in outs), "an outcome lost or changed a record's bytes"
-    stats = [json.loads(l) for l in c.logs().splitlines()
+    stats = [json.loads(l) for l in c.log_lines()
              if l.startswith("{") and '"event":"stats"' in l]
     assert stats and stats[-1]["raw_kept"] == 1, stats[-1:]
     # three requests went out, none of them while a stats line was written

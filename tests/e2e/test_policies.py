@@ -236,7 +236,7 @@ def test_slow_endpoints_get_a_lower_breaker_threshold(make_world):
 
     def opened():
         out = {}
-        for line in c.logs().splitlines():
+        for line in c.log_lines():
             if '"breaker_opened"' in line:
                 d = _json.loads(line)
                 out.setdefault(d["msg"].rsplit(" ", 1)[-1], d["failures"])

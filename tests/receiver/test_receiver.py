@@ -84,7 +84,8 @@ class Receiver:
         if not os.path.exists(self.ledger):
             return []
         with open(self.ledger, encoding="utf-8") as f:
-            return [json.loads(l) for l in f if l.strip()]
+            # a last line without its newline is still being written (read it next time)
+            return [json.loads(l) for l in f if l.endswith("\n") and l.strip()]
 
     def wait_ledger(self, n, timeout=2.0):
         """Wait until the ledger holds at least n lines (flushed every 100 ms)."""
