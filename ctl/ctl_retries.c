@@ -255,9 +255,18 @@ static int pass1_rows(struct rebuild *rb, const PGresult *res, sl_err_t *err)
     return rc;
 }
 
+/* attempts: spent in the current budget. deliveries.attempts is the greatest attempt ever
+ * recorded, which for a delivery replayed after it died (`sluicectl replay`: a fresh budget)
+ * still counts the dead chain's attempts; so after a death, only the attempts recorded
+ * since it count. */
 static const char SQL_CURSOR[] =
     "declare open_deliveries no scroll cursor for"
-    " select d.event_id, d.endpoint_id, d.state::text as state, d.attempts,"
+    " select d.event_id, d.endpoint_id, d.state::text as state,"
+    "        case when d.last_dead_at is null then d.attempts"
+    "             else coalesce((select max(a.attempt) from delivery_attempts a"
+    "                             where a.event_id = d.event_id"
+    "                               and a.endpoint_id = d.endpoint_id"
+    "                               and a.ts > d.last_dead_at), 0) end as attempts,"
     "        (extract(epoch from d.next_attempt_at) * 1000)::bigint as next_ms,"
     "        (extract(epoch from least(d.created_at, d.first_seen)) * 1000)::bigint as since_ms,"
     "        p.payload"

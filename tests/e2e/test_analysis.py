@@ -475,6 +475,22 @@ def test_retries_rebuild_after_redis_loss(run):
     again = ctl_json(w, "retries", "rebuild")
     assert again["already_scheduled"] == COUNTS["hold"]
     assert again["restored_from_history"] == again["restored_from_kafka"] == 0
+    # replayed after a death: the dead chain's attempts are not spent again. Make every open
+    # delivery look replayed (died before its first attempt here, with 4 more attempts on
+    # record as deliveries.attempts); the rebuilt jobs must carry the attempts since the death
+    r.db.q(f"update deliveries d set attempts = d.attempts + 4,"
+           f" last_dead_at = (select min(a.ts) from delivery_attempts a"
+           f"  where a.event_id = d.event_id and a.endpoint_id = d.endpoint_id)"
+           f"  - interval '1 second'"
+           f" where d.endpoint_id = '{r.eps['hold']}'"
+           f"   and d.state in ('retry_scheduled', 'deferred')")
+    redis_cmd(w.redis_url, "FLUSHDB")
+    out = ctl_json(w, "retries", "rebuild")
+    assert out["restored_from_history"] + out["restored_from_kafka"] == COUNTS["hold"], out
+    replayed = zsnapshot(w.redis_url)
+    assert set(replayed) == set(before)
+    for jid, (shard, score, body) in before.items():
+        assert replayed[jid][2] == body, "attempts of the dead chain counted as spent"
     # an open delivery whose record exists nowhere is reported, exit 1
     r.db.q(f"insert into deliveries (event_id, endpoint_id, state, attempts, first_seen,"
            f" last_update, created_at, next_attempt_at) values ('ghost{w.tag}',"
