@@ -754,7 +754,8 @@ static void quarantine(cons_engine_t *e, struct job *j, const char *reason)
     }
 }
 
-/* Dead-letter j (attempt = attempts spent incl. this one) with error class and message. */
+/* Dead-letter j with error class and message. attempt: the attempt that failed, or 0 when j
+ * dies without one (endpoint gone or disabled; j->d.attempt were spent before). */
 static void dead_letter(cons_engine_t *e,
                         struct job *j,
                         uint32_t attempt,
@@ -779,11 +780,12 @@ static void dead_letter(cons_engine_t *e,
         o.resp_len = r->resp_len;
     }
     e->st.dead++;
+    uint32_t spent = attempt ? attempt : j->d.attempt;
     struct sl_log_ctx ctx;
     set_ctx(&ctx, j);
     SL_LOGKV(SL_LOG_WARN, "deliver", "dead_letter",
              ((struct sl_log_kv[]){SL_KV_S("err", err_class), SL_KV_I("status", http)}),
-             "delivery dead-lettered after %u attempt%s", attempt, attempt == 1 ? "" : "s");
+             "delivery dead-lettered after %u attempt%s", spent, spent == 1 ? "" : "s");
     sl_log_ctx_clear();
     j->after = AFTER_COMPLETE;
     j->dead = true;
@@ -865,15 +867,16 @@ static bool intake_resolve(cons_engine_t *e, struct job *j)
             snprintf(reason, sizeof(reason), "unknown endpoint %s", j->d.ep);
             quarantine(e, j, reason);
         } else {
-            dead_letter(e, j, j->d.attempt, 0, "unknown_endpoint", "endpoint no longer exists",
-                        NULL);
+            /* attempt 0: no attempt is spent (the contract's rule; the recorder would
+             * otherwise count the last failed attempt, already reported, a second time) */
+            dead_letter(e, j, 0, 0, "unknown_endpoint", "endpoint no longer exists", NULL);
         }
         return false;
     }
     if (ce->disabled_local && ep->enabled && ep->version != ce->disabled_version)
         ce->disabled_local = false; /* the registry changed it since: its word stands */
     if (!ep->enabled || ce->disabled_local) {
-        dead_letter(e, j, j->d.attempt, 0, "endpoint_disabled",
+        dead_letter(e, j, 0, 0, "endpoint_disabled", /* attempt 0: as above */
                     ep->reason && ep->reason[0] ? ep->reason : "endpoint disabled", NULL);
         return false;
     }

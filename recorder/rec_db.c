@@ -251,7 +251,9 @@ static const char SQL_APPLY_FAST_AGG[] = APPLY_SQL("", HEALTH_HSTAGE);
  * Dead letters of the staged slice (run after the apply statement in the same transaction, so
  * the deliveries row, and its first_failed_at, already includes this batch). Newest per key; an
  * older or equal dead_at changes nothing. A dead letter whose delivery is already known to have
- * been delivered later (outcomes out of order) is born resolved.
+ * been delivered later (outcomes out of order) is born resolved. A dead letter that spent no
+ * attempt (attempt 0: its endpoint was disabled or removed while it waited for a retry) keeps
+ * the attempts its delivery had spent.
  */
 static const char SQL_DEAD[] =
     "insert into dead_letters as dl (event_id, endpoint_id, event_type, payload, error_class,"
@@ -259,7 +261,8 @@ static const char SQL_DEAD[] =
     "       resolved_at)"
     " select distinct on (s.event_id, s.endpoint_id)"
     "        s.event_id, s.endpoint_id, s.event_type, s.env, s.err, s.http_status, s.msg, s.resp,"
-    "        s.attempt, s.created_at, least(d.first_failed_at, s.ts), s.ts,"
+    "        case when s.attempt = 0 then coalesce(d.attempts, 0) else s.attempt end,"
+    "        s.created_at, least(d.first_failed_at, s.ts), s.ts,"
     "        case when d.delivered_at > s.ts then d.delivered_at end"
     "   from rec_stage s"
     "   left join deliveries d on d.event_id = s.event_id and d.endpoint_id = s.endpoint_id"

@@ -4,6 +4,7 @@ postbacks, SSRF refusals, header injection, and a log scan for sensitive values.
 
 import collections
 import glob
+import json
 import struct
 import subprocess
 import time
@@ -298,6 +299,29 @@ def test_only_failures_for_disable_after_ms_disables_the_endpoint(make_world):
 
     shown = wait_until(disabled, 60, 0.5, "endpoint disabled after only failures")
     assert "nothing but failures" in shown, shown
+    # the retries still in the schedule die when they come due, without an attempt: attempt
+    # 0 on the outcome (the failed attempt before was reported already; counting it again
+    # would double the endpoint's failures), the attempts spent kept on the dead letter
+    ids = [event(ep, i, w.tag)["id"] for i in range(3)]
+
+    def disabled_deaths():
+        fin = final_states(w.outcomes())
+        got = [fin.get((i, ep), {}) for i in ids]
+        return got if all(o.get("err") == "endpoint_disabled" for o in got) else None
+
+    deaths = wait_until(disabled_deaths, 60, 0.5, "the scheduled retries dead-lettered")
+    assert all(o["attempt"] == 0 for o in deaths), deaths
+    spent = {i: max(o["attempt"] for o in w.outcomes() if o.get("id") == i and
+                    o.get("endpoint") == ep and o["state"] == "retry_scheduled") for i in ids}
+    want = sum(spent.values()) / len(ids)
+
+    def recorded():
+        r = w.ctl("dead-letters", "--endpoint", ep, "--json")
+        e = [x for x in json.loads(r.stdout)["endpoints"]] if r.returncode == 0 else []
+        return e[0] if e and e[0]["dead_letters"] == 3 else None
+
+    dl = wait_until(recorded, 60, 0.5, "three dead letters recorded")
+    assert abs(dl["avg_attempts"] - want) < 1e-9, (dl, spent)
     assert c.term() == 0 and rec.term() == 0
     hits = sorted(l["ts_ms"] for l in rcv.ledger() if l["endpoint"] == "ff")
     assert hits[-1] - hits[0] >= 1500 - 200, "disabled before disable_after_ms of failures"
