@@ -1067,7 +1067,17 @@ static void intake_kafka(cons_engine_t *e)
         if (intake_resolve(e, j))
             batch[n++] = j;
     }
-    intake_batch(e, batch, n);
+    /* A revoke served inside a poll above (the rebalance callback) dropped the queued jobs of
+     * the partitions it took away, but not these, which are on no queue yet: drop them here,
+     * or this pod would send records the new owner sends too. */
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (cons_offsets_current(e->offsets, &batch[i]->off))
+            batch[kept++] = batch[i];
+        else
+            job_free(e, batch[i]);
+    }
+    intake_batch(e, batch, kept);
 }
 
 static void intake_redis(cons_engine_t *e)
