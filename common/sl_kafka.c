@@ -204,17 +204,41 @@ int sl_kafka_produce(rd_kafka_t *rk,
                      int max_wait_ms,
                      sl_err_t *err)
 {
+    return sl_kafka_produce_hdrs(rk, topic, key, keylen, val, vallen, NULL, msg_opaque, max_wait_ms,
+                                 err);
+}
+
+int sl_kafka_produce_hdrs(rd_kafka_t *rk,
+                          const char *topic,
+                          const void *key,
+                          size_t keylen,
+                          const void *val,
+                          size_t vallen,
+                          const rd_kafka_headers_t *hdrs,
+                          void *msg_opaque,
+                          int max_wait_ms,
+                          sl_err_t *err)
+{
     int64_t deadline = sl_mono_ms() + max_wait_ms;
     /* librdkafka's macros take non-const pointers; F_COPY means they are only read */
     void *k = (void *)(uintptr_t)key;
     void *v = (void *)(uintptr_t)val;
     for (;;) {
+        /* producev takes the headers only when it succeeds */
+        rd_kafka_headers_t *h = hdrs ? rd_kafka_headers_copy(hdrs) : NULL;
         rd_kafka_resp_err_t e =
-            rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(k, keylen),
-                              RD_KAFKA_V_VALUE(v, vallen), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                              RD_KAFKA_V_OPAQUE(msg_opaque), RD_KAFKA_V_END);
+            h ? rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(k, keylen),
+                                  RD_KAFKA_V_VALUE(v, vallen),
+                                  RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(h),
+                                  RD_KAFKA_V_OPAQUE(msg_opaque), RD_KAFKA_V_END)
+              : rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(k, keylen),
+                                  RD_KAFKA_V_VALUE(v, vallen),
+                                  RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                  RD_KAFKA_V_OPAQUE(msg_opaque), RD_KAFKA_V_END);
         if (e == RD_KAFKA_RESP_ERR_NO_ERROR)
             return 0;
+        if (h)
+            rd_kafka_headers_destroy(h);
         if (e != RD_KAFKA_RESP_ERR__QUEUE_FULL)
             return sl_err_set(err, SL_EKAFKA, "could not produce to %s: %s", topic,
                               rd_kafka_err2str(e));

@@ -85,6 +85,17 @@ int sl_kafka_produce(rd_kafka_t *rk,
                      void *msg_opaque,
                      int max_wait_ms,
                      sl_err_t *err);
+/* The same with a copy of hdrs (NULL = no headers) on the record. */
+int sl_kafka_produce_hdrs(rd_kafka_t *rk,
+                          const char *topic,
+                          const void *key,
+                          size_t keylen,
+                          const void *val,
+                          size_t vallen,
+                          const rd_kafka_headers_t *hdrs,
+                          void *msg_opaque,
+                          int max_wait_ms,
+                          sl_err_t *err);
 
 /* Flush with a bound; returns 0, or SL_ETIMEDOUT with the number left in err. */
 int sl_kafka_flush(rd_kafka_t *rk, int timeout_ms, sl_err_t *err);

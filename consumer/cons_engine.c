@@ -1821,12 +1821,16 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
     if (!j)
         return;
     if (m->err) {
-        /* Not acknowledged: produce it again; the job (and its offset) waits. */
+        /* Not acknowledged: produce it again, headers too (a quarantined record's reason and
+         * source travel in them); the job (and its offset) waits. */
         sl_warn("kafka", "outcome_not_acked", "outcome not acknowledged, producing again: %s",
                 rd_kafka_err2str(m->err));
         sl_err_t err;
-        if (sl_kafka_produce(e->producer, rd_kafka_topic_name(m->rkt), m->key, m->key_len,
-                             m->payload, m->len, j, 60000, &err) == 0)
+        rd_kafka_headers_t *hdrs = NULL;
+        if (rd_kafka_message_headers(m, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
+            hdrs = NULL;
+        if (sl_kafka_produce_hdrs(e->producer, rd_kafka_topic_name(m->rkt), m->key, m->key_len,
+                                  m->payload, m->len, hdrs, j, 60000, &err) == 0)
             return;
         j->acks_pending--;
         job_free(e, j);

@@ -1004,6 +1004,126 @@ static void test_lib_fatal(void **state)
 
 /* ==== Runner ==== */
 
+/* ==== sl_kafka_produce_hdrs: a record that failed delivery is produced again whole ==== */
+
+struct reproduce {
+    rd_kafka_t *to;    /* the producer that gets the failed record (real broker) */
+    const char *topic; /* where it goes */
+    int failed;        /* delivery reports with an error seen */
+    int reproduced;    /* of those, produced again */
+};
+
+/* As the consumer's dr_cb: a record not acknowledged is produced again, headers included. */
+static void reproduce_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+    (void)rk;
+    struct reproduce *r = opaque;
+    if (!m->err)
+        return;
+    r->failed++;
+    rd_kafka_headers_t *hdrs = NULL;
+    if (rd_kafka_message_headers(m, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        hdrs = NULL;
+    sl_err_t err = {0};
+    if (sl_kafka_produce_hdrs(r->to, r->topic, m->key, m->key_len, m->payload, m->len, hdrs, NULL,
+                              10000, &err) == 0)
+        r->reproduced++;
+}
+
+/* The quarantine path's headers (reason, source) survive a failed delivery: the record is
+ * produced again from its delivery report with them. The first producer points at a port
+ * nothing listens on and gives up after 300 ms; its report hands the record to a producer of
+ * the real broker, and the topic must then hold it with every header. */
+static void test_reproduce_keeps_headers(void **state)
+{
+    (void)state;
+    char topic[128];
+    make_topic(topic, sizeof(topic), "hdrs");
+    char errstr[512];
+    rd_kafka_conf_t *c2 = rd_kafka_conf_new();
+    assert_int_equal(rd_kafka_conf_set(c2, "bootstrap.servers", g_brokers, errstr, sizeof(errstr)),
+                     RD_KAFKA_CONF_OK);
+    rd_kafka_t *to = rd_kafka_new(RD_KAFKA_PRODUCER, c2, errstr, sizeof(errstr));
+    assert_non_null(to);
+    struct reproduce r = {.to = to, .topic = topic};
+
+    char dead[64];
+    snprintf(dead, sizeof(dead), "127.0.0.1:%d", sl_test_free_port());
+    rd_kafka_conf_t *c1 = rd_kafka_conf_new();
+    assert_int_equal(rd_kafka_conf_set(c1, "bootstrap.servers", dead, errstr, sizeof(errstr)),
+                     RD_KAFKA_CONF_OK);
+    assert_int_equal(rd_kafka_conf_set(c1, "message.timeout.ms", "300", errstr, sizeof(errstr)),
+                     RD_KAFKA_CONF_OK);
+    rd_kafka_conf_set_dr_msg_cb(c1, reproduce_dr);
+    rd_kafka_conf_set_opaque(c1, &r);
+    rd_kafka_t *from = rd_kafka_new(RD_KAFKA_PRODUCER, c1, errstr, sizeof(errstr));
+    assert_non_null(from);
+
+    rd_kafka_headers_t *h = rd_kafka_headers_new(3);
+    rd_kafka_header_add(h, "sluice-reason", -1, "unknown endpoint ep_x", -1);
+    rd_kafka_header_add(h, "sluice-source-partition", -1, "3", -1);
+    rd_kafka_header_add(h, "sluice-source-offset", -1, "12345", -1);
+    assert_int_equal(rd_kafka_producev(from, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY("ep_x", 4),
+                                       RD_KAFKA_V_VALUE("raw bytes", 9),
+                                       RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                       RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END),
+                     RD_KAFKA_RESP_ERR_NO_ERROR);
+    int64_t until = sl_mono_ms() + 30000;
+    while (r.failed == 0 && sl_mono_ms() < until)
+        rd_kafka_poll(from, 100);
+    assert_int_equal(r.failed, 1);
+    assert_int_equal(r.reproduced, 1);
+    assert_int_equal(rd_kafka_flush(to, 30000), RD_KAFKA_RESP_ERR_NO_ERROR);
+    rd_kafka_destroy(from);
+    rd_kafka_destroy(to);
+
+    rd_kafka_conf_t *c3 = rd_kafka_conf_new();
+    assert_int_equal(rd_kafka_conf_set(c3, "bootstrap.servers", g_brokers, errstr, sizeof(errstr)),
+                     RD_KAFKA_CONF_OK);
+    char group[96];
+    snprintf(group, sizeof(group), "test-produce-hdrs-%d", (int)getpid());
+    assert_int_equal(rd_kafka_conf_set(c3, "group.id", group, errstr, sizeof(errstr)),
+                     RD_KAFKA_CONF_OK);
+    rd_kafka_t *rd = rd_kafka_new(RD_KAFKA_CONSUMER, c3, errstr, sizeof(errstr));
+    assert_non_null(rd);
+    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(PARTITIONS);
+    for (int i = 0; i < PARTITIONS; i++)
+        rd_kafka_topic_partition_list_add(parts, topic, i)->offset = RD_KAFKA_OFFSET_BEGINNING;
+    assert_int_equal(rd_kafka_assign(rd, parts), RD_KAFKA_RESP_ERR_NO_ERROR);
+    rd_kafka_topic_partition_list_destroy(parts);
+    rd_kafka_message_t *m = NULL;
+    until = sl_mono_ms() + READ_WAIT_MS;
+    while (sl_mono_ms() < until) {
+        m = rd_kafka_consumer_poll(rd, 200);
+        if (m && !m->err)
+            break;
+        if (m)
+            rd_kafka_message_destroy(m);
+        m = NULL;
+    }
+    assert_non_null(m);
+    assert_int_equal(m->len, 9);
+    assert_memory_equal(m->payload, "raw bytes", 9);
+    rd_kafka_headers_t *got = NULL;
+    assert_int_equal(rd_kafka_message_headers(m, &got), RD_KAFKA_RESP_ERR_NO_ERROR);
+    assert_int_equal(rd_kafka_header_cnt(got), 3);
+    const char *want[3][2] = {{"sluice-reason", "unknown endpoint ep_x"},
+                              {"sluice-source-partition", "3"},
+                              {"sluice-source-offset", "12345"}};
+    for (int i = 0; i < 3; i++) {
+        const void *v = NULL;
+        size_t n = 0;
+        assert_int_equal(rd_kafka_header_get_last(got, want[i][0], &v, &n),
+                         RD_KAFKA_RESP_ERR_NO_ERROR);
+        assert_int_equal(n, strlen(want[i][1]));
+        assert_memory_equal(v, want[i][1], n);
+    }
+    rd_kafka_message_destroy(m);
+    rd_kafka_consumer_close(rd);
+    rd_kafka_destroy(rd);
+    drop_topic(topic);
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -1019,11 +1139,17 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_usage_and_config), cmocka_unit_test(test_roundtrip_1000),
-        cmocka_unit_test(test_invalid_lines),    cmocka_unit_test(test_strict),
-        cmocka_unit_test(test_broker_down),      cmocka_unit_test(test_generate),
-        cmocka_unit_test(test_lib_publish),      cmocka_unit_test(test_lib_destroy_fails_pending),
-        cmocka_unit_test(test_lib_fatal),        cmocka_unit_test(test_lib_linger),
+        cmocka_unit_test(test_usage_and_config),
+        cmocka_unit_test(test_roundtrip_1000),
+        cmocka_unit_test(test_invalid_lines),
+        cmocka_unit_test(test_strict),
+        cmocka_unit_test(test_broker_down),
+        cmocka_unit_test(test_generate),
+        cmocka_unit_test(test_lib_publish),
+        cmocka_unit_test(test_lib_destroy_fails_pending),
+        cmocka_unit_test(test_lib_fatal),
+        cmocka_unit_test(test_lib_linger),
+        cmocka_unit_test(test_reproduce_keeps_headers),
     };
     int failed = cmocka_run_group_tests_name("produce", tests, NULL, teardown);
     g_failed = failed != 0;
