@@ -1921,8 +1921,13 @@ static void rebalance_cb(rd_kafka_t *rk,
 {
     cons_engine_t *e = opaque;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-        for (int i = 0; i < parts->cnt; i++)
-            cons_offsets_assign(e->offsets, parts->elems[i].partition);
+        for (int i = 0; i < parts->cnt; i++) {
+            if (!cons_offsets_assign(e->offsets, parts->elems[i].partition))
+                sl_error("kafka", "partition_not_tracked",
+                         "partition %d is beyond the %d partitions a consumer tracks: its "
+                         "records are not consumed by this pod",
+                         (int)parts->elems[i].partition, CONS_OFFSETS_MAX_PARTITIONS);
+        }
         rd_kafka_assign(rk, parts);
         /* An application pause belongs to the partition object: re-apply ours, and only ever
          * resume partitions we paused (resuming a non-paused one is buggy before 2.4). */
@@ -1967,8 +1972,9 @@ static void store_offsets(cons_engine_t *e, bool force)
     if (!force && now < e->next_store_mono)
         return;
     e->next_store_mono = now + STORE_INTERVAL_MS;
-    int32_t parts[1024];
-    int n = cons_offsets_partitions(e->offsets, parts, 1024);
+    int span = cons_offsets_span(e->offsets);
+    int32_t *parts = sl_xmalloc((size_t)(span > 0 ? span : 1) * sizeof(*parts));
+    int n = cons_offsets_partitions(e->offsets, parts, span);
     rd_kafka_topic_partition_list_t *l = NULL;
     for (int i = 0; i < n; i++) {
         int64_t off = cons_offsets_committable(e->offsets, parts[i], NULL);
@@ -1978,6 +1984,7 @@ static void store_offsets(cons_engine_t *e, bool force)
             l = rd_kafka_topic_partition_list_new(n);
         rd_kafka_topic_partition_list_add(l, e->cfg->topic_deliveries, parts[i])->offset = off;
     }
+    free(parts);
     if (!l)
         return;
     rd_kafka_resp_err_t ke = rd_kafka_offsets_store(e->consumer, l);

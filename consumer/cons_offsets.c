@@ -9,8 +9,6 @@
 
 #include "common/sl_mem.h"
 
-#define MAX_PARTITIONS 4096
-
 struct slot {
     int64_t offset; /* Kafka offset */
     bool done;      /* fate durable */
@@ -50,7 +48,7 @@ void cons_offsets_destroy(cons_offsets_t *o)
 
 static struct part *get_part(cons_offsets_t *o, int32_t p, bool create)
 {
-    if (p < 0 || p >= MAX_PARTITIONS)
+    if (p < 0 || p >= CONS_OFFSETS_MAX_PARTITIONS)
         return NULL;
     if (p >= o->nparts) {
         if (!create)
@@ -63,17 +61,18 @@ static struct part *get_part(cons_offsets_t *o, int32_t p, bool create)
     return &o->parts[p];
 }
 
-void cons_offsets_assign(cons_offsets_t *o, int32_t partition)
+bool cons_offsets_assign(cons_offsets_t *o, int32_t partition)
 {
     struct part *pt = get_part(o, partition, true);
     if (!pt)
-        return;
+        return false;
     free(pt->ring);
     memset(pt, 0, sizeof(*pt));
     pt->assigned = true;
     pt->generation = ++o->gen;
     pt->next_after = -1;
     pt->last_stored = -1;
+    return true;
 }
 
 void cons_offsets_revoke(cons_offsets_t *o, int32_t partition)
@@ -167,6 +166,11 @@ int cons_offsets_partitions(const cons_offsets_t *o, int32_t *out, int max)
             out[n++] = i;
     }
     return n;
+}
+
+int cons_offsets_span(const cons_offsets_t *o)
+{
+    return (int)o->nparts;
 }
 
 uint64_t cons_offsets_pending(const cons_offsets_t *o)

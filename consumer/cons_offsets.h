@@ -30,8 +30,13 @@ struct cons_offset_ref {
 cons_offsets_t *cons_offsets_new(void);
 void cons_offsets_destroy(cons_offsets_t *o);
 
-/* Start tracking a partition (on assignment): a fresh generation. */
-void cons_offsets_assign(cons_offsets_t *o, int32_t partition);
+/* Partition ids tracked: 0 .. CONS_OFFSETS_MAX_PARTITIONS - 1 (Kafka numbers a topic's
+ * partitions densely from 0; one entry per id up to the highest assigned, 64 bytes each). */
+#define CONS_OFFSETS_MAX_PARTITIONS (1 << 20)
+
+/* Start tracking a partition (on assignment): a fresh generation. False when the partition id
+ * is outside 0 .. CONS_OFFSETS_MAX_PARTITIONS - 1 (nothing tracked: the caller must say so). */
+bool cons_offsets_assign(cons_offsets_t *o, int32_t partition);
 /* Stop tracking (on revoke); later finishes for it are ignored. */
 void cons_offsets_revoke(cons_offsets_t *o, int32_t partition);
 /* Is the partition assigned in the generation of ref? */
@@ -54,6 +59,8 @@ int64_t cons_offsets_committable(cons_offsets_t *o, int32_t partition, uint64_t 
 
 /* Partitions currently assigned: fills up to max into out, returns the count. */
 int cons_offsets_partitions(const cons_offsets_t *o, int32_t *out, int max);
+/* An upper bound of the assigned partitions' count (size for cons_offsets_partitions). */
+int cons_offsets_span(const cons_offsets_t *o);
 
 /* Unfinished messages across all partitions. */
 uint64_t cons_offsets_pending(const cons_offsets_t *o);

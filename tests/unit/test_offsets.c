@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <cmocka.h>
 
@@ -94,6 +95,34 @@ static void test_growth_and_gaps(void **state)
     cons_offsets_destroy(o);
 }
 
+/* Partition ids past the first thousands are tracked and listed (a store once listed at most
+ * 1,024 and the tracker stopped at 4,096); an id outside the range is refused, not ignored. */
+static void test_many_partitions(void **state)
+{
+    (void)state;
+    cons_offsets_t *o = cons_offsets_new();
+    const int32_t ids[] = {0, 1500, 5000, CONS_OFFSETS_MAX_PARTITIONS - 1};
+    const int n = (int)(sizeof(ids) / sizeof(ids[0]));
+    struct cons_offset_ref r[4];
+    for (int i = 0; i < n; i++) {
+        assert_true(cons_offsets_assign(o, ids[i]));
+        assert_true(cons_offsets_track(o, ids[i], 7, &r[i]));
+        cons_offsets_finish(o, &r[i]);
+    }
+    assert_false(cons_offsets_assign(o, CONS_OFFSETS_MAX_PARTITIONS));
+    assert_false(cons_offsets_assign(o, -1));
+    int span = cons_offsets_span(o);
+    assert_true(span >= n);
+    int32_t *parts = calloc((size_t)span, sizeof(*parts));
+    assert_int_equal(cons_offsets_partitions(o, parts, span), n);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(parts[i], ids[i]);
+        assert_int_equal(cons_offsets_committable(o, ids[i], NULL), 8);
+    }
+    free(parts);
+    cons_offsets_destroy(o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -101,6 +130,7 @@ int main(void)
         cmocka_unit_test(test_revoke_invalidates_refs),
         cmocka_unit_test(test_unassigned_partition),
         cmocka_unit_test(test_growth_and_gaps),
+        cmocka_unit_test(test_many_partitions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
