@@ -154,6 +154,11 @@ cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const 
     if (refusal == CONS_REFUSAL_SSRF) {
         cls = CONS_CLASS_SSRF;
         v = CONS_PERMANENT;
+    } else if (http_status >= 200 && http_status < 300) {
+        /* the endpoint accepted it: what happens to the body after the status line (cut
+         * off by our cap, timed out, reset) does not undo that, and a retry would send it
+         * a second time */
+        v = CONS_DELIVERED;
     } else if (refusal == CONS_REFUSAL_BODY_CAP) {
         cls = CONS_CLASS_TOO_LARGE;
         v = CONS_PERMANENT;

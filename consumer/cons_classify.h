@@ -2,7 +2,7 @@
  * cons_classify: the fate of one delivery attempt, as a pure function of what libcurl
  * reported (CURLcode, final HTTP status) and of our own policy refusals. Design invariant 4:
  *
- *   DELIVERED         2xx (and only with CURLE_OK)
+ *   DELIVERED         a 2xx status line, whatever happened to the body after it
  *   RETRY             transfer errors that may be transient (DNS, connect, timeouts, TLS,
  *                     send/recv, empty or partial replies, HTTP/2 stream errors, local
  *                     resource errors), 408, 425, 429, 5xx
@@ -13,7 +13,8 @@
  *
  * A policy refusal is an explicit input because libcurl cannot tell it apart: an address
  * refused in CURLOPT_OPENSOCKETFUNCTION surfaces as CURLE_COULDNT_CONNECT and a body-cap
- * abort in the write callback as CURLE_WRITE_ERROR. When given, it wins over everything.
+ * abort in the write callback as CURLE_WRITE_ERROR. The SSRF refusal wins over everything;
+ * the body cap over everything but a 2xx status line.
  *
  * Every verdict but DELIVERED comes with an error class: a stable snake_case string for the
  * outcome record, dashboards and dead-letter analysis (see CONS_CLASS_* below).
@@ -70,9 +71,11 @@ enum cons_refusal {
  * callbacks did. *error_class (OUT, optional: NULL allowed) receives a static string, NULL
  * for CONS_DELIVERED.
  *
- * A transfer error decides on its own even when a status line had already arrived (e.g. a
- * 200 whose body timed out is retried: at-least-once), except CURLE_HTTP_RETURNED_ERROR,
- * whose status decides. CURLE_OK with a status outside 100..599 is PERMANENT.
+ * A 2xx status line decides DELIVERED even when the transfer then failed (the body timed out,
+ * was cut short or hit the body cap): the endpoint accepted the event, and retrying would
+ * send it twice. Any other status line with a transfer error: the error decides (a 503 whose
+ * body timed out is retried as a timeout), except CURLE_HTTP_RETURNED_ERROR, whose status
+ * decides. CURLE_OK with a status outside 100..599 is PERMANENT.
  */
 enum cons_verdict
 cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const char **error_class);

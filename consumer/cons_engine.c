@@ -1562,11 +1562,8 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
     j->hdrs = NULL;
     uint32_t attempt = j->d.attempt + 1;
     const char *cls = NULL;
+    /* a 2xx whose body we cut off or that failed later is delivered: cons_classify.h */
     enum cons_verdict v = cons_classify(r->curl_code, r->status, r->refusal, &cls);
-    /* A 2xx whose endless or oversized body we cut off was still accepted by the endpoint:
-     * dead-lettering it would invite a duplicate on replay. */
-    if (r->refusal == CONS_REFUSAL_BODY_CAP && r->status >= 200 && r->status < 300)
-        v = CONS_DELIVERED;
     bool was_probe = j->probe;
     if (was_probe)
         ce->probe_inflight = false;

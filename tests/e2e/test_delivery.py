@@ -291,3 +291,26 @@ def test_outcomes_carry_the_record_bytes_exactly(make_world):
     # three requests went out, none of them while a stats line was written
     assert 1 <= max(x["inflight_max"] for x in stats) <= 3, stats
     assert max(x["in_memory_max"] for x in stats) >= 1, stats
+
+
+def test_2xx_whose_body_times_out_is_delivered_once(make_world):
+    """A 200 status line, then a body that trickles past the request timeout: the endpoint
+    accepted the event, so it is delivered on attempt 1 and never sent again."""
+    w = make_world(http_timeout_ms=1500, http_connect_timeout_ms=500, retry_base_ms=200,
+                   retry_cap_ms=400, max_attempts=3)
+    rcv = w.receiver(extra=["--endless-bps", "64"])  # 16 KiB at once, then 64 B/s: no cap hit
+    ep = w.add_endpoint("trickle" + w.tag, rcv.url("endless", "trickle"))
+    events = [event(ep, i, w.tag) for i in range(5)]
+    assert w.produce(events).returncode == 0
+    c = w.consumer()
+    want = {(e["id"], ep) for e in events}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 60, 0.5, "all delivered")
+    time.sleep(1.5)  # a retry, if one were scheduled, would be due by now
+    assert c.term() == 0, c.logs()[-3000:]
+    outs = [o for o in w.outcomes() if o["endpoint"] == ep]
+    assert {o["state"] for o in outs} == {"delivered"}, outs
+    assert all(o["attempt"] == 1 and o["http"] == 200 for o in outs)
+    # the transfer ran into the timeout (no body cap): latency is the timeout
+    assert all(o["lat_us"] >= 1400 * 1000 for o in outs), [o["lat_us"] for o in outs]
+    hits = collections.Counter(l["webhook_id"] for l in rcv.ledger() if l["endpoint"] == "trickle")
+    assert len(hits) == 5 and max(hits.values()) == 1, hits
