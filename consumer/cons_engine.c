@@ -1011,9 +1011,12 @@ static void retry_ihold(cons_engine_t *e)
 static void intake_kafka(cons_engine_t *e)
 {
     e->kafka_more = false;
-    if (e->stopping || e->ihold) /* records wait for their duplicate check */
+    if (e->stopping)
         return;
-    if (e->live >= e->live_cap) {
+    /* Full, or records wait for their duplicate check (Redis down, dedup_fail_open false):
+     * pause the partitions but keep polling, so rebalances are still served (a pod that
+     * stopped polling would hold up the whole group until max.poll.interval.ms). */
+    if (e->live >= e->live_cap || e->ihold) {
         if (!e->paused) {
             rd_kafka_topic_partition_list_t *a = NULL;
             if (rd_kafka_assignment(e->consumer, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
@@ -1021,8 +1024,12 @@ static void intake_kafka(cons_engine_t *e)
                 rd_kafka_topic_partition_list_destroy(a);
             }
             e->paused = true;
-            sl_info("kafka", "intake_paused", "intake paused: %llu jobs in memory",
-                    (unsigned long long)e->live);
+            if (e->ihold)
+                sl_info("kafka", "intake_paused",
+                        "intake paused: %zu records wait for their duplicate check", e->nihold);
+            else
+                sl_info("kafka", "intake_paused", "intake paused: %llu jobs in memory",
+                        (unsigned long long)e->live);
         }
     } else if (e->paused && e->live < e->live_resume) {
         rd_kafka_topic_partition_list_t *a = NULL;
@@ -1076,6 +1083,14 @@ static void intake_kafka(cons_engine_t *e)
             batch[kept++] = batch[i];
         else
             job_free(e, batch[i]);
+    }
+    if (e->ihold) { /* fetched before the pause: they wait behind the held ones */
+        for (size_t i = 0; i < kept; i++) {
+            batch[i]->next = e->ihold;
+            e->ihold = batch[i];
+            e->nihold++;
+        }
+        return;
     }
     intake_batch(e, batch, kept);
 }

@@ -243,8 +243,9 @@ def test_redis_outage_with_dedup_closed_resends_nothing(make_world, stack):
     holds it instead of sending it unchecked. A slow request holds the partition's commit
     back; Redis goes down, the pod is killed, and the idle second pod takes the partition
     during the outage and re-reads everything delivered so far. It must send nothing while
-    Redis is down and, once Redis answers, skip every record its marker says was delivered.
-    (With the default, fail open, it sends the whole re-read again: a duplicate per
+    Redis is down and, once Redis answers, skip every record its marker says was delivered;
+    and while it holds them it keeps serving the group (a third pod leaves: the rebalance
+    completes at once, not after max.poll.interval.ms). (With the default, fail open, it sends the whole re-read again: a duplicate per
     delivered event.)"""
     w = make_world(partitions=1, http_timeout_ms=9000, lease_ms=12000,
                    max_inflight_per_endpoint=2, dedup_fail_open="false")
@@ -253,7 +254,8 @@ def test_redis_outage_with_dedup_closed_resends_nothing(make_world, stack):
     ok = w.endpoints(rcv, "ok", 1, "ok", "?delay_ms=50")
     w.produce_for(slow, 1)
     w.produce_for(ok, PROFILE.n(200))
-    pods = {"a": w.consumer("a"), "b": w.consumer("b")}  # one partition: one of them works
+    # one partition: one of them works
+    pods = {"a": w.consumer("a"), "b": w.consumer("b"), "c": w.consumer("c")}
     w.wait_progress(rcv, 0.25, timeout=60)
 
     def owns(pod):  # the pod's last assignment gave it the partition
@@ -263,8 +265,8 @@ def test_redis_outage_with_dedup_closed_resends_nothing(make_world, stack):
     wait_until(lambda: sum(owns(p) for p in pods.values()) == 1, PROFILE.t(30), 0.2,
                "one pod owns the partition")
     busy = next(p for p in pods.values() if owns(p))
-    idle = next(p for p in pods.values() if p is not busy)
-    before = idle.logs().count("assigned 1 partition")
+    idle = [p for p in pods.values() if p is not busy]
+    before = [p.logs().count("assigned 1 partition") for p in idle]
     w.mark("fault_start")
     # frozen first: what it delivers while Redis is down would lose its markers with it (they
     # wait in memory for Redis) and be sent again, a different fault than this one
@@ -276,9 +278,21 @@ def test_redis_outage_with_dedup_closed_resends_nothing(make_world, stack):
     down_at = time.time() * 1000
     w.kill9(busy)  # the slow request is still running: nothing past it was committed
     delivered_before = w.accepted_count(rcv)
-    wait_until(lambda: idle.logs().count("assigned 1 partition") > before, PROFILE.t(30), 0.2,
-               "the idle pod takes the partition while Redis is down")
+    def taker():
+        return next((p for p, b in zip(idle, before)
+                     if p.logs().count("assigned 1 partition") > b), None)
+
+    holder = wait_until(taker, PROFILE.t(30), 0.2,
+                        "an idle pod takes the partition while Redis is down")
     time.sleep(3)  # it has re-read the partition by now, with Redis still down
+    # the holding pod keeps serving the group: when the third pod leaves, the rebalance
+    # completes within seconds (a pod that stopped polling while it held records kept every
+    # rebalance waiting for max.poll.interval.ms, 5 minutes)
+    other = next(p for p in idle if p is not holder)
+    n_assigned = holder.logs().count("partitions_assigned")
+    assert other.term(timeout=PROFILE.t(30)) == 0, other.logs()[-2000:]
+    wait_until(lambda: holder.logs().count("partitions_assigned") > n_assigned, PROFILE.t(30),
+               0.2, "the holding pod serves a rebalance while Redis is down")
     up_at = time.time() * 1000
     sent_while_down = sum(1 for line in rcv.ledger()
                           if line["endpoint"] == ok[0] and down_at + 500 <= line["ts_ms"] < up_at)
