@@ -858,10 +858,19 @@ static bool intake_resolve(cons_engine_t *e, struct job *j)
         }
         cons_store_job_id(j->d.ep, j->d.id, j->job_id);
     }
+    bool fresh = sl_map_get(e->eps, j->d.ep) == NULL;
     struct cons_ep *ce = ep_get(e, j->d.ep);
     j->ce = ce;
     const struct sl_endpoint *ep = ep_refresh(e, ce);
     if (!ep) {
+        if (fresh) {
+            /* no state for an id the registry does not know: records naming many unknown
+             * endpoints would otherwise grow the table for ever (nothing else points at a
+             * state made just now; the job leaves with its quarantine or dead letter) */
+            sl_map_del(e->eps, ce->id, NULL);
+            free(ce);
+            j->ce = NULL;
+        }
         if (j->src == SRC_KAFKA) {
             char reason[128];
             snprintf(reason, sizeof(reason), "unknown endpoint %s", j->d.ep);
@@ -2025,6 +2034,7 @@ static void stats_line(cons_engine_t *e, bool force)
             SL_KV_I("inflight", cons_http_running(e->http)),
             SL_KV_I("inflight_max", e->inflight_max), SL_KV_I("in_memory", e->live),
             SL_KV_I("in_memory_max", e->live_max),
+            SL_KV_I("endpoint_states", (int64_t)sl_map_count(e->eps)),
             SL_KV_I("delivered_per_s", (int64_t)((double)(s->delivered - l->delivered) / secs))}),
         "consumer stats");
     *l = *s;

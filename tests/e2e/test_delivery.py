@@ -196,18 +196,21 @@ def test_poison_records_are_quarantined(make_world):
                        input=garbage, capture_output=True, timeout=30)
     assert r.returncode == 0, r.stderr
     good = [event(ep, i, w.tag) for i in range(10)]
-    unknown = [event("nosuch" + w.tag, 0, w.tag)]
+    unknown = [event(f"nosuch{i}_{w.tag}", 0, w.tag) for i in range(20)]
     assert w.produce(unknown + good).returncode == 0
     c = w.consumer()
     want = {(e["id"], ep) for e in good}
     wait_until(lambda: want <= delivered_ids(w.outcomes()), 60, 0.5, "good records delivered")
-    q = wait_until(lambda: len(w.dump("quarantine")) >= 2 and w.dump("quarantine"), 30, 0.5,
+    q = wait_until(lambda: len(w.dump("quarantine")) >= 21 and w.dump("quarantine"), 30, 0.5,
                    "quarantined records")
     reasons = sorted(x["reason"] for x in q)
-    assert any("unknown endpoint" in x for x in reasons), reasons
+    assert sum("unknown endpoint" in x for x in reasons) == 20, reasons
     assert any("endpoint" not in x for x in reasons), reasons
     assert c.alive()
     assert c.term() == 0
+    # the unknown endpoints left no state behind: only the known one has an entry
+    stats = [json.loads(l) for l in c.log_lines() if '"event":"stats"' in l]
+    assert stats and stats[-1]["endpoint_states"] == 1, stats[-1:]
 
 
 def test_sigterm_drains_and_reschedules_without_spending_attempts(make_world):
