@@ -570,6 +570,38 @@ static void test_pending_payloads_purge(void **state)
                         "p1,p2");
 }
 
+/* Retention of deliveries keeps the rows unresolved dead letters refer to (sql/0005), so a
+ * dead letter replayed after the deliveries retention is still resolved when it is delivered
+ * (the recorder learns the death from deliveries.last_dead_at). */
+static void test_deliveries_purge_keeps_dead_letter_rows(void **state)
+{
+    (void)state;
+    exec_f("insert into deliveries (event_id, endpoint_id, state, attempts, first_seen,"
+           " last_update, last_dead_at) values"
+           " ('old_done', 'pd', 'delivered', 1, now() - interval '20 days',"
+           "  now() - interval '20 days', null),"
+           " ('old_dead', 'pd', 'dead_letter', 5, now() - interval '20 days',"
+           "  now() - interval '20 days', now() - interval '20 days'),"
+           " ('old_resolved', 'pd', 'delivered', 6, now() - interval '20 days',"
+           "  now() - interval '20 days', now() - interval '21 days'),"
+           " ('new_dead', 'pd', 'dead_letter', 5, now(), now(), now())");
+    exec_f("insert into dead_letters (event_id, endpoint_id, error_class, attempts, dead_at,"
+           " first_failed_at, resolved_at) values"
+           " ('old_dead', 'pd', 'http_5xx', 5, now() - interval '20 days',"
+           "  now() - interval '20 days', null),"
+           " ('old_resolved', 'pd', 'http_5xx', 5, now() - interval '21 days',"
+           "  now() - interval '21 days', now() - interval '20 days'),"
+           " ('new_dead', 'pd', 'http_5xx', 5, now(), now(), null)");
+    assert_string_equal(q1("select sluice_purge_deliveries(14)"), "2");
+    assert_string_equal(q1("select string_agg(event_id, ',' order by event_id) from deliveries"),
+                        "new_dead,old_dead");
+    /* once its dead letter is gone (its own retention), the row goes too */
+    exec_f("delete from dead_letters where event_id = 'old_dead'");
+    assert_string_equal(q1("select sluice_purge_deliveries(14)"), "1");
+    assert_string_equal(q1("select string_agg(event_id, ',' order by event_id) from deliveries"),
+                        "new_dead");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -583,6 +615,7 @@ int main(void)
         cmocka_unit_test_setup(test_latency_histogram, empty),
         cmocka_unit_test_setup(test_replay_recover, empty),
         cmocka_unit_test_setup(test_pending_payloads_purge, empty),
+        cmocka_unit_test_setup(test_deliveries_purge_keeps_dead_letter_rows, empty),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
