@@ -58,6 +58,8 @@
 #define BRK_REFRESH_MS      1000  /* refresh of a local breaker view with recent failures */
 #define BRK_STALE_MS        30000 /* refresh of any closed local breaker view this old, ms */
 #define REDIS_HOLD_RETRY_MS 1000  /* retry of Redis writes that failed */
+#define RESPILL_MIN_MS      500   /* a claimed job whose endpoint queue is still full waits */
+#define RESPILL_SPREAD_MS   1000  /* this long plus up to this much more in the schedule */
 #define URL_MAX             8192  /* expanded postback URL cap, bytes */
 #define LAT_RING            128   /* latency samples per endpoint for the slow check */
 #define LAT_WINDOW_S        900   /* samples older than this are ignored, s */
@@ -897,9 +899,18 @@ static void enqueue(cons_engine_t *e, struct job *j)
 {
     struct cons_ep *ce = j->ce;
     if ((int64_t)ce->qlen >= e->cfg->endpoint_backlog && !e->stopping) {
-        /* Beyond the bound the partition keeps flowing: park the job in Redis, due now. */
         e->st.spilled++;
         j->is_spill = true;
+        if (j->src == SRC_REDIS) {
+            /* Claimed from the schedule while the queue is still full: back in, a little
+             * later and quietly (it is in the schedule already, its first spill reported
+             * it). Due at once it came back every claim turn, each time with an outcome. */
+            int64_t due = sl_now_ms() + RESPILL_MIN_MS +
+                          (int64_t)cons_rng_uniform(cons_rng_default(), RESPILL_SPREAD_MS);
+            schedule_job(e, j, due, j->d.attempt, NULL);
+            return;
+        }
+        /* Beyond the bound the partition keeps flowing: park the job in Redis, due now. */
         defer_job(e, j, sl_now_ms(), "backlog_spill");
         return;
     }

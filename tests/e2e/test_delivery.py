@@ -317,3 +317,26 @@ def test_2xx_whose_body_times_out_is_delivered_once(make_world):
     assert all(o["lat_us"] >= 1400 * 1000 for o in outs), [o["lat_us"] for o in outs]
     hits = collections.Counter(l["webhook_id"] for l in rcv.ledger() if l["endpoint"] == "trickle")
     assert len(hits) == 5 and max(hits.values()) == 1, hits
+
+
+def test_backlog_spill_is_reported_once(make_world):
+    """A slow endpoint with a small in-memory backlog: what does not fit is parked in the Redis
+    schedule (one deferred outcome with err backlog_spill). A parked job claimed back while the
+    queue is still full goes back quietly; it used to be claimed back every 100 ms, each time
+    with another deferred outcome in the history."""
+    w = make_world(endpoint_backlog=3)
+    rcv = w.receiver()
+    ep = w.add_endpoint("sp" + w.tag, rcv.url("slow/250", "sp"), "--max-inflight", "2")
+    events = [event(ep, i, w.tag) for i in range(30)]
+    assert w.produce(events).returncode == 0
+    c = w.consumer()
+    want = {(e["id"], ep) for e in events}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 90, 0.5, "all delivered")
+    assert c.term() == 0, c.logs()[-3000:]
+    outs = [o for o in w.outcomes() if o["endpoint"] == ep]
+    spills = collections.Counter(o["id"] for o in outs if o["state"] == "deferred")
+    assert spills, "nothing was spilled: the test no longer exercises the backlog bound"
+    assert all(o["err"] == "backlog_spill" for o in outs if o["state"] == "deferred")
+    assert max(spills.values()) == 1, spills.most_common(3)
+    hits = collections.Counter(l["webhook_id"] for l in ledger_ok(rcv) if l["endpoint"] == "sp")
+    assert len(hits) == 30 and max(hits.values()) == 1, hits
