@@ -154,11 +154,12 @@ struct cons_ep {
     uint64_t disabled_version;       /* snapshot version when we asked */
 };
 
-/* A delivered marker whose write failed: written again once Redis answers. */
+/* A delivered or dead-letter marker whose write failed: written again once Redis answers. */
 struct pmark {
     char *ep;                   /* endpoint id (owned) */
     char *id;                   /* event id (owned) */
-    struct cons_done_info info; /* what the marker remembers of the delivery */
+    struct cons_done_info info; /* what the marker remembers of the delivery (delivered) */
+    bool dead;                  /* a dead-letter marker (info unused) */
 };
 
 struct cons_engine {
@@ -218,6 +219,11 @@ struct cons_engine {
 };
 
 static void job_free(cons_engine_t *e, struct job *j);
+static void pmarks_add(cons_engine_t *e,
+                       size_t n,
+                       const char **eps,
+                       const char **ids,
+                       const struct cons_done_info *info);
 static void leased_unlink(cons_engine_t *e, struct job *j);
 static void dispatch(cons_engine_t *e);
 
@@ -499,8 +505,11 @@ static void job_settle(cons_engine_t *e, struct job *j)
          * rebalance or an outage) is then not sent again. Without the marker it would be,
          * and a transient failure could even end up delivered after its dead letter. */
         sl_err_t err;
-        if (cons_store_dead_mark(e->redis, j->d.ep, j->d.id, e->cfg->dedup_window_s, &err) != 0)
-            warn_redis(e, &err);
+        if (cons_store_dead_mark(e->redis, j->d.ep, j->d.id, e->cfg->dedup_window_s, &err) != 0) {
+            warn_redis(e, &err); /* written again once Redis answers (retry_pmarks) */
+            const char *ep = j->d.ep, *id = j->d.id;
+            pmarks_add(e, 1, &ep, &id, NULL);
+        }
     }
     if (j->src == SRC_KAFKA) {
         cons_offsets_finish(e->offsets, &j->off);
@@ -511,7 +520,8 @@ static void job_settle(cons_engine_t *e, struct job *j)
         if (rc == SL_ESTATE)
             sl_warn("redis", "lease_lost", "retry job lease was lost before completion");
         else if (rc != 0)
-            warn_redis(e, &err); /* the lease expires; the marker prevents a resend */
+            warn_redis(e, &err); /* the lease expires; the marker (now or from retry_pmarks)
+                                    prevents a resend when the job is claimed again */
     }
     job_free(e, j);
 }
@@ -1738,7 +1748,8 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
         ready_push(e, ce);
 }
 
-/* Keep n markers whose write failed for retry_pmarks (strings are copied). */
+/* Keep n markers whose write failed for retry_pmarks (strings are copied). info: n entries,
+ * or NULL for dead-letter markers. */
 static void pmarks_add(cons_engine_t *e,
                        size_t n,
                        const char **eps,
@@ -1747,9 +1758,8 @@ static void pmarks_add(cons_engine_t *e,
 {
     size_t room = PMARKS_MAX - e->npmarks;
     if (n > room) {
-        sl_warn("redis", "markers_dropped",
-                "%zu delivered markers dropped: %d are already waiting for redis", n - room,
-                PMARKS_MAX);
+        sl_warn("redis", "markers_dropped", "%zu markers dropped: %d are already waiting for redis",
+                n - room, PMARKS_MAX);
         n = room;
     }
     if (e->npmarks + n > e->cap_pmarks) {
@@ -1759,7 +1769,8 @@ static void pmarks_add(cons_engine_t *e,
     for (size_t i = 0; i < n; i++) {
         e->pmarks[e->npmarks].ep = sl_xstrdup(eps[i]);
         e->pmarks[e->npmarks].id = sl_xstrdup(ids[i]);
-        e->pmarks[e->npmarks].info = info[i];
+        e->pmarks[e->npmarks].info = info ? info[i] : (struct cons_done_info){0};
+        e->pmarks[e->npmarks].dead = info == NULL;
         e->npmarks++;
     }
     e->next_pmark_mono = sl_mono_ms() + REDIS_HOLD_RETRY_MS;
@@ -1778,13 +1789,18 @@ static void retry_pmarks(cons_engine_t *e)
     const char **eps = sl_xcalloc(n, sizeof(*eps));
     const char **ids = sl_xcalloc(n, sizeof(*ids));
     struct cons_done_info *info = sl_xcalloc(n, sizeof(*info));
+    size_t nd = 0;
     for (size_t i = 0; i < n; i++) {
-        eps[i] = e->pmarks[i].ep;
-        ids[i] = e->pmarks[i].id;
-        info[i] = e->pmarks[i].info;
+        if (e->pmarks[i].dead)
+            continue;
+        eps[nd] = e->pmarks[i].ep;
+        ids[nd] = e->pmarks[i].id;
+        info[nd] = e->pmarks[i].info;
+        nd++;
     }
     sl_err_t err;
-    int rc = cons_store_done_mark(e->redis, n, eps, ids, info, e->cfg->dedup_window_s, &err);
+    int rc =
+        nd ? cons_store_done_mark(e->redis, nd, eps, ids, info, e->cfg->dedup_window_s, &err) : 0;
     free(eps);
     free(ids);
     free(info);
@@ -1793,12 +1809,26 @@ static void retry_pmarks(cons_engine_t *e)
         e->next_pmark_mono = sl_mono_ms() + REDIS_HOLD_RETRY_MS;
         return;
     }
+    /* delivered markers are written; dead-letter markers one by one (SET NX each) */
+    size_t kept = 0;
     for (size_t i = 0; i < n; i++) {
-        free(e->pmarks[i].ep);
-        free(e->pmarks[i].id);
+        struct pmark *m = &e->pmarks[i];
+        if (m->dead && rc == 0)
+            rc = cons_store_dead_mark(e->redis, m->ep, m->id, e->cfg->dedup_window_s, &err);
+        if (m->dead && rc != 0) {
+            e->pmarks[kept++] = *m;
+            continue;
+        }
+        free(m->ep);
+        free(m->id);
     }
-    e->npmarks = 0;
-    sl_info("redis", "markers_written", "%zu delivered markers written after redis came back", n);
+    e->npmarks = kept;
+    if (rc != 0) {
+        warn_redis(e, &err);
+        e->next_pmark_mono = sl_mono_ms() + REDIS_HOLD_RETRY_MS;
+        return;
+    }
+    sl_info("redis", "markers_written", "%zu markers written after redis came back", n);
 }
 
 /* Write delivered markers for the batch, then produce their outcomes. */
@@ -2228,6 +2258,7 @@ int cons_engine_run(cons_engine_t *e)
         if (e->blocked)
             unblock(e);
         intake_kafka(e);
+        retry_pmarks(e); /* markers owed first: a job claimed back below is checked by them */
         intake_redis(e);
         renew_leases(e);
         dispatch(e);
@@ -2292,6 +2323,13 @@ void cons_engine_destroy(cons_engine_t *e)
             free(ce);
         }
         sl_map_destroy(e->eps, NULL);
+    }
+    for (struct job *j = e->held; j;) {
+        /* Redis never answered within the shutdown flush: a Kafka record's offset was not
+         * stored (read again), a claimed job's lease runs out (claimed again) */
+        struct job *n = j->next;
+        job_free(e, j);
+        j = n;
     }
     for (struct job *j = e->ihold; j;) {
         /* never checked, never sent: a Kafka record's offset was not stored (read again) */

@@ -4,6 +4,7 @@ recorder, and delivered markers across a Redis outage. The stack is the suite's 
 (conftest), so killing its services is safe. Scenarios that need sluice-recorder or
 `sluicectl retries rebuild` are strict xfails in a build without them."""
 
+import collections
 import json
 import os
 import signal
@@ -212,14 +213,18 @@ def test_markers_written_during_a_redis_outage_are_kept(make_world, stack):
     down (marker writes fail open), a slow request holds the partition's commit back, Redis
     comes back, then the pod is killed and the next one reads everything again. The markers
     of what was delivered during the outage must have been written once Redis answered, so
-    the re-read sends none of it again."""
+    the re-read sends none of it again. The same for dead letters: a 400 endpoint's letters
+    dead-lettered during the outage get their dead markers once Redis answers (they were
+    lost), so the re-read does not send them again either."""
     w = make_world(partitions=1, http_timeout_ms=9000, lease_ms=12000,
                    max_inflight_per_endpoint=2)
     rcv = w.receiver()
     slow = w.endpoints(rcv, "slow", 1, "slow/7000")
     ok = w.endpoints(rcv, "ok", 1, "ok", "?delay_ms=50")
+    bad = w.endpoints(rcv, "bad", 1, "status/400", "?delay_ms=50")
     w.produce_for(slow, 1)
     w.produce_for(ok, PROFILE.n(200))
+    w.produce_for(bad, PROFILE.n(200))
     a = w.consumer("a")
     w.wait_progress(rcv, 0.1, timeout=60)
     w.mark("fault_start")
@@ -236,6 +241,12 @@ def test_markers_written_during_a_redis_outage_are_kept(make_world, stack):
     assert during > 0, "nothing was delivered while Redis was down"
     verify(w, rcv, dup_bound=3, dup_reason="the requests in flight at the kill (2 ok + 1 slow)",
            settle_timeout=60)
+    sent = collections.Counter(line["webhook_id"] for line in rcv.ledger()
+                               if line["endpoint"] == bad[0])
+    twice = sum(n - 1 for n in sent.values())
+    w.notes["dead_letters_sent_again"] = twice
+    assert len(sent) == PROFILE.n(200)
+    assert twice <= 2, f"{twice} dead letters sent again (2 may be in flight at the kill)"
 
 
 def test_redis_outage_with_dedup_closed_resends_nothing(make_world, stack):
@@ -245,8 +256,8 @@ def test_redis_outage_with_dedup_closed_resends_nothing(make_world, stack):
     during the outage and re-reads everything delivered so far. It must send nothing while
     Redis is down and, once Redis answers, skip every record its marker says was delivered;
     and while it holds them it keeps serving the group (a third pod leaves: the rebalance
-    completes at once, not after max.poll.interval.ms). (With the default, fail open, it sends the whole re-read again: a duplicate per
-    delivered event.)"""
+    completes at once, not after max.poll.interval.ms). (With the default, fail open, it
+    sends the whole re-read again: a duplicate per delivered event.)"""
     w = make_world(partitions=1, http_timeout_ms=9000, lease_ms=12000,
                    max_inflight_per_endpoint=2, dedup_fail_open="false")
     rcv = w.receiver()
