@@ -3,6 +3,7 @@
  */
 #include "consumer/cons_postback.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,6 +88,24 @@ static int walk(const char *tpl,
     return 0;
 }
 
+/* Does the path of url (after scheme://authority, up to '?' or '#') have a "." or ".."
+ * segment? libcurl removes dot segments before sending (RFC 3986 5.2.4), so one made by a
+ * macro value would send the request to another path of the partner's host. */
+static bool has_dot_segment(const char *url)
+{
+    const char *p = strstr(url, "://");
+    p = p ? p + 3 : url;
+    p += strcspn(p, "/?#"); /* past the authority */
+    while (*p == '/') {
+        const char *seg = p + 1;
+        size_t n = strcspn(seg, "/?#");
+        if ((n == 1 && seg[0] == '.') || (n == 2 && seg[0] == '.' && seg[1] == '.'))
+            return true;
+        p = seg + n;
+    }
+    return false;
+}
+
 int cons_postback_expand(const char *tpl,
                          const struct sl_kv *macros,
                          size_t n,
@@ -105,6 +124,12 @@ int cons_postback_expand(const char *tpl,
     if (sl_buf_append(&b, "", 0) != 0) {
         sl_buf_fini(&b);
         return sl_err_set(err, SL_ETOOBIG, "expanded postback url too long");
+    }
+    if (has_dot_segment((const char *)b.data)) {
+        sl_buf_fini(&b);
+        return sl_err_set(err, SL_EINVAL,
+                          "expanded postback url has a \".\" or \"..\" path segment (a macro "
+                          "value may not move the request to another path)");
     }
     *out = (char *)b.data;
     return 0;

@@ -22,7 +22,9 @@
 /*
  * Expand tpl with macros (n entries, borrowed). On success *out is a malloc'd URL (caller
  * frees) and 0 is returned. Errors: SL_EMISSING "macro \"name\" missing" (the name is ours,
- * not a value), SL_EDECODE for an unbalanced or invalid placeholder, SL_ETOOBIG past max_len.
+ * not a value), SL_EDECODE for an unbalanced or invalid placeholder, SL_ETOOBIG past max_len,
+ * SL_EINVAL when the expanded path has a "." or ".." segment (libcurl would remove it, so a
+ * value such as ".." in /pb/{click_id}/conv would reach /conv; '.' itself is unreserved).
  */
 int cons_postback_expand(const char *tpl,
                          const struct sl_kv *macros,

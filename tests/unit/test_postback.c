@@ -90,6 +90,44 @@ static void test_length_cap(void **state)
     assert_null(out);
 }
 
+/* A value that makes a "." or ".." path segment is refused (libcurl would remove the
+ * segment and send the request elsewhere on the host); dots elsewhere are fine. */
+static void test_dot_segments_refused(void **state)
+{
+    (void)state;
+    const char *bad[][2] = {
+        {"https://t/pb/{c}/conv", ".."}, {"https://t/pb/{c}/conv", "."},
+        {"https://t/pb/{c}", ".."},      {"https://t/pb/.{c}/x?q=1", "."},
+        {"https://t/{c}?q=1", ".."},     {"https://t/pb/{c}#f", "."},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const struct sl_kv m[] = {{"c", bad[i][1]}};
+        sl_err_t err;
+        int rc;
+        char *u = expand(bad[i][0], m, 1, &rc, &err);
+        assert_int_equal(rc, SL_EINVAL);
+        assert_null(u);
+        assert_non_null(strstr(err.msg, "path segment"));
+    }
+    const char *ok[][3] = {
+        {"https://t/pb/{c}/conv", "...", "https://t/pb/.../conv"},
+        {"https://t/pb/{c}/conv", "a.b", "https://t/pb/a.b/conv"},
+        {"https://t/pb/{c}", "../x", "https://t/pb/..%2Fx"},
+        {"https://t/pb?c={c}", "..", "https://t/pb?c=.."},
+        {"https://t/pb?c=/{c}/", "..", "https://t/pb?c=/../"},
+        {"https://t/pb#/{c}", "..", "https://t/pb#/.."},
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        const struct sl_kv m[] = {{"c", ok[i][1]}};
+        sl_err_t err;
+        int rc;
+        char *u = expand(ok[i][0], m, 1, &rc, &err);
+        assert_int_equal(rc, 0);
+        assert_string_equal(u, ok[i][2]);
+        free(u);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -98,6 +136,7 @@ int main(void)
         cmocka_unit_test(test_missing_macro_is_named),
         cmocka_unit_test(test_invalid_templates),
         cmocka_unit_test(test_length_cap),
+        cmocka_unit_test(test_dot_segments_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
