@@ -14,9 +14,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <libpq-fe.h>
+
 #include "common/sl_err.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "common/sl_record.h"
 
 extern char **environ;
 
@@ -154,7 +157,8 @@ static const struct opt opts[] = {
       instance_id,
       "",
       0,
-      "this process's id in outcomes and leases (empty = hostname-pid)"),
+      "this process's id in outcomes and leases: 1..64 visible ASCII characters (empty = "
+      "hostname-pid)"),
     I("http_timeout_ms",
       "SLUICE_HTTP_TIMEOUT_MS",
       http_timeout_ms,
@@ -637,6 +641,21 @@ static int finalize(struct sl_config *cfg, FILE *errf)
                 cfg->debug);
         nerr++;
     }
+    if (cfg->instance_id[0]) {
+        /* it names the pod in every outcome record, whose contract refuses anything else */
+        size_t n = strlen(cfg->instance_id);
+        bool bad = n > SL_POD_MAX;
+        for (size_t i = 0; i < n && !bad; i++)
+            bad = (unsigned char)cfg->instance_id[i] < 0x21 ||
+                  (unsigned char)cfg->instance_id[i] > 0x7e;
+        if (bad) {
+            fprintf(errf,
+                    "invalid value for instance_id: expected 1..%d visible ASCII characters (no "
+                    "spaces or control characters)\n",
+                    SL_POD_MAX);
+            nerr++;
+        }
+    }
     if (cfg->http_connect_timeout_ms > cfg->http_timeout_ms) {
         fprintf(errf, "http_connect_timeout_ms (%lld) must not exceed http_timeout_ms (%lld)\n",
                 (long long)cfg->http_connect_timeout_ms, (long long)cfg->http_timeout_ms);
@@ -740,7 +759,50 @@ void sl_cfg_print_help(FILE *f)
     }
 }
 
-/* Mask password=... in a libpq conninfo string, and :password@ in a URL. */
+/*
+ * A libpq conninfo (key=value or postgresql:// URI) as libpq reads it: when it sets a
+ * password, the options it sets as key=value pairs with the password shown as [redacted];
+ * otherwise out keeps val. One it cannot parse is not shown at all (it may hold a password in
+ * a form we cannot find).
+ */
+static void mask_conninfo(const char *val, char *out, size_t outlen)
+{
+    char *errmsg = NULL;
+    PQconninfoOption *ci = PQconninfoParse(val, &errmsg);
+    PQfreemem(errmsg);
+    if (!ci) {
+        snprintf(out, outlen, "[not shown: libpq cannot parse it]");
+        return;
+    }
+    bool has_pw = false;
+    for (PQconninfoOption *c = ci; c->keyword; c++)
+        has_pw |= strcmp(c->keyword, "password") == 0 && c->val && c->val[0];
+    if (has_pw) {
+        size_t n = 0;
+        out[0] = '\0';
+        for (PQconninfoOption *c = ci; c->keyword && n < outlen; c++) {
+            if (!c->val)
+                continue;
+            bool pw = strcmp(c->keyword, "password") == 0;
+            bool quote = !pw && (!c->val[0] || strpbrk(c->val, " '\\") != NULL);
+            int w = snprintf(out + n, outlen - n, "%s%s=%s", n ? " " : "", c->keyword,
+                             quote ? "'" : "");
+            n += w > 0 ? (size_t)w : 0;
+            for (const char *v = pw ? "[redacted]" : c->val; *v && n + 2 < outlen; v++) {
+                if (quote && (*v == '\'' || *v == '\\'))
+                    out[n++] = '\\';
+                out[n++] = *v;
+            }
+            if (quote && n + 1 < outlen)
+                out[n++] = '\'';
+            if (n < outlen)
+                out[n] = '\0';
+        }
+    }
+    PQconninfoFree(ci);
+}
+
+/* Mask a secret option entirely, the password of a libpq conninfo, and :password@ in a URL. */
 static void mask_value(const struct opt *o, const char *val, char *out, size_t outlen)
 {
     if (o->flags & F_SECRET) {
@@ -748,28 +810,8 @@ static void mask_value(const struct opt *o, const char *val, char *out, size_t o
         return;
     }
     snprintf(out, outlen, "%s", val);
-    if (o->flags & F_DSN) {
-        char *p = strstr(out, "password");
-        if (p) {
-            char *eq = strchr(p, '=');
-            if (eq) {
-                char *q = eq + 1;
-                while (*q == ' ')
-                    q++;
-                char *end = q;
-                if (*q == '\'') {
-                    end = strchr(q + 1, '\'');
-                    end = end ? end + 1 : q + strlen(q);
-                } else {
-                    while (*end && *end != ' ')
-                        end++;
-                }
-                char tail[512];
-                snprintf(tail, sizeof(tail), "%s", end);
-                snprintf(q, outlen - (size_t)(q - out), "[redacted]%s", tail);
-            }
-        }
-    }
+    if ((o->flags & F_DSN) && val[0])
+        mask_conninfo(val, out, outlen);
     if (o->flags & F_URL) {
         char *scheme = strstr(out, "://");
         char *at = scheme ? strchr(scheme + 3, '@') : NULL;
@@ -845,15 +887,17 @@ static void register_secrets(const struct sl_config *cfg)
             free(pw);
         }
     }
-    const char *p = strstr(cfg->pg_dsn, "password=");
-    if (p) {
-        p += 9;
-        size_t n = strcspn(p, " ");
-        char *pw = sl_xstrndup(p, n);
-        sl_log_add_secret(pw);
-        sl_secret_wipe(pw, n);
-        free(pw);
+    /* the PostgreSQL password as libpq reads it (key=value, quoted or not, or a URI) */
+    char *errmsg = NULL;
+    PQconninfoOption *pq = cfg->pg_dsn[0] ? PQconninfoParse(cfg->pg_dsn, &errmsg) : NULL;
+    PQfreemem(errmsg);
+    for (PQconninfoOption *c = pq; c && c->keyword; c++) {
+        if (strcmp(c->keyword, "password") == 0 && c->val && c->val[0]) {
+            sl_log_add_secret(c->val);
+            sl_secret_wipe(c->val, strlen(c->val));
+        }
     }
+    PQconninfoFree(pq);
 }
 
 void sl_cfg_main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv)

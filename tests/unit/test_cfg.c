@@ -17,6 +17,7 @@
 
 #include "common/sl_cfg.h"
 #include "common/sl_kafka.h"
+#include "common/sl_log.h"
 
 static char *load_errs(struct sl_config *cfg, const char *file, char **envp, int *nerr)
 {
@@ -307,7 +308,8 @@ static void test_print_redacts(void **state)
     fclose(f);
     assert_null(strstr(out, "PLANTED"));
     assert_non_null(strstr(out, "master_key = \"[redacted]\"  # env"));
-    assert_non_null(strstr(out, "password=[redacted] user=u"));
+    /* the conninfo as libpq reads it, in libpq's option order */
+    assert_non_null(strstr(out, "user=u password=[redacted] host=db port=5432"));
     assert_non_null(strstr(out, "redis://[redacted]@127.0.0.1:6379/0"));
     free(out);
     sl_cfg_fini(&cfg);
@@ -330,6 +332,130 @@ static void test_bad_secret_value_not_echoed(void **state)
     sl_cfg_fini(&cfg);
     unlink(path);
     free(path);
+}
+
+/* instance_id names the pod in every outcome: the outcome contract's rule (1..64 visible
+ * ASCII characters) is checked at start-up, not at the first outcome. */
+static void test_instance_id(void **state)
+{
+    (void)state;
+    char long_id[80];
+    memset(long_id, 'p', sizeof(long_id) - 1);
+    long_id[sizeof(long_id) - 1] = '\0';
+    char env_long[128];
+    snprintf(env_long, sizeof(env_long), "SLUICE_INSTANCE_ID=%.65s", long_id);
+    char env_max[128];
+    snprintf(env_max, sizeof(env_max), "SLUICE_INSTANCE_ID=%.64s", long_id);
+    char *bad[] = {"SLUICE_INSTANCE_ID=pod 1", "SLUICE_INSTANCE_ID=pod\t1",
+                   "SLUICE_INSTANCE_ID=p\xc3\xa9", env_long};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct sl_config cfg;
+        int nerr;
+        char *env[] = {bad[i], NULL};
+        char *errs = load_errs(&cfg, NULL, env, &nerr);
+        assert_int_equal(nerr, 1);
+        assert_non_null(strstr(errs, "invalid value for instance_id: expected 1..64 visible"));
+        free(errs);
+        sl_cfg_fini(&cfg);
+    }
+    char *good[] = {"SLUICE_INSTANCE_ID=pod-1_a.b", env_max, "SLUICE_INSTANCE_ID="};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        struct sl_config cfg;
+        int nerr;
+        char *env[] = {good[i], NULL};
+        char *errs = load_errs(&cfg, NULL, env, &nerr);
+        assert_int_equal(nerr, 0);
+        free(errs);
+        sl_cfg_fini(&cfg);
+    }
+}
+
+/* --print-config: the PostgreSQL password is hidden in every form libpq accepts (the text
+ * search once redacted the value after "app_password" and showed the real one, and missed
+ * URIs); a conninfo libpq cannot parse is not shown. */
+static void test_print_redacts_dsn_forms(void **state)
+{
+    (void)state;
+    const char *dsn[][2] = {
+        {"dbname=app_password host=db password=PLANTEDpw", "password=[redacted]"},
+        {"postgresql://sluice:PLANTEDpw@db:5432/sluice", "password=[redacted]"},
+        {"host=db password = 'PLANTED pw' user=u", "password=[redacted]"},
+        {"postgresql://db/sluice?password=PLANTEDpw&user=u", "password=[redacted]"},
+        {"host=db password='PLANTED", "[not shown: libpq cannot parse it]"},
+    };
+    for (size_t i = 0; i < sizeof(dsn) / sizeof(dsn[0]); i++) {
+        char env_dsn[256];
+        snprintf(env_dsn, sizeof(env_dsn), "SLUICE_PG_DSN=%s", dsn[i][0]);
+        char *env[] = {env_dsn, NULL};
+        struct sl_config cfg;
+        int nerr;
+        char *errs = load_errs(&cfg, NULL, env, &nerr);
+        assert_int_equal(nerr, 0);
+        free(errs);
+        char *out = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&out, &len);
+        sl_cfg_print(&cfg, f);
+        fclose(f);
+        if (strstr(out, "PLANTED"))
+            fail_msg("DSN form %zu shows its password:\n%s", i, out);
+        assert_non_null(strstr(out, dsn[i][1]));
+        free(out);
+        sl_cfg_fini(&cfg);
+    }
+    /* a DSN without a password is shown as given */
+    char *env[] = {"SLUICE_PG_DSN=host=db dbname=app_password user=u", NULL};
+    struct sl_config cfg;
+    int nerr;
+    free(load_errs(&cfg, NULL, env, &nerr));
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    sl_cfg_print(&cfg, f);
+    fclose(f);
+    assert_non_null(strstr(out, "host=db dbname=app_password user=u"));
+    free(out);
+    sl_cfg_fini(&cfg);
+}
+
+/* The start-up path registers the PostgreSQL password with the log scrubber in every form:
+ * a child process loads a URI DSN and logs the password; the line must not show it. */
+static void test_dsn_password_scrubbed_from_logs(void **state)
+{
+    (void)state;
+    const char *forms[] = {"postgresql://sluice:PLANTEDpw1@db/sluice",
+                           "host=db password = 'PLANTEDpw1' user=u"};
+    for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
+        int fds[2];
+        assert_int_equal(pipe(fds), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            close(fds[0]);
+            setenv("SLUICE_PG_DSN", forms[i], 1);
+            struct sl_config cfg;
+            char *argv[] = {"x", NULL};
+            int argc = 1;
+            sl_cfg_main_load(&cfg, "test", &argc, argv);
+            sl_log_set_fd(fds[1]);
+            sl_warn("test", "leak_probe", "connecting with PLANTEDpw1 as password");
+            _exit(0);
+        }
+        close(fds[1]);
+        char buf[4096];
+        size_t got = 0;
+        ssize_t r;
+        while ((r = read(fds[0], buf + got, sizeof(buf) - 1 - got)) > 0)
+            got += (size_t)r;
+        buf[got] = '\0';
+        close(fds[0]);
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        assert_non_null(strstr(buf, "leak_probe"));
+        if (strstr(buf, "PLANTEDpw1"))
+            fail_msg("form %zu: password in a log line: %s", i, buf);
+    }
 }
 
 /* The real start-up path: a child process with bad config exits 78 before connecting. */
@@ -368,6 +494,9 @@ int main(void)
         cmocka_unit_test(test_print_redacts),
         cmocka_unit_test(test_bad_secret_value_not_echoed),
         cmocka_unit_test(test_exit_code_78),
+        cmocka_unit_test(test_instance_id),
+        cmocka_unit_test(test_print_redacts_dsn_forms),
+        cmocka_unit_test(test_dsn_password_scrubbed_from_logs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
