@@ -16,6 +16,7 @@
 #include <jansson.h>
 #include <librdkafka/rdkafka.h>
 
+#include "common/sl_b64.h"
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
@@ -138,11 +139,29 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
 
 /* ==== dump ==== */
 
+/* Bytes as a JSON string when they are UTF-8, else as {"base64": "..."}: jansson refuses
+ * other bytes, and a field must not silently disappear (binary bodies, header values and
+ * macros with bytes >= 0x80, response prefixes). */
+static json_t *bytes_json(const void *p, size_t n)
+{
+    json_t *s = json_stringn(p ? (const char *)p : "", n);
+    if (s)
+        return s;
+    size_t cap = SL_B64_ENCODED_LEN(n) + 1;
+    char *b = sl_xmalloc(cap);
+    long w = sl_b64_encode((const uint8_t *)p, n, b, cap);
+    json_t *o = json_pack("{s:s#}", "base64", b, (int)(w > 0 ? w : 0));
+    free(b);
+    return o;
+}
+
 static json_t *kvs_json(const struct sl_kv *kv, size_t n, bool values)
 {
     json_t *o = json_object();
     for (size_t i = 0; i < n; i++)
-        json_object_set_new(o, kv[i].name, values ? json_string(kv[i].value) : json_string("*"));
+        json_object_set_new(o, kv[i].name,
+                            values ? bytes_json(kv[i].value, strlen(kv[i].value))
+                                   : json_string("*"));
     return o;
 }
 
@@ -153,7 +172,7 @@ static json_t *delivery_json(const struct sl_delivery *d, bool payloads)
                           "content_type", d->ct, "body_len", (json_int_t)d->body_len, "attempt",
                           (json_int_t)d->attempt, "replay", d->replay);
     if (payloads)
-        json_object_set_new(o, "body", json_stringn((const char *)d->body, d->body_len));
+        json_object_set_new(o, "body", bytes_json(d->body, d->body_len));
     if (d->n_hdr)
         json_object_set_new(o, "headers", kvs_json(d->hdr, d->n_hdr, payloads));
     if (d->n_macros)
@@ -174,7 +193,7 @@ static json_t *outcome_json(const struct sl_outcome *oc, bool payloads)
         (json_int_t)oc->ttfb_us, "next_ms", (json_int_t)oc->next_ms, "pod", oc->pod, "resp_len",
         (json_int_t)oc->resp_len, "env_len", (json_int_t)oc->env_len);
     if (payloads && oc->resp)
-        json_object_set_new(o, "resp", json_stringn((const char *)oc->resp, oc->resp_len));
+        json_object_set_new(o, "resp", bytes_json(oc->resp, oc->resp_len));
     return o;
 }
 
@@ -194,7 +213,8 @@ static void dump_usage(FILE *f)
                "Prints the topic's records from the beginning as JSON lines and stops at the\n"
                "end each partition had when the dump started (or after --idle-ms without a\n"
                "new record; --follow keeps waiting and prints new records too). Bodies,\n"
-               "header and macro values are shown only with --show-payloads.\n");
+               "header and macro values are shown only with --show-payloads; bytes that are\n"
+               "not UTF-8 are shown as {\"base64\": \"...\"}.\n");
 }
 
 static int dump_main(const struct sl_config *cfg, int argc, char **argv)
@@ -256,7 +276,7 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
             return 2;
         }
     }
-    sl_err_t err;
+    sl_err_t err = {0};
     rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "sluicectl-dump", &err);
     if (!conf) {
         fprintf(stderr, "sluicectl: %s\n", err.msg);
@@ -359,8 +379,7 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
         } else if (strcmp(kind, "endpoints") == 0) {
             struct sl_endpoint_rec er;
             if (!m->payload) {
-                o = json_pack("{s:s#, s:b}", "id", (const char *)m->key, (int)m->key_len, "deleted",
-                              1);
+                o = json_pack("{s:o, s:b}", "id", bytes_json(m->key, m->key_len), "deleted", 1);
                 memset(&er, 0, sizeof(er));
             } else if (sl_endpoint_rec_decode(m->payload, m->len, NULL, &er, &err) == 0) {
                 o = endpoint_json(&er);
@@ -380,7 +399,7 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
                 if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
                     rd_kafka_header_get_last(hdrs, "sluice-reason", &val, &vlen) ==
                         RD_KAFKA_RESP_ERR_NO_ERROR)
-                    json_object_set_new(o, "reason", json_stringn(val, vlen));
+                    json_object_set_new(o, "reason", bytes_json(val, vlen));
                 json_object_set_new(o, "bytes", json_integer((json_int_t)m->len));
             }
         }
@@ -388,8 +407,8 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
             o = json_pack("{s:s, s:s}", "undecodable", err.msg, "error", sl_err_name(err.code));
         json_object_set_new(o, "partition", json_integer(m->partition));
         json_object_set_new(o, "offset", json_integer((json_int_t)m->offset));
-        char *s = json_dumps(o, JSON_COMPACT);
-        puts(s);
+        char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        puts(s ? s : "{\"undecodable\":\"could not render the record\"}");
         if (follow)
             fflush(stdout); /* a live tail: each record as it comes, also into a pipe */
         free(s);

@@ -77,3 +77,28 @@ def test_dump_follow_prints_new_records(make_world):
     finally:
         p.terminate()
         p.wait(10)
+
+
+def test_dump_shows_bytes_that_are_not_utf8(make_world):
+    """--show-payloads: a binary body is shown as base64, not dropped; an endpoints tombstone
+    whose key is not UTF-8 is printed too (it once read an uninitialised error instead)."""
+    w = make_world(partitions=1)
+    ev = event("bin", 0, w.tag)
+    ev.pop("body", None)
+    ev["body_base64"] = "//4A"  # ff fe 00
+    text = event("txt", 1, w.tag)
+    assert w.produce([ev, text]).returncode == 0
+    r = w.ctl("dump", "deliveries", "--idle-ms", "1500", "--show-payloads")
+    assert r.returncode == 0, r.stderr
+    recs = {x["id"]: x for x in (json.loads(l) for l in r.stdout.splitlines() if l.strip())}
+    assert recs[ev["id"]]["body"] == {"base64": "//4A"}, recs[ev["id"]]
+    assert isinstance(recs[text["id"]]["body"], str)
+    # a tombstone keyed \xff on the endpoints topic
+    k = subprocess.run(["kcat", "-b", w.env["SLUICE_KAFKA_BROKERS"], "-P", "-Z", "-K", "|",
+                        "-t", w.env["SLUICE_TOPIC_ENDPOINTS"]],
+                       input=b"\xff|\n", capture_output=True, timeout=30)
+    assert k.returncode == 0, k.stderr
+    r = w.ctl("dump", "endpoints", "--idle-ms", "1500")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    assert {"base64": "/w=="} in [x.get("id") for x in recs if x.get("deleted")], recs
