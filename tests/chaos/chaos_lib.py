@@ -561,11 +561,6 @@ def verify_history(w, delivered, dead, marker_only, acc):
     }
 
 
-def recorder_available():
-    p = os.path.join(os.environ.get("SL_BINARY_DIR", ""), "recorder", "sluice-recorder")
-    return os.path.exists(p)
-
-
 __all__ = ["ChaosWorld", "PROFILE", "RESULTS", "verify", "verify_history", "now_ms", "job_id",
-           "kafka_lag", "kafka_tool", "psql", "recorder_available", "ledger_gaps", "results_dir",
+           "kafka_lag", "kafka_tool", "psql", "ledger_gaps", "results_dir",
            "world_dir", "redis_cmd", "wait_until", "event"]

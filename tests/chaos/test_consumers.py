@@ -103,7 +103,10 @@ def test_consumer_sigterm_under_retry_load(make_world):
     outs = w.outcomes()
     shut = [o for o in outs if o["state"] == "deferred" and o["err"] == "shutdown"]
     w.notes["shutdown_deferred"] = len(shut)
-    # invariant 10: the rescheduled work spent no attempt
+    # invariant 10: the rescheduled work spent no attempt. Here the 3-s requests usually
+    # finish within the 4-s drain, so there may be no deferral at all (CI: 0); the e2e test
+    # test_sigterm_drains_and_reschedules_without_spending_attempts requires some and checks
+    # them. This is a guard for the deferrals the restarts do produce.
     assert all(o["attempt"] == 0 for o in shut), "a shutdown deferral spent an attempt"
     cap = pod_inflight_cap(w, eps)
     figures = verify(w, rcv, dup_bound=PROFILE.repeats * cap,

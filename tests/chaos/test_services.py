@@ -1,34 +1,15 @@
 """Chaos scenarios on the services: Kafka broker restart, Redis restart (AOF keeps the
 schedule), Redis loss followed by `sluicectl retries rebuild`, a PostgreSQL outage under the
 recorder, and delivered markers across a Redis outage. The stack is the suite's own
-(conftest), so killing its services is safe. Scenarios that need sluice-recorder or
-`sluicectl retries rebuild` are strict xfails in a build without them."""
+(conftest), so killing its services is safe. The scenarios that need sluice-recorder or
+`sluicectl retries rebuild` fail in a build without them."""
 
 import collections
 import json
-import os
 import signal
-import subprocess
 import time
 
-import pytest
-
-from chaos_lib import (PROFILE, kafka_lag, psql, recorder_available, redis_cmd, verify,
-                       wait_until)
-
-HAVE_RECORDER = recorder_available()
-RECORDER_TODO = "sluice-recorder is not in this build: the scenario needs its history"
-
-
-def _sluicectl_knows(*words):
-    p = os.path.join(os.environ.get("SL_BINARY_DIR", ""), "ctl", "sluicectl")
-    if not os.path.exists(p):
-        return False
-    r = subprocess.run([p, *words, "--help"], capture_output=True, text=True, timeout=30)
-    return r.returncode == 0
-
-
-HAVE_REBUILD = _sluicectl_knows("retries", "rebuild")
+from chaos_lib import PROFILE, kafka_lag, psql, redis_cmd, verify, wait_until
 
 
 def workload(w, rcv, per_ep, ok_eps=5, flaky_eps=2, delay_ms=20):
@@ -52,8 +33,7 @@ def test_kafka_broker_restart(make_world, stack):
     w = make_world(max_inflight_per_endpoint=2)
     rcv = w.receiver()
     eps = workload(w, rcv, per_ep=PROFILE.n(150), delay_ms=50)
-    if HAVE_RECORDER:
-        w.recorder()
+    w.recorder()
     w.consumer("a")
     w.consumer("b")
     downtime = []
@@ -118,10 +98,6 @@ def test_redis_restart_aof_keeps_schedule(make_world, stack):
            settle_timeout=120)
 
 
-@pytest.mark.xfail(not HAVE_REBUILD or not HAVE_RECORDER, strict=True,
-                   reason="`sluicectl retries rebuild` is not implemented yet (another "
-                          "engineer is writing it); without it, a Redis loss loses every "
-                          "scheduled retry")
 def test_redis_flushall_then_retries_rebuild(make_world, stack):
     """Redis loses everything (FLUSHALL) while every delivery waits for a retry. The
     recorder's history knows what was scheduled: `sluicectl retries rebuild` puts it back,
@@ -170,7 +146,6 @@ def test_redis_flushall_then_retries_rebuild(make_world, stack):
            settle_timeout=60)
 
 
-@pytest.mark.xfail(not HAVE_RECORDER, strict=True, reason=RECORDER_TODO)
 def test_postgres_outage_under_recorder(make_world, stack):
     """PostgreSQL goes down (immediate shutdown) under the recorder: deliveries never pause
     (consumers do not need the database), the recorder holds its batch and resumes; the
