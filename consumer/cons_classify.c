@@ -151,7 +151,9 @@ cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const 
 {
     const char *cls = NULL;
     enum cons_verdict v;
-    if (refusal == CONS_REFUSAL_SSRF) {
+    if (refusal == CONS_REFUSAL_SSRF && http_status == 0) {
+        /* no answer: every address the name resolved to was refused (an answer means libcurl
+         * went on to an allowed address after a refused one, which then decides) */
         cls = CONS_CLASS_SSRF;
         v = CONS_PERMANENT;
     } else if (http_status >= 200 && http_status < 300) {

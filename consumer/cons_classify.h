@@ -13,8 +13,10 @@
  *
  * A policy refusal is an explicit input because libcurl cannot tell it apart: an address
  * refused in CURLOPT_OPENSOCKETFUNCTION surfaces as CURLE_COULDNT_CONNECT and a body-cap
- * abort in the write callback as CURLE_WRITE_ERROR. The SSRF refusal wins over everything;
- * the body cap over everything but a 2xx status line.
+ * abort in the write callback as CURLE_WRITE_ERROR. The SSRF refusal wins when nothing
+ * answered (with a name that resolves to a refused and an allowed address, libcurl goes on to
+ * the allowed one after the refusal, and that answer decides); the body cap wins over
+ * everything but a 2xx status line.
  *
  * Every verdict but DELIVERED comes with an error class: a stable snake_case string for the
  * outcome record, dashboards and dead-letter analysis (see CONS_CLASS_* below).
