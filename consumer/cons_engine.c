@@ -1271,7 +1271,10 @@ static bool lease_allows_send(cons_engine_t *e, struct job *j)
         return true;
     struct renew_item it = {cons_store_shard(j->job_id, (uint32_t)e->cfg->retry_shards), j};
     size_t lost = 0;
-    if (renew_batch(e, &it, 1, now + e->cfg->lease_ms, &lost) != 0)
+    /* an endpoint's timeout may exceed lease_ms (it is per endpoint; lease_ms is only checked
+     * against the global one): lease for what the request needs, or it is never sent */
+    int64_t until = now + (need > e->cfg->lease_ms ? need : e->cfg->lease_ms);
+    if (renew_batch(e, &it, 1, until, &lost) != 0)
         return false;
     return !j->lease_lost && j->lease_until_ms - now >= need;
 }
@@ -1378,7 +1381,8 @@ static struct curl_slist *hdr_block(const struct hdr_line *l, size_t n)
     return nodes;
 }
 
-/* Build and start the request for j. Returns 0, or a permanent failure already handled. */
+/* Build and start the request for j. Returns 0; 1 when j failed on its own (dead-lettered:
+ * its template, the endpoint's secret); -1 on a local failure (j deferred a second). */
 static int start_send(cons_engine_t *e, struct job *j)
 {
     struct cons_ep *ce = j->ce;
@@ -1391,7 +1395,7 @@ static int start_send(cons_engine_t *e, struct job *j)
             dead_letter(e, j, j->d.attempt + 1, 0,
                         err.code == SL_EMISSING ? "macro_missing" : "template_error", err.msg,
                         NULL);
-            return -1;
+            return 1;
         }
         url = j->url;
     }
@@ -1399,14 +1403,14 @@ static int start_send(cons_engine_t *e, struct job *j)
     if (!ce->signer) {
         dead_letter(e, j, j->d.attempt + 1, 0, "no_signing_secret",
                     "endpoint has no active signing secret", NULL);
-        return -1;
+        return 1;
     }
     /* the signature covers the bytes actually sent: a GET postback sends no body */
     bool get = ep->method == SL_METHOD_GET;
     if (sl_sign_headers(ce->signer, j->d.id, sl_now_ms() / 1000, get ? NULL : j->d.body,
                         get ? 0 : j->d.body_len, &sh, &err) != 0) {
         dead_letter(e, j, j->d.attempt + 1, 0, "sign_failed", err.msg, NULL);
-        return -1;
+        return 1;
     }
     struct hdr_line lines[HDR_LINES_MAX];
     size_t nl = 0;
@@ -1518,7 +1522,12 @@ static bool breaker_allows(cons_engine_t *e, struct cons_ep *ce, bool *probe)
         return false;
     struct cons_brk_view v;
     sl_err_t err;
-    if (cons_store_brk_acquire(e->redis, ce->id, now, e->cfg->lease_ms, e->pod, &v, &err) != 0) {
+    /* the probe's lease outlasts its request (an endpoint's timeout may exceed lease_ms):
+     * while it runs, no other pod may take a second probe */
+    int64_t probe_lease = e->cfg->lease_ms;
+    if (ce->ep && ce->ep->timeout_ms + LEASE_MARGIN_MS > probe_lease)
+        probe_lease = ce->ep->timeout_ms + LEASE_MARGIN_MS;
+    if (cons_store_brk_acquire(e->redis, ce->id, now, probe_lease, e->pod, &v, &err) != 0) {
         warn_redis(e, &err);
         return false;
     }
@@ -1587,8 +1596,22 @@ static void dispatch(cons_engine_t *e)
         ce->qlen--;
         j->next = NULL;
         j->probe = probe;
-        start_send(e, j);
-        if (ce->q_head && !probe)
+        int rc = start_send(e, j);
+        while (rc == 1 && probe && ce->q_head) {
+            /* The probe job failed on its own before it was sent (its template, say): this
+             * pod holds the shared probe lease, so the next job is the probe. */
+            j = ce->q_head;
+            ce->q_head = j->next;
+            if (!ce->q_head)
+                ce->q_tail = NULL;
+            ce->qlen--;
+            j->next = NULL;
+            j->probe = true;
+            rc = start_send(e, j);
+        }
+        /* after a sent probe the endpoint waits for its answer (on_http_done brings it
+         * back); otherwise, or when no probe went out, the rest of its queue goes on */
+        if (ce->q_head && (!probe || rc != 0))
             ready_push(e, ce);
     }
 }

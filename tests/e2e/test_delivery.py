@@ -343,3 +343,57 @@ def test_backlog_spill_is_reported_once(make_world):
     assert max(spills.values()) == 1, spills.most_common(3)
     hits = collections.Counter(l["webhook_id"] for l in ledger_ok(rcv) if l["endpoint"] == "sp")
     assert len(hits) == 30 and max(hits.values()) == 1, hits
+
+
+def test_endpoint_timeout_beyond_the_lease_still_gets_its_retries(make_world):
+    """An endpoint's own timeout may exceed lease_ms (start-up checks lease_ms only against the
+    global timeout): its claimed retry jobs are leased for what the request needs and sent.
+    They used to be found short of lease before every send and dropped, for ever."""
+    w = make_world(lease_ms=3000, http_timeout_ms=1000, http_connect_timeout_ms=500,
+                   retry_base_ms=100, retry_cap_ms=300, max_attempts=4)
+    rcv = w.receiver()
+    ep = w.add_endpoint("lt" + w.tag, rcv.url("flaky_n/1", "lt"), "--timeout-ms", "5000")
+    events = [event(ep, i, w.tag) for i in range(5)]
+    assert w.produce(events).returncode == 0
+    c = w.consumer()
+    want = {(e["id"], ep) for e in events}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 30, 0.5, "the retries delivered")
+    assert c.term() == 0, c.logs()[-3000:]
+    dl = [o for o in w.outcomes() if o["endpoint"] == ep and o["state"] == "delivered"]
+    assert sorted(o["attempt"] for o in dl) == [2] * 5, dl
+
+
+def test_probe_outlasting_the_lease_is_the_only_probe(make_world):
+    """A breaker probe to an endpoint whose timeout exceeds lease_ms holds the probe lease for
+    as long as it runs: the other pod takes no second probe meanwhile. The probe lease was
+    lease_ms (3 s here), so a 6-s probe was joined by another pod's probe after 3 s."""
+    w = make_world(lease_ms=3000, http_timeout_ms=2000, http_connect_timeout_ms=500,
+                   max_attempts=50, retry_base_ms=100, retry_cap_ms=300,
+                   breaker_cooldown_ms=1000, breaker_cooldown_max_ms=1000)
+    rcv = w.receiver()
+    ep = "pl" + w.tag
+    w.add_endpoint(ep, rcv.url("status/503", ep) + "?delay_ms=6000", "--timeout-ms", "8000",
+                   "--breaker-threshold", "2", "--breaker-cooldown-ms", "1000", "--max-inflight", "64")
+    # both pods in the group first: a pod joining later would re-read the records of 6-s
+    # requests still in flight (a second first wave)
+    c1, c2 = w.consumer("c1"), w.consumer("c2")
+    wait_until(lambda: all("partitions_assigned" in c.logs() for c in (c1, c2)) and
+               sum(c.logs().count("partitions_assigned") for c in (c1, c2)) >= 3, 30, 0.2,
+               "both pods in the group")
+    time.sleep(1)
+    events = [event(ep, i, w.tag) for i in range(30)]  # retry jobs for both pods to claim
+    assert w.produce(events).returncode == 0
+    time.sleep(26)
+    assert c1.term() == 0 and c2.term() == 0
+    hits = sorted(l["ts_ms"] for l in rcv.ledger() if l["endpoint"] == ep)
+    # the first attempts (one wave, all in flight at once, answered together after 6 s) open
+    # the breaker; every later request is a probe taking 6 s, so answers closer than that
+    # overlapped
+    assert len(hits) >= 30, hits
+    first_wave = [t for t in hits if t < hits[0] + 1000]
+    print("answers after the first, ms:", [h - hits[0] for h in hits])
+    assert len(first_wave) == 30, hits
+    probes = hits[30:]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(probes) >= 2, f"{len(probes)} probes"
+    assert all(g >= 5500 for g in gaps), f"two probes ran at once: gaps {gaps}"
