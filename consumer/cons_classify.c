@@ -161,11 +161,13 @@ cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const 
          * off by our cap, timed out, reset) does not undo that, and a retry would send it
          * a second time */
         v = CONS_DELIVERED;
-    } else if (refusal == CONS_REFUSAL_BODY_CAP) {
+    } else if (refusal == CONS_REFUSAL_BODY_CAP && http_status == 0) {
         cls = CONS_CLASS_TOO_LARGE;
         v = CONS_PERMANENT;
-    } else if (curl_code == CURLE_OK ||
+    } else if (curl_code == CURLE_OK || refusal == CONS_REFUSAL_BODY_CAP ||
                (curl_code == CURLE_HTTP_RETURNED_ERROR && http_status != 0)) {
+        /* a body cut off by our cap: its status line decides (a 503 with a huge error page
+         * is retried, a 410 still disables) */
         v = classify_status(http_status, &cls);
     } else {
         v = classify_curl(curl_code, &cls);

@@ -8,15 +8,15 @@
  *                     resource errors), 408, 425, 429, 5xx
  *   PERMANENT         3xx (redirects are never followed), other 4xx, 1xx as a final status,
  *                     a status outside 100..599 or none at all, a URL curl cannot use, and
- *                     our policy refusals (SSRF, response body cap)
+ *                     an SSRF refusal
  *   PERMANENT_DISABLE 410 Gone: permanent, and the endpoint is disabled
  *
  * A policy refusal is an explicit input because libcurl cannot tell it apart: an address
  * refused in CURLOPT_OPENSOCKETFUNCTION surfaces as CURLE_COULDNT_CONNECT and a body-cap
  * abort in the write callback as CURLE_WRITE_ERROR. The SSRF refusal wins when nothing
  * answered (with a name that resolves to a refused and an allowed address, libcurl goes on to
- * the allowed one after the refusal, and that answer decides); the body cap wins over
- * everything but a 2xx status line.
+ * the allowed one after the refusal, and that answer decides). A body cut off by the body
+ * cap leaves the decision to its status line (2xx delivered, 503 retried, 410 disables...).
  *
  * Every verdict but DELIVERED comes with an error class: a stable snake_case string for the
  * outcome record, dashboards and dead-letter analysis (see CONS_CLASS_* below).
