@@ -139,6 +139,7 @@ struct cons_ep {
     int64_t brk_refreshed_mono;      /* when the view was last refreshed (mono ms) */
     int64_t last_failure_mono;       /* last failure seen here (mono ms) */
     bool probe_inflight;             /* our probe is running */
+    uint64_t probe_seq;              /* our latest probe: its owner id is "<pod>/<seq>" */
     int64_t tokens;                  /* rate tokens leased from the shared bucket */
     int64_t tokens_until_mono;       /* leased tokens expire then (mono ms) */
     int64_t blocked_until_mono;      /* rate limit or Retry-After pause (mono ms); 0 = none */
@@ -1527,7 +1528,12 @@ static bool breaker_allows(cons_engine_t *e, struct cons_ep *ce, bool *probe)
     int64_t probe_lease = e->cfg->lease_ms;
     if (ce->ep && ce->ep->timeout_ms + LEASE_MARGIN_MS > probe_lease)
         probe_lease = ce->ep->timeout_ms + LEASE_MARGIN_MS;
-    if (cons_store_brk_acquire(e->redis, ce->id, now, probe_lease, e->pod, &v, &err) != 0) {
+    /* the owner names this probe, not just this pod: a late failure of one of the pod's
+     * earlier requests must not count as the probe's (it would re-open the breaker and
+     * double the cooldown while the probe still runs) */
+    char owner[CONS_STORE_OWNER_MAX + 1];
+    snprintf(owner, sizeof(owner), "%s/%llu", e->pod, (unsigned long long)(ce->probe_seq + 1));
+    if (cons_store_brk_acquire(e->redis, ce->id, now, probe_lease, owner, &v, &err) != 0) {
         warn_redis(e, &err);
         return false;
     }
@@ -1535,6 +1541,7 @@ static bool breaker_allows(cons_engine_t *e, struct cons_ep *ce, bool *probe)
     if (v.state == CONS_BRK_CLOSED)
         return true;
     if (v.probe) {
+        ce->probe_seq++;
         *probe = true;
         return true;
     }
@@ -1672,8 +1679,13 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
         const struct sl_endpoint *ep = ce->ep;
         int64_t threshold = brk_threshold(e, ce);
         int64_t cooldown = ep ? ep->brk_cooldown_ms : e->cfg->breaker_cooldown_ms;
+        char owner[CONS_STORE_OWNER_MAX + 1]; /* the probe's owner id only for the probe */
+        if (was_probe)
+            snprintf(owner, sizeof(owner), "%s/%llu", e->pod, (unsigned long long)ce->probe_seq);
+        else
+            snprintf(owner, sizeof(owner), "%s", e->pod);
         if (cons_store_brk_record(e->redis, ce->id, failure ? 0 : 1, now, threshold, cooldown,
-                                  e->cfg->breaker_cooldown_max_ms, e->pod, &bv, &err) == 0) {
+                                  e->cfg->breaker_cooldown_max_ms, owner, &bv, &err) == 0) {
             enum cons_brk_state before = ce->brk;
             brk_apply(ce, &bv);
             if (before != CONS_BRK_OPEN && bv.state == CONS_BRK_OPEN)

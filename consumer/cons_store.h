@@ -232,7 +232,9 @@ struct cons_brk_view {
  *   failure, closed -> failures++; at failures >= threshold: open, opened_at = now_ms,
  *     cooldown = base.
  *   failure, half_open and owner holds the probe (lease live or expired but not taken over)
- *     -> open again, opened_at = now_ms, cooldown doubled up to cooldown_max_ms.
+ *     -> open again, opened_at = now_ms, cooldown doubled up to cooldown_max_ms. The consumer
+ *     names each probe "<pod>/<n>" and its other requests "<pod>", so only the probe's own
+ *     failure does this.
  *   failure, open, or half_open probed by someone else -> a late answer from before the
  *     breaker opened: failures++ only (no extension of the cooldown, no state change).
  * now_ms is the caller's clock (pods' clocks are assumed roughly in sync). out may be NULL.

@@ -880,6 +880,25 @@ static void test_breaker_late_results(void **state)
     assert_int_equal(adm_int(f, "HEXISTS sluice:breaker:{ep_y} probe_until_ms"), 0);
 }
 
+/* The consumer names each probe "<pod>/<n>" and records its other requests as "<pod>": a
+ * late failure of a request the probing pod sent before the breaker opened only counts,
+ * while the probe's own failure re-opens and doubles. */
+static void test_breaker_probe_owner_is_the_probe(void **state)
+{
+    struct fx *f = *state;
+    open_it(f, "ep_p", T0);
+    assert_int_equal(acq(f, "ep_p", T0 + BASE, "pod_a/1").probe, 1);
+    struct cons_brk_view v = get(f, "ep_p");
+    int64_t failures = v.failures;
+    v = rec(f, "ep_p", 0, T0 + BASE + 1, 1, "pod_a"); /* an older request of the same pod */
+    assert_int_equal(v.state, CONS_BRK_HALF_OPEN);
+    assert_int_equal(v.failures, failures + 1);
+    assert_int_equal(v.cooldown_ms, BASE);
+    v = rec(f, "ep_p", 0, T0 + BASE + 2, 1, "pod_a/1"); /* the probe */
+    assert_int_equal(v.state, CONS_BRK_OPEN);
+    assert_int_equal(v.cooldown_ms, 2 * BASE);
+}
+
 /* An endpoint's own cooldown above the global cap: the cap gives way, no error. */
 static void test_breaker_base_above_max(void **state)
 {
@@ -1074,6 +1093,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_breaker_probe_failure_doubling, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_probe_lease_expiry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_late_results, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_breaker_probe_owner_is_the_probe, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_base_above_max, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_invalid, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_args, setup, teardown),
