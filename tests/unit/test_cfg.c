@@ -29,6 +29,17 @@ static char *load_errs(struct sl_config *cfg, const char *file, char **envp, int
     return buf;
 }
 
+/* What --print-config prints for cfg (caller frees). */
+static char *printed(const struct sl_config *cfg)
+{
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    sl_cfg_print(cfg, f);
+    fclose(f);
+    return out;
+}
+
 static char *write_tmp(const char *text)
 {
     char *path = strdup("/tmp/sl_cfg_test_XXXXXX");
@@ -301,11 +312,7 @@ static void test_print_redacts(void **state)
     char *errs = load_errs(&cfg, NULL, env, &nerr);
     assert_int_equal(nerr, 0);
     free(errs);
-    char *out = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&out, &len);
-    sl_cfg_print(&cfg, f);
-    fclose(f);
+    char *out = printed(&cfg);
     assert_null(strstr(out, "PLANTED"));
     assert_non_null(strstr(out, "master_key = \"[redacted]\"  # env"));
     /* the conninfo as libpq reads it, in libpq's option order */
@@ -392,11 +399,7 @@ static void test_print_redacts_dsn_forms(void **state)
         char *errs = load_errs(&cfg, NULL, env, &nerr);
         assert_int_equal(nerr, 0);
         free(errs);
-        char *out = NULL;
-        size_t len = 0;
-        FILE *f = open_memstream(&out, &len);
-        sl_cfg_print(&cfg, f);
-        fclose(f);
+        char *out = printed(&cfg);
         if (strstr(out, "PLANTED"))
             fail_msg("DSN form %zu shows its password:\n%s", i, out);
         assert_non_null(strstr(out, dsn[i][1]));
@@ -408,11 +411,7 @@ static void test_print_redacts_dsn_forms(void **state)
     struct sl_config cfg;
     int nerr;
     free(load_errs(&cfg, NULL, env, &nerr));
-    char *out = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&out, &len);
-    sl_cfg_print(&cfg, f);
-    fclose(f);
+    char *out = printed(&cfg);
     assert_non_null(strstr(out, "host=db dbname=app_password user=u"));
     free(out);
     sl_cfg_fini(&cfg);
