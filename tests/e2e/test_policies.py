@@ -231,7 +231,10 @@ def test_slow_endpoints_get_a_lower_breaker_threshold(make_world):
     # threshold from 10 to 2 consecutive failures
     for ep, name in ((slow, "sl"), (fast, "fa")):
         assert w.ctl("endpoints", "update", ep, "--url", rcv.url("status/500", name)).returncode == 0
-    time.sleep(2)  # the update reaches the consumer's endpoint table
+    # the updates reach the consumer's endpoint table (it logs each change)
+    wait_until(lambda: all(any('"endpoint_changed"' in l and f'"endpoint_id":"{ep}"' in l
+                               for l in c.log_lines()) for ep in (slow, fast)),
+               30, 0.2, "the consumer has the new URLs")
     failing = [event(ep, 100 + i, w.tag) for ep in (slow, fast) for i in range(30)]
     assert w.produce(failing).returncode == 0
 
@@ -268,7 +271,8 @@ def test_410_disables_the_endpoint_through_the_registry(make_world):
     assert "410" in shown, shown
     # every pod learns it from the endpoints topic: later deliveries are dead letters at once,
     # kept for replay, and never sent
-    time.sleep(1)
+    wait_until(lambda: any('"endpoint_changed"' in l and f'"endpoint_id":"{ep}"' in l
+                           for l in c.log_lines()), 30, 0.2, "the consumer has the disable")
     later = [event(ep, i, w.tag) for i in range(1, 4)]
     assert w.produce(later).returncode == 0
     wait_until(lambda: all(final_states(w.outcomes()).get((e["id"], ep), {}).get("err") ==
