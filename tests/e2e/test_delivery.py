@@ -377,8 +377,8 @@ def test_probe_outlasting_the_lease_is_the_only_probe(make_world):
     # both pods in the group first: a pod joining later would re-read the records of 6-s
     # requests still in flight (a second first wave)
     c1, c2 = w.consumer("c1"), w.consumer("c2")
-    wait_until(lambda: all("partitions_assigned" in c.logs() for c in (c1, c2)) and
-               sum(c.logs().count("partitions_assigned") for c in (c1, c2)) >= 3, 30, 0.2,
+    # (the second pod's first assignment is one of a generation both pods are in)
+    wait_until(lambda: all("partitions_assigned" in c.logs() for c in (c1, c2)), 30, 0.2,
                "both pods in the group")
     time.sleep(1)
     events = [event(ep, i, w.tag) for i in range(30)]  # retry jobs for both pods to claim
