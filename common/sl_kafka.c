@@ -224,17 +224,13 @@ int sl_kafka_produce_hdrs(rd_kafka_t *rk,
     void *k = (void *)(uintptr_t)key;
     void *v = (void *)(uintptr_t)val;
     for (;;) {
-        /* producev takes the headers only when it succeeds */
+        /* producev takes the headers only when it succeeds; NULL is no headers (2.0.2
+         * rd_kafka_producev: app_hdrs ? app_hdrs : none) */
         rd_kafka_headers_t *h = hdrs ? rd_kafka_headers_copy(hdrs) : NULL;
         rd_kafka_resp_err_t e =
-            h ? rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(k, keylen),
-                                  RD_KAFKA_V_VALUE(v, vallen),
-                                  RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(h),
-                                  RD_KAFKA_V_OPAQUE(msg_opaque), RD_KAFKA_V_END)
-              : rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(k, keylen),
-                                  RD_KAFKA_V_VALUE(v, vallen),
-                                  RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                                  RD_KAFKA_V_OPAQUE(msg_opaque), RD_KAFKA_V_END);
+            rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(k, keylen),
+                              RD_KAFKA_V_VALUE(v, vallen), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                              RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(msg_opaque), RD_KAFKA_V_END);
         if (e == RD_KAFKA_RESP_ERR_NO_ERROR)
             return 0;
         if (h)

@@ -935,6 +935,17 @@ static void enqueue(cons_engine_t *e, struct job *j)
     ready_push(e, ce);
 }
 
+/* Hold n records for their duplicate check (newest first on the list; retry_ihold takes them
+ * oldest first). */
+static void ihold_push(cons_engine_t *e, struct job **jobs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        jobs[i]->next = e->ihold;
+        e->ihold = jobs[i];
+        e->nihold++;
+    }
+}
+
 /* Marker check for a batch, then duplicates out, the rest queued. */
 static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
 {
@@ -957,11 +968,7 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
         warn_redis(e, &err);
         if (!e->cfg->dedup_fail_open) {
             /* hold them (intake pauses meanwhile) and check again when Redis answers */
-            for (size_t i = 0; i < n; i++) {
-                jobs[i]->next = e->ihold;
-                e->ihold = jobs[i];
-                e->nihold++;
-            }
+            ihold_push(e, jobs, n);
             e->ihold_retry_mono = sl_mono_ms() + REDIS_HOLD_RETRY_MS;
             n = 0;
         } else {
@@ -1116,11 +1123,7 @@ static void intake_kafka(cons_engine_t *e)
             job_free(e, batch[i]);
     }
     if (e->ihold) { /* fetched before the pause: they wait behind the held ones */
-        for (size_t i = 0; i < kept; i++) {
-            batch[i]->next = e->ihold;
-            e->ihold = batch[i];
-            e->nihold++;
-        }
+        ihold_push(e, batch, kept);
         return;
     }
     intake_batch(e, batch, kept);
@@ -1259,6 +1262,14 @@ static void renew_leases(cons_engine_t *e)
 
 /* May the claimed job j be sent now? Only while the lease is ours with room for the whole
  * request; a lease short of that is renewed first. */
+/* How long a lease (a retry job's, or the breaker probe's) must last to cover one request to
+ * ce: its timeout, which may exceed lease_ms (it is per endpoint; lease_ms is only checked
+ * against the global one), plus the margin. */
+static int64_t request_lease_ms(const cons_engine_t *e, const struct cons_ep *ce)
+{
+    return (ce && ce->ep ? ce->ep->timeout_ms : e->cfg->http_timeout_ms) + LEASE_MARGIN_MS;
+}
+
 static bool lease_allows_send(cons_engine_t *e, struct job *j)
 {
     if (j->src != SRC_REDIS || !j->on_leased)
@@ -1266,14 +1277,12 @@ static bool lease_allows_send(cons_engine_t *e, struct job *j)
     if (j->lease_lost)
         return false;
     int64_t now = sl_now_ms();
-    int64_t need =
-        (j->ce && j->ce->ep ? j->ce->ep->timeout_ms : e->cfg->http_timeout_ms) + LEASE_MARGIN_MS;
+    int64_t need = request_lease_ms(e, j->ce);
     if (j->lease_until_ms - now >= need)
         return true;
     struct renew_item it = {cons_store_shard(j->job_id, (uint32_t)e->cfg->retry_shards), j};
     size_t lost = 0;
-    /* an endpoint's timeout may exceed lease_ms (it is per endpoint; lease_ms is only checked
-     * against the global one): lease for what the request needs, or it is never sent */
+    /* lease for what the request needs, or a long timeout is never sent */
     int64_t until = now + (need > e->cfg->lease_ms ? need : e->cfg->lease_ms);
     if (renew_batch(e, &it, 1, until, &lost) != 0)
         return false;
@@ -1495,6 +1504,18 @@ static void defer_queue(cons_engine_t *e, struct cons_ep *ce, int64_t until_ms)
     }
 }
 
+/* The breaker owner id of this pod's probe number seq ("<pod>/<seq>"), or of its other
+ * requests (seq 0: "<pod>"). Naming the probe, not just the pod, keeps a late failure of one
+ * of the pod's earlier requests from counting as the probe's (it would re-open the breaker
+ * and double the cooldown while the probe still runs). */
+static void probe_owner(const cons_engine_t *e, uint64_t seq, char out[CONS_STORE_OWNER_MAX + 1])
+{
+    if (seq)
+        snprintf(out, CONS_STORE_OWNER_MAX + 1, "%s/%llu", e->pod, (unsigned long long)seq);
+    else
+        snprintf(out, CONS_STORE_OWNER_MAX + 1, "%s", e->pod);
+}
+
 /* May ce send now? Consults the shared breaker only when the local view is not closed. */
 static bool breaker_allows(cons_engine_t *e, struct cons_ep *ce, bool *probe)
 {
@@ -1523,16 +1544,12 @@ static bool breaker_allows(cons_engine_t *e, struct cons_ep *ce, bool *probe)
         return false;
     struct cons_brk_view v;
     sl_err_t err;
-    /* the probe's lease outlasts its request (an endpoint's timeout may exceed lease_ms):
-     * while it runs, no other pod may take a second probe */
-    int64_t probe_lease = e->cfg->lease_ms;
-    if (ce->ep && ce->ep->timeout_ms + LEASE_MARGIN_MS > probe_lease)
-        probe_lease = ce->ep->timeout_ms + LEASE_MARGIN_MS;
-    /* the owner names this probe, not just this pod: a late failure of one of the pod's
-     * earlier requests must not count as the probe's (it would re-open the breaker and
-     * double the cooldown while the probe still runs) */
+    /* the probe's lease outlasts its request: while it runs, no other pod probes */
+    int64_t probe_lease = request_lease_ms(e, ce);
+    if (probe_lease < e->cfg->lease_ms)
+        probe_lease = e->cfg->lease_ms;
     char owner[CONS_STORE_OWNER_MAX + 1];
-    snprintf(owner, sizeof(owner), "%s/%llu", e->pod, (unsigned long long)(ce->probe_seq + 1));
+    probe_owner(e, ce->probe_seq + 1, owner);
     if (cons_store_brk_acquire(e->redis, ce->id, now, probe_lease, owner, &v, &err) != 0) {
         warn_redis(e, &err);
         return false;
@@ -1546,6 +1563,29 @@ static bool breaker_allows(cons_engine_t *e, struct cons_ep *ce, bool *probe)
         return true;
     }
     return false;
+}
+
+/* Take the head of ce's queue (non-empty) to send, as a probe or not. */
+static struct job *q_pop(struct cons_ep *ce, bool probe)
+{
+    struct job *j = ce->q_head;
+    ce->q_head = j->next;
+    if (!ce->q_head)
+        ce->q_tail = NULL;
+    ce->qlen--;
+    j->next = NULL;
+    j->probe = probe;
+    return j;
+}
+
+/* Claimed jobs at the head of ce's queue whose lease another claim took (or that we cannot
+ * keep) are not ours to send: drop them (the lease's expiry or the new owner brings them
+ * back). True when a job is left to send. */
+static bool q_drop_unleased(cons_engine_t *e, struct cons_ep *ce)
+{
+    while (ce->q_head && !lease_allows_send(e, ce->q_head))
+        job_free(e, q_pop(ce, false));
+    return ce->q_head != NULL;
 }
 
 static void dispatch(cons_engine_t *e)
@@ -1569,17 +1609,7 @@ static void dispatch(cons_engine_t *e)
         }
         if (ce->inflight >= inflight_cap(e, ce))
             continue;
-        /* Claimed jobs whose lease another claim took (or that we cannot keep) are not ours
-         * to send: drop them; the lease's expiry or the new owner brings them back. */
-        while (ce->q_head && !lease_allows_send(e, ce->q_head)) {
-            struct job *lj = ce->q_head;
-            ce->q_head = lj->next;
-            if (!ce->q_head)
-                ce->q_tail = NULL;
-            ce->qlen--;
-            job_free(e, lj);
-        }
-        if (!ce->q_head)
+        if (!q_drop_unleased(e, ce))
             continue;
         bool probe = false;
         if (!breaker_allows(e, ce, &probe)) {
@@ -1596,26 +1626,11 @@ static void dispatch(cons_engine_t *e)
         }
         if (!probe && !rate_allows(e, ce))
             continue; /* paused until the bucket refills */
-        struct job *j = ce->q_head;
-        ce->q_head = j->next;
-        if (!ce->q_head)
-            ce->q_tail = NULL;
-        ce->qlen--;
-        j->next = NULL;
-        j->probe = probe;
-        int rc = start_send(e, j);
-        while (rc == 1 && probe && ce->q_head) {
-            /* The probe job failed on its own before it was sent (its template, say): this
-             * pod holds the shared probe lease, so the next job is the probe. */
-            j = ce->q_head;
-            ce->q_head = j->next;
-            if (!ce->q_head)
-                ce->q_tail = NULL;
-            ce->qlen--;
-            j->next = NULL;
-            j->probe = true;
-            rc = start_send(e, j);
-        }
+        int rc = start_send(e, q_pop(ce, probe));
+        /* A probe job that failed on its own before it was sent (its template, say): this pod
+         * holds the shared probe lease, so the next job is the probe. */
+        while (rc == 1 && probe && q_drop_unleased(e, ce))
+            rc = start_send(e, q_pop(ce, true));
         /* after a sent probe the endpoint waits for its answer (on_http_done brings it
          * back); otherwise, or when no probe went out, the rest of its queue goes on */
         if (ce->q_head && (!probe || rc != 0))
@@ -1679,11 +1694,8 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
         const struct sl_endpoint *ep = ce->ep;
         int64_t threshold = brk_threshold(e, ce);
         int64_t cooldown = ep ? ep->brk_cooldown_ms : e->cfg->breaker_cooldown_ms;
-        char owner[CONS_STORE_OWNER_MAX + 1]; /* the probe's owner id only for the probe */
-        if (was_probe)
-            snprintf(owner, sizeof(owner), "%s/%llu", e->pod, (unsigned long long)ce->probe_seq);
-        else
-            snprintf(owner, sizeof(owner), "%s", e->pod);
+        char owner[CONS_STORE_OWNER_MAX + 1];
+        probe_owner(e, was_probe ? ce->probe_seq : 0, owner);
         if (cons_store_brk_record(e->redis, ce->id, failure ? 0 : 1, now, threshold, cooldown,
                                   e->cfg->breaker_cooldown_max_ms, owner, &bv, &err) == 0) {
             enum cons_brk_state before = ce->brk;
