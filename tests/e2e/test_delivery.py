@@ -385,15 +385,22 @@ def test_probe_outlasting_the_lease_is_the_only_probe(make_world):
     assert w.produce(events).returncode == 0
     time.sleep(26)
     assert c1.term() == 0 and c2.term() == 0
+    # (ledger times are arrival times)
     hits = sorted(l["ts_ms"] for l in rcv.ledger() if l["endpoint"] == ep)
+    print("arrivals after the first, ms:", [h - hits[0] for h in hits])
     # the first attempts (one wave, all in flight at once, answered together after 6 s) open
-    # the breaker; every later request is a probe taking 6 s, so answers closer than that
-    # overlapped
+    # the breaker when they are answered
     assert len(hits) >= 30, hits
     first_wave = [t for t in hits if t < hits[0] + 1000]
-    print("answers after the first, ms:", [h - hits[0] for h in hits])
     assert len(first_wave) == 30, hits
-    probes = hits[30:]
+    opened = hits[0] + 6000
+    # A retry of the first failure, claimed by a pod whose view of the breaker was still
+    # closed (the other pod's failures came in the same few ms), may be sent before the
+    # breaker opened: an ordinary attempt, not a probe, and only in those few ms.
+    stragglers = [t for t in hits[30:] if t < opened + 1000]
+    assert all(t < opened + 300 for t in stragglers), f"requests during the cooldown: {hits}"
+    # every request after the cooldown is a probe taking 6 s: arrivals closer than that overlap
+    probes = [t for t in hits if t >= opened + 1000]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert len(probes) >= 2, f"{len(probes)} probes"
     assert all(g >= 5500 for g in gaps), f"two probes ran at once: gaps {gaps}"
