@@ -716,13 +716,17 @@ int rec_db_purge(
     rec_db_t *db, enum rec_purge what, int64_t days, int64_t limit, int64_t *deleted, sl_err_t *err)
 {
     const int64_t p[2] = {days, limit};
-    if (what == REC_PURGE_PENDING) {
+    if (what == REC_PURGE_PENDING || what == REC_PURGE_REPLAY_LOG) {
+        /* both come with sql/0003 (has_pending checks for it) */
         int rc = rec_db_connect(db, err);
         if (rc != 0 || !db->has_pending) {
             if (deleted)
                 *deleted = 0;
             return rc;
         }
+        if (what == REC_PURGE_REPLAY_LOG)
+            return query_int(db, "purge the expired replay journal",
+                             "select sluice_purge_replay_log($1, $2)", 2, p, deleted, err);
         return query_int(db, "purge finished pending payloads",
                          "select sluice_purge_pending_payloads($1)", 1, &limit, deleted, err);
     }

@@ -109,6 +109,8 @@ enum rec_purge {
     REC_PURGE_DELIVERIES,   /* sluice_purge_deliveries(days, limit) */
     REC_PURGE_PENDING,      /* sluice_purge_pending_payloads(limit): finished deliveries; days
                                unused; a no-op without sql/0003 */
+    REC_PURGE_REPLAY_LOG,   /* sluice_purge_replay_log(days, limit): the replay journal; a no-op
+                               without sql/0003 */
 };
 /* One batched retention delete (sluice_purge_*): at most limit rows older than days.
  * *deleted: OUT. Returns 0 or an error code. */

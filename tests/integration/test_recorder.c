@@ -1288,6 +1288,102 @@ static void test_partitions(void **state)
     assert_int_equal(q1("select sluice_drop_old_partitions(14, 25)"), 0);
 }
 
+/* ==== 5b. maintenance by the recorder itself: retention and latency statistics ==== */
+
+/* Wait (bounded) until the one-integer query gives want; returns the last value. */
+static long long wait_q1(long long want, int timeout_s, const char *sql)
+{
+    int64_t deadline = now_ms() + (int64_t)timeout_s * 1000 * g_mult;
+    long long v;
+    while ((v = q1("%s", sql)) != want && now_ms() < deadline)
+        sleep_ms(200);
+    return v;
+}
+
+static void test_maintenance(void **state)
+{
+    (void)state;
+    char topic[160], group[96], p[64], sql[2048];
+    topic_new(topic, sizeof(topic), "rt.outcomes");
+    make_prefix(p, sizeof(p), "m");
+    snprintf(group, sizeof(group), "%s-grp", p);
+    /* retention (dead letters 2 days here, history the default 14): a dead letter of 3 days
+     * and its replay journal entry expire, those of 1 day stay; a delivery finished 20 days
+     * ago expires */
+    snprintf(sql, sizeof(sql),
+             "insert into dead_letters (event_id, endpoint_id, error_class, attempts,"
+             " first_failed_at, dead_at) values"
+             " ('%s-old', '%s-ep', 'http_5xx', 5, now() - interval '3 days',"
+             "  now() - interval '3 days'),"
+             " ('%s-new', '%s-ep', 'http_5xx', 5, now() - interval '1 day',"
+             "  now() - interval '1 day')",
+             p, p, p, p);
+    exec_sql(sql);
+    snprintf(sql, sizeof(sql),
+             "insert into replay_log (run_id, event_id, endpoint_id, dead_at, state, started_at,"
+             " acked_at) values"
+             " ('%s-run', '%s-old', '%s-ep', now() - interval '3 days', 'acked',"
+             "  now() - interval '3 days', now() - interval '3 days'),"
+             " ('%s-run', '%s-new', '%s-ep', now() - interval '1 day', 'acked',"
+             "  now() - interval '1 day', now() - interval '1 day')",
+             p, p, p, p, p, p);
+    exec_sql(sql);
+    snprintf(sql, sizeof(sql),
+             "insert into deliveries (event_id, endpoint_id, state, attempts, first_seen,"
+             " last_update) values ('%s-done', '%s-ep', 'delivered', 1,"
+             " now() - interval '20 days', now() - interval '20 days')",
+             p, p);
+    exec_sql(sql);
+    /* latency statistics over the 24-h window: ten samples of 10..100 ms, one outside it */
+    snprintf(sql, sizeof(sql),
+             "insert into endpoint_latency (endpoint_id, ts, event_id, attempt, latency_us,"
+             " http_status)"
+             " select '%s-lat', now() - interval '1 min', '%s-l' || i, 1, i * 10000, 200"
+             "   from generate_series(1, 10) i"
+             " union all select '%s-lat', now() - interval '30 hours', '%s-l-old', 1, 99000000,"
+             " 200",
+             p, p, p, p);
+    exec_sql(sql);
+    const char *env[] = {"SLUICE_DEAD_LETTER_RETENTION_D", "2", "SLUICE_RECORDER_HEALTH_REFRESH_MS",
+                         "1000", NULL};
+    struct rec_proc r = {0};
+    rec_start(&r, topic, group, g_dsn, env);
+
+    char q[512];
+    snprintf(q, sizeof(q),
+             "select (select count(*) from dead_letters where event_id = '%s-old')"
+             "     + (select count(*) from replay_log where event_id = '%s-old')"
+             "     + (select count(*) from deliveries where event_id = '%s-done')",
+             p, p, p);
+    assert_int_equal(wait_q1(0, 60, q), 0);
+    snprintf(q, sizeof(q),
+             "select coalesce((select samples from endpoint_health where endpoint_id = '%s-lat'),"
+             " -1)",
+             p);
+    assert_int_equal(wait_q1(10, 60, q), 10);
+    assert_int_equal(rec_stop(&r, SIGTERM), 0);
+
+    /* what is within its retention stays */
+    assert_int_equal(q1("select count(*) from dead_letters where event_id = '%s-new'", p), 1);
+    assert_int_equal(q1("select count(*) from replay_log where event_id = '%s-new'", p), 1);
+    /* percentile_cont over 10, 20, ..., 100 ms; the 30-hour-old sample is outside the window */
+    char got[256];
+    qtext(got, sizeof(got),
+          "select concat_ws('|', window_hours, samples, p50_us, p95_us, p99_us, avg_us,"
+          " stats_at > now() - interval '1 min')"
+          "  from endpoint_health where endpoint_id = '%s-lat'",
+          p);
+    assert_string_equal(got, "24|10|55000|95500|99100|55000|t");
+
+    snprintf(sql, sizeof(sql),
+             "delete from dead_letters where event_id like '%s-%%';"
+             "delete from replay_log where event_id like '%s-%%';"
+             "delete from endpoint_latency where endpoint_id like '%s-%%';"
+             "delete from endpoint_health where endpoint_id like '%s-%%'",
+             p, p, p, p);
+    exec_sql(sql);
+}
+
 /* ==== 6. command line ==== */
 
 static int run_cmd(const char *const *env, const char *arg)
@@ -1376,6 +1472,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_cli, kill_leftovers),
         cmocka_unit_test_teardown(test_partitions, kill_leftovers),
+        cmocka_unit_test_teardown(test_maintenance, kill_leftovers),
         cmocka_unit_test_teardown(test_lifecycles, kill_leftovers),
         cmocka_unit_test_teardown(test_duplicates, kill_leftovers),
         cmocka_unit_test_teardown(test_kill9, kill_leftovers),
