@@ -602,6 +602,43 @@ static void test_deliveries_purge_keeps_dead_letter_rows(void **state)
                         "new_dead");
 }
 
+/* dead_letters hold payloads (personal data): only sluice_replay reads them; sluice_analyst
+ * reads the failure details but not the payload; neither may rewrite or delete letters.
+ * Retention (sluice_purge_dead_letters) deletes only letters older than its days. */
+static void test_dead_letter_privileges_and_retention(void **state)
+{
+    (void)state;
+    dead("pv", 2, 60, 60, "500", "http_5xx");
+    exec_f("insert into dead_letters (event_id, endpoint_id, error_class, attempts,"
+           " first_failed_at, dead_at, payload) values"
+           " ('pv_old', 'pv', 'http_5xx', 3, now() - interval '40 days',"
+           "  now() - interval '40 days', '\\x80')");
+    exec_on(g_pg, "set role sluice_analyst");
+    assert_string_equal(sqlstate("select event_id, error_class, last_status, attempts, dead_at"
+                                 " from dead_letters"),
+                        "");
+    assert_string_equal(sqlstate("select payload from dead_letters"), "42501");
+    assert_string_equal(sqlstate("select * from dead_letters"), "42501");
+    assert_string_equal(sqlstate("select payload from pending_payloads"), "42501");
+    exec_on(g_pg, "reset role");
+    exec_on(g_pg, "set role sluice_replay");
+    assert_string_equal(sqlstate("select payload from dead_letters"), "");
+    assert_string_equal(sqlstate("update dead_letters set replayed_at = now(), replay_count ="
+                                 " replay_count + 1 where endpoint_id = 'pv'"),
+                        "");
+    assert_string_equal(sqlstate("update dead_letters set error_class = 'x'"), "42501");
+    assert_string_equal(sqlstate("delete from dead_letters"), "42501");
+    exec_on(g_pg, "reset role");
+    assert_string_equal(q1("select has_table_privilege('public', 'dead_letters', 'select')::text"),
+                        "false");
+    /* retention: 30 days keeps the two recent letters */
+    assert_string_equal(q1("select sluice_purge_dead_letters(30)"), "1");
+    assert_string_equal(q1("select string_agg(event_id, ',' order by event_id) from"
+                           " dead_letters where endpoint_id = 'pv'"),
+                        "pv_60_0,pv_60_1");
+    assert_string_equal(q1("select sluice_purge_dead_letters(30)"), "0");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -616,6 +653,7 @@ int main(void)
         cmocka_unit_test_setup(test_replay_recover, empty),
         cmocka_unit_test_setup(test_pending_payloads_purge, empty),
         cmocka_unit_test_setup(test_deliveries_purge_keeps_dead_letter_rows, empty),
+        cmocka_unit_test_setup(test_dead_letter_privileges_and_retention, empty),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
