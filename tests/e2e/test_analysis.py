@@ -347,6 +347,43 @@ def test_usage_errors_touch_nothing(tmp_path, args):
 
 # ==== replay (changes the state: after the read-only tests) ====
 
+def test_replay_selects_by_error_class_and_time(run):
+    """--error, --since and --until select exactly the letters they name (dry runs: nothing
+    is sent or marked, so the replay test below still finds every letter)."""
+    r = run
+    w, dead, auth = r.w, r.eps["dead"], r.eps["auth"]
+    dead_ids, auth_ids = dead_by_ledger(r, "dead"), dead_by_ledger(r, "auth")
+
+    def ids(*args):
+        out = ctl_json(w, "replay", *args, "--dry-run")
+        assert out["would_replay"] == len(out["letters"])
+        return {x["event_id"] for x in out["letters"]}
+
+    dead_cls = r.db.q(f"select string_agg(distinct error_class, ',') from dead_letters"
+                      f" where endpoint_id = '{dead}'")
+    auth_cls = r.db.q(f"select string_agg(distinct error_class, ',') from dead_letters"
+                      f" where endpoint_id = '{auth}'")
+    assert dead_cls == "http_5xx" and auth_cls == "http_4xx", (dead_cls, auth_cls)
+    assert ids("--endpoint", dead, "--error", "http_5xx") == dead_ids
+    assert ids("--endpoint", dead, "--error", "http_4xx") == set()
+    by_4xx = ids("--error", "http_4xx")
+    assert auth_ids <= by_4xx and not (dead_ids & by_4xx)
+    # split the dead endpoint's letters at the death time of one in the middle
+    times = r.db.q(f"select string_agg(to_char(dead_at at time zone 'UTC',"
+                   f" 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') || ' ' || event_id, ';'"
+                   f" order by dead_at) from dead_letters where endpoint_id = '{dead}'").split(";")
+    deaths = [tuple(x.split(" ")) for x in times]
+    assert len(deaths) == len(dead_ids) >= 4
+    t = deaths[len(deaths) // 2][0]
+    later = {e for ts, e in deaths if ts >= t}
+    assert later and later != dead_ids
+    assert ids("--endpoint", dead, "--since", t) == later
+    assert ids("--endpoint", dead, "--until", t) == dead_ids - later
+    assert ids("--endpoint", dead, "--since", "1d") == dead_ids
+    assert ids("--endpoint", dead, "--until", "1d") == set()
+    assert r.db.q("select count(*) from dead_letters where replayed_at is not null") == "0"
+
+
 def test_replay_sends_each_dead_letter_once(run):
     r = run
     w, auth = r.w, r.eps["auth"]
