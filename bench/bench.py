@@ -4,7 +4,9 @@ the paths). Python 3 standard library only.
 
 Phases, side by side in one run on this machine:
   wrk        raw HTTP rate of sluice-receiver /ok (POST, 512-byte body, Sluice's headers)
-             with the connection count the consumer uses
+             with the connection count the consumer uses; then the libcurl ceiling against
+             the same receiver (sl-bench http: libcurl alone, driven as the consumer drives
+             it, at 100 and 1,000 in flight)
   produce    bench/produce.sh (sluice-produce --generate, 512-byte bodies)
   e2e        pre-produce N deliveries over 100 endpoints, one consumer drains them
   latency    a consumer fed at half the e2e rate by sl-bench pace (the producer library, and
@@ -535,6 +537,7 @@ class Bench:
         res = {"connections": conns, "threads": self.a.wrk_threads, "duration_s": self.wrk_s,
                "receiver_threads": self.a.receiver_threads, "body_bytes": BODY_BYTES,
                "method": "POST /ok (Sluice's headers)"}
+        curl_runs = {}
         try:
             cpu0 = proc_cpu_s(recv.pid)
             cmd = ["/usr/bin/time", "-f", "WRKCPU %U %S", "wrk", f"-t{self.a.wrk_threads}", f"-c{conns}", f"-d{self.wrk_s}s",
@@ -545,8 +548,26 @@ class Bench:
             el = time.time() - t
             cpu1 = proc_cpu_s(recv.pid)
             res["receiver_hwm_kb"] = proc_status_kb(recv.pid, "VmHWM")
+            # the libcurl ceiling: what a client that did nothing but libcurl gets from the
+            # same receiver (the consumer's HTTP library, without Kafka, Redis or signing)
+            for n in (100, 1000):
+                c0 = proc_cpu_s(recv.pid)
+                cc = [self.a.tool, "http", "--url", f"http://127.0.0.1:{self.port}/ok/curl",
+                      "--inflight", str(n), "--seconds", str(self.wrk_s), "--body-bytes",
+                      str(BODY_BYTES), "--endpoints", "100"]
+                rc = self.run(cc, self.base_env, timeout=self.wrk_s + 120)
+                c1 = proc_cpu_s(recv.pid)
+                try:
+                    cr = json.loads(rc.stdout.strip().splitlines()[-1])
+                except (ValueError, IndexError):
+                    cr = {"failed": f"sl-bench http exited {rc.returncode}: {rc.stderr[-300:]}"}
+                cr["command"] = " ".join(cc[1:])
+                if cr.get("requests") and c0 is not None and c1 is not None:
+                    cr["receiver_cpu_s_per_10k"] = round((c1 - c0) / cr["requests"] * 10000, 3)
+                curl_runs[str(n)] = cr
         finally:
             self.stop_proc(recv)
+        res["libcurl"] = curl_runs
         m = re.search(r"Requests/sec:\s+([\d.]+)", r.stdout)
         res["requests_per_s"] = float(m.group(1)) if m else None
         tot = re.search(r"(\d+) requests in", r.stdout)

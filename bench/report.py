@@ -68,6 +68,16 @@ def table(r):
                 f"{fmt(wrk.get('receiver_cpu_s_per_10k'), '', 2)}")
     elif "wrk" in ph:
         add("raw HTTP (wrk)", "FAILED: " + ph["wrk"].get("failed", "?"))
+    for n, cr in sorted((wrk.get("libcurl") or {}).items(), key=lambda kv: int(kv[0])):
+        if cr.get("rate"):
+            cpu = (cr.get("cpu_user_s_per_10k") or 0) + (cr.get("cpu_sys_s_per_10k") or 0)
+            add(f"libcurl ceiling: sl-bench http, {int(n):,} in flight (libcurl only: no Kafka, "
+                f"Redis or signing)", fmt(cr["rate"], " req/s"), cr["rate"])
+            add("  CPU s per 10,000 requests in that run",
+                f"libcurl client {cpu:.2f}, receiver "
+                f"{fmt(cr.get('receiver_cpu_s_per_10k'), '', 2)}")
+        else:
+            add(f"libcurl ceiling, {int(n):,} in flight", "FAILED: " + str(cr.get("failed", "?")))
     pr = ph.get("produce", {})
     if "records_per_s" in pr:
         add(f"producer: bench/produce.sh, {pr['records']:,} x {pr['body_bytes']} B",

@@ -30,8 +30,18 @@
  *       it to psql, then run `sluicectl endpoints sync` to publish them. Registering 10,000
  *       endpoints one `sluicectl endpoints add` at a time takes about 20 minutes here.
  *
+ *   sl-bench http --url URL [--inflight N] [--seconds S] [--body-bytes B] [--endpoints K]
+ *       The libcurl ceiling: libcurl 7.88 as the consumer drives it (one multi handle with
+ *       curl_multi_socket_action on epoll, pooled easy handles keeping their options, HTTP/1.1,
+ *       TCP_NODELAY, 1 KiB receive buffer) POSTing a B-byte body (512) with the consumer's
+ *       header set (static values: no signing, no Kafka, no Redis) to URL<i> for i in 0..K-1
+ *       (K = 100; URL typically http://127.0.0.1:PORT/ok/), N requests in flight (1000), for
+ *       S seconds (10). Prints one JSON object: requests, non-2xx, errors, elapsed_s, rate,
+ *       and this process's CPU seconds (user, system) per 10,000 requests. The rate a consumer
+ *       that did nothing but its HTTP could reach with libcurl on this machine.
+ *
  * Configuration comes from SLUICE_* variables through the common loader (brokers, topics,
- * master key), as for every Sluice process.
+ * master key), as for every Sluice process (sl-bench http reads none).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -42,9 +52,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <curl/curl.h>
 #include <librdkafka/rdkafka.h>
 
 #include "common/sl_cfg.h"
@@ -672,11 +685,251 @@ static int cmd_endpoints_sql(int argc, char **argv)
     return 0;
 }
 
+/* ==== http: the libcurl ceiling ==== */
+
+struct hx {
+    CURL *easy;
+    struct hx *next; /* free list */
+};
+
+struct hbench {
+    CURLM *multi;
+    int ep;                 /* epoll fd */
+    int64_t timeout_ms;     /* libcurl's timer: -1 none */
+    struct hx *free;        /* idle handles */
+    struct curl_slist *hdr; /* the consumer's header set, static values */
+    char **urls;            /* one per endpoint */
+    size_t n_urls, next_url;
+    char *body;
+    size_t body_len;
+    uint64_t done, non2xx, errors;
+};
+
+static int hb_sock(CURL *e, curl_socket_t s, int what, void *userp, void *sockp)
+{
+    (void)e;
+    (void)sockp;
+    struct hbench *b = userp;
+    struct epoll_event ev = {0};
+    ev.data.fd = s;
+    if (what == CURL_POLL_REMOVE) {
+        epoll_ctl(b->ep, EPOLL_CTL_DEL, s, NULL);
+        return 0;
+    }
+    ev.events = (what & CURL_POLL_IN ? EPOLLIN : 0u) | (what & CURL_POLL_OUT ? EPOLLOUT : 0u);
+    if (epoll_ctl(b->ep, EPOLL_CTL_MOD, s, &ev) != 0 && errno == ENOENT)
+        epoll_ctl(b->ep, EPOLL_CTL_ADD, s, &ev);
+    return 0;
+}
+
+static int hb_timer(CURLM *m, long timeout_ms, void *userp)
+{
+    (void)m;
+    ((struct hbench *)userp)->timeout_ms = timeout_ms;
+    return 0;
+}
+
+static size_t hb_discard(char *p, size_t size, size_t n, void *userp)
+{
+    (void)p;
+    (void)userp;
+    return size * n;
+}
+
+static void hb_start(struct hbench *b)
+{
+    struct hx *x = b->free;
+    if (x) {
+        b->free = x->next;
+    } else {
+        x = sl_xcalloc(1, sizeof(*x));
+        x->easy = curl_easy_init();
+        if (!x->easy)
+            die("curl_easy_init failed");
+        CURL *e = x->easy;
+        curl_easy_setopt(e, CURLOPT_PRIVATE, x);
+        curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+        curl_easy_setopt(e, CURLOPT_PROXY, "");
+        curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+        curl_easy_setopt(e, CURLOPT_USERAGENT, "Sluice/bench");
+        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, hb_discard);
+        curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+        curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 1024L);
+        curl_easy_setopt(e, CURLOPT_UPLOAD_BUFFERSIZE, 16384L);
+        curl_easy_setopt(e, CURLOPT_HTTPHEADER, b->hdr);
+        curl_easy_setopt(e, CURLOPT_POST, 1L);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, b->body);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)b->body_len);
+        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
+        curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+    }
+    curl_easy_setopt(x->easy, CURLOPT_URL, b->urls[b->next_url]);
+    b->next_url = (b->next_url + 1) % b->n_urls;
+    if (curl_multi_add_handle(b->multi, x->easy) != CURLM_OK)
+        die("curl_multi_add_handle failed");
+}
+
+static void hb_reap(struct hbench *b, bool more)
+{
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(b->multi, &left)) != NULL) {
+        if (m->msg != CURLMSG_DONE)
+            continue;
+        CURL *e = m->easy_handle;
+        struct hx *x = NULL;
+        curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&x);
+        long status = 0;
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+        if (m->data.result != CURLE_OK)
+            b->errors++;
+        else if (status < 200 || status > 299)
+            b->non2xx++;
+        b->done++;
+        curl_multi_remove_handle(b->multi, e);
+        x->next = b->free;
+        b->free = x;
+        if (more)
+            hb_start(b);
+    }
+}
+
+static double cpu_s(const struct timeval *tv)
+{
+    return (double)tv->tv_sec + (double)tv->tv_usec / 1e6;
+}
+
+static int cmd_http(int argc, char **argv)
+{
+    const char *url = NULL;
+    int64_t inflight = 1000, seconds = 10, body_bytes = 512, endpoints = 100;
+    static const struct option lo[] = {
+        {"url", required_argument, NULL, 'u'},       {"inflight", required_argument, NULL, 'n'},
+        {"seconds", required_argument, NULL, 's'},   {"body-bytes", required_argument, NULL, 'b'},
+        {"endpoints", required_argument, NULL, 'k'}, {NULL, 0, NULL, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'u':
+            url = optarg;
+            break;
+        case 'n':
+            inflight = num_arg("--inflight", optarg, 1, 100000);
+            break;
+        case 's':
+            seconds = num_arg("--seconds", optarg, 1, 3600);
+            break;
+        case 'b':
+            body_bytes = num_arg("--body-bytes", optarg, 0, 1 << 20);
+            break;
+        case 'k':
+            endpoints = num_arg("--endpoints", optarg, 1, 1000000);
+            break;
+        default:
+            die("usage: " PROG " http --url URL [--inflight N] [--seconds S] "
+                "[--body-bytes B] [--endpoints K]");
+        }
+    }
+    if (!url)
+        die("http: --url is required");
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        die("curl_global_init failed");
+    struct hbench b = {.timeout_ms = -1};
+    b.multi = curl_multi_init();
+    b.ep = epoll_create1(EPOLL_CLOEXEC);
+    if (!b.multi || b.ep < 0)
+        die("could not create the multi handle or the epoll set");
+    curl_multi_setopt(b.multi, CURLMOPT_SOCKETFUNCTION, hb_sock);
+    curl_multi_setopt(b.multi, CURLMOPT_SOCKETDATA, &b);
+    curl_multi_setopt(b.multi, CURLMOPT_TIMERFUNCTION, hb_timer);
+    curl_multi_setopt(b.multi, CURLMOPT_TIMERDATA, &b);
+    curl_multi_setopt(b.multi, CURLMOPT_PIPELINING, (long)CURLPIPE_NOTHING);
+    curl_multi_setopt(b.multi, CURLMOPT_MAXCONNECTS, (long)inflight * 2);
+    /* the header lines the consumer sends (values of the usual length) */
+    static const char *const hdrs[] = {
+        "Content-Type: application/json",
+        "webhook-id: evt_bench_0000000000000000",
+        "webhook-timestamp: 1764547200",
+        "webhook-signature: v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4=",
+        "X-Sluice-Attempt: 1",
+        "X-Sluice-Created-Ms: 1764547200000",
+        "Expect:",
+    };
+    for (size_t i = 0; i < sizeof(hdrs) / sizeof(hdrs[0]); i++)
+        b.hdr = curl_slist_append(b.hdr, hdrs[i]);
+    b.body_len = (size_t)body_bytes;
+    b.body = sl_xmalloc(b.body_len + 1);
+    memset(b.body, 'x', b.body_len);
+    b.body[b.body_len] = '\0';
+    b.n_urls = (size_t)endpoints;
+    b.urls = sl_xcalloc(b.n_urls, sizeof(*b.urls));
+    for (size_t i = 0; i < b.n_urls; i++) {
+        size_t n = strlen(url) + 24;
+        b.urls[i] = sl_xmalloc(n);
+        snprintf(b.urls[i], n, "%s%zu", url, i);
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
+    int64_t t0 = mono_us(), end = t0 + seconds * 1000000;
+    for (int64_t i = 0; i < inflight; i++)
+        hb_start(&b);
+    int running = 0;
+    curl_multi_socket_action(b.multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    struct epoll_event evs[256];
+    while (!g_stop) {
+        bool more = mono_us() < end;
+        if (!more && running == 0)
+            break;
+        int wait = b.timeout_ms < 0 || b.timeout_ms > 100 ? 100 : (int)b.timeout_ms;
+        int n = epoll_wait(b.ep, evs, 256, wait);
+        if (n < 0 && errno != EINTR)
+            die("epoll_wait: %s", strerror(errno));
+        for (int i = 0; i < n; i++) {
+            int ev = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
+                     (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
+                     (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
+            curl_multi_socket_action(b.multi, evs[i].data.fd, ev, &running);
+        }
+        if (n <= 0)
+            curl_multi_socket_action(b.multi, CURL_SOCKET_TIMEOUT, 0, &running);
+        hb_reap(&b, more);
+    }
+    int64_t t1 = mono_us();
+    getrusage(RUSAGE_SELF, &ru1);
+    double el = (double)(t1 - t0) / 1e6;
+    double per = b.done ? 10000.0 / (double)b.done : 0;
+    printf("{\"requests\":%" PRIu64 ",\"non2xx\":%" PRIu64 ",\"errors\":%" PRIu64
+           ",\"elapsed_s\":%.3f,\"rate\":%.1f,\"inflight\":%" PRId64 ",\"endpoints\":%zu,"
+           "\"cpu_user_s_per_10k\":%.3f,\"cpu_sys_s_per_10k\":%.3f}\n",
+           b.done, b.non2xx, b.errors, el, el > 0 ? (double)b.done / el : 0.0, inflight, b.n_urls,
+           (cpu_s(&ru1.ru_utime) - cpu_s(&ru0.ru_utime)) * per,
+           (cpu_s(&ru1.ru_stime) - cpu_s(&ru0.ru_stime)) * per);
+    while (b.free) {
+        struct hx *x = b.free;
+        b.free = x->next;
+        curl_easy_cleanup(x->easy);
+        free(x);
+    }
+    curl_multi_cleanup(b.multi);
+    curl_slist_free_all(b.hdr);
+    for (size_t i = 0; i < b.n_urls; i++)
+        free(b.urls[i]);
+    free(b.urls);
+    free(b.body);
+    close(b.ep);
+    curl_global_cleanup();
+    return b.errors || b.non2xx ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: " PROG " pace|outcomes|endpoints-sql [options] (see the source "
-                        "header or bench/README.md)\n");
+        fprintf(stderr,
+                "usage: " PROG " pace|outcomes|endpoints-sql|http [options] (see the source "
+                "header or bench/README.md)\n");
         return 2;
     }
     const char *cmd = argv[1];
@@ -687,6 +940,8 @@ int main(int argc, char **argv)
         return cmd_outcomes(argc - 1, argv + 1);
     if (strcmp(cmd, "endpoints-sql") == 0)
         return cmd_endpoints_sql(argc - 1, argv + 1);
+    if (strcmp(cmd, "http") == 0)
+        return cmd_http(argc - 1, argv + 1);
     fprintf(stderr, PROG ": unknown command %s\n", cmd);
     return 2;
 }
