@@ -115,7 +115,12 @@ eval "$(stack env)"
 export SLUICE_KAFKA_BROKERS SLUICE_REDIS_URL SLUICE_PG_DSN
 
 # ---- the phases --------------------------------------------------------------------------
-CMDLINE="bench/run.sh${ARGS[*]:+ ${ARGS[*]}}"
+# the knobs that change what is measured go into the reproduce line too
+KNOBS=""
+for v in BENCH_INFLIGHT BENCH_PORT_BASE; do
+  [ -n "${!v:-}" ] && KNOBS="$KNOBS$v=${!v} "
+done
+CMDLINE="${KNOBS}bench/run.sh${ARGS[*]:+ ${ARGS[*]}}"
 PYTHONDONTWRITEBYTECODE=1 python3 "$SCRIPT_DIR/bench.py" \
   --repo "$REPO_DIR" --build "$BUILD_DIR" --tool "$TOOL" --stack-dir "$STACK_DIR" \
   --work "$WORK_DIR" --results "${BENCH_RESULTS_DIR:-$REPO_DIR/bench/results}" \
