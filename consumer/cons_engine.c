@@ -50,10 +50,14 @@
 #include "consumer/cons_ssrf.h"
 #include "consumer/cons_store.h"
 
-#define INTAKE_BATCH        500   /* Kafka records taken per loop turn */
-#define CLAIM_BATCH         200   /* retry jobs claimed per shard per turn */
-#define CLAIM_INTERVAL_MS   100   /* how often due retries are claimed */
-#define STORE_INTERVAL_MS   100   /* how often finished offsets are stored */
+#define INTAKE_BATCH      500 /* Kafka records taken per loop turn */
+#define CLAIM_BATCH       200 /* retry jobs claimed per shard per turn */
+#define CLAIM_INTERVAL_MS 100 /* how often due retries are claimed */
+#define STORE_INTERVAL_MS 100 /* how often finished offsets are stored */
+#define MARKS_BATCH       256 /* delivered markers that are written at once... */
+#define MARKS_DELAY_MS                                                                             \
+    5                             /* ...or when the oldest has waited this long: each write is a   \
+                                     Redis round trip the loop waits for (bench/README.md) */
 #define STATS_INTERVAL_MS   10000 /* stats log line */
 #define BRK_REFRESH_MS      1000  /* refresh of a local breaker view with recent failures */
 #define BRK_STALE_MS        30000 /* refresh of any closed local breaker view this old, ms */
@@ -191,6 +195,7 @@ struct cons_engine {
                                     revocation is served (or hold_until_mono passes) */
     int64_t last_revoke_mono;    /* last revocation served (mono ms; 0 = none) */
     size_t nmarks;               /* entries in marks */
+    int64_t marks_since_mono;    /* when the oldest entry of marks was added (mono ms) */
     int wake[2];                 /* pipe librdkafka writes to */
     char pod[SL_POD_MAX + 1];    /* instance id */
     uint64_t live;               /* jobs in memory */
@@ -1737,6 +1742,8 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
         j->pending_out = o;
         j->after = AFTER_COMPLETE;
         /* marker first (batched), outcome after it: see flush_marks */
+        if (!e->marks)
+            e->marks_since_mono = sl_mono_ms();
         j->next = e->marks;
         e->marks = j;
         e->nmarks++;
@@ -1918,6 +1925,17 @@ static void flush_marks(cons_engine_t *e)
         if (produce_outcome(e, j, &o) != 0)
             job_free(e, j);
     }
+}
+
+/* Milliseconds until the delivered markers are due to be written (0: now; -1: none held). */
+static int marks_due_in(const cons_engine_t *e)
+{
+    if (!e->marks)
+        return -1;
+    if (e->nmarks >= MARKS_BATCH || e->stop)
+        return 0;
+    int64_t left = e->marks_since_mono + MARKS_DELAY_MS - sl_mono_ms();
+    return left > 0 ? (int)left : 0;
 }
 
 /* ==== Kafka callbacks ==== */
@@ -2309,12 +2327,14 @@ int cons_engine_run(cons_engine_t *e)
         intake_redis(e);
         renew_leases(e);
         dispatch(e);
-        int wait = e->kafka_more || e->marks ? 0 : 50;
+        int due = marks_due_in(e);
+        int wait = e->kafka_more ? 0 : due >= 0 ? due : 50;
         int extra = 0;
         cons_http_run(e->http, wait, &extra);
         if (extra)
             drain_wake(e);
-        flush_marks(e);
+        if (marks_due_in(e) == 0)
+            flush_marks(e);
         rd_kafka_poll(e->producer, 0);
         if (e->held)
             retry_held(e);
