@@ -396,6 +396,14 @@ static const struct opt opts[] = {
       3650,
       "14",
       "delivery_attempts partitions kept this many days"),
+    I("deliveries_retention_d",
+      "SLUICE_DELIVERIES_RETENTION_D",
+      deliveries_retention_d,
+      0,
+      3650,
+      "0",
+      "deliveries rows (latest state per event and endpoint) kept this many days after their "
+      "last update; 0 = history_retention_d (rows an unresolved dead letter refers to stay)"),
 };
 
 #define NOPTS (sizeof(opts) / sizeof(opts[0]))

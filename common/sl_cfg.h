@@ -91,6 +91,7 @@ struct sl_config {
     int64_t latency_window_h;           /* rolling window of latency samples, hours */
     int64_t dead_letter_retention_d;    /* dead letters kept this many days */
     int64_t history_retention_d;        /* delivery_attempts partitions kept, days */
+    int64_t deliveries_retention_d;     /* deliveries rows kept, days; 0 = history's */
     /* bookkeeping */
     unsigned char sources[64]; /* enum sl_cfg_source per option, indexed like the table */
 };

@@ -87,11 +87,14 @@ static void do_purge(rec_maint_t *m)
         enum rec_purge what;
         int64_t days;
         const char *table;
-    } jobs[] = {{REC_PURGE_DEAD_LETTERS, cfg->dead_letter_retention_d, "dead_letters"},
-                {REC_PURGE_DELIVERIES, cfg->history_retention_d, "deliveries"},
-                {REC_PURGE_PENDING, 0, "pending_payloads"},
-                /* a journal entry outlives no dead letter it could help recover */
-                {REC_PURGE_REPLAY_LOG, cfg->dead_letter_retention_d, "replay_log"}};
+    } jobs[] = {
+        {REC_PURGE_DEAD_LETTERS, cfg->dead_letter_retention_d, "dead_letters"},
+        {REC_PURGE_DELIVERIES,
+         cfg->deliveries_retention_d ? cfg->deliveries_retention_d : cfg->history_retention_d,
+         "deliveries"},
+        {REC_PURGE_PENDING, 0, "pending_payloads"},
+        /* a journal entry outlives no dead letter it could help recover */
+        {REC_PURGE_REPLAY_LOG, cfg->dead_letter_retention_d, "replay_log"}};
     sl_err_t err;
     for (size_t j = 0; j < sizeof(jobs) / sizeof(jobs[0]); j++) {
         int64_t total = 0;

@@ -1307,9 +1307,9 @@ static void test_maintenance(void **state)
     topic_new(topic, sizeof(topic), "rt.outcomes");
     make_prefix(p, sizeof(p), "m");
     snprintf(group, sizeof(group), "%s-grp", p);
-    /* retention (dead letters 2 days here, history the default 14): a dead letter of 3 days
-     * and its replay journal entry expire, those of 1 day stay; a delivery finished 20 days
-     * ago expires */
+    /* retention (dead letters 2 days here, deliveries 5): a dead letter of 3 days and its
+     * replay journal entry expire, those of 1 day stay; deliveries last updated 20 and 8 days
+     * ago expire, one of 2 days stays */
     snprintf(sql, sizeof(sql),
              "insert into dead_letters (event_id, endpoint_id, error_class, attempts,"
              " first_failed_at, dead_at) values"
@@ -1331,8 +1331,12 @@ static void test_maintenance(void **state)
     snprintf(sql, sizeof(sql),
              "insert into deliveries (event_id, endpoint_id, state, attempts, first_seen,"
              " last_update) values ('%s-done', '%s-ep', 'delivered', 1,"
-             " now() - interval '20 days', now() - interval '20 days')",
-             p, p);
+             " now() - interval '20 days', now() - interval '20 days'),"
+             " ('%s-week', '%s-ep', 'delivered', 1, now() - interval '8 days',"
+             "  now() - interval '8 days'),"
+             " ('%s-recent', '%s-ep', 'delivered', 1, now() - interval '2 days',"
+             "  now() - interval '2 days')",
+             p, p, p, p, p, p);
     exec_sql(sql);
     /* latency statistics over the 24-h window: ten samples of 10..100 ms, one outside it */
     snprintf(sql, sizeof(sql),
@@ -1344,8 +1348,13 @@ static void test_maintenance(void **state)
              " 200",
              p, p, p, p);
     exec_sql(sql);
-    const char *env[] = {"SLUICE_DEAD_LETTER_RETENTION_D", "2", "SLUICE_RECORDER_HEALTH_REFRESH_MS",
-                         "1000", NULL};
+    const char *env[] = {"SLUICE_DEAD_LETTER_RETENTION_D",
+                         "2",
+                         "SLUICE_DELIVERIES_RETENTION_D",
+                         "5",
+                         "SLUICE_RECORDER_HEALTH_REFRESH_MS",
+                         "1000",
+                         NULL};
     struct rec_proc r = {0};
     rec_start(&r, topic, group, g_dsn, env);
 
@@ -1353,8 +1362,8 @@ static void test_maintenance(void **state)
     snprintf(q, sizeof(q),
              "select (select count(*) from dead_letters where event_id = '%s-old')"
              "     + (select count(*) from replay_log where event_id = '%s-old')"
-             "     + (select count(*) from deliveries where event_id = '%s-done')",
-             p, p, p);
+             "     + (select count(*) from deliveries where event_id in ('%s-done', '%s-week'))",
+             p, p, p, p);
     assert_int_equal(wait_q1(0, 60, q), 0);
     snprintf(q, sizeof(q),
              "select coalesce((select samples from endpoint_health where endpoint_id = '%s-lat'),"
@@ -1366,6 +1375,7 @@ static void test_maintenance(void **state)
     /* what is within its retention stays */
     assert_int_equal(q1("select count(*) from dead_letters where event_id = '%s-new'", p), 1);
     assert_int_equal(q1("select count(*) from replay_log where event_id = '%s-new'", p), 1);
+    assert_int_equal(q1("select count(*) from deliveries where event_id = '%s-recent'", p), 1);
     /* percentile_cont over 10, 20, ..., 100 ms; the 30-hour-old sample is outside the window */
     char got[256];
     qtext(got, sizeof(got),
@@ -1377,10 +1387,11 @@ static void test_maintenance(void **state)
 
     snprintf(sql, sizeof(sql),
              "delete from dead_letters where event_id like '%s-%%';"
+             "delete from deliveries where event_id like '%s-%%';"
              "delete from replay_log where event_id like '%s-%%';"
              "delete from endpoint_latency where endpoint_id like '%s-%%';"
              "delete from endpoint_health where endpoint_id like '%s-%%'",
-             p, p, p, p);
+             p, p, p, p, p);
     exec_sql(sql);
 }
 
