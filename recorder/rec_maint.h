@@ -5,8 +5,9 @@
  *   - partitions: sluice_drop_old_partitions(history_retention_d, latency_window_h + 1) and
  *     sluice_ensure_partitions(2), at start and every minute;
  *   - retention: sluice_purge_dead_letters(dead_letter_retention_d),
- *     sluice_purge_deliveries(deliveries_retention_d, default history_retention_d) and sluice_purge_pending_payloads() (records
- *     of deliveries no longer open; sql/0003), batched, every minute;
+ *     sluice_purge_deliveries(deliveries_retention_d, 0 = history_retention_d),
+ *     sluice_purge_pending_payloads() (records of deliveries no longer open; sql/0003) and
+ *     sluice_purge_replay_log(dead_letter_retention_d), batched, every minute;
  *   - endpoint_health statistics: sluice_refresh_endpoint_health(latency_window_h) every
  *     recorder_health_refresh_ms (default 30 s), or every 10 x its last duration when that is
  *     longer (it never takes more than ~10 % of a core, whatever the sample volume).
