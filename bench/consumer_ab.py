@@ -48,6 +48,9 @@ def main():
                     help="the receiver answers after this long (holds max in flight steady)")
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE consumer setting")
     ap.add_argument("--json", help="write every drain's figures here")
+    ap.add_argument("--keep-outcomes", action="store_true",
+                    help="keep each drain's outcome topic (its name is logged) for a closer look, "
+                         "e.g. the per-phase timings: sluicectl dump outcomes --topic T")
     a = ap.parse_args()
     bins = [b.split("=", 1) for b in a.bin]
     work = tempfile.mkdtemp(prefix="sluice-ab-")
@@ -109,8 +112,11 @@ def main():
                  "exit": p.returncode, "loadavg": os.getloadavg()[0]}
             rows.append(r)
             bench.log(json.dumps(r))
-            subprocess.run([b.bin("tests/integration/sl-test-topic"), "delete",
-                            e["SLUICE_TOPIC_OUTCOMES"]], env=e, capture_output=True)
+            if a.keep_outcomes:
+                bench.log(f"outcome topic kept: {e['SLUICE_TOPIC_OUTCOMES']}")
+            else:
+                subprocess.run([b.bin("tests/integration/sl-test-topic"), "delete",
+                                e["SLUICE_TOPIC_OUTCOMES"]], env=e, capture_output=True)
             _ = t0
     b.delete_topics(env)
     print(f"{'bin':<10} {'round':>5} {'cpu s/10k':>10} {'hwm MB':>8} {'deliv/s':>9} "
