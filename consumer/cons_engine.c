@@ -50,14 +50,12 @@
 #include "consumer/cons_ssrf.h"
 #include "consumer/cons_store.h"
 
-#define INTAKE_BATCH      500 /* Kafka records taken per loop turn */
-#define CLAIM_BATCH       200 /* retry jobs claimed per shard per turn */
-#define CLAIM_INTERVAL_MS 100 /* how often due retries are claimed */
-#define STORE_INTERVAL_MS 100 /* how often finished offsets are stored */
-#define MARKS_BATCH       256 /* delivered markers that are written at once... */
-#define MARKS_DELAY_MS                                                                             \
-    5                             /* ...or when the oldest has waited this long: each write is a   \
-                                     Redis round trip the loop waits for (bench/README.md) */
+#define INTAKE_BATCH        500   /* Kafka records taken per loop turn */
+#define CLAIM_BATCH         200   /* retry jobs claimed per shard per turn */
+#define CLAIM_INTERVAL_MS   100   /* how often due retries are claimed */
+#define STORE_INTERVAL_MS   100   /* how often finished offsets are stored */
+#define MARKS_BATCH         256   /* delivered markers written in one Redis round trip... */
+#define MARKS_DELAY_MS      5     /* ...or once the oldest has waited this long */
 #define STATS_INTERVAL_MS   10000 /* stats log line */
 #define BRK_REFRESH_MS      1000  /* refresh of a local breaker view with recent failures */
 #define BRK_STALE_MS        30000 /* refresh of any closed local breaker view this old, ms */
