@@ -304,14 +304,15 @@ class Bench:
         return out
 
     def assigned(self, p):
-        """Partitions currently assigned to p, from its log (None before the first)."""
-        n = None
+        """Partitions currently assigned to p, from its log (None before the first); a
+        process with several delivery loops (consumer_threads) sums its loops'."""
+        per_loop = {}
         for ev in self.consumer_log(p):
             if ev.get("event") == "partitions_assigned":
-                n = int(re.search(r"(\d+)", ev.get("msg", "0")).group(1))
+                per_loop[ev.get("loop", 0)] = int(re.search(r"(\d+)", ev.get("msg", "0")).group(1))
             elif ev.get("event") == "partitions_revoked":
-                n = 0
-        return n
+                per_loop[ev.get("loop", 0)] = 0
+        return sum(per_loop.values()) if per_loop else None
 
     def wait_assigned(self, procs, total, timeout=90):
         deadline = time.time() + timeout
@@ -326,14 +327,18 @@ class Bench:
         raise RuntimeError(f"consumers not assigned {total} partitions in {timeout}s")
 
     def consumer_peaks(self, p):
-        """Largest in-flight and in-memory counts from the stats lines."""
-        infl = mem = 0
+        """Largest in-flight and in-memory counts from the stats lines; with several
+        delivery loops, the sum of each loop's largest (an upper bound of the process's)."""
+        infl, mem = {}, {}
         for ev in self.consumer_log(p):
             if ev.get("event") == "stats":
                 # *_max: the peak since the previous line (the line itself is one sample)
-                infl = max(infl, int(ev.get("inflight", 0)), int(ev.get("inflight_max", 0)))
-                mem = max(mem, int(ev.get("in_memory", 0)), int(ev.get("in_memory_max", 0)))
-        return infl, mem
+                k = ev.get("loop", 0)
+                infl[k] = max(infl.get(k, 0), int(ev.get("inflight", 0)),
+                              int(ev.get("inflight_max", 0)))
+                mem[k] = max(mem.get(k, 0), int(ev.get("in_memory", 0)),
+                             int(ev.get("in_memory_max", 0)))
+        return sum(infl.values()), sum(mem.values())
 
     def wait_delivered(self, target, procs, timeout, series=None):
         """Poll the receiver until target 2xx answers; returns seconds waited."""

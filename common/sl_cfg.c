@@ -173,6 +173,17 @@ static const struct opt opts[] = {
       600000,
       "5000",
       "connect timeout including TLS (ms)"),
+    I("consumer_threads",
+      "SLUICE_CONSUMER_THREADS",
+      consumer_threads,
+      1,
+      64,
+      "1",
+      "delivery loops (threads) per consumer process, each a consumer-group member of its "
+      "own with its share of the partitions, its own HTTP connections and Redis connection; "
+      "max_inflight and max_queued stay per process (split evenly between the loops, "
+      "rounded up), endpoint_backlog and the per-endpoint caps hold per loop as they hold "
+      "per process (an endpoint's records are read by one loop)"),
     I("max_inflight",
       "SLUICE_MAX_INFLIGHT",
       max_inflight,
@@ -195,7 +206,7 @@ static const struct opt opts[] = {
       "5000",
       "jobs held in memory beyond max_inflight (queued to send, waiting for an outcome's "
       "acknowledgement); at max_inflight + max_queued Kafka intake pauses, and resumes below "
-      "max_inflight + max_queued / 2"),
+      "max_inflight + max_queued / 2 (with consumer_threads > 1, each loop at its share)"),
     I("endpoint_backlog",
       "SLUICE_ENDPOINT_BACKLOG",
       endpoint_backlog,

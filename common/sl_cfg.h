@@ -54,6 +54,7 @@ struct sl_config {
     /* delivery */
     int64_t http_timeout_ms;           /* total request timeout, ms */
     int64_t http_connect_timeout_ms;   /* connect (TCP+TLS) timeout, ms */
+    int64_t consumer_threads;          /* delivery loops per consumer process */
     int64_t max_inflight;              /* global cap on concurrent requests */
     int64_t max_inflight_per_endpoint; /* per-endpoint cap on concurrent requests */
     int64_t max_queued;                /* jobs held beyond max_inflight before intake pauses */

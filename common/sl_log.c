@@ -33,6 +33,8 @@ static pthread_mutex_t g_secret_mu = PTHREAD_MUTEX_INITIALIZER;
 static char *g_secrets[MAX_SECRETS];
 static size_t g_nsecrets;
 static _Thread_local const struct sl_log_ctx *t_ctx;
+static _Thread_local const char *t_tag_key; /* sl_log_thread_tag */
+static _Thread_local int64_t t_tag_val;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
@@ -115,6 +117,12 @@ void sl_log_clear_secrets(void)
     }
     g_nsecrets = 0;
     pthread_mutex_unlock(&g_secret_mu);
+}
+
+void sl_log_thread_tag(const char *key, int64_t value)
+{
+    t_tag_key = key;
+    t_tag_val = value;
 }
 
 void sl_log_ctx_set(const struct sl_log_ctx *ctx)
@@ -283,6 +291,8 @@ void sl__log_write(int level,
     put_str(&l, "proc", g_proc, strlen(g_proc));
     put_str(&l, "mod", mod, strlen(mod));
     put_str(&l, "event", event, strlen(event));
+    if (t_tag_key)
+        put_int(&l, t_tag_key, t_tag_val);
 
     char msg[MSG_MAX_BYTES];
     va_list ap;

@@ -73,6 +73,9 @@ void sl_log_set_fd(int fd);
 void sl_log_add_secret(const char *value);
 /* Forget all registered secrets (wiping the copies). */
 void sl_log_clear_secrets(void);
+/* Tag every later line of this thread with key (a static string): value, e.g. the
+ * consumer's delivery loop ("loop": 1); key NULL removes the tag. */
+void sl_log_thread_tag(const char *key, int64_t value);
 /* Set/clear this thread's context (ctx is borrowed until cleared). */
 void sl_log_ctx_set(const struct sl_log_ctx *ctx);
 void sl_log_ctx_clear(void);

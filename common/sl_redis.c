@@ -4,6 +4,7 @@
 #include "common/sl_redis.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,14 +173,22 @@ redisReply *sl_redis_cmdf(sl_redis_t *r, sl_err_t *err, const char *fmt, ...)
     return NULL;
 }
 
+/* Scripts are static and shared by every thread of a process (the consumer's delivery
+ * loops): the digest is computed once, under a lock. */
+static pthread_mutex_t g_sha_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void script_sha(struct sl_redis_script *s)
 {
-    if (s->sha[0])
-        return;
-    unsigned char md[SHA_DIGEST_LENGTH];
-    SHA1((const unsigned char *)s->lua, strlen(s->lua), md);
-    for (int i = 0; i < SHA_DIGEST_LENGTH; i++)
-        snprintf(s->sha + 2 * i, 3, "%02x", md[i]);
+    pthread_mutex_lock(&g_sha_mu);
+    if (!s->sha[0]) {
+        unsigned char md[SHA_DIGEST_LENGTH];
+        char hex[sizeof(s->sha)];
+        SHA1((const unsigned char *)s->lua, strlen(s->lua), md);
+        for (int i = 0; i < SHA_DIGEST_LENGTH; i++)
+            snprintf(hex + 2 * i, 3, "%02x", md[i]);
+        memcpy(s->sha, hex, sizeof(hex));
+    }
+    pthread_mutex_unlock(&g_sha_mu);
 }
 
 redisReply *sl_redis_eval(sl_redis_t *r,

@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -195,7 +196,12 @@ struct cons_engine {
     size_t nmarks;               /* entries in marks */
     int64_t marks_since_mono;    /* when the oldest entry of marks was added (mono ms) */
     int wake[2];                 /* pipe librdkafka writes to */
-    char pod[SL_POD_MAX + 1];    /* instance id */
+    char pod[SL_POD_MAX + 1];    /* instance id (the process's: every loop of it) */
+    char owner[SL_POD_MAX + 12]; /* this loop's breaker owner id: pod, or pod#i when the
+                                    process runs several loops */
+    int thread;                  /* this loop's index (0..threads-1) */
+    int threads;                 /* loops in this process (consumer_threads) */
+    int64_t max_inflight;        /* this loop's share of max_inflight */
     uint64_t live;               /* jobs in memory */
     int inflight_max;            /* most requests in flight since the last stats line */
     uint64_t live_max;           /* most jobs in memory since the last stats line */
@@ -207,7 +213,7 @@ struct cons_engine {
     int64_t ihold_retry_mono;    /* next check of ihold (mono ms) */
     bool paused;                 /* partitions paused by us */
     bool kafka_more;             /* the consumer queue may hold more records */
-    volatile sig_atomic_t stop;  /* shutdown requested */
+    atomic_int stop;             /* shutdown requested (any thread, signal handlers) */
     bool stopping;               /* shutdown in progress */
     uint32_t next_shard;         /* round-robin claim cursor */
     int64_t next_claim_mono;     /* next claim turn */
@@ -418,10 +424,25 @@ static void unblock(cons_engine_t *e)
     }
 }
 
+/* This loop's share of a per-process limit v: v / threads rounded up, at least 1. */
+static int64_t share(const cons_engine_t *e, int64_t v)
+{
+    int64_t s = (v + e->threads - 1) / e->threads;
+    return s < 1 ? 1 : s;
+}
+
+/* The endpoint's configured cap on requests in flight. Like endpoint_backlog it holds per
+ * loop, as it holds per pod: an endpoint's records share a key, so its partition and the
+ * loop reading it (claimed retries come to any loop of any pod). */
+static int64_t ep_cap(const cons_engine_t *e, const struct cons_ep *ce)
+{
+    return ce->ep ? ce->ep->max_inflight : e->cfg->max_inflight_per_endpoint;
+}
+
 /* Effective in-flight cap: the endpoint's cap, shrunk by the AIMD window after 429s. */
 static int64_t inflight_cap(const cons_engine_t *e, const struct cons_ep *ce)
 {
-    int64_t cap = ce->ep ? ce->ep->max_inflight : e->cfg->max_inflight_per_endpoint;
+    int64_t cap = ep_cap(e, ce);
     if (ce->cwnd > 0 && (int64_t)ce->cwnd < cap)
         cap = (int64_t)ce->cwnd < 1 ? 1 : (int64_t)ce->cwnd;
     return cap;
@@ -1514,9 +1535,9 @@ static void defer_queue(cons_engine_t *e, struct cons_ep *ce, int64_t until_ms)
 static void probe_owner(const cons_engine_t *e, uint64_t seq, char out[CONS_STORE_OWNER_MAX + 1])
 {
     if (seq)
-        snprintf(out, CONS_STORE_OWNER_MAX + 1, "%s/%llu", e->pod, (unsigned long long)seq);
+        snprintf(out, CONS_STORE_OWNER_MAX + 1, "%s/%llu", e->owner, (unsigned long long)seq);
     else
-        snprintf(out, CONS_STORE_OWNER_MAX + 1, "%s", e->pod);
+        snprintf(out, CONS_STORE_OWNER_MAX + 1, "%s", e->owner);
 }
 
 /* May ce send now? Consults the shared breaker only when the local view is not closed. */
@@ -1597,7 +1618,7 @@ static void dispatch(cons_engine_t *e)
      * more) or leaves the list until an event brings it back (a request finishing frees a
      * slot or ends a probe; a breaker deferral empties its queue). Round-robin, so one busy
      * endpoint cannot hold back the others. */
-    int64_t max_inflight = e->cfg->max_inflight;
+    int64_t max_inflight = e->max_inflight;
     if (stall_hold(e))
         return;
     while (cons_http_running(e->http) < max_inflight) {
@@ -1675,7 +1696,7 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
          * this one) for Retry-After or 1 s, and halve its concurrency window; successes grow
          * the window back by about one request per round trip. */
         block_until(e, ce, sl_mono_ms() + (ra_ms > 0 ? ra_ms : 1000));
-        double cap = (double)(ce->ep ? ce->ep->max_inflight : e->cfg->max_inflight_per_endpoint);
+        double cap = (double)ep_cap(e, ce);
         double w = ce->cwnd > 0 ? ce->cwnd : cap;
         ce->cwnd = w / 2 < 1 ? 1 : w / 2;
         SL_LOGKV(SL_LOG_INFO, "deliver", "endpoint_throttled",
@@ -1683,7 +1704,7 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
                                        SL_KV_I("window", (int64_t)ce->cwnd)}),
                  "endpoint %s asked to slow down", ce->id);
     } else if (v == CONS_DELIVERED && ce->cwnd > 0) {
-        double cap = (double)(ce->ep ? ce->ep->max_inflight : e->cfg->max_inflight_per_endpoint);
+        double cap = (double)ep_cap(e, ce);
         ce->cwnd += 1.0 / ce->cwnd;
         if (ce->cwnd >= cap)
             ce->cwnd = 0; /* fully recovered: no window */
@@ -2148,18 +2169,26 @@ static void stats_line(cons_engine_t *e, bool force)
 
 /* ==== Life cycle ==== */
 
-cons_engine_t *
-cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endpoints, sl_err_t *err)
+cons_engine_t *cons_engine_new(
+    const struct sl_config *cfg, sl_endpoints_t *endpoints, int thread, int threads, sl_err_t *err)
 {
+    if (threads < 1 || thread < 0 || thread >= threads) {
+        sl_err_set(err, SL_EINVAL, "loop %d of %d: no such loop", thread, threads);
+        return NULL;
+    }
     cons_engine_t *e = sl_xcalloc(1, sizeof(*e));
     e->cfg = cfg;
     e->endpoints = endpoints;
+    e->thread = thread;
+    e->threads = threads;
+    e->max_inflight = share(e, cfg->max_inflight);
     e->wake[0] = e->wake[1] = -1;
     e->eps = sl_map_new(64);
     e->offsets = cons_offsets_new();
-    e->live_cap = (uint64_t)cfg->max_inflight + (uint64_t)cfg->max_queued;
+    int64_t queued = share(e, cfg->max_queued);
+    e->live_cap = (uint64_t)e->max_inflight + (uint64_t)queued;
     /* resume above max_inflight, so the requests in flight never run dry meanwhile */
-    e->live_resume = (uint64_t)cfg->max_inflight + (uint64_t)cfg->max_queued / 2;
+    e->live_resume = (uint64_t)e->max_inflight + (uint64_t)queued / 2;
     sl_buf_init(&e->enc, (size_t)cfg->max_body_bytes * 2 + SL_RECORD_OVERHEAD * 2);
     sl_buf_init(&e->canon, (size_t)cfg->max_body_bytes + SL_RECORD_OVERHEAD);
     e->lim = (struct sl_decode_limits){.max_body = (size_t)cfg->max_body_bytes, .max_record = 0};
@@ -2175,6 +2204,13 @@ cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endpoints, sl_err_t
         }
         snprintf(e->pod, sizeof(e->pod), "%s-%d", host, (int)getpid());
     }
+    /* Each loop of a process is its own breaker owner: one loop's late failure must not
+     * count as another loop's probe. */
+    if (threads > 1)
+        snprintf(e->owner, sizeof(e->owner), "%s#%d", e->pod,
+                 thread & 63); /* consumer_threads <= 64 */
+    else
+        snprintf(e->owner, sizeof(e->owner), "%s", e->pod);
     if (cons_ssrf_parse(&e->ssrf, cfg->ssrf_protection, cfg->ssrf_allow_cidrs, err) != 0)
         goto fail;
     struct cons_http_opts ho = {.ssrf = &e->ssrf,
@@ -2241,7 +2277,11 @@ fail:
 
 void cons_engine_stop(cons_engine_t *e)
 {
-    e->stop = 1;
+    atomic_store(&e->stop, 1);
+    if (e->wake[1] >= 0) {
+        ssize_t w = write(e->wake[1], "s", 1); /* wake the loop now; a full pipe wakes it too */
+        (void)w;
+    }
 }
 
 void cons_engine_stats(const cons_engine_t *e, struct cons_stats *out)
@@ -2314,8 +2354,9 @@ static void shutdown_drain(cons_engine_t *e)
 
 int cons_engine_run(cons_engine_t *e)
 {
+    sl_log_thread_tag("loop", e->thread); /* this thread's lines name their loop */
     sl_info("consumer", "started", "consuming %s as %s (group %s)", e->cfg->topic_deliveries,
-            e->pod, e->cfg->consumer_group);
+            e->owner, e->cfg->consumer_group);
     e->next_stats_mono = sl_mono_ms() + STATS_INTERVAL_MS;
     while (!e->stop) {
         if (e->blocked)

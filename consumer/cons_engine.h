@@ -16,7 +16,9 @@
  * completion removes or reschedules the job under the lease token of the claim.
  *
  * thread: all calls on the thread that runs cons_engine_run; cons_engine_stop is
- * async-signal-safe.
+ * async-signal-safe and may be called from any thread. Engines share nothing but the
+ * endpoint table (thread-safe) and the logger: a process runs several, one per thread
+ * (consumer_threads), as it would run several processes.
  */
 #ifndef CONS_ENGINE_H
 #define CONS_ENGINE_H
@@ -46,10 +48,14 @@ struct cons_stats {
                              bytes (not canonical), so they cost their size again in memory */
 };
 
-/* Build the engine: connects to Kafka (consumer + outcome producer) and Redis. endpoints is
- * borrowed for the engine's life. Returns NULL with err filled. */
-cons_engine_t *
-cons_engine_new(const struct sl_config *cfg, sl_endpoints_t *endpoints, sl_err_t *err);
+/* Build the engine: connects to Kafka (consumer + outcome producer) and Redis. cfg and
+ * endpoints are borrowed for the engine's life. thread (0..threads-1) is this engine's index
+ * among the threads engines of the process (cfg->consumer_threads): each is its own
+ * consumer-group member and breaker owner ("<pod>#<thread>" when threads > 1), and takes
+ * its share of the per-process limits max_inflight and max_queued (divided by threads,
+ * rounded up). Returns NULL with err filled. */
+cons_engine_t *cons_engine_new(
+    const struct sl_config *cfg, sl_endpoints_t *endpoints, int thread, int threads, sl_err_t *err);
 
 /* Run until cons_engine_stop; then drain, reschedule, flush, commit. Returns 0 on a clean
  * shutdown, or a negative SL_E* code on a fatal error. */

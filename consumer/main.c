@@ -5,7 +5,9 @@
  *   endpoint table (sluice.endpoints read to its high watermark) -> engine -> run until
  *   SIGTERM/SIGINT -> drain, reschedule, flush, commit -> exit 0.
  */
+#include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,16 +17,42 @@
 #include "common/sl_cfg.h"
 #include "common/sl_endpoints.h"
 #include "common/sl_log.h"
+#include "common/sl_mem.h"
 #include "common/sl_secretbox.h"
 #include "consumer/cons_engine.h"
 
-static cons_engine_t *g_engine;
+/* The process's delivery loops (consumer_threads), for the signal handler: set before the
+ * handler can see a non-zero count, never changed while it can. */
+static cons_engine_t **g_engines;
+static volatile sig_atomic_t g_nengines;
+static volatile sig_atomic_t g_stop; /* a signal came, maybe before the loops existed */
 
 static void on_signal(int sig)
 {
     (void)sig;
-    if (g_engine)
-        cons_engine_stop(g_engine);
+    g_stop = 1;
+    for (int i = 0; i < g_nengines; i++)
+        cons_engine_stop(g_engines[i]);
+}
+
+struct loop {
+    cons_engine_t *engine;
+    pthread_t thr;
+    bool started;
+    int rc; /* cons_engine_run's result */
+};
+
+/* One delivery loop's thread. A loop that ends on a fatal error stops the others: the
+ * process exits non-zero and its orchestrator restarts it whole. */
+static void *loop_main(void *arg)
+{
+    struct loop *l = arg;
+    l->rc = cons_engine_run(l->engine);
+    if (l->rc != 0) {
+        for (int i = 0; i < g_nengines; i++)
+            cons_engine_stop(g_engines[i]);
+    }
+    return NULL;
 }
 
 static void usage(FILE *f)
@@ -65,15 +93,56 @@ int main(int argc, char **argv)
         goto out;
     }
     sl_info("consumer", "endpoints_loaded", "%zu endpoints loaded", sl_endpoints_count(eps));
-    g_engine = cons_engine_new(&cfg, eps, &err);
-    if (!g_engine) {
-        sl_error("consumer", "start_failed", "%s", err.msg);
-        goto out;
+    int n = (int)cfg.consumer_threads;
+    struct loop *loops = sl_xcalloc((size_t)n, sizeof(*loops));
+    cons_engine_t **engines = sl_xcalloc((size_t)n, sizeof(*engines));
+    for (int i = 0; i < n; i++) {
+        engines[i] = loops[i].engine = cons_engine_new(&cfg, eps, i, n, &err);
+        if (!engines[i]) {
+            sl_error("consumer", "start_failed", "%s", err.msg);
+            goto stop;
+        }
     }
-    rc = cons_engine_run(g_engine) == 0 ? 0 : 1;
+    g_engines = engines;
+    g_nengines = n;
+    if (g_stop) /* asked to stop while starting: the loops drain and commit at once */
+        on_signal(0);
+    rc = 0;
+    /* Loops 1..n-1 on threads of their own (signals blocked there: the handler runs on the
+     * main thread, which runs loop 0). */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    for (int i = 1; i < n; i++) {
+        int pe = pthread_create(&loops[i].thr, NULL, loop_main, &loops[i]);
+        if (pe != 0) {
+            sl_error("consumer", "start_failed", "could not start delivery loop %d: %s", i,
+                     strerror(pe));
+            rc = 1;
+            break;
+        }
+        loops[i].started = true;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0)
+        on_signal(0); /* stop the loops already started; they drain and commit */
+    loop_main(&loops[0]);
+    for (int i = 1; i < n; i++) {
+        if (loops[i].started)
+            pthread_join(loops[i].thr, NULL);
+    }
+    for (int i = 0; i < n; i++) {
+        if (loops[i].rc != 0)
+            rc = 1;
+    }
+stop:
+    g_nengines = 0;
+    g_engines = NULL;
+    for (int i = 0; i < n; i++)
+        cons_engine_destroy(engines[i]);
+    free(engines);
+    free(loops);
 out:
-    cons_engine_destroy(g_engine);
-    g_engine = NULL;
     sl_endpoints_close(eps);
     sl_masterkey_fini(&mk);
     sl_cfg_fini(&cfg);

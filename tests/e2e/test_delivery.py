@@ -113,7 +113,8 @@ def test_breaker_one_probe_across_two_consumers(make_world):
                    "--breaker-cooldown-ms", "1000")
     events = [event(ep, i, w.tag) for i in range(30)]
     assert w.produce(events).returncode == 0
-    c1, c2 = w.consumer("c1"), w.consumer("c2")
+    # c1 runs two delivery loops: three breaker owners in all, still one probe at a time
+    c1, c2 = w.consumer("c1", consumer_threads=2), w.consumer("c2")
     # let the breaker open and go through a few failed probes (1 s, 2 s, 4 s, 4 s cooldowns)
     time.sleep(14)
     hits = sorted(l["ts_ms"] for l in rcv.ledger() if l["endpoint"] == ep)
@@ -137,6 +138,65 @@ def test_breaker_one_probe_across_two_consumers(make_world):
     want = {(e["id"], ep) for e in events}
     wait_until(lambda: want <= delivered_ids(w.outcomes()), 60, 1.0, "delivery after recovery")
     assert c1.term() == 0 and c2.term() == 0
+
+
+def loop_events(c, name):
+    """(loop, event) of every log line of consumer c named name."""
+    out = []
+    for line in c.log_lines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if ev.get("event") == name:
+            out.append((ev.get("loop"), ev))
+    return out
+
+
+def test_loops_of_one_process_share_partitions_and_limits(make_world):
+    # consumer_threads=2: two delivery loops in one process, each a group member of its own.
+    # max_inflight stays a per-process bound (2 per loop); the receiver answers after 300 ms,
+    # so no 270 ms window may see more than 4 arrivals.
+    w = make_world(partitions=4, max_inflight=4)
+    rcv = w.receiver(secrets_list=[w.secret], extra=["--reject-bad-sig"])
+    eps = [w.add_endpoint(f"l{i}{w.tag}", rcv.url("slow/300", f"l{i}{w.tag}"))
+           for i in range(16)]
+    events = [event(ep, i, w.tag) for ep in eps for i in range(5)]
+    assert w.produce(events).returncode == 0
+    c = w.consumer(consumer_threads=2)
+    want = {(e["id"], e["endpoint"]) for e in events}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 90, 1.0, "all delivered")
+    assert c.term() == 0, c.logs()[-3000:]
+    oks = ledger_ok(rcv)
+    per = collections.Counter((l["webhook_id"], l["endpoint"]) for l in oks)
+    assert set(per) == want and max(per.values()) == 1
+    assert all(l["sig_ok"] is True for l in rcv.ledger())
+    outs = w.outcomes()
+    # the second loop joining the group may move partitions the first had started on: a
+    # record read again is reported as a duplicate (not sent again), as between two pods
+    assert {o["state"] for o in outs} <= {"delivered", "duplicate"}
+    assert collections.Counter((o["id"], o["endpoint"]) for o in outs
+                               if o["state"] == "delivered") == collections.Counter(want)
+    assert all(o["pod"] == "c0" for o in outs), "outcomes name the process, not the loop"
+    # both loops took partitions (4 in all) and delivered; the last stats lines add up
+    assigned = {}
+    for loop, ev in loop_events(c, "partitions_assigned"):
+        assigned[loop] = int(ev["msg"].split()[1])
+    assert set(assigned) == {0, 1} and sum(assigned.values()) == 4, assigned
+    delivered = {loop: ev["delivered"] for loop, ev in loop_events(c, "stats")}
+    assert set(delivered) == {0, 1} and sum(delivered.values()) == len(events), delivered
+    assert all(n > 0 for n in delivered.values()), delivered
+    arrivals = sorted(l["ts_ms"] for l in rcv.ledger())
+    busiest = max(sum(1 for t in arrivals[i:] if t < a + 270) for i, a in enumerate(arrivals))
+    assert busiest <= 4, f"{busiest} requests in flight at once, max_inflight is 4"
+    # both loops committed their offsets on SIGTERM: a new consumer reads nothing again
+    c2 = w.consumer("c1")
+    wait_until(lambda: sum(1 for _ in loop_events(c2, "partitions_assigned")) > 0, 60, 0.3,
+               "the second consumer's assignment")
+    time.sleep(3)
+    assert len(rcv.ledger()) == len(events)
+    assert c2.term() == 0
+    assert len(w.outcomes()) == len(outs), "records were read again after the clean stop"
 
 
 def test_kill9_mid_run_loses_nothing(make_world):
