@@ -2244,9 +2244,12 @@ cons_engine_t *cons_engine_new(
     if (!cconf)
         goto fail;
     /* librdkafka pre-fetches up to 64 MB by default, on top of the live_cap jobs held here
-     * (53 MB of the heap at 10,000 in flight, bench/README.md); 4 MB is still about 6,000
-     * records of 640 bytes (over 0.3 s at 20,000/s) ahead of the loop. */
-    if (sl_kafka_conf_set(cconf, "queued.max.messages.kbytes", "4096", err) != 0) {
+     * (53 MB of the heap at 10,000 in flight, bench/README.md); 4 MB per process is still
+     * about 6,000 records of 640 bytes (over 0.3 s at 20,000/s) ahead of the loops. Each
+     * loop takes its share (at least 1 MB). */
+    char qkb[24];
+    snprintf(qkb, sizeof(qkb), "%lld", (long long)(share(e, 4096) < 1024 ? 1024 : share(e, 4096)));
+    if (sl_kafka_conf_set(cconf, "queued.max.messages.kbytes", qkb, err) != 0) {
         rd_kafka_conf_destroy(cconf);
         goto fail;
     }
