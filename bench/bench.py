@@ -156,6 +156,7 @@ class Bench:
         self.wrk_s = 5 if self.quick else 10
         self.pace_s = 10 if self.quick else 20
         self.inflight = a.inflight
+        self.threads = a.consumer_threads
         self.per_ep = max(1, min(10000, -(-self.inflight // ENDPOINTS)))
         self.ep_prefix = f"b{self.run_id}_"
         self.many_prefix = f"m{self.run_id}_"
@@ -406,6 +407,7 @@ class Bench:
         cfg = dict(cfg or {})
         cfg.setdefault("max_inflight", self.inflight)
         cfg.setdefault("max_inflight_per_endpoint", self.per_ep)
+        cfg.setdefault("consumer_threads", self.threads)
         env = self.env(name, **cfg)
         self.new_redis_db(env)
         self.topics(env)
@@ -658,8 +660,10 @@ class Bench:
                      f"http://127.0.0.1:{self.port}/ok/{ep}?delay_ms={RSS_DELAY_MS}")
         n = 60_000 if self.quick else 120_000
         cfg = {"max_inflight": RSS_INFLIGHT,
-               "max_inflight_per_endpoint": max(1, RSS_INFLIGHT // ENDPOINTS),
-               "max_queued": RSS_INFLIGHT}
+               # twice the even share: with several loops an endpoint's records all go to
+               # one loop, whose endpoints may be fewer than half (49 x 100 < 5,000)
+               "max_inflight_per_endpoint": max(1, 2 * RSS_INFLIGHT // ENDPOINTS),
+               "max_queued": RSS_INFLIGHT, "consumer_threads": self.threads}
         env = self.env("rss", **cfg)
         self.new_redis_db(env)
         self.topics(env)
@@ -686,7 +690,7 @@ class Bench:
         rate = max(100, int(max_rate / 2))
         count = rate * self.pace_s
         env = self.env("latency", max_inflight=self.inflight,
-                       max_inflight_per_endpoint=self.per_ep)
+                       max_inflight_per_endpoint=self.per_ep, consumer_threads=self.threads)
         self.new_redis_db(env)
         self.topics(env)
         recv = self.start_receiver("latency")
@@ -759,17 +763,21 @@ class Bench:
         return res
 
     def phase_scaling(self):
-        res = {"deliveries": self.n_scale, "partitions": PARTITIONS, "runs": {}}
+        # processes are the unit here: one delivery loop each (the e2e phase runs one
+        # process with --consumer-threads loops)
+        res = {"deliveries": self.n_scale, "partitions": PARTITIONS, "loops_per_process": 1,
+               "runs": {}}
         for c in (1, 2, 4):
             log(f"scaling: {c} consumer(s)")
             res["runs"][str(c)] = self.drain(f"scale{c}", self.n_scale, self.ep_prefix, ENDPOINTS,
-                                             c, produce_first=False)
+                                             c, produce_first=False, cfg={"consumer_threads": 1})
         return res
 
     def phase_endpoints(self):
         secs = self.register_many()
+        # one loop, as the 1-consumer scaling run it is compared with
         r = self.drain("eps10k", self.n_scale, self.many_prefix, MANY_ENDPOINTS, 1,
-                       produce_first=False)
+                       produce_first=False, cfg={"consumer_threads": 1})
         r["register_s"] = secs
         return r
 
@@ -820,6 +828,7 @@ class Bench:
             "machine": self.machine(),
             "targets": TARGETS,
             "settings": {"consumer_max_inflight": self.inflight,
+                         "consumer_threads": self.threads,
                          "consumer_max_inflight_per_endpoint": self.per_ep,
                          "receiver_threads": a.receiver_threads, "wrk_threads": a.wrk_threads,
                          "partitions": PARTITIONS, "body_bytes": BODY_BYTES,
@@ -877,6 +886,8 @@ def main():
     ap.add_argument("--results", required=True)
     ap.add_argument("--receiver-port", type=int, required=True)
     ap.add_argument("--inflight", type=int, default=10000)
+    ap.add_argument("--consumer-threads", type=int, default=2,
+                    help="SLUICE_CONSUMER_THREADS of every consumer process")
     ap.add_argument("--receiver-threads", type=int, default=2)
     ap.add_argument("--wrk-threads", type=int, default=2)
     ap.add_argument("--latency-rate", type=int, default=5000,

@@ -57,7 +57,8 @@ def main():
     ns = argparse.Namespace(build=os.path.abspath(a.build), tool="", stack_dir=a.stack_dir,
                             work=work, results=work, receiver_port=a.receiver_port,
                             inflight=a.inflight, receiver_threads=a.receiver_threads,
-                            wrk_threads=2, latency_rate=0, command="", quick=True, only="e2e")
+                            wrk_threads=2, latency_rate=0, command="", quick=True, only="e2e",
+                            consumer_threads=1)  # each --bin sets its own
     b = bench.Bench(ns)
     if a.delay_ms:
         renv = b.env("setup")

@@ -86,7 +86,9 @@ def table(r):
         add("producer", "FAILED: " + ph["produce"].get("failed", "?"))
     e2e = ph.get("e2e", {})
     if "rate_median_1s" in e2e:
-        add(f"end to end: 1 consumer drains {e2e['deliveries']:,} (100 endpoints), median of 1-s",
+        loops = e2e.get("consumer_config", {}).get("SLUICE_CONSUMER_THREADS", 1)
+        add(f"end to end: 1 consumer ({loops} loop{'s' if int(loops) != 1 else ''}) drains "
+            f"{e2e['deliveries']:,} (100 endpoints), median of 1-s",
             fmt(e2e["rate_median_1s"], " deliv/s"), e2e["rate_median_1s"])
         add("end to end: same run, mean first..last outcome", fmt(e2e["rate_mean"], " deliv/s"),
             e2e["rate_mean"])
@@ -105,13 +107,14 @@ def table(r):
         if c != "1" and run.get("window", {}).get("pods"):
             per = " (" + " + ".join(fmt(p["rate"]) for p in run["window"]["pods"].values()) + ")"
         x = f", x{rate / one:.2f} of 1" if one and c != "1" else ""
-        add(f"scaling: {c} consumer(s), 8 partitions, {sc['deliveries']:,} deliveries",
+        add(f"scaling: {c} consumer(s) of {sc.get('loops_per_process', 1)} loop, 8 partitions, "
+            f"{sc['deliveries']:,} deliveries",
             fmt(rate, " deliv/s") + per + x, rate)
     eps = ph.get("endpoints", {})
     if "rate_median_1s" in eps:
         rate = run_rate(eps)
         x = f", x{rate / one:.2f} of 100 endpoints" if one else ""
-        add(f"10,000 endpoints: 1 consumer, {eps['deliveries']:,} deliveries",
+        add(f"10,000 endpoints: 1 consumer of 1 loop, {eps['deliveries']:,} deliveries",
             fmt(rate, " deliv/s") + x, rate)
     elif "endpoints" in ph:
         add("10,000 endpoints", "FAILED: " + ph["endpoints"].get("failed", "?"))

@@ -22,6 +22,8 @@
 #                             use it as it is
 #   BENCH_RESULTS_DIR         where results go (default <repo>/bench/results)
 #   BENCH_INFLIGHT (10000)    SLUICE_MAX_INFLIGHT of the consumers (per endpoint: / 100)
+#   BENCH_CONSUMER_THREADS (2) SLUICE_CONSUMER_THREADS of every consumer process: delivery
+#                             loops per process (one per core of this 2-core machine)
 #   BENCH_KEEP_TMP=1          keep the work dir (logs, raw series) under $TMPDIR
 set -euo pipefail
 
@@ -117,7 +119,7 @@ export SLUICE_KAFKA_BROKERS SLUICE_REDIS_URL SLUICE_PG_DSN
 # ---- the phases --------------------------------------------------------------------------
 # the knobs that change what is measured go into the reproduce line too
 KNOBS=""
-for v in BENCH_INFLIGHT BENCH_PORT_BASE; do
+for v in BENCH_INFLIGHT BENCH_CONSUMER_THREADS BENCH_PORT_BASE; do
   [ -n "${!v:-}" ] && KNOBS="$KNOBS$v=${!v} "
 done
 CMDLINE="${KNOBS}bench/run.sh${ARGS[*]:+ ${ARGS[*]}}"
@@ -125,4 +127,5 @@ PYTHONDONTWRITEBYTECODE=1 python3 "$SCRIPT_DIR/bench.py" \
   --repo "$REPO_DIR" --build "$BUILD_DIR" --tool "$TOOL" --stack-dir "$STACK_DIR" \
   --work "$WORK_DIR" --results "${BENCH_RESULTS_DIR:-$REPO_DIR/bench/results}" \
   --receiver-port $((PORT_BASE + 10)) --inflight "${BENCH_INFLIGHT:-10000}" \
+  --consumer-threads "${BENCH_CONSUMER_THREADS:-2}" \
   --command "$CMDLINE" "$@"
