@@ -133,7 +133,8 @@ def table(r):
             continue
         e = run["e2e_ms"]
         label = prof_label(prof, run)
-        add(f"latency at {lat['rate']:,}/s ({label}) P50/P95/P99",
+        win = f", {lat['max_inflight']:,} in flight" if lat.get("max_inflight") else ""
+        add(f"latency at {lat['rate']:,}/s{win} ({label}) P50/P95/P99",
             f"{e['p50']:.0f} / {e['p95']:.0f} / {e['p99']:.0f} ms"
             f" (publish->ack P99 {run['pace']['ack_ms']['p99']:.0f} ms)")
     if "latency" in ph and "failed" in ph["latency"]:

@@ -22,9 +22,12 @@
 #                             use it as it is
 #   BENCH_RESULTS_DIR         where results go (default <repo>/bench/results)
 #   BENCH_INFLIGHT (10000)    SLUICE_MAX_INFLIGHT of the consumers (per endpoint: / 100)
+#   BENCH_LATENCY_INFLIGHT (1000) SLUICE_MAX_INFLIGHT of the latency phase's consumer
 #   BENCH_CONSUMER_THREADS (2) SLUICE_CONSUMER_THREADS of every consumer process: delivery
 #                             loops per process (one per core of this 2-core machine)
 #   BENCH_KEEP_TMP=1          keep the work dir (logs, raw series) under $TMPDIR
+#   BENCH_KEEP_TOPICS=1       keep each phase's topics (with BENCH_STACK_DIR, read them after:
+#                             sluicectl dump outcomes --topic bench.<run>.<phase>.outcomes)
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -119,7 +122,7 @@ export SLUICE_KAFKA_BROKERS SLUICE_REDIS_URL SLUICE_PG_DSN
 # ---- the phases --------------------------------------------------------------------------
 # the knobs that change what is measured go into the reproduce line too
 KNOBS=""
-for v in BENCH_INFLIGHT BENCH_CONSUMER_THREADS BENCH_PORT_BASE; do
+for v in BENCH_INFLIGHT BENCH_LATENCY_INFLIGHT BENCH_CONSUMER_THREADS BENCH_PORT_BASE; do
   [ -n "${!v:-}" ] && KNOBS="$KNOBS$v=${!v} "
 done
 CMDLINE="${KNOBS}bench/run.sh${ARGS[*]:+ ${ARGS[*]}}"
@@ -128,4 +131,5 @@ PYTHONDONTWRITEBYTECODE=1 python3 "$SCRIPT_DIR/bench.py" \
   --work "$WORK_DIR" --results "${BENCH_RESULTS_DIR:-$REPO_DIR/bench/results}" \
   --receiver-port $((PORT_BASE + 10)) --inflight "${BENCH_INFLIGHT:-10000}" \
   --consumer-threads "${BENCH_CONSUMER_THREADS:-2}" \
+  --latency-inflight "${BENCH_LATENCY_INFLIGHT:-1000}" \
   --command "$CMDLINE" "$@"

@@ -120,6 +120,16 @@ static const struct opt opts[] = {
       "65536",
       "bytes a fetch waits for (up to kafka_fetch_wait_ms); 1 answers every fetch at once, "
       "which at moderate rates means one fetch per produced batch and a busy broker"),
+    I("consumer_prefetch_kb",
+      "SLUICE_CONSUMER_PREFETCH_KB",
+      consumer_prefetch_kb,
+      1024,
+      262144,
+      "4096",
+      "records each sluice-consumer delivery loop pre-fetches from Kafka, in KiB "
+      "(queued.max.messages.kbytes), on top of its jobs in memory; it also bounds the loop's "
+      "intake, because librdkafka 2.0.2 backs fetching off once this queue is full: 2048 "
+      "halved a loop's rate, 8192 and 16384 did not raise it (bench/README.md)"),
     S("redis_url",
       "SLUICE_REDIS_URL",
       redis_url,

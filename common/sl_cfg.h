@@ -40,6 +40,7 @@ struct sl_config {
     int64_t kafka_session_timeout_ms; /* group session timeout, ms */
     int64_t kafka_fetch_wait_ms;      /* fetch.wait.max.ms of every consumer, ms */
     int64_t kafka_fetch_min_bytes;    /* fetch.min.bytes of every consumer */
+    int64_t consumer_prefetch_kb;     /* consumer: queued.max.messages.kbytes per loop */
     /* redis */
     char *redis_url;          /* redis://[:password@]host:port[/db]; password secret */
     int64_t redis_timeout_ms; /* connect and command timeout, ms */

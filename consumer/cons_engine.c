@@ -2244,11 +2244,13 @@ cons_engine_t *cons_engine_new(
     if (!cconf)
         goto fail;
     /* librdkafka pre-fetches up to 64 MB by default, on top of the live_cap jobs held here
-     * (53 MB of the heap at 10,000 in flight, bench/README.md); 4 MB per process is still
-     * about 6,000 records of 640 bytes (over 0.3 s at 20,000/s) ahead of the loops. Each
-     * loop takes its share (at least 1 MB). */
+     * (53 MB of the heap at 10,000 in flight, bench/README.md). Once the queue is full,
+     * librdkafka 2.0.2 backs the partition's fetching off (fetch.queue.backoff.ms only came
+     * in 2.2.0; fetch.error.backoff.ms does not change it), so the queue size also bounds
+     * the loop's intake: 2048 KiB halved a loop's rate, 4096 did not (bench/README.md,
+     * "Seventh session"). consumer_prefetch_kb, per loop. */
     char qkb[24];
-    snprintf(qkb, sizeof(qkb), "%lld", (long long)(share(e, 4096) < 1024 ? 1024 : share(e, 4096)));
+    snprintf(qkb, sizeof(qkb), "%lld", (long long)cfg->consumer_prefetch_kb);
     if (sl_kafka_conf_set(cconf, "queued.max.messages.kbytes", qkb, err) != 0) {
         rd_kafka_conf_destroy(cconf);
         goto fail;
