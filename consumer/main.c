@@ -63,6 +63,8 @@ static void usage(FILE *f)
                "Delivers webhook and postback records from Kafka (topic_deliveries) over HTTP,\n"
                "signed with Standard Webhooks, with retries, circuit breakers and duplicate\n"
                "protection kept in Redis. Run any number of them: they form one consumer group.\n"
+               "Each runs consumer_threads delivery loops (default 1; one per core it may use),\n"
+               "each a member of that group with its own share of the partitions.\n"
                "Configuration comes from SLUICE_* environment variables or a config file; see\n"
                "--help-config. SIGTERM or SIGINT drains in-flight requests and exits cleanly.\n");
 }
