@@ -197,8 +197,8 @@ struct cons_engine {
     int64_t marks_since_mono;    /* when the oldest entry of marks was added (mono ms) */
     int wake[2];                 /* pipe librdkafka writes to */
     char pod[SL_POD_MAX + 1];    /* instance id (the process's: every loop of it) */
-    char owner[SL_POD_MAX + 12]; /* this loop's breaker owner id: pod, or pod#i when the
-                                    process runs several loops */
+    char owner[SL_POD_MAX + 13]; /* this loop's breaker owner id: pod, or pod#i when the
+                                    process runs several loops ("#" and an int) */
     int thread;                  /* this loop's index (0..threads-1) */
     int threads;                 /* loops in this process (consumer_threads) */
     int64_t max_inflight;        /* this loop's share of max_inflight */
@@ -2207,8 +2207,7 @@ cons_engine_t *cons_engine_new(
     /* Each loop of a process is its own breaker owner: one loop's late failure must not
      * count as another loop's probe. */
     if (threads > 1)
-        snprintf(e->owner, sizeof(e->owner), "%s#%d", e->pod,
-                 thread & 63); /* consumer_threads <= 64 */
+        snprintf(e->owner, sizeof(e->owner), "%s#%d", e->pod, thread);
     else
         snprintf(e->owner, sizeof(e->owner), "%s", e->pod);
     if (cons_ssrf_parse(&e->ssrf, cfg->ssrf_protection, cfg->ssrf_allow_cidrs, err) != 0)

@@ -21,20 +21,6 @@
 #include "common/sl_secretbox.h"
 #include "consumer/cons_engine.h"
 
-/* The process's delivery loops (consumer_threads), for the signal handler: set before the
- * handler can see a non-zero count, never changed while it can. */
-static cons_engine_t **g_engines;
-static volatile sig_atomic_t g_nengines;
-static volatile sig_atomic_t g_stop; /* a signal came, maybe before the loops existed */
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-    for (int i = 0; i < g_nengines; i++)
-        cons_engine_stop(g_engines[i]);
-}
-
 struct loop {
     cons_engine_t *engine;
     pthread_t thr;
@@ -42,16 +28,28 @@ struct loop {
     int rc; /* cons_engine_run's result */
 };
 
+/* The process's delivery loops (consumer_threads), for the signal handler: set before the
+ * handler can see a non-zero count, never changed while it can. */
+static struct loop *g_loops;
+static volatile sig_atomic_t g_nloops;
+static volatile sig_atomic_t g_stop; /* a signal came, maybe before the loops existed */
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+    for (int i = 0; i < g_nloops; i++)
+        cons_engine_stop(g_loops[i].engine);
+}
+
 /* One delivery loop's thread. A loop that ends on a fatal error stops the others: the
  * process exits non-zero and its orchestrator restarts it whole. */
 static void *loop_main(void *arg)
 {
     struct loop *l = arg;
     l->rc = cons_engine_run(l->engine);
-    if (l->rc != 0) {
-        for (int i = 0; i < g_nengines; i++)
-            cons_engine_stop(g_engines[i]);
-    }
+    if (l->rc != 0)
+        on_signal(0);
     return NULL;
 }
 
@@ -97,16 +95,15 @@ int main(int argc, char **argv)
     sl_info("consumer", "endpoints_loaded", "%zu endpoints loaded", sl_endpoints_count(eps));
     int n = (int)cfg.consumer_threads;
     struct loop *loops = sl_xcalloc((size_t)n, sizeof(*loops));
-    cons_engine_t **engines = sl_xcalloc((size_t)n, sizeof(*engines));
     for (int i = 0; i < n; i++) {
-        engines[i] = loops[i].engine = cons_engine_new(&cfg, eps, i, n, &err);
-        if (!engines[i]) {
+        loops[i].engine = cons_engine_new(&cfg, eps, i, n, &err);
+        if (!loops[i].engine) {
             sl_error("consumer", "start_failed", "%s", err.msg);
             goto stop;
         }
     }
-    g_engines = engines;
-    g_nengines = n;
+    g_loops = loops;
+    g_nloops = n;
     if (g_stop) /* asked to stop while starting: the loops drain and commit at once */
         on_signal(0);
     rc = 0;
@@ -138,11 +135,10 @@ int main(int argc, char **argv)
             rc = 1;
     }
 stop:
-    g_nengines = 0;
-    g_engines = NULL;
+    g_nloops = 0;
+    g_loops = NULL;
     for (int i = 0; i < n; i++)
-        cons_engine_destroy(engines[i]);
-    free(engines);
+        cons_engine_destroy(loops[i].engine);
     free(loops);
 out:
     sl_endpoints_close(eps);

@@ -127,6 +127,19 @@ class Proc:
         text = self.logs()
         return text[:text.rfind("\n") + 1].splitlines()
 
+    def events(self, name):
+        """The parsed log lines whose "event" is name, in order (lines that are not JSON,
+        such as a crash message, are skipped)."""
+        out = []
+        for line in self.log_lines():
+            if f'"event":"{name}"' not in line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
 
 class Receiver:
     def __init__(self, world, secrets_list=(), extra=()):

@@ -6,7 +6,6 @@ records on Kafka are the oracles.
 """
 
 import collections
-import json
 import os
 import signal
 import subprocess
@@ -140,19 +139,6 @@ def test_breaker_one_probe_across_two_consumers(make_world):
     assert c1.term() == 0 and c2.term() == 0
 
 
-def loop_events(c, name):
-    """(loop, event) of every log line of consumer c named name."""
-    out = []
-    for line in c.log_lines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if ev.get("event") == name:
-            out.append((ev.get("loop"), ev))
-    return out
-
-
 def test_loops_of_one_process_share_partitions_and_limits(make_world):
     # consumer_threads=2: two delivery loops in one process, each a group member of its own.
     # max_inflight stays a per-process bound (2 per loop); the receiver answers after 300 ms,
@@ -180,10 +166,10 @@ def test_loops_of_one_process_share_partitions_and_limits(make_world):
     assert all(o["pod"] == "c0" for o in outs), "outcomes name the process, not the loop"
     # both loops took partitions (4 in all) and delivered; the last stats lines add up
     assigned = {}
-    for loop, ev in loop_events(c, "partitions_assigned"):
-        assigned[loop] = int(ev["msg"].split()[1])
+    for ev in c.events("partitions_assigned"):
+        assigned[ev["loop"]] = int(ev["msg"].split()[1])
     assert set(assigned) == {0, 1} and sum(assigned.values()) == 4, assigned
-    delivered = {loop: ev["delivered"] for loop, ev in loop_events(c, "stats")}
+    delivered = {ev["loop"]: ev["delivered"] for ev in c.events("stats")}
     assert set(delivered) == {0, 1} and sum(delivered.values()) == len(events), delivered
     assert all(n > 0 for n in delivered.values()), delivered
     arrivals = sorted(l["ts_ms"] for l in rcv.ledger())
@@ -191,7 +177,7 @@ def test_loops_of_one_process_share_partitions_and_limits(make_world):
     assert busiest <= 4, f"{busiest} requests in flight at once, max_inflight is 4"
     # both loops committed their offsets on SIGTERM: a new consumer reads nothing again
     c2 = w.consumer("c1")
-    wait_until(lambda: sum(1 for _ in loop_events(c2, "partitions_assigned")) > 0, 60, 0.3,
+    wait_until(lambda: c2.events("partitions_assigned"), 60, 0.3,
                "the second consumer's assignment")
     time.sleep(3)
     assert len(rcv.ledger()) == len(events)
@@ -272,7 +258,7 @@ def test_poison_records_are_quarantined(make_world):
     assert c.alive()
     assert c.term() == 0
     # the unknown endpoints left no state behind: only the known one has an entry
-    stats = [json.loads(l) for l in c.log_lines() if '"event":"stats"' in l]
+    stats = c.events("stats")
     assert stats and stats[-1]["endpoint_states"] == 1, stats[-1:]
 
 
@@ -351,8 +337,7 @@ def test_outcomes_carry_the_record_bytes_exactly(make_world):
     outs = kafka_values(w, w.env["SLUICE_TOPIC_OUTCOMES"])
     for raw in canonical + [extra]:
         assert any(raw in o for o in outs), "an outcome lost or changed a record's bytes"
-    stats = [json.loads(l) for l in c.log_lines()
-             if l.startswith("{") and '"event":"stats"' in l]
+    stats = c.events("stats")
     assert stats and stats[-1]["raw_kept"] == 1, stats[-1:]
     # three requests went out, none of them while a stats line was written
     assert 1 <= max(x["inflight_max"] for x in stats) <= 3, stats
