@@ -215,8 +215,10 @@ static const struct opt opts[] = {
       1000000,
       "5000",
       "jobs held in memory beyond max_inflight (queued to send, waiting for an outcome's "
-      "acknowledgement); at max_inflight + max_queued Kafka intake pauses, and resumes below "
-      "max_inflight + max_queued / 2 (with consumer_threads > 1, each loop at its share)"),
+      "acknowledgement); at max_inflight + max_queued a loop takes no more Kafka records "
+      "until answers make room (they wait in its pre-fetch queue), and after a second "
+      "without room it pauses its partitions until below max_inflight + max_queued / 2 "
+      "(with consumer_threads > 1, each loop at its share)"),
     I("endpoint_backlog",
       "SLUICE_ENDPOINT_BACKLOG",
       endpoint_backlog,

@@ -52,6 +52,7 @@
 #include "consumer/cons_store.h"
 
 #define INTAKE_BATCH        500   /* Kafka records taken per loop turn */
+#define INTAKE_STUCK_MS     1000  /* intake full this long without taking a record: pause */
 #define CLAIM_BATCH         200   /* retry jobs claimed per shard per turn */
 #define CLAIM_INTERVAL_MS   100   /* how often due retries are claimed */
 #define STORE_INTERVAL_MS   100   /* how often finished offsets are stored */
@@ -205,13 +206,14 @@ struct cons_engine {
     uint64_t live;               /* jobs in memory */
     int inflight_max;            /* most requests in flight since the last stats line */
     uint64_t live_max;           /* most jobs in memory since the last stats line */
-    uint64_t live_cap;           /* intake pauses at this many jobs in memory */
-    uint64_t live_resume;        /* and resumes below this many */
+    uint64_t live_cap;           /* intake takes no record at this many jobs in memory */
+    uint64_t live_resume;        /* a pause (intake_full) ends below this many */
     struct job *ihold;           /* dedup_fail_open=false: records whose duplicate check
                                     failed, waiting for Redis (owned, linked by next) */
     size_t nihold;               /* jobs in ihold */
     int64_t ihold_retry_mono;    /* next check of ihold (mono ms) */
     bool paused;                 /* partitions paused by us */
+    int64_t full_since_mono;     /* intake full and taking nothing since (mono ms; 0 = not) */
     bool kafka_more;             /* the consumer queue may hold more records */
     atomic_int stop;             /* shutdown requested (any thread, signal handlers) */
     bool stopping;               /* shutdown in progress */
@@ -1070,41 +1072,84 @@ static void retry_ihold(cons_engine_t *e)
     free(jobs);
 }
 
+static void pause_intake(cons_engine_t *e)
+{
+    rd_kafka_topic_partition_list_t *a = NULL;
+    if (rd_kafka_assignment(e->consumer, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
+        rd_kafka_pause_partitions(e->consumer, a);
+        rd_kafka_topic_partition_list_destroy(a);
+    }
+    e->paused = true;
+    e->full_since_mono = 0;
+}
+
+/*
+ * Intake is full (live_cap jobs in memory). The records librdkafka fetched stay in its queue,
+ * untouched, and the loop takes them as answers make room: a pause would purge them
+ * (librdkafka 2.0.2 drops a paused partition's fetched records and fetches them again on
+ * resume), and a loop that paused at every burst fetched and decompressed everything twice;
+ * at 11,000/s that held two loops at 6,500/s until the publisher stopped (bench/README.md,
+ * "Eighth session"). A rebalance does not wait behind those records (librdkafka pauses the
+ * partitions itself before it hands one over), but it is only served by a poll: a loop that
+ * could take no record for INTAKE_STUCK_MS (every request waits on slow endpoints) pauses,
+ * and polls for events alone until it has room again.
+ * Returns whether the partitions are paused now.
+ */
+static bool intake_full(cons_engine_t *e)
+{
+    int64_t now = sl_mono_ms();
+    if (e->full_since_mono == 0) {
+        e->full_since_mono = now;
+        return false;
+    }
+    if (now - e->full_since_mono < INTAKE_STUCK_MS)
+        return false;
+    pause_intake(e);
+    SL_LOGKV(SL_LOG_INFO, "kafka", "intake_paused",
+             ((struct sl_log_kv[]){SL_KV_I("in_memory", (int64_t)e->live),
+                                   SL_KV_I("fetched", (int64_t)rd_kafka_queue_length(e->cq))}),
+             "intake paused: %llu jobs in memory, and none could be taken for %d ms",
+             (unsigned long long)e->live, INTAKE_STUCK_MS);
+    return true;
+}
+
 static void intake_kafka(cons_engine_t *e)
 {
     e->kafka_more = false;
     if (e->stopping)
         return;
-    /* Full, or records wait for their duplicate check (Redis down, dedup_fail_open false):
-     * pause the partitions but keep polling, so rebalances are still served (a pod that
-     * stopped polling would hold up the whole group until max.poll.interval.ms). */
-    if (e->live >= e->live_cap || e->ihold) {
+    /* Records wait for their duplicate check (Redis down, dedup_fail_open false), or intake
+     * is full and stuck (intake_full): pause the partitions but keep polling, so rebalances
+     * are still served (a pod that stopped polling would hold up the whole group until
+     * max.poll.interval.ms). */
+    if (e->ihold) {
         if (!e->paused) {
+            pause_intake(e);
+            sl_info("kafka", "intake_paused",
+                    "intake paused: %zu records wait for their duplicate check", e->nihold);
+        }
+    } else if (e->live >= e->live_cap) {
+        if (!e->paused && !intake_full(e))
+            return; /* full: take nothing now; an answer makes room */
+    } else {
+        e->full_since_mono = 0; /* it has room: not stuck */
+        if (e->paused && e->live < e->live_resume) {
             rd_kafka_topic_partition_list_t *a = NULL;
             if (rd_kafka_assignment(e->consumer, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
-                rd_kafka_pause_partitions(e->consumer, a);
+                rd_kafka_resume_partitions(e->consumer, a);
                 rd_kafka_topic_partition_list_destroy(a);
             }
-            e->paused = true;
-            if (e->ihold)
-                sl_info("kafka", "intake_paused",
-                        "intake paused: %zu records wait for their duplicate check", e->nihold);
-            else
-                sl_info("kafka", "intake_paused", "intake paused: %llu jobs in memory",
-                        (unsigned long long)e->live);
+            e->paused = false;
+            sl_info("kafka", "intake_resumed", "intake resumed");
         }
-    } else if (e->paused && e->live < e->live_resume) {
-        rd_kafka_topic_partition_list_t *a = NULL;
-        if (rd_kafka_assignment(e->consumer, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
-            rd_kafka_resume_partitions(e->consumer, a);
-            rd_kafka_topic_partition_list_destroy(a);
-        }
-        e->paused = false;
-        sl_info("kafka", "intake_resumed", "intake resumed");
     }
+    /* Paused, the poll only serves events (rebalances); otherwise take what fits. */
+    int room = INTAKE_BATCH;
+    if (!e->paused && e->live_cap - e->live < (uint64_t)room)
+        room = (int)(e->live_cap - e->live);
     struct job *batch[INTAKE_BATCH];
     size_t n = 0;
-    for (int i = 0; i < INTAKE_BATCH; i++) {
+    for (int i = 0; i < room; i++) {
         rd_kafka_message_t *m = rd_kafka_consumer_poll(e->consumer, 0);
         if (!m)
             break;

@@ -191,6 +191,57 @@ def test_loops_of_one_process_share_partitions_and_limits(make_world):
     assert len(w.outcomes()) == len(outs), "records were read again after the clean stop"
 
 
+def test_full_intake_keeps_fetched_records_when_it_keeps_pace(make_world):
+    # max_inflight 20 + max_queued 100: intake is full at 120 jobs in memory, and all 1,000
+    # records are fetched at once. Endpoints that answer at once free room continuously:
+    # the loop must take records only as room frees (never more than 120 in memory) and
+    # must not pause its partitions, which in librdkafka 2.0.2 throws the fetched records
+    # away to fetch them again (a loop that paused at every burst lost a third of its rate).
+    w = make_world(partitions=1, max_inflight=20, max_queued=100,
+                   max_inflight_per_endpoint=20)
+    rcv = w.receiver()
+    eps = [w.add_endpoint(f"b{i}{w.tag}", rcv.url("ok", f"b{i}")) for i in range(10)]
+    events = [event(ep, i, w.tag) for ep in eps for i in range(100)]
+    assert w.produce(events).returncode == 0
+    c = w.consumer()
+    want = {(e["id"], e["endpoint"]) for e in events}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 90, 0.5, "all delivered")
+    assert c.term() == 0, c.logs()[-3000:]
+    per = collections.Counter(l["webhook_id"] for l in ledger_ok(rcv))
+    assert len(per) == len(events) and max(per.values()) == 1
+    peak = max(ev["in_memory_max"] for ev in c.events("stats"))
+    assert 100 <= peak <= 120, f"{peak} jobs in memory: intake must fill to 120 and stop there"
+    assert c.events("intake_paused") == [], "paused while it kept pace: " + str(
+        c.events("intake_paused"))
+
+
+def test_stuck_intake_pauses_and_still_serves_a_rebalance(make_world):
+    # Endpoints that answer after 3 s: the loop fills (20 in flight, 100 queued) and can take
+    # no record for seconds. It must pause its partitions after about a second and keep
+    # polling for events, then resume once answers make room; a second consumer joining
+    # meanwhile gets its share, and every event is delivered once across the two.
+    w = make_world(partitions=2, max_inflight=20, max_queued=100,
+                   max_inflight_per_endpoint=20, shutdown_drain_ms=5000)
+    rcv = w.receiver()
+    eps = [w.add_endpoint(f"s{i}{w.tag}", rcv.url("slow/3000", f"s{i}")) for i in range(10)]
+    events = [event(ep, i, w.tag) for ep in eps for i in range(30)]
+    assert w.produce(events).returncode == 0
+    t0 = time.monotonic()
+    c = w.consumer()
+    paused = wait_until(lambda: c.events("intake_paused"), 30, 0.1, "the stuck loop's pause")
+    took = time.monotonic() - t0
+    assert paused[0]["in_memory"] == 120 and paused[0]["fetched"] > 0, paused[0]
+    assert not ledger_ok(rcv), f"paused after {took:.1f}s, once answers had made room"
+    c2 = w.consumer("c1")
+    wait_until(lambda: c2.events("partitions_assigned"), 30, 0.2, "the new member's share")
+    want = {(e["id"], e["endpoint"]) for e in events}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 120, 1.0, "all delivered")
+    assert c.term() == 0 and c2.term() == 0
+    assert c.events("intake_resumed"), "the pause never ended"
+    per = collections.Counter(l["webhook_id"] for l in ledger_ok(rcv))
+    assert len(per) == len(events) and max(per.values()) == 1, "an event was sent twice"
+
+
 def test_kill9_mid_run_loses_nothing(make_world):
     w = make_world(max_inflight=100)
     rcv = w.receiver()
