@@ -5,8 +5,8 @@
  * encodes it before anything reaches Kafka, so a bad record is an error returned to the
  * caller and never a record a consumer has to quarantine. Good records go to
  * cfg->topic_deliveries with key = endpoint id, through an idempotent producer (acks=all,
- * enable.idempotence=true, the SL_KAFKA_THROUGHPUT batching profile of common/sl_kafka, whose
- * linger.ms opts.linger_ms can shorten).
+ * enable.idempotence=true, the SL_KAFKA_THROUGHPUT batching profile of common/sl_kafka, with
+ * linger.ms from opts.linger_ms, 5 ms by default).
  *
  * Completion: every successful publish gets exactly one done(opaque, status, reason) call,
  * made from a Kafka delivery report: status 0 when Kafka acknowledged the record (written to
@@ -56,15 +56,17 @@ struct sluice_producer_opts {
                                    purging them; 0 = 10000; < 0 = do not wait */
     const char *role;           /* client.id role (borrowed); NULL = "sluice-producer" */
     int64_t linger_ms;          /* ms a record may wait for others to share its batch
-                                   (linger.ms); 0 = 50, which keeps the broker's cost per
-                                   record low; 1..900 trades broker CPU for latency: every
-                                   record waits up to this long before it is even sent */
+                                   (linger.ms); 0 = 5 (librdkafka's default and Kafka
+                                   4.0's); 1..900: every record waits up to this long
+                                   before it is even sent, and longer lingers mean fewer,
+                                   larger produce requests (50 halved the broker's
+                                   produce-side CPU at 2,880 records/s) */
 };
 
 #define SLUICE_PRODUCER_MESSAGE_TIMEOUT_DEFAULT_MS 120000   /* ms */
 #define SLUICE_PRODUCER_CLOSE_TIMEOUT_DEFAULT_MS   10000    /* ms */
 #define SLUICE_PRODUCER_MESSAGE_TIMEOUT_MIN_MS     1000     /* ms; > the largest linger_ms */
-#define SLUICE_PRODUCER_LINGER_DEFAULT_MS          50       /* ms */
+#define SLUICE_PRODUCER_LINGER_DEFAULT_MS          5        /* ms */
 #define SLUICE_PRODUCER_LINGER_MAX_MS              900      /* ms */
 #define SLUICE_PRODUCER_MESSAGE_TIMEOUT_MAX_MS     86400000 /* ms; one day */
 

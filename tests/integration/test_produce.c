@@ -934,7 +934,7 @@ static void lib_linger(const struct sl_config *cfg, int64_t linger_ms, char *out
     sluice_producer_destroy(p);
 }
 
-/* opts.linger_ms: 0 keeps the 50 ms default, 1..900 is used as it is, anything else is
+/* opts.linger_ms: 0 keeps the 5 ms default, 1..900 is used as it is, anything else is
  * refused with the option named. No broker is needed. */
 static void test_lib_linger(void **state)
 {
@@ -945,9 +945,9 @@ static void test_lib_linger(void **state)
     load_cfg(&cfg, "test.produce.nowhere", brokers);
     char v[32];
     lib_linger(&cfg, 0, v, sizeof(v));
-    assert_string_equal(v, "50");
-    lib_linger(&cfg, 5, v, sizeof(v));
     assert_string_equal(v, "5");
+    lib_linger(&cfg, 50, v, sizeof(v));
+    assert_string_equal(v, "50");
     lib_linger(&cfg, SLUICE_PRODUCER_LINGER_MAX_MS, v, sizeof(v));
     assert_string_equal(v, "900");
     const int64_t bad[] = {-1, SLUICE_PRODUCER_LINGER_MAX_MS + 1};
