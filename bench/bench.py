@@ -745,9 +745,11 @@ class Bench:
             self.wait_assigned([cons], PARTITIONS)
             time.sleep(1)
             base = self.receiver_ok()
-            # Warm-up, not measured: 2 s at the rate, so the first measured run does not
-            # pay for opening the consumer's connections (a pod in service has them open).
-            warm = rate * 2
+            # Warm-up, not measured: 10 s at the rate, so the first measured run does not
+            # pay for opening the consumer's connections, nor for a fresh broker JVM's JIT
+            # compiling (a core for its first 10-15 s of load, `--only latency` on a fresh
+            # stack): a pod in service has its connections open and a warm broker.
+            warm = rate * 10
             log(f"latency: warm-up, {warm} deliveries at {rate}/s (not measured)")
             self.run([self.a.tool, "pace", "--rate", str(rate), "--count", str(warm),
                       "--endpoints", str(ENDPOINTS), "--prefix", self.ep_prefix,
