@@ -218,8 +218,10 @@ def test_full_intake_keeps_fetched_records_when_it_keeps_pace(make_world):
 def test_stuck_intake_pauses_and_still_serves_a_rebalance(make_world):
     # Endpoints that answer after 3 s: the loop fills (20 in flight, 100 queued) and can take
     # no record for seconds. It must pause its partitions after about a second and keep
-    # polling for events, then resume once answers make room; a second consumer joining
-    # meanwhile gets its share, and every event is delivered once across the two.
+    # polling for events, and the pause must end: resumed once answers make room, or taken
+    # away with the partitions by the rebalance (a revoke resumes what was paused), which
+    # comes first depends on timing. A second consumer joining meanwhile gets its share,
+    # and every event is delivered once across the two.
     w = make_world(partitions=2, max_inflight=20, max_queued=100,
                    max_inflight_per_endpoint=20, shutdown_drain_ms=5000)
     rcv = w.receiver()
@@ -237,7 +239,7 @@ def test_stuck_intake_pauses_and_still_serves_a_rebalance(make_world):
     want = {(e["id"], e["endpoint"]) for e in events}
     wait_until(lambda: want <= delivered_ids(w.outcomes()), 120, 1.0, "all delivered")
     assert c.term() == 0 and c2.term() == 0
-    assert c.events("intake_resumed"), "the pause never ended"
+    assert c.events("intake_resumed") or c.events("partitions_revoked"), "the pause never ended"
     per = collections.Counter(l["webhook_id"] for l in ledger_ok(rcv))
     assert len(per) == len(events) and max(per.values()) == 1, "an event was sent twice"
 
