@@ -45,6 +45,7 @@ PARTITIONS = 8
 ENDPOINTS = 100
 MANY_ENDPOINTS = 10000
 
+LATENCY_WARMUP_S = 10  # seconds published at the rate before the latency phase measures
 TARGETS = {
     "e2e_rate": 20000,        # deliveries/s, whole stack on this machine
     "p99_ms": 50,             # publish -> delivered at half that rate
@@ -223,10 +224,18 @@ class Bench:
             time.sleep(0.2)
         log("redis: the AOF rewrite did not finish within 300 s; going on")
 
-    def redis_rewrites(self, on):
-        """Automatic AOF rewrites on (Redis' default, 100% growth) or off."""
-        self.redis(self.redis_base(), "CONFIG", "SET", "auto-aof-rewrite-percentage",
-                   "100" if on else "0")
+    def redis_rewrites(self, pct):
+        """Set auto-aof-rewrite-percentage (0 = automatic AOF rewrites off); returns the
+        value it had, to restore."""
+        base = self.redis_base()
+        old = self.redis(base, "CONFIG", "GET", "auto-aof-rewrite-percentage")
+        # *2 $27 auto-aof-rewrite-percentage $N value
+        parts = old.decode(errors="replace").split("\r\n")
+        prev = parts[4] if len(parts) > 4 and parts[4].isdigit() else "100"
+        r = self.redis(base, "CONFIG", "SET", "auto-aof-rewrite-percentage", pct)
+        if not r.startswith(b"+OK"):
+            raise RuntimeError(f"redis CONFIG SET auto-aof-rewrite-percentage: {r[:200]!r}")
+        return prev
 
     @staticmethod
     def redis(url, *args):
@@ -749,7 +758,7 @@ class Bench:
             # pay for opening the consumer's connections, nor for a fresh broker JVM's JIT
             # compiling (a core for its first 10-15 s of load, `--only latency` on a fresh
             # stack): a pod in service has its connections open and a warm broker.
-            warm = rate * 10
+            warm = rate * LATENCY_WARMUP_S
             log(f"latency: warm-up, {warm} deliveries at {rate}/s (not measured)")
             self.run([self.a.tool, "pace", "--rate", str(rate), "--count", str(warm),
                       "--endpoints", str(ENDPOINTS), "--prefix", self.ep_prefix,
@@ -848,7 +857,7 @@ class Bench:
         git = subprocess.run(["git", "-C", self.a.repo, "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", self.a.repo, "status", "--porcelain", "--",
-                                "consumer", "common", "producer", "tests/receiver"],
+                                "consumer", "common", "producer", "tests/receiver", "bench"],
                                capture_output=True, text=True).stdout.strip()
         versions = {}
         for pkg in ("rdkafka", "libcurl", "hiredis", "libmicrohttpd"):
@@ -895,15 +904,19 @@ class Bench:
             self.register_endpoints()
         ph = self.results["phases"]
         failures = []
-        self.redis_rewrites(False)  # see new_redis_db
+        rewrite_pct = self.redis_rewrites("0")  # see new_redis_db
         self.results["settings"]["redis_auto_aof_rewrite"] = "off during the phases; each " \
             "phase starts after FLUSHDB of the previous phase's database and BGREWRITEAOF"
+        self.results["settings"]["latency_warmup_s"] = LATENCY_WARMUP_S
         try:
             self.run_phases(phases, ph, failures)
         finally:
-            self.redis_rewrites(True)
-            if self.redis_db:
-                self.redis(f"{self.redis_base()}/{self.redis_db}", "FLUSHDB")
+            try:  # a Redis gone by now must not cost the run's results
+                self.redis_rewrites(rewrite_pct)
+                if self.redis_db:
+                    self.redis(f"{self.redis_base()}/{self.redis_db}", "FLUSHDB")
+            except OSError as ex:
+                log(f"redis: could not restore auto-aof-rewrite-percentage {rewrite_pct}: {ex}")
         self.results["loadavg_end"] = loadavg()
         self.results["duration_s"] = round((datetime.datetime.now() - started).total_seconds(), 1)
         import report  # bench/report.py: table, plots, files

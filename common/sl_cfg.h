@@ -58,7 +58,7 @@ struct sl_config {
     int64_t consumer_threads;          /* delivery loops per consumer process */
     int64_t max_inflight;              /* global cap on concurrent requests */
     int64_t max_inflight_per_endpoint; /* per-endpoint cap on concurrent requests */
-    int64_t max_queued;                /* jobs held beyond max_inflight before intake pauses */
+    int64_t max_queued;                /* jobs held beyond max_inflight before intake stops */
     int64_t endpoint_backlog;          /* in-memory queued deliveries per endpoint before spill */
     int64_t max_body_bytes;            /* largest body accepted from producers */
     int64_t response_keep_bytes;       /* response body prefix kept in outcomes */

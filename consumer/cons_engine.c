@@ -18,7 +18,7 @@
  * back, and the delivered marker turns a repeat into a duplicate outcome instead of a send.
  *
  * Failure of Redis: marker checks fail open (deliver; at-least-once), retry writes are held in
- * memory and retried (their offsets stay unfinished, so nothing is lost), and intake pauses
+ * memory and retried (their offsets stay unfinished, so nothing is lost), and intake stops
  * once the in-memory bound is reached.
  */
 #include "consumer/cons_engine.h"
@@ -207,7 +207,7 @@ struct cons_engine {
     int inflight_max;            /* most requests in flight since the last stats line */
     uint64_t live_max;           /* most jobs in memory since the last stats line */
     uint64_t live_cap;           /* intake takes no record at this many jobs in memory */
-    uint64_t live_resume;        /* a pause (intake_full) ends below this many */
+    uint64_t live_resume;        /* a pause of intake ends below this many */
     struct job *ihold;           /* dedup_fail_open=false: records whose duplicate check
                                     failed, waiting for Redis (owned, linked by next) */
     size_t nihold;               /* jobs in ihold */
@@ -1088,12 +1088,11 @@ static void pause_intake(cons_engine_t *e)
  * untouched, and the loop takes them as answers make room: a pause would purge them
  * (librdkafka 2.0.2 drops a paused partition's fetched records and fetches them again on
  * resume), and a loop that paused at every burst fetched and decompressed everything twice;
- * at 11,000/s that held two loops at 6,500/s until the publisher stopped (bench/README.md,
- * "Eighth session"). A rebalance does not wait behind those records (librdkafka pauses the
- * partitions itself before it hands one over), but it is only served by a poll: a loop that
- * could take no record for INTAKE_STUCK_MS (every request waits on slow endpoints) pauses,
- * and polls for events alone until it has room again.
- * Returns whether the partitions are paused now.
+ * at 11,000/s that held two loops at 6,000-7,500/s together until the publisher stopped
+ * (bench/README.md, "Eighth session"). A rebalance does not wait behind those records (librdkafka
+ * pauses the partitions itself before it hands one over), but it is only served by a poll: a loop
+ * that could take no record for INTAKE_STUCK_MS (every request waits on slow endpoints) pauses, and
+ * polls for events alone until it has room again. Returns whether the partitions are paused now.
  */
 static bool intake_full(cons_engine_t *e)
 {
@@ -1104,12 +1103,15 @@ static bool intake_full(cons_engine_t *e)
     }
     if (now - e->full_since_mono < INTAKE_STUCK_MS)
         return false;
+    /* counted before the pause, which adds an op per partition to the queue */
+    int64_t fetched = (int64_t)rd_kafka_queue_length(e->cq);
     pause_intake(e);
-    SL_LOGKV(SL_LOG_INFO, "kafka", "intake_paused",
-             ((struct sl_log_kv[]){SL_KV_I("in_memory", (int64_t)e->live),
-                                   SL_KV_I("fetched", (int64_t)rd_kafka_queue_length(e->cq))}),
-             "intake paused: %llu jobs in memory, and none could be taken for %d ms",
-             (unsigned long long)e->live, INTAKE_STUCK_MS);
+    SL_LOGKV(
+        SL_LOG_INFO, "kafka", "intake_paused",
+        ((struct sl_log_kv[]){SL_KV_I("in_memory", (int64_t)e->live), SL_KV_I("fetched", fetched)}),
+        "intake paused: %llu jobs in memory, and none could be taken for %d ms; the %lld "
+        "records fetched are dropped and fetched again on resume",
+        (unsigned long long)e->live, INTAKE_STUCK_MS, (long long)fetched);
     return true;
 }
 
@@ -1140,7 +1142,8 @@ static void intake_kafka(cons_engine_t *e)
                 rd_kafka_topic_partition_list_destroy(a);
             }
             e->paused = false;
-            sl_info("kafka", "intake_resumed", "intake resumed");
+            SL_LOGKV(SL_LOG_INFO, "kafka", "intake_resumed",
+                     ((struct sl_log_kv[]){SL_KV_S("reason", "room")}), "intake resumed");
         }
     }
     /* Paused, the poll only serves events (rebalances); otherwise take what fits. */
@@ -2149,8 +2152,12 @@ static void rebalance_cb(rd_kafka_t *rk,
     }
     /* A pause survives unassign/assign in 2.0.2: resume what we paused before giving the
      * partitions up, or a later assignment of them would stay paused forever. */
-    if (e->paused)
+    if (e->paused) {
         rd_kafka_resume_partitions(rk, parts);
+        SL_LOGKV(SL_LOG_INFO, "kafka", "intake_resumed",
+                 ((struct sl_log_kv[]){SL_KV_S("reason", "revoked")}),
+                 "intake pause ended: its partitions were revoked");
+    }
     rd_kafka_assign(rk, NULL);
     e->paused = false;
     sl_info("kafka", "partitions_revoked", "revoked %d partition%s", parts->cnt,
