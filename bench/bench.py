@@ -45,7 +45,7 @@ PARTITIONS = 8
 ENDPOINTS = 100
 MANY_ENDPOINTS = 10000
 
-LATENCY_WARMUP_S = 10  # seconds published at the rate before the latency phase measures
+LATENCY_WARMUP_S = 20  # seconds published at the rate before the latency phase measures
 TARGETS = {
     "e2e_rate": 20000,        # deliveries/s, whole stack on this machine
     "p99_ms": 50,             # publish -> delivered at half that rate
@@ -754,10 +754,11 @@ class Bench:
             self.wait_assigned([cons], PARTITIONS)
             time.sleep(1)
             base = self.receiver_ok()
-            # Warm-up, not measured: 10 s at the rate, so the first measured run does not
-            # pay for opening the consumer's connections, nor for a fresh broker JVM's JIT
-            # compiling (a core for its first 10-15 s of load, `--only latency` on a fresh
-            # stack): a pod in service has its connections open and a warm broker.
+            # Warm-up, not measured: LATENCY_WARMUP_S at the rate, so the first measured run
+            # does not pay for opening the consumer's connections, nor for a fresh broker
+            # JVM's JIT compiling (0.8-1.0 cores for its first ~18 s of load with
+            # `--only latency` on a fresh stack): a pod in service has its connections open
+            # and a warm broker.
             warm = rate * LATENCY_WARMUP_S
             log(f"latency: warm-up, {warm} deliveries at {rate}/s (not measured)")
             self.run([self.a.tool, "pace", "--rate", str(rate), "--count", str(warm),
