@@ -730,6 +730,14 @@ class Bench:
                 "consumer_peak_in_memory": mem, "seconds": round(waited, 1),
                 "consumer_cpu_s_per_10k": round(cpu / n * 10000, 3) if cpu else None}
 
+    def pace(self, env, rate, count, run_id, extra):
+        """sl-bench pace: count deliveries over the bench's endpoints at rate/s; its JSON."""
+        r = self.run([self.a.tool, "pace", "--rate", str(rate), "--count", str(count),
+                      "--endpoints", str(ENDPOINTS), "--prefix", self.ep_prefix,
+                      "--body-bytes", str(BODY_BYTES), "--run-id", run_id] + extra,
+                     env, timeout=count // max(1, rate) * 4 + 120)
+        return json.loads(r.stdout)
+
     def phase_latency(self, max_rate):
         rate = max(100, int(max_rate / 2))
         count = rate * self.pace_s
@@ -761,10 +769,7 @@ class Bench:
             # and a warm broker.
             warm = rate * LATENCY_WARMUP_S
             log(f"latency: warm-up, {warm} deliveries at {rate}/s (not measured)")
-            self.run([self.a.tool, "pace", "--rate", str(rate), "--count", str(warm),
-                      "--endpoints", str(ENDPOINTS), "--prefix", self.ep_prefix,
-                      "--body-bytes", str(BODY_BYTES), "--run-id", f"latwarm{self.run_id}"],
-                     env, timeout=120)
+            self.pace(env, rate, warm, f"latwarm{self.run_id}", [])
             base += warm
             self.wait_delivered(base, [cons], timeout=300)
             t0_ms = int(time.time() * 1000)
@@ -776,11 +781,7 @@ class Bench:
                                 ("lib50", ["--profile", "lib", "--linger-ms", "50"])):
                 run_id = f"lat{prof}{self.run_id}"
                 log(f"latency: pacing {count} deliveries at {rate}/s ({' '.join(extra)})")
-                r = self.run([self.a.tool, "pace", "--rate", str(rate), "--count", str(count),
-                              "--endpoints", str(ENDPOINTS), "--prefix", self.ep_prefix,
-                              "--body-bytes", str(BODY_BYTES), "--run-id", run_id] + extra,
-                             env, timeout=self.pace_s * 4 + 120)
-                pace = json.loads(r.stdout)
+                pace = self.pace(env, rate, count, run_id, extra)
                 base += count
                 self.wait_delivered(base, [cons], timeout=300)
                 res["runs"][prof] = {"pace": pace, "run_id": run_id}

@@ -1083,6 +1083,18 @@ static void pause_intake(cons_engine_t *e)
     e->full_since_mono = 0;
 }
 
+static void resume_intake(cons_engine_t *e)
+{
+    rd_kafka_topic_partition_list_t *a = NULL;
+    if (rd_kafka_assignment(e->consumer, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
+        rd_kafka_resume_partitions(e->consumer, a);
+        rd_kafka_topic_partition_list_destroy(a);
+    }
+    e->paused = false;
+    SL_LOGKV(SL_LOG_INFO, "kafka", "intake_resumed",
+             ((struct sl_log_kv[]){SL_KV_S("reason", "room")}), "intake resumed");
+}
+
 /*
  * Intake is full (live_cap jobs in memory). The records librdkafka fetched stay in its queue,
  * untouched, and the loop takes them as answers make room: a pause would purge them
@@ -1135,16 +1147,8 @@ static void intake_kafka(cons_engine_t *e)
             return; /* full: take nothing now; an answer makes room */
     } else {
         e->full_since_mono = 0; /* it has room: not stuck */
-        if (e->paused && e->live < e->live_resume) {
-            rd_kafka_topic_partition_list_t *a = NULL;
-            if (rd_kafka_assignment(e->consumer, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
-                rd_kafka_resume_partitions(e->consumer, a);
-                rd_kafka_topic_partition_list_destroy(a);
-            }
-            e->paused = false;
-            SL_LOGKV(SL_LOG_INFO, "kafka", "intake_resumed",
-                     ((struct sl_log_kv[]){SL_KV_S("reason", "room")}), "intake resumed");
-        }
+        if (e->paused && e->live < e->live_resume)
+            resume_intake(e);
     }
     /* Paused, the poll only serves events (rebalances); otherwise take what fits. */
     int room = INTAKE_BATCH;
