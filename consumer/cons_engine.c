@@ -1072,27 +1072,19 @@ static void retry_ihold(cons_engine_t *e)
     free(jobs);
 }
 
-static void pause_intake(cons_engine_t *e)
+/* Pause or resume every assigned partition (the caller logs why). */
+static void set_intake_paused(cons_engine_t *e, bool pause)
 {
     rd_kafka_topic_partition_list_t *a = NULL;
     if (rd_kafka_assignment(e->consumer, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
-        rd_kafka_pause_partitions(e->consumer, a);
+        if (pause)
+            rd_kafka_pause_partitions(e->consumer, a);
+        else
+            rd_kafka_resume_partitions(e->consumer, a);
         rd_kafka_topic_partition_list_destroy(a);
     }
-    e->paused = true;
+    e->paused = pause;
     e->full_since_mono = 0;
-}
-
-static void resume_intake(cons_engine_t *e)
-{
-    rd_kafka_topic_partition_list_t *a = NULL;
-    if (rd_kafka_assignment(e->consumer, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
-        rd_kafka_resume_partitions(e->consumer, a);
-        rd_kafka_topic_partition_list_destroy(a);
-    }
-    e->paused = false;
-    SL_LOGKV(SL_LOG_INFO, "kafka", "intake_resumed",
-             ((struct sl_log_kv[]){SL_KV_S("reason", "room")}), "intake resumed");
 }
 
 /*
@@ -1117,7 +1109,7 @@ static bool intake_full(cons_engine_t *e)
         return false;
     /* counted before the pause, which adds an op per partition to the queue */
     int64_t fetched = (int64_t)rd_kafka_queue_length(e->cq);
-    pause_intake(e);
+    set_intake_paused(e, true);
     SL_LOGKV(
         SL_LOG_INFO, "kafka", "intake_paused",
         ((struct sl_log_kv[]){SL_KV_I("in_memory", (int64_t)e->live), SL_KV_I("fetched", fetched)}),
@@ -1138,7 +1130,7 @@ static void intake_kafka(cons_engine_t *e)
      * max.poll.interval.ms). */
     if (e->ihold) {
         if (!e->paused) {
-            pause_intake(e);
+            set_intake_paused(e, true);
             sl_info("kafka", "intake_paused",
                     "intake paused: %zu records wait for their duplicate check", e->nihold);
         }
@@ -1147,8 +1139,11 @@ static void intake_kafka(cons_engine_t *e)
             return; /* full: take nothing now; an answer makes room */
     } else {
         e->full_since_mono = 0; /* it has room: not stuck */
-        if (e->paused && e->live < e->live_resume)
-            resume_intake(e);
+        if (e->paused && e->live < e->live_resume) {
+            set_intake_paused(e, false);
+            SL_LOGKV(SL_LOG_INFO, "kafka", "intake_resumed",
+                     ((struct sl_log_kv[]){SL_KV_S("reason", "room")}), "intake resumed");
+        }
     }
     /* Paused, the poll only serves events (rebalances); otherwise take what fits. */
     int room = INTAKE_BATCH;
