@@ -73,7 +73,9 @@ static void endpoint_free(struct sl_endpoint *e)
     free(e->name);
     free(e->url);
     free(e->ct);
-    free(e->hdr); /* one block: array + strings */
+    free(e->hdr);      /* one block: array + strings */
+    free(e->types);    /* likewise */
+    free(e->channels); /* likewise */
     free(e->reason);
     free(e);
 }
@@ -132,6 +134,55 @@ static struct sl_kv *copy_headers(const struct sl_kv *hdr, size_t n)
         p += vl;
     }
     return out;
+}
+
+/* Copy n strings into one allocation: the pointer array followed by the strings. */
+static char **copy_strs(const char *const *v, size_t n)
+{
+    if (n == 0)
+        return NULL;
+    size_t total = n * sizeof(char *);
+    for (size_t i = 0; i < n; i++)
+        total += strlen(v[i]) + 1;
+    char **out = sl_xmalloc(total);
+    char *p = (char *)(out + n);
+    for (size_t i = 0; i < n; i++) {
+        size_t l = strlen(v[i]) + 1;
+        memcpy(p, v[i], l);
+        out[i] = p;
+        p += l;
+    }
+    return out;
+}
+
+bool sl_endpoint_subscribed(const struct sl_endpoint *e,
+                            const char *type,
+                            size_t type_len,
+                            const char *const *channels,
+                            size_t n_channels)
+{
+    bool type_ok = e->n_types == 0;
+    for (size_t i = 0; i < e->n_types && !type_ok; i++) {
+        const char *f = e->types[i];
+        size_t fl = strlen(f);
+        if (fl >= 2 && f[fl - 2] == '.' && f[fl - 1] == '*') {
+            /* "p.*": type must be "p." followed by at least one byte */
+            type_ok = type_len > fl - 1 && memcmp(type, f, fl - 1) == 0;
+        } else {
+            type_ok = type_len == fl && memcmp(type, f, fl) == 0;
+        }
+    }
+    if (!type_ok)
+        return false;
+    if (e->n_channels == 0)
+        return true;
+    for (size_t i = 0; i < n_channels; i++) {
+        for (size_t j = 0; j < e->n_channels; j++) {
+            if (strcmp(channels[i], e->channels[j]) == 0)
+                return true;
+        }
+    }
+    return false;
 }
 
 /* Decrypt secret i of rec into s. The box holds the "whsec_..." text. */
@@ -212,6 +263,10 @@ int sl_endpoint_build(const struct sl_endpoint_rec *rec,
     e->ct = rec->ct ? sl_xstrdup(rec->ct) : NULL;
     e->hdr = copy_headers(rec->hdr, rec->n_hdr);
     e->n_hdr = rec->n_hdr;
+    e->types = copy_strs(rec->types, rec->n_types);
+    e->n_types = rec->n_types;
+    e->channels = copy_strs(rec->channels, rec->n_channels);
+    e->n_channels = rec->n_channels;
     for (size_t i = 0; i < rec->n_secrets && i < SL_SECRETS_MAX; i++) {
         uint64_t exp = rec->secrets[i].exp_ms;
         if (exp != 0 && exp <= now_ms)

@@ -82,6 +82,12 @@ struct sl_endpoint {
     bool enabled;            /* false: deliveries are reported as disabled */
     char *reason;            /* why disabled; "" when none */
     uint64_t updated_ms;     /* last change in the registry, unix ms */
+    char **types;            /* event-type filter: exact types and "prefix.*" wildcards (one block
+                                with the strings; NULL when none = every type) */
+    size_t n_types;          /* entries in types */
+    char **channels;         /* channel labels (one block with the strings; NULL when none = no
+                                channel restriction) */
+    size_t n_channels;       /* entries in channels */
     uint64_t version;        /* increases on every change of this endpoint in this process;
                                 >= 1; 0 only for snapshots from sl_endpoint_build */
     /* private */
@@ -169,6 +175,23 @@ void sl_endpoints_snapshot(sl_endpoints_t *t, const struct sl_endpoint ***out, s
 
 /* Stop the updater thread, close the Kafka client, drop the table's references (NULL-safe). */
 void sl_endpoints_close(sl_endpoints_t *t);
+
+/*
+ * Whether e (borrowed) wants an event of type type[0..type_len) (borrowed, need not be
+ * NUL-terminated) carrying channels[0..n_channels) (borrowed NUL-terminated strings; may be
+ * NULL when n_channels is 0). True iff
+ *   (e has no types, OR type equals one of them, OR one of them is "p.*" and type starts
+ *    with "p." and is longer than "p.")
+ *   AND (e has no channels, OR one of the given channels equals one of e's).
+ * So "order.*" matches "order.created" and "order.item.added", not "order" nor "orders.x";
+ * an endpoint with channels receives only events carrying one of them, one without channels
+ * receives every event. Pure; does not look at e->enabled (the caller does). thread: any.
+ */
+bool sl_endpoint_subscribed(const struct sl_endpoint *e,
+                            const char *type,
+                            size_t type_len,
+                            const char *const *channels,
+                            size_t n_channels);
 
 /* ==== Building blocks (sluicectl, tests) ==== */
 

@@ -245,9 +245,6 @@ static void free_kv(struct sl_kv *kv, char **texts, size_t n)
 static int load_line(const char *line, size_t len, size_t max_line, json_t **root, sl_err_t *err)
 {
     json_error_t jerr;
-    const char *key;
-    size_t klen;
-    json_t *val;
 
     *root = NULL;
     if (!line)
@@ -269,21 +266,35 @@ static int load_line(const char *line, size_t len, size_t max_line, json_t **roo
         json_decref(j);
         return sl_err_set(err, SL_EDECODE, "line is not a JSON object");
     }
+    *root = j;
+    return 0;
+}
+
+static bool field_in(const char *const *list, size_t n, const char *key, size_t klen)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strlen(list[i]) == klen && memcmp(list[i], key, klen) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Every top-level field is one of jsonl_fields or the caller's extra fields. */
+static int check_fields(json_t *j, const struct sl_jsonl_opts *opts, sl_err_t *err)
+{
+    const char *key;
+    size_t klen;
+    json_t *val;
+
     json_object_keylen_foreach(j, key, klen, val)
     {
-        bool known = false;
-        for (size_t i = 0; i < sizeof(jsonl_fields) / sizeof(jsonl_fields[0]); i++)
-            known = known || (strlen(jsonl_fields[i]) == klen && strcmp(jsonl_fields[i], key) == 0);
-        if (!known) {
-            /* key lives in the tree: format the message before releasing it */
-            int rc = name_printable(key, klen)
-                         ? sl_err_set(err, SL_EINVAL, "unknown field \"%s\"", key)
-                         : sl_err_set(err, SL_EINVAL, "unknown field (name not printable)");
-            json_decref(j);
-            return rc;
-        }
+        if (field_in(jsonl_fields, sizeof(jsonl_fields) / sizeof(jsonl_fields[0]), key, klen) ||
+            (opts && field_in(opts->extra_fields, opts->n_extra, key, klen)))
+            continue;
+        return name_printable(key, klen)
+                   ? sl_err_set(err, SL_EINVAL, "unknown field \"%s\"", key)
+                   : sl_err_set(err, SL_EINVAL, "unknown field (name not printable)");
     }
-    *root = j;
     return 0;
 }
 
@@ -352,11 +363,16 @@ static int get_body(json_t *root,
 }
 
 /* id (or a generated one into idbuf), endpoint, type, content_type. */
-static int
-get_strings(json_t *root, struct sl_delivery *d, char idbuf[SL_JSONL_GEN_ID_LEN + 1], sl_err_t *err)
+static int get_strings(json_t *root,
+                       const struct sl_jsonl_opts *opts,
+                       struct sl_delivery *d,
+                       char idbuf[SL_JSONL_GEN_ID_LEN + 1],
+                       sl_err_t *err)
 {
     int rc = get_string(root, "id", &d->id, err);
-    if (!rc && !d->id) {
+    if (!rc && !d->id && opts && opts->id_if_absent) {
+        d->id = opts->id_if_absent;
+    } else if (!rc && !d->id) {
         rc = sl_jsonl_gen_event_id(idbuf, err);
         d->id = idbuf;
     }
@@ -375,24 +391,44 @@ int sl_jsonl_parse(const char *line,
                    struct sl_delivery *out,
                    sl_err_t *err)
 {
+    size_t max_line = opts && opts->max_line ? opts->max_line : SL_JSONL_MAX_LINE_DEFAULT;
+    json_t *root = NULL;
+
+    memset(out, 0, sizeof(*out));
+    int rc = load_line(line, len, max_line, &root, err);
+    if (!rc)
+        rc = sl_jsonl_event(root, opts, out, err);
+    json_decref(root);
+    return rc;
+}
+
+int sl_jsonl_event(json_t *root,
+                   const struct sl_jsonl_opts *opts,
+                   struct sl_delivery *out,
+                   sl_err_t *err)
+{
     static const struct kv_spec hdr_spec = {"headers", "header", SL_HDR_MAX, false};
     static const struct kv_spec mac_spec = {"macros", "macro", SL_MACRO_MAX, true};
     const struct sl_decode_limits *lim = opts ? opts->lim : NULL;
-    size_t max_line = opts && opts->max_line ? opts->max_line : SL_JSONL_MAX_LINE_DEFAULT;
     struct sl__delivery_names names = sl__delivery_msgpack_names;
     struct sl_delivery d = {0};
     struct jsonl_tmp tmp = {0};
     char idbuf[SL_JSONL_GEN_ID_LEN + 1];
-    json_t *root = NULL;
-    int rc;
+    int rc = 0;
 
     memset(out, 0, sizeof(*out));
     names.ep = "endpoint";
     names.ct = "content_type";
     names.hdr = "headers";
-    rc = load_line(line, len, max_line, &root, err);
+    if (!json_is_object(root))
+        return sl_err_set(err, SL_EDECODE, "event is not a JSON object");
+    rc = check_fields(root, opts, err);
     if (!rc)
-        rc = get_strings(root, &d, idbuf, err);
+        rc = get_strings(root, opts, &d, idbuf, err);
+    /* A fan-out event names no endpoint: validate with a stand-in, hand back NULL. */
+    bool no_ep = !rc && !d.ep && opts && opts->endpoint_optional;
+    if (no_ep)
+        d.ep = "-";
     if (!rc)
         rc = get_created(root, opts, &d.ts_ms, err);
     if (!rc)
@@ -410,11 +446,12 @@ int sl_jsonl_parse(const char *line,
         sl_delivery_copy(out, &d);
         if (!out->ct)
             out->ct = SL_DELIVERY_CT_DEFAULT; /* same view as a decoded record */
+        if (no_ep)
+            out->ep = NULL;
     }
     free_kv(tmp.mac, tmp.mac_texts, d.n_macros);
     free_kv(tmp.hdr, tmp.hdr_texts, d.n_hdr);
     free(tmp.body_dump);
     free(tmp.body_bin);
-    json_decref(root);
     return rc;
 }

@@ -23,8 +23,11 @@
 #ifndef SL_JSONL_H
 #define SL_JSONL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <jansson.h>
 
 #include "common/sl_err.h"
 #include "common/sl_record.h"
@@ -38,6 +41,13 @@ struct sl_jsonl_opts {
     const struct sl_decode_limits *lim; /* borrowed; NULL = defaults (body <= 1 MiB) */
     uint64_t now_ms;                    /* "created_at_ms" when absent, unix ms;
                                            0 = read CLOCK_REALTIME */
+    /* For sl_jsonl_event (the HTTP API's event objects); zero = sluice-produce's rules: */
+    bool endpoint_optional;           /* "endpoint" may be absent: out->ep is then NULL */
+    const char *const *extra_fields;  /* further top-level fields allowed (the caller reads
+                                         them itself), borrowed; NULL = none */
+    size_t n_extra;                   /* entries in extra_fields */
+    const char *id_if_absent;         /* event id used when "id" is absent (borrowed);
+                                         NULL = a random one (sl_jsonl_gen_event_id) */
 };
 
 /*
@@ -49,6 +59,15 @@ struct sl_jsonl_opts {
  */
 int sl_jsonl_parse(const char *line,
                    size_t len,
+                   const struct sl_jsonl_opts *opts,
+                   struct sl_delivery *out,
+                   sl_err_t *err);
+
+/*
+ * As sl_jsonl_parse, from an already parsed JSON value obj (borrowed; not an object is
+ * SL_EDECODE), with opts' event options above. Used by sluice-api for each event of a request.
+ */
+int sl_jsonl_event(json_t *obj,
                    const struct sl_jsonl_opts *opts,
                    struct sl_delivery *out,
                    sl_err_t *err);

@@ -151,6 +151,26 @@ bool sl_valid_macro_name(const char *s, size_t len)
     return s && len >= 1 && len <= SL_MACRO_NAME_MAX && all_in_class(s, len, cls_macro_name);
 }
 
+static bool cls_channel(unsigned char c)
+{
+    return is_alnum(c) || c == '_' || c == '.' || c == ':' || c == '-';
+}
+
+bool sl_valid_type_filter(const char *s, size_t len)
+{
+    if (!s || len == 0 || len > SL_EVENT_TYPE_MAX)
+        return false;
+    /* "prefix.*": the prefix (without its dot) is 1..126 bytes */
+    bool wild = len >= 3 && s[len - 2] == '.' && s[len - 1] == '*';
+    size_t body = wild ? len - 1 : len; /* "prefix." for a wildcard */
+    return all_in_class(s, body, cls_visible) && memchr(s, '*', body) == NULL;
+}
+
+bool sl_valid_channel(const char *s, size_t len)
+{
+    return s && len >= 1 && len <= SL_CHANNEL_MAX && all_in_class(s, len, cls_channel);
+}
+
 /* NULL when the header value bytes are acceptable, else the broken rule (for messages). */
 static const char *header_value_problem(const char *s, size_t len)
 {
@@ -351,6 +371,50 @@ static int check_macros(const struct sl_kv *m, size_t n, const char *field, sl_e
     }
     return 0;
 }
+
+/*
+ * An array of distinct strings (endpoint "types", "channels"): at most max entries, each one
+ * accepted by valid(), none repeated. what completes "entry N is not ...".
+ */
+static int check_str_list(const char *const *v,
+                          size_t n,
+                          const char *field,
+                          size_t max,
+                          size_t max_len,
+                          bool (*valid)(const char *, size_t),
+                          const char *what,
+                          sl_err_t *err)
+{
+    if (n == 0)
+        return 0;
+    if (!v)
+        return sl_err_set(err, SL_EINVAL, "field \"%s\" has entries but no array", field);
+    if (n > max)
+        return sl_err_set(err, SL_ETOOBIG, "field \"%s\" has %zu entries, limit %zu", field, n,
+                          max);
+    for (size_t i = 0; i < n; i++) {
+        if (!v[i])
+            return sl_err_set(err, SL_EINVAL, "field \"%s\": entry %zu is missing", field, i);
+        size_t len = strlen(v[i]);
+        if (len == 0)
+            return sl_err_set(err, SL_EINVAL, "field \"%s\": entry %zu is empty", field, i);
+        if (len > max_len)
+            return sl_err_set(err, SL_ETOOBIG, "field \"%s\": entry %zu is longer than %zu bytes",
+                              field, i, max_len);
+        if (!valid(v[i], len))
+            return sl_err_set(err, SL_EINVAL, "field \"%s\": entry %zu is not %s", field, i, what);
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(v[i], v[j]) == 0)
+                return sl_err_set(err, SL_EINVAL, "field \"%s\": entry %zu repeats entry %zu",
+                                  field, i, j);
+        }
+    }
+    return 0;
+}
+
+static const char RULE_TYPE_FILTER[] =
+    "an event type (printable ASCII without '*') or a \"prefix.*\" wildcard";
+static const char RULE_CHANNEL[] = "1..64 characters A-Z a-z 0-9 _ . : -";
 
 /* ==== Prescan ==== */
 
@@ -1545,6 +1609,8 @@ enum {
     E_ENABLED,
     E_REASON,
     E_UPDATED,
+    E_TYPES,
+    E_CHANNELS,
     E__N
 };
 
@@ -1572,6 +1638,8 @@ static const struct fdesc endpoint_fields[E__N] = {
     [E_ENABLED] = {"enabled", FT_BOOL, OPT},
     [E_REASON] = {"reason", FT_STR, OPT},
     [E_UPDATED] = {"updated", FT_UINT, REQ},
+    [E_TYPES] = {"types", FT_ARRAY, OPT},
+    [E_CHANNELS] = {"channels", FT_ARRAY, OPT},
 };
 
 enum { S_ENC, S_EXP, S__N };
@@ -1654,7 +1722,52 @@ int sl_endpoint_rec_validate(const struct sl_endpoint_rec *e,
     if (e->retry_base_ms && e->retry_cap_ms && e->retry_cap_ms < e->retry_base_ms)
         return sl_err_set(err, SL_EINVAL,
                           "field \"retry_cap_ms\" must not be less than \"retry_base_ms\"");
+    rc = check_str_list(e->types, e->n_types, "types", SL_EP_TYPES_MAX, SL_EVENT_TYPE_MAX,
+                        sl_valid_type_filter, RULE_TYPE_FILTER, err);
+    if (rc)
+        return rc;
+    rc = check_str_list(e->channels, e->n_channels, "channels", SL_EP_CHANNELS_MAX, SL_CHANNEL_MAX,
+                        sl_valid_channel, RULE_CHANNEL, err);
+    if (rc)
+        return rc;
     return check_text(e->reason, "reason", SL_REASON_MAX, err);
+}
+
+/*
+ * An array of str (endpoint "types", "channels") before it is copied: count cap first, then
+ * wire types and NUL (the copies are NUL-terminated). The record rules run in validate.
+ */
+static int check_str_array(const msgpack_object *o, const char *key, size_t max, sl_err_t *err)
+{
+    if (!o)
+        return 0;
+    if (o->via.array.size > max)
+        return sl_err_set(err, SL_ETOOBIG, "field \"%s\" has %u entries, limit %zu", key,
+                          o->via.array.size, max);
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const msgpack_object *v = &o->via.array.ptr[i];
+        if (v->type != MSGPACK_OBJECT_STR)
+            return sl_err_set(err, SL_EDECODE, "field \"%s\": entry %u must be a string", key, i);
+        if (v->via.str.size && memchr(v->via.str.ptr, 0, v->via.str.size))
+            return sl_err_set(err, SL_EINVAL, "field \"%s\": entry %u contains NUL", key, i);
+    }
+    return 0;
+}
+
+/* Copy an array of str (checked by check_str_array) as an array of C strings. */
+static const char *const *blk_obj_strs(struct blk *b, const msgpack_object *o, size_t *n)
+{
+    *n = 0;
+    if (!o || o->via.array.size == 0)
+        return NULL;
+    const char **v = blk_take(b, o->via.array.size * sizeof(*v), alignof(const char *));
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const char *s = blk_obj_str(b, &o->via.array.ptr[i]);
+        if (v)
+            v[i] = s;
+    }
+    *n = o->via.array.size;
+    return v;
 }
 
 /* Type-check and locate the fields of each "secrets" entry into sec[i][S_*]. */
@@ -1697,6 +1810,8 @@ static void endpoint_fill_obj(struct blk *b,
     e->ct = blk_obj_str(b, s[E_CT]);
     e->reason = blk_obj_str(b, s[E_REASON]);
     e->hdr = blk_obj_kv(b, s[E_HDR], &e->n_hdr);
+    e->types = blk_obj_strs(b, s[E_TYPES], &e->n_types);
+    e->channels = blk_obj_strs(b, s[E_CHANNELS], &e->n_channels);
     size_t n = s[E_SECRETS]->via.array.size;
     struct sl_endpoint_secret *out =
         blk_take(b, n * sizeof(*out), alignof(struct sl_endpoint_secret));
@@ -1750,6 +1865,12 @@ int sl_endpoint_rec_decode(const void *buf,
         }
     }
     rc = check_kv_map(s[E_HDR], "hdr", "header", SL_HDR_MAX, err);
+    if (rc)
+        goto out;
+    rc = check_str_array(s[E_TYPES], "types", SL_EP_TYPES_MAX, err);
+    if (rc)
+        goto out;
+    rc = check_str_array(s[E_CHANNELS], "channels", SL_EP_CHANNELS_MAX, err);
     if (rc)
         goto out;
     rc = secrets_locate(s[E_SECRETS], sec, err);
@@ -1807,6 +1928,19 @@ static void endpoint_emit(struct enc *e, const void *rec)
     if (ep->n_hdr) {
         e_field(e, "hdr");
         e_kv(e, ep->hdr, ep->n_hdr);
+    }
+    /* written only when non-empty, so records without them encode as before */
+    if (ep->n_types) {
+        e_field(e, "types");
+        e_array(e, ep->n_types);
+        for (size_t i = 0; i < ep->n_types; i++)
+            e_cstr(e, ep->types[i]);
+    }
+    if (ep->n_channels) {
+        e_field(e, "channels");
+        e_array(e, ep->n_channels);
+        for (size_t i = 0; i < ep->n_channels; i++)
+            e_cstr(e, ep->channels[i]);
     }
     e_field(e, "secrets");
     e_array(e, ep->n_secrets);

@@ -64,6 +64,9 @@
 #define SL_SECRETS_MAX         8                     /* secrets per endpoint */
 #define SL_SECRET_ENC_MAX      256                   /* bytes; encrypted secret */
 #define SL_REASON_MAX          256                   /* bytes; endpoint "reason" */
+#define SL_EP_TYPES_MAX        64                    /* entries in endpoint "types" */
+#define SL_EP_CHANNELS_MAX     16                    /* entries in endpoint "channels" */
+#define SL_CHANNEL_MAX         64                    /* bytes; one channel label */
 #define SL_DELIVERY_CT_DEFAULT "application/json"
 
 /*
@@ -244,18 +247,24 @@ struct sl_endpoint_rec {
     uint32_t timeout_ms;                      /* total request timeout, ms; 0 = global default */
     uint32_t conn_timeout_ms;                 /* connect timeout, ms; 0 = global default */
     uint32_t retry_base_ms;                   /* backoff base, ms; 0 = global default */
-    uint32_t retry_cap_ms;    /* backoff cap, ms (>= base when both set); 0 = global default */
-    uint32_t max_attempts;    /* attempts before dead letter; 0 = global default */
-    uint32_t brk_threshold;   /* consecutive failures that open the breaker; 0 = default */
-    uint32_t brk_cooldown_ms; /* breaker cooldown, ms; 0 = global default */
-    uint32_t rate;            /* tokens per rate_period_ms; 0 = unlimited */
-    uint32_t rate_period_ms;  /* rate period, ms; 0 = global default */
-    uint32_t burst;           /* token bucket size; 0 = global default */
-    uint32_t max_inflight;    /* concurrent requests per pod; 0 = global default */
-    bool enabled;             /* false = deliveries are reported as disabled; absent = true */
-    const char *reason;       /* why disabled, UTF-8 <= 256 bytes; NULL = none */
-    uint64_t updated_ms;      /* last change, unix ms */
-    void *own;                /* single owned allocation, or NULL when borrowed */
+    uint32_t retry_cap_ms;       /* backoff cap, ms (>= base when both set); 0 = global default */
+    uint32_t max_attempts;       /* attempts before dead letter; 0 = global default */
+    uint32_t brk_threshold;      /* consecutive failures that open the breaker; 0 = default */
+    uint32_t brk_cooldown_ms;    /* breaker cooldown, ms; 0 = global default */
+    uint32_t rate;               /* tokens per rate_period_ms; 0 = unlimited */
+    uint32_t rate_period_ms;     /* rate period, ms; 0 = global default */
+    uint32_t burst;              /* token bucket size; 0 = global default */
+    uint32_t max_inflight;       /* concurrent requests per pod; 0 = global default */
+    bool enabled;                /* false = deliveries are reported as disabled; absent = true */
+    const char *reason;          /* why disabled, UTF-8 <= 256 bytes; NULL = none */
+    uint64_t updated_ms;         /* last change, unix ms */
+    const char *const *types;    /* event-type filter: exact types or "prefix.*" wildcards, no
+                                    duplicates (NULL if none); empty = every type */
+    size_t n_types;              /* entries in types, <= SL_EP_TYPES_MAX */
+    const char *const *channels; /* channel labels, no duplicates (NULL if none); empty = no
+                                    channel restriction */
+    size_t n_channels;           /* entries in channels, <= SL_EP_CHANNELS_MAX */
+    void *own;                   /* single owned allocation, or NULL when borrowed */
 };
 
 /*
@@ -299,5 +308,9 @@ bool sl_valid_header_value(const char *s, size_t len);
 /* True for the names Sluice sets itself (webhook-id, content-type, host, ...), any case. */
 bool sl_header_is_reserved(const char *name, size_t len);
 bool sl_valid_macro_name(const char *s, size_t len); /* 1..64, [A-Za-z0-9_] */
+/* One endpoint "types" entry: an exact event type without '*' (sl_valid_event_type rules), or a
+ * wildcard "prefix.*" whose prefix is 1..126 bytes 0x21..0x7e without '*'. */
+bool sl_valid_type_filter(const char *s, size_t len);
+bool sl_valid_channel(const char *s, size_t len); /* 1..64, [A-Za-z0-9_.:-] */
 
 #endif /* SL_RECORD_H */

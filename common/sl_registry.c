@@ -1,9 +1,15 @@
 /*
- * sl_registry: endpoint registry rows, records and publishing (see sl_registry.h).
+ * sl_registry: endpoint registry rows, records, publishing and the change operations (see
+ * sl_registry.h).
  *
  * All SQL passes values as parameters (text format). Timestamps cross the boundary as unix
  * milliseconds computed by PostgreSQL (floor(extract(epoch ...) * 1000)), so the record's
- * "updated" is exactly what the row says. Sealed secrets travel as hex (encode/decode).
+ * "updated" is exactly what the row says. Sealed secrets travel as hex (encode/decode);
+ * event_types / channels (text[]) as JSON arrays (array_to_json / jsonb_array_elements_text).
+ *
+ * The change operations share one skeleton (op_begin, op_commit_publish, op_end): lock the
+ * endpoint, BEGIN, the operation's own statements, read back + encode, COMMIT, publish +
+ * flush, unlock; a failure before COMMIT rolls back, one after it is SL_EKAFKA.
  */
 #include "common/sl_registry.h"
 
@@ -16,6 +22,7 @@
 
 #include "common/sl_endpoints.h"
 #include "common/sl_kafka.h"
+#include "common/sl_log.h"
 #include "common/sl_pg.h"
 
 /* Advisory lock keys (see sql/0001_endpoints.sql): the registry (int8 key space) and one
@@ -82,12 +89,15 @@ const struct sl_reg_ep_numdef sl_reg_ep_nums[SL_REG_N__COUNT] = {
     "conn_timeout_ms, retry_base_ms, retry_cap_ms, max_attempts, brk_threshold, "                  \
     "brk_cooldown_ms, rate, rate_period_ms, burst, max_inflight, enabled, disabled_reason, "       \
     "floor(extract(epoch from created_at) * 1000)::bigint, "                                       \
-    "floor(extract(epoch from updated_at) * 1000)::bigint"
-#define COL_NUM0    7
-#define COL_ENABLED 18
-#define COL_REASON  19
-#define COL_CREATED 20
-#define COL_UPDATED 21
+    "floor(extract(epoch from updated_at) * 1000)::bigint, "                                       \
+    "array_to_json(event_types)::text, array_to_json(channels)::text"
+#define COL_NUM0     7
+#define COL_ENABLED  18
+#define COL_REASON   19
+#define COL_CREATED  20
+#define COL_UPDATED  21
+#define COL_TYPES    22
+#define COL_CHANNELS 23
 
 #define SECRET_COLS                                                                                \
     "endpoint_id, seq, encode(secret_enc, 'hex'), "                                                \
@@ -116,6 +126,8 @@ void sl_reg_ep_fini(struct sl_reg_ep *ep)
     free(ep->url);
     free(ep->ct);
     free(ep->hdr);
+    free(ep->types);
+    free(ep->channels);
     free(ep->reason);
     secrets_free(ep->secrets, ep->n_secrets);
     memset(ep, 0, sizeof(*ep));
@@ -143,6 +155,41 @@ void sl_reg_ep_set_headers(struct sl_reg_ep *ep, const struct sl_kv *hdr, size_t
     free(ep->hdr);
     ep->hdr = out;
     ep->n_hdr = n;
+}
+
+/* n strings (borrowed) as one owned block: the pointer array, then the strings. */
+static char **strs_copy(const char *const *v, size_t n)
+{
+    if (n == 0)
+        return NULL;
+    size_t total = n * sizeof(char *);
+    for (size_t i = 0; i < n; i++)
+        total += strlen(v[i]) + 1;
+    char **out = sl_xmalloc(total);
+    char *p = (char *)(out + n);
+    for (size_t i = 0; i < n; i++) {
+        size_t l = strlen(v[i]) + 1;
+        memcpy(p, v[i], l);
+        out[i] = p;
+        p += l;
+    }
+    return out;
+}
+
+void sl_reg_ep_set_types(struct sl_reg_ep *ep, const char *const *types, size_t n)
+{
+    char **v = strs_copy(types, n);
+    free(ep->types);
+    ep->types = v;
+    ep->n_types = n;
+}
+
+void sl_reg_ep_set_channels(struct sl_reg_ep *ep, const char *const *channels, size_t n)
+{
+    char **v = strs_copy(channels, n);
+    free(ep->channels);
+    ep->channels = v;
+    ep->n_channels = n;
 }
 
 /* ep's raw policy values as the uint32 fields of a record (nothing else set). */
@@ -207,6 +254,10 @@ int sl_reg_ep_encode(const struct sl_reg_ep *ep, struct sl_buf *out, sl_err_t *e
     rec.enabled = ep->enabled;
     rec.reason = ep->reason[0] ? ep->reason : NULL;
     rec.updated_ms = (uint64_t)ep->updated_ms;
+    rec.types = (const char *const *)ep->types;
+    rec.n_types = ep->n_types;
+    rec.channels = (const char *const *)ep->channels;
+    rec.n_channels = ep->n_channels;
     return sl_endpoint_rec_encode(&rec, out, err);
 }
 
@@ -295,6 +346,58 @@ out:
     return rc;
 }
 
+/* Parse a text[] column as array_to_json wrote it ("null" for an empty array is accepted). */
+static int strs_from_json(struct sl_reg_ep *ep,
+                          const char *text,
+                          const char *column,
+                          size_t max,
+                          bool types,
+                          sl_err_t *err)
+{
+    json_error_t jerr;
+    json_t *arr = json_loads(text, JSON_DECODE_ANY, &jerr);
+    const char *v[SL_EP_TYPES_MAX > SL_EP_CHANNELS_MAX ? SL_EP_TYPES_MAX : SL_EP_CHANNELS_MAX];
+    size_t n = 0;
+    int rc = 0;
+    if (arr && json_is_null(arr))
+        goto set;
+    if (!arr || !json_is_array(arr) || json_array_size(arr) > max) {
+        rc = sl_err_set(err, SL_EDECODE,
+                        "column %s of endpoint %s is not an array of at most %zu entries", column,
+                        ep->id, max);
+        goto out;
+    }
+    for (n = 0; n < json_array_size(arr); n++) {
+        v[n] = json_string_value(json_array_get(arr, n));
+        if (!v[n]) {
+            rc =
+                sl_err_set(err, SL_EDECODE, "entry %zu of column %s of endpoint %s is not a string",
+                           n, column, ep->id);
+            goto out;
+        }
+    }
+set:
+    if (types)
+        sl_reg_ep_set_types(ep, v, n);
+    else
+        sl_reg_ep_set_channels(ep, v, n);
+out:
+    json_decref(arr);
+    return rc;
+}
+
+static char *strs_to_json(char *const *v, size_t n)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, json_string(v[i]));
+    char *s = json_dumps(arr, JSON_COMPACT);
+    json_decref(arr);
+    if (!s)
+        s = sl_xstrdup("[]");
+    return s;
+}
+
 static char *headers_to_json(const struct sl_reg_ep *ep)
 {
     json_t *arr = json_array();
@@ -325,7 +428,14 @@ static int row_to_ep(const PGresult *res, int r, struct sl_reg_ep *ep, sl_err_t 
     ep->reason = sl_xstrdup(PQgetvalue(res, r, COL_REASON));
     ep->created_ms = to_i64(PQgetvalue(res, r, COL_CREATED));
     ep->updated_ms = to_i64(PQgetvalue(res, r, COL_UPDATED));
-    return headers_from_json(ep, PQgetvalue(res, r, 6), err);
+    int rc = headers_from_json(ep, PQgetvalue(res, r, 6), err);
+    if (rc == 0)
+        rc = strs_from_json(ep, PQgetvalue(res, r, COL_TYPES), "event_types", SL_EP_TYPES_MAX, true,
+                            err);
+    if (rc == 0)
+        rc = strs_from_json(ep, PQgetvalue(res, r, COL_CHANNELS), "channels", SL_EP_CHANNELS_MAX,
+                            false, err);
+    return rc;
 }
 
 /* Append secret row r of res to ep. */
@@ -437,7 +547,18 @@ out:
     return rc;
 }
 
-int sl_reg_db_list(PGconn *pg, struct sl_reg_ep **out, size_t *n, sl_err_t *err)
+/*
+ * Rows of endpoints (query q with nparams params p) and then their secrets (query sq, same
+ * params), both ordered by id: merged into *out / *n.
+ */
+static int list_rows(PGconn *pg,
+                     const char *q,
+                     const char *sq,
+                     int nparams,
+                     const char *const *p,
+                     struct sl_reg_ep **out,
+                     size_t *n,
+                     sl_err_t *err)
 {
     struct sl_reg_ep *eps = NULL;
     size_t cnt = 0;
@@ -445,8 +566,7 @@ int sl_reg_db_list(PGconn *pg, struct sl_reg_ep **out, size_t *n, sl_err_t *err)
     PGresult *sres = NULL;
     *out = NULL;
     *n = 0;
-    PGresult *res = sl_pg_exec(pg, "list endpoints",
-                               "select " EP_COLS " from endpoints order by id", 0, NULL, err);
+    PGresult *res = sl_pg_exec(pg, "list endpoints", q, nparams, p, err);
     if (!res)
         return SL_EPG;
     cnt = (size_t)PQntuples(res);
@@ -455,10 +575,9 @@ int sl_reg_db_list(PGconn *pg, struct sl_reg_ep **out, size_t *n, sl_err_t *err)
         rc = row_to_ep(res, (int)i, &eps[i], err);
     if (rc != 0)
         goto out;
-    sres = sl_pg_exec(pg, "list endpoint secrets",
-                      "select " SECRET_COLS
-                      " from endpoint_secrets order by endpoint_id, " SECRET_ORDER,
-                      0, NULL, err);
+    if (cnt == 0)
+        goto out;
+    sres = sl_pg_exec(pg, "list endpoint secrets", sq, nparams, p, err);
     if (!sres) {
         rc = SL_EPG;
         goto out;
@@ -475,7 +594,7 @@ int sl_reg_db_list(PGconn *pg, struct sl_reg_ep **out, size_t *n, sl_err_t *err)
 out:
     PQclear(res);
     PQclear(sres);
-    if (rc != 0) {
+    if (rc != 0 || cnt == 0) {
         for (size_t i = 0; i < cnt; i++)
             sl_reg_ep_fini(&eps[i]);
         free(eps);
@@ -486,12 +605,62 @@ out:
     return 0;
 }
 
-/* Text parameters $1..$20 for insert/update, in EP_COLS order minus the timestamps. */
+int sl_reg_db_list(PGconn *pg, struct sl_reg_ep **out, size_t *n, sl_err_t *err)
+{
+    return list_rows(pg, "select " EP_COLS " from endpoints order by id",
+                     "select " SECRET_COLS
+                     " from endpoint_secrets order by endpoint_id, " SECRET_ORDER,
+                     0, NULL, out, n, err);
+}
+
+int sl_reg_db_page(PGconn *pg,
+                   const char *after_id,
+                   size_t limit,
+                   struct sl_reg_ep **out,
+                   size_t *n,
+                   sl_err_t *err)
+{
+    char lim[24];
+    *out = NULL;
+    *n = 0;
+    if (limit < 1 || limit > SL_REG_PAGE_MAX)
+        return sl_err_set(err, SL_EINVAL, "page size must be 1..%d", SL_REG_PAGE_MAX);
+    snprintf(lim, sizeof(lim), "%zu", limit);
+    const char *p[2] = {after_id, lim}; /* NULL = SQL null: from the start */
+    /* the secrets query selects the same page again: an endpoint added in between is not
+     * in the first result and its secrets are skipped by the merge */
+#define PAGE_IDS "select id from endpoints where ($1::text is null or id > $1) order by id limit $2"
+    return list_rows(pg,
+                     "select " EP_COLS " from endpoints where ($1::text is null or id > $1) "
+                     "order by id limit $2::bigint",
+                     "select " SECRET_COLS " from endpoint_secrets where endpoint_id in "
+                     "(" PAGE_IDS "::bigint) order by endpoint_id, " SECRET_ORDER,
+                     2, p, out, n, err);
+#undef PAGE_IDS
+}
+
+/* Text parameters $1..$22 for insert/update, in EP_COLS order minus the timestamps (types and
+ * channels as JSON arrays: $21, $22). */
+#define EP_NPARAMS 22
 struct ep_params {
-    const char *v[20];             /* parameter values */
+    const char *v[EP_NPARAMS];     /* parameter values */
     char num[SL_REG_N__COUNT][24]; /* storage for the numbers */
     char *headers;                 /* JSON text (owned) */
+    char *types;                   /* JSON text (owned) */
+    char *channels;                /* JSON text (owned) */
 };
+
+/* A JSON array parameter as text[], order kept. */
+#define SQL_TEXT_ARRAY(n)                                                                          \
+    "array(select x from jsonb_array_elements_text(" n "::jsonb) with ordinality as t(x, i) "      \
+    "order by i)"
+
+static void ep_params_free(struct ep_params *p)
+{
+    free(p->headers);
+    free(p->types);
+    free(p->channels);
+}
 
 static void ep_params_fill(struct ep_params *p, const struct sl_reg_ep *ep)
 {
@@ -509,6 +678,10 @@ static void ep_params_fill(struct ep_params *p, const struct sl_reg_ep *ep)
     }
     p->v[COL_ENABLED] = ep->enabled ? "true" : "false";
     p->v[COL_REASON] = ep->reason;
+    p->types = strs_to_json(ep->types, ep->n_types);
+    p->channels = strs_to_json(ep->channels, ep->n_channels);
+    p->v[20] = p->types;
+    p->v[21] = p->channels;
 }
 
 int sl_reg_db_insert(PGconn *pg, const struct sl_reg_ep *ep, sl_err_t *err)
@@ -521,16 +694,18 @@ int sl_reg_db_insert(PGconn *pg, const struct sl_reg_ep *ep, sl_err_t *err)
         "insert into endpoints (id, name, url, is_template, method, content_type, headers, "
         "timeout_ms, conn_timeout_ms, retry_base_ms, retry_cap_ms, max_attempts, brk_threshold, "
         "brk_cooldown_ms, rate, rate_period_ms, burst, max_inflight, enabled, disabled_reason, "
-        "created_at, updated_at) values ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, "
-        "$12, $13, $14, $15, $16, $17, $18, $19, $20, now(), now()) "
-        "on conflict (id) do nothing returning id",
-        20, p.v, err);
+        "event_types, channels, created_at, updated_at) values ($1, $2, $3, $4, $5, $6, "
+        "$7::jsonb, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, "
+        "" SQL_TEXT_ARRAY("$21") ", " SQL_TEXT_ARRAY(
+            "$22") ", now(), now()) "
+                   "on conflict (id) do nothing returning id",
+        EP_NPARAMS, p.v, err);
     if (!res)
         rc = SL_EPG;
     else if (PQntuples(res) != 1)
         rc = sl_err_set(err, SL_ESTATE, "endpoint %s already exists", ep->id);
     PQclear(res);
-    free(p.headers);
+    ep_params_free(&p);
     return rc;
 }
 
@@ -545,15 +720,17 @@ int sl_reg_db_update(PGconn *pg, const struct sl_reg_ep *ep, sl_err_t *err)
         "content_type = $6, headers = $7::jsonb, timeout_ms = $8, conn_timeout_ms = $9, "
         "retry_base_ms = $10, retry_cap_ms = $11, max_attempts = $12, brk_threshold = $13, "
         "brk_cooldown_ms = $14, rate = $15, rate_period_ms = $16, burst = $17, "
-        "max_inflight = $18, enabled = $19, disabled_reason = $20, updated_at = now() "
-        "where id = $1 returning id",
-        20, p.v, err);
+        "max_inflight = $18, enabled = $19, disabled_reason = $20, "
+        "event_types = " SQL_TEXT_ARRAY("$21") ", channels = " SQL_TEXT_ARRAY(
+            "$22") ", "
+                   "updated_at = now() where id = $1 returning id",
+        EP_NPARAMS, p.v, err);
     if (!res)
         rc = SL_EPG;
     else if (PQntuples(res) != 1)
         rc = sl_err_set(err, SL_ENOTFOUND, "endpoint %s not found", ep->id);
     PQclear(res);
-    free(p.headers);
+    ep_params_free(&p);
     return rc;
 }
 
@@ -635,11 +812,19 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
         snprintf(p->first_err, sizeof(p->first_err), "%s", rd_kafka_err2str(m->err));
 }
 
+void sl_reg_pub_init(struct sl_reg_pub *p, const struct sl_config *cfg)
+{
+    memset(p, 0, sizeof(*p));
+    p->cfg = cfg;
+    p->topic = cfg ? cfg->topic_endpoints : NULL;
+}
+
 int sl_reg_pub_open(const struct sl_config *cfg, struct sl_reg_pub *p, sl_err_t *err)
 {
     char errstr[512];
-    memset(p, 0, sizeof(*p));
-    p->topic = cfg->topic_endpoints;
+    int flush_timeout_ms = p->flush_timeout_ms;
+    sl_reg_pub_init(p, cfg);
+    p->flush_timeout_ms = flush_timeout_ms;
     rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "sluicectl", err);
     if (!conf)
         return SL_EKAFKA;
@@ -699,6 +884,479 @@ int sl_reg_db_unlock_all(PGconn *pg, sl_err_t *err)
     return sl_pg_cmd(pg, "release registry locks", "select pg_advisory_unlock_all()", 0, NULL, err);
 }
 
+/* ==== Checks ==== */
+
+/* Rename a codec message's record key to the registry's JSON/column name. */
+static int codec_msg(int rc, sl_err_t *err)
+{
+    static const struct {
+        const char *rec, *col;
+    } names[] = {
+        {"field \"ct\"", "field \"content_type\""},
+        {"field \"hdr\"", "field \"headers\""},
+        {"field \"reason\"", "field \"disabled_reason\""},
+        {"field \"tpl\"", "field \"template\""},
+    };
+    if (!err)
+        return rc;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        size_t l = strlen(names[i].rec);
+        if (strncmp(err->msg, names[i].rec, l) == 0) {
+            char rest[SL_ERR_MSG_MAX];
+            snprintf(rest, sizeof(rest), "%s", err->msg + l);
+            return sl_err_set(err, rc, "%s%s", names[i].col, rest);
+        }
+    }
+    return rc;
+}
+
+/*
+ * sl_reg_ep_check, limited to what changed when before (borrowed) is given: the URL rules
+ * only when url or tpl differ, policy ranges only for values that differ (rows written under
+ * older rules stay editable); cross-field, types/channels and codec rules always.
+ */
+static int ep_check(const char *before_url,
+                    bool before_tpl,
+                    const int64_t *before_num,
+                    const struct sl_reg_ep *ep,
+                    sl_err_t *err)
+{
+    int rc;
+    if (!ep->id || !sl_valid_endpoint_id(ep->id, strlen(ep->id)))
+        return sl_err_set(err, SL_EINVAL, "field \"id\" must be 1..%d characters A-Z a-z 0-9 _ -",
+                          SL_ENDPOINT_ID_MAX);
+    if (!ep->url || !ep->url[0])
+        return sl_err_set(err, SL_EMISSING, "field \"url\" missing");
+    if (!before_url || strcmp(before_url, ep->url) != 0 || before_tpl != ep->tpl) {
+        sl_err_t e2;
+        rc = sl_endpoint_url_check(ep->url, ep->tpl, &e2);
+        if (rc != 0)
+            return sl_err_set(err, rc, "field \"url\": %s", e2.msg);
+    }
+    const int64_t *v = ep->num;
+    for (int i = 0; i < SL_REG_N__COUNT; i++) {
+        const struct sl_reg_ep_numdef *d = &sl_reg_ep_nums[i];
+        if (before_num && before_num[i] == v[i])
+            continue;
+        if (v[i] != 0 && (v[i] < d->min || v[i] > d->max))
+            return sl_err_set(err, SL_EINVAL,
+                              "field \"%s\" must be 0 (%s) or %" PRId64 "..%" PRId64, d->column,
+                              d->zero, d->min, d->max);
+    }
+    if (v[SL_REG_N_TIMEOUT] && v[SL_REG_N_CONN_TIMEOUT] &&
+        v[SL_REG_N_CONN_TIMEOUT] > v[SL_REG_N_TIMEOUT])
+        return sl_err_set(err, SL_EINVAL,
+                          "field \"conn_timeout_ms\" (%" PRId64 ") must not exceed \"timeout_ms\" "
+                          "(%" PRId64 ")",
+                          v[SL_REG_N_CONN_TIMEOUT], v[SL_REG_N_TIMEOUT]);
+    if (v[SL_REG_N_RETRY_BASE] && v[SL_REG_N_RETRY_CAP] &&
+        v[SL_REG_N_RETRY_CAP] < v[SL_REG_N_RETRY_BASE])
+        return sl_err_set(err, SL_EINVAL,
+                          "field \"retry_cap_ms\" (%" PRId64 ") must not be less than "
+                          "\"retry_base_ms\" (%" PRId64 ")",
+                          v[SL_REG_N_RETRY_CAP], v[SL_REG_N_RETRY_BASE]);
+    /* the codec's rules for the rest (types, channels, name, ct, hdr, reason), through a
+     * record with a placeholder secret (secrets are not this check's business) */
+    struct sl_endpoint_rec rec;
+    struct sl_endpoint_secret sec = {(const uint8_t *)"x", 1, 0};
+    memset(&rec, 0, sizeof(rec));
+    rec.id = ep->id;
+    rec.name = ep->name && ep->name[0] ? ep->name : NULL;
+    rec.url = ep->url;
+    rec.tpl = ep->tpl;
+    rec.method = ep->method;
+    rec.ct = ep->ct && ep->ct[0] ? ep->ct : NULL;
+    rec.hdr = ep->hdr;
+    rec.n_hdr = ep->n_hdr;
+    rec.secrets = &sec;
+    rec.n_secrets = 1;
+    rec_policy(ep, &rec);
+    rec.enabled = ep->enabled;
+    rec.reason = ep->reason && ep->reason[0] ? ep->reason : NULL;
+    rec.types = (const char *const *)ep->types;
+    rec.n_types = ep->n_types;
+    rec.channels = (const char *const *)ep->channels;
+    rec.n_channels = ep->n_channels;
+    rc = sl_endpoint_rec_validate(&rec, NULL, err);
+    return rc ? codec_msg(rc, err) : 0;
+}
+
+int sl_reg_ep_check(const struct sl_reg_ep *ep, sl_err_t *err)
+{
+    if (!ep)
+        return sl_err_set(err, SL_EINVAL, "no endpoint");
+    return ep_check(NULL, false, NULL, ep, err);
+}
+
+/* ==== Change operations ==== */
+
+/* State of one change operation, from op_begin to op_end. */
+struct op {
+    PGconn *pg;                /* borrowed */
+    struct sl_reg_pub *pub;    /* borrowed */
+    const char *id;            /* borrowed */
+    struct sl_reg_result *res; /* caller's, or a local one */
+    struct sl_reg_result own;  /* res when the caller passed NULL */
+    int locks;                 /* 0 none, 1 registry (shared), 2 + endpoint */
+    bool in_tx;                /* BEGIN done, no COMMIT/ROLLBACK yet */
+    struct sl_buf rec;         /* the committed state's record */
+};
+
+/* Lock the endpoint (registry shared, then the endpoint) and BEGIN. */
+static int op_begin(struct op *op,
+                    PGconn *pg,
+                    struct sl_reg_pub *pub,
+                    const char *id,
+                    struct sl_reg_result *res,
+                    sl_err_t *err)
+{
+    memset(op, 0, sizeof(*op));
+    op->pg = pg;
+    op->pub = pub;
+    op->id = id;
+    op->res = res ? res : &op->own;
+    memset(op->res, 0, sizeof(*op->res));
+    sl_buf_init(&op->rec, SL_ENDPOINT_RECORD_MAX);
+    if (!pg || !pub || !id)
+        return sl_err_set(err, SL_EINVAL, "no database connection, publisher or endpoint id");
+    const char *p[1] = {id};
+    if (sl_pg_cmd(pg, "lock the endpoint registry",
+                  "select pg_advisory_lock_shared(" LOCK_REGISTRY ")", 0, NULL, err) != 0)
+        return SL_EPG;
+    op->locks = 1;
+    if (sl_pg_cmd(pg, "lock the endpoint",
+                  "select pg_advisory_lock(" LOCK_EP_CLASS ", hashtext($1))", 1, p, err) != 0)
+        return SL_EPG;
+    op->locks = 2;
+    if (sl_reg_db_begin(pg, err) != 0)
+        return SL_EPG;
+    op->in_tx = true;
+    return 0;
+}
+
+/* Roll back if still in the transaction, release the locks taken, free; returns rc. */
+static int op_end(struct op *op, int rc)
+{
+    if (op->in_tx)
+        sl_reg_db_rollback(op->pg);
+    op->in_tx = false;
+    if (op->pg && PQstatus(op->pg) == CONNECTION_OK) {
+        const char *p[1] = {op->id};
+        if (op->locks == 2)
+            (void)sl_pg_cmd(op->pg, "unlock the endpoint",
+                            "select pg_advisory_unlock(" LOCK_EP_CLASS ", hashtext($1))", 1, p,
+                            NULL);
+        if (op->locks >= 1)
+            (void)sl_pg_cmd(op->pg, "unlock the endpoint registry",
+                            "select pg_advisory_unlock_shared(" LOCK_REGISTRY ")", 0, NULL, NULL);
+    }
+    op->locks = 0;
+    sl_buf_fini(&op->rec);
+    return rc;
+}
+
+/*
+ * Publish val (NULL = tombstone) for the committed change and wait for the acknowledgement.
+ * SL_EKAFKA saying the change is committed but not visible when that fails.
+ */
+static int op_publish(struct op *op, const void *val, size_t len, sl_err_t *err)
+{
+    struct sl_reg_pub *pub = op->pub;
+    sl_err_t e2 = {0, ""};
+    int rc = 0;
+    if (!pub->rk) {
+        if (!pub->cfg)
+            rc = sl_err_set(&e2, SL_EINVAL, "the publisher has no configuration to open with");
+        else
+            rc = sl_reg_pub_open(pub->cfg, pub, &e2);
+    }
+    if (rc == 0) {
+        /* counters per operation: an earlier failure must not be reported again */
+        pub->sent = 0;
+        pub->failed = 0;
+        pub->first_err[0] = '\0';
+        rc = sl_reg_pub_send(pub, op->id, val, len, &e2);
+    }
+    if (rc == 0)
+        rc = sl_reg_pub_flush(
+            pub, pub->flush_timeout_ms > 0 ? pub->flush_timeout_ms : SL_REG_FLUSH_TIMEOUT_MS, &e2);
+    if (rc == 0) {
+        op->res->published = true;
+        return 0;
+    }
+    return sl_err_set(err, SL_EKAFKA,
+                      "the change to endpoint %s is committed in PostgreSQL but was NOT "
+                      "published to topic %s, so consumers do not see it yet: %s",
+                      op->id, pub->topic ? pub->topic : "(none)", e2.msg);
+}
+
+/* Read the row back into *ep (replacing it), encode it into op->rec, COMMIT, publish. */
+static int op_finish(struct op *op, struct sl_reg_ep *ep, sl_err_t *err)
+{
+    sl_reg_ep_fini(ep);
+    int rc = sl_reg_db_load(op->pg, op->id, false, ep, err);
+    if (rc == 0)
+        rc = sl_reg_ep_encode(ep, &op->rec, err);
+    if (rc == 0)
+        rc = sl_reg_db_commit(op->pg, err);
+    op->in_tx = false; /* a failed COMMIT ends the transaction too (op_end rolls back nothing) */
+    if (rc != 0) {
+        sl_reg_db_rollback(op->pg);
+        return rc;
+    }
+    op->res->committed = true;
+    op->res->changed = true;
+    return op_publish(op, op->rec.data, op->rec.len, err);
+}
+
+/* The sealed box of secret (NULL = a new one) for endpoint id; whsec gets its text. */
+static int seal_secret(const struct sl_masterkey *mk,
+                       const char *id,
+                       const struct sl_secret *secret,
+                       char whsec[SL_SECRET_STR_MAX],
+                       uint8_t box[SL_SECRET_ENC_MAX],
+                       size_t *blen,
+                       sl_err_t *err)
+{
+    struct sl_secret gen;
+    sl_err_t e2;
+    int rc = 0;
+    memset(&gen, 0, sizeof(gen));
+    if (!mk)
+        return sl_err_set(err, SL_EINVAL, "no master key to encrypt the signing secret");
+    if (!secret) {
+        rc = sl_secret_generate(&gen, err);
+        if (rc != 0)
+            goto out;
+        secret = &gen;
+    }
+    rc = sl_secret_format(secret, whsec, SL_SECRET_STR_MAX, &e2);
+    if (rc == 0)
+        rc = sl_secretbox_seal(mk, id, (const uint8_t *)whsec, strlen(whsec), box,
+                               SL_SECRET_ENC_MAX, blen, &e2);
+    if (rc != 0) {
+        sl_secret_wipe(whsec, SL_SECRET_STR_MAX);
+        whsec[0] = '\0';
+        rc = sl_err_set(err, rc, "cannot prepare the signing secret: %s", e2.msg);
+        goto out;
+    }
+    sl_log_add_secret(whsec);
+out:
+    sl_secret_fini(&gen);
+    return rc;
+}
+
+/* NULL optional strings of a caller-built row become "" (the columns are NOT NULL). */
+static void ep_fill_empty(struct sl_reg_ep *ep)
+{
+    if (!ep->name)
+        ep->name = sl_xstrdup("");
+    if (!ep->ct)
+        ep->ct = sl_xstrdup("");
+    if (!ep->reason)
+        ep->reason = sl_xstrdup("");
+}
+
+int sl_reg_create(PGconn *pg,
+                  struct sl_reg_pub *pub,
+                  const struct sl_masterkey *mk,
+                  struct sl_reg_ep *ep,
+                  const struct sl_secret *secret,
+                  char whsec[SL_SECRET_STR_MAX],
+                  struct sl_reg_result *res,
+                  sl_err_t *err)
+{
+    struct op op;
+    struct sl_reg_ep back;
+    uint8_t box[SL_SECRET_ENC_MAX];
+    size_t blen = 0;
+    int rc;
+    memset(&back, 0, sizeof(back));
+    whsec[0] = '\0';
+    if (!ep) {
+        op_begin(&op, NULL, NULL, NULL, res, NULL);
+        return op_end(&op, sl_err_set(err, SL_EINVAL, "no endpoint"));
+    }
+    ep_fill_empty(ep);
+    rc = sl_reg_ep_check(ep, err);
+    if (rc != 0) {
+        op_begin(&op, NULL, NULL, NULL, res, NULL);
+        return op_end(&op, rc);
+    }
+    rc = seal_secret(mk, ep->id, secret, whsec, box, &blen, err);
+    if (rc == 0)
+        rc = op_begin(&op, pg, pub, ep->id, res, err);
+    else
+        op_begin(&op, NULL, NULL, NULL, res, NULL);
+    if (rc == 0)
+        rc = sl_reg_db_insert(pg, ep, err);
+    if (rc == 0)
+        rc = sl_reg_db_add_secret(pg, ep->id, box, blen, err);
+    if (rc == 0)
+        rc = op_finish(&op, &back, err);
+    if (op.res->committed) {
+        sl_reg_ep_fini(ep);
+        *ep = back; /* moved */
+        memset(&back, 0, sizeof(back));
+    } else {
+        sl_secret_wipe(whsec, SL_SECRET_STR_MAX);
+        whsec[0] = '\0';
+    }
+    sl_secret_wipe(box, sizeof(box));
+    sl_reg_ep_fini(&back);
+    return op_end(&op, rc);
+}
+
+int sl_reg_update(PGconn *pg,
+                  struct sl_reg_pub *pub,
+                  const char *id,
+                  sl_reg_modify_fn fn,
+                  void *opaque,
+                  struct sl_reg_ep *out,
+                  struct sl_reg_result *res,
+                  sl_err_t *err)
+{
+    struct op op;
+    struct sl_buf before;
+    char *before_url = NULL;
+    bool before_tpl;
+    int64_t before_num[SL_REG_N__COUNT];
+    memset(out, 0, sizeof(*out));
+    sl_buf_init(&before, SL_ENDPOINT_RECORD_MAX);
+    int rc = op_begin(&op, pg, pub, id, res, err);
+    if (rc == 0 && !fn)
+        rc = sl_err_set(err, SL_EINVAL, "no modify function");
+    if (rc == 0)
+        rc = sl_reg_db_load(pg, id, true, out, err);
+    if (rc == 0)
+        rc = sl_reg_ep_encode(out, &before, err);
+    if (rc != 0)
+        goto done;
+    before_url = sl_xstrdup(out->url);
+    before_tpl = out->tpl;
+    memcpy(before_num, out->num, sizeof(before_num));
+    rc = fn(opaque, out, err);
+    if (rc != 0) {
+        if (rc > 0) /* refusals are negative SL_E* codes; never report success */
+            rc = sl_err_set(err, SL_EINVAL, "the change to endpoint %s was refused", id);
+        goto done;
+    }
+    ep_fill_empty(out);
+    if (!out->id || strcmp(out->id, id) != 0) {
+        rc = sl_err_set(err, SL_EINVAL, "the id of endpoint %s cannot change", id);
+        goto done;
+    }
+    rc = ep_check(before_url, before_tpl, before_num, out, err);
+    if (rc == 0)
+        rc = sl_reg_ep_encode(out, &op.rec, err);
+    if (rc != 0) {
+        if (rc != SL_EPG)
+            rc = codec_msg(rc, err);
+        goto done;
+    }
+    if (op.rec.len == before.len && memcmp(op.rec.data, before.data, before.len) == 0) {
+        /* nothing to do: no write, no publish, no new version for consumers */
+        goto done;
+    }
+    sl_buf_reset(&op.rec);
+    rc = sl_reg_db_update(pg, out, err);
+    if (rc == 0)
+        rc = op_finish(&op, out, err);
+done:
+    free(before_url);
+    sl_buf_fini(&before);
+    return op_end(&op, rc);
+}
+
+int sl_reg_rotate(PGconn *pg,
+                  struct sl_reg_pub *pub,
+                  const struct sl_masterkey *mk,
+                  const char *id,
+                  int64_t overlap_s,
+                  const struct sl_secret *secret,
+                  char whsec[SL_SECRET_STR_MAX],
+                  struct sl_reg_ep *out,
+                  struct sl_reg_result *res,
+                  sl_err_t *err)
+{
+    struct op op;
+    uint8_t box[SL_SECRET_ENC_MAX];
+    size_t blen = 0;
+    int rc;
+    memset(out, 0, sizeof(*out));
+    whsec[0] = '\0';
+    if (overlap_s < 0 || overlap_s > SL_REG_OVERLAP_MAX_S) {
+        op_begin(&op, NULL, NULL, NULL, res, NULL);
+        return op_end(&op, sl_err_set(err, SL_EINVAL, "overlap must be 0..%lld seconds",
+                                      (long long)SL_REG_OVERLAP_MAX_S));
+    }
+    if (!id || !sl_valid_endpoint_id(id, strlen(id))) {
+        op_begin(&op, NULL, NULL, NULL, res, NULL);
+        return op_end(&op, sl_err_set(err, SL_EINVAL,
+                                      "invalid endpoint id: expected 1..%d characters "
+                                      "[A-Za-z0-9_-]",
+                                      SL_ENDPOINT_ID_MAX));
+    }
+    rc = seal_secret(mk, id, secret, whsec, box, &blen, err);
+    if (rc == 0)
+        rc = op_begin(&op, pg, pub, id, res, err);
+    else
+        op_begin(&op, NULL, NULL, NULL, res, NULL);
+    if (rc == 0)
+        rc = sl_reg_db_load(pg, id, true, out, err); /* SL_ENOTFOUND; locks the row */
+    if (rc == 0)
+        rc = sl_reg_db_rotate(pg, id, overlap_s, box, blen, err);
+    if (rc == 0)
+        rc = op_finish(&op, out, err);
+    if (!op.res->committed) {
+        sl_secret_wipe(whsec, SL_SECRET_STR_MAX);
+        whsec[0] = '\0';
+    }
+    sl_secret_wipe(box, sizeof(box));
+    return op_end(&op, rc);
+}
+
+int sl_reg_remove(
+    PGconn *pg, struct sl_reg_pub *pub, const char *id, struct sl_reg_result *res, sl_err_t *err)
+{
+    struct op op;
+    int rc = op_begin(&op, pg, pub, id, res, err);
+    if (rc == 0)
+        rc = sl_reg_db_delete(pg, id, err);
+    if (rc == 0)
+        rc = sl_reg_db_commit(pg, err);
+    op.in_tx = false;
+    if (rc != 0)
+        sl_reg_db_rollback(pg);
+    if (rc == 0) {
+        op.res->committed = true;
+        op.res->changed = true;
+        rc = op_publish(&op, NULL, 0, err);
+    }
+    return op_end(&op, rc);
+}
+
+/* sl_reg_disable's modify function. */
+struct disable_req {
+    const char *reason;   /* borrowed */
+    int64_t requested_ms; /* when the consumer asked */
+};
+
+static int disable_modify(void *opaque, struct sl_reg_ep *ep, sl_err_t *err)
+{
+    (void)err;
+    const struct disable_req *d = opaque;
+    if (!ep->enabled || ep->updated_ms > d->requested_ms) {
+        /* already disabled, or an operator changed it after the consumer asked: their word
+         * stands (unchanged row: sl_reg_update rolls back, publishes nothing) */
+        return 0;
+    }
+    ep->enabled = false;
+    free(ep->reason);
+    ep->reason = sl_xstrdup(d->reason);
+    return 0;
+}
+
 int sl_reg_disable(PGconn *pg,
                    struct sl_reg_pub *pub,
                    const char *id,
@@ -707,52 +1365,12 @@ int sl_reg_disable(PGconn *pg,
                    bool *changed,
                    sl_err_t *err)
 {
+    struct disable_req d = {reason ? reason : "", requested_ms};
+    struct sl_reg_result res;
     struct sl_reg_ep ep;
-    struct sl_buf rec;
-    memset(&ep, 0, sizeof(ep));
-    sl_buf_init(&rec, SL_ENDPOINT_RECORD_MAX);
-    bool in_tx = false;
-    if (changed)
-        *changed = false;
-    int rc = sl_reg_db_lock_endpoint(pg, id, err);
-    if (rc == 0)
-        rc = sl_reg_db_begin(pg, err);
-    in_tx = rc == 0;
-    if (rc == 0)
-        rc = sl_reg_db_load(pg, id, true, &ep, err);
-    if (rc != 0)
-        goto out;
-    if (!ep.enabled || (int64_t)ep.updated_ms > requested_ms) {
-        /* already disabled, or an operator changed it after the consumer asked: their word
-         * stands */
-        goto out;
-    }
-    ep.enabled = false;
-    free(ep.reason);
-    ep.reason = sl_xstrdup(reason);
-    rc = sl_reg_db_update(pg, &ep, err);
-    if (rc == 0) {
-        sl_reg_ep_fini(&ep);
-        rc = sl_reg_db_load(pg, id, false, &ep, err);
-    }
-    if (rc == 0)
-        rc = sl_reg_ep_encode(&ep, &rec, err);
-    if (rc == 0)
-        rc = sl_reg_db_commit(pg, err);
-    in_tx = false;
-    if (rc != 0)
-        goto out;
-    if (changed)
-        *changed = true;
-    rc = sl_reg_pub_send(pub, id, rec.data, rec.len, err);
-    if (rc == 0)
-        rc = sl_reg_pub_flush(pub, 30000, err);
-out:
-    if (in_tx)
-        sl_reg_db_rollback(pg);
-    sl_err_t uerr;
-    (void)sl_reg_db_unlock_all(pg, &uerr);
-    sl_buf_fini(&rec);
+    int rc = sl_reg_update(pg, pub, id, disable_modify, &d, &ep, &res, err);
     sl_reg_ep_fini(&ep);
+    if (changed)
+        *changed = res.changed;
     return rc;
 }

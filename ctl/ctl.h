@@ -96,4 +96,7 @@ void ctl_fmt_time(int64_t ms, char *out, size_t outlen);
 int ctl_endpoints_main(struct ctl *c, int argc, char **argv);
 void ctl_endpoints_help(FILE *f);
 
+int ctl_keys_main(struct ctl *c, int argc, char **argv);
+void ctl_keys_help(FILE *f);
+
 #endif /* SL_CTL_H */

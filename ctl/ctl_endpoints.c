@@ -1,11 +1,13 @@
 /*
- * ctl_endpoints: `sluicectl endpoints ...`, the only writer of the endpoint registry.
+ * ctl_endpoints: `sluicectl endpoints ...`, the operator's interface to the endpoint registry.
  *
  *   add, update, disable, enable, rotate-secret, delete: validate every flag (exit 2, nothing
- *       touched), then change PostgreSQL in one transaction and publish the committed state to
- *       the endpoints topic, flushed with acks=all, before reporting success (sl_registry.h
- *       has the locking and ordering). A publish failure leaves the committed change in place
- *       and says so: `endpoints sync` repairs the topic.
+ *       touched), then run the registry's change operation (sl_reg_create / _update / _rotate
+ *       / _remove in common/sl_registry.h, the same code sluice-api runs): one transaction in
+ *       PostgreSQL, the committed state published to the endpoints topic and flushed with
+ *       acks=all before success is reported. A publish failure leaves the committed change in
+ *       place and says so: `endpoints sync` repairs the topic. This file only parses, maps
+ *       flags onto the row and prints.
  *   show, list: read PostgreSQL (the source of truth), never the topic.
  *   sync: republish every endpoint and tombstone topic keys the registry no longer has.
  *
@@ -35,10 +37,10 @@
 #include "common/sl_url.h"
 #include "ctl/ctl.h"
 
-#define FLUSH_TIMEOUT_MS  20000 /* > the producer's 15 s message timeout */
-#define SCAN_TIMEOUT_MS   30000 /* sync: reading the topic to its end */
+#define FLUSH_TIMEOUT_MS  SL_REG_FLUSH_TIMEOUT_MS /* sync; > the producer's 15 s message timeout */
+#define SCAN_TIMEOUT_MS   30000                   /* sync: reading the topic to its end */
 #define OVERLAP_DEFAULT_S 86400
-#define OVERLAP_MAX_S     (30LL * 86400)
+#define OVERLAP_MAX_S     SL_REG_OVERLAP_MAX_S
 
 /* ==== Subcommands and their flags ==== */
 
@@ -84,6 +86,8 @@ enum {
     O_CT,
     O_HEADER,
     O_CLEAR_HEADERS,
+    O_TYPES,
+    O_CHANNELS,
     O_SECRET,
     O_OVERLAP,
     O_REASON,
@@ -118,6 +122,12 @@ static const struct optdef optdefs[] = {
     {"header", required_argument, O_HEADER, M_SET, "'NAME: VALUE'",
      "extra request header, repeatable, at most 32 (update: replaces all)"},
     {"clear-headers", no_argument, O_CLEAR_HEADERS, M(S_UPDATE), NULL, "remove every extra header"},
+    {"types", required_argument, O_TYPES, M_SET, "LIST",
+     "event types to receive when fanned out, comma-separated: exact names and prefix.* "
+     "wildcards, at most 64 ('' = every type, the default)"},
+    {"channels", required_argument, O_CHANNELS, M_SET, "LIST",
+     "channel labels, comma-separated, 1..64 characters [A-Za-z0-9_.:-] each, at most 16; "
+     "the endpoint then receives only events carrying one of them ('' = no restriction)"},
     {"secret", required_argument, O_SECRET, M(S_ADD) | M(S_ROTATE), "whsec_...",
      "signing secret to use (default: a new random 32-byte secret)"},
     {"overlap-s", required_argument, O_OVERLAP, M(S_ROTATE), "N",
@@ -135,24 +145,34 @@ static const struct optdef optdefs[] = {
 /* Everything the command line said. Strings borrowed from argv except the header copies. */
 struct opts {
     const char *id, *url, *name, *method_s, *ct, *secret_s, *reason;
-    int tpl;                       /* -1 not given, 0 --no-template, 1 --template */
-    struct sl_kv hdr[SL_HDR_MAX];  /* parsed --header values (point into hdr_buf) */
-    char *hdr_buf[SL_HDR_MAX];     /* owned copies split at ':' */
-    size_t n_hdr;                  /* entries in hdr */
-    bool clear_headers;            /* --clear-headers */
-    int64_t num[SL_REG_N__COUNT];  /* numeric flags */
-    bool num_set[SL_REG_N__COUNT]; /* which were given */
-    int64_t overlap_s;             /* --overlap-s */
-    bool json, show_secrets;       /* output switches */
-    enum sl_http_method method;    /* parsed --method */
-    struct sl_secret secret;       /* parsed --secret (wiped at exit) */
-    bool have_secret;              /* --secret given */
+    int tpl;                                  /* -1 not given, 0 --no-template, 1 --template */
+    struct sl_kv hdr[SL_HDR_MAX];             /* parsed --header values (point into hdr_buf) */
+    char *hdr_buf[SL_HDR_MAX];                /* owned copies split at ':' */
+    size_t n_hdr;                             /* entries in hdr */
+    bool clear_headers;                       /* --clear-headers */
+    const char *types[SL_EP_TYPES_MAX];       /* parsed --types (point into types_buf) */
+    size_t n_types;                           /* entries in types */
+    char *types_buf;                          /* owned copy split at ',' */
+    bool types_set;                           /* --types given ('' = clear) */
+    const char *channels[SL_EP_CHANNELS_MAX]; /* parsed --channels (point into channels_buf) */
+    size_t n_channels;                        /* entries in channels */
+    char *channels_buf;                       /* owned copy split at ',' */
+    bool channels_set;                        /* --channels given ('' = clear) */
+    int64_t num[SL_REG_N__COUNT];             /* numeric flags */
+    bool num_set[SL_REG_N__COUNT];            /* which were given */
+    int64_t overlap_s;                        /* --overlap-s */
+    bool json, show_secrets;                  /* output switches */
+    enum sl_http_method method;               /* parsed --method */
+    struct sl_secret secret;                  /* parsed --secret (wiped at exit) */
+    bool have_secret;                         /* --secret given */
 };
 
 static void opts_fini(struct opts *o)
 {
     for (size_t i = 0; i < o->n_hdr; i++)
         free(o->hdr_buf[i]);
+    free(o->types_buf);
+    free(o->channels_buf);
     sl_secret_fini(&o->secret);
 }
 
@@ -270,10 +290,68 @@ static int parse_header(enum sub s, struct opts *o, const char *arg)
     return 0;
 }
 
+/*
+ * Split a comma-separated --types / --channels value (spaces around entries ignored; '' =
+ * an empty list) into v (pointers into *buf, an owned copy), checking each entry with valid
+ * and refusing repeats. Entries are counted from 1 in messages; their text is not secret.
+ */
+static int parse_list(enum sub s,
+                      const char *flag,
+                      const char *arg,
+                      size_t max,
+                      size_t max_len,
+                      bool (*valid)(const char *, size_t),
+                      const char *rule,
+                      char **buf,
+                      const char **v,
+                      size_t *n)
+{
+    const char *cmd = cmd_name(s);
+    free(*buf); /* the flag given again: the last one counts */
+    *buf = sl_xstrdup(arg);
+    *n = 0;
+    char *p = *buf;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (*p == '\0')
+        return 0;
+    for (size_t idx = 1;; idx++) {
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = '\0';
+        while (*p == ' ' || *p == '\t')
+            p++;
+        size_t len = strlen(p);
+        while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+            p[--len] = '\0';
+        if (*n == max)
+            return ctl_usage_error(cmd, "invalid value for %s: more than %zu entries", flag, max);
+        if (len == 0)
+            return ctl_usage_error(cmd, "invalid value for %s: entry %zu is empty", flag, idx);
+        if (len > max_len)
+            return ctl_usage_error(cmd, "invalid value for %s: entry %zu is longer than %zu bytes",
+                                   flag, idx, max_len);
+        if (!valid(p, len))
+            return ctl_usage_error(cmd, "invalid value for %s: entry %zu ('%s') %s", flag, idx, p,
+                                   rule);
+        for (size_t j = 0; j < *n; j++) {
+            if (strcmp(v[j], p) == 0)
+                return ctl_usage_error(cmd,
+                                       "invalid value for %s: entry %zu ('%s') repeats entry %zu",
+                                       flag, idx, p, j + 1);
+        }
+        v[(*n)++] = p;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    return 0;
+}
+
 static bool any_setting(const struct opts *o)
 {
     bool any = o->url || o->name || o->method_s || o->ct || o->tpl >= 0 || o->n_hdr > 0 ||
-               o->clear_headers;
+               o->clear_headers || o->types_set || o->channels_set;
     for (int i = 0; i < SL_REG_N__COUNT; i++)
         any = any || o->num_set[i];
     return any;
@@ -429,6 +507,24 @@ static int parse(enum sub s, int argc, char **argv, struct opts *o)
         case O_CLEAR_HEADERS:
             o->clear_headers = true;
             break;
+        case O_TYPES:
+            rc = parse_list(s, "--types", optarg, SL_EP_TYPES_MAX, SL_EVENT_TYPE_MAX,
+                            sl_valid_type_filter,
+                            "is neither an event type (printable ASCII, no spaces, no '*') nor a "
+                            "prefix.* wildcard",
+                            &o->types_buf, o->types, &o->n_types);
+            if (rc)
+                return rc;
+            o->types_set = true;
+            break;
+        case O_CHANNELS:
+            rc = parse_list(s, "--channels", optarg, SL_EP_CHANNELS_MAX, SL_CHANNEL_MAX,
+                            sl_valid_channel, "must be 1..64 characters [A-Za-z0-9_.:-]",
+                            &o->channels_buf, o->channels, &o->n_channels);
+            if (rc)
+                return rc;
+            o->channels_set = true;
+            break;
         case O_SECRET:
             o->secret_s = optarg;
             break;
@@ -508,6 +604,33 @@ struct show_opts {
     const struct sl_endpoint_defaults *defs; /* for effective values */
 };
 
+static json_t *strs_json(char *const *v, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(a, json_string(v[i]));
+    return a;
+}
+
+/* v joined with sep into a new string (caller frees); dflt when empty. */
+static char *strs_join(char *const *v, size_t n, const char *sep, const char *dflt)
+{
+    if (n == 0)
+        return sl_xstrdup(dflt);
+    size_t total = 1;
+    for (size_t i = 0; i < n; i++)
+        total += strlen(v[i]) + strlen(sep);
+    char *out = sl_xmalloc(total), *p = out;
+    for (size_t i = 0; i < n; i++) {
+        size_t l = strlen(v[i]), sl = i + 1 < n ? strlen(sep) : 0;
+        memcpy(p, v[i], l);
+        memcpy(p + l, sep, sl);
+        p += l + sl;
+    }
+    *p = '\0';
+    return out;
+}
+
 static json_t *ep_json(const struct sl_reg_ep *ep, const struct show_opts *so)
 {
     char t[32];
@@ -527,6 +650,8 @@ static json_t *ep_json(const struct sl_reg_ep *ep, const struct show_opts *so)
         json_array_append_new(hs, h);
     }
     json_object_set_new(o, "headers", hs);
+    json_object_set_new(o, "types", strs_json(ep->types, ep->n_types));
+    json_object_set_new(o, "channels", strs_json(ep->channels, ep->n_channels));
     json_object_set_new(o, "enabled", json_boolean(ep->enabled));
     json_object_set_new(o, "disabled_reason", json_string(ep->reason));
     json_t *eff = json_object();
@@ -599,6 +724,12 @@ static void print_ep_text(const struct sl_reg_ep *ep, const struct show_opts *so
     for (size_t i = 0; i < ep->n_hdr; i++)
         ROW(i == 0 ? "headers" : "", "%s: %s", ep->hdr[i].name,
             so->show_secrets ? ep->hdr[i].value : "[hidden: --show-secrets]");
+    char *types = strs_join(ep->types, ep->n_types, ", ", "- (every type)");
+    char *chans = strs_join(ep->channels, ep->n_channels, ", ", "- (no channel restriction)");
+    ROW("types", "%s", types);
+    ROW("channels", "%s", chans);
+    free(types);
+    free(chans);
     ROW("enabled", "%s", ep->enabled ? "yes" : "no");
     if (!ep->enabled)
         ROW("disabled reason", "%s", ep->reason);
@@ -659,7 +790,7 @@ struct run {
     const struct sl_config *cfg;      /* loaded configuration */
     struct sl_endpoint_defaults defs; /* for effective values */
     PGconn *pg;                       /* registry connection */
-    struct sl_reg_pub pub;            /* producer (rk NULL until opened) */
+    struct sl_reg_pub pub;            /* producer (rk NULL until the first publish opens it) */
     struct sl_masterkey mk;           /* when needed */
     bool have_mk;                     /* mk parsed */
 };
@@ -696,42 +827,17 @@ static int open_db(struct run *r)
 }
 
 /*
- * Publish one record (val NULL = tombstone) for id and wait for the acknowledgement. On
- * failure explain that the registry change stands and how to repair; returns exit code.
+ * Report a change operation that did not fully succeed; returns the exit code. Committed but
+ * not published (the registry's message says so): add how to repair. Otherwise nothing
+ * changed: prefix ("nothing changed: " or "") and the reason.
  */
-static int publish(struct run *r, const char *id, const void *val, size_t len)
-{
-    sl_err_t err;
-    int rc = r->pub.rk ? 0 : sl_reg_pub_open(r->cfg, &r->pub, &err);
-    if (rc == 0)
-        rc = sl_reg_pub_send(&r->pub, id, val, len, &err);
-    if (rc == 0)
-        rc = sl_reg_pub_flush(&r->pub, FLUSH_TIMEOUT_MS, &err);
-    if (rc == 0)
-        return CTL_EXIT_OK;
-    return ctl_fail(r->cmd,
-                    "the change to endpoint %s is committed in PostgreSQL but was NOT published "
-                    "to topic %s, so consumers do not see it yet: %s; run '%s endpoints sync' "
-                    "once Kafka is reachable",
-                    id, r->cfg->topic_endpoints, err.msg, CTL_PROG);
-}
-
-/* Read the row back inside the transaction, encode it, commit. */
 static int
-commit_and_encode(struct run *r, const char *id, struct sl_reg_ep *ep, struct sl_buf *rec)
+op_fail(struct run *r, const struct sl_reg_result *res, const char *prefix, const sl_err_t *err)
 {
-    sl_err_t err;
-    sl_reg_ep_fini(ep);
-    int rc = sl_reg_db_load(r->pg, id, false, ep, &err);
-    if (rc == 0)
-        rc = sl_reg_ep_encode(ep, rec, &err);
-    if (rc != 0) {
-        sl_reg_db_rollback(r->pg);
-        return ctl_fail(r->cmd, "nothing changed: %s", err.msg);
-    }
-    if (sl_reg_db_commit(r->pg, &err) != 0)
-        return ctl_fail(r->cmd, "nothing changed: %s", err.msg);
-    return 0;
+    if (res->committed)
+        return ctl_fail(r->cmd, "%s; run '%s endpoints sync' once Kafka is reachable", err->msg,
+                        CTL_PROG);
+    return ctl_fail(r->cmd, "%s%s", prefix, err->msg);
 }
 
 /* ==== Subcommands ==== */
@@ -756,13 +862,18 @@ static void ep_from_opts(struct sl_reg_ep *ep, const struct opts *o)
     }
     if (o->n_hdr > 0 || o->clear_headers)
         sl_reg_ep_set_headers(ep, o->hdr, o->n_hdr);
+    if (o->types_set)
+        sl_reg_ep_set_types(ep, o->types, o->n_types);
+    if (o->channels_set)
+        sl_reg_ep_set_channels(ep, o->channels, o->n_channels);
     for (int i = 0; i < SL_REG_N__COUNT; i++) {
         if (o->num_set[i])
             ep->num[i] = o->num[i];
     }
 }
 
-/* Cross-field rules on the final settings; usage error naming the flags. */
+/* Cross-field rules on the final settings; usage error naming the flags. (sl_reg_ep_check
+ * applies the same rules naming the fields; this wording is the command line's.) */
 static int check_merged(struct run *r, const struct sl_reg_ep *ep, const struct opts *o)
 {
     sl_err_t err;
@@ -793,14 +904,11 @@ static int cmd_add(struct run *r, struct opts *o)
     int rc;
     sl_err_t err;
     struct sl_reg_ep ep;
-    struct sl_buf rec;
+    struct sl_reg_result res;
     struct sl_secret secret;
     char whsec[SL_SECRET_STR_MAX] = "";
-    uint8_t box[SL_SECRET_ENC_MAX];
-    size_t blen = 0;
     memset(&ep, 0, sizeof(ep));
     memset(&secret, 0, sizeof(secret));
-    sl_buf_init(&rec, SL_ENDPOINT_RECORD_MAX);
     ep.id = sl_xstrdup(o->id);
     ep.url = sl_xstrdup("");
     ep.name = sl_xstrdup("");
@@ -815,91 +923,97 @@ static int cmd_add(struct run *r, struct opts *o)
     rc = need_master_key(r, "to encrypt the signing secret");
     if (rc)
         goto out;
-    if (o->have_secret)
-        secret = o->secret;
-    else if (sl_secret_generate(&secret, &err) != 0) {
+    if (!o->have_secret && sl_secret_generate(&secret, &err) != 0) {
         rc = ctl_fail(r->cmd, "%s", err.msg);
         goto out;
     }
-    if (sl_secret_format(&secret, whsec, sizeof(whsec), &err) != 0 ||
-        sl_secretbox_seal(&r->mk, ep.id, (const uint8_t *)whsec, strlen(whsec), box, sizeof(box),
-                          &blen, &err) != 0) {
-        rc = ctl_fail(r->cmd, "cannot prepare the signing secret: %s", err.msg);
-        goto out;
-    }
-    sl_log_add_secret(whsec);
     rc = open_db(r);
     if (rc)
         goto out;
-    if (sl_reg_db_lock_endpoint(r->pg, ep.id, &err) != 0 || sl_reg_db_begin(r->pg, &err) != 0 ||
-        sl_reg_db_insert(r->pg, &ep, &err) != 0 ||
-        sl_reg_db_add_secret(r->pg, ep.id, box, blen, &err) != 0) {
-        sl_reg_db_rollback(r->pg);
-        rc = ctl_fail(r->cmd, "nothing changed: %s", err.msg);
-        goto out;
+    if (sl_reg_create(r->pg, &r->pub, &r->mk, &ep, o->have_secret ? &o->secret : &secret, whsec,
+                      &res, &err) != 0) {
+        rc = op_fail(r, &res, "nothing changed: ", &err);
+        if (!res.committed)
+            goto out;
     }
-    rc = commit_and_encode(r, o->id, &ep, &rec);
-    if (rc)
-        goto out;
-    rc = publish(r, ep.id, rec.data, rec.len);
     /* Print even when publishing failed: the endpoint exists and its secret is shown once. */
     struct show_opts so = {false, NULL, whsec, &r->defs};
     if (o->json) {
         json_t *j = ep_json(&ep, &so);
-        json_object_set_new(j, "published", json_boolean(rc == CTL_EXIT_OK));
+        json_object_set_new(j, "published", json_boolean(res.published));
         print_json(j);
     } else {
         print_ep_text(&ep, &so);
     }
 out:
     sl_secret_wipe(whsec, sizeof(whsec));
-    sl_secret_wipe(box, sizeof(box));
     sl_secret_fini(&secret);
-    sl_buf_fini(&rec);
     sl_reg_ep_fini(&ep);
     return rc;
 }
 
-/* update, disable, enable: read-modify-write of the row. */
+/* update, disable, enable: the flags applied to the row sl_reg_update read FOR UPDATE. */
+struct upd {
+    struct run *r;        /* borrowed */
+    const struct opts *o; /* borrowed */
+    bool called;          /* upd_modify ran: later failures are the write's */
+    int usage;            /* exit code of the usage error upd_modify printed, or 0 */
+};
+
+static int upd_modify(void *opaque, struct sl_reg_ep *ep, sl_err_t *err)
+{
+    struct upd *u = opaque;
+    struct run *r = u->r;
+    u->called = true;
+    ep_from_opts(ep, u->o);
+    if (r->s == S_DISABLE) {
+        ep->enabled = false;
+        free(ep->reason);
+        ep->reason = sl_xstrdup(u->o->reason);
+    } else if (r->s == S_ENABLE) {
+        ep->enabled = true;
+        free(ep->reason);
+        ep->reason = sl_xstrdup("");
+    }
+    u->usage = check_merged(r, ep, u->o);
+    if (u->usage == 0) {
+        /* the codec's verdict in this command's words (sl_reg_update would refuse too) */
+        struct sl_buf b;
+        sl_err_t e2;
+        sl_buf_init(&b, SL_ENDPOINT_RECORD_MAX);
+        if (sl_reg_ep_encode(ep, &b, &e2) != 0)
+            u->usage = ctl_usage_error(r->cmd, "invalid endpoint: %s", e2.msg);
+        sl_buf_fini(&b);
+    }
+    if (u->usage)
+        return sl_err_set(err, SL_EINVAL, "refused by %s %s", CTL_PROG, r->cmd);
+    return 0;
+}
+
 static int cmd_update(struct run *r, struct opts *o)
 {
     int rc;
     sl_err_t err;
     struct sl_reg_ep ep;
-    struct sl_buf before, after;
+    struct sl_reg_result res;
+    struct upd u = {r, o, false, 0};
     memset(&ep, 0, sizeof(ep));
-    sl_buf_init(&before, SL_ENDPOINT_RECORD_MAX);
-    sl_buf_init(&after, SL_ENDPOINT_RECORD_MAX);
     rc = open_db(r);
     if (rc)
         goto out;
-    if (sl_reg_db_lock_endpoint(r->pg, o->id, &err) != 0 || sl_reg_db_begin(r->pg, &err) != 0 ||
-        sl_reg_db_load(r->pg, o->id, true, &ep, &err) != 0 ||
-        sl_reg_ep_encode(&ep, &before, &err) != 0) {
-        rc = ctl_fail(r->cmd, "%s", err.msg);
-        goto out;
-    }
-    ep_from_opts(&ep, o);
-    if (r->s == S_DISABLE) {
-        ep.enabled = false;
-        free(ep.reason);
-        ep.reason = sl_xstrdup(o->reason);
-    } else if (r->s == S_ENABLE) {
-        ep.enabled = true;
-        free(ep.reason);
-        ep.reason = sl_xstrdup("");
-    }
-    rc = check_merged(r, &ep, o);
-    if (rc)
-        goto out;
-    if (sl_reg_ep_encode(&ep, &after, &err) != 0) {
-        rc = ctl_usage_error(r->cmd, "invalid endpoint: %s", err.msg);
-        goto out;
+    if (sl_reg_update(r->pg, &r->pub, o->id, upd_modify, &u, &ep, &res, &err) != 0) {
+        if (u.usage)
+            rc = u.usage; /* already printed */
+        else if (!u.called)
+            rc = ctl_fail(r->cmd, "%s", err.msg); /* locking or reading the row */
+        else
+            rc = op_fail(r, &res, "nothing changed: ", &err);
+        if (!res.committed)
+            goto out;
     }
     struct show_opts so = {false, NULL, NULL, &r->defs};
-    if (before.len == after.len && memcmp(before.data, after.data, before.len) == 0) {
+    if (!res.changed) {
         /* nothing to do: no write, no publish, no new version for consumers */
-        sl_reg_db_rollback(r->pg);
         if (o->json) {
             json_t *j = ep_json(&ep, &so);
             json_object_set_new(j, "changed", json_false());
@@ -909,19 +1023,10 @@ static int cmd_update(struct run *r, struct opts *o)
         }
         goto out;
     }
-    if (sl_reg_db_update(r->pg, &ep, &err) != 0) {
-        rc = ctl_fail(r->cmd, "nothing changed: %s", err.msg);
-        goto out;
-    }
-    sl_buf_reset(&after);
-    rc = commit_and_encode(r, o->id, &ep, &after);
-    if (rc)
-        goto out;
-    rc = publish(r, ep.id, after.data, after.len);
     if (o->json) {
         json_t *j = ep_json(&ep, &so);
         json_object_set_new(j, "changed", json_true());
-        json_object_set_new(j, "published", json_boolean(rc == CTL_EXIT_OK));
+        json_object_set_new(j, "published", json_boolean(res.published));
         print_json(j);
     } else if (rc == CTL_EXIT_OK) {
         printf("endpoint %s %s\n\n", ep.id,
@@ -931,8 +1036,6 @@ static int cmd_update(struct run *r, struct opts *o)
         print_ep_text(&ep, &so);
     }
 out:
-    sl_buf_fini(&before);
-    sl_buf_fini(&after);
     sl_reg_ep_fini(&ep);
     return rc;
 }
@@ -942,44 +1045,27 @@ static int cmd_rotate(struct run *r, struct opts *o)
     int rc;
     sl_err_t err;
     struct sl_reg_ep ep;
-    struct sl_buf rec;
+    struct sl_reg_result res;
     struct sl_secret secret;
     char whsec[SL_SECRET_STR_MAX] = "";
-    uint8_t box[SL_SECRET_ENC_MAX];
-    size_t blen = 0;
     memset(&ep, 0, sizeof(ep));
     memset(&secret, 0, sizeof(secret));
-    sl_buf_init(&rec, SL_ENDPOINT_RECORD_MAX);
     rc = need_master_key(r, "to encrypt the new signing secret");
     if (rc)
         goto out;
-    if (o->have_secret)
-        secret = o->secret;
-    else if (sl_secret_generate(&secret, &err) != 0) {
+    if (!o->have_secret && sl_secret_generate(&secret, &err) != 0) {
         rc = ctl_fail(r->cmd, "%s", err.msg);
         goto out;
     }
-    if (sl_secret_format(&secret, whsec, sizeof(whsec), &err) != 0 ||
-        sl_secretbox_seal(&r->mk, o->id, (const uint8_t *)whsec, strlen(whsec), box, sizeof(box),
-                          &blen, &err) != 0) {
-        rc = ctl_fail(r->cmd, "cannot prepare the signing secret: %s", err.msg);
-        goto out;
-    }
-    sl_log_add_secret(whsec);
     rc = open_db(r);
     if (rc)
         goto out;
-    if (sl_reg_db_lock_endpoint(r->pg, o->id, &err) != 0 || sl_reg_db_begin(r->pg, &err) != 0 ||
-        sl_reg_db_load(r->pg, o->id, true, &ep, &err) != 0 ||
-        sl_reg_db_rotate(r->pg, o->id, o->overlap_s, box, blen, &err) != 0) {
-        sl_reg_db_rollback(r->pg);
-        rc = ctl_fail(r->cmd, "nothing changed: %s", err.msg);
-        goto out;
+    if (sl_reg_rotate(r->pg, &r->pub, &r->mk, o->id, o->overlap_s,
+                      o->have_secret ? &o->secret : &secret, whsec, &ep, &res, &err) != 0) {
+        rc = op_fail(r, &res, "nothing changed: ", &err);
+        if (!res.committed)
+            goto out;
     }
-    rc = commit_and_encode(r, o->id, &ep, &rec);
-    if (rc)
-        goto out;
-    rc = publish(r, ep.id, rec.data, rec.len);
     /* the previous current secret is the newest one that now has an expiry */
     int64_t prev_exp = 0;
     int prev_seq = 0;
@@ -1000,7 +1086,7 @@ static int cmd_rotate(struct run *r, struct opts *o)
         json_object_set_new(j, "previous_expires_ms", json_integer(prev_exp));
         json_object_set_new(j, "active_secrets",
                             json_integer((json_int_t)sl_reg_ep_active_secrets(&ep)));
-        json_object_set_new(j, "published", json_boolean(rc == CTL_EXIT_OK));
+        json_object_set_new(j, "published", json_boolean(res.published));
         print_json(j);
     } else {
         printf("endpoint %s: new signing secret #%d is current\n", ep.id,
@@ -1012,9 +1098,7 @@ static int cmd_rotate(struct run *r, struct opts *o)
     }
 out:
     sl_secret_wipe(whsec, sizeof(whsec));
-    sl_secret_wipe(box, sizeof(box));
     sl_secret_fini(&secret);
-    sl_buf_fini(&rec);
     sl_reg_ep_fini(&ep);
     return rc;
 }
@@ -1022,18 +1106,18 @@ out:
 static int cmd_delete(struct run *r, struct opts *o)
 {
     sl_err_t err;
+    struct sl_reg_result res;
     int rc = open_db(r);
     if (rc)
         return rc;
-    if (sl_reg_db_lock_endpoint(r->pg, o->id, &err) != 0 || sl_reg_db_begin(r->pg, &err) != 0 ||
-        sl_reg_db_delete(r->pg, o->id, &err) != 0 || sl_reg_db_commit(r->pg, &err) != 0) {
-        sl_reg_db_rollback(r->pg);
-        return ctl_fail(r->cmd, "%s", err.msg);
+    if (sl_reg_remove(r->pg, &r->pub, o->id, &res, &err) != 0) {
+        rc = op_fail(r, &res, "", &err);
+        if (!res.committed)
+            return rc;
     }
-    rc = publish(r, o->id, NULL, 0);
     if (o->json) {
         json_t *j =
-            json_pack("{s:s, s:b, s:b}", "id", o->id, "deleted", 1, "published", rc == CTL_EXIT_OK);
+            json_pack("{s:s, s:b, s:b}", "id", o->id, "deleted", 1, "published", res.published);
         print_json(j);
     } else if (rc == CTL_EXIT_OK) {
         printf("endpoint %s deleted\n", o->id);
@@ -1090,12 +1174,15 @@ static int cmd_list(struct run *r, struct opts *o)
         for (size_t i = 0; i < n; i++) {
             char t[32];
             ctl_fmt_time(eps[i].updated_ms, t, sizeof(t));
-            json_array_append_new(
-                arr, json_pack("{s:s, s:s, s:s, s:b, s:s, s:b, s:s, s:I, s:s}", "id", eps[i].id,
-                               "name", eps[i].name, "url", red[i], "template", eps[i].tpl, "method",
-                               sl_http_method_name(eps[i].method), "enabled", eps[i].enabled,
-                               "disabled_reason", eps[i].reason, "active_secrets",
-                               (json_int_t)sl_reg_ep_active_secrets(&eps[i]), "updated", t));
+            json_t *row =
+                json_pack("{s:s, s:s, s:s, s:b, s:s, s:o, s:o, s:b, s:s, s:I, s:s}", "id",
+                          eps[i].id, "name", eps[i].name, "url", red[i], "template", eps[i].tpl,
+                          "method", sl_http_method_name(eps[i].method), "types",
+                          strs_json(eps[i].types, eps[i].n_types), "channels",
+                          strs_json(eps[i].channels, eps[i].n_channels), "enabled", eps[i].enabled,
+                          "disabled_reason", eps[i].reason, "active_secrets",
+                          (json_int_t)sl_reg_ep_active_secrets(&eps[i]), "updated", t);
+            json_array_append_new(arr, row);
         }
         print_json(arr);
     } else {
@@ -1107,15 +1194,19 @@ static int cmd_list(struct run *r, struct opts *o)
         }
         if (wname > 32)
             wname = 32;
-        printf("%-*s  %-*s  %-6s  %-8s  %-7s  %-20s  %s\n", wid, "ID", wname, "NAME", "METHOD",
-               "ENABLED", "SECRETS", "UPDATED", "URL");
+        printf("%-*s  %-*s  %-6s  %-8s  %-7s  %-20s  %-5s  %-8s  %s\n", wid, "ID", wname, "NAME",
+               "METHOD", "ENABLED", "SECRETS", "UPDATED", "TYPES", "CHANNELS", "URL");
         for (size_t i = 0; i < n; i++) {
-            char t[32];
+            char t[32], nt[8], nc[8];
             ctl_fmt_time(eps[i].updated_ms, t, sizeof(t));
-            printf("%-*s  %-*.*s  %-6s  %-8s  %-7zu  %-20s  %s%s\n", wid, eps[i].id, wname, wname,
-                   eps[i].name[0] ? eps[i].name : "-", sl_http_method_name(eps[i].method),
-                   eps[i].enabled ? "yes" : "no", sl_reg_ep_active_secrets(&eps[i]), t, red[i],
-                   eps[i].tpl ? " (template)" : "");
+            /* counts here (lists can be long); `show` prints them */
+            snprintf(nt, sizeof(nt), "%zu", eps[i].n_types);
+            snprintf(nc, sizeof(nc), "%zu", eps[i].n_channels);
+            printf("%-*s  %-*.*s  %-6s  %-8s  %-7zu  %-20s  %-5s  %-8s  %s%s\n", wid, eps[i].id,
+                   wname, wname, eps[i].name[0] ? eps[i].name : "-",
+                   sl_http_method_name(eps[i].method), eps[i].enabled ? "yes" : "no",
+                   sl_reg_ep_active_secrets(&eps[i]), t, eps[i].n_types ? nt : "all",
+                   eps[i].n_channels ? nc : "-", red[i], eps[i].tpl ? " (template)" : "");
         }
         printf("%zu endpoint%s\n", n, n == 1 ? "" : "s");
     }
@@ -1241,6 +1332,7 @@ int ctl_endpoints_main(struct ctl *c, int argc, char **argv)
     r.s = (enum sub)s;
     r.cmd = cmd_name(r.s);
     r.cfg = ctl_config(c);
+    sl_reg_pub_init(&r.pub, r.cfg);
     sl_endpoint_defaults_from_cfg(r.cfg, &r.defs);
     switch (r.s) {
     case S_ADD:

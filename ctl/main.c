@@ -45,6 +45,7 @@ static const struct ctl_command commands[] = {
      ctl_replay_help},
     {"retries", "rebuild the Redis retry schedule from the history (rebuild)", ctl_retries_main,
      ctl_retries_help},
+    {"keys", "API keys of sluice-api (create, list, revoke)", ctl_keys_main, ctl_keys_help},
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))

@@ -184,6 +184,51 @@ class Receiver:
         self.log.close()
 
 
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Api:
+    """A running sluice-api: .base ("http://127.0.0.1:<port>"), .port and .proc (a Proc)."""
+
+    def __init__(self, proc, port):
+        self.proc = proc
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+
+    def get(self, path, timeout=5):
+        """GET path without a key: (status, parsed JSON or None); (0, None) when no answer."""
+        import http.client
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            c.request("GET", path)
+            r = c.getresponse()
+            text = r.read()
+            try:
+                return r.status, json.loads(text) if text else None
+            except ValueError:
+                return r.status, None
+        except OSError:
+            return 0, None
+        finally:
+            c.close()
+
+    def wait_healthy(self, timeout):
+        """True once GET /healthz answers 200; False when the process exits or time is up."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.proc.alive():
+                return False
+            if self.get("/healthz", timeout=2)[0] == 200:
+                return True
+            time.sleep(0.1)
+        return False
+
+
 class World:
     """One isolated set of topics, groups, Redis db and endpoints on the shared stack."""
 
@@ -220,6 +265,7 @@ class World:
         assert r.returncode == 0, r.stderr
         self.consumers = []
         self.receivers = []
+        self.apis = []
 
     def _lock_redis_db(self, base):
         """A Redis database of our own: retry schedules of two worlds must never mix (tests
@@ -277,6 +323,47 @@ class World:
         self.consumers.append(c)
         return c
 
+    def api(self, **cfg):
+        """Start build/.../api/sluice-api on a free loopback port and wait until GET /healthz
+        answers 200. cfg: further settings as for World (api_batch_max=3 ->
+        SLUICE_API_BATCH_MAX=3); the special `_fault` sets SL_FAULT (test builds only).
+        Returns an Api (.base URL, .port, .proc); close() kills whatever is still running."""
+        env = dict(self.env)
+        fault = cfg.pop("_fault", None)
+        if fault:
+            env["SL_FAULT"] = fault
+        for k, v in cfg.items():
+            env["SLUICE_" + k.upper()] = str(v)
+        n = len(self.apis)
+        last = ""
+        for _ in range(5):  # the free port may be taken between probe and bind: try another
+            port = free_port()
+            env["SLUICE_API_LISTEN"] = f"127.0.0.1:{port}"
+            proc = Proc([self.bin("api/sluice-api")], env, os.path.join(self.dir, f"api-{n}.log"))
+            a = Api(proc, port)
+            if a.wait_healthy(60):
+                self.apis.append(a)
+                return a
+            last = proc.logs()
+            if proc.alive():
+                proc.kill9()
+            if "could not listen" not in last:
+                break
+        raise AssertionError(f"sluice-api did not answer GET /healthz; its log:\n{last[-4000:]}")
+
+    def api_key(self, *scopes, name=None, **kw):
+        """Create an API key with `sluicectl keys create` and return its text ("slk_...").
+        scopes: publish, read, admin; kw: channels (str or list), rate, burst."""
+        args = ["keys", "create", "--name", name or f"e2e {self.tag} {rand_suffix(4)}",
+                "--scopes", ",".join(scopes or ("admin",)), "--json"]
+        for k, v in kw.items():
+            if isinstance(v, (list, tuple)):
+                v = ",".join(v)
+            args += ["--" + k.replace("_", "-"), str(v)]
+        r = self.ctl(*args)
+        assert r.returncode == 0, f"keys create: {r.stderr}"
+        return json.loads(r.stdout)["key"]
+
     def dump(self, kind, idle_ms=1500):
         r = self.ctl("dump", kind, "--idle-ms", str(idle_ms))
         assert r.returncode == 0, r.stderr
@@ -286,6 +373,9 @@ class World:
         return self.dump("outcomes")
 
     def close(self):
+        for a in self.apis:
+            if a.proc.alive():
+                a.proc.kill9()
         for c in self.consumers:
             if c.alive():
                 c.kill9()

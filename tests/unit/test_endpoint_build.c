@@ -1,8 +1,8 @@
 /*
  * Unit tests for the Kafka-free parts of common/sl_endpoints: postback template syntax, the
  * registration URL check, snapshot building (decryption, expiry filtering, order, failure
- * modes) and the resolution of zeros to effective values. (test_endpoints is the
- * integration test of the whole table.)
+ * modes), the resolution of zeros to effective values and the subscription match
+ * (sl_endpoint_subscribed). (test_endpoints is the integration test of the whole table.)
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -155,6 +155,10 @@ static void test_build(void **state)
     assert_string_equal(e->hdr[1].value, "payments");
     assert_int_equal(e->updated_ms, 1234);
     assert_int_equal(e->version, 0);
+    assert_int_equal(e->n_types, 0);
+    assert_null(e->types);
+    assert_int_equal(e->n_channels, 0);
+    assert_null(e->channels);
     /* the expired secret is left out; order kept: current first */
     assert_int_equal(e->n_secrets, 2);
     char s[SL_SECRET_STR_MAX];
@@ -261,12 +265,100 @@ static void test_resolve_policy(void **state)
     assert_int_equal(e.rate_period_ms, 60000);
 }
 
+/* Does e (types/channels set by hand) want type t with the given channels? */
+static bool sub(struct sl_endpoint *e, const char *t, const char *const *ch, size_t n)
+{
+    return sl_endpoint_subscribed(e, t, strlen(t), ch, n);
+}
+
+static void test_subscribed(void **state)
+{
+    (void)state;
+    struct sl_endpoint e;
+    memset(&e, 0, sizeof(e));
+    const char *none[1] = {NULL};
+    /* no filter, no channels: everything, with or without channels on the event */
+    assert_true(sub(&e, "order.created", none, 0));
+    const char *ev_ch[] = {"tenant:1", "aff-9"};
+    assert_true(sub(&e, "x", ev_ch, 2));
+
+    char *types[] = {"order.*", "invoice.paid"};
+    e.types = types;
+    e.n_types = 2;
+    assert_true(sub(&e, "order.created", none, 0));
+    assert_true(sub(&e, "order.item.added", none, 0));
+    assert_false(sub(&e, "order", none, 0));
+    assert_false(sub(&e, "order.", none, 0)); /* must be longer than "order." */
+    assert_false(sub(&e, "orders.x", none, 0));
+    assert_false(sub(&e, "xorder.created", none, 0));
+    assert_true(sub(&e, "invoice.paid", none, 0));
+    assert_false(sub(&e, "invoice.paid.late", none, 0)); /* exact means exact */
+    assert_false(sub(&e, "invoice.pai", none, 0));
+    assert_false(sub(&e, "invoice", none, 0));
+    /* type_len bounds the type: "order.createdXYZ" cut to "order.created" */
+    assert_true(sl_endpoint_subscribed(&e, "invoice.paidXYZ", 12, none, 0));
+    assert_false(sl_endpoint_subscribed(&e, "order.x", 6, none, 0)); /* "order." */
+
+    /* channels: the event must carry one of the endpoint's */
+    char *chans[] = {"tenant:1", "tenant:2"};
+    e.channels = chans;
+    e.n_channels = 2;
+    assert_false(sub(&e, "order.created", none, 0)); /* event without channels */
+    assert_true(sub(&e, "order.created", ev_ch, 2));
+    const char *other[] = {"tenant:3", "aff-9"};
+    assert_false(sub(&e, "order.created", other, 2));
+    const char *second[] = {"tenant:3", "tenant:2"};
+    assert_true(sub(&e, "order.created", second, 2));
+    assert_false(sub(&e, "refund.created", second, 2)); /* both conditions */
+    const char *prefix_only[] = {"tenant:"};
+    assert_false(sub(&e, "order.created", prefix_only, 1));
+
+    /* channels without types: every type, channel still required */
+    e.types = NULL;
+    e.n_types = 0;
+    assert_true(sub(&e, "anything", ev_ch, 2));
+    assert_false(sub(&e, "anything", other, 2));
+    e.enabled = false; /* not looked at */
+    assert_true(sub(&e, "anything", ev_ch, 2));
+}
+
+static void test_build_types_channels(void **state)
+{
+    (void)state;
+    uint64_t now = 1800000000000ULL;
+    struct fixture f;
+    fixture_init(&f, now);
+    const char *types[] = {"order.*", "invoice.paid"};
+    const char *chans[] = {"tenant:1"};
+    f.rec.types = types;
+    f.rec.n_types = 2;
+    f.rec.channels = chans;
+    f.rec.n_channels = 1;
+    struct sl_endpoint *e = NULL;
+    sl_err_t err;
+    assert_int_equal(sl_endpoint_build(&f.rec, &f.mk, &f.d, now, &e, &err), 0);
+    assert_int_equal(e->n_types, 2);
+    assert_string_equal(e->types[0], "order.*");
+    assert_string_equal(e->types[1], "invoice.paid");
+    assert_ptr_not_equal(e->types[0], types[0]); /* copied */
+    assert_int_equal(e->n_channels, 1);
+    assert_string_equal(e->channels[0], "tenant:1");
+    const char *ev[] = {"tenant:1"};
+    assert_true(sl_endpoint_subscribed(e, "order.paid", 10, ev, 1));
+    assert_false(sl_endpoint_subscribed(e, "order.paid", 10, NULL, 0));
+    sl_endpoint_release(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_template_syntax), cmocka_unit_test(test_url_check),
-        cmocka_unit_test(test_build),           cmocka_unit_test(test_build_failures),
+        cmocka_unit_test(test_template_syntax),
+        cmocka_unit_test(test_url_check),
+        cmocka_unit_test(test_build),
+        cmocka_unit_test(test_build_failures),
         cmocka_unit_test(test_resolve_policy),
+        cmocka_unit_test(test_subscribed),
+        cmocka_unit_test(test_build_types_channels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

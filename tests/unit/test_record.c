@@ -354,6 +354,24 @@ static void want_kv(json_t *fx, const char *key, const struct sl_kv *kv, size_t 
     }
 }
 
+/* An array of strings: absent and [] both decode to NULL/0. */
+static void want_strs(json_t *fx, const char *key, const char *const *v, size_t n)
+{
+    json_t *a = json_object_get(fx, key);
+    size_t want_n = a ? json_array_size(a) : 0;
+    if (n != want_n)
+        fail_msg("%s: field \"%s\" has %zu entries, want %zu", cur_file, key, n, want_n);
+    if (want_n == 0) {
+        assert_null(v);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *want = json_string_value(json_array_get(a, i));
+        if (!want || strcmp(v[i], want) != 0)
+            fail_msg("%s: field \"%s\" entry %zu decoded wrongly", cur_file, key, i);
+    }
+}
+
 static void check_delivery_fields(json_t *fx, const struct sl_delivery *d)
 {
     want_str(fx, "id", d->id, NULL);
@@ -423,6 +441,8 @@ static void check_endpoint_fields(json_t *fx, const struct sl_endpoint_rec *e)
     want_bool(fx, "enabled", e->enabled, true);
     want_str(fx, "reason", e->reason, NULL);
     want_uint(fx, "updated", e->updated_ms, 0);
+    want_strs(fx, "types", e->types, e->n_types);
+    want_strs(fx, "channels", e->channels, e->n_channels);
 }
 
 /* Every string value of >= 6 bytes in the fixture (enum values excepted), for the no-echo check. */
@@ -682,6 +702,17 @@ static bool kv_eq(const struct sl_kv *a, size_t an, const struct sl_kv *b, size_
     return true;
 }
 
+static bool strs_eq(const char *const *a, size_t an, const char *const *b, size_t bn)
+{
+    if (an != bn)
+        return false;
+    for (size_t i = 0; i < an; i++) {
+        if (!str_eq(a[i], b[i]))
+            return false;
+    }
+    return true;
+}
+
 static bool structs_equal(enum rec_kind k, const union rec *ra, const union rec *rb)
 {
     if (k == REC_DELIVERY) {
@@ -723,7 +754,9 @@ static bool structs_equal(enum rec_kind k, const union rec *ra, const union rec 
            a->brk_threshold == b->brk_threshold && a->brk_cooldown_ms == b->brk_cooldown_ms &&
            a->rate == b->rate && a->rate_period_ms == b->rate_period_ms && a->burst == b->burst &&
            a->max_inflight == b->max_inflight && a->enabled == b->enabled &&
-           str_eq(a->reason, b->reason) && a->updated_ms == b->updated_ms;
+           str_eq(a->reason, b->reason) && a->updated_ms == b->updated_ms &&
+           strs_eq(a->types, a->n_types, b->types, b->n_types) &&
+           strs_eq(a->channels, a->n_channels, b->channels, b->n_channels);
 }
 
 /* ==== Encoder ==== */
@@ -1096,6 +1129,95 @@ static void test_endpoint_encode(void **state)
     sl_buf_fini(&b);
 }
 
+/* types / channels: accepted, rejected with the right code, absent = byte-identical encoding. */
+static void test_endpoint_types_channels(void **state)
+{
+    (void)state;
+    static const uint8_t k1[] = {1, 2, 3};
+    struct sl_endpoint_secret sec = {k1, 3, 0};
+    const char *types[] = {"order.*", "invoice.paid", "a.b.*"};
+    const char *chans[] = {"tenant:42", "aff-7"};
+    struct sl_endpoint_rec e = {.id = "ep_1",
+                                .url = "https://x.example/",
+                                .secrets = &sec,
+                                .n_secrets = 1,
+                                .enabled = true,
+                                .updated_ms = 7},
+                           back, bad;
+    struct sl_buf plain, with, again;
+    sl_err_t err;
+
+    sl_buf_init(&plain, 1 << 16);
+    sl_buf_init(&with, 1 << 16);
+    sl_buf_init(&again, 1 << 16);
+    assert_int_equal(sl_endpoint_rec_encode(&e, &plain, &err), 0);
+    /* empty arrays (even with a non-NULL pointer) are not written: the bytes stay the same */
+    bad = e, bad.types = types, bad.n_types = 0, bad.channels = chans, bad.n_channels = 0;
+    assert_int_equal(sl_endpoint_rec_encode(&bad, &again, &err), 0);
+    assert_int_equal(again.len, plain.len);
+    assert_memory_equal(again.data, plain.data, plain.len);
+    assert_null(memmem(plain.data, plain.len, "types", 5));
+    assert_null(memmem(plain.data, plain.len, "channels", 8));
+
+    e.types = types, e.n_types = 3, e.channels = chans, e.n_channels = 2;
+    assert_int_equal(sl_endpoint_rec_encode(&e, &with, &err), 0);
+    assert_int_equal(sl_endpoint_rec_decode(with.data, with.len, NULL, &back, &err), 0);
+    assert_int_equal(back.n_types, 3);
+    assert_string_equal(back.types[0], "order.*");
+    assert_string_equal(back.types[2], "a.b.*");
+    assert_int_equal(back.n_channels, 2);
+    assert_string_equal(back.channels[1], "aff-7");
+    union rec ra = {.e = e}, rb = {.e = back};
+    assert_true(structs_equal(REC_ENDPOINT, &ra, &rb));
+    sl_buf_reset(&again);
+    assert_int_equal(sl_endpoint_rec_encode(&back, &again, &err), 0);
+    assert_int_equal(again.len, with.len);
+    assert_memory_equal(again.data, with.data, with.len);
+    sl_endpoint_rec_fini(&back);
+
+    const char *dup[] = {"a.b", "a.*", "a.b"};
+    bad = e, bad.types = dup, bad.n_types = 3;
+    assert_int_equal(sl_endpoint_rec_encode(&bad, &again, &err), SL_EINVAL);
+    assert_non_null(strstr(err.msg, "field \"types\": entry 2 repeats entry 0"));
+    const char *star[] = {"order*"};
+    bad = e, bad.types = star, bad.n_types = 1;
+    assert_int_equal(sl_endpoint_rec_validate(&bad, NULL, &err), SL_EINVAL);
+    assert_non_null(strstr(err.msg, "field \"types\": entry 0 is not"));
+    const char *empty[] = {""};
+    bad = e, bad.types = empty, bad.n_types = 1;
+    assert_int_equal(sl_endpoint_rec_validate(&bad, NULL, &err), SL_EINVAL);
+    bad = e, bad.types = NULL, bad.n_types = 1;
+    assert_int_equal(sl_endpoint_rec_validate(&bad, NULL, &err), SL_EINVAL);
+    const char *many[SL_EP_TYPES_MAX + 1];
+    char names[SL_EP_TYPES_MAX + 1][8];
+    for (int i = 0; i <= SL_EP_TYPES_MAX; i++) {
+        snprintf(names[i], sizeof(names[i]), "t%d", i);
+        many[i] = names[i];
+    }
+    bad = e, bad.types = many, bad.n_types = SL_EP_TYPES_MAX;
+    assert_int_equal(sl_endpoint_rec_validate(&bad, NULL, &err), 0);
+    bad.n_types = SL_EP_TYPES_MAX + 1;
+    assert_int_equal(sl_endpoint_rec_validate(&bad, NULL, &err), SL_ETOOBIG);
+    bad = e, bad.channels = many, bad.n_channels = SL_EP_CHANNELS_MAX;
+    assert_int_equal(sl_endpoint_rec_validate(&bad, NULL, &err), 0);
+    bad.n_channels = SL_EP_CHANNELS_MAX + 1;
+    assert_int_equal(sl_endpoint_rec_validate(&bad, NULL, &err), SL_ETOOBIG);
+    const char *slash[] = {"tenant/42"};
+    bad = e, bad.channels = slash, bad.n_channels = 1;
+    assert_int_equal(sl_endpoint_rec_validate(&bad, NULL, &err), SL_EINVAL);
+    assert_non_null(strstr(err.msg, "field \"channels\": entry 0"));
+    assert_null(strstr(err.msg, "tenant/42"));
+    char longc[SL_CHANNEL_MAX + 2];
+    memset(longc, 'c', sizeof(longc) - 1);
+    longc[SL_CHANNEL_MAX + 1] = '\0';
+    const char *lc[] = {longc};
+    bad = e, bad.channels = lc, bad.n_channels = 1;
+    assert_int_equal(sl_endpoint_rec_validate(&bad, NULL, &err), SL_ETOOBIG);
+    sl_buf_fini(&plain);
+    sl_buf_fini(&with);
+    sl_buf_fini(&again);
+}
+
 /* ==== Pre-scan ==== */
 
 static int prescan(const char *bytes, size_t len, unsigned depth)
@@ -1244,6 +1366,38 @@ static void test_validators(void **state)
     assert_false(sl_valid_macro_name("", 0));
     assert_true(sl_valid_macro_name(buf, 64));
     assert_false(sl_valid_macro_name(buf, 65));
+
+    assert_true(sl_valid_type_filter("order.created", 13));
+    assert_true(sl_valid_type_filter("order.*", 7));
+    assert_true(sl_valid_type_filter("a.*", 3));
+    assert_true(sl_valid_type_filter("a..*", 4));
+    assert_false(sl_valid_type_filter(".*", 2));
+    assert_false(sl_valid_type_filter("*", 1));
+    assert_false(sl_valid_type_filter("order*", 6));
+    assert_false(sl_valid_type_filter("*.*", 3));
+    assert_false(sl_valid_type_filter("or*der.*", 8));
+    assert_false(sl_valid_type_filter("order.*x", 8));
+    assert_false(sl_valid_type_filter("order paid", 10));
+    assert_false(sl_valid_type_filter("", 0));
+    assert_false(sl_valid_type_filter(NULL, 3));
+    assert_true(sl_valid_type_filter(buf, 128));
+    assert_false(sl_valid_type_filter(buf, 129));
+    char wild[130];
+    memset(wild, 'w', sizeof(wild));
+    memcpy(wild + 126, ".*", 2); /* 126-byte prefix: 128 bytes in all */
+    assert_true(sl_valid_type_filter(wild, 128));
+    memset(wild, 'w', sizeof(wild));
+    memcpy(wild + 127, ".*", 2);
+    assert_false(sl_valid_type_filter(wild, 129));
+
+    assert_true(sl_valid_channel("tenant:42", 9));
+    assert_true(sl_valid_channel("A-z_0.9:-", 9));
+    assert_false(sl_valid_channel("tenant/42", 9));
+    assert_false(sl_valid_channel("a b", 3));
+    assert_false(sl_valid_channel("", 0));
+    assert_false(sl_valid_channel(NULL, 1));
+    assert_true(sl_valid_channel(buf, 64));
+    assert_false(sl_valid_channel(buf, 65));
 }
 
 int main(void)
@@ -1259,6 +1413,7 @@ int main(void)
         cmocka_unit_test(test_outcome_encode),
         cmocka_unit_test(test_outcome_state_names),
         cmocka_unit_test(test_endpoint_encode),
+        cmocka_unit_test(test_endpoint_types_channels),
         cmocka_unit_test(test_prescan),
         cmocka_unit_test(test_huge_counts_all_records),
         cmocka_unit_test(test_validators),

@@ -1,0 +1,187 @@
+/*
+ * api.h: what the modules of sluice-api share: the process state (struct api), one HTTP
+ * request (struct api_req), the route table's handler type and the reply helpers.
+ *
+ * Request life: libmicrohttpd calls api_http's access handler on one of its worker threads
+ * (each connection stays on one thread); the body is gathered up to api_max_request_bytes;
+ * then the route's handler runs on that thread. A handler either sets the answer
+ * (api_reply / api_problem) and returns API_DONE, or returns API_SUSPENDED after it handed
+ * work to Kafka: the connection is suspended, and api_req_resume() (called from the producer's
+ * delivery-report thread when the last record is acknowledged) wakes it, after which the
+ * handler's `finish` function builds the answer on the worker thread again.
+ *
+ * Per-thread connections: each worker thread lazily opens its own Redis connection
+ * (api_redis) and PostgreSQL connection (api_pg), reconnecting after failures.
+ *
+ * thread: struct api is read-only after start-up except the atomics; an api_req belongs to
+ * its worker thread except the fields marked for the report thread.
+ */
+#ifndef API_H
+#define API_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+#include <libpq-fe.h>
+
+#include "api/api_auth.h"
+#include "api/api_fanout.h"
+#include "common/sl_cfg.h"
+#include "common/sl_endpoints.h"
+#include "common/sl_err.h"
+#include "common/sl_mem.h"
+#include "common/sl_redis.h"
+#include "common/sl_registry.h"
+#include "common/sl_secretbox.h"
+#include "producer/sluice_producer.h"
+
+struct MHD_Connection;
+
+struct api {
+    const struct sl_config *cfg; /* loaded configuration (borrowed from main) */
+    sl_endpoints_t *eps;         /* endpoint table (fan-out, explicit endpoint checks) */
+    api_fanout_t *fanout;        /* subscription index over eps */
+    sluice_producer_t *prod;     /* the producer library: every publish goes through it */
+    api_keys_t *keys;            /* API key cache */
+    struct sl_masterkey mk;      /* seals new endpoint secrets */
+    atomic_long active;          /* requests begun and not yet completed */
+    atomic_bool stopping;        /* SIGTERM seen: readiness fails, new requests get 503 */
+};
+
+/* What a handler returns. */
+enum api_hret { API_DONE = 0, API_SUSPENDED = 1 };
+
+#define API_MAX_PARAMS 2
+
+struct api_pub; /* api_events.c: a publish waiting for Kafka */
+
+struct api_req {
+    struct api *api;              /* process state */
+    struct MHD_Connection *conn;  /* libmicrohttpd connection */
+    char *url;                    /* path without the query (owned) */
+    const char *method;           /* "GET", ... (libmicrohttpd's, valid for the request) */
+    struct sl_buf body;           /* request body, capped at api_max_request_bytes */
+    bool too_big;                 /* the body went past the cap (answered 413) */
+    bool started;                 /* the handler ran once */
+    const struct api_route *route;/* matched route */
+    char *params[API_MAX_PARAMS]; /* path parameters, URL-decoded (owned) */
+    struct api_auth auth;         /* the caller's key (a reference; api_auth_fini) */
+    /* the answer */
+    int status;                   /* HTTP status; 0 = not set */
+    json_t *json;                 /* body (owned), or NULL for no body */
+    bool problem;                 /* json is application/problem+json */
+    int64_t retry_after_s;        /* Retry-After header when > 0 */
+    bool idem_replayed;           /* Idempotent-Replayed: true */
+    char allow[64];               /* Allow header for 405 ("" = none) */
+    /* suspended publishes */
+    struct api_pub *pub;          /* set while a publish is in flight or awaiting finish */
+    enum api_hret (*finish)(struct api_req *r); /* runs after api_req_resume */
+    atomic_bool resumed;          /* set by the report thread before waking the connection */
+};
+
+typedef enum api_hret (*api_handler_fn)(struct api_req *r);
+
+struct api_route {
+    const char *method;  /* "GET", "POST", "PATCH", "DELETE" */
+    const char *pattern; /* "/v1/endpoints/{}/enable": "{}" is a parameter segment */
+    unsigned scope;      /* SL_SCOPE_* needed; 0 = no key needed */
+    api_handler_fn fn;   /* handler */
+    const char *name;    /* route name for logs ("endpoints.get") */
+};
+
+/* ==== replies (api_http.c) ==== */
+
+/* Set the answer: status and body (takes ownership of j; NULL = no body). */
+enum api_hret api_reply(struct api_req *r, int status, json_t *j);
+
+/*
+ * Set an RFC 9457 application/problem+json answer: type "urn:sluice:problem:<slug>",
+ * title, status, detail (printf; never put secrets, payloads or query strings in it) and,
+ * when field is not NULL, the "field" member naming the offending input (a JSON pointer into
+ * the body such as "/events/3/type", a header name, or a query parameter).
+ */
+enum api_hret api_problem(struct api_req *r,
+                          int status,
+                          const char *slug,
+                          const char *field,
+                          const char *fmt,
+                          ...) __attribute__((format(printf, 5, 6)));
+
+/* The problem object itself (for per-event results of a batch); same arguments. */
+json_t *api_problem_json(int status, const char *slug, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/*
+ * Map an error from the record codec or sl_jsonl (whose messages name the field as
+ * `field "x"`) to a problem: 413 for SL_ETOOBIG of the whole body, 400 otherwise, field =
+ * prefix + "/" + x.
+ */
+json_t *api_problem_from_err(const sl_err_t *err, const char *prefix);
+
+/* A request header's value (borrowed, valid during the request) or NULL. */
+const char *api_header(struct api_req *r, const char *name);
+/* A query argument's value (borrowed) or NULL. */
+const char *api_query(struct api_req *r, const char *name);
+
+/* Parse the body as one JSON value (object required): NULL after answering 400. */
+json_t *api_body_json(struct api_req *r);
+
+#define API_LIMIT_DEFAULT 50  /* list entries per page when ?limit= is absent */
+#define API_LIMIT_MAX     500 /* largest ?limit= */
+
+/* ?limit= (1..API_LIMIT_MAX, default API_LIMIT_DEFAULT), or -1 after answering 400. */
+long api_query_limit(struct api_req *r);
+/*
+ * ?cursor= decoded into buf (cap bytes, NUL-terminated; *have OUT says whether one was
+ * given). Returns 0, or -1 after answering 400. Cursors are the hex of a position text that
+ * the list made with api_cursor_json.
+ */
+int api_query_cursor(struct api_req *r, char *buf, size_t cap, bool *have);
+json_t *api_cursor_json(const char *pos);
+
+/* Wake a suspended request (any thread). */
+void api_req_resume(struct api_req *r);
+
+/* This worker thread's Redis / PostgreSQL connection; NULL and err when unreachable. */
+sl_redis_t *api_redis(struct api *a, sl_err_t *err);
+PGconn *api_pg(struct api *a, sl_err_t *err);
+/* Drop this thread's PostgreSQL connection after an error that may have broken it. */
+void api_pg_reset(void);
+
+/* ==== server (api_http.c) ==== */
+
+typedef struct api_server api_server_t;
+
+/* Listen on cfg->api_listen and serve. NULL and err on failure. */
+api_server_t *api_server_start(struct api *a, sl_err_t *err);
+/*
+ * Stop accepting new connections (idempotent) and wait up to bound_ms for the requests in
+ * flight to complete. Returns how many are still active (0 = all done).
+ */
+long api_server_quiesce(api_server_t *s, int64_t bound_ms);
+/* Close every connection and free the server (NULL-safe). No request may be suspended. */
+void api_server_stop(api_server_t *s);
+
+/* ==== handlers ==== */
+
+/* api_events.c */
+enum api_hret api_events_publish(struct api_req *r);
+enum api_hret api_events_publish_batch(struct api_req *r);
+/* api_mgmt.c */
+enum api_hret api_endpoints_list(struct api_req *r);
+enum api_hret api_endpoints_create(struct api_req *r);
+enum api_hret api_endpoints_get(struct api_req *r);
+enum api_hret api_endpoints_patch(struct api_req *r);
+enum api_hret api_endpoints_delete(struct api_req *r);
+enum api_hret api_endpoints_enable(struct api_req *r);
+enum api_hret api_endpoints_disable(struct api_req *r);
+enum api_hret api_endpoints_rotate(struct api_req *r);
+/* api_history.c */
+enum api_hret api_event_deliveries(struct api_req *r);
+enum api_hret api_event_types(struct api_req *r);
+enum api_hret api_dead_letters_list(struct api_req *r);
+
+#endif /* API_H */

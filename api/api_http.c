@@ -1,0 +1,678 @@
+/*
+ * api_http: sluice-api's HTTP server on libmicrohttpd (see api.h for a request's life).
+ *
+ * libmicrohttpd runs api_threads worker threads (MHD_OPTION_THREAD_POOL_SIZE), each with its
+ * own epoll set and many keep-alive connections; connections past api_max_connections are
+ * refused, and one idle or stalled for api_idle_timeout_s is closed (slow clients cannot pin
+ * a worker). A handler must never wait for Kafka on a worker thread: publishes suspend the
+ * connection (MHD_suspend_connection) and the producer's report thread resumes it.
+ *
+ * Routing is a table of method + pattern; a known path with another method answers 405 with
+ * Allow. Every error answer is application/problem+json (RFC 9457).
+ *
+ * Shutdown: MHD_quiesce_daemon stops accepting, then in-flight requests get up to
+ * api_shutdown_ms to complete (api->active counts them) before MHD_stop_daemon.
+ */
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api/api.h"
+#include "common/sl_log.h"
+
+struct api_server {
+    struct api *api;
+    struct MHD_Daemon *d;
+    MHD_socket lsock; /* returned by quiesce; closed after stop */
+};
+
+/* ==== per-thread connections ==== */
+
+static pthread_key_t redis_key, pg_key;
+static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
+
+static void redis_dtor(void *p)
+{
+    sl_redis_close(p);
+}
+
+static void pg_dtor(void *p)
+{
+    PQfinish(p);
+}
+
+static void make_keys(void)
+{
+    (void)pthread_key_create(&redis_key, redis_dtor);
+    (void)pthread_key_create(&pg_key, pg_dtor);
+}
+
+sl_redis_t *api_redis(struct api *a, sl_err_t *err)
+{
+    pthread_once(&keys_once, make_keys);
+    sl_redis_t *r = pthread_getspecific(redis_key);
+    if (r)
+        return r;
+    r = sl_redis_connect(a->cfg->redis_url, (int)a->cfg->redis_timeout_ms, err);
+    if (r)
+        (void)pthread_setspecific(redis_key, r);
+    return r;
+}
+
+PGconn *api_pg(struct api *a, sl_err_t *err)
+{
+    pthread_once(&keys_once, make_keys);
+    PGconn *pg = pthread_getspecific(pg_key);
+    if (pg && PQstatus(pg) == CONNECTION_OK)
+        return pg;
+    if (pg) {
+        PQfinish(pg);
+        (void)pthread_setspecific(pg_key, NULL);
+    }
+    pg = sl_reg_db_open(a->cfg, err);
+    if (pg)
+        (void)pthread_setspecific(pg_key, pg);
+    return pg;
+}
+
+void api_pg_reset(void)
+{
+    pthread_once(&keys_once, make_keys);
+    PGconn *pg = pthread_getspecific(pg_key);
+    if (pg) {
+        PQfinish(pg);
+        (void)pthread_setspecific(pg_key, NULL);
+    }
+}
+
+/* ==== replies ==== */
+
+enum api_hret api_reply(struct api_req *r, int status, json_t *j)
+{
+    json_decref(r->json);
+    r->status = status;
+    r->json = j;
+    r->problem = false;
+    return API_DONE;
+}
+
+static const char *status_title(int status)
+{
+    switch (status) {
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 409:
+        return "Conflict";
+    case 413:
+        return "Content Too Large";
+    case 415:
+        return "Unsupported Media Type";
+    case 422:
+        return "Unprocessable Content";
+    case 429:
+        return "Too Many Requests";
+    case 500:
+        return "Internal Server Error";
+    case 502:
+        return "Bad Gateway";
+    case 503:
+        return "Service Unavailable";
+    default:
+        return "Error";
+    }
+}
+
+static json_t *problem_v(int status, const char *slug, const char *field, const char *fmt, va_list ap)
+{
+    char detail[512], type[96];
+    (void)vsnprintf(detail, sizeof(detail), fmt, ap);
+    (void)snprintf(type, sizeof(type), "urn:sluice:problem:%s", slug);
+    json_t *j = json_object();
+    json_object_set_new(j, "type", json_string(type));
+    json_object_set_new(j, "title", json_string(status_title(status)));
+    json_object_set_new(j, "status", json_integer(status));
+    /* detail may hold bytes that are not UTF-8 (a field name from the input is never printed
+     * unless printable ASCII, but be safe): fall back to a fixed text */
+    json_t *d = json_string(detail);
+    json_object_set_new(j, "detail", d ? d : json_string("(detail not printable)"));
+    if (field) {
+        json_t *f = json_string(field);
+        if (f)
+            json_object_set_new(j, "field", f);
+    }
+    return j;
+}
+
+json_t *api_problem_json(int status, const char *slug, const char *field, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    json_t *j = problem_v(status, slug, field, fmt, ap);
+    va_end(ap);
+    return j;
+}
+
+enum api_hret api_problem(
+    struct api_req *r, int status, const char *slug, const char *field, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    json_t *j = problem_v(status, slug, field, fmt, ap);
+    va_end(ap);
+    api_reply(r, status, j);
+    r->problem = true;
+    return API_DONE;
+}
+
+json_t *api_problem_from_err(const sl_err_t *err, const char *prefix)
+{
+    /* the codec's and sl_jsonl's messages name the field first as: field "x" (or fields "x") */
+    char field[160] = "";
+    const char *q = strchr(err->msg, '"');
+    const char *e = q ? strchr(q + 1, '"') : NULL;
+    if (q && e && e - q - 1 < 64 && (q - err->msg < 16))
+        (void)snprintf(field, sizeof(field), "%s/%.*s", prefix, (int)(e - q - 1), q + 1);
+    else
+        (void)snprintf(field, sizeof(field), "%s", prefix[0] ? prefix : "/");
+    int status = 400;
+    const char *slug = "invalid-field";
+    if (err->code == SL_EMISSING)
+        slug = "missing-field";
+    else if (err->code == SL_ETOOBIG)
+        slug = "too-large";
+    return api_problem_json(status, slug, field, "%s", err->msg);
+}
+
+const char *api_header(struct api_req *r, const char *name)
+{
+    return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
+
+const char *api_query(struct api_req *r, const char *name)
+{
+    return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
+}
+
+json_t *api_body_json(struct api_req *r)
+{
+    json_error_t jerr;
+    const char *ct = api_header(r, "Content-Type");
+    if (ct && strncasecmp(ct, "application/json", 16) != 0) {
+        api_problem(r, 415, "unsupported-media-type", "Content-Type",
+                    "the request body must be application/json");
+        return NULL;
+    }
+    if (r->body.len == 0) {
+        api_problem(r, 400, "invalid-json", "/", "the request body is empty: a JSON object is "
+                                                 "expected");
+        return NULL;
+    }
+    json_t *j = json_loadb((const char *)r->body.data, r->body.len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!j) {
+        /* jansson's text quotes the input: report the position only */
+        api_problem(r, 400, "invalid-json", "/",
+                    "the request body is not valid JSON (error at byte %d, line %d)",
+                    jerr.position, jerr.line);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        api_problem(r, 400, "invalid-json", "/", "the request body must be a JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+/* ?limit=: 1..API_LIMIT_MAX (default API_LIMIT_DEFAULT); -1 after answering 400. */
+long api_query_limit(struct api_req *r)
+{
+    const char *s = api_query(r, "limit");
+    if (!s)
+        return API_LIMIT_DEFAULT;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < 1 || v > API_LIMIT_MAX) {
+        api_problem(r, 400, "invalid-parameter", "limit", "limit must be an integer 1..%d",
+                    API_LIMIT_MAX);
+        return -1;
+    }
+    return v;
+}
+
+/* Cursors are the hex of a position text; decode into buf (NUL-terminated) or answer 400. */
+int api_query_cursor(struct api_req *r, char *buf, size_t cap, bool *have)
+{
+    const char *c = api_query(r, "cursor");
+    *have = false;
+    if (!c)
+        return 0;
+    size_t n = strlen(c);
+    bool ok = n % 2 == 0 && n / 2 < cap && n > 0;
+    for (size_t i = 0; ok && i < n / 2; i++) {
+        unsigned v;
+        ok = sscanf(c + 2 * i, "%2x", &v) == 1 && v >= 0x20 && v < 0x7f &&
+             strchr("0123456789abcdef", c[2 * i]) && strchr("0123456789abcdef", c[2 * i + 1]);
+        buf[i] = (char)v;
+    }
+    if (!ok) {
+        api_problem(r, 400, "invalid-parameter", "cursor", "cursor is not one this API returned");
+        return -1;
+    }
+    buf[n / 2] = '\0';
+    *have = true;
+    return 0;
+}
+
+json_t *api_cursor_json(const char *pos)
+{
+    char out[1024];
+    size_t n = strlen(pos);
+    if (2 * n + 1 > sizeof(out))
+        return json_null();
+    for (size_t i = 0; i < n; i++)
+        (void)snprintf(out + 2 * i, 3, "%02x", (unsigned char)pos[i]);
+    out[2 * n] = '\0';
+    return json_string(out);
+}
+
+void api_req_resume(struct api_req *r)
+{
+    /* r may be answered and freed by its worker as soon as the resume lands: read first */
+    struct MHD_Connection *conn = r->conn;
+    atomic_store(&r->resumed, true);
+    MHD_resume_connection(conn);
+}
+
+/* ==== routes ==== */
+
+static enum api_hret healthz(struct api_req *r)
+{
+    return api_reply(r, 200, json_pack("{s:s}", "status", "ok"));
+}
+
+static enum api_hret readyz(struct api_req *r)
+{
+    struct api *a = r->api;
+    bool stopping = atomic_load(&a->stopping);
+    bool keys = api_keys_loaded(a->keys);
+    sl_err_t err;
+    bool fatal = sluice_producer_fatal(a->prod, &err) != 0;
+    bool ok = !stopping && keys && !fatal;
+    json_t *j = json_pack("{s:s, s:b, s:b, s:b, s:I}", "status", ok ? "ready" : "not_ready",
+                          "stopping", stopping, "api_keys_loaded", keys, "producer_ok", !fatal,
+                          "endpoints", (json_int_t)sl_endpoints_count(a->eps));
+    return api_reply(r, ok ? 200 : 503, j);
+}
+
+static const struct api_route routes[] = {
+    {"GET", "/healthz", 0, healthz, "healthz"},
+    {"GET", "/readyz", 0, readyz, "readyz"},
+    {"POST", "/v1/events", SL_SCOPE_PUBLISH, api_events_publish, "events.publish"},
+    {"POST", "/v1/events/batch", SL_SCOPE_PUBLISH, api_events_publish_batch, "events.batch"},
+    {"GET", "/v1/events/{}/deliveries", SL_SCOPE_READ, api_event_deliveries, "events.deliveries"},
+    {"GET", "/v1/event-types", SL_SCOPE_READ, api_event_types, "event_types.list"},
+    {"GET", "/v1/endpoints", SL_SCOPE_READ, api_endpoints_list, "endpoints.list"},
+    {"POST", "/v1/endpoints", SL_SCOPE_ADMIN, api_endpoints_create, "endpoints.create"},
+    {"GET", "/v1/endpoints/{}", SL_SCOPE_READ, api_endpoints_get, "endpoints.get"},
+    {"PATCH", "/v1/endpoints/{}", SL_SCOPE_ADMIN, api_endpoints_patch, "endpoints.update"},
+    {"DELETE", "/v1/endpoints/{}", SL_SCOPE_ADMIN, api_endpoints_delete, "endpoints.delete"},
+    {"POST", "/v1/endpoints/{}/enable", SL_SCOPE_ADMIN, api_endpoints_enable, "endpoints.enable"},
+    {"POST", "/v1/endpoints/{}/disable", SL_SCOPE_ADMIN, api_endpoints_disable,
+     "endpoints.disable"},
+    {"POST", "/v1/endpoints/{}/rotate-secret", SL_SCOPE_ADMIN, api_endpoints_rotate,
+     "endpoints.rotate_secret"},
+    {"GET", "/v1/dead-letters", SL_SCOPE_READ, api_dead_letters_list, "dead_letters.list"},
+};
+#define NROUTES (sizeof(routes) / sizeof(routes[0]))
+
+/* Match path against pattern; parameter segments are copied into params (owned). */
+static bool match(const char *pattern, const char *path, char *params[API_MAX_PARAMS])
+{
+    int np = 0;
+    const char *p = pattern, *u = path;
+    while (*p && *u) {
+        if (p[0] == '{' && p[1] == '}') {
+            const char *end = strchr(u, '/');
+            size_t len = end ? (size_t)(end - u) : strlen(u);
+            if (len == 0 || np >= API_MAX_PARAMS)
+                goto no;
+            params[np++] = sl_xstrndup(u, len);
+            u += len;
+            p += 2;
+            continue;
+        }
+        if (*p != *u)
+            goto no;
+        p++;
+        u++;
+    }
+    if (*p == '\0' && *u == '\0')
+        return true;
+no:
+    for (int i = 0; i < np; i++) {
+        free(params[i]);
+        params[i] = NULL;
+    }
+    return false;
+}
+
+/* Find the route; 0 ok, 404 unknown path, 405 known path with another method. */
+static int route(struct api_req *r)
+{
+    bool path_known = false;
+    r->allow[0] = '\0';
+    for (size_t i = 0; i < NROUTES; i++) {
+        char *params[API_MAX_PARAMS] = {NULL};
+        if (!match(routes[i].pattern, r->url, params))
+            continue;
+        if (strcmp(routes[i].method, r->method) == 0) {
+            memcpy(r->params, params, sizeof(params));
+            r->route = &routes[i];
+            return 0;
+        }
+        for (int k = 0; k < API_MAX_PARAMS; k++)
+            free(params[k]);
+        path_known = true;
+        size_t n = strlen(r->allow);
+        (void)snprintf(r->allow + n, sizeof(r->allow) - n, "%s%s", n ? ", " : "",
+                       routes[i].method);
+    }
+    return path_known ? 405 : 404;
+}
+
+/* ==== the access handler ==== */
+
+static void req_free(struct api_req *r)
+{
+    if (!r)
+        return;
+    free(r->url);
+    sl_buf_fini(&r->body);
+    for (int i = 0; i < API_MAX_PARAMS; i++)
+        free(r->params[i]);
+    api_auth_fini(&r->auth);
+    json_decref(r->json);
+    free(r);
+}
+
+static enum MHD_Result send_answer(struct api_req *r)
+{
+    char *text = NULL;
+    size_t len = 0;
+    if (r->json) {
+        text = json_dumps(r->json, JSON_COMPACT | JSON_ENCODE_ANY);
+        len = text ? strlen(text) : 0;
+    }
+    struct MHD_Response *resp =
+        text ? MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE)
+             : MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    if (r->json)
+        MHD_add_response_header(resp, "Content-Type",
+                                r->problem ? "application/problem+json" : "application/json");
+    if (r->retry_after_s > 0) {
+        char ra[24];
+        (void)snprintf(ra, sizeof(ra), "%lld", (long long)r->retry_after_s);
+        MHD_add_response_header(resp, "Retry-After", ra);
+    }
+    if (r->allow[0] && r->status == 405)
+        MHD_add_response_header(resp, "Allow", r->allow);
+    if (r->idem_replayed)
+        MHD_add_response_header(resp, "Idempotent-Replayed", "true");
+    if (r->status == 401)
+        MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)r->status, resp);
+    MHD_destroy_response(resp);
+    if (r->status >= 500)
+        SL_LOGKV(SL_LOG_WARN, "http", "request_failed",
+                 ((struct sl_log_kv[]){SL_KV_S("route", r->route ? r->route->name : "-"),
+                                       SL_KV_I("status", r->status)}),
+                 "request answered with a server error");
+    return ret;
+}
+
+/* Authenticate, rate-limit and run the route's handler. */
+static enum api_hret dispatch(struct api_req *r)
+{
+    struct api *a = r->api;
+    int st = route(r);
+    if (st == 404)
+        return api_problem(r, 404, "not-found", NULL, "no such resource");
+    if (st == 405)
+        return api_problem(r, 405, "method-not-allowed", NULL, "method %s is not allowed here",
+                           r->method);
+    if (r->too_big)
+        return api_problem(r, 413, "too-large", "/",
+                           "the request body is larger than %lld bytes (api_max_request_bytes)",
+                           (long long)a->cfg->api_max_request_bytes);
+    if (r->route->scope) {
+        if (atomic_load(&a->stopping)) {
+            r->retry_after_s = 1;
+            return api_problem(r, 503, "shutting-down", NULL,
+                               "this instance is shutting down; retry (another instance will "
+                               "answer)");
+        }
+        const char *why = "";
+        st = api_keys_check(a->keys, api_header(r, "Authorization"), r->route->scope, &r->auth,
+                            &why);
+        if (st != 0) {
+            if (st == 503)
+                r->retry_after_s = 1;
+            return api_problem(r, st,
+                               st == 401   ? "unauthorized"
+                               : st == 403 ? "forbidden"
+                                           : "unavailable",
+                               st == 403 ? NULL : "Authorization", "%s", why);
+        }
+        sl_err_t err = {0};
+        sl_redis_t *rd = api_redis(a, &err);
+        int64_t wait = api_keys_take(rd, r->auth.key, &err);
+        if (err.code != 0)
+            sl_warn("auth", "rate_limit_unavailable",
+                    "could not check the rate limit of key %s, request allowed: %s",
+                    r->auth.key->id, err.msg);
+        if (wait > 0) {
+            r->retry_after_s = (wait + 999) / 1000;
+            return api_problem(r, 429, "rate-limited", NULL,
+                               "API key %s is over its rate of %lld requests/s; retry after %lld "
+                               "ms",
+                               r->auth.key->id, (long long)r->auth.key->rate_per_s,
+                               (long long)wait);
+        }
+    }
+    return r->route->fn(r);
+}
+
+static enum MHD_Result on_request(void *cls,
+                                  struct MHD_Connection *conn,
+                                  const char *url,
+                                  const char *method,
+                                  const char *version,
+                                  const char *upload_data,
+                                  size_t *upload_data_size,
+                                  void **con_cls)
+{
+    struct api *a = cls;
+    struct api_req *r = *con_cls;
+    (void)version;
+    if (!r) {
+        r = sl_xcalloc(1, sizeof(*r));
+        r->api = a;
+        r->conn = conn;
+        r->method = method;
+        const char *q = strchr(url, '?');
+        r->url = q ? sl_xstrndup(url, (size_t)(q - url)) : sl_xstrdup(url);
+        sl_buf_init(&r->body, (size_t)a->cfg->api_max_request_bytes);
+        atomic_fetch_add(&a->active, 1);
+        *con_cls = r;
+        /* a declared length past the cap is refused before reading any of it */
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > (unsigned long long)a->cfg->api_max_request_bytes) {
+            r->too_big = true;
+            dispatch(r);
+            return send_answer(r);
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        if (!r->too_big && sl_buf_append(&r->body, upload_data, *upload_data_size) != 0)
+            r->too_big = true; /* keep reading and dropping; answer 413 at the end */
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    enum api_hret h;
+    if (!r->started) {
+        r->started = true;
+        h = dispatch(r);
+    } else if (r->pub && atomic_load(&r->resumed)) {
+        h = r->finish(r);
+    } else {
+        return MHD_YES; /* still suspended (spurious call) */
+    }
+    if (h == API_SUSPENDED)
+        return MHD_YES;
+    if (r->status == 0)
+        api_problem(r, 500, "internal", NULL, "no answer was produced");
+    return send_answer(r);
+}
+
+static void on_completed(void *cls,
+                         struct MHD_Connection *conn,
+                         void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct api *a = cls;
+    struct api_req *r = *con_cls;
+    (void)conn;
+    (void)toe;
+    if (!r)
+        return;
+    /* A publish waiting for Kafka is suspended, and libmicrohttpd completes a suspended
+     * connection only when stopped with it still suspended; then its report may still come,
+     * so r is left to it (never freed twice, never used after free). main.c destroys the
+     * producer (which reports every record) before stopping the daemon, so this is only a
+     * guard. */
+    if (r->pub && !atomic_load(&r->resumed)) {
+        sl_warn("http", "request_abandoned",
+                "a publish was abandoned before Kafka answered (connection closed)");
+        atomic_fetch_sub(&a->active, 1);
+        *con_cls = NULL;
+        return;
+    }
+    req_free(r);
+    *con_cls = NULL;
+    atomic_fetch_sub(&a->active, 1);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+    (void)cls;
+    (void)vsnprintf(msg, sizeof(msg), fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    sl_debug(SL_DBG_HTTP, "http", "mhd", "%s", msg);
+}
+
+/* "host:port" or "[v6]:port" -> sockaddr. */
+static int parse_listen(const char *s, struct sockaddr_storage *ss, sl_err_t *err)
+{
+    char host[256];
+    const char *colon = strrchr(s, ':');
+    if (!colon || colon == s)
+        return sl_err_set(err, SL_ECONFIG, "api_listen must be host:port");
+    size_t hl = (size_t)(colon - s);
+    if (s[0] == '[' && hl >= 2 && s[hl - 1] == ']') {
+        s++;
+        hl -= 2;
+    }
+    if (hl >= sizeof(host))
+        return sl_err_set(err, SL_ECONFIG, "api_listen host is too long");
+    memcpy(host, s, hl);
+    host[hl] = '\0';
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    int gai = getaddrinfo(host, colon + 1, &hints, &res);
+    if (gai != 0)
+        return sl_err_set(err, SL_ECONFIG, "cannot resolve api_listen: %s", gai_strerror(gai));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return 0;
+}
+
+api_server_t *api_server_start(struct api *a, sl_err_t *err)
+{
+    struct sockaddr_storage ss;
+    if (parse_listen(a->cfg->api_listen, &ss, err) != 0)
+        return NULL;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    if (ss.ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    struct api_server *s = sl_xcalloc(1, sizeof(*s));
+    s->api = a;
+    s->lsock = MHD_INVALID_SOCKET;
+    s->d = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, a, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)a->cfg->api_threads, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)a->cfg->api_max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)a->cfg->api_idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
+        MHD_OPTION_END);
+    if (!s->d) {
+        free(s);
+        sl_err_set(err, SL_EIO, "could not listen on %s (address in use or not available)",
+                   a->cfg->api_listen);
+        return NULL;
+    }
+    return s;
+}
+
+long api_server_quiesce(api_server_t *s, int64_t bound_ms)
+{
+    if (!s)
+        return 0;
+    struct api *a = s->api;
+    if (s->lsock == MHD_INVALID_SOCKET)
+        s->lsock = MHD_quiesce_daemon(s->d);
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        long active = atomic_load(&a->active);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        int64_t ms = (now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
+        if (active <= 0 || ms >= bound_ms)
+            return active;
+        struct timespec d = {0, 20 * 1000000L};
+        nanosleep(&d, NULL);
+    }
+}
+
+void api_server_stop(api_server_t *s)
+{
+    if (!s)
+        return;
+    MHD_stop_daemon(s->d);
+    if (s->lsock != MHD_INVALID_SOCKET)
+        close(s->lsock);
+    free(s);
+}

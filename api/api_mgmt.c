@@ -1,0 +1,602 @@
+/*
+ * api_mgmt: endpoint management over HTTP, for back ends that manage their customers'
+ * endpoints. Every change runs the registry's change operations (common/sl_registry:
+ * sl_reg_create / _update / _rotate / _remove), the same code as `sluicectl endpoints`: lock,
+ * transaction, read back, publish to the compacted endpoints topic, flush. Reads come from
+ * the registry table (the source of truth), not from the in-memory table.
+ *
+ * A change committed in PostgreSQL whose publish to Kafka failed is still answered with the
+ * committed endpoint and "published": false (consumers do not see it until `sluicectl
+ * endpoints sync`); every change answer carries "published".
+ *
+ * Each worker thread keeps its own registry publisher (a Kafka producer, opened lazily).
+ * Signing secrets are shown once, in the answer to create and rotate-secret, and never logged.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api/api.h"
+#include "common/sl_log.h"
+#include "common/sl_sign.h"
+
+#define OVERLAP_DEFAULT_S 86400
+
+static pthread_key_t pub_key;
+static pthread_once_t pub_once = PTHREAD_ONCE_INIT;
+
+static void pub_dtor(void *p)
+{
+    sl_reg_pub_close(p);
+    free(p);
+}
+
+static void make_key(void)
+{
+    (void)pthread_key_create(&pub_key, pub_dtor);
+}
+
+static struct sl_reg_pub *thread_pub(struct api *a)
+{
+    pthread_once(&pub_once, make_key);
+    struct sl_reg_pub *p = pthread_getspecific(pub_key);
+    if (!p) {
+        p = sl_xcalloc(1, sizeof(*p));
+        sl_reg_pub_init(p, a->cfg);
+        (void)pthread_setspecific(pub_key, p);
+    }
+    return p;
+}
+
+/* ==== endpoint -> JSON ==== */
+
+static json_t *time_json(int64_t ms)
+{
+    if (ms <= 0)
+        return json_null();
+    char buf[40];
+    time_t s = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    size_t n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+    (void)snprintf(buf + n, sizeof(buf) - n, ".%03dZ", (int)(ms % 1000));
+    return json_string(buf);
+}
+
+static json_t *strv_json(char *const *v, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(a, json_string(v[i]));
+    return a;
+}
+
+static json_t *ep_json(const struct sl_reg_ep *ep)
+{
+    json_t *hdr = json_object();
+    for (size_t i = 0; i < ep->n_hdr; i++)
+        json_object_set_new(hdr, ep->hdr[i].name, json_string(ep->hdr[i].value));
+    json_t *pol = json_object();
+    for (int i = 0; i < SL_REG_N__COUNT; i++)
+        json_object_set_new(pol, sl_reg_ep_nums[i].column, json_integer(ep->num[i]));
+    json_t *sec = json_array();
+    for (size_t i = 0; i < ep->n_secrets; i++) {
+        if (ep->secrets[i].expired)
+            continue;
+        json_array_append_new(sec, json_pack("{s:i, s:o, s:o}", "seq", ep->secrets[i].seq,
+                                             "created_at", time_json(ep->secrets[i].created_ms),
+                                             "expires_at", time_json(ep->secrets[i].exp_ms)));
+    }
+    json_t *j = json_object();
+    json_object_set_new(j, "id", json_string(ep->id));
+    json_object_set_new(j, "name", json_string(ep->name ? ep->name : ""));
+    json_object_set_new(j, "url", json_string(ep->url));
+    json_object_set_new(j, "template", json_boolean(ep->tpl));
+    json_object_set_new(j, "method", json_string(sl_http_method_name(ep->method)));
+    json_object_set_new(j, "content_type",
+                        ep->ct && ep->ct[0] ? json_string(ep->ct) : json_null());
+    json_object_set_new(j, "headers", hdr);
+    json_object_set_new(j, "types", strv_json(ep->types, ep->n_types));
+    json_object_set_new(j, "channels", strv_json(ep->channels, ep->n_channels));
+    json_object_set_new(j, "enabled", json_boolean(ep->enabled));
+    json_object_set_new(j, "disabled_reason",
+                        ep->reason && ep->reason[0] ? json_string(ep->reason) : json_null());
+    json_object_set_new(j, "policy", pol);
+    json_object_set_new(j, "secrets", sec);
+    json_object_set_new(j, "created_at", time_json(ep->created_ms));
+    json_object_set_new(j, "updated_at", time_json(ep->updated_ms));
+    return j;
+}
+
+/* ==== JSON -> endpoint fields ==== */
+
+/* A string array field into a NULL-free vector (borrowed from j); 0 or a problem set. */
+static int get_strv(struct api_req *r, json_t *v, const char *name, size_t max,
+                    const char **out, size_t *n)
+{
+    char field[64];
+    (void)snprintf(field, sizeof(field), "/%s", name);
+    *n = 0;
+    if (!json_is_array(v) || json_array_size(v) > max) {
+        api_problem(r, 400, "invalid-field", field,
+                    "field \"%s\" must be an array of at most %zu strings", name, max);
+        return -1;
+    }
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        json_t *s = json_array_get(v, i);
+        if (!json_is_string(s) || strlen(json_string_value(s)) != json_string_length(s)) {
+            api_problem(r, 400, "invalid-field", field, "field \"%s\": entry %zu must be a string",
+                        name, i);
+            return -1;
+        }
+        out[(*n)++] = json_string_value(s);
+    }
+    return 0;
+}
+
+static void set_str(char **dst, const char *v)
+{
+    free(*dst);
+    *dst = sl_xstrdup(v);
+}
+
+/*
+ * Apply the fields of body j to ep. allow_id: "id" accepted (create). Returns 0, or -1 with
+ * the problem answered. Rule checks beyond JSON types are sl_reg_ep_check's (in the change
+ * operation), reported by problem_for().
+ */
+static int apply_fields(struct api_req *r, json_t *j, struct sl_reg_ep *ep, bool allow_id)
+{
+    const char *k;
+    json_t *v;
+    char field[80];
+    json_object_foreach(j, k, v)
+    {
+        (void)snprintf(field, sizeof(field), "/%.70s", k);
+        if (strcmp(k, "id") == 0 && allow_id) {
+            if (!json_is_string(v))
+                goto bad_type;
+            continue; /* read by the caller */
+        }
+        if (strcmp(k, "url") == 0 || strcmp(k, "name") == 0 || strcmp(k, "content_type") == 0) {
+            if (json_is_null(v) && strcmp(k, "content_type") == 0) {
+                set_str(&ep->ct, "");
+                continue;
+            }
+            if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
+                goto bad_type;
+            set_str(k[0] == 'u' ? &ep->url : k[0] == 'n' ? &ep->name : &ep->ct,
+                    json_string_value(v));
+        } else if (strcmp(k, "template") == 0) {
+            if (!json_is_boolean(v))
+                goto bad_type;
+            ep->tpl = json_is_true(v);
+        } else if (strcmp(k, "method") == 0) {
+            enum sl_http_method m;
+            if (!json_is_string(v) ||
+                sl_http_method_parse(json_string_value(v), json_string_length(v), &m) != 0) {
+                api_problem(r, 400, "invalid-field", field,
+                            "field \"method\" must be POST, PUT, PATCH or GET");
+                return -1;
+            }
+            ep->method = m;
+        } else if (strcmp(k, "headers") == 0) {
+            if (!json_is_object(v) || json_object_size(v) > SL_HDR_MAX) {
+                api_problem(r, 400, "invalid-field", field,
+                            "field \"headers\" must be an object of at most %d strings",
+                            SL_HDR_MAX);
+                return -1;
+            }
+            struct sl_kv kv[SL_HDR_MAX];
+            size_t n = 0;
+            const char *hk;
+            json_t *hv;
+            json_object_foreach(v, hk, hv)
+            {
+                if (!json_is_string(hv) || strlen(json_string_value(hv)) != json_string_length(hv)) {
+                    api_problem(r, 400, "invalid-field", field,
+                                "field \"headers\": every value must be a string");
+                    return -1;
+                }
+                kv[n].name = hk;
+                kv[n++].value = json_string_value(hv);
+            }
+            sl_reg_ep_set_headers(ep, kv, n);
+        } else if (strcmp(k, "types") == 0 || strcmp(k, "channels") == 0) {
+            const char *sv[SL_EP_TYPES_MAX > SL_EP_CHANNELS_MAX ? SL_EP_TYPES_MAX
+                                                                 : SL_EP_CHANNELS_MAX];
+            size_t n = 0;
+            bool types = k[0] == 't';
+            if (get_strv(r, v, k, types ? SL_EP_TYPES_MAX : SL_EP_CHANNELS_MAX, sv, &n) != 0)
+                return -1;
+            if (types)
+                sl_reg_ep_set_types(ep, sv, n);
+            else
+                sl_reg_ep_set_channels(ep, sv, n);
+        } else if (strcmp(k, "policy") == 0) {
+            if (!json_is_object(v)) {
+                api_problem(r, 400, "invalid-field", field, "field \"policy\" must be an object");
+                return -1;
+            }
+            const char *pk;
+            json_t *pv;
+            json_object_foreach(v, pk, pv)
+            {
+                int i = 0;
+                while (i < SL_REG_N__COUNT && strcmp(sl_reg_ep_nums[i].column, pk) != 0)
+                    i++;
+                (void)snprintf(field, sizeof(field), "/policy/%.60s", pk);
+                if (i == SL_REG_N__COUNT) {
+                    api_problem(r, 400, "invalid-field", field, "unknown policy field");
+                    return -1;
+                }
+                if (!json_is_integer(pv) || json_integer_value(pv) < 0 ||
+                    (json_integer_value(pv) != 0 &&
+                     (json_integer_value(pv) < sl_reg_ep_nums[i].min ||
+                      json_integer_value(pv) > sl_reg_ep_nums[i].max))) {
+                    api_problem(r, 400, "invalid-field", field,
+                                "policy field \"%s\" must be 0 (global default) or an integer "
+                                "%" PRId64 "..%" PRId64,
+                                pk, sl_reg_ep_nums[i].min, sl_reg_ep_nums[i].max);
+                    return -1;
+                }
+                ep->num[i] = json_integer_value(pv);
+            }
+        } else {
+            api_problem(r, 400, "invalid-field", field, "unknown field");
+            return -1;
+        }
+        continue;
+    bad_type:
+        api_problem(r, 400, "invalid-field", field, "field has the wrong JSON type");
+        return -1;
+    }
+    return 0;
+}
+
+/* Answer for a failed change operation. */
+static enum api_hret problem_for(struct api_req *r, int rc, const sl_err_t *err, const char *id)
+{
+    switch (rc) {
+    case SL_ENOTFOUND:
+        return api_problem(r, 404, "unknown-endpoint", NULL, "endpoint %s does not exist", id);
+    case SL_ESTATE:
+        return api_problem(r, 409, "endpoint-exists", "/id", "endpoint %s already exists", id);
+    case SL_EINVAL:
+    case SL_ETOOBIG:
+    case SL_EMISSING: {
+        json_t *p = api_problem_from_err(err, "");
+        api_reply(r, 400, p);
+        r->problem = true;
+        return API_DONE;
+    }
+    default:
+        sl_warn("mgmt", "registry_failed", "endpoint change failed: %s", err->msg);
+        r->retry_after_s = 2;
+        return api_problem(r, 503, "registry-unavailable", NULL,
+                           "the endpoint registry could not be changed: %s", err->msg);
+    }
+}
+
+static bool id_ok(struct api_req *r, const char *id)
+{
+    if (sl_valid_endpoint_id(id, strlen(id)))
+        return true;
+    api_problem(r, 404, "unknown-endpoint", NULL, "no endpoint has that id");
+    return false;
+}
+
+/* The registry connection, or NULL after answering 503. */
+static PGconn *reg_pg(struct api_req *r)
+{
+    sl_err_t err;
+    PGconn *pg = api_pg(r->api, &err);
+    if (!pg) {
+        r->retry_after_s = 2;
+        api_problem(r, 503, "registry-unavailable", NULL,
+                    "the endpoint registry (PostgreSQL) is unreachable");
+    }
+    return pg;
+}
+
+/* A committed change: status with the endpoint (plus extra members from x, stolen). */
+static enum api_hret changed(struct api_req *r, int status, const struct sl_reg_ep *ep,
+                             const struct sl_reg_result *res, json_t *x)
+{
+    json_t *j = ep ? ep_json(ep) : json_object();
+    json_object_set_new(j, "published", json_boolean(res->published));
+    if (x) {
+        json_object_update(j, x);
+        json_decref(x);
+    }
+    if (!res->published)
+        sl_warn("mgmt", "endpoint_not_published",
+                "endpoint change committed but not published; run 'sluicectl endpoints sync'");
+    return api_reply(r, status, j);
+}
+
+/* ==== handlers ==== */
+
+enum api_hret api_endpoints_list(struct api_req *r)
+{
+    long limit = api_query_limit(r);
+    if (limit < 0)
+        return API_DONE;
+    char cur[SL_ENDPOINT_ID_MAX + 2];
+    bool have = false;
+    if (api_query_cursor(r, cur, sizeof(cur), &have) != 0)
+        return API_DONE;
+    PGconn *pg = reg_pg(r);
+    if (!pg)
+        return API_DONE;
+    struct sl_reg_ep *eps = NULL;
+    size_t n = 0;
+    sl_err_t err;
+    int rc = sl_reg_db_page(pg, have ? cur : NULL, (size_t)limit + 1, &eps, &n, &err);
+    if (rc != 0) {
+        api_pg_reset();
+        return problem_for(r, rc, &err, "");
+    }
+    json_t *data = json_array();
+    json_t *next = json_null();
+    for (size_t i = 0; i < n && i < (size_t)limit; i++) {
+        if (i + 1 == (size_t)limit && n > (size_t)limit) {
+            json_decref(next);
+            next = api_cursor_json(eps[i].id);
+        }
+        json_array_append_new(data, ep_json(&eps[i]));
+    }
+    for (size_t i = 0; i < n; i++)
+        sl_reg_ep_fini(&eps[i]);
+    free(eps);
+    return api_reply(r, 200, json_pack("{s:o, s:o}", "data", data, "next_cursor", next));
+}
+
+enum api_hret api_endpoints_get(struct api_req *r)
+{
+    const char *id = r->params[0];
+    if (!id_ok(r, id))
+        return API_DONE;
+    PGconn *pg = reg_pg(r);
+    if (!pg)
+        return API_DONE;
+    struct sl_reg_ep ep;
+    memset(&ep, 0, sizeof(ep));
+    sl_err_t err;
+    int rc = sl_reg_db_load(pg, id, false, &ep, &err);
+    if (rc == 0)
+        api_reply(r, 200, ep_json(&ep));
+    else {
+        if (rc != SL_ENOTFOUND)
+            api_pg_reset();
+        problem_for(r, rc, &err, id);
+    }
+    sl_reg_ep_fini(&ep);
+    return API_DONE;
+}
+
+enum api_hret api_endpoints_create(struct api_req *r)
+{
+    json_t *j = api_body_json(r);
+    if (!j)
+        return API_DONE;
+    json_t *idv = json_object_get(j, "id");
+    json_t *urlv = json_object_get(j, "url");
+    if (!json_is_string(idv) || !sl_valid_endpoint_id(json_string_value(idv),
+                                                      json_string_length(idv))) {
+        json_decref(j);
+        return api_problem(r, 400, idv ? "invalid-field" : "missing-field", "/id",
+                           "field \"id\" is required: 1..64 characters of A-Z a-z 0-9 _ -");
+    }
+    if (!urlv) {
+        json_decref(j);
+        return api_problem(r, 400, "missing-field", "/url", "field \"url\" is required");
+    }
+    struct sl_reg_ep ep;
+    memset(&ep, 0, sizeof(ep));
+    ep.id = sl_xstrdup(json_string_value(idv));
+    ep.url = sl_xstrdup("");
+    ep.name = sl_xstrdup("");
+    ep.ct = sl_xstrdup("");
+    ep.reason = sl_xstrdup("");
+    ep.enabled = true;
+    ep.method = SL_METHOD_POST;
+    char whsec[SL_SECRET_STR_MAX] = "";
+    if (apply_fields(r, j, &ep, true) == 0) {
+        PGconn *pg = reg_pg(r);
+        if (pg) {
+            struct sl_reg_result res = {0};
+            sl_err_t err;
+            int rc = sl_reg_create(pg, thread_pub(r->api), &r->api->mk, &ep, NULL, whsec, &res,
+                                   &err);
+            if (rc == 0 || (rc == SL_EKAFKA && res.committed))
+                changed(r, 201, &ep, &res, json_pack("{s:s}", "secret", whsec));
+            else {
+                if (rc == SL_EPG)
+                    api_pg_reset();
+                problem_for(r, rc, &err, ep.id);
+            }
+        }
+    }
+    sl_secret_wipe(whsec, sizeof(whsec));
+    sl_reg_ep_fini(&ep);
+    json_decref(j);
+    return API_DONE;
+}
+
+/* The modify callbacks of PATCH, enable and disable. */
+struct patch {
+    struct api_req *r;
+    json_t *body;     /* PATCH fields, or NULL */
+    int enable;       /* 1 enable, 0 disable, -1 leave */
+    const char *reason;
+    bool answered;    /* apply_fields answered a problem */
+};
+
+static int modify(void *opaque, struct sl_reg_ep *ep, sl_err_t *err)
+{
+    struct patch *p = opaque;
+    if (p->body && apply_fields(p->r, p->body, ep, false) != 0) {
+        p->answered = true;
+        return sl_err_set(err, SL_EINVAL, "refused");
+    }
+    if (p->enable == 1) {
+        ep->enabled = true;
+        set_str(&ep->reason, "");
+    } else if (p->enable == 0) {
+        ep->enabled = false;
+        set_str(&ep->reason, p->reason ? p->reason : "disabled through the API");
+    }
+    return 0;
+}
+
+static enum api_hret run_update(struct api_req *r, struct patch *p)
+{
+    const char *id = r->params[0];
+    if (!id_ok(r, id))
+        return API_DONE;
+    PGconn *pg = reg_pg(r);
+    if (!pg)
+        return API_DONE;
+    struct sl_reg_ep out;
+    memset(&out, 0, sizeof(out));
+    struct sl_reg_result res = {0};
+    sl_err_t err;
+    p->r = r;
+    int rc = sl_reg_update(pg, thread_pub(r->api), id, modify, p, &out, &res, &err);
+    if (p->answered)
+        ; /* the problem is set */
+    else if (rc == 0 || (rc == SL_EKAFKA && res.committed))
+        changed(r, 200, &out, &res, json_pack("{s:b}", "changed", res.changed));
+    else {
+        if (rc == SL_EPG)
+            api_pg_reset();
+        problem_for(r, rc, &err, id);
+    }
+    sl_reg_ep_fini(&out);
+    return API_DONE;
+}
+
+enum api_hret api_endpoints_patch(struct api_req *r)
+{
+    json_t *j = api_body_json(r);
+    if (!j)
+        return API_DONE;
+    if (json_object_size(j) == 0) {
+        json_decref(j);
+        return api_problem(r, 400, "missing-field", "/", "nothing to change: the body is empty");
+    }
+    struct patch p = {.body = j, .enable = -1};
+    run_update(r, &p);
+    json_decref(j);
+    return API_DONE;
+}
+
+enum api_hret api_endpoints_enable(struct api_req *r)
+{
+    struct patch p = {.enable = 1};
+    return run_update(r, &p);
+}
+
+enum api_hret api_endpoints_disable(struct api_req *r)
+{
+    struct patch p = {.enable = 0};
+    json_t *j = NULL;
+    if (r->body.len > 0) {
+        j = api_body_json(r);
+        if (!j)
+            return API_DONE;
+        json_t *reason = json_object_get(j, "reason");
+        if (json_object_size(j) > (reason ? 1u : 0u) ||
+            (reason && (!json_is_string(reason) || json_string_length(reason) > SL_REASON_MAX))) {
+            json_decref(j);
+            return api_problem(r, 400, "invalid-field", "/reason",
+                               "the body may hold only \"reason\", a string of at most %d bytes",
+                               SL_REASON_MAX);
+        }
+        p.reason = reason ? json_string_value(reason) : NULL;
+    }
+    run_update(r, &p);
+    json_decref(j);
+    return API_DONE;
+}
+
+enum api_hret api_endpoints_rotate(struct api_req *r)
+{
+    const char *id = r->params[0];
+    if (!id_ok(r, id))
+        return API_DONE;
+    int64_t overlap = OVERLAP_DEFAULT_S;
+    json_t *j = NULL;
+    if (r->body.len > 0) {
+        j = api_body_json(r);
+        if (!j)
+            return API_DONE;
+        json_t *o = json_object_get(j, "overlap_s");
+        if (json_object_size(j) > (o ? 1u : 0u) ||
+            (o && (!json_is_integer(o) || json_integer_value(o) < 0 ||
+                   json_integer_value(o) > SL_REG_OVERLAP_MAX_S))) {
+            json_decref(j);
+            return api_problem(r, 400, "invalid-field", "/overlap_s",
+                               "the body may hold only \"overlap_s\", an integer 0..%lld",
+                               (long long)SL_REG_OVERLAP_MAX_S);
+        }
+        if (o)
+            overlap = json_integer_value(o);
+        json_decref(j);
+    }
+    PGconn *pg = reg_pg(r);
+    if (!pg)
+        return API_DONE;
+    struct sl_reg_ep out;
+    memset(&out, 0, sizeof(out));
+    struct sl_reg_result res = {0};
+    char whsec[SL_SECRET_STR_MAX] = "";
+    sl_err_t err;
+    int rc = sl_reg_rotate(pg, thread_pub(r->api), &r->api->mk, id, overlap, NULL, whsec, &out,
+                           &res, &err);
+    if (rc == 0 || (rc == SL_EKAFKA && res.committed)) {
+        int prev_seq = 0;
+        int64_t prev_exp = 0;
+        for (size_t i = 0; i < out.n_secrets; i++) {
+            if (out.secrets[i].exp_ms != 0 && out.secrets[i].seq > prev_seq) {
+                prev_seq = out.secrets[i].seq;
+                prev_exp = out.secrets[i].exp_ms;
+            }
+        }
+        json_t *x = json_pack("{s:s, s:s, s:i, s:o, s:b}", "id", out.id, "secret", whsec, "seq",
+                              out.n_secrets ? out.secrets[0].seq : 0, "previous_expires_at",
+                              time_json(prev_exp), "published", res.published);
+        api_reply(r, 200, x);
+    } else {
+        if (rc == SL_EPG)
+            api_pg_reset();
+        problem_for(r, rc, &err, id);
+    }
+    sl_secret_wipe(whsec, sizeof(whsec));
+    sl_reg_ep_fini(&out);
+    return API_DONE;
+}
+
+enum api_hret api_endpoints_delete(struct api_req *r)
+{
+    const char *id = r->params[0];
+    if (!id_ok(r, id))
+        return API_DONE;
+    PGconn *pg = reg_pg(r);
+    if (!pg)
+        return API_DONE;
+    struct sl_reg_result res = {0};
+    sl_err_t err;
+    int rc = sl_reg_remove(pg, thread_pub(r->api), id, &res, &err);
+    if (rc == 0)
+        return api_reply(r, 204, NULL);
+    if (rc == SL_EKAFKA && res.committed)
+        return changed(r, 200, NULL, &res, json_pack("{s:s, s:b}", "id", id, "deleted", 1));
+    if (rc == SL_EPG)
+        api_pg_reset();
+    return problem_for(r, rc, &err, id);
+}

@@ -1,0 +1,153 @@
+/*
+ * sluice-api: the HTTP surface of Sluice. Publishes events (with fan-out to subscribed
+ * endpoints and Idempotency-Key) through the producer library, manages endpoints with the
+ * registry code sluicectl uses, and reads the delivery log from the recorder's tables.
+ * Stateless: run any number behind a load balancer.
+ *
+ *   parse args -> load config (exit 78 on any error, before connecting) -> master key ->
+ *   endpoint table (sluice.endpoints read to its high watermark) -> producer and its report
+ *   thread -> API key cache -> listen -> run until SIGTERM/SIGINT -> stop accepting, let
+ *   requests in flight finish (api_shutdown_ms), flush the producer -> exit 0.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "api/api.h"
+#include "common/sl_log.h"
+
+/* SIGTERM and SIGINT are blocked in every thread and taken by sigwait on the main thread. */
+static void on_signal(int sig)
+{
+    (void)sig;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: sluice-api [--config FILE] [--check-config] [--print-config]\n"
+               "                  [--help-config] [--version] [--help]\n"
+               "\n"
+               "Sluice's HTTP API (api/openapi.yaml): publish events over HTTP with\n"
+               "Idempotency-Key and fan-out to the endpoints subscribed to their type and\n"
+               "channels; manage endpoints; read the delivery log and dead letters.\n"
+               "Callers authenticate with API keys (sluicectl keys create). Listens on\n"
+               "api_listen; every publish is acknowledged by Kafka before it is answered.\n"
+               "Stateless: run any number behind a load balancer.\n"
+               "Configuration comes from SLUICE_* environment variables or a config file; see\n"
+               "--help-config. SIGTERM or SIGINT stops accepting, lets requests in flight\n"
+               "finish (api_shutdown_ms), flushes the producer and exits 0.\n");
+}
+
+struct poller {
+    sluice_producer_t *prod;
+    atomic_bool stop;
+    pthread_t thr;
+    bool started;
+};
+
+/* Serves the producer's delivery reports: they resume the suspended requests. */
+static void *poll_main(void *arg)
+{
+    struct poller *pl = arg;
+    while (!atomic_load(&pl->stop))
+        (void)sluice_producer_poll(pl->prod, 100);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    struct sl_config cfg;
+    int early = sl_cfg_main_daemon(&cfg, "sluice-api", usage, on_signal, &argc, argv);
+    if (early >= 0)
+        return early;
+    sigset_t stopsigs;
+    sigemptyset(&stopsigs);
+    sigaddset(&stopsigs, SIGTERM);
+    sigaddset(&stopsigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stopsigs, NULL); /* before any thread exists */
+    sl_err_t err;
+    struct api a;
+    memset(&a, 0, sizeof(a));
+    a.cfg = &cfg;
+    if (!cfg.master_key[0]) {
+        fprintf(stderr, "sluice-api: master_key (SLUICE_MASTER_KEY) is required to seal the "
+                        "signing secrets of endpoints it creates\n");
+        sl_cfg_fini(&cfg);
+        return SL_CFG_EXIT;
+    }
+    if (sl_masterkey_parse(&a.mk, cfg.master_key, &err) != 0) {
+        fprintf(stderr, "sluice-api: invalid value for master_key: %s\n", err.msg);
+        sl_cfg_fini(&cfg);
+        return SL_CFG_EXIT;
+    }
+    int rc = 1;
+    struct poller pl;
+    memset(&pl, 0, sizeof(pl));
+    api_server_t *srv = NULL;
+    if (sl_endpoints_open(&cfg, &a.mk, 60000, &a.eps, &err) != 0) {
+        sl_error("api", "endpoints_unavailable", "%s", err.msg);
+        goto out;
+    }
+    a.fanout = api_fanout_new(a.eps);
+    struct sluice_producer_opts po = {0};
+    po.message_timeout_ms = cfg.api_publish_timeout_ms;
+    po.enqueue_timeout_ms = 1000;
+    po.close_timeout_ms = 1000; /* requests in flight already had api_shutdown_ms */
+    po.role = "sluice-api";
+    a.prod = sluice_producer_new_opts(&cfg, &po, &err);
+    if (!a.prod) {
+        sl_error("api", "producer_failed", "%s", err.msg);
+        goto out;
+    }
+    pl.prod = a.prod;
+    if (pthread_create(&pl.thr, NULL, poll_main, &pl) != 0) {
+        sl_error("api", "start_failed", "could not start the producer's report thread");
+        goto out;
+    }
+    pl.started = true;
+    a.keys = api_keys_start(&cfg);
+    srv = api_server_start(&a, &err);
+    if (!srv) {
+        sl_error("api", "listen_failed", "%s", err.msg);
+        goto out;
+    }
+    SL_LOGKV(SL_LOG_INFO, "api", "listening",
+             ((struct sl_log_kv[]){SL_KV_S("listen", cfg.api_listen),
+                                   SL_KV_I("threads", cfg.api_threads),
+                                   SL_KV_I("endpoints", (int64_t)sl_endpoints_count(a.eps))}),
+             "sluice-api listening on %s", cfg.api_listen);
+    int sig = 0;
+    (void)sigwait(&stopsigs, &sig);
+    sl_info("api", "stopping", "stopping: no new connections, requests in flight may finish");
+    atomic_store(&a.stopping, true);
+    rc = 0;
+out:;
+    long left = api_server_quiesce(srv, cfg.api_shutdown_ms);
+    if (left > 0)
+        sl_warn("api", "shutdown_timeout",
+                "%ld requests still in flight after api_shutdown_ms: their unacknowledged "
+                "records are purged and answered 503",
+                left);
+    if (pl.started) {
+        atomic_store(&pl.stop, true);
+        pthread_join(pl.thr, NULL);
+    }
+    /* flushes within close_timeout_ms, then reports what is left as failed: that resumes
+     * every request still waiting, so none is suspended when the server stops */
+    sluice_producer_destroy(a.prod);
+    a.prod = NULL;
+    (void)api_server_quiesce(srv, 2000);
+    api_server_stop(srv);
+    api_keys_stop(a.keys);
+    api_fanout_destroy(a.fanout);
+    sl_endpoints_close(a.eps);
+    sl_masterkey_fini(&a.mk);
+    sl_cfg_fini(&cfg);
+    if (rc == 0)
+        sl_info("api", "stopped", "stopped cleanly");
+    return rc;
+}

@@ -1,0 +1,290 @@
+"""sluice-api on the real stack (issue "The HTTP API"): fan-out by event type and channel,
+idempotent publishes that survive a crash between Kafka's acknowledgement and the answer,
+API key scopes, revocation and rate limits, and every bad-input answer.
+
+Oracles: the scripted receiver's ledger (what each endpoint really received, signatures
+verified), the outcome records on Kafka, and the API's own answers (problem+json).
+"""
+
+import collections
+import http.client
+import json
+import os
+import signal
+import socket
+import time
+
+from sluice_e2e import wait_until
+
+MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
+
+
+def call(api, method, path, body=None, key=None, headers=None, raw=None):
+    """One request on a fresh connection: (status, headers dict (lower-case), parsed JSON)."""
+    host, port = api.base.split("//")[1].split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=30 * MULT)
+    h = {"Content-Type": "application/json"}
+    if key:
+        h["Authorization"] = f"Bearer {key}"
+    h.update(headers or {})
+    data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+    c.request(method, path, body=data, headers=h)
+    r = c.getresponse()
+    text = r.read()
+    hdrs = {k.lower(): v for k, v in r.getheaders()}
+    c.close()
+    return r.status, hdrs, (json.loads(text) if text else None)
+
+
+def ledger_ok(rcv):
+    return [l for l in rcv.ledger() if 200 <= l["status"] < 300]
+
+
+def delivered_pairs(rcv):
+    return collections.Counter((l["webhook_id"], l["endpoint"]) for l in ledger_ok(rcv))
+
+
+def problem(status, hdrs, body, want_status, field=None):
+    assert status == want_status, (status, body)
+    assert hdrs.get("content-type") == "application/problem+json", hdrs
+    assert body["status"] == want_status and body["type"].startswith("urn:sluice:problem:")
+    if field is not None:
+        assert body.get("field") == field, body
+
+
+def test_fanout_reaches_exactly_the_subscribed_enabled_endpoints_once_signed(make_world):
+    w = make_world()
+    rcv = w.receiver(secrets_list=[w.secret], extra=["--reject-bad-sig"])
+    t = w.tag
+
+    def ep(name, *flags):
+        return w.add_endpoint(f"{name}_{t}", rcv.url("ok", f"{name}_{t}"), *flags)
+
+    exact = ep("exact", "--types", "order.created")
+    wild = ep("wild", "--types", "order.*")
+    every = ep("every")
+    other = ep("other", "--types", "user.created,order.paid.x")
+    off = ep("off", "--types", "order.created")
+    tenant = ep("tenant", "--types", "order.*", "--channels", "tenant_a,tenant_b")
+    r = w.ctl("endpoints", "disable", "--id", off, "--reason", "test")
+    assert r.returncode == 0, r.stderr
+    key = w.api_key("publish")
+    api = w.api()
+    c = w.consumer()
+
+    # exact type, no channels: exact + wildcard + unfiltered; not other/disabled/channelled
+    st, _, a = call(api, "POST", "/v1/events", {"type": "order.created", "body": {"n": 1}}, key)
+    assert st == 202, a
+    assert sorted(a["endpoints"]) == sorted([exact, wild, every]) and a["deliveries"] == 3
+    # wildcard with a channel: wild + every + tenant (exact names another type)
+    st, _, b = call(api, "POST", "/v1/events",
+                    {"type": "order.paid", "channels": ["tenant_b"], "body": {"n": 2}}, key)
+    assert st == 202, b
+    assert sorted(b["endpoints"]) == sorted([wild, every, tenant])
+    # `order.*` does not match "order" itself; nobody but the unfiltered endpoint gets it
+    st, _, d = call(api, "POST", "/v1/events", {"type": "order", "body": "x"}, key)
+    assert st == 202 and d["endpoints"] == [every], d
+    # an explicit endpoint bypasses the filters (the postback case), as before
+    st, _, e = call(api, "POST", "/v1/events",
+                    {"type": "anything", "endpoint": other, "body": "y"}, key)
+    assert st == 202 and e["endpoints"] == [other], e
+
+    want = {(a["id"], x) for x in a["endpoints"]} | {(b["id"], x) for x in b["endpoints"]} | \
+        {(d["id"], every), (e["id"], other)}
+    wait_until(lambda: want <= set(delivered_pairs(rcv)), 60 * MULT, 0.5, "fan-out delivered")
+    time.sleep(1.0)
+    got = delivered_pairs(rcv)
+    assert set(got) == want, set(got) ^ want
+    assert max(got.values()) == 1, "an endpoint received an event twice"
+    assert all(l["sig_ok"] is True for l in rcv.ledger()), "a signature did not verify"
+    assert c.term() == 0
+    assert api.proc.term() == 0, "sluice-api did not exit 0 on SIGTERM"
+
+
+def test_idempotent_retry_after_a_crash_between_publish_and_answer(make_world):
+    w = make_world()
+    rcv = w.receiver(secrets_list=[w.secret], extra=["--reject-bad-sig"])
+    eps = [w.add_endpoint(f"sub{i}_{w.tag}", rcv.url("ok", f"sub{i}_{w.tag}"),
+                          "--types", "invoice.*") for i in range(3)]
+    key = w.api_key("publish")
+    c = w.consumer()
+    body = {"type": "invoice.paid", "body": {"invoice": 7}}
+    hdr = {"Idempotency-Key": f"inv-7-{w.tag}"}
+
+    # SL_FAULT (test builds only) kills sluice-api after Kafka acknowledged, before the answer
+    crashing = w.api(api_publish_timeout_ms=1000, _fault="api_after_publish")
+    try:
+        call(crashing, "POST", "/v1/events", body, key, hdr)
+        raise AssertionError("the request was answered although the server should have died")
+    except (ConnectionError, http.client.HTTPException, OSError):
+        pass
+    crashing.proc.p.wait(10)
+    assert crashing.proc.p.returncode == -signal.SIGKILL
+
+    # the records it published are delivered (the crash came after Kafka's acknowledgement)
+    wait_until(lambda: len(set(delivered_pairs(rcv))) == 3, 60 * MULT, 0.5, "first copy")
+    first = delivered_pairs(rcv)
+    ev_id = next(iter(first))[0]
+
+    api = w.api(api_publish_timeout_ms=1000)
+    # the claim of the dead request holds for 2 x publish timeout + 5 s: 409 until then
+    st, hdrs, p = call(api, "POST", "/v1/events", body, key, hdr)
+    problem(st, hdrs, p, 409, "Idempotency-Key")
+    assert int(hdrs["retry-after"]) >= 1
+
+    def retried():
+        s, h, b = call(api, "POST", "/v1/events", body, key, hdr)
+        return (s, b) if s == 202 else None
+    st, ans = wait_until(retried, 30 * MULT, 0.5, "the retry to be accepted")
+    assert ans["id"] == ev_id, "the retry must carry the event id of the first attempt"
+    assert sorted(ans["endpoints"]) == sorted(eps)
+    # the consumers saw the republished copies and suppressed them as duplicates
+    def dups():
+        return {o["endpoint"] for o in w.outcomes()
+                if o["id"] == ev_id and o["state"] == "duplicate"}
+    wait_until(lambda: dups() == set(eps), 60 * MULT, 0.5, "duplicates reported")
+    got = delivered_pairs(rcv)
+    assert set(got) == {(ev_id, e) for e in eps} and max(got.values()) == 1, got
+    # a third try answers from the stored answer, without publishing
+    n_out = len(w.outcomes())
+    st, hdrs, again = call(api, "POST", "/v1/events", body, key, hdr)
+    assert st == 202 and hdrs.get("idempotent-replayed") == "true" and again == ans
+    # the same key with another request is refused
+    st, hdrs, p = call(api, "POST", "/v1/events", dict(body, body={"invoice": 8}), key, hdr)
+    problem(st, hdrs, p, 422, "Idempotency-Key")
+    time.sleep(2)
+    assert len(w.outcomes()) == n_out, "a replayed answer published again"
+    assert c.term() == 0
+
+
+def test_key_scopes_channels_revocation_and_rate_limit(make_world):
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint(f"e_{w.tag}", rcv.url("ok", f"e_{w.tag}"), "--channels", "aff_1")
+    ep2 = w.add_endpoint(f"f_{w.tag}", rcv.url("ok", f"f_{w.tag}"), "--channels", "aff_2")
+    api = w.api(api_key_refresh_ms=200)
+    pub = w.api_key("publish")
+    read = w.api_key("read")
+    admin = w.api_key("admin")
+    aff1 = w.api_key("publish", channels="aff_1")
+    slow = w.api_key("publish", rate=2, burst=2)
+    ev = {"type": "conv.ok", "endpoint": ep, "body": {"x": 1}}
+
+    problem(*call(api, "POST", "/v1/events", ev), 401, "Authorization")
+    problem(*call(api, "POST", "/v1/events", ev, "slk_nope"), 401, "Authorization")
+    problem(*call(api, "POST", "/v1/events", ev, read), 403)
+    problem(*call(api, "GET", "/v1/endpoints", None, pub), 403)
+    assert call(api, "POST", "/v1/events", ev, admin)[0] == 202  # admin implies publish
+    assert call(api, "GET", "/v1/dead-letters", None, read)[0] == 200
+    # a key limited to channels publishes only where those channels lead
+    assert call(api, "POST", "/v1/events", ev, aff1)[0] == 202
+    problem(*call(api, "POST", "/v1/events", dict(ev, endpoint=ep2), aff1), 403, "/endpoint")
+    problem(*call(api, "POST", "/v1/events", {"type": "t", "body": 1}, aff1), 403, "/channels")
+    st, _, b = call(api, "POST", "/v1/events",
+                    {"type": "t", "channels": ["aff_1"], "body": 1}, aff1)
+    assert st == 202 and b["endpoints"] == [ep], b
+
+    # rate 2/s, burst 2: the third request in a row is refused with Retry-After
+    codes = [call(api, "POST", "/v1/events", ev, slow) for _ in range(3)]
+    assert [c[0] for c in codes[:2]] == [202, 202], codes
+    problem(*codes[2], 429)
+    assert int(codes[2][1]["retry-after"]) >= 1
+    time.sleep(1.2)
+    assert call(api, "POST", "/v1/events", ev, slow)[0] == 202, "the bucket did not refill"
+
+    # revocation takes effect within the refresh interval
+    key_id = pub.split("_")[1]
+    r = w.ctl("keys", "revoke", key_id)
+    assert r.returncode == 0, r.stderr
+    t0 = time.monotonic()
+    wait_until(lambda: call(api, "POST", "/v1/events", ev, pub)[0] == 401, 10 * MULT, 0.1,
+               "the revoked key to be refused")
+    assert time.monotonic() - t0 < 5 * MULT
+    for line in api.proc.log_lines():
+        assert pub not in line and pub.split("_")[2] not in line, "a key reached the log"
+    assert api.proc.term() == 0
+
+
+def test_bad_input_gets_a_problem_naming_the_field_and_publishes_nothing(make_world):
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint(f"e_{w.tag}", rcv.url("ok", f"e_{w.tag}"))
+    key = w.api_key("publish")
+    api = w.api(api_max_request_bytes=4096, api_batch_max=3, api_idle_timeout_s=2,
+                api_max_connections=4)
+    P = "/v1/events"
+    problem(*call(api, "POST", P, None, key, raw="{\"type\": "), 400, "/")
+    problem(*call(api, "POST", P, None, key, raw="[1,2]"), 400, "/")
+    problem(*call(api, "POST", P, None, key, raw="x" * 5000), 413, "/")
+    problem(*call(api, "POST", P, {"type": "a.b", "body": 1, "endpont": ep}, key), 400, "/endpont")
+    problem(*call(api, "POST", P, {"type": "bad type", "body": 1}, key), 400, "/type")
+    problem(*call(api, "POST", P, {"body": 1}, key), 400, "/type")
+    problem(*call(api, "POST", P, {"type": "a", "id": "has.dot", "body": 1}, key), 400, "/id")
+    problem(*call(api, "POST", P, {"type": "a", "body": 1, "body_base64": "eA=="}, key), 400,
+            "/body")
+    problem(*call(api, "POST", P, {"type": "a", "body": 1, "channels": ["no space"]}, key), 400,
+            "/channels")
+    problem(*call(api, "POST", P, {"type": "a", "body": 1, "headers": {"webhook-id": "x"}}, key),
+            400, "/headers")
+    problem(*call(api, "POST", P, {"type": "a", "endpoint": "nope_" + w.tag, "body": 1}, key), 404,
+            "/endpoint")
+    problem(*call(api, "POST", P, {"type": "a", "body": 1}, key,
+                  headers={"Content-Type": "text/plain"}), 415, "Content-Type")
+    problem(*call(api, "POST", P, {"type": "a", "body": 1}, key,
+                  headers={"Idempotency-Key": ""}), 400, "Idempotency-Key")
+    problem(*call(api, "POST", P + "/batch", {"events": [{"type": "a", "body": 1}] * 4}, key), 413,
+            "/events")
+    problem(*call(api, "GET", "/v1/nothing", None, key), 404)
+    st, hdrs, b = call(api, "DELETE", P, None, key)
+    problem(st, hdrs, b, 405)
+    assert hdrs["allow"] == "POST"
+    # a batch answers per event: one accepted, one refused naming its field
+    st, _, b = call(api, "POST", P + "/batch",
+                    {"events": [{"type": "ok", "endpoint": ep, "body": 1},
+                                {"type": "ok", "endpoint": ep, "body": 1, "macros": 5}]}, key)
+    assert st == 200 and b["accepted"] == 1 and b["refused"] == 1, b
+    assert b["results"][0]["status"] == 202
+    assert b["results"][1]["problem"]["field"] == "/events/1/macros", b
+    # nothing refused reached Kafka: exactly the accepted event's record is there
+    recs = w.dump("deliveries")
+    assert [r["id"] for r in recs] == [b["results"][0]["id"]], recs
+
+    # a stalled client (headers never finished) is disconnected after api_idle_timeout_s
+    s = socket.create_connection(("127.0.0.1", int(api.base.rsplit(":", 1)[1])))
+    s.sendall(b"POST /v1/events HTTP/1.1\r\nHost: x\r\n")
+    s.settimeout(10 * MULT)
+    t0 = time.monotonic()
+    assert s.recv(100) == b"", "a stalled connection was not closed"
+    assert time.monotonic() - t0 < 8 * MULT
+    s.close()
+    # past api_max_connections new connections are refused; the server stays up
+    held = [socket.create_connection(("127.0.0.1", int(api.base.rsplit(":", 1)[1])))
+            for _ in range(4)]
+    extra = socket.create_connection(("127.0.0.1", int(api.base.rsplit(":", 1)[1])))
+    extra.settimeout(5)
+    try:
+        extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert extra.recv(100) == b"", "a connection over the limit was served"
+    except ConnectionResetError:
+        pass
+    for h in held:
+        h.close()
+    extra.close()
+    wait_until(lambda: call(api, "GET", "/healthz")[0] == 200, 10, 0.2, "healthz again")
+    assert api.proc.term() == 0
+
+
+def test_kafka_not_acknowledging_is_503_with_retry_after(make_world):
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint(f"e_{w.tag}", rcv.url("ok", f"e_{w.tag}"))
+    key = w.api_key("publish")
+    # a deliveries topic that does not exist: Kafka never acknowledges the record
+    api = w.api(api_publish_timeout_ms=1500, topic_deliveries=f"missing{w.tag}.deliveries")
+    t0 = time.monotonic()
+    st, hdrs, p = call(api, "POST", "/v1/events",
+                       {"type": "t", "endpoint": ep, "body": 1, "id": f"evt_{w.tag}"}, key)
+    problem(st, hdrs, p, 503)
+    assert p["id"] == f"evt_{w.tag}" and int(hdrs["retry-after"]) >= 1
+    assert time.monotonic() - t0 < 15 * MULT
+    assert api.proc.term() == 0
