@@ -994,7 +994,7 @@ int sl_reg_ep_check(const struct sl_reg_ep *ep, sl_err_t *err)
 struct op {
     PGconn *pg;                /* borrowed */
     struct sl_reg_pub *pub;    /* borrowed */
-    const char *id;            /* borrowed */
+    char *id;                  /* copy (the caller's may be freed on the way, as create does) */
     struct sl_reg_result *res; /* caller's, or a local one */
     struct sl_reg_result own;  /* res when the caller passed NULL */
     int locks;                 /* 0 none, 1 registry (shared), 2 + endpoint */
@@ -1013,7 +1013,7 @@ static int op_begin(struct op *op,
     memset(op, 0, sizeof(*op));
     op->pg = pg;
     op->pub = pub;
-    op->id = id;
+    op->id = id ? sl_xstrdup(id) : NULL;
     op->res = res ? res : &op->own;
     memset(op->res, 0, sizeof(*op->res));
     sl_buf_init(&op->rec, SL_ENDPOINT_RECORD_MAX);
@@ -1052,6 +1052,8 @@ static int op_end(struct op *op, int rc)
     }
     op->locks = 0;
     sl_buf_fini(&op->rec);
+    free(op->id);
+    op->id = NULL;
     return rc;
 }
 

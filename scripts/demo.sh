@@ -15,10 +15,14 @@
 #       demo-unauth      401 (permanent: dead letter at once)
 #       demo-dead        nothing listens (retries, breaker opens, dead letters)
 #       demo-postback    affiliate postback: GET with click_id/payout macros in the URL
-#  4. starts two sluice-consumer pods and the sluice-recorder
-#  5. publishes a stream of demo events with sluice-produce while `sluicectl top` shows the
-#     live view (delivered/s, retries, dead letters, breaker states, P95 per endpoint)
-#  6. finishes with `sluicectl health`, `slow` and `dead-letters`
+#  4. starts two sluice-consumer pods, the sluice-recorder and sluice-api (the HTTP API), makes
+#     an admin API key, and registers three more endpoints THROUGH THE API, each subscribed to
+#     the event types `invoice.*` (demo-crm, demo-billing, demo-ledger)
+#  5. publishes a stream of demo events with sluice-produce, and invoice events through the
+#     API (curl, Idempotency-Key; each fans out to the three subscribers), while
+#     `sluicectl top` shows the live view (delivered/s, retries, dead letters, breakers, P95)
+#  6. finishes with `sluicectl health`, `slow` and `dead-letters`, and the API's delivery log
+#     of one fanned-out invoice event
 # Ctrl-C at any point stops everything it started and leaves the stack running (stop it with
 # `bash scripts/stack.sh stop`).
 #
@@ -26,6 +30,7 @@
 #      SLUICE_DEMO_RATE (40)        events per second
 #      SLUICE_DEMO_BIN_DIR          use these built binaries instead of building build/demo
 #      SLUICE_DEMO_NO_TOP=1         no live view (logs only), e.g. in tests
+#      SLUICE_DEMO_API_LISTEN (127.0.0.1:18088)  where the demo's sluice-api listens
 #      SLUICE_STACK_DIR, SLUICE_PORT_BASE  as for scripts/stack.sh
 set -euo pipefail
 
@@ -40,7 +45,7 @@ if [ -z "${SLUICE_DEMO_BIN_DIR:-}" ]; then
   bash scripts/setup.sh
   cmake -S . -B build/demo -DCMAKE_BUILD_TYPE=Release -DSL_TESTS=ON >/dev/null
   cmake --build build/demo -j2 --target sluice-consumer sluice-recorder sluice-produce sluicectl \
-    sluice-receiver >/dev/null
+    sluice-receiver sluice-api >/dev/null
   BIN="$REPO/build/demo"
 else
   BIN="$SLUICE_DEMO_BIN_DIR"
@@ -105,6 +110,9 @@ say "endpoints"
 register() { # id url [flags...]
   local id=$1 url=$2
   shift 2
+  # subscribed to order.* only, so the API's invoice events fan out to their three
+  # subscribers alone (the stream below names its endpoint: filters do not apply to it)
+  set -- --types 'order.*' "$@"
   if "$CTL" endpoints show "$id" >/dev/null 2>&1; then
     "$CTL" endpoints update "$id" --url "$url" "$@" >/dev/null
     "$CTL" endpoints enable "$id" >/dev/null 2>&1 || true
@@ -135,7 +143,67 @@ else
   echo "sluice-recorder not built: history commands will have nothing to show" >&2
 fi
 
-say "publishing ~$RATE events/s for ${DURATION}s"
+say "the HTTP API: sluice-api, an admin key, three endpoints subscribed to invoice.*"
+export SLUICE_API_LISTEN="${SLUICE_DEMO_API_LISTEN:-127.0.0.1:18088}"
+API="http://$SLUICE_API_LISTEN"
+# an admin key per stack, kept beside its data (git-ignored); made before the API starts, as
+# a running sluice-api sees a new key within api_key_refresh_ms
+if [ ! -s "$DEMO_DIR/api.key" ]; then
+  (umask 077 && "$CTL" keys create --name demo --scopes admin --json \
+     | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])' > "$DEMO_DIR/api.key")
+fi
+KEY=$(cat "$DEMO_DIR/api.key")
+"$BIN/api/sluice-api" 2>"$DEMO_DIR/api.log" &
+PIDS+=("$!")
+for _ in $(seq 100); do
+  curl -sf "$API/readyz" >/dev/null && break
+  sleep 0.2
+done
+curl -sf "$API/readyz" >/dev/null || { echo "sluice-api did not become ready: $DEMO_DIR/api.log" >&2; exit 1; }
+api() { # method path [json]
+  curl -sS -X "$1" "$API$2" -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
+    ${3:+-d "$3"}
+}
+for id in demo-crm demo-billing demo-ledger; do
+  body="{\"id\":\"$id\",\"url\":\"$BASE/ok/$id\",\"types\":[\"invoice.*\"]}"
+  code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$API/v1/endpoints" \
+    -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' -d "$body")
+  if [ "$code" = 409 ]; then  # there from an earlier run: same settings, enabled
+    api PATCH "/v1/endpoints/$id" "{\"url\":\"$BASE/ok/$id\",\"types\":[\"invoice.*\"]}" >/dev/null
+    api POST "/v1/endpoints/$id/enable" >/dev/null
+  elif [ "$code" != 201 ]; then
+    echo "registering $id through the API failed (HTTP $code)" >&2; exit 1
+  fi
+  printf '  %-18s %s  (types invoice.*, registered with POST %s/v1/endpoints)\n' "$id" \
+    "$BASE/ok/$id" "$API"
+done
+# The receiver verifies signatures with the demo's shared secret: give the API-made
+# endpoints that secret too (sluicectl's --secret; the API generated its own).
+for id in demo-crm demo-billing demo-ledger; do
+  "$CTL" endpoints rotate-secret "$id" --secret "$SECRET" --overlap-s 0 >/dev/null
+done
+echo "API: $API  (key in $DEMO_DIR/api.key; docs/API.md, api/openapi.yaml)"
+echo "one fan-out event, as an application would send it:"
+echo "  curl -X POST $API/v1/events -H \"Authorization: Bearer \$KEY\" \\"
+echo "       -H 'Content-Type: application/json' -H 'Idempotency-Key: inv-1' \\"
+echo "       -d '{\"type\":\"invoice.paid\",\"body\":{\"invoice\":1,\"amount\":4200}}'"
+RUN=$(printf '%x' "$(date +%s)")
+api POST /v1/events "{\"id\":\"inv_${RUN}_0\",\"type\":\"invoice.paid\",\"body\":{\"invoice\":0}}"
+echo
+
+say "publishing ~$RATE events/s for ${DURATION}s (sluice-produce) and 2 invoice events/s (API)"
+( n=1
+  end=$((SECONDS + DURATION))
+  while [ "$SECONDS" -lt "$end" ]; do
+    curl -sS -o /dev/null -w '%{http_code}\n' -X POST "$API/v1/events" \
+      -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
+      -H "Idempotency-Key: inv-$RUN-$n" \
+      -d "{\"type\":\"invoice.paid\",\"body\":{\"invoice\":$n,\"amount\":$((n * 7 % 9000 + 100))}}"
+    n=$((n + 1))
+    sleep 0.5
+  done ) >"$DEMO_DIR/api-publish.out" 2>&1 &
+API_PUB=$!
+PIDS+=("$API_PUB")
 python3 - "$DURATION" "$RATE" <<'PY' | "$BIN/producer/sluice-produce" --quiet \
   >"$DEMO_DIR/produce.out" 2>"$DEMO_DIR/produce.log" &
 import json, random, sys, time
@@ -167,7 +235,9 @@ else
   "$CTL" top --duration-s "$TOP_SECS" || true
 fi
 wait "$PROD" 2>/dev/null || true
+wait "$API_PUB" 2>/dev/null || true
 echo "producer: $(cat "$DEMO_DIR/produce.out")"
+echo "API publishes: $(sort "$DEMO_DIR/api-publish.out" | uniq -c | awk '{printf "%s x HTTP %s  ", $1, $2}')"
 
 say "sluicectl health"
 "$CTL" health || true
@@ -175,4 +245,13 @@ say "sluicectl slow"
 "$CTL" slow || true
 say "sluicectl dead-letters"
 "$CTL" dead-letters || true
+say "the API's delivery log of the first invoice event (GET /v1/events/inv_${RUN}_0/deliveries)"
+api GET "/v1/events/inv_${RUN}_0/deliveries" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+for x in d.get("data", []):
+    a = x["attempts_log"][-1] if x["attempts_log"] else {}
+    print("  %-14s %-16s attempts=%s http=%s latency_ms=%s"
+          % (x["endpoint"], x["state"], x["attempts"], x["last_status"], a.get("latency_ms")))
+' || true
 say "done"

@@ -59,7 +59,7 @@ stage() { [ -z "$ONLY" ] || [ "$ONLY" = "$1" ]; }
 
 if stage gcc; then
   say "gcc build (-Werror)"
-  cmake -S . -B build/test-gcc -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSL_WERROR=ON >/dev/null
+  cmake -S . -B build/test-gcc -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSL_WERROR=ON -DSL_FAULT_INJECTION=ON >/dev/null
   cmake --build build/test-gcc -j "$JOBS"
   say "smoke: one record through the real broker with librdkafka (sluice-produce -> dump)"
   smoke_tag="smoke$$$(date +%s)"
@@ -86,7 +86,7 @@ fi
 if stage asan; then
   say "clang build with ASan + UBSan"
   CC=clang cmake -S . -B build/test-asan -DCMAKE_BUILD_TYPE=Debug -DSL_WERROR=ON \
-    -DSL_SANITIZE=address,undefined >/dev/null
+    -DSL_SANITIZE=address,undefined -DSL_FAULT_INJECTION=ON >/dev/null
   cmake --build build/test-asan -j "$JOBS"
   say "asan+ubsan: all tests"
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1"

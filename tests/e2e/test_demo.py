@@ -43,6 +43,21 @@ def test_demo_runs_end_to_end():
     assert by[("demo-postback", 204)] > 0
     assert all(l["method"] == "GET" for l in lines if l["endpoint"] == "demo-postback")
 
+    # the HTTP API part: every invoice event published with curl was accepted (202), and each
+    # fanned out to exactly its three subscribers (registered through the API), once each
+    api_codes = [l for l in out.splitlines() if l.startswith("API publishes:")]
+    assert api_codes and "HTTP 202" in api_codes[0], out[-3000:]
+    assert all(w.split()[-1] == "202" for w in api_codes[0].split("  ") if "HTTP" in w), api_codes
+    subs = ("demo-crm", "demo-billing", "demo-ledger")
+    inv = collections.Counter((l["webhook_id"], l["endpoint"]) for l in lines
+                              if l["endpoint"] in subs and l["status"] == 204)
+    per_ep = collections.Counter(ep for (_, ep) in inv)
+    assert per_ep[subs[0]] > 10 and len(set(per_ep[s] for s in subs)) == 1, per_ep
+    assert max(inv.values()) == 1, "an invoice event reached a subscriber twice"
+    assert not any(l["endpoint"] not in subs and l["webhook_id"].startswith("inv_")
+                   for l in lines), "an invoice event reached an endpoint not subscribed"
+    assert "demo-crm       delivered" in out, out[-2000:]
+
     # the outcomes tell the scripted story: deliveries, retries, dead letters, a breaker
     env_ctl = dict(os.environ)
     env_ctl["SLUICE_MASTER_KEY"] = open(os.path.join(stack_dir, "demo", "master.key")).read().strip()

@@ -5,6 +5,9 @@
  * decrypted, within 2 s (x SL_TEST_TIMEOUT_MULT); a fresh sl_endpoints_open reads the whole
  * state back from the beginning; bad input is refused with clear messages and writes nothing;
  * `endpoints sync` repairs the topic; bad records on the topic never replace a good version.
+ * The registry's change operations (sl_reg_create / _update / _rotate / _remove / _disable,
+ * sl_reg_db_page), which sluice-api calls, are also driven directly, including a change
+ * committed but not published (a publisher on an unreachable broker).
  *
  * Isolation: a private compacted topic test.ep.<random> (3 partitions, created here with the
  * admin API and deleted at the end), endpoint ids prefixed t<random>-, a random master key.
@@ -36,6 +39,7 @@
 #include "common/sl_kafka.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
+#include "common/sl_registry.h"
 #include "common/sl_secretbox.h"
 #include "common/sl_sign.h"
 #include "sl_testenv.h"
@@ -1029,6 +1033,296 @@ static void test_publish_failure_then_sync(void **state)
     sl_endpoint_release(e);
 }
 
+/* ==== The registry's change operations, called directly (as sluice-api does) ==== */
+
+static bool has_types(const struct sl_endpoint *e, const void *arg)
+{
+    return e->n_types == *(const size_t *)arg;
+}
+
+static bool name_is(const struct sl_endpoint *e, const void *arg)
+{
+    return strcmp(e->name, (const char *)arg) == 0;
+}
+
+/* Advisory locks the registry connection still holds (the operations release theirs). */
+static int64_t advisory_locks_held(PGconn *pg)
+{
+    PGresult *res = PQexec(pg, "select count(*) from pg_locks where locktype = 'advisory' and "
+                               "pid = pg_backend_pid()");
+    assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
+    int64_t n = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+    PQclear(res);
+    return n;
+}
+
+struct set_name {
+    const char *name; /* new display name; NULL = leave the row alone */
+    int refuse;       /* non-zero: refuse with this code */
+    bool change_id;   /* try to change the id */
+};
+
+static int set_name_fn(void *opaque, struct sl_reg_ep *ep, sl_err_t *err)
+{
+    const struct set_name *s = opaque;
+    if (s->refuse)
+        return sl_err_set(err, s->refuse, "refused by the test");
+    if (s->change_id) {
+        free(ep->id);
+        ep->id = sl_xstrdup("other-id");
+    }
+    if (s->name) {
+        free(ep->name);
+        ep->name = sl_xstrdup(s->name);
+    }
+    return 0;
+}
+
+/* A new row for sl_reg_create: id and URL, the rest defaults (NULL strings allowed). */
+static void new_row(struct sl_reg_ep *ep, const char *id)
+{
+    memset(ep, 0, sizeof(*ep));
+    ep->id = sl_xstrdup(id);
+    ep->url = sl_xstrdup("https://example.com/api-made");
+    ep->enabled = true;
+}
+
+static void test_registry_ops(void **state)
+{
+    (void)state;
+    char id[80], id2[80], whsec[SL_SECRET_STR_MAX];
+    struct sl_reg_pub pub;
+    struct sl_reg_result res;
+    struct sl_reg_ep ep, out;
+    sl_err_t err;
+    id_of(id, sizeof(id), "api1");
+    PGconn *pg = sl_reg_db_open(&E.cfg, &err);
+    if (!pg)
+        fail_msg("sl_reg_db_open: %s", err.msg);
+    sl_reg_pub_init(&pub, &E.cfg); /* opened lazily by the first publish */
+
+    /* create: committed, published, read back, visible to consumers with types/channels */
+    const char *types[] = {"order.*", "invoice.paid"};
+    const char *chans[] = {"tenant:1"};
+    new_row(&ep, id);
+    sl_reg_ep_set_types(&ep, types, 2);
+    sl_reg_ep_set_channels(&ep, chans, 1);
+    int rc = sl_reg_create(pg, &pub, &E.mk, &ep, NULL, whsec, &res, &err);
+    if (rc != 0)
+        fail_msg("sl_reg_create: %s", err.msg);
+    assert_true(res.changed && res.committed && res.published);
+    assert_non_null(pub.rk);
+    assert_int_equal(strncmp(whsec, "whsec_", 6), 0);
+    assert_int_equal(ep.n_secrets, 1);
+    assert_true(ep.created_ms > 0 && ep.updated_ms > 0);
+    assert_int_equal(ep.n_types, 2);
+    assert_string_equal(ep.types[0], "order.*");
+    assert_string_equal(ep.channels[0], "tenant:1");
+    assert_string_equal(ep.name, "");
+    size_t two = 2;
+    const struct sl_endpoint *e = wait_for(id, has_types, &two);
+    char got[SL_SECRET_STR_MAX];
+    secret_str(e, 0, got, sizeof(got));
+    assert_string_equal(got, whsec);
+    const char *ev_ch[] = {"tenant:1"};
+    assert_true(sl_endpoint_subscribed(e, "order.created", 13, ev_ch, 1));
+    assert_false(sl_endpoint_subscribed(e, "order", 5, ev_ch, 1));
+    assert_false(sl_endpoint_subscribed(e, "order.created", 13, NULL, 0));
+    uint64_t ver = e->version;
+    sl_endpoint_release(e);
+    assert_int_equal(advisory_locks_held(pg), 0);
+    assert_int_equal(pg_int("select cardinality(event_types) from endpoints where id = $1", id), 2);
+    sl_reg_ep_fini(&ep);
+
+    /* create refusals: nothing written, res all false, no secret handed out */
+    new_row(&ep, id);
+    assert_int_equal(sl_reg_create(pg, &pub, &E.mk, &ep, NULL, whsec, &res, &err), SL_ESTATE);
+    assert_false(res.changed || res.committed || res.published);
+    assert_string_equal(whsec, "");
+    sl_reg_ep_fini(&ep);
+    id_of(id2, sizeof(id2), "api2");
+    new_row(&ep, id2);
+    ep.num[SL_REG_N_TIMEOUT] = 1000;
+    ep.num[SL_REG_N_CONN_TIMEOUT] = 2000;
+    assert_int_equal(sl_reg_create(pg, &pub, &E.mk, &ep, NULL, whsec, &res, &err), SL_EINVAL);
+    assert_non_null(strstr(err.msg, "conn_timeout_ms"));
+    ep.num[SL_REG_N_CONN_TIMEOUT] = 0;
+    ep.num[SL_REG_N_MAX_ATTEMPTS] = 1000;
+    assert_int_equal(sl_reg_ep_check(&ep, &err), SL_EINVAL);
+    assert_non_null(strstr(err.msg, "\"max_attempts\""));
+    ep.num[SL_REG_N_MAX_ATTEMPTS] = 0;
+    const char *dup[] = {"tenant:1", "tenant:1"};
+    sl_reg_ep_set_channels(&ep, dup, 2);
+    assert_int_equal(sl_reg_create(pg, &pub, &E.mk, &ep, NULL, whsec, &res, &err), SL_EINVAL);
+    assert_non_null(strstr(err.msg, "field \"channels\": entry 1 repeats entry 0"));
+    sl_reg_ep_set_channels(&ep, NULL, 0);
+    free(ep.ct);
+    ep.ct = sl_xstrdup("text/\x01");
+    assert_int_equal(sl_reg_create(pg, &pub, &E.mk, &ep, NULL, whsec, &res, &err), SL_EINVAL);
+    assert_non_null(strstr(err.msg, "field \"content_type\""));
+    free(ep.url);
+    ep.url = sl_xstrdup("ftp://example.com/x");
+    assert_int_equal(sl_reg_ep_check(&ep, &err), SL_EINVAL);
+    assert_non_null(strstr(err.msg, "field \"url\""));
+    sl_reg_ep_fini(&ep);
+    assert_int_equal(pg_int("select count(*) from endpoints where id = $1", id2), 0);
+    assert_int_equal(advisory_locks_held(pg), 0);
+
+    /* update: a change, a no-op, refusals, an unknown id */
+    struct set_name sn = {"renamed by api", 0, false};
+    rc = sl_reg_update(pg, &pub, id, set_name_fn, &sn, &out, &res, &err);
+    if (rc != 0)
+        fail_msg("sl_reg_update: %s", err.msg);
+    assert_true(res.changed && res.committed && res.published);
+    assert_string_equal(out.name, "renamed by api");
+    assert_int_equal(out.n_types, 2); /* untouched fields kept */
+    sl_reg_ep_fini(&out);
+    e = wait_for(id, name_is, "renamed by api");
+    assert_true(e->version > ver);
+    ver = e->version;
+    sl_endpoint_release(e);
+    int64_t recs = topic_records();
+    rc = sl_reg_update(pg, &pub, id, set_name_fn, &sn, &out, &res, &err); /* same name again */
+    assert_int_equal(rc, 0);
+    assert_false(res.changed || res.committed || res.published);
+    assert_string_equal(out.name, "renamed by api");
+    sl_reg_ep_fini(&out);
+    struct set_name refuse = {"never", SL_EINVAL, false};
+    assert_int_equal(sl_reg_update(pg, &pub, id, set_name_fn, &refuse, &out, &res, &err),
+                     SL_EINVAL);
+    assert_non_null(strstr(err.msg, "refused by the test"));
+    assert_false(res.committed);
+    sl_reg_ep_fini(&out);
+    struct set_name reid = {NULL, 0, true};
+    assert_int_equal(sl_reg_update(pg, &pub, id, set_name_fn, &reid, &out, &res, &err), SL_EINVAL);
+    sl_reg_ep_fini(&out);
+    assert_int_equal(sl_reg_update(pg, &pub, id2, set_name_fn, &sn, &out, &res, &err),
+                     SL_ENOTFOUND);
+    sl_reg_ep_fini(&out);
+    assert_int_equal(topic_records(), recs); /* nothing published by the four above */
+    char *name = pg_value("select name from endpoints where id = $1", id);
+    assert_string_equal(name, "renamed by api");
+    free(name);
+    assert_int_equal(advisory_locks_held(pg), 0);
+
+    /* disable on a consumer's behalf (the recorder's path), idempotent */
+    bool changed = false;
+    assert_int_equal(sl_reg_disable(pg, &pub, id, "410 Gone", sl_now_ms(), &changed, &err), 0);
+    assert_true(changed);
+    sl_endpoint_release(wait_for(id, is_disabled, NULL));
+    assert_int_equal(sl_reg_disable(pg, &pub, id, "410 Gone", sl_now_ms(), &changed, &err), 0);
+    assert_false(changed);
+
+    /* rotate: a given secret becomes current, the previous one keeps signing */
+    struct sl_secret mine;
+    char mine_s[SL_SECRET_STR_MAX];
+    assert_int_equal(sl_secret_generate(&mine, NULL), 0);
+    assert_int_equal(sl_secret_format(&mine, mine_s, sizeof(mine_s), NULL), 0);
+    assert_int_equal(sl_reg_rotate(pg, &pub, &E.mk, id, -1, &mine, whsec, &out, &res, &err),
+                     SL_EINVAL);
+    sl_reg_ep_fini(&out);
+    rc = sl_reg_rotate(pg, &pub, &E.mk, id, 3600, &mine, whsec, &out, &res, &err);
+    if (rc != 0)
+        fail_msg("sl_reg_rotate: %s", err.msg);
+    assert_true(res.changed && res.committed && res.published);
+    assert_string_equal(whsec, mine_s);
+    assert_int_equal(out.n_secrets, 2);
+    assert_int_equal(out.secrets[0].exp_ms, 0);
+    sl_reg_ep_fini(&out);
+    sl_secret_fini(&mine);
+    size_t n2 = 2;
+    sl_endpoint_release(wait_for(id, has_n_secrets, &n2));
+    assert_int_equal(sl_reg_rotate(pg, &pub, &E.mk, id2, 0, NULL, whsec, &out, &res, &err),
+                     SL_ENOTFOUND);
+    assert_string_equal(whsec, "");
+    sl_reg_ep_fini(&out);
+
+    /* paging: our ids in order, limit respected, the page after the last id continues */
+    char id3[80], id4[80];
+    id_of(id3, sizeof(id3), "api3");
+    id_of(id4, sizeof(id4), "api4");
+    const char *more[] = {id2, id3, id4};
+    for (size_t i = 0; i < 3; i++) {
+        new_row(&ep, more[i]);
+        if (sl_reg_create(pg, &pub, &E.mk, &ep, NULL, whsec, &res, &err) != 0)
+            fail_msg("sl_reg_create %s: %s", more[i], err.msg);
+        sl_reg_ep_fini(&ep);
+    }
+    struct sl_reg_ep *page = NULL;
+    size_t n = 0;
+    assert_int_equal(sl_reg_db_page(pg, NULL, 0, &page, &n, &err), SL_EINVAL);
+    char after[80];
+    snprintf(after, sizeof(after), "%sapi", E.prefix); /* sorts before "...api1" */
+    const char *want[] = {id, id2, id3, id4};
+    size_t seen = 0;
+    while (seen < 4) {
+        assert_int_equal(sl_reg_db_page(pg, after, 3, &page, &n, &err), 0);
+        assert_true(n >= 1 && n <= 3);
+        for (size_t i = 0; i < n && seen < 4; i++) {
+            assert_string_equal(page[i].id, want[seen++]);
+            assert_true(page[i].n_secrets >= 1);
+        }
+        assert_true(strcmp(page[0].id, after) > 0);
+        snprintf(after, sizeof(after), "%s", page[n - 1].id);
+        for (size_t i = 0; i < n; i++)
+            sl_reg_ep_fini(&page[i]);
+        free(page);
+    }
+    assert_int_equal(sl_reg_db_page(pg, id4, 1, &page, &n, &err), 0);
+    assert_true(n == 0 || strcmp(page[0].id, id4) > 0);
+    for (size_t i = 0; i < n; i++)
+        sl_reg_ep_fini(&page[i]);
+    free(page);
+
+    /* committed but not published: a publisher on an unreachable broker, short flush */
+    const char *brokers = getenv("SLUICE_KAFKA_BROKERS");
+    char *saved = sl_xstrdup(brokers);
+    struct sl_config bad_cfg;
+    setenv("SLUICE_KAFKA_BROKERS", "127.0.0.1:1", 1);
+    assert_int_equal(sl_cfg_load(&bad_cfg, NULL, NULL, stderr), 0);
+    setenv("SLUICE_KAFKA_BROKERS", saved, 1);
+    free(saved);
+    struct sl_reg_pub bad;
+    sl_reg_pub_init(&bad, &bad_cfg);
+    bad.flush_timeout_ms = 1000;
+    struct set_name sn2 = {"committed, not published", 0, false};
+    rc = sl_reg_update(pg, &bad, id, set_name_fn, &sn2, &out, &res, &err);
+    assert_int_equal(rc, SL_EKAFKA);
+    assert_true(res.changed && res.committed);
+    assert_false(res.published);
+    assert_non_null(strstr(err.msg, "committed"));
+    assert_non_null(strstr(err.msg, "NOT published"));
+    assert_string_equal(out.name, "committed, not published"); /* OUT set as on success */
+    sl_reg_ep_fini(&out);
+    name = pg_value("select name from endpoints where id = $1", id);
+    assert_string_equal(name, "committed, not published");
+    free(name);
+    assert_int_equal(advisory_locks_held(pg), 0);
+    assert_int_equal(sl_reg_remove(pg, &bad, id4, &res, &err), SL_EKAFKA);
+    assert_true(res.committed && !res.published);
+    sl_reg_pub_close(&bad);
+    sl_cfg_fini(&bad_cfg);
+    e = sl_endpoints_get(E.t, id);
+    assert_non_null(e);
+    assert_string_equal(e->name, "renamed by api"); /* consumers still see the old state */
+    sl_endpoint_release(e);
+
+    /* remove: tombstone visible; a second remove finds nothing */
+    for (size_t i = 0; i < 3; i++) {
+        const char *x = i == 0 ? id : i == 1 ? id2 : id3;
+        rc = sl_reg_remove(pg, &pub, x, &res, &err);
+        if (rc != 0)
+            fail_msg("sl_reg_remove %s: %s", x, err.msg);
+        assert_true(res.changed && res.committed && res.published);
+        assert_null(wait_for(x, NULL, NULL));
+    }
+    assert_int_equal(sl_reg_remove(pg, &pub, id, &res, &err), SL_ENOTFOUND);
+    assert_false(res.committed);
+    assert_int_equal(advisory_locks_held(pg), 0);
+    sl_reg_pub_close(&pub);
+    PQfinish(pg);
+}
+
 /* A topic that does not exist is a clear start-up error, not a hang or an empty table. */
 static void test_open_missing_topic(void **state)
 {
@@ -1059,6 +1353,7 @@ int main(void)
         cmocka_unit_test(test_bad_records_and_sync),
         cmocka_unit_test(test_output),
         cmocka_unit_test(test_publish_failure_then_sync),
+        cmocka_unit_test(test_registry_ops),
         cmocka_unit_test(test_open_missing_topic),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
