@@ -5,8 +5,8 @@
  * both its handle in the lists and its rank in the answer. Each type filter entry files the
  * position in one list: exact names in `exact`, `p.*` entries in `prefix` under "p", and an
  * endpoint without filters in `any`. Match gathers positions from at most 2 + (dots in the
- * type) lists, sorts them (an endpoint listed twice, say under `order.*` and
- * `order.created`, appears once), and applies the full rule to each.
+ * type) lists, each already in id order, merges them (an endpoint listed twice, say under
+ * `order.*` and `order.created`, appears once), and applies the full rule to each.
  */
 #include "api/api_fanout.h"
 
@@ -77,11 +77,21 @@ static int by_id(const void *a, const void *b)
 
 static api_fanout_idx_t *build(sl_endpoints_t *t)
 {
+    const struct sl_endpoint **eps = NULL;
+    size_t n = 0;
+    /* generation first: a change racing the snapshot only makes the next call rebuild */
+    uint64_t gen = sl_endpoints_generation(t);
+    sl_endpoints_snapshot(t, &eps, &n);
+    return api_fanout_index(eps, n, gen);
+}
+
+api_fanout_idx_t *api_fanout_index(const struct sl_endpoint **eps, size_t n, uint64_t generation)
+{
     api_fanout_idx_t *x = sl_xcalloc(1, sizeof(*x));
     atomic_init(&x->refs, 1);
-    /* generation first: a change racing the snapshot only makes the next call rebuild */
-    x->generation = sl_endpoints_generation(t);
-    sl_endpoints_snapshot(t, &x->eps, &x->n_eps);
+    x->generation = generation;
+    x->eps = eps;
+    x->n_eps = n;
     if (x->n_eps > 1)
         qsort(x->eps, x->n_eps, sizeof(*x->eps), by_id);
     x->exact = sl_map_new(x->n_eps);
@@ -155,19 +165,7 @@ size_t api_fanout_count(const api_fanout_idx_t *x)
     return x->n_eps;
 }
 
-static int by_pos(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
-}
-
-static void gather(struct poslist *dst, const struct poslist *src)
-{
-    if (!src)
-        return;
-    for (size_t i = 0; i < src->n; i++)
-        pl_push(dst, src->pos[i]);
-}
+#define MAX_LISTS (2 + SL_EVENT_TYPE_MAX / 2) /* any, exact, one per '.' */
 
 size_t api_fanout_match(const api_fanout_idx_t *x,
                         const char *type,
@@ -176,37 +174,50 @@ size_t api_fanout_match(const api_fanout_idx_t *x,
                         const struct sl_endpoint ***out,
                         size_t *examined)
 {
-    struct poslist cand = {0};
+    const struct poslist *lists[MAX_LISTS];
+    size_t at[MAX_LISTS], nl = 0, total = 0;
     char key[SL_EVENT_TYPE_MAX + 1];
     size_t tlen = strlen(type);
 
     *out = NULL;
-    gather(&cand, &x->any);
-    gather(&cand, sl_map_get(x->exact, type));
-    if (tlen <= SL_EVENT_TYPE_MAX) {
-        for (size_t i = 0; i < tlen; i++) {
-            if (type[i] != '.')
-                continue;
-            memcpy(key, type, i);
-            key[i] = '\0';
-            gather(&cand, sl_map_get(x->prefix, key));
-        }
+    lists[nl++] = &x->any;
+    lists[nl++] = sl_map_get(x->exact, type);
+    for (size_t i = 0; i < tlen && i <= SL_EVENT_TYPE_MAX && nl < MAX_LISTS; i++) {
+        if (type[i] != '.')
+            continue;
+        memcpy(key, type, i);
+        key[i] = '\0';
+        lists[nl++] = sl_map_get(x->prefix, key);
+    }
+    for (size_t l = 0; l < nl; l++) {
+        at[l] = 0;
+        total += lists[l] ? lists[l]->n : 0;
     }
     if (examined)
-        *examined = cand.n;
-    if (cand.n == 0)
+        *examined = total;
+    if (total == 0)
         return 0;
-    qsort(cand.pos, cand.n, sizeof(*cand.pos), by_pos);
-    const struct sl_endpoint **res = sl_xmalloc(cand.n * sizeof(*res));
+    /* every list is in position (= id) order: merge them, dropping repeats */
+    const struct sl_endpoint **res = sl_xmalloc(total * sizeof(*res));
     size_t n = 0;
-    for (size_t i = 0; i < cand.n; i++) {
-        if (i > 0 && cand.pos[i] == cand.pos[i - 1])
+    uint32_t last = UINT32_MAX;
+    for (;;) {
+        size_t best = nl;
+        for (size_t l = 0; l < nl; l++) {
+            if (lists[l] && at[l] < lists[l]->n &&
+                (best == nl || lists[l]->pos[at[l]] < lists[best]->pos[at[best]]))
+                best = l;
+        }
+        if (best == nl)
+            break;
+        uint32_t p = lists[best]->pos[at[best]++];
+        if (p == last)
             continue;
-        const struct sl_endpoint *e = x->eps[cand.pos[i]];
+        last = p;
+        const struct sl_endpoint *e = x->eps[p];
         if (e->enabled && sl_endpoint_subscribed(e, type, tlen, channels, n_channels))
             res[n++] = e;
     }
-    free(cand.pos);
     if (n == 0) {
         free(res);
         return 0;

@@ -47,6 +47,13 @@ size_t api_fanout_match(const api_fanout_idx_t *x,
                         const struct sl_endpoint ***out,
                         size_t *examined);
 
+/*
+ * An index over eps[0..n) (the array and one reference to each endpoint are taken over,
+ * also when n is 0; eps may be NULL then). api_fanout_current builds its indexes with this;
+ * tests and the benchmark build one from endpoints of their own.
+ */
+api_fanout_idx_t *api_fanout_index(const struct sl_endpoint **eps, size_t n, uint64_t generation);
+
 /* Endpoints in the index (enabled or not). */
 size_t api_fanout_count(const api_fanout_idx_t *x);
 

@@ -37,7 +37,9 @@ import time
 import urllib.request
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-PHASES = ["wrk", "produce", "e2e", "rss", "latency", "recorder", "scaling", "endpoints"]
+PHASES = ["wrk", "produce", "e2e", "rss", "latency", "recorder", "scaling", "endpoints", "api"]
+API_CONNS = 64        # api phase: wrk connections (keep-alive)
+API_FANOUT = 10       # api phase: endpoints subscribed to the fan-out type
 RSS_DELAY_MS = 4000   # rss phase: every endpoint answers after this long
 RSS_INFLIGHT = 10000  # rss phase: the window the memory target is stated for
 BODY_BYTES = 512
@@ -50,6 +52,8 @@ TARGETS = {
     "e2e_rate": 20000,        # deliveries/s, whole stack on this machine
     "p99_ms": 50,             # publish -> delivered at half that rate
     "rss_mb": 200,            # consumer peak RSS with 10,000 in flight
+    "api_ratio": 0.5,         # accepted events/s over HTTP / wrk's rate on GET /healthz
+    "api_p99_ms": 20,         # request latency at half the accepted rate
 }
 
 
@@ -846,6 +850,132 @@ class Bench:
         r["register_s"] = secs
         return r
 
+    # -------------------------------------------------------------------- api
+    def wrk_lua(self, name, method, path, body=None, headers=(), delay_ms=None):
+        lua = os.path.join(self.work, f"{name}.lua")
+        with open(lua, "w") as f:
+            f.write(f'wrk.method = "{method}"\n')
+            if body is not None:
+                f.write(f"wrk.body = {json.dumps(body)}\n")
+            for k, v in headers:
+                f.write(f'wrk.headers["{k}"] = "{v}"\n')
+            if delay_ms is not None:  # a paced client: each connection waits between requests
+                f.write(f"function delay() return {delay_ms} end\n")
+        return lua
+
+    def wrk(self, lua, url, conns, secs, pids=()):
+        cpu0 = {p: proc_cpu_s(p) for p in pids}
+        cmd = ["wrk", "-t2", f"-c{conns}", f"-d{secs}s", "--timeout", "10s", "--latency", "-s",
+               lua, url]
+        r = self.run(cmd, self.base_env, timeout=secs + 120)
+        out = {"command": " ".join(cmd)}
+        m = re.search(r"Requests/sec:\s+([\d.]+)", r.stdout)
+        tot = re.search(r"(\d+) requests in ([\d.]+)(\w+)", r.stdout)
+        out["requests_per_s"] = float(m.group(1)) if m else None
+        out["requests"] = int(tot.group(1)) if tot else 0
+        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", r.stdout)
+        out["non_2xx"] = int(non2xx.group(1)) if non2xx else 0
+        errs = re.search(r"Socket errors: (.*)", r.stdout)
+        out["socket_errors"] = errs.group(1) if errs else None
+        out["latency"] = dict(re.findall(r"^\s+(50|75|90|99)%\s+([\d.]+\w+)", r.stdout, re.M))
+        if out["requests"]:
+            out["accepted_per_s"] = round((out["requests"] - out["non_2xx"]) /
+                                          (out["requests"] / out["requests_per_s"]), 1)
+            for p in pids:
+                c1 = proc_cpu_s(p)
+                if cpu0.get(p) is not None and c1 is not None:
+                    out[f"cpu_us_per_request_pid{p}"] = round((c1 - cpu0[p]) / out["requests"] * 1e6, 1)
+        return out
+
+    @staticmethod
+    def ms(text):
+        m = re.match(r"([\d.]+)(us|ms|s)$", text or "")
+        if not m:
+            return None
+        v = float(m.group(1))
+        return {"us": v / 1000, "ms": v, "s": v * 1000}[m.group(2)]
+
+    def phase_api(self):
+        """sluice-api: events accepted per second over HTTP keep-alive (512-byte bodies), each
+        acknowledged by Kafka before its 202, for one explicit endpoint per event and for a
+        fan-out of 1 event to 10 endpoints, beside wrk's rate on the same server's cheapest
+        route (GET /healthz) in the same run; request latency at half the accepted rate; the
+        fan-out lookup with 10,000 endpoints of which 1,000 match (sl-bench fanout)."""
+        env = self.env("api", api_threads=2, api_listen=f"127.0.0.1:{self.port + 1}",
+                       api_max_connections=4096, log_level="warn")
+        self.topics(env)
+        self.new_redis_db(env)
+        one = f"a{self.run_id}_one"
+        self.ctl(env, "endpoints", "add", "--id", one, "--url",
+                 f"http://127.0.0.1:{self.port}/ok/{one}")
+        for i in range(API_FANOUT):
+            ep = f"a{self.run_id}_fan{i}"
+            self.ctl(env, "endpoints", "add", "--id", ep, "--url",
+                     f"http://127.0.0.1:{self.port}/ok/{ep}", "--types", "bench.fan.*")
+        key = json.loads(self.ctl(env, "keys", "create", "--name", f"bench {self.run_id}",
+                                  "--scopes", "publish", "--json").stdout)["key"]
+        logf = open(os.path.join(self.work, "api.log"), "ab")
+        api = subprocess.Popen([self.bin("api/sluice-api")], env=env, stdout=logf, stderr=logf,
+                               stdin=subprocess.DEVNULL)
+        api.logf = logf
+        base = f"http://127.0.0.1:{self.port + 1}"
+        res = {"connections": API_CONNS, "threads": 2, "body_bytes": BODY_BYTES,
+               "duration_s": self.wrk_s}
+        try:
+            for _ in range(300):
+                try:
+                    with urllib.request.urlopen(base + "/readyz", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                time.sleep(0.2)
+            else:
+                raise RuntimeError("sluice-api did not become ready (see api.log)")
+            hdrs = [("Content-Type", "application/json"), ("Authorization", f"Bearer {key}")]
+            pad = "x" * (BODY_BYTES - 20)
+            one_ev = {"type": "bench.one", "endpoint": one, "body": {"seq": 1, "data": pad}}
+            fan_ev = {"type": "bench.fan.created", "body": {"seq": 1, "data": pad}}
+            raw = self.wrk(self.wrk_lua("api-raw", "GET", "/healthz"), base + "/healthz",
+                           API_CONNS, self.wrk_s, [api.pid])
+            # warm-up: the broker JIT-compiles its produce path in the first seconds of load
+            self.wrk(self.wrk_lua("api-warm", "POST", "/v1/events", json.dumps(one_ev), hdrs),
+                     base + "/v1/events", API_CONNS, 5)
+            pub = self.wrk(self.wrk_lua("api-one", "POST", "/v1/events", json.dumps(one_ev), hdrs),
+                           base + "/v1/events", API_CONNS, self.wrk_s,
+                           [api.pid] + ([self.broker_pid] if self.broker_pid else []))
+            fan = self.wrk(self.wrk_lua("api-fan", "POST", "/v1/events", json.dumps(fan_ev), hdrs),
+                           base + "/v1/events", API_CONNS, self.wrk_s, [api.pid])
+            half = (pub.get("accepted_per_s") or 0) / 2
+            lat = None
+            if half >= 1:
+                # paced: each of the connections sends one request every conns/half seconds
+                delay = max(1, int(API_CONNS * 1000 / half))
+                lat = self.wrk(self.wrk_lua("api-half", "POST", "/v1/events", json.dumps(one_ev),
+                                            hdrs, delay_ms=delay),
+                               base + "/v1/events", API_CONNS, self.wrk_s)
+                lat["target_rate"] = round(half, 1)
+                lat["delay_ms_per_connection"] = delay
+            fo = self.run([self.a.tool, "fanout", "--endpoints", "10000", "--match", "1000",
+                           "--lookups", "20000"], env)
+            lookup = json.loads(fo.stdout.strip().splitlines()[-1])
+        finally:
+            self.stop_proc(api)
+        res.update({"raw_healthz": raw, "publish_one": pub, "publish_fanout10": fan,
+                    "latency_at_half": lat, "fanout_lookup": lookup})
+        if raw.get("requests_per_s") and pub.get("accepted_per_s"):
+            res["ratio_one"] = round(pub["accepted_per_s"] / raw["requests_per_s"], 3)
+        if raw.get("requests_per_s") and fan.get("accepted_per_s"):
+            res["ratio_fanout10"] = round(fan["accepted_per_s"] / raw["requests_per_s"], 3)
+            res["fanout10_records_per_s"] = round(fan["accepted_per_s"] * API_FANOUT, 1)
+        if lat:
+            res["p99_ms_at_half"] = self.ms(lat["latency"].get("99"))
+            res["p50_ms_at_half"] = self.ms(lat["latency"].get("50"))
+        log(f"api: raw {raw.get('requests_per_s')}/s, one {pub.get('accepted_per_s')}/s "
+            f"(ratio {res.get('ratio_one')}), fan-out x10 {fan.get('accepted_per_s')} events/s, "
+            f"P99 at half {res.get('p99_ms_at_half')} ms, lookup {lookup.get('lookup_us_mean')} us")
+        return res
+
     # -------------------------------------------------------------------- main
     def machine(self):
         with open("/proc/meminfo") as f:
@@ -862,7 +992,7 @@ class Bench:
                                 "consumer", "common", "producer", "tests/receiver", "bench"],
                                capture_output=True, text=True).stdout.strip()
         versions = {}
-        for pkg in ("rdkafka", "libcurl", "hiredis", "libmicrohttpd"):
+        for pkg in ("rdkafka", "libcurl", "hiredis", "libmicrohttpd", "jansson"):
             versions[pkg] = subprocess.run(["pkg-config", "--modversion", pkg],
                                            capture_output=True, text=True).stdout.strip()
         cc_v = subprocess.run(["cc", "--version"], capture_output=True,
@@ -948,6 +1078,8 @@ class Bench:
                     ph[p] = self.phase_scaling()
                 elif p == "endpoints":
                     ph[p] = self.phase_endpoints()
+                elif p == "api":
+                    ph[p] = self.phase_api()
             except Exception as ex:  # a failed phase is reported; the others still run
                 import traceback
                 traceback.print_exc()

@@ -171,6 +171,33 @@ def table(r):
             f"flight, {rp['consumer_peak_in_memory']:,} jobs in memory)")
     elif "rss" in ph:
         add("consumer peak RSS holding 10,000 in flight", "FAILED: " + ph["rss"].get("failed", "?"))
+    api = ph.get("api", {})
+    if "raw_healthz" in api:
+        raw = api["raw_healthz"].get("requests_per_s")
+        add(f"sluice-api raw: wrk -t2 -c{api['connections']} GET /healthz (the same server)",
+            fmt(raw, " req/s"), raw)
+        for key, label in (("publish_one", "1 explicit endpoint"),
+                           ("publish_fanout10", "fan-out to 10 endpoints")):
+            run = api.get(key, {})
+            acc = run.get("accepted_per_s")
+            extra = f", {api.get('fanout10_records_per_s', 0):,.0f} records/s" \
+                if key == "publish_fanout10" and acc else ""
+            add(f"sluice-api: POST /v1/events, {api['body_bytes']} B, {label}, Kafka-acked 202s",
+                fmt(acc, " events/s") + extra + f" (non-2xx {run.get('non_2xx')})", acc)
+            if key == "publish_one" and acc:
+                add(f"  ratio accepted/raw", f"{api.get('ratio_one')}", None)
+        lat = api.get("latency_at_half") or {}
+        if lat:
+            q = lat.get("latency", {})
+            add(f"sluice-api request latency at ~{lat.get('target_rate', 0):,.0f}/s (half) P50/P90/P99",
+                f"{q.get('50')} / {q.get('90')} / {q.get('99')} ({lat.get('requests_per_s')} req/s "
+                f"reached)")
+        lk = api.get("fanout_lookup") or {}
+        if lk:
+            add(f"fan-out lookup: {lk['endpoints']:,} endpoints, {lk['matched']:,} match",
+                f"{lk['lookup_us_mean']:.1f} us per event (index build {lk['build_ms']:.0f} ms)")
+    elif "api" in ph:
+        add("sluice-api", "FAILED: " + ph["api"].get("failed", "?"))
     # widths
     w0 = max(len(x[0]) for x in rows) if rows else 10
     w1 = max(len(x[1]) for x in rows) if rows else 10
@@ -230,6 +257,14 @@ def targets(r):
         out.append(f"  consumer RSS < {t['rss_mb']} MB with {r['settings']['consumer_max_inflight']:,}"
                    f" max in flight (reached {e2e.get('consumer_peak_inflight'):,}): "
                    f"{verdict(v < t['rss_mb'])} ({v:.0f} MB)")
+    api = ph.get("api", {})
+    if api.get("ratio_one") is not None:
+        out.append(f"  sluice-api accepted events/s >= {t.get('api_ratio', 0.5)} of its raw rate: "
+                   f"{verdict(api['ratio_one'] >= t.get('api_ratio', 0.5))} ({api['ratio_one']})")
+    if api.get("p99_ms_at_half") is not None:
+        out.append(f"  sluice-api P99 < {t.get('api_p99_ms', 20)} ms at half the accepted rate: "
+                   f"{verdict(api['p99_ms_at_half'] < t.get('api_p99_ms', 20))} "
+                   f"({api['p99_ms_at_half']:.1f} ms)")
     sc = ph.get("scaling", {}).get("runs", {})
     if "1" in sc and "2" in sc and "rate_median_1s" in sc["1"] and "rate_median_1s" in sc["2"]:
         one, two = run_rate(sc["1"]), run_rate(sc["2"])

@@ -5,7 +5,7 @@
 #
 #   bench/run.sh            full run (1,000,000 deliveries end to end; 10 to 14 minutes)
 #   bench/run.sh --quick    100,000 deliveries and shorter phases, for iteration (about 5 min)
-#   bench/run.sh --only wrk,produce,e2e,rss,latency,recorder,scaling,endpoints   a subset
+#   bench/run.sh --only wrk,produce,e2e,rss,latency,recorder,scaling,endpoints,api   a subset
 #
 # Steps: Release build into build/bench (cmake, -j2) -> sl-bench helper tool compiled against
 # it -> private stack (scripts/stack.sh, SLUICE_STACK_DIR=<tmp>, SLUICE_PORT_BASE) ->
@@ -57,7 +57,7 @@ if [ "${BENCH_SKIP_BUILD:-0}" != 1 ]; then
   cmake -S "$REPO_DIR" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSL_TESTS=ON >/dev/null ||
     die "cmake configure failed"
   cmake --build "$BUILD_DIR" -j2 --target sluice-consumer sluice-produce sluicectl \
-    sluice-receiver sl-test-topic >/dev/null || die "build failed"
+    sluice-receiver sl-test-topic sluice-api >/dev/null || die "build failed"
   # the recorder phase (bench/recorder.sh) needs these; a failure is reported by that phase
   for t in sluice-recorder sl-test-outcomes; do
     if cmake --build "$BUILD_DIR" --target help 2>/dev/null | grep -q "\.\.\. $t\$"; then
@@ -65,7 +65,7 @@ if [ "${BENCH_SKIP_BUILD:-0}" != 1 ]; then
     fi
   done
 fi
-for bin in consumer/sluice-consumer producer/sluice-produce ctl/sluicectl \
+for bin in consumer/sluice-consumer producer/sluice-produce ctl/sluicectl api/sluice-api \
            tests/receiver/sluice-receiver tests/integration/sl-test-topic; do
   [ -x "$BUILD_DIR/$bin" ] || die "$BUILD_DIR/$bin missing (build failed?)"
 done
@@ -75,13 +75,14 @@ mkdir -p "$BUILD_DIR/bench"
 TOOL="$BUILD_DIR/bench/sl-bench"
 if [ ! -x "$TOOL" ] || [ "$SCRIPT_DIR/sl_bench.c" -nt "$TOOL" ] ||
    [ "$BUILD_DIR/common/libsluice_common.a" -nt "$TOOL" ] ||
-   [ "$BUILD_DIR/producer/libsluice_producer.a" -nt "$TOOL" ]; then
+   [ "$BUILD_DIR/producer/libsluice_producer.a" -nt "$TOOL" ] ||
+   [ "$BUILD_DIR/api/libsluice_api.a" -nt "$TOOL" ]; then
   say "compiling $TOOL"
   # shellcheck disable=SC2046
   cc -O2 -g -std=c11 -D_GNU_SOURCE -DSL_VERSION='"bench"' -DOPENSSL_API_COMPAT=30000 \
      -DOPENSSL_NO_DEPRECATED -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
      -Wformat=2 -Wvla -Wconversion -Wno-sign-conversion -Wcast-qual -Wundef -Werror \
-     -I"$REPO_DIR" "$SCRIPT_DIR/sl_bench.c" \
+     -I"$REPO_DIR" "$SCRIPT_DIR/sl_bench.c" "$BUILD_DIR/api/libsluice_api.a" \
      "$BUILD_DIR/producer/libsluice_producer.a" "$BUILD_DIR/common/libsluice_common.a" \
      $(pkg-config --libs rdkafka hiredis libcurl libpq libcrypto msgpack jansson) -lm -lpthread \
      -o "$TOOL" || die "could not compile bench/sl_bench.c"

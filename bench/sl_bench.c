@@ -40,6 +40,14 @@
  *       and this process's CPU seconds (user, system) per 10,000 requests. The rate a consumer
  *       that did nothing but its HTTP could reach with libcurl on this machine.
  *
+ *   sl-bench fanout [--endpoints N] [--match M] [--lookups K]
+ *       The fan-out lookup of sluice-api (api/api_fanout.c) on its own: builds N endpoint
+ *       snapshots (10,000) as the endpoint table does (sl_endpoint_build, a sealed secret each),
+ *       M (1,000) of them subscribed to the looked-up type (half by its exact name
+ *       "bench.match.created", half by the wildcard "bench.match.*"), the rest each to an
+ *       exact type of its own; indexes them and looks "bench.match.created" up K times
+ *       (100,000). Prints one JSON object: build_ms, matched, examined, lookup_us_mean.
+ *
  * Configuration comes from SLUICE_* variables through the common loader (brokers, topics,
  * master key), as for every Sluice process (sl-bench http reads none).
  */
@@ -67,6 +75,8 @@
 #include "common/sl_record.h"
 #include "common/sl_secretbox.h"
 #include "common/sl_sign.h"
+#include "api/api_fanout.h"
+#include "common/sl_endpoints.h"
 #include "producer/prod_gen.h"
 #include "producer/sluice_producer.h"
 
@@ -929,11 +939,94 @@ static int cmd_http(int argc, char **argv)
     return b.errors || b.non2xx ? 1 : 0;
 }
 
+/* ==== fanout: the subscription lookup of sluice-api ==== */
+
+static int cmd_fanout(int argc, char **argv)
+{
+    int64_t n = 10000, m = 1000, k = 100000;
+    static const struct option lo[] = {{"endpoints", required_argument, NULL, 'n'},
+                                       {"match", required_argument, NULL, 'm'},
+                                       {"lookups", required_argument, NULL, 'k'},
+                                       {NULL, 0, NULL, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'n':
+            n = num_arg("--endpoints", optarg, 1, 1000000);
+            break;
+        case 'm':
+            m = num_arg("--match", optarg, 0, 1000000);
+            break;
+        case 'k':
+            k = num_arg("--lookups", optarg, 1, 100000000);
+            break;
+        default:
+            die("usage: " PROG " fanout [--endpoints N] [--match M] [--lookups K]");
+        }
+    }
+    if (m > n)
+        die("fanout: --match must not exceed --endpoints");
+    struct sl_masterkey mk;
+    if (sl_masterkey_parse(&mk, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+                           NULL) != 0)
+        die("fanout: master key");
+    struct sl_endpoint_defaults d = {15000, 5000, 30000, 3600000, 5, 10, 300000, 1000, 64};
+    const struct sl_endpoint **eps = sl_xcalloc((size_t)n, sizeof(*eps));
+    int64_t t0 = mono_us();
+    for (int64_t i = 0; i < n; i++) {
+        char id[32], own[64], whsec[SL_SECRET_STR_MAX];
+        uint8_t box[SL_SECRET_ENC_MAX];
+        size_t blen = 0;
+        struct sl_secret sec;
+        (void)snprintf(id, sizeof(id), "ep%07" PRId64, i);
+        (void)snprintf(own, sizeof(own), "other.%" PRId64 ".created", i);
+        if (sl_secret_generate(&sec, NULL) != 0 ||
+            sl_secret_format(&sec, whsec, sizeof(whsec), NULL) != 0 ||
+            sl_secretbox_seal(&mk, id, (const uint8_t *)whsec, strlen(whsec), box, sizeof(box),
+                              &blen, NULL) != 0)
+            die("fanout: could not seal a secret");
+        sl_secret_fini(&sec);
+        const char *types[1] = {i < m ? (i % 2 ? "bench.match.*" : "bench.match.created") : own};
+        struct sl_endpoint_secret es = {box, blen, 0};
+        struct sl_endpoint_rec rec;
+        memset(&rec, 0, sizeof(rec));
+        rec.id = id;
+        rec.url = "https://hooks.example/x";
+        rec.secrets = &es;
+        rec.n_secrets = 1;
+        rec.enabled = true;
+        rec.types = types;
+        rec.n_types = 1;
+        struct sl_endpoint *e = NULL;
+        if (sl_endpoint_build(&rec, &mk, &d, 1, &e, NULL) != 0)
+            die("fanout: could not build endpoint %s", id);
+        eps[i] = e;
+    }
+    int64_t t1 = mono_us();
+    api_fanout_idx_t *x = api_fanout_index(eps, (size_t)n, 1);
+    int64_t t2 = mono_us();
+    size_t matched = 0, examined = 0;
+    for (int64_t i = 0; i < k; i++) {
+        const struct sl_endpoint **out = NULL;
+        matched = api_fanout_match(x, "bench.match.created", NULL, 0, &out, &examined);
+        free(out);
+    }
+    int64_t t3 = mono_us();
+    printf("{\"endpoints\":%" PRId64 ",\"match\":%" PRId64 ",\"lookups\":%" PRId64
+           ",\"snapshots_ms\":%.1f,\"build_ms\":%.1f,\"matched\":%zu,\"examined\":%zu,"
+           "\"lookup_us_mean\":%.2f}\n",
+           n, m, k, (double)(t1 - t0) / 1000.0, (double)(t2 - t1) / 1000.0, matched, examined,
+           (double)(t3 - t2) / (double)k);
+    api_fanout_idx_release(x);
+    sl_masterkey_fini(&mk);
+    return matched == (size_t)m ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr,
-                "usage: " PROG " pace|outcomes|endpoints-sql|http [options] (see the source "
+                "usage: " PROG " pace|outcomes|endpoints-sql|http|fanout [options] (see the source "
                 "header or bench/README.md)\n");
         return 2;
     }
@@ -947,6 +1040,8 @@ int main(int argc, char **argv)
         return cmd_endpoints_sql(argc - 1, argv + 1);
     if (strcmp(cmd, "http") == 0)
         return cmd_http(argc - 1, argv + 1);
+    if (strcmp(cmd, "fanout") == 0)
+        return cmd_fanout(argc - 1, argv + 1);
     fprintf(stderr, PROG ": unknown command %s\n", cmd);
     return 2;
 }
