@@ -27,6 +27,12 @@
 #include "api/api.h"
 #include "common/sl_log.h"
 
+/* Per-connection memory of libmicrohttpd (request line, headers, read and write buffers;
+ * bodies stream to the handler). It zeroes the whole pool between requests, so its default
+ * of 32 KiB costs a 32 KiB memset per request; 16 KiB holds any sane header set (a request
+ * whose headers do not fit is answered 431 by libmicrohttpd). */
+#define API_CONN_MEMORY (16 * 1024)
+
 struct api_server {
     struct api *api;
     struct MHD_Daemon *d;
@@ -637,6 +643,7 @@ api_server_t *api_server_start(struct api *a, sl_err_t *err)
         (unsigned)a->cfg->api_max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)a->cfg->api_idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)API_CONN_MEMORY,
         MHD_OPTION_END);
     if (!s->d) {
         free(s);
