@@ -59,27 +59,27 @@ enum api_hret { API_DONE = 0, API_SUSPENDED = 1 };
 struct api_pub; /* api_events.c: a publish waiting for Kafka */
 
 struct api_req {
-    struct api *api;              /* process state */
-    struct MHD_Connection *conn;  /* libmicrohttpd connection */
-    char *url;                    /* path without the query (owned) */
-    const char *method;           /* "GET", ... (libmicrohttpd's, valid for the request) */
-    struct sl_buf body;           /* request body, capped at api_max_request_bytes */
-    bool too_big;                 /* the body went past the cap (answered 413) */
-    bool started;                 /* the handler ran once */
-    const struct api_route *route;/* matched route */
-    char *params[API_MAX_PARAMS]; /* path parameters, URL-decoded (owned) */
-    struct api_auth auth;         /* the caller's key (a reference; api_auth_fini) */
+    struct api *api;               /* process state */
+    struct MHD_Connection *conn;   /* libmicrohttpd connection */
+    char *url;                     /* path without the query (owned) */
+    const char *method;            /* "GET", ... (libmicrohttpd's, valid for the request) */
+    struct sl_buf body;            /* request body, capped at api_max_request_bytes */
+    bool too_big;                  /* the body went past the cap (answered 413) */
+    bool started;                  /* the handler ran once */
+    const struct api_route *route; /* matched route */
+    char *params[API_MAX_PARAMS];  /* path parameters, URL-decoded (owned) */
+    struct api_auth auth;          /* the caller's key (a reference; api_auth_fini) */
     /* the answer */
-    int status;                   /* HTTP status; 0 = not set */
-    json_t *json;                 /* body (owned), or NULL for no body */
-    bool problem;                 /* json is application/problem+json */
-    int64_t retry_after_s;        /* Retry-After header when > 0 */
-    bool idem_replayed;           /* Idempotent-Replayed: true */
-    char allow[64];               /* Allow header for 405 ("" = none) */
+    int status;            /* HTTP status; 0 = not set */
+    json_t *json;          /* body (owned), or NULL for no body */
+    bool problem;          /* json is application/problem+json */
+    int64_t retry_after_s; /* Retry-After header when > 0 */
+    bool idem_replayed;    /* Idempotent-Replayed: true */
+    char allow[64];        /* Allow header for 405 ("" = none) */
     /* suspended publishes */
-    struct api_pub *pub;          /* set while a publish is in flight or awaiting finish */
+    struct api_pub *pub; /* set while a publish is in flight or awaiting finish */
     enum api_hret (*finish)(struct api_req *r); /* runs after api_req_resume */
-    atomic_bool resumed;          /* set by the report thread before waking the connection */
+    atomic_bool resumed; /* set by the report thread before waking the connection */
 };
 
 typedef enum api_hret (*api_handler_fn)(struct api_req *r);
@@ -103,12 +103,9 @@ enum api_hret api_reply(struct api_req *r, int status, json_t *j);
  * when field is not NULL, the "field" member naming the offending input (a JSON pointer into
  * the body such as "/events/3/type", a header name, or a query parameter).
  */
-enum api_hret api_problem(struct api_req *r,
-                          int status,
-                          const char *slug,
-                          const char *field,
-                          const char *fmt,
-                          ...) __attribute__((format(printf, 5, 6)));
+enum api_hret api_problem(
+    struct api_req *r, int status, const char *slug, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 /* The problem object itself (for per-event results of a batch); same arguments. */
 json_t *api_problem_json(int status, const char *slug, const char *field, const char *fmt, ...)

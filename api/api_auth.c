@@ -22,17 +22,17 @@
 #include "common/sl_registry.h"
 
 struct api_keyset {
-    atomic_uint refs;        /* the cache's + each request's */
-    struct sl_apikey *keys;  /* n entries */
+    atomic_uint refs;       /* the cache's + each request's */
+    struct sl_apikey *keys; /* n entries */
     size_t n;
-    sl_map_t *by_id;         /* id -> struct sl_apikey * (into keys) */
+    sl_map_t *by_id; /* id -> struct sl_apikey * (into keys) */
 };
 
 struct api_keys {
     const struct sl_config *cfg;
-    pthread_mutex_t mu;      /* guards cur, stop */
-    pthread_cond_t cv;       /* wakes the reload thread on stop */
-    struct api_keyset *cur;  /* NULL until the first load */
+    pthread_mutex_t mu;     /* guards cur, stop */
+    pthread_cond_t cv;      /* wakes the reload thread on stop */
+    struct api_keyset *cur; /* NULL until the first load */
     bool stop;
     pthread_t thr;
     bool started;

@@ -30,8 +30,8 @@ struct api_keyset; /* one loaded set of keys (refcounted) */
 
 /* The caller of one request: key is valid while the reference to set is held. */
 struct api_auth {
-    struct api_keyset *set;       /* reference, or NULL (no key needed / not checked) */
-    const struct sl_apikey *key;  /* the caller's key inside set */
+    struct api_keyset *set;      /* reference, or NULL (no key needed / not checked) */
+    const struct sl_apikey *key; /* the caller's key inside set */
 };
 
 /* Start the cache and its reload thread (cfg borrowed for the process's life). */

@@ -22,13 +22,13 @@
  * already delivered: nothing lost, nothing doubled for any endpoint. The lock TTL
  * (2 x api_publish_timeout_ms + 5 s) bounds how long such a retry sees 409.
  */
-#include <microhttpd.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <microhttpd.h>
 #include <openssl/evp.h>
 
 #include "api/api.h"
@@ -39,12 +39,12 @@
 
 /* One event of the request. */
 struct pub_item {
-    json_t *problem;                /* refused before publishing (owned), or NULL */
-    struct sl_delivery d;           /* the parsed event (owned; ep NULL for a fan-out) */
-    const char **eps;               /* target endpoint ids (borrowed from the index / table) */
-    size_t n_eps;                   /* records published for this event */
-    atomic_uint failed;             /* records Kafka did not acknowledge */
-    atomic_int first_err;           /* SL_E* of the first failure */
+    json_t *problem;      /* refused before publishing (owned), or NULL */
+    struct sl_delivery d; /* the parsed event (owned; ep NULL for a fan-out) */
+    const char **eps;     /* target endpoint ids (borrowed from the index / table) */
+    size_t n_eps;         /* records published for this event */
+    atomic_uint failed;   /* records Kafka did not acknowledge */
+    atomic_int first_err; /* SL_E* of the first failure */
 };
 
 struct rec_ctx {
@@ -53,20 +53,20 @@ struct rec_ctx {
 };
 
 struct api_pub {
-    struct api_req *r;           /* the suspended request */
-    atomic_size_t pending;       /* records not yet reported, + 1 while the handler runs */
-    struct pub_item *items;      /* n_items */
+    struct api_req *r;      /* the suspended request */
+    atomic_size_t pending;  /* records not yet reported, + 1 while the handler runs */
+    struct pub_item *items; /* n_items */
     size_t n_items;
-    bool batch;                  /* answer shape */
-    struct rec_ctx *ctx;         /* one per record */
+    bool batch;          /* answer shape */
+    struct rec_ctx *ctx; /* one per record */
     size_t n_ctx;
-    api_fanout_idx_t *idx;       /* fan-out index the endpoint names point into */
+    api_fanout_idx_t *idx;           /* fan-out index the endpoint names point into */
     const struct sl_endpoint **held; /* explicit endpoints held while publishing */
     size_t n_held;
     /* idempotency */
-    bool idem;                   /* an Idempotency-Key is in force */
-    char idem_rkey[160];         /* the Redis key */
-    char fp[65];                 /* request fingerprint, hex */
+    bool idem;           /* an Idempotency-Key is in force */
+    char idem_rkey[160]; /* the Redis key */
+    char fp[65];         /* request fingerprint, hex */
 };
 
 static void pub_free(struct api_pub *p)
@@ -155,9 +155,9 @@ static enum idem_state idem_begin(struct api_req *r, struct api_pub *p, const ch
     size_t lens[] = {strlen(key)};
     sha256_parts(parts, lens, 1, h);
     hex(h, 32, hk);
-    (void)snprintf(p->idem_rkey, sizeof(p->idem_rkey), "sluice:idem:{%s}:%s", r->auth.key->id,
-                   hk);
-    const void *fparts[] = {r->method, "\n", r->url, "\n", r->body.data ? (void *)r->body.data : ""};
+    (void)snprintf(p->idem_rkey, sizeof(p->idem_rkey), "sluice:idem:{%s}:%s", r->auth.key->id, hk);
+    const void *fparts[] = {r->method, "\n", r->url, "\n",
+                            r->body.data ? (void *)r->body.data : ""};
     size_t flens[] = {strlen(r->method), 1, strlen(r->url), 1, r->body.len};
     sha256_parts(fparts, flens, 5, h);
     hex(h, 32, p->fp);
@@ -171,7 +171,8 @@ static enum idem_state idem_begin(struct api_req *r, struct api_pub *p, const ch
     }
     char val[2 + 64 + 1], ttl[24];
     (void)snprintf(val, sizeof(val), "p:%s", p->fp);
-    (void)snprintf(ttl, sizeof(ttl), "%lld", (long long)(2 * a->cfg->api_publish_timeout_ms + 5000));
+    (void)snprintf(ttl, sizeof(ttl), "%lld",
+                   (long long)(2 * a->cfg->api_publish_timeout_ms + 5000));
     for (int tries = 0; tries < 3; tries++) {
         const char *set[] = {"SET", p->idem_rkey, val, "NX", "PX", ttl};
         redisReply *rep = sl_redis_cmd(rd, 0, 6, set, NULL, &err);
@@ -307,7 +308,13 @@ static bool endpoint_channels_ok(const struct sl_apikey *k, const struct sl_endp
  * Parse and resolve event obj (index i; ptr is its JSON pointer, "" for a single event)
  * into it: on refusal it->problem is set and nothing is published for it.
  */
-static void prepare(struct api_req *r, struct api_pub *p, json_t *obj, size_t i, const char *ptr,
+static void prepare(struct api_req *r,
+                    struct api_pub *p,
+                    json_t *obj,
+                    const char *raw,
+                    size_t raw_len,
+                    size_t i,
+                    const char *ptr,
                     struct pub_item *it)
 {
     struct api *a = r->api;
@@ -320,6 +327,8 @@ static void prepare(struct api_req *r, struct api_pub *p, json_t *obj, size_t i,
     o.endpoint_optional = true;
     o.extra_fields = extra;
     o.n_extra = 1;
+    o.raw = raw; /* the body goes out byte for byte as the client sent it */
+    o.raw_len = raw_len;
     if (p->idem) {
         /* the same request again (after a crash) must carry the same ids */
         uint8_t h[32];
@@ -365,9 +374,9 @@ static void prepare(struct api_req *r, struct api_pub *p, json_t *obj, size_t i,
         }
         if (!endpoint_channels_ok(key, e)) {
             sl_endpoint_release(e);
-            it->problem = api_problem_json(403, "forbidden", field,
-                                           "the API key may not publish to endpoint %s (channels)",
-                                           it->d.ep);
+            it->problem =
+                api_problem_json(403, "forbidden", field,
+                                 "the API key may not publish to endpoint %s (channels)", it->d.ep);
             return;
         }
         p->held = sl_xrealloc(p->held, (p->n_held + 1) * sizeof(*p->held));
@@ -426,8 +435,8 @@ static json_t *item_answer(const struct pub_item *it)
     json_t *eps = json_array();
     for (size_t k = 0; k < it->n_eps && k < 100; k++)
         json_array_append_new(eps, json_string(it->eps[k]));
-    return json_pack("{s:s, s:s, s:I, s:o, s:b}", "id", it->d.id, "type", it->d.type,
-                     "deliveries", (json_int_t)it->n_eps, "endpoints", eps, "endpoints_truncated",
+    return json_pack("{s:s, s:s, s:I, s:o, s:b}", "id", it->d.id, "type", it->d.type, "deliveries",
+                     (json_int_t)it->n_eps, "endpoints", eps, "endpoints_truncated",
                      it->n_eps > 100);
 }
 
@@ -584,7 +593,7 @@ enum api_hret api_events_publish(struct api_req *r)
         pub_free(p);
         return API_DONE;
     }
-    prepare(r, p, j, 0, "", &p->items[0]);
+    prepare(r, p, j, (const char *)r->body.data, r->body.len, 0, "", &p->items[0]);
     json_decref(j);
     return publish_all(r, p);
 }
@@ -624,11 +633,22 @@ enum api_hret api_events_publish_batch(struct api_req *r)
         pub_free(p);
         return API_DONE;
     }
+    /* each event's own text, so its body goes out byte for byte (else: re-serialised) */
+    const char *text = (const char *)r->body.data;
+    size_t aoff = 0, alen = 0, n = 0;
+    size_t *offs = sl_xcalloc(p->n_items, sizeof(*offs));
+    size_t *lens = sl_xcalloc(p->n_items, sizeof(*lens));
+    bool spans = sl_json_member_span(text, r->body.len, "events", &aoff, &alen) == 0 &&
+                 sl_json_array_spans(text + aoff, alen, p->n_items, offs, lens, &n) == 0 &&
+                 n == p->n_items;
     char ptr[48];
     for (size_t i = 0; i < p->n_items; i++) {
         (void)snprintf(ptr, sizeof(ptr), "/events/%zu", i);
-        prepare(r, p, json_array_get(evs, i), i, ptr, &p->items[i]);
+        prepare(r, p, json_array_get(evs, i), spans ? text + aoff + offs[i] : NULL,
+                spans ? lens[i] : 0, i, ptr, &p->items[i]);
     }
+    free(offs);
+    free(lens);
     json_decref(j);
     return publish_all(r, p);
 }

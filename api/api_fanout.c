@@ -25,19 +25,19 @@ struct poslist {
 };
 
 struct api_fanout_idx {
-    atomic_uint refs;                /* holders: the api_fanout_t and each lookup */
-    uint64_t generation;             /* table generation this index was built from */
-    const struct sl_endpoint **eps;  /* snapshot references, sorted by id */
-    size_t n_eps;                    /* entries in eps */
-    sl_map_t *exact;                 /* type -> struct poslist * */
-    sl_map_t *prefix;                /* "p" of "p.*" -> struct poslist * */
-    struct poslist any;              /* endpoints without a type filter */
+    atomic_uint refs;               /* holders: the api_fanout_t and each lookup */
+    uint64_t generation;            /* table generation this index was built from */
+    const struct sl_endpoint **eps; /* snapshot references, sorted by id */
+    size_t n_eps;                   /* entries in eps */
+    sl_map_t *exact;                /* type -> struct poslist * */
+    sl_map_t *prefix;               /* "p" of "p.*" -> struct poslist * */
+    struct poslist any;             /* endpoints without a type filter */
 };
 
 struct api_fanout {
-    sl_endpoints_t *table;  /* borrowed */
-    pthread_mutex_t mu;     /* guards cur */
-    api_fanout_idx_t *cur;  /* newest index (one reference held here) */
+    sl_endpoints_t *table; /* borrowed */
+    pthread_mutex_t mu;    /* guards cur */
+    api_fanout_idx_t *cur; /* newest index (one reference held here) */
 };
 
 static void pl_push(struct poslist *l, uint32_t p)
@@ -104,7 +104,8 @@ api_fanout_idx_t *api_fanout_index(const struct sl_endpoint **eps, size_t n, uin
         for (size_t k = 0; k < e->n_types; k++) {
             const char *f = e->types[k];
             size_t len = strlen(f);
-            if (len >= 2 && f[len - 1] == '*' && f[len - 2] == '.' && len - 2 <= SL_EVENT_TYPE_MAX) {
+            if (len >= 2 && f[len - 1] == '*' && f[len - 2] == '.' &&
+                len - 2 <= SL_EVENT_TYPE_MAX) {
                 memcpy(key, f, len - 2);
                 key[len - 2] = '\0';
                 file_under(x->prefix, key, (uint32_t)i);

@@ -23,7 +23,7 @@
 
 #include "common/sl_endpoints.h"
 
-typedef struct api_fanout api_fanout_t;       /* the rebuilding holder */
+typedef struct api_fanout api_fanout_t;         /* the rebuilding holder */
 typedef struct api_fanout_idx api_fanout_idx_t; /* one immutable index */
 
 /* A holder for table t (borrowed; must outlive the holder). Free with api_fanout_destroy. */

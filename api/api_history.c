@@ -14,10 +14,37 @@
 #include <string.h>
 
 #include "api/api.h"
-#include "common/sl_map.h"
 #include "common/sl_log.h"
+#include "common/sl_map.h"
 
 #define TS(col) "to_char(" col " at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+
+/* clang-format off */
+static const char SQL_DELIVERIES[] =
+    "select endpoint_id, event_type, state::text, attempts, " TS("created_at") ", "
+    TS("first_seen") ", " TS("last_update") ", " TS("delivered_at") ", " TS("next_attempt_at") ", "
+    "last_status, last_error, last_msg "
+    "from deliveries where event_id = $1 order by endpoint_id";
+static const char SQL_ATTEMPTS[] =
+    "select endpoint_id, attempt, state::text, http_status, err, msg, " TS("ts") ", "
+    "latency_us, dns_us, conn_us, tls_us, ttfb_us, " TS("next_at") ", pod "
+    "from delivery_attempts where event_id = $1 order by endpoint_id, ts, attempt";
+/* $1 endpoint or NULL, $2..$4 the cursor (dead_at µs, event id, endpoint id) or NULLs,
+ * $5 include resolved, $6 limit + 1 */
+static const char SQL_DEAD_LETTERS[] =
+    "select event_id, endpoint_id, event_type, error_class, last_status, last_msg, attempts, "
+    TS("created_at") ", " TS("first_failed_at") ", " TS("dead_at") ", " TS("replayed_at") ", "
+    "replay_count, " TS("resolved_at") ", (extract(epoch from dead_at) * 1000000)::bigint "
+    "from dead_letters where ($1::text is null or endpoint_id = $1) "
+    "and ($5::bool or resolved_at is null) "
+    "and ($2::bigint is null or (dead_at, event_id, endpoint_id) < "
+    "(to_timestamp($2::bigint / 1000000.0), $3, $4)) "
+    "order by dead_at desc, event_id desc, endpoint_id desc limit $6::int";
+static const char SQL_TYPES_SEEN[] =
+    "select event_type, count(*) from delivery_attempts "
+    "where ts > now() - interval '24 hours' and state = 'delivered' "
+    "and event_type is not null group by event_type";
+/* clang-format on */
 
 /* NULL for SQL NULL, else a JSON string / integer / number. */
 static json_t *col_str(const PGresult *res, int row, int col)
@@ -83,20 +110,10 @@ enum api_hret api_event_deliveries(struct api_req *r)
         return api_problem(r, 400, "invalid-parameter", "id",
                            "event id must be 1..128 visible ASCII characters other than '.'");
     const char *p[] = {id};
-    PGresult *d = query(r,
-                        "select endpoint_id, event_type, state::text, attempts, " TS("created_at")
-                        ", " TS("first_seen") ", " TS("last_update") ", " TS("delivered_at")
-                        ", " TS("next_attempt_at") ", last_status, last_error, last_msg "
-                        "from deliveries where event_id = $1 order by endpoint_id",
-                        1, p);
+    PGresult *d = query(r, SQL_DELIVERIES, 1, p);
     if (!d)
         return API_DONE;
-    PGresult *at = query(r,
-                         "select endpoint_id, attempt, state::text, http_status, err, msg, " TS("ts")
-                         ", latency_us, dns_us, conn_us, tls_us, ttfb_us, " TS("next_at") ", pod "
-                         "from delivery_attempts where event_id = $1 order by endpoint_id, ts, "
-                         "attempt",
-                         1, p);
+    PGresult *at = query(r, SQL_ATTEMPTS, 1, p);
     if (!at) {
         PQclear(d);
         return API_DONE;
@@ -109,9 +126,9 @@ enum api_hret api_event_deliveries(struct api_req *r)
         while (k < na && strcmp(PQgetvalue(at, k, 0), ep) < 0)
             k++;
         for (; k < na && strcmp(PQgetvalue(at, k, 0), ep) == 0; k++) {
-            json_t *ph = json_pack("{s:o, s:o, s:o, s:o}", "dns_ms", col_ms(at, k, 8),
-                                   "connect_ms", col_ms(at, k, 9), "tls_ms", col_ms(at, k, 10),
-                                   "first_byte_ms", col_ms(at, k, 11));
+            json_t *ph = json_pack("{s:o, s:o, s:o, s:o}", "dns_ms", col_ms(at, k, 8), "connect_ms",
+                                   col_ms(at, k, 9), "tls_ms", col_ms(at, k, 10), "first_byte_ms",
+                                   col_ms(at, k, 11));
             json_array_append_new(
                 hist, json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "attempt",
                                 col_int(at, k, 1), "state", col_str(at, k, 2), "http_status",
@@ -129,10 +146,9 @@ enum api_hret api_event_deliveries(struct api_req *r)
                             "endpoint", ep, "type", col_str(d, i, 1), "state", col_str(d, i, 2),
                             "attempts", col_int(d, i, 3), "created_at", col_str(d, i, 4),
                             "first_seen", col_str(d, i, 5), "last_update", col_str(d, i, 6),
-                            "delivered_at", col_str(d, i, 7), "next_attempt_at",
-                            col_str(d, i, 8), "last_status", col_int(d, i, 9), "last_error",
-                            col_str(d, i, 10), "last_message", col_str(d, i, 11), "attempts_log",
-                            hist));
+                            "delivered_at", col_str(d, i, 7), "next_attempt_at", col_str(d, i, 8),
+                            "last_status", col_int(d, i, 9), "last_error", col_str(d, i, 10),
+                            "last_message", col_str(d, i, 11), "attempts_log", hist));
     }
     PQclear(d);
     PQclear(at);
@@ -163,19 +179,13 @@ enum api_hret api_dead_letters_list(struct api_req *r)
                            "cursor is not one this API returned");
     char lim[24];
     (void)snprintf(lim, sizeof(lim), "%ld", limit + 1);
-    const char *p[] = {ep, have ? cts : NULL, have ? cev : NULL, have ? cep : NULL,
-                       inc && strcmp(inc, "true") == 0 ? "t" : "f", lim};
-    PGresult *res = query(
-        r,
-        "select event_id, endpoint_id, event_type, error_class, last_status, last_msg, attempts, "
-        TS("created_at") ", " TS("first_failed_at") ", " TS("dead_at") ", " TS("replayed_at")
-        ", replay_count, " TS("resolved_at") ", (extract(epoch from dead_at) * 1000000)::bigint "
-        "from dead_letters where ($1::text is null or endpoint_id = $1) "
-        "and ($5::bool or resolved_at is null) "
-        "and ($2::bigint is null or (dead_at, event_id, endpoint_id) < "
-        "(to_timestamp($2::bigint / 1000000.0), $3, $4)) "
-        "order by dead_at desc, event_id desc, endpoint_id desc limit $6::int",
-        6, p);
+    const char *p[] = {ep,
+                       have ? cts : NULL,
+                       have ? cev : NULL,
+                       have ? cep : NULL,
+                       inc && strcmp(inc, "true") == 0 ? "t" : "f",
+                       lim};
+    PGresult *res = query(r, SQL_DEAD_LETTERS, 6, p);
     if (!res)
         return API_DONE;
     json_t *data = json_array();
@@ -196,10 +206,10 @@ enum api_hret api_dead_letters_list(struct api_req *r)
                             "event_id", col_str(res, i, 0), "endpoint", col_str(res, i, 1), "type",
                             col_str(res, i, 2), "error", col_str(res, i, 3), "last_status",
                             col_int(res, i, 4), "last_message", col_str(res, i, 5), "attempts",
-                            col_int(res, i, 6), "created_at", col_str(res, i, 7),
-                            "first_failed_at", col_str(res, i, 8), "dead_at", col_str(res, i, 9),
-                            "replayed_at", col_str(res, i, 10), "replay_count",
-                            col_int(res, i, 11), "resolved_at", col_str(res, i, 12)));
+                            col_int(res, i, 6), "created_at", col_str(res, i, 7), "first_failed_at",
+                            col_str(res, i, 8), "dead_at", col_str(res, i, 9), "replayed_at",
+                            col_str(res, i, 10), "replay_count", col_int(res, i, 11), "resolved_at",
+                            col_str(res, i, 12)));
     }
     PQclear(res);
     return api_reply(r, 200, json_pack("{s:o, s:o}", "data", data, "next_cursor", next));
@@ -219,11 +229,7 @@ enum api_hret api_event_types(struct api_req *r)
     bool have = false;
     if (api_query_cursor(r, cur, sizeof(cur), &have) != 0)
         return API_DONE;
-    PGresult *res = query(r,
-                          "select event_type, count(*) from delivery_attempts "
-                          "where ts > now() - interval '24 hours' and state = 'delivered' "
-                          "and event_type is not null group by event_type",
-                          0, NULL);
+    PGresult *res = query(r, SQL_TYPES_SEEN, 0, NULL);
     if (!res)
         return API_DONE;
     /* the names: types seen in 24 h plus exact names in endpoints' filters */
@@ -267,10 +273,10 @@ enum api_hret api_event_types(struct api_req *r)
                                        (const char *const *)eps[e]->channels, eps[e]->n_channels))
                 subs++;
         }
-        json_array_append_new(
-            data, json_pack("{s:s, s:I, s:o}", "type", names[i], "subscribed_endpoints",
-                            (json_int_t)subs, "delivered_24h",
-                            row > 0 ? col_int(res, (int)row - 1, 1) : json_integer(0)));
+        json_array_append_new(data,
+                              json_pack("{s:s, s:I, s:o}", "type", names[i], "subscribed_endpoints",
+                                        (json_int_t)subs, "delivered_24h",
+                                        row > 0 ? col_int(res, (int)row - 1, 1) : json_integer(0)));
         out++;
     }
     free(names);

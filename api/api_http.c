@@ -14,7 +14,6 @@
  * api_shutdown_ms to complete (api->active counts them) before MHD_stop_daemon.
  */
 #include <arpa/inet.h>
-#include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -23,6 +22,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <microhttpd.h>
 
 #include "api/api.h"
 #include "common/sl_log.h"
@@ -143,7 +144,8 @@ static const char *status_title(int status)
     }
 }
 
-static json_t *problem_v(int status, const char *slug, const char *field, const char *fmt, va_list ap)
+static json_t *
+problem_v(int status, const char *slug, const char *field, const char *fmt, va_list ap)
 {
     char detail[512], type[96];
     (void)vsnprintf(detail, sizeof(detail), fmt, ap);
@@ -224,16 +226,17 @@ json_t *api_body_json(struct api_req *r)
         return NULL;
     }
     if (r->body.len == 0) {
-        api_problem(r, 400, "invalid-json", "/", "the request body is empty: a JSON object is "
-                                                 "expected");
+        api_problem(r, 400, "invalid-json", "/",
+                    "the request body is empty: a JSON object is "
+                    "expected");
         return NULL;
     }
     json_t *j = json_loadb((const char *)r->body.data, r->body.len, JSON_REJECT_DUPLICATES, &jerr);
     if (!j) {
         /* jansson's text quotes the input: report the position only */
         api_problem(r, 400, "invalid-json", "/",
-                    "the request body is not valid JSON (error at byte %d, line %d)",
-                    jerr.position, jerr.line);
+                    "the request body is not valid JSON (error at byte %d, line %d)", jerr.position,
+                    jerr.line);
         return NULL;
     }
     if (!json_is_object(j)) {
@@ -395,8 +398,7 @@ static int route(struct api_req *r)
             free(params[k]);
         path_known = true;
         size_t n = strlen(r->allow);
-        (void)snprintf(r->allow + n, sizeof(r->allow) - n, "%s%s", n ? ", " : "",
-                       routes[i].method);
+        (void)snprintf(r->allow + n, sizeof(r->allow) - n, "%s%s", n ? ", " : "", routes[i].method);
     }
     return path_known ? 405 : 404;
 }
@@ -643,8 +645,7 @@ api_server_t *api_server_start(struct api *a, sl_err_t *err)
         (unsigned)a->cfg->api_max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)a->cfg->api_idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)API_CONN_MEMORY,
-        MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)API_CONN_MEMORY, MHD_OPTION_END);
     if (!s->d) {
         free(s);
         sl_err_set(err, SL_EIO, "could not listen on %s (address in use or not available)",

@@ -96,8 +96,7 @@ static json_t *ep_json(const struct sl_reg_ep *ep)
     json_object_set_new(j, "url", json_string(ep->url));
     json_object_set_new(j, "template", json_boolean(ep->tpl));
     json_object_set_new(j, "method", json_string(sl_http_method_name(ep->method)));
-    json_object_set_new(j, "content_type",
-                        ep->ct && ep->ct[0] ? json_string(ep->ct) : json_null());
+    json_object_set_new(j, "content_type", ep->ct && ep->ct[0] ? json_string(ep->ct) : json_null());
     json_object_set_new(j, "headers", hdr);
     json_object_set_new(j, "types", strv_json(ep->types, ep->n_types));
     json_object_set_new(j, "channels", strv_json(ep->channels, ep->n_channels));
@@ -114,8 +113,8 @@ static json_t *ep_json(const struct sl_reg_ep *ep)
 /* ==== JSON -> endpoint fields ==== */
 
 /* A string array field into a NULL-free vector (borrowed from j); 0 or a problem set. */
-static int get_strv(struct api_req *r, json_t *v, const char *name, size_t max,
-                    const char **out, size_t *n)
+static int
+get_strv(struct api_req *r, json_t *v, const char *name, size_t max, const char **out, size_t *n)
 {
     char field[64];
     (void)snprintf(field, sizeof(field), "/%s", name);
@@ -168,7 +167,9 @@ static int apply_fields(struct api_req *r, json_t *j, struct sl_reg_ep *ep, bool
             }
             if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
                 goto bad_type;
-            set_str(k[0] == 'u' ? &ep->url : k[0] == 'n' ? &ep->name : &ep->ct,
+            set_str(k[0] == 'u'   ? &ep->url
+                    : k[0] == 'n' ? &ep->name
+                                  : &ep->ct,
                     json_string_value(v));
         } else if (strcmp(k, "template") == 0) {
             if (!json_is_boolean(v))
@@ -196,7 +197,8 @@ static int apply_fields(struct api_req *r, json_t *j, struct sl_reg_ep *ep, bool
             json_t *hv;
             json_object_foreach(v, hk, hv)
             {
-                if (!json_is_string(hv) || strlen(json_string_value(hv)) != json_string_length(hv)) {
+                if (!json_is_string(hv) ||
+                    strlen(json_string_value(hv)) != json_string_length(hv)) {
                     api_problem(r, 400, "invalid-field", field,
                                 "field \"headers\": every value must be a string");
                     return -1;
@@ -206,8 +208,8 @@ static int apply_fields(struct api_req *r, json_t *j, struct sl_reg_ep *ep, bool
             }
             sl_reg_ep_set_headers(ep, kv, n);
         } else if (strcmp(k, "types") == 0 || strcmp(k, "channels") == 0) {
-            const char *sv[SL_EP_TYPES_MAX > SL_EP_CHANNELS_MAX ? SL_EP_TYPES_MAX
-                                                                 : SL_EP_CHANNELS_MAX];
+            const char
+                *sv[SL_EP_TYPES_MAX > SL_EP_CHANNELS_MAX ? SL_EP_TYPES_MAX : SL_EP_CHANNELS_MAX];
             size_t n = 0;
             bool types = k[0] == 't';
             if (get_strv(r, v, k, types ? SL_EP_TYPES_MAX : SL_EP_CHANNELS_MAX, sv, &n) != 0)
@@ -250,7 +252,7 @@ static int apply_fields(struct api_req *r, json_t *j, struct sl_reg_ep *ep, bool
             return -1;
         }
         continue;
-    bad_type:
+bad_type:
         api_problem(r, 400, "invalid-field", field, "field has the wrong JSON type");
         return -1;
     }
@@ -303,8 +305,11 @@ static PGconn *reg_pg(struct api_req *r)
 }
 
 /* A committed change: status with the endpoint (plus extra members from x, stolen). */
-static enum api_hret changed(struct api_req *r, int status, const struct sl_reg_ep *ep,
-                             const struct sl_reg_result *res, json_t *x)
+static enum api_hret changed(struct api_req *r,
+                             int status,
+                             const struct sl_reg_ep *ep,
+                             const struct sl_reg_result *res,
+                             json_t *x)
 {
     json_t *j = ep ? ep_json(ep) : json_object();
     json_object_set_new(j, "published", json_boolean(res->published));
@@ -385,8 +390,8 @@ enum api_hret api_endpoints_create(struct api_req *r)
         return API_DONE;
     json_t *idv = json_object_get(j, "id");
     json_t *urlv = json_object_get(j, "url");
-    if (!json_is_string(idv) || !sl_valid_endpoint_id(json_string_value(idv),
-                                                      json_string_length(idv))) {
+    if (!json_is_string(idv) ||
+        !sl_valid_endpoint_id(json_string_value(idv), json_string_length(idv))) {
         json_decref(j);
         return api_problem(r, 400, idv ? "invalid-field" : "missing-field", "/id",
                            "field \"id\" is required: 1..64 characters of A-Z a-z 0-9 _ -");
@@ -410,8 +415,8 @@ enum api_hret api_endpoints_create(struct api_req *r)
         if (pg) {
             struct sl_reg_result res = {0};
             sl_err_t err;
-            int rc = sl_reg_create(pg, thread_pub(r->api), &r->api->mk, &ep, NULL, whsec, &res,
-                                   &err);
+            int rc =
+                sl_reg_create(pg, thread_pub(r->api), &r->api->mk, &ep, NULL, whsec, &res, &err);
             if (rc == 0 || (rc == SL_EKAFKA && res.committed))
                 changed(r, 201, &ep, &res, json_pack("{s:s}", "secret", whsec));
             else {
@@ -430,10 +435,10 @@ enum api_hret api_endpoints_create(struct api_req *r)
 /* The modify callbacks of PATCH, enable and disable. */
 struct patch {
     struct api_req *r;
-    json_t *body;     /* PATCH fields, or NULL */
-    int enable;       /* 1 enable, 0 disable, -1 leave */
+    json_t *body; /* PATCH fields, or NULL */
+    int enable;   /* 1 enable, 0 disable, -1 leave */
     const char *reason;
-    bool answered;    /* apply_fields answered a problem */
+    bool answered; /* apply_fields answered a problem */
 };
 
 static int modify(void *opaque, struct sl_reg_ep *ep, sl_err_t *err)

@@ -68,15 +68,15 @@
 #include <curl/curl.h>
 #include <librdkafka/rdkafka.h>
 
+#include "api/api_fanout.h"
 #include "common/sl_cfg.h"
+#include "common/sl_endpoints.h"
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
 #include "common/sl_secretbox.h"
 #include "common/sl_sign.h"
-#include "api/api_fanout.h"
-#include "common/sl_endpoints.h"
 #include "producer/prod_gen.h"
 #include "producer/sluice_producer.h"
 

@@ -95,18 +95,18 @@ struct sl_config {
     int64_t history_retention_d;        /* delivery_attempts partitions kept, days */
     int64_t deliveries_retention_d;     /* deliveries rows kept, days; 0 = history's */
     /* HTTP API (sluice-api) */
-    char *api_listen;                 /* host:port the API listens on */
-    int64_t api_threads;              /* HTTP worker threads */
-    int64_t api_max_connections;      /* open client connections before new ones are refused */
-    int64_t api_idle_timeout_s;       /* a connection idle (or stalled mid-request) this long is
-                                         closed, s */
-    int64_t api_max_request_bytes;    /* largest request body, bytes (413 past it) */
-    int64_t api_batch_max;            /* events in one POST /v1/events/batch */
-    int64_t api_fanout_max;           /* endpoints one event may fan out to */
-    int64_t api_publish_timeout_ms;   /* Kafka acknowledgement wait per publish, ms (503 past it) */
-    int64_t api_idempotency_ttl_s;    /* how long an Idempotency-Key's answer is kept, s */
-    int64_t api_key_refresh_ms;       /* API keys reloaded from PostgreSQL this often, ms */
-    int64_t api_shutdown_ms;          /* SIGTERM: time allowed for requests in flight, ms */
+    char *api_listen;               /* host:port the API listens on */
+    int64_t api_threads;            /* HTTP worker threads */
+    int64_t api_max_connections;    /* open client connections before new ones are refused */
+    int64_t api_idle_timeout_s;     /* a connection idle (or stalled mid-request) this long is
+                                       closed, s */
+    int64_t api_max_request_bytes;  /* largest request body, bytes (413 past it) */
+    int64_t api_batch_max;          /* events in one POST /v1/events/batch */
+    int64_t api_fanout_max;         /* endpoints one event may fan out to */
+    int64_t api_publish_timeout_ms; /* Kafka acknowledgement wait per publish, ms (503 past it) */
+    int64_t api_idempotency_ttl_s;  /* how long an Idempotency-Key's answer is kept, s */
+    int64_t api_key_refresh_ms;     /* API keys reloaded from PostgreSQL this often, ms */
+    int64_t api_shutdown_ms;        /* SIGTERM: time allowed for requests in flight, ms */
     /* bookkeeping */
     unsigned char sources[96]; /* enum sl_cfg_source per option, indexed like the table */
 };

@@ -325,6 +325,8 @@ struct jsonl_tmp {
 
 /* "body" (any JSON value) or "body_base64" (exactly one of them) into d->body. */
 static int get_body(json_t *root,
+                    const char *raw,
+                    size_t raw_len,
                     const struct sl_decode_limits *lim,
                     struct sl_delivery *d,
                     struct sl__delivery_names *names,
@@ -342,6 +344,13 @@ static int get_body(json_t *root,
     if (body && json_is_string(body)) {
         d->body = (const uint8_t *)json_string_value(body);
         d->body_len = json_string_length(body);
+        return 0;
+    }
+    size_t off, vlen;
+    if (body && raw && sl_json_member_span(raw, raw_len, "body", &off, &vlen) == 0) {
+        /* byte for byte as the client sent it; the body cap applies below as always */
+        d->body = (const uint8_t *)raw + off;
+        d->body_len = vlen;
         return 0;
     }
     if (body) {
@@ -432,7 +441,8 @@ int sl_jsonl_event(json_t *root,
     if (!rc)
         rc = get_created(root, opts, &d.ts_ms, err);
     if (!rc)
-        rc = get_body(root, lim, &d, &names, &tmp, err);
+        rc = get_body(root, opts ? opts->raw : NULL, opts ? opts->raw_len : 0, lim, &d, &names,
+                      &tmp, err);
     if (!rc)
         rc = get_kv(root, &hdr_spec, &tmp.hdr, &d.n_hdr, &tmp.hdr_texts, err);
     d.hdr = tmp.hdr;
@@ -454,4 +464,115 @@ int sl_jsonl_event(json_t *root,
     free(tmp.body_dump);
     free(tmp.body_bin);
     return rc;
+}
+
+/* ==== spans of values in accepted JSON text ==== */
+
+static size_t skip_ws(const char *s, size_t n, size_t i)
+{
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+        i++;
+    return i;
+}
+
+/* i at the opening quote; returns the index after the closing one (n when unterminated). */
+static size_t skip_string(const char *s, size_t n, size_t i)
+{
+    for (i++; i < n; i++) {
+        if (s[i] == '\\')
+            i++;
+        else if (s[i] == '"')
+            return i + 1;
+    }
+    return n;
+}
+
+/* i at a value's first byte; returns the index after it (n on malformed text). */
+static size_t skip_value(const char *s, size_t n, size_t i)
+{
+    if (i >= n)
+        return n;
+    if (s[i] == '"')
+        return skip_string(s, n, i);
+    if (s[i] == '{' || s[i] == '[') {
+        size_t depth = 0;
+        for (; i < n; i++) {
+            if (s[i] == '"') {
+                i = skip_string(s, n, i) - 1;
+            } else if (s[i] == '{' || s[i] == '[') {
+                depth++;
+            } else if (s[i] == '}' || s[i] == ']') {
+                if (--depth == 0)
+                    return i + 1;
+            }
+        }
+        return n;
+    }
+    while (i < n && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ' ' && s[i] != '\t' &&
+           s[i] != '\n' && s[i] != '\r')
+        i++; /* number, true, false, null */
+    return i;
+}
+
+int sl_json_member_span(const char *text, size_t len, const char *name, size_t *off, size_t *vlen)
+{
+    size_t nlen = strlen(name);
+    size_t i = skip_ws(text, len, 0);
+    if (i >= len || text[i] != '{')
+        return SL_ENOTFOUND;
+    i = skip_ws(text, len, i + 1);
+    while (i < len && text[i] == '"') {
+        size_t kend = skip_string(text, len, i);
+        if (kend >= len)
+            return SL_ENOTFOUND;
+        if (memchr(text + i + 1, '\\', kend - i - 2))
+            return SL_ENOTFOUND; /* an escaped name could spell name */
+        bool hit = kend - i - 2 == nlen && memcmp(text + i + 1, name, nlen) == 0;
+        i = skip_ws(text, len, kend);
+        if (i >= len || text[i] != ':')
+            return SL_ENOTFOUND;
+        size_t v = skip_ws(text, len, i + 1);
+        size_t vend = skip_value(text, len, v);
+        if (vend >= len || vend == v)
+            return SL_ENOTFOUND;
+        if (hit) {
+            *off = v;
+            *vlen = vend - v;
+            return 0;
+        }
+        i = skip_ws(text, len, vend);
+        if (i < len && text[i] == ',')
+            i = skip_ws(text, len, i + 1);
+        else
+            break;
+    }
+    return SL_ENOTFOUND;
+}
+
+int sl_json_array_spans(
+    const char *text, size_t len, size_t max, size_t *offs, size_t *lens, size_t *n)
+{
+    size_t i = skip_ws(text, len, 0);
+    *n = 0;
+    if (i >= len || text[i] != '[')
+        return SL_EDECODE;
+    i = skip_ws(text, len, i + 1);
+    if (i < len && text[i] == ']')
+        return 0;
+    while (i < len) {
+        size_t vend = skip_value(text, len, i);
+        if (vend >= len || vend == i)
+            return SL_EDECODE;
+        if (*n == max)
+            return SL_ETOOBIG;
+        offs[*n] = i;
+        lens[*n] = vend - i;
+        (*n)++;
+        i = skip_ws(text, len, vend);
+        if (i < len && text[i] == ',')
+            i = skip_ws(text, len, i + 1);
+        else
+            break;
+    }
+    return i < len && text[i] == ']' ? 0 : SL_EDECODE;
 }

@@ -42,12 +42,17 @@ struct sl_jsonl_opts {
     uint64_t now_ms;                    /* "created_at_ms" when absent, unix ms;
                                            0 = read CLOCK_REALTIME */
     /* For sl_jsonl_event (the HTTP API's event objects); zero = sluice-produce's rules: */
-    bool endpoint_optional;           /* "endpoint" may be absent: out->ep is then NULL */
-    const char *const *extra_fields;  /* further top-level fields allowed (the caller reads
-                                         them itself), borrowed; NULL = none */
-    size_t n_extra;                   /* entries in extra_fields */
-    const char *id_if_absent;         /* event id used when "id" is absent (borrowed);
-                                         NULL = a random one (sl_jsonl_gen_event_id) */
+    bool endpoint_optional;          /* "endpoint" may be absent: out->ep is then NULL */
+    const char *const *extra_fields; /* further top-level fields allowed (the caller reads
+                                        them itself), borrowed; NULL = none */
+    size_t n_extra;                  /* entries in extra_fields */
+    const char *id_if_absent;        /* event id used when "id" is absent (borrowed);
+                                        NULL = a random one (sl_jsonl_gen_event_id) */
+    const char *raw;                 /* the JSON text the object was parsed from (borrowed),
+                                        or NULL: then a non-string "body" is re-serialised
+                                        compactly; with it, the body is sent byte for byte
+                                        as it stands in the text */
+    size_t raw_len;                  /* bytes at raw */
 };
 
 /*
@@ -71,6 +76,21 @@ int sl_jsonl_event(json_t *obj,
                    const struct sl_jsonl_opts *opts,
                    struct sl_delivery *out,
                    sl_err_t *err);
+
+/*
+ * Spans in JSON text that jansson has already accepted (the functions do not validate; on
+ * text that is not valid JSON they may report not found, never read past len):
+ *   sl_json_member_span: the value of member name (borrowed, NUL-terminated) of the object
+ *     that text[0..len) is (surrounding whitespace allowed): *off and *vlen (OUT) its bytes.
+ *     Returns 0 when found, SL_ENOTFOUND when absent or when a member name holds an escape
+ *     (it could spell name: the caller falls back to the parsed tree).
+ *   sl_json_array_spans: the elements of the array that text[0..len) is: up to max spans
+ *     into offs/lens (OUT), *n (OUT) how many. Returns 0, SL_ETOOBIG (more than max),
+ *     SL_EDECODE (not an array).
+ */
+int sl_json_member_span(const char *text, size_t len, const char *name, size_t *off, size_t *vlen);
+int sl_json_array_spans(
+    const char *text, size_t len, size_t max, size_t *offs, size_t *lens, size_t *n);
 
 /*
  * Write a fresh event id "evt_" + 26 base32 characters (130 random bits) and a NUL into out.

@@ -97,6 +97,9 @@ def test_fanout_reaches_exactly_the_subscribed_enabled_endpoints_once_signed(mak
     assert set(got) == want, set(got) ^ want
     assert max(got.values()) == 1, "an endpoint received an event twice"
     assert all(l["sig_ok"] is True for l in rcv.ledger()), "a signature did not verify"
+    # the body goes out byte for byte as posted: json.dumps wrote {"n": 1} (8 bytes, with its
+    # space), not a re-serialised {"n":1}
+    assert {l["bytes"] for l in ledger_ok(rcv) if l["webhook_id"] == a["id"]} == {8}
     assert c.term() == 0
     assert api.proc.term() == 0, "sluice-api did not exit 0 on SIGTERM"
 

@@ -8,7 +8,8 @@
  *   odd:  the rest as a request body's event object: jansson, then sl_jsonl_event with the
  *         API's options (endpoint optional, "channels" allowed, an id derived when absent).
  *         Errors are well-formed and leave the output empty; a parsed event is a valid
- *         delivery once it names an endpoint, and encodes.
+ *         delivery once it names an endpoint, and encodes; a JSON body taken verbatim from
+ *         the text parses to the same value as the tree's.
  */
 #include <string.h>
 
@@ -49,11 +50,20 @@ static void event(const uint8_t *data, size_t size)
     o.extra_fields = extra;
     o.n_extra = 1;
     o.id_if_absent = "evt_0123456789abcdef0123456789";
+    o.raw = (const char *)data; /* the body goes out as its own bytes of the text */
+    o.raw_len = size;
     json_t *j = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &jerr);
     if (!j)
         return;
     memset(&zero, 0, sizeof(zero));
     int rc = sl_jsonl_event(j, &o, &d, &err);
+    json_t *body = json_object_get(j, "body");
+    if (rc == 0 && body && !json_is_string(body)) {
+        /* the verbatim bytes are exactly the body's JSON */
+        json_t *back = json_loadb((const char *)d.body, d.body_len, JSON_DECODE_ANY, &jerr);
+        SL_FUZZ_CHECK(back && json_equal(back, body));
+        json_decref(back);
+    }
     json_decref(j);
     if (rc != 0) {
         SL_FUZZ_CHECK_ERR(rc, err);

@@ -22,9 +22,12 @@
 static struct sl_masterkey mk;
 
 /* A snapshot of endpoint id with the given filters (sl_endpoint_build, as the table does). */
-static const struct sl_endpoint *
-mk_ep(const char *id, const char *const *types, size_t nt, const char *const *ch, size_t nc,
-      bool enabled)
+static const struct sl_endpoint *mk_ep(const char *id,
+                                       const char *const *types,
+                                       size_t nt,
+                                       const char *const *ch,
+                                       size_t nc,
+                                       bool enabled)
 {
     struct sl_secret s;
     char whsec[SL_SECRET_STR_MAX];
@@ -83,8 +86,8 @@ static api_fanout_idx_t *make_index(void)
 }
 
 /* The ids the index gives, joined with spaces. */
-static void got(api_fanout_idx_t *x, const char *type, const char *const *ch, size_t nc,
-                char *out, size_t cap)
+static void
+got(api_fanout_idx_t *x, const char *type, const char *const *ch, size_t nc, char *out, size_t cap)
 {
     const struct sl_endpoint **m = NULL;
     size_t n = api_fanout_match(x, type, ch, nc, &m, NULL);
@@ -99,7 +102,7 @@ static void got(api_fanout_idx_t *x, const char *type, const char *const *ch, si
 /* The same by brute force over every endpoint, in id order. */
 static void oracle(const char *type, const char *const *ch, size_t nc, char *out, size_t cap)
 {
-    static const char *const ids[] = {"a_exact", "b_every", "c_both",  "d_deep",    "e_wild",
+    static const char *const ids[] = {"a_exact", "b_every", "c_both",     "d_deep",    "e_wild",
                                       "f_other", "g_off",   "h_tenant_a", "i_every_ab"};
     out[0] = '\0';
     for (size_t k = 0; k < N_EPS; k++) {
@@ -120,9 +123,16 @@ static void test_matches_the_rule(void **state)
     (void)state;
     api_fanout_idx_t *x = make_index();
     assert_int_equal(api_fanout_count(x), N_EPS);
-    static const char *const types[] = {"order.created", "order.paid", "order",
-                                        "order.item.added", "order.item", "orders.x",
-                                        "user.created", "user.deleted", "x", "order."};
+    static const char *const types[] = {"order.created",
+                                        "order.paid",
+                                        "order",
+                                        "order.item.added",
+                                        "order.item",
+                                        "orders.x",
+                                        "user.created",
+                                        "user.deleted",
+                                        "x",
+                                        "order."};
     static const char *const a[] = {"tenant_a"}, *const b[] = {"tenant_b"}, *const z[] = {"z"};
     const char *const *chs[] = {NULL, a, b, z};
     char g[512], o[512];
@@ -149,8 +159,8 @@ static void test_matches_the_rule(void **state)
 int main(void)
 {
     assert_int_equal(
-        sl_masterkey_parse(
-            &mk, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f", NULL),
+        sl_masterkey_parse(&mk, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+                           NULL),
         0);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_matches_the_rule)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
