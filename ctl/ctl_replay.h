@@ -4,14 +4,12 @@
  *   sluicectl replay [--endpoint ID] [--since T] [--until T] [--error CLASS] [--ids ID,ID...]
  *                    [--limit N] [--all] [--batch-size N] [--dry-run] [--json]
  *
- * Each selected dead letter's stored delivery record (dead_letters.payload) is re-published to
- * topic_deliveries with attempt = 0 and replay = true (the consumer treats it as a fresh
- * delivery with a new attempt budget), and the letter is marked replayed (replayed_at,
- * replay_count + 1). Running it twice does not send twice: only letters not replayed since
- * their latest death are selected, FOR UPDATE SKIP LOCKED so concurrent runs split the work,
- * and a journal (replay_log, sql/0003_analysis.sql) written before publishing and updated as
- * soon as Kafka acknowledges makes the marking survive a crash between the acknowledgement and
- * the commit. The exact guarantee is documented in docs/OPERATIONS-analysis.md.
+ * Each selected dead letter's stored delivery record is re-published to topic_deliveries as a
+ * fresh delivery (attempt 0, replay = true) and the letter is marked replayed, each once, also
+ * across concurrent runs and crashes. The engine doing it is common/sl_replay.h (shared with
+ * sluice-api); this command parses and validates the flags (usage errors before the
+ * configuration is loaded), opens the two PostgreSQL connections the engine needs, and prints
+ * its reports. The exact guarantee is documented in docs/OPERATIONS-analysis.md.
  *
  * thread: main thread only.
  */

@@ -1,0 +1,702 @@
+/*
+ * sl_replay: the dead-letter replay engine (see sl_replay.h for the protocol and the
+ * guarantee).
+ *
+ * A run is one struct run on the caller's stack: the two connections, the producer, the
+ * batch being published and the counts. Delivery reports reach the batch through the
+ * producer's opaque (the run) and each message's opaque (batch serial + row index), so a
+ * report that arrives after its batch was given up on cannot touch a row that is gone; they
+ * are served only inside rd_kafka_poll on the calling thread. A letter whose publish was never
+ * acknowledged (or failed) stays unmarked and is picked up by the next run; within one run it
+ * is not retried (the selection skips letters this run has journalled).
+ *
+ * dead_at travels from pg to journal_pg as ISO 8601 text with microseconds in UTC, so the
+ * journal row names the exact death whatever the sessions' DateStyle and TimeZone.
+ *
+ * Messages name counts, endpoints, event ids and error classes, never payloads.
+ */
+#include "common/sl_replay.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <librdkafka/rdkafka.h>
+#include <openssl/rand.h>
+
+#include "common/sl_kafka.h"
+#include "common/sl_log.h"
+#include "common/sl_mem.h"
+#include "common/sl_pg.h"
+#include "common/sl_record.h"
+
+#define ENQUEUE_WAIT_MS 10000 /* a full local producer queue, per record */
+
+/* ==== Selection ==== */
+
+/* The filter parameters shared by every selection statement: $1 endpoint, $2 since ms,
+ * $3 until ms, $4 error class, $5 event ids (text[] literal); NULL = no filter. */
+#define FILTER_SQL                                                                                 \
+    " d.replayed_at is null and d.resolved_at is null"                                             \
+    " and ($1::text is null or d.endpoint_id = $1)"                                                \
+    " and ($2::bigint is null or d.dead_at >= timestamptz 'epoch' + $2::bigint"                    \
+    "      * interval '1 millisecond')"                                                            \
+    " and ($3::bigint is null or d.dead_at < timestamptz 'epoch' + $3::bigint"                     \
+    "      * interval '1 millisecond')"                                                            \
+    " and ($4::text is null or d.error_class = $4)"                                                \
+    " and ($5::text[] is null or d.event_id = any($5::text[]))"
+
+/* A run's batch: $6 run id (its own journal rows are skipped), $7 batch size. */
+static const char SQL_SELECT[] =
+    "select d.event_id, d.endpoint_id,"
+    "       to_char(d.dead_at at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') as dead_at,"
+    "       d.payload,"
+    "       exists (select 1 from replay_log l where l.event_id = d.event_id"
+    "                  and l.endpoint_id = d.endpoint_id and l.dead_at = d.dead_at"
+    "                  and l.state = 'sending') as unconfirmed"
+    "  from dead_letters d"
+    " where" FILTER_SQL " and d.payload is not null"
+    "   and not exists (select 1 from replay_log l where l.run_id = $6"
+    "                      and l.event_id = d.event_id and l.endpoint_id = d.endpoint_id)"
+    " order by d.dead_at, d.endpoint_id, d.event_id"
+    " limit $7::bigint"
+    " for update of d skip locked";
+
+/* The dry run: what a run would select now (letters locked by a running replay included). */
+static const char SQL_DRY[] =
+    "select d.event_id, d.endpoint_id, (extract(epoch from d.dead_at) * 1000)::bigint as dead_ms,"
+    "       d.error_class, d.last_status, d.attempts, d.replay_count, length(d.payload) as bytes"
+    "  from dead_letters d"
+    " where" FILTER_SQL " and d.payload is not null"
+    " order by d.dead_at, d.endpoint_id, d.event_id"
+    " limit $6::bigint";
+
+/* Letters matching the selection that cannot be replayed (no stored record). */
+static const char SQL_NOPAYLOAD[] =
+    "select count(*) as n from dead_letters d where" FILTER_SQL " and d.payload is null";
+
+static const char SQL_JOURNAL_INSERT[] =
+    "insert into replay_log (run_id, event_id, endpoint_id, dead_at, state, error)"
+    " select $1, u.e, u.p, u.t::timestamptz, u.s, nullif(u.x, '')"
+    "   from unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])"
+    "        as u(e, p, t, s, x)";
+
+static const char SQL_JOURNAL_UPDATE[] =
+    "update replay_log l"
+    "   set state = u.s, acked_at = case when u.s = 'acked' then now() end,"
+    "       error = nullif(u.x, '')"
+    "  from unnest($2::text[], $3::text[], $4::text[], $5::text[]) as u(e, p, s, x)"
+    " where l.run_id = $1 and l.event_id = u.e and l.endpoint_id = u.p";
+
+static const char SQL_MARK[] =
+    "update dead_letters d set replayed_at = now(), replay_count = d.replay_count + 1"
+    "  from unnest($1::text[], $2::text[]) as u(e, p)"
+    " where d.event_id = u.e and d.endpoint_id = u.p";
+
+/* ==== Result fields and array literals ==== */
+
+static bool pg_null(const PGresult *res, int row, const char *name)
+{
+    int c = PQfnumber(res, name);
+    return c < 0 || PQgetisnull(res, row, c);
+}
+
+/* Column name's text (borrowed from res), or NULL. */
+static const char *pg_str(const PGresult *res, int row, const char *name)
+{
+    if (pg_null(res, row, name))
+        return NULL;
+    return PQgetvalue(res, row, PQfnumber(res, name));
+}
+
+/* Column name as an integer (our own queries: always a PostgreSQL integer); NULL -> 0. */
+static int64_t pg_i64(const PGresult *res, int row, const char *name)
+{
+    const char *s = pg_str(res, row, name);
+    return s ? strtoll(s, NULL, 10) : 0;
+}
+
+/* A PostgreSQL array literal of n strings ({"a","b"}: every element quoted, '"' and '\'
+ * escaped). items borrowed; returns a malloc'd string the caller frees. */
+static char *text_array(const char *const *items, size_t n)
+{
+    size_t len = 3;
+    for (size_t i = 0; i < n; i++)
+        len += 2 * strlen(items[i]) + 3;
+    char *out = sl_xmalloc(len);
+    size_t o = 0;
+    out[o++] = '{';
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0)
+            out[o++] = ',';
+        out[o++] = '"';
+        for (const char *p = items[i]; *p; p++) {
+            if (*p == '"' || *p == '\\')
+                out[o++] = '\\';
+            out[o++] = *p;
+        }
+        out[o++] = '"';
+    }
+    out[o++] = '}';
+    out[o] = '\0';
+    return out;
+}
+
+/* ==== Checks ==== */
+
+bool sl_replay_error_class_valid(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > SL_ERR_CLASS_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+            return false;
+    return true;
+}
+
+int sl_replay_sel_check(const struct sl_replay_sel *sel, sl_err_t *err)
+{
+    if (sel->endpoint && !sl_valid_endpoint_id(sel->endpoint, strlen(sel->endpoint)))
+        return sl_err_set(err, SL_EINVAL,
+                          "invalid endpoint id: expected 1..64 characters [A-Za-z0-9_-]");
+    if (sel->error_class && !sl_replay_error_class_valid(sel->error_class))
+        return sl_err_set(err, SL_EINVAL,
+                          "invalid error class: expected 1..32 characters [a-z0-9_]");
+    if (sel->n_event_ids > SL_REPLAY_IDS_MAX)
+        return sl_err_set(err, SL_EINVAL, "too many event ids: at most %d", SL_REPLAY_IDS_MAX);
+    if (sel->n_event_ids > 0 && !sel->event_ids)
+        return sl_err_set(err, SL_EINVAL, "event ids missing");
+    for (size_t i = 0; i < sel->n_event_ids; i++)
+        if (!sel->event_ids[i] || !sl_valid_event_id(sel->event_ids[i], strlen(sel->event_ids[i])))
+            return sl_err_set(err, SL_EINVAL,
+                              "invalid event id at position %zu: expected 1..128 visible "
+                              "characters except '.'",
+                              i + 1);
+    if (sel->limit < 0 || sel->limit > SL_REPLAY_LIMIT_MAX)
+        return sl_err_set(err, SL_EINVAL, "invalid limit: expected 0..%d", SL_REPLAY_LIMIT_MAX);
+    if (sel->has_since && sel->has_until && sel->since_ms >= sel->until_ms)
+        return sl_err_set(err, SL_EINVAL, "since must be before until");
+    bool selector = sel->endpoint || sel->has_since || sel->has_until || sel->error_class ||
+                    sel->n_event_ids > 0 || sel->limit > 0;
+    if (!selector && !sel->all)
+        return sl_err_set(err, SL_EINVAL,
+                          "no selection: choose an endpoint, a time window, an error class, "
+                          "event ids or a limit, or all dead letters not yet replayed");
+    return 0;
+}
+
+/* The filter parameters ($1..$5) of sel; ids_lit is an owned array literal or NULL. */
+static void filter_params(const struct sl_replay_sel *sel,
+                          char since[24],
+                          char until[24],
+                          char **ids_lit,
+                          const char *params[5])
+{
+    snprintf(since, 24, "%" PRId64, sel->since_ms);
+    snprintf(until, 24, "%" PRId64, sel->until_ms);
+    *ids_lit = sel->n_event_ids ? text_array(sel->event_ids, sel->n_event_ids) : NULL;
+    params[0] = sel->endpoint;
+    params[1] = sel->has_since ? since : NULL;
+    params[2] = sel->has_until ? until : NULL;
+    params[3] = sel->error_class;
+    params[4] = *ids_lit;
+}
+
+static int
+count_without_payload(PGconn *pg, const struct sl_replay_sel *sel, int64_t *n, sl_err_t *err)
+{
+    char since[24], until[24];
+    char *ids_lit = NULL;
+    const char *params[5];
+    filter_params(sel, since, until, &ids_lit, params);
+    PGresult *res =
+        sl_pg_exec(pg, "count dead letters without a record", SQL_NOPAYLOAD, 5, params, err);
+    free(ids_lit);
+    if (!res)
+        return SL_EPG;
+    *n = pg_i64(res, 0, "n");
+    PQclear(res);
+    return 0;
+}
+
+/* ==== One letter of a batch ==== */
+
+enum row_state {
+    R_NEW = 0, /* selected */
+    R_INVALID, /* stored record does not decode or belongs to another key: not sent */
+    R_SENT,    /* handed to the producer, no report yet */
+    R_ACKED,   /* Kafka acknowledged it */
+    R_FAILED,  /* could not be produced, or Kafka reported a failure, or no report in time */
+};
+
+struct row {
+    char *event_id;                  /* owned */
+    char *endpoint_id;               /* owned */
+    char *dead_at;                   /* dead_letters.dead_at, ISO 8601 UTC to the µs; owned */
+    uint8_t *rec;                    /* re-encoded delivery record (malloc'd), NULL if invalid */
+    size_t rec_len;                  /* bytes */
+    bool unconfirmed;                /* an interrupted earlier run left it 'sending' */
+    enum row_state state;            /* where it is */
+    char error[SL_ERR_MSG_MAX + 64]; /* why invalid or failed */
+};
+
+/* Everything a run holds. */
+struct run {
+    const struct sl_config *cfg;     /* borrowed */
+    const struct sl_replay_sel *sel; /* borrowed */
+    const struct sl_replay_opts *o;  /* borrowed */
+    struct sl_replay_result *out;    /* borrowed: the counts */
+    PGconn *a;                       /* selection + marking transaction (borrowed) */
+    PGconn *b;                       /* journal, autocommit (borrowed) */
+    rd_kafka_t *rk;                  /* producer (owned) */
+    struct row *cur;                 /* the batch being published (borrowed from batch()) */
+    int cur_n;                       /* rows in cur */
+    uint64_t serial;                 /* batch number, tags each message */
+    int outstanding;                 /* records of the batch sent without a report yet */
+    int64_t batch_size;              /* letters per transaction */
+};
+
+static void row_fini(struct row *w)
+{
+    free(w->event_id);
+    free(w->endpoint_id);
+    free(w->dead_at);
+    free(w->rec);
+    memset(w, 0, sizeof(*w));
+}
+
+/* A message's opaque: the batch serial and the row index, so a report that arrives after
+ * its batch was given up on (purged, counted failed) cannot touch a row that is gone. */
+static void *msg_tag(uint64_t serial, int index)
+{
+    return (void *)(uintptr_t)((serial << 32) | (uint64_t)(index + 1));
+}
+
+/* Delivery report: runs inside rd_kafka_poll on the run's thread; opaque is the run. */
+static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+    (void)rk;
+    struct run *r = opaque;
+    uint64_t tag = (uint64_t)(uintptr_t)m->_private;
+    int index = (int)(tag & 0xffffffffu) - 1;
+    if (!r || (tag >> 32) != r->serial || index < 0 || index >= r->cur_n ||
+        r->cur[index].state != R_SENT)
+        return;
+    struct row *w = &r->cur[index];
+    r->outstanding--;
+    if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        w->state = R_ACKED;
+    } else {
+        w->state = R_FAILED;
+        snprintf(w->error, sizeof(w->error), "kafka: %s", rd_kafka_err2str(m->err));
+    }
+}
+
+/* Decode the stored record, check it belongs to the letter, re-encode as a replay. */
+static void prepare(struct run *r, struct row *w, const unsigned char *payload, size_t len)
+{
+    struct sl_decode_limits lim = {.max_body = (size_t)r->cfg->max_body_bytes, .max_record = 0};
+    struct sl_delivery d;
+    sl_err_t err;
+    sl_err_clear(&err);
+    if (sl_delivery_decode(payload, len, &lim, &d, &err) != 0) {
+        w->state = R_INVALID;
+        snprintf(w->error, sizeof(w->error), "stored record does not decode: %s", err.msg);
+        sl_delivery_fini(&d);
+        return;
+    }
+    if (strcmp(d.id, w->event_id) != 0 || strcmp(d.ep, w->endpoint_id) != 0) {
+        w->state = R_INVALID;
+        snprintf(w->error, sizeof(w->error), "stored record belongs to another event");
+        sl_delivery_fini(&d);
+        return;
+    }
+    d.attempt = 0;
+    d.replay = true;
+    struct sl_buf b;
+    sl_buf_init(&b, (size_t)r->cfg->max_body_bytes + SL_RECORD_OVERHEAD);
+    if (sl_delivery_encode_lim(&d, &lim, &b, &err) != 0) {
+        w->state = R_INVALID;
+        snprintf(w->error, sizeof(w->error), "stored record cannot be re-encoded: %s", err.msg);
+        sl_buf_fini(&b);
+    } else {
+        w->rec = b.data; /* taken over from the buffer */
+        w->rec_len = b.len;
+    }
+    sl_delivery_fini(&d);
+}
+
+/* Journal rows of a batch with their current state (journal insert or update). */
+static int journal(struct run *r, struct row *rows, int n, bool insert, sl_err_t *err)
+{
+    const char **e = sl_xcalloc((size_t)n + 1, sizeof(char *));
+    const char **p = sl_xcalloc((size_t)n + 1, sizeof(char *));
+    const char **t = sl_xcalloc((size_t)n + 1, sizeof(char *));
+    const char **s = sl_xcalloc((size_t)n + 1, sizeof(char *));
+    const char **x = sl_xcalloc((size_t)n + 1, sizeof(char *));
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        e[k] = rows[i].event_id;
+        p[k] = rows[i].endpoint_id;
+        t[k] = rows[i].dead_at;
+        switch (rows[i].state) {
+        case R_ACKED:
+            s[k] = "acked";
+            break;
+        case R_SENT:
+            s[k] = insert ? "sending" : "failed";
+            if (!insert && rows[i].error[0] == '\0')
+                snprintf(rows[i].error, sizeof(rows[i].error), "not acknowledged within %d ms",
+                         SL_REPLAY_ACK_WAIT_MS);
+            break;
+        case R_NEW:
+            s[k] = "sending";
+            break;
+        default:
+            s[k] = "failed";
+            break;
+        }
+        x[k] = rows[i].error;
+        k++;
+    }
+    char *ae = text_array(e, k), *ap = text_array(p, k);
+    char *at = text_array(t, k), *as = text_array(s, k);
+    char *ax = text_array(x, k);
+    int rc;
+    if (insert) {
+        const char *params[6] = {r->out->run_id, ae, ap, at, as, ax};
+        rc = sl_pg_cmd(r->b, "journal the replay", SQL_JOURNAL_INSERT, 6, params, err);
+    } else {
+        const char *params[5] = {r->out->run_id, ae, ap, as, ax};
+        rc = sl_pg_cmd(r->b, "journal the acknowledgements", SQL_JOURNAL_UPDATE, 5, params, err);
+    }
+    free(ae);
+    free(ap);
+    free(at);
+    free(as);
+    free(ax);
+    free(e);
+    free(p);
+    free(t);
+    free(s);
+    free(x);
+    return rc;
+}
+
+/* Mark the acknowledged rows replayed inside A's transaction; 0 or SL_EPG. */
+static int mark(struct run *r, struct row *rows, int n, int *marked, sl_err_t *err)
+{
+    const char **e = sl_xcalloc((size_t)n + 1, sizeof(char *));
+    const char **p = sl_xcalloc((size_t)n + 1, sizeof(char *));
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        if (rows[i].state != R_ACKED)
+            continue;
+        e[k] = rows[i].event_id;
+        p[k] = rows[i].endpoint_id;
+        k++;
+    }
+    *marked = (int)k;
+    int rc = 0;
+    if (k > 0) {
+        char *ae = text_array(e, k), *ap = text_array(p, k);
+        const char *params[2] = {ae, ap};
+        rc = sl_pg_cmd(r->a, "mark dead letters replayed", SQL_MARK, 2, params, err);
+        free(ae);
+        free(ap);
+    }
+    free(e);
+    free(p);
+    return rc;
+}
+
+/*
+ * Hand every prepared row to the producer and wait (bounded) for the reports; rows end up
+ * R_ACKED, R_FAILED, or still R_SENT when no report came in time (then purged).
+ */
+static void publish(struct run *r, struct row *rows, int n)
+{
+    r->cur = rows;
+    r->cur_n = n;
+    r->serial++;
+    r->outstanding = 0;
+    for (int i = 0; i < n; i++) {
+        struct row *w = &rows[i];
+        if (w->state != R_NEW)
+            continue;
+        sl_err_t perr;
+        sl_err_clear(&perr);
+        /* set before producing: a report may be served while sl_kafka_produce polls */
+        w->state = R_SENT;
+        r->outstanding++;
+        if (sl_kafka_produce(r->rk, r->cfg->topic_deliveries, w->endpoint_id,
+                             strlen(w->endpoint_id), w->rec, w->rec_len, msg_tag(r->serial, i),
+                             ENQUEUE_WAIT_MS, &perr) != 0) {
+            w->state = R_FAILED;
+            r->outstanding--;
+            snprintf(w->error, sizeof(w->error), "%s", perr.msg);
+        }
+        free(w->rec); /* copied by the producer */
+        w->rec = NULL;
+    }
+    int64_t deadline = sl_mono_ms() + SL_REPLAY_ACK_WAIT_MS;
+    while (r->outstanding > 0 && sl_mono_ms() < deadline)
+        rd_kafka_poll(r->rk, 100);
+    if (r->outstanding > 0) {
+        /* No report in time: purge (their reports come back as failures) and stop waiting;
+         * rows still without a report are journalled as failed (state R_SENT). */
+        rd_kafka_purge(r->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+        rd_kafka_poll(r->rk, 1000);
+    }
+    r->cur = NULL;
+    r->cur_n = 0;
+}
+
+static void warn(struct run *r, const char *msg)
+{
+    if (r->o->on_warning)
+        r->o->on_warning(r->o->opaque, msg);
+    else
+        sl_warn("replay", "replay_warning", "%s", msg);
+}
+
+/* Count a committed row and report it to on_letter. */
+static void settle(struct run *r, const struct row *w)
+{
+    struct sl_replay_letter l = {.event_id = w->event_id,
+                                 .endpoint_id = w->endpoint_id,
+                                 .unconfirmed = false,
+                                 .error = w->error};
+    if (w->state == R_ACKED) {
+        r->out->replayed++;
+        r->out->unconfirmed += w->unconfirmed;
+        l.outcome = SL_REPLAY_REPLAYED;
+        l.unconfirmed = w->unconfirmed;
+        l.error = "";
+    } else if (w->state == R_INVALID) {
+        r->out->invalid++;
+        l.outcome = SL_REPLAY_INVALID;
+    } else {
+        r->out->failed++;
+        l.outcome = SL_REPLAY_FAILED;
+    }
+    if (r->o->on_letter)
+        r->o->on_letter(r->o->opaque, &l);
+}
+
+/*
+ * One batch: select, journal, publish, journal acks, mark, commit. *done (OUT) = true when
+ * nothing was left to select. Returns 0, or an error that ends the run (err filled).
+ */
+static int batch(struct run *r, int64_t want, bool *done, sl_err_t *err)
+{
+    char since[24], until[24], lim[24];
+    char *ids_lit = NULL;
+    const char *params[7];
+    filter_params(r->sel, since, until, &ids_lit, params);
+    snprintf(lim, sizeof(lim), "%" PRId64, want);
+    params[5] = r->out->run_id;
+    params[6] = lim;
+    struct row *rows = NULL;
+    int n = 0, rc;
+    PGresult *res = NULL;
+    *done = false;
+    rc = sl_pg_cmd(r->a, "begin a transaction", "begin", 0, NULL, err);
+    if (rc != 0)
+        goto out;
+    res = sl_pg_exec(r->a, "select dead letters", SQL_SELECT, 7, params, err);
+    if (!res) {
+        rc = SL_EPG;
+        goto rollback;
+    }
+    n = PQntuples(res);
+    if (n == 0) {
+        *done = true;
+        rc = sl_pg_cmd(r->a, "end the transaction", "commit", 0, NULL, err);
+        goto out;
+    }
+    rows = sl_xcalloc((size_t)n, sizeof(*rows));
+    for (int i = 0; i < n; i++) {
+        struct row *w = &rows[i];
+        w->event_id = sl_xstrdup(pg_str(res, i, "event_id"));
+        w->endpoint_id = sl_xstrdup(pg_str(res, i, "endpoint_id"));
+        w->dead_at = sl_xstrdup(pg_str(res, i, "dead_at"));
+        const char *u = pg_str(res, i, "unconfirmed");
+        w->unconfirmed = u && u[0] == 't';
+        size_t len = 0;
+        unsigned char *payload =
+            PQunescapeBytea((const unsigned char *)pg_str(res, i, "payload"), &len);
+        if (!payload) {
+            w->state = R_INVALID;
+            snprintf(w->error, sizeof(w->error), "stored record could not be read");
+        } else {
+            prepare(r, w, payload, len);
+            PQfreemem(payload);
+        }
+    }
+    PQclear(res);
+    res = NULL;
+    /* The intent is durable before anything is sent. */
+    rc = journal(r, rows, n, true, err);
+    if (rc != 0)
+        goto rollback;
+    publish(r, rows, n);
+    sl_err_t jerr;
+    sl_err_clear(&jerr);
+    bool journalled = journal(r, rows, n, false, &jerr) == 0;
+    if (!journalled) {
+        /* Marking in A still makes the replay exact; only crash safety of this batch is
+         * weaker (a crash before A's commit would re-send it). */
+        warn(r, jerr.msg);
+    }
+    int marked = 0;
+    rc = mark(r, rows, n, &marked, err);
+    if (rc == 0)
+        rc = sl_pg_cmd(r->a, "commit the replay marks", "commit", 0, NULL, err);
+    if (rc != 0) {
+        if (journalled)
+            r->out->unmarked += marked;
+        else
+            r->out->unmarked_lost += marked;
+        goto rollback;
+    }
+    for (int i = 0; i < n; i++)
+        settle(r, &rows[i]);
+    goto out;
+rollback:
+    if (PQstatus(r->a) == CONNECTION_OK) {
+        PGresult *rb = PQexec(r->a, "rollback");
+        PQclear(rb);
+    }
+out:
+    PQclear(res);
+    for (int i = 0; i < n && rows; i++)
+        row_fini(&rows[i]);
+    free(rows);
+    free(ids_lit);
+    return rc;
+}
+
+/* ==== Runs ==== */
+
+/* Recover, open the producer, run the batches. */
+static int run_batches(struct run *r, sl_err_t *err)
+{
+    PGresult *res = sl_pg_exec(r->b, "recover an interrupted replay",
+                               "select sluice_replay_recover() as n", 0, NULL, err);
+    if (!res)
+        return SL_EPG;
+    r->out->recovered = pg_i64(res, 0, "n");
+    PQclear(res);
+    const char *role = r->o->kafka_role ? r->o->kafka_role : "sluice-replay";
+    rd_kafka_conf_t *conf = sl_kafka_conf_new(r->cfg, role, err);
+    if (!conf)
+        return SL_EKAFKA;
+    rd_kafka_conf_set_opaque(conf, r); /* dr_cb finds the batch through it */
+    r->rk = sl_kafka_producer_new(r->cfg, role, SL_KAFKA_LATENCY, conf, dr_cb, err);
+    if (!r->rk)
+        return SL_EKAFKA;
+    struct sl_replay_result *o = r->out;
+    int64_t left = r->sel->limit > 0 ? r->sel->limit : INT64_MAX;
+    while (left > 0) {
+        bool done = false;
+        int64_t want = left < r->batch_size ? left : r->batch_size;
+        int64_t before = o->replayed + o->failed + o->invalid;
+        int rc = batch(r, want, &done, err);
+        if (rc != 0)
+            return rc;
+        if (done)
+            break;
+        left -= o->replayed + o->failed + o->invalid - before;
+    }
+    return 0;
+}
+
+int sl_replay_run(PGconn *pg,
+                  PGconn *journal_pg,
+                  const struct sl_config *cfg,
+                  const struct sl_replay_sel *sel,
+                  const struct sl_replay_opts *opts,
+                  struct sl_replay_result *out,
+                  sl_err_t *err)
+{
+    memset(out, 0, sizeof(*out));
+    int rc = sl_replay_sel_check(sel, err);
+    if (rc != 0)
+        return rc;
+    if (opts->batch_size < 0 || opts->batch_size > SL_REPLAY_BATCH_MAX)
+        return sl_err_set(err, SL_EINVAL, "invalid batch size: expected 1..%d",
+                          SL_REPLAY_BATCH_MAX);
+    if (!pg || !journal_pg || pg == journal_pg)
+        return sl_err_set(err, SL_EINVAL, "a replay needs two distinct postgresql connections");
+    unsigned char rnd[SL_REPLAY_RUN_ID_LEN / 2];
+    if (RAND_bytes(rnd, sizeof(rnd)) != 1)
+        return sl_err_set(err, SL_ECRYPTO, "cannot generate a run id: no random bytes");
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        snprintf(out->run_id + 2 * i, 3, "%02x", rnd[i]);
+    rc = count_without_payload(pg, sel, &out->without_payload, err);
+    if (rc != 0)
+        return rc;
+    out->started = true;
+    struct run r = {.cfg = cfg,
+                    .sel = sel,
+                    .o = opts,
+                    .out = out,
+                    .a = pg,
+                    .b = journal_pg,
+                    .batch_size =
+                        opts->batch_size > 0 ? opts->batch_size : SL_REPLAY_BATCH_DEFAULT};
+    rc = run_batches(&r, err);
+    if (r.rk) {
+        rd_kafka_purge(r.rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+        rd_kafka_flush(r.rk, 1000);
+        rd_kafka_destroy(r.rk);
+    }
+    return rc;
+}
+
+int sl_replay_dry_run(PGconn *pg,
+                      const struct sl_replay_sel *sel,
+                      void (*on_candidate)(void *opaque, const struct sl_replay_candidate *c),
+                      void *opaque,
+                      struct sl_replay_dry_result *out,
+                      sl_err_t *err)
+{
+    memset(out, 0, sizeof(*out));
+    int rc = sl_replay_sel_check(sel, err);
+    if (rc != 0)
+        return rc;
+    rc = count_without_payload(pg, sel, &out->without_payload, err);
+    if (rc != 0)
+        return rc;
+    char since[24], until[24], lim[24];
+    char *ids_lit = NULL;
+    const char *params[6];
+    filter_params(sel, since, until, &ids_lit, params);
+    snprintf(lim, sizeof(lim), "%" PRId64, sel->limit > 0 ? sel->limit : (int64_t)INT64_MAX);
+    params[5] = lim;
+    PGresult *res = sl_pg_exec(pg, "select dead letters", SQL_DRY, 6, params, err);
+    free(ids_lit);
+    if (!res)
+        return SL_EPG;
+    int n = PQntuples(res);
+    out->would_replay = n;
+    for (int i = 0; on_candidate && i < n; i++) {
+        struct sl_replay_candidate c = {
+            .event_id = pg_str(res, i, "event_id"),
+            .endpoint_id = pg_str(res, i, "endpoint_id"),
+            .dead_ms = pg_i64(res, i, "dead_ms"),
+            .error_class = pg_str(res, i, "error_class"),
+            .has_last_status = !pg_null(res, i, "last_status"),
+            .last_status = pg_i64(res, i, "last_status"),
+            .attempts = pg_i64(res, i, "attempts"),
+            .replay_count = pg_i64(res, i, "replay_count"),
+            .bytes = pg_i64(res, i, "bytes"),
+        };
+        on_candidate(opaque, &c);
+    }
+    PQclear(res);
+    return 0;
+}
