@@ -72,6 +72,7 @@ struct api_req {
     /* the answer */
     int status;            /* HTTP status; 0 = not set */
     json_t *json;          /* body (owned), or NULL for no body */
+    char *text;            /* or the body as JSON text already (owned; wins over json) */
     bool problem;          /* json is application/problem+json */
     int64_t retry_after_s; /* Retry-After header when > 0 */
     bool idem_replayed;    /* Idempotent-Replayed: true */
@@ -96,6 +97,8 @@ struct api_route {
 
 /* Set the answer: status and body (takes ownership of j; NULL = no body). */
 enum api_hret api_reply(struct api_req *r, int status, json_t *j);
+/* The same with the body as JSON text (takes ownership of text, from malloc). */
+enum api_hret api_reply_text(struct api_req *r, int status, char *text);
 
 /*
  * Set an RFC 9457 application/problem+json answer: type "urn:sluice:problem:<slug>",

@@ -229,7 +229,9 @@ static void idem_finish(struct api_req *r, struct api_pub *p)
     } else {
         struct sl_buf v;
         sl_buf_init(&v, (size_t)64 << 20);
-        char *text = r->json ? json_dumps(r->json, JSON_COMPACT) : NULL;
+        char *text = r->text   ? sl_xstrdup(r->text)
+                     : r->json ? json_dumps(r->json, JSON_COMPACT)
+                               : NULL;
         (void)sl_buf_printf(&v, "d:%s:%03d:%s", p->fp, r->status, text ? text : "null");
         free(text);
         char ttl[24];
@@ -429,6 +431,39 @@ static void on_done(void *opaque, int status, const char *reason)
         api_req_resume(p->r);
 }
 
+/* Append s as a JSON string: event ids and types are visible ASCII (0x21..0x7e), endpoint
+ * ids [A-Za-z0-9_-], so only '"' and '\\' need escaping. */
+static void put_str(struct sl_buf *b, const char *s)
+{
+    (void)sl_buf_append(b, "\"", 1);
+    for (const char *p = s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            (void)sl_buf_append(b, "\\", 1);
+        (void)sl_buf_append(b, p, 1);
+    }
+    (void)sl_buf_append(b, "\"", 1);
+}
+
+/* The publish answer as text (the common case, written without building a JSON tree). */
+static char *item_text(const struct pub_item *it)
+{
+    struct sl_buf b;
+    sl_buf_init(&b, (size_t)1 << 20);
+    (void)sl_buf_append_str(&b, "{\"id\":");
+    put_str(&b, it->d.id);
+    (void)sl_buf_append_str(&b, ",\"type\":");
+    put_str(&b, it->d.type);
+    (void)sl_buf_printf(&b, ",\"deliveries\":%zu,\"endpoints\":[", it->n_eps);
+    for (size_t k = 0; k < it->n_eps && k < 100; k++) {
+        if (k)
+            (void)sl_buf_append(&b, ",", 1);
+        put_str(&b, it->eps[k]);
+    }
+    (void)sl_buf_printf(&b, "],\"endpoints_truncated\":%s}", it->n_eps > 100 ? "true" : "false");
+    char *out = (char *)b.data; /* NUL-terminated by sl_buf; ownership moves to the caller */
+    return out;
+}
+
 /* The JSON answer for one published item. */
 static json_t *item_answer(const struct pub_item *it)
 {
@@ -484,7 +519,7 @@ static enum api_hret finish(struct api_req *r)
             r->problem = true;
             r->retry_after_s = 1;
         } else {
-            api_reply(r, 202, item_answer(it));
+            api_reply_text(r, 202, item_text(it));
         }
     } else {
         json_t *res = json_array();

@@ -104,9 +104,18 @@ void api_pg_reset(void)
 enum api_hret api_reply(struct api_req *r, int status, json_t *j)
 {
     json_decref(r->json);
+    free(r->text);
+    r->text = NULL;
     r->status = status;
     r->json = j;
     r->problem = false;
+    return API_DONE;
+}
+
+enum api_hret api_reply_text(struct api_req *r, int status, char *text)
+{
+    api_reply(r, status, NULL);
+    r->text = text;
     return API_DONE;
 }
 
@@ -415,23 +424,23 @@ static void req_free(struct api_req *r)
         free(r->params[i]);
     api_auth_fini(&r->auth);
     json_decref(r->json);
+    free(r->text);
     free(r);
 }
 
 static enum MHD_Result send_answer(struct api_req *r)
 {
-    char *text = NULL;
-    size_t len = 0;
-    if (r->json) {
+    char *text = r->text;
+    r->text = NULL; /* the response owns it now */
+    if (!text && r->json)
         text = json_dumps(r->json, JSON_COMPACT | JSON_ENCODE_ANY);
-        len = text ? strlen(text) : 0;
-    }
+    size_t len = text ? strlen(text) : 0;
     struct MHD_Response *resp =
         text ? MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE)
              : MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     if (!resp)
         return MHD_NO;
-    if (r->json)
+    if (text)
         MHD_add_response_header(resp, "Content-Type",
                                 r->problem ? "application/problem+json" : "application/json");
     if (r->retry_after_s > 0) {
