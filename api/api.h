@@ -77,10 +77,12 @@ struct api_req {
     int64_t retry_after_s; /* Retry-After header when > 0 */
     bool idem_replayed;    /* Idempotent-Replayed: true */
     char allow[64];        /* Allow header for 405 ("" = none) */
-    /* suspended publishes */
-    struct api_pub *pub; /* set while a publish is in flight or awaiting finish */
-    enum api_hret (*finish)(struct api_req *r); /* runs after api_req_resume */
-    atomic_bool resumed; /* set by the report thread before waking the connection */
+    /* suspended requests: a publish waiting for Kafka, a replay running on its own thread */
+    struct api_pub *pub;                        /* the publish in flight, or NULL */
+    void *job;                                  /* the replay in flight (api_replay.c), or NULL */
+    enum api_hret (*finish)(struct api_req *r); /* set while suspended: builds the answer on
+                                                   the worker after api_req_resume */
+    atomic_bool resumed; /* set by the waking thread before it resumes the connection */
 };
 
 typedef enum api_hret (*api_handler_fn)(struct api_req *r);
@@ -142,6 +144,17 @@ long api_query_limit(struct api_req *r);
 int api_query_cursor(struct api_req *r, char *buf, size_t cap, bool *have);
 json_t *api_cursor_json(const char *pos);
 
+/*
+ * May the caller's key see endpoint id (borrowed)? Always for a key without channels; a key
+ * limited to channels sees the endpoints (of the in-memory table) that carry one of them.
+ */
+bool api_key_sees(struct api_req *r, const char *id);
+/*
+ * May the caller's key give an endpoint these channels (borrowed)? Always without a channel
+ * limit; with one, the list must be non-empty and every channel the key's.
+ */
+bool api_key_may_assign(struct api_req *r, char *const *channels, size_t n);
+
 /* Wake a suspended request (any thread). */
 void api_req_resume(struct api_req *r);
 
@@ -183,5 +196,7 @@ enum api_hret api_endpoints_rotate(struct api_req *r);
 enum api_hret api_event_deliveries(struct api_req *r);
 enum api_hret api_event_types(struct api_req *r);
 enum api_hret api_dead_letters_list(struct api_req *r);
+/* api_replay.c */
+enum api_hret api_dead_letters_replay(struct api_req *r);
 
 #endif /* API_H */

@@ -66,20 +66,6 @@ static json_t *col_ms(const PGresult *res, int row, int col)
                : json_real((double)strtoll(PQgetvalue(res, row, col), NULL, 10) / 1000.0);
 }
 
-/* May the caller's key see endpoint id? (keys limited to channels) */
-static bool key_sees(struct api_req *r, const char *id)
-{
-    const struct sl_apikey *k = r->auth.key;
-    if (!k || k->n_channels == 0)
-        return true;
-    const struct sl_endpoint *e = sl_endpoints_get(r->api->eps, id);
-    bool ok = false;
-    for (size_t i = 0; e && i < e->n_channels && !ok; i++)
-        ok = sl_apikey_channel_allowed(k, e->channels[i]);
-    sl_endpoint_release(e);
-    return ok;
-}
-
 /* Run a query; NULL after answering 503 (and dropping the connection). */
 static PGresult *query(struct api_req *r, const char *sql, int n, const char *const *params)
 {
@@ -137,7 +123,7 @@ enum api_hret api_event_deliveries(struct api_req *r)
                                 col_ms(at, k, 7), "phases", ph, "next_attempt_at",
                                 col_str(at, k, 12), "pod", col_str(at, k, 13)));
         }
-        if (!key_sees(r, ep)) {
+        if (!api_key_sees(r, ep)) {
             json_decref(hist);
             continue;
         }
@@ -174,7 +160,10 @@ enum api_hret api_dead_letters_list(struct api_req *r)
         return API_DONE;
     /* cursor: "<dead_at µs since epoch> <event id> <endpoint id>" (ids have no spaces) */
     char cts[32] = "", cev[SL_EVENT_ID_MAX + 1] = "", cep[SL_ENDPOINT_ID_MAX + 1] = "";
-    if (have && sscanf(cur, "%31s %128s %64s", cts, cev, cep) != 3)
+    char *tend = NULL;
+    if (have && (sscanf(cur, "%31s %128s %64s", cts, cev, cep) != 3 ||
+                 (strtoll(cts, &tend, 10), *tend != '\0') || cts[0] == '-' || strlen(cts) > 18 ||
+                 !sl_valid_event_id(cev, strlen(cev)) || !sl_valid_endpoint_id(cep, strlen(cep))))
         return api_problem(r, 400, "invalid-parameter", "cursor",
                            "cursor is not one this API returned");
     char lim[24];
@@ -199,7 +188,7 @@ enum api_hret api_dead_letters_list(struct api_req *r)
             json_decref(next);
             next = api_cursor_json(pos);
         }
-        if (!key_sees(r, PQgetvalue(res, i, 1)))
+        if (!api_key_sees(r, PQgetvalue(res, i, 1)))
             continue;
         json_array_append_new(
             data, json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",

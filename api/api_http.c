@@ -109,13 +109,25 @@ enum api_hret api_reply(struct api_req *r, int status, json_t *j)
     r->status = status;
     r->json = j;
     r->problem = false;
+    if (!j && status != 204) {
+        /* every answer but 204 has a body: a NULL here is a json_pack that failed (a bug) */
+        sl_error("http", "answer_not_built", "the answer of route %s could not be built",
+                 r->route ? r->route->name : "-");
+        r->status = 500;
+        r->json = api_problem_json(500, "internal", NULL, "the answer could not be built");
+        r->problem = true;
+    }
     return API_DONE;
 }
 
 enum api_hret api_reply_text(struct api_req *r, int status, char *text)
 {
-    api_reply(r, status, NULL);
+    json_decref(r->json);
+    free(r->text);
+    r->json = NULL;
     r->text = text;
+    r->status = status;
+    r->problem = false;
     return API_DONE;
 }
 
@@ -308,6 +320,34 @@ json_t *api_cursor_json(const char *pos)
     return json_string(out);
 }
 
+/* May the caller's key see endpoint id? (keys limited to channels) */
+bool api_key_sees(struct api_req *r, const char *id)
+{
+    const struct sl_apikey *k = r->auth.key;
+    if (!k || k->n_channels == 0)
+        return true;
+    const struct sl_endpoint *e = sl_endpoints_get(r->api->eps, id);
+    bool ok = false;
+    for (size_t i = 0; e && i < e->n_channels && !ok; i++)
+        ok = sl_apikey_channel_allowed(k, e->channels[i]);
+    sl_endpoint_release(e);
+    return ok;
+}
+
+bool api_key_may_assign(struct api_req *r, char *const *channels, size_t n)
+{
+    const struct sl_apikey *k = r->auth.key;
+    if (!k || k->n_channels == 0)
+        return true;
+    if (n == 0)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        if (!sl_apikey_channel_allowed(k, channels[i]))
+            return false;
+    }
+    return true;
+}
+
 void api_req_resume(struct api_req *r)
 {
     /* r may be answered and freed by its worker as soon as the resume lands: read first */
@@ -355,6 +395,8 @@ static const struct api_route routes[] = {
     {"POST", "/v1/endpoints/{}/rotate-secret", SL_SCOPE_ADMIN, api_endpoints_rotate,
      "endpoints.rotate_secret"},
     {"GET", "/v1/dead-letters", SL_SCOPE_READ, api_dead_letters_list, "dead_letters.list"},
+    {"POST", "/v1/dead-letters/replay", SL_SCOPE_ADMIN, api_dead_letters_replay,
+     "dead_letters.replay"},
 };
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
 
@@ -557,7 +599,7 @@ static enum MHD_Result on_request(void *cls,
     if (!r->started) {
         r->started = true;
         h = dispatch(r);
-    } else if (r->pub && atomic_load(&r->resumed)) {
+    } else if (r->finish && atomic_load(&r->resumed)) {
         h = r->finish(r);
     } else {
         return MHD_YES; /* still suspended (spurious call) */
@@ -585,7 +627,7 @@ static void on_completed(void *cls,
      * so r is left to it (never freed twice, never used after free). main.c destroys the
      * producer (which reports every record) before stopping the daemon, so this is only a
      * guard. */
-    if (r->pub && !atomic_load(&r->resumed)) {
+    if (r->finish && !atomic_load(&r->resumed)) {
         sl_warn("http", "request_abandoned",
                 "a publish was abandoned before Kafka answered (connection closed)");
         atomic_fetch_sub(&a->active, 1);

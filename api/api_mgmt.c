@@ -259,6 +259,19 @@ bad_type:
     return 0;
 }
 
+/* May the caller's key see this registry row? (a key limited to channels: one in common) */
+static bool sees_row(struct api_req *r, const struct sl_reg_ep *ep)
+{
+    const struct sl_apikey *k = r->auth.key;
+    if (!k || k->n_channels == 0)
+        return true;
+    for (size_t i = 0; i < ep->n_channels; i++) {
+        if (sl_apikey_channel_allowed(k, ep->channels[i]))
+            return true;
+    }
+    return false;
+}
+
 /* Answer for a failed change operation. */
 static enum api_hret problem_for(struct api_req *r, int rc, const sl_err_t *err, const char *id)
 {
@@ -302,6 +315,29 @@ static PGconn *reg_pg(struct api_req *r)
                     "the endpoint registry (PostgreSQL) is unreachable");
     }
     return pg;
+}
+
+/*
+ * For a key limited to channels: is endpoint id one of its own? false after answering 404
+ * (or 503). Keys without channels skip the read.
+ */
+static bool visible(struct api_req *r, PGconn *pg, const char *id)
+{
+    if (!r->auth.key || r->auth.key->n_channels == 0)
+        return true;
+    struct sl_reg_ep ep;
+    memset(&ep, 0, sizeof(ep));
+    sl_err_t err;
+    int rc = sl_reg_db_load(pg, id, false, &ep, &err);
+    if (rc == 0 && !sees_row(r, &ep))
+        rc = SL_ENOTFOUND;
+    sl_reg_ep_fini(&ep);
+    if (rc == 0)
+        return true;
+    if (rc != SL_ENOTFOUND)
+        api_pg_reset();
+    problem_for(r, rc, &err, id);
+    return false;
 }
 
 /* A committed change: status with the endpoint (plus extra members from x, stolen). */
@@ -352,7 +388,8 @@ enum api_hret api_endpoints_list(struct api_req *r)
             json_decref(next);
             next = api_cursor_json(eps[i].id);
         }
-        json_array_append_new(data, ep_json(&eps[i]));
+        if (sees_row(r, &eps[i]))
+            json_array_append_new(data, ep_json(&eps[i]));
     }
     for (size_t i = 0; i < n; i++)
         sl_reg_ep_fini(&eps[i]);
@@ -372,6 +409,8 @@ enum api_hret api_endpoints_get(struct api_req *r)
     memset(&ep, 0, sizeof(ep));
     sl_err_t err;
     int rc = sl_reg_db_load(pg, id, false, &ep, &err);
+    if (rc == 0 && !sees_row(r, &ep))
+        rc = SL_ENOTFOUND; /* another tenant's endpoint does not exist for this key */
     if (rc == 0)
         api_reply(r, 200, ep_json(&ep));
     else {
@@ -410,7 +449,10 @@ enum api_hret api_endpoints_create(struct api_req *r)
     ep.enabled = true;
     ep.method = SL_METHOD_POST;
     char whsec[SL_SECRET_STR_MAX] = "";
-    if (apply_fields(r, j, &ep, true) == 0) {
+    if (apply_fields(r, j, &ep, true) == 0 && !api_key_may_assign(r, ep.channels, ep.n_channels))
+        api_problem(r, 403, "forbidden", "/channels",
+                    "a key limited to channels creates only endpoints of its channels");
+    else if (!r->status) {
         PGconn *pg = reg_pg(r);
         if (pg) {
             struct sl_reg_result res = {0};
@@ -444,9 +486,17 @@ struct patch {
 static int modify(void *opaque, struct sl_reg_ep *ep, sl_err_t *err)
 {
     struct patch *p = opaque;
+    if (!sees_row(p->r, ep))
+        return sl_err_set(err, SL_ENOTFOUND, "no such endpoint");
     if (p->body && apply_fields(p->r, p->body, ep, false) != 0) {
         p->answered = true;
         return sl_err_set(err, SL_EINVAL, "refused");
+    }
+    if (!api_key_may_assign(p->r, ep->channels, ep->n_channels)) {
+        api_problem(p->r, 403, "forbidden", "/channels",
+                    "a key limited to channels keeps endpoints within its channels");
+        p->answered = true;
+        return sl_err_set(err, SL_EDENIED, "refused");
     }
     if (p->enable == 1) {
         ep->enabled = true;
@@ -554,7 +604,7 @@ enum api_hret api_endpoints_rotate(struct api_req *r)
         json_decref(j);
     }
     PGconn *pg = reg_pg(r);
-    if (!pg)
+    if (!pg || !visible(r, pg, id))
         return API_DONE;
     struct sl_reg_ep out;
     memset(&out, 0, sizeof(out));
@@ -592,7 +642,7 @@ enum api_hret api_endpoints_delete(struct api_req *r)
     if (!id_ok(r, id))
         return API_DONE;
     PGconn *pg = reg_pg(r);
-    if (!pg)
+    if (!pg || !visible(r, pg, id))
         return API_DONE;
     struct sl_reg_result res = {0};
     sl_err_t err;

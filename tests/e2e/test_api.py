@@ -299,3 +299,80 @@ def test_kafka_not_acknowledging_is_503_with_retry_after(make_world):
     assert p["id"] == f"evt_{w.tag}" and int(hdrs["retry-after"]) >= 1
     assert time.monotonic() - t0 < 15 * MULT
     assert api.proc.term() == 0
+
+
+def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_world):
+    from sluice_e2e import Proc
+    w = make_world()
+    rcv = w.receiver(secrets_list=[w.secret], extra=["--reject-bad-sig"])
+    ep = w.add_endpoint(f"pay_{w.tag}", rcv.url("unauth", f"pay_{w.tag}"), "--types", "pay.*")
+    admin = w.api_key("admin")
+    tenant_read = w.api_key("read", channels="zz")
+    tenant_admin = w.api_key("admin", channels="zz")
+    api = w.api()
+    c = w.consumer()
+    env = dict(w.env, SLUICE_INSTANCE_ID="rec", SLUICE_RECORDER_FLUSH_MS="100")
+    rec = Proc([w.bin("recorder/sluice-recorder")], env, os.path.join(w.dir, "recorder.log"))
+    ids = []
+    for i in range(3):
+        st, _, b = call(api, "POST", "/v1/events", {"type": "pay.failed", "body": {"i": i}}, admin)
+        assert st == 202 and b["endpoints"] == [ep], b
+        ids.append(b["id"])
+
+    # the receiver answers 401: permanent, so each is a dead letter at once, in the history
+    def letters():
+        st, _, b = call(api, "GET", f"/v1/dead-letters?endpoint={ep}&limit=2", None, admin)
+        assert st == 200, b
+        return b
+    page = wait_until(lambda: (lambda b: b if len(b["data"]) == 2 else None)(letters()),
+                      60 * MULT, 0.5, "dead letters recorded")
+    assert page["next_cursor"], "two of three on the first page: a cursor to the rest"
+    st, _, rest = call(api, "GET", f"/v1/dead-letters?endpoint={ep}&limit=2&cursor="
+                    f"{page['next_cursor']}", None, admin)
+    got = {d["event_id"] for d in page["data"] + rest["data"]}
+    assert st == 200 and got == set(ids) and rest["next_cursor"] is None, rest
+    assert all(d["error"] == "http_4xx" and d["last_status"] == 401 for d in page["data"])
+    # a forged cursor is a 400 naming it, not a server error
+    problem(*call(api, "GET", "/v1/dead-letters?cursor=61626320612062", None, admin), 400,
+            "cursor")
+    # one event's deliveries and attempts, with the latency phases
+    st, _, d = call(api, "GET", f"/v1/events/{ids[0]}/deliveries", None, admin)
+    assert st == 200 and [x["endpoint"] for x in d["data"]] == [ep], d
+    att = d["data"][0]["attempts_log"]
+    assert d["data"][0]["state"] == "dead_letter" and att[-1]["http_status"] == 401, d
+    assert att[-1]["latency_ms"] is not None and "first_byte_ms" in att[-1]["phases"]
+
+    # a key limited to channels sees and changes only its tenant's endpoints
+    st, _, lst = call(api, "GET", "/v1/endpoints?limit=500", None, tenant_read)
+    assert st == 200 and ep not in [e["id"] for e in lst["data"]]
+    problem(*call(api, "GET", f"/v1/endpoints/{ep}", None, tenant_read), 404)
+    problem(*call(api, "PATCH", f"/v1/endpoints/{ep}", {"name": "x"}, tenant_admin), 404)
+    problem(*call(api, "DELETE", f"/v1/endpoints/{ep}", None, tenant_admin), 404)
+    problem(*call(api, "POST", "/v1/endpoints",
+                  {"id": f"t_{w.tag}", "url": rcv.url("ok", "t")}, tenant_admin), 403,
+            "/channels")
+    problem(*call(api, "POST", "/v1/dead-letters/replay", {"endpoint": ep}, tenant_admin), 403,
+            "/endpoint")
+
+    # the endpoint is fixed; a dry run shows what a replay would send; the replay sends each
+    # letter once; a second replay sends nothing
+    st, _, e = call(api, "PATCH", f"/v1/endpoints/{ep}", {"url": rcv.url("ok", ep)}, admin)
+    assert st == 200 and e["changed"] and e["published"], e
+    wait_until(lambda: c.events("endpoint_changed"), 30 * MULT, 0.2, "the consumer to see it")
+    st, _, dry = call(api, "POST", "/v1/dead-letters/replay", {"endpoint": ep, "dry_run": True},
+                      admin)
+    assert st == 200 and dry["would_replay"] == 3, dry
+    assert {x["event_id"] for x in dry["candidates"]} == set(ids)
+    problem(*call(api, "POST", "/v1/dead-letters/replay", {}, admin), 400)
+    st, _, run = call(api, "POST", "/v1/dead-letters/replay", {"endpoint": ep}, admin)
+    assert st == 200 and run["complete"] and run["replayed"] == 3, run
+    assert {x["outcome"] for x in run["letters"]} == {"replayed"}
+    wait_until(lambda: {(x, ep) for x in ids} <= set(delivered_pairs(rcv)), 60 * MULT, 0.5,
+               "replayed letters delivered")
+    st, _, again = call(api, "POST", "/v1/dead-letters/replay", {"endpoint": ep}, admin)
+    assert st == 200 and again["replayed"] == 0, again
+    time.sleep(1.5)
+    got = delivered_pairs(rcv)
+    assert all(got[(x, ep)] == 1 for x in ids), got
+    assert c.term() == 0
+    assert rec.term() == 0

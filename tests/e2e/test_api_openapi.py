@@ -21,6 +21,7 @@ Knobs: SL_OPENAPI_MAX_EXAMPLES (per operation and phase, default 40), SL_OPENAPI
 (default: random; the seed is printed in the report, pass it to replay a failure).
 """
 
+import http.client
 import json
 import os
 import random
@@ -87,12 +88,14 @@ class PrivateDb:
 @pytest.fixture
 def world(tmp_path):
     db = PrivateDb()
-    w = World(tmp_path)
-    w.env["SLUICE_PG_DSN"] = db.dsn
     try:
-        yield w
+        w = World(tmp_path)
+        w.env["SLUICE_PG_DSN"] = db.dsn
+        try:
+            yield w
+        finally:
+            w.close()
     finally:
-        w.close()
         db.drop()
 
 
@@ -115,8 +118,8 @@ def template_regex(path):
     return re.compile("^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(path)) + "$")
 
 
-def http(api, method, path, key=None, body=None):
-    import http.client
+def call(api, method, path, key=None, body=None):
+    """One request: (status, parsed JSON or None)."""
     c = http.client.HTTPConnection("127.0.0.1", api.port, timeout=30 * MULT)
     h = {"Content-Type": "application/json"}
     if key:
@@ -169,34 +172,39 @@ def test_api_conforms_to_openapi(world, tmp_path):
     env["SLUICE_INSTANCE_ID"] = "rec"
     env["SLUICE_RECORDER_FLUSH_MS"] = "100"
     rec = Proc([w.bin("recorder/sluice-recorder")], env, os.path.join(w.dir, "recorder.log"))
+    w.consumers.append(rec)  # so that World.close() stops it if the test fails early
     consumer = w.consumer()
     ev_id = f"evt_{t}_1"
-    st, pub = http(api, "POST", "/v1/events", key,
+    st, pub = call(api, "POST", "/v1/events", key,
                    {"id": ev_id, "type": "order.created", "body": {"n": 1}, "channels": ["eu"]})
     assert st == 202 and sorted(pub["endpoints"]) == sorted([ok, dead]), (st, pub)
-    st, batch = http(api, "POST", "/v1/events/batch", key,
+    st, batch = call(api, "POST", "/v1/events/batch", key,
                      {"events": [{"type": "invoice.paid", "body": "x", "channels": ["eu"]},
                                  {"type": "order.created", "endpoint": "nope", "body": 1}]})
     assert st == 200 and batch["accepted"] == 1 and batch["refused"] == 1, batch
 
     def history_complete():
-        st, d = http(api, "GET", f"/v1/events/{ev_id}/deliveries", key)
+        st, d = call(api, "GET", f"/v1/events/{ev_id}/deliveries", key)
         states = {e["endpoint"]: e["state"] for e in (d or {}).get("data", [])}
-        st2, dl = http(api, "GET", f"/v1/dead-letters?endpoint={dead}", key)
+        st2, dl = call(api, "GET", f"/v1/dead-letters?endpoint={dead}", key)
         return (states == {ok: "delivered", dead: "dead_letter"} and st2 == 200
                 and len(dl["data"]) == 1 and states)
     wait_until(history_complete, 90 * MULT, 0.5, "the delivery log to show both deliveries")
 
-    deliveries, dead_letters, types = check_real_answers(api, key, [
+    deliveries, dead_letters, types, eps, one = check_real_answers(api, key, [
         ("/v1/events/{id}/deliveries", {"id": ev_id}, {}),
         ("/v1/dead-letters", {}, {"include_resolved": "true", "limit": "500"}),
         ("/v1/event-types", {}, {}),
+        ("/v1/endpoints", {}, {}),
+        ("/v1/endpoints/{id}", {"id": dead}, {}),
     ])
+    assert [e["id"] for e in eps["data"]] == sorted([ok, dead]), eps
+    assert one["channels"] == ["eu", "shop.main"] and one["policy"]["max_attempts"] == 1, one
     assert all(d["attempts_log"] for d in deliveries["data"]), deliveries
     assert dead_letters["data"][0]["event_id"] == ev_id, dead_letters
     assert any(x["type"] == "invoice.paid" for x in types["data"]), types
     # a second page through the cursor (limit 1 over two types) conforms too
-    st, page1 = http(api, "GET", "/v1/event-types?limit=1", key)
+    st, page1 = call(api, "GET", "/v1/event-types?limit=1", key)
     assert st == 200 and page1["next_cursor"], page1
     check_real_answers(api, key, [
         ("/v1/event-types", {}, {"limit": "1", "cursor": page1["next_cursor"]})])
@@ -215,23 +223,18 @@ def test_api_conforms_to_openapi(world, tmp_path):
             "--seed", os.environ.get("SL_OPENAPI_SEED", str(random.randrange(1 << 31))),
             "--generation-database", "none",
             "--request-timeout", str(30 * MULT),
-            "--workers", "2",
+            # one worker: with threads, hypothesis' ast.parse trips CPython 3.11.2's
+            # "AST constructor recursion depth mismatch" (fixed in later 3.11 releases)
+            "--workers", "1",
             "--no-color", "--output-truncate", "false",
             "--report", "har", "--report-dir", str(tmp_path / "st-report")]
     ops = spec_operations()
-    excluded = []
-    # TODO(lead): remove this block once api/api_mgmt.c replaces its 501 placeholder. Until
-    # then the endpoint management operations answer 501, so they are left out of the run
-    # (their contract stays in api/openapi.yaml); afterwards a 501 would fail the test.
-    if http(api, "GET", "/v1/endpoints", key)[0] == 501:
-        args += ["--exclude-path-regex", "^/v1/endpoints"]
-        excluded = [op for op in ops if op[1].startswith("/v1/endpoints")]
-        print(f"NOTE: endpoint management answers 501, left out: {excluded}")
     r = subprocess.run(args, capture_output=True, text=True, cwd=str(tmp_path),
                        timeout=600 * MULT)
     report = r.stdout + r.stderr
     assert r.returncode == 0, f"schemathesis found problems (exit {r.returncode}):\n{report}"
-    assert "No issues found" in report, report
+    summary = report.strip().splitlines()[-1]
+    assert not re.search(r"failure|error", summary), report
 
     # every operation was exercised with answers other than 401 (the key worked)
     har = [os.path.join(tmp_path / "st-report", f) for f in os.listdir(tmp_path / "st-report")]
@@ -244,8 +247,7 @@ def test_api_conforms_to_openapi(world, tmp_path):
         for method, tpl in ops:
             if e["request"]["method"] == method and template_regex(tpl).match(path):
                 seen.setdefault((method, tpl), set()).add(e["response"]["status"])
-    missing = [op for op in ops if op not in excluded
-               and not (seen.get(op, set()) - {401})]
+    missing = [op for op in ops if not (seen.get(op, set()) - {401})]
     assert not missing, f"operations not exercised: {missing}; statuses seen: {seen}"
     assert api.proc.alive(), "sluice-api died during the run:\n" + api.proc.logs()[-4000:]
     assert api.proc.term() == 0, "sluice-api did not exit 0 on SIGTERM"

@@ -1,0 +1,290 @@
+/*
+ * api_replay: POST /v1/dead-letters/replay, the dead-letter replay of `sluicectl replay` over
+ * HTTP, on the same engine (common/sl_replay: each letter re-published once, marked, journalled,
+ * concurrent runs never sending a letter twice).
+ *
+ * A dry run ("dry_run": true) is a read: it runs on the worker and answers what a run would
+ * select. A real run can wait on Kafka for minutes, so it runs on a thread of its own with its
+ * two PostgreSQL connections (the engine needs a second one for its journal); the connection
+ * is suspended meanwhile and resumed with the result. A key limited to channels may replay
+ * only an endpoint it can see, named in the selection.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <microhttpd.h>
+
+#include "api/api.h"
+#include "common/sl_log.h"
+#include "common/sl_replay.h"
+
+#define SHOWN_MAX 100 /* letters listed in an answer */
+
+struct job {
+    struct api_req *r;
+    struct sl_replay_sel sel;
+    const char **ids; /* sel.event_ids (borrowed from body) */
+    json_t *body;     /* the request, owning the strings sel points into */
+    json_t *letters;  /* per-letter results, up to SHOWN_MAX */
+    struct sl_replay_result res;
+    int rc;
+    sl_err_t err;
+};
+
+static void job_free(struct job *j)
+{
+    if (!j)
+        return;
+    free(j->ids);
+    json_decref(j->body);
+    json_decref(j->letters);
+    free(j);
+}
+
+static json_t *time_json(int64_t ms)
+{
+    char buf[40];
+    time_t s = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    size_t n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+    (void)snprintf(buf + n, sizeof(buf) - n, ".%03dZ", (int)(ms % 1000));
+    return json_string(buf);
+}
+
+/* The selection from the body; 0, or -1 after answering 400/403. */
+static int parse_sel(struct api_req *r, struct job *j, bool *dry)
+{
+    static const char *const fields[] = {"endpoint",  "error", "since_ms", "until_ms",
+                                         "event_ids", "limit", "all",      "dry_run"};
+    const char *k;
+    json_t *v;
+    *dry = false;
+    json_object_foreach(j->body, k, v)
+    {
+        bool known = false;
+        for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+            known = known || strcmp(fields[i], k) == 0;
+        char field[80];
+        (void)snprintf(field, sizeof(field), "/%.70s", k);
+        if (!known) {
+            api_problem(r, 400, "invalid-field", field, "unknown field");
+            return -1;
+        }
+        bool ok = true;
+        if (strcmp(k, "endpoint") == 0 || strcmp(k, "error") == 0) {
+            ok = json_is_string(v);
+            if (ok && k[0] == 'e' && k[1] == 'n')
+                j->sel.endpoint = json_string_value(v);
+            else if (ok)
+                j->sel.error_class = json_string_value(v);
+        } else if (strcmp(k, "since_ms") == 0 || strcmp(k, "until_ms") == 0) {
+            ok = json_is_integer(v) && json_integer_value(v) >= 0;
+            if (ok && k[0] == 's') {
+                j->sel.has_since = true;
+                j->sel.since_ms = json_integer_value(v);
+            } else if (ok) {
+                j->sel.has_until = true;
+                j->sel.until_ms = json_integer_value(v);
+            }
+        } else if (strcmp(k, "limit") == 0) {
+            ok = json_is_integer(v) && json_integer_value(v) >= 0;
+            if (ok)
+                j->sel.limit = json_integer_value(v);
+        } else if (strcmp(k, "all") == 0 || strcmp(k, "dry_run") == 0) {
+            ok = json_is_boolean(v);
+            if (ok && k[0] == 'a')
+                j->sel.all = json_is_true(v);
+            else if (ok)
+                *dry = json_is_true(v);
+        } else { /* event_ids */
+            size_t n = json_is_array(v) ? json_array_size(v) : 0;
+            ok = json_is_array(v) && n <= SL_REPLAY_IDS_MAX;
+            if (ok && n > 0) {
+                j->ids = sl_xcalloc(n, sizeof(*j->ids));
+                for (size_t i = 0; i < n && ok; i++) {
+                    json_t *e = json_array_get(v, i);
+                    ok = json_is_string(e);
+                    j->ids[i] = ok ? json_string_value(e) : NULL;
+                }
+                j->sel.event_ids = j->ids;
+                j->sel.n_event_ids = n;
+            }
+        }
+        if (!ok) {
+            api_problem(r, 400, "invalid-field", field, "field has the wrong type or range");
+            return -1;
+        }
+    }
+    sl_err_t err;
+    if (sl_replay_sel_check(&j->sel, &err) != 0) {
+        json_t *p = api_problem_from_err(&err, "");
+        api_reply(r, 400, p);
+        r->problem = true;
+        return -1;
+    }
+    const struct sl_apikey *key = r->auth.key;
+    if (key && key->n_channels > 0) {
+        const struct sl_endpoint *e =
+            j->sel.endpoint ? sl_endpoints_get(r->api->eps, j->sel.endpoint) : NULL;
+        bool ok = false;
+        for (size_t i = 0; e && i < e->n_channels && !ok; i++)
+            ok = sl_apikey_channel_allowed(key, e->channels[i]);
+        sl_endpoint_release(e);
+        if (!ok) {
+            api_problem(r, 403, "forbidden", "/endpoint",
+                        "a key limited to channels replays only an endpoint of its channels, "
+                        "named in \"endpoint\"");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void on_candidate(void *opaque, const struct sl_replay_candidate *c)
+{
+    json_t *a = opaque;
+    if (json_array_size(a) >= SHOWN_MAX)
+        return;
+    json_array_append_new(
+        a, json_pack("{s:s, s:s, s:o, s:o, s:o, s:I, s:I, s:I}", "event_id", c->event_id,
+                     "endpoint", c->endpoint_id, "dead_at", time_json(c->dead_ms), "error",
+                     c->error_class ? json_string(c->error_class) : json_null(), "last_status",
+                     c->has_last_status ? json_integer(c->last_status) : json_null(), "attempts",
+                     (json_int_t)c->attempts, "replay_count", (json_int_t)c->replay_count, "bytes",
+                     (json_int_t)c->bytes));
+}
+
+static void on_letter(void *opaque, const struct sl_replay_letter *l)
+{
+    struct job *j = opaque;
+    if (json_array_size(j->letters) >= SHOWN_MAX)
+        return;
+    static const char *const names[] = {"replayed", "failed", "invalid"};
+    json_t *x =
+        json_pack("{s:s, s:s, s:s, s:b}", "event_id", l->event_id, "endpoint", l->endpoint_id,
+                  "outcome", names[l->outcome], "unconfirmed", l->unconfirmed);
+    if (l->error && l->error[0])
+        json_object_set_new(x, "error", json_string(l->error));
+    json_array_append_new(j->letters, x);
+}
+
+static void on_warning(void *opaque, const char *msg)
+{
+    (void)opaque;
+    sl_warn("replay", "replay_warning", "%s", msg);
+}
+
+static void *run_main(void *arg)
+{
+    struct job *j = arg;
+    struct api_req *r = j->r;
+    PGconn *pg = sl_reg_db_open(r->api->cfg, &j->err);
+    PGconn *jpg = pg ? sl_reg_db_open(r->api->cfg, &j->err) : NULL;
+    if (!pg || !jpg) {
+        j->rc = SL_EPG;
+    } else {
+        struct sl_replay_opts o = {0};
+        o.kafka_role = "sluice-api-replay";
+        o.opaque = j;
+        o.on_letter = on_letter;
+        o.on_warning = on_warning;
+        j->rc = sl_replay_run(pg, jpg, r->api->cfg, &j->sel, &o, &j->res, &j->err);
+    }
+    if (jpg)
+        PQfinish(jpg);
+    if (pg)
+        PQfinish(pg);
+    api_req_resume(r);
+    return NULL;
+}
+
+static enum api_hret finish(struct api_req *r)
+{
+    struct job *j = r->job;
+    const struct sl_replay_result *x = &j->res;
+    r->job = NULL;
+    r->finish = NULL;
+    if (j->rc != 0 && !x->started) {
+        if (j->rc == SL_EINVAL) {
+            json_t *p = api_problem_from_err(&j->err, "");
+            api_reply(r, 400, p);
+            r->problem = true;
+        } else {
+            r->retry_after_s = 5;
+            api_problem(r, 503, "replay-unavailable", NULL, "the replay could not start: %s",
+                        j->err.msg);
+        }
+        job_free(j);
+        return API_DONE;
+    }
+    json_t *ans = json_pack(
+        "{s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:O}", "run_id", x->run_id, "complete",
+        j->rc == 0, "replayed", (json_int_t)x->replayed, "failed", (json_int_t)x->failed, "invalid",
+        (json_int_t)x->invalid, "recovered", (json_int_t)x->recovered, "unconfirmed",
+        (json_int_t)x->unconfirmed, "unmarked", (json_int_t)x->unmarked, "without_payload",
+        (json_int_t)x->without_payload, "letters", j->letters);
+    if (j->rc != 0)
+        json_object_set_new(ans, "error", json_string(j->err.msg));
+    api_reply(r, j->rc == 0 ? 200 : 503, ans);
+    if (j->rc != 0) {
+        r->retry_after_s = 5;
+        sl_warn("replay", "replay_stopped", "a replay stopped early: %s", j->err.msg);
+    }
+    job_free(j);
+    return API_DONE;
+}
+
+enum api_hret api_dead_letters_replay(struct api_req *r)
+{
+    json_t *body = api_body_json(r);
+    if (!body)
+        return API_DONE;
+    struct job *j = sl_xcalloc(1, sizeof(*j));
+    j->r = r;
+    j->body = body;
+    j->letters = json_array();
+    bool dry = false;
+    if (parse_sel(r, j, &dry) != 0) {
+        job_free(j);
+        return API_DONE;
+    }
+    if (dry) {
+        sl_err_t err;
+        PGconn *pg = api_pg(r->api, &err);
+        struct sl_replay_dry_result out;
+        json_t *cands = json_array();
+        int rc = pg ? sl_replay_dry_run(pg, &j->sel, on_candidate, cands, &out, &err) : SL_EPG;
+        if (rc == 0) {
+            api_reply(r, 200,
+                      json_pack("{s:b, s:I, s:I, s:o}", "dry_run", 1, "would_replay",
+                                (json_int_t)out.would_replay, "without_payload",
+                                (json_int_t)out.without_payload, "candidates", cands));
+        } else {
+            json_decref(cands);
+            if (pg)
+                api_pg_reset();
+            r->retry_after_s = 2;
+            api_problem(r, 503, "history-unavailable", NULL, "the dry run failed: %s", err.msg);
+        }
+        job_free(j);
+        return API_DONE;
+    }
+    r->job = j;
+    r->finish = finish;
+    MHD_suspend_connection(r->conn);
+    pthread_attr_t at;
+    pthread_t t;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    int pe = pthread_create(&t, &at, run_main, j);
+    pthread_attr_destroy(&at);
+    if (pe != 0) {
+        j->rc = SL_EIO;
+        sl_err_set(&j->err, SL_EIO, "could not start the replay thread");
+        api_req_resume(r);
+    }
+    return API_SUSPENDED;
+}
