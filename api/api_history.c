@@ -1,6 +1,7 @@
 /*
  * api_history: the delivery log, read from the recorder's PostgreSQL tables (sql/0002):
- *   GET /v1/events/{id}/deliveries   one event's deliveries and every attempt of each
+ *   GET /v1/events/{id}/deliveries   one event's deliveries and every attempt of each, by
+ *                                    endpoint, cursor-paginated (a fan-out may reach 10,000)
  *   GET /v1/dead-letters             dead letters, newest first, cursor-paginated
  *   GET /v1/event-types              event types in use (subscribed or seen in 24 h)
  * The history is written asynchronously by sluice-recorder, so an event just accepted may
@@ -24,11 +25,14 @@ static const char SQL_DELIVERIES[] =
     "select endpoint_id, event_type, state::text, attempts, " TS("created_at") ", "
     TS("first_seen") ", " TS("last_update") ", " TS("delivered_at") ", " TS("next_attempt_at") ", "
     "last_status, last_error, last_msg "
-    "from deliveries where event_id = $1 order by endpoint_id";
+    "from deliveries where event_id = $1 and ($2::text is null or endpoint_id > $2) "
+    "order by endpoint_id limit $3::int";
 static const char SQL_ATTEMPTS[] =
     "select endpoint_id, attempt, state::text, http_status, err, msg, " TS("ts") ", "
     "latency_us, dns_us, conn_us, tls_us, ttfb_us, " TS("next_at") ", pod "
-    "from delivery_attempts where event_id = $1 order by endpoint_id, ts, attempt";
+    "from delivery_attempts where event_id = $1 "
+    "and ($2::text is null or endpoint_id > $2) and endpoint_id <= $3 "
+    "order by endpoint_id, ts, attempt";
 /* $1 endpoint or NULL, $2..$4 the cursor (dead_at µs, event id, endpoint id) or NULLs,
  * $5 include resolved, $6 limit + 1 */
 static const char SQL_DEAD_LETTERS[] =
@@ -95,18 +99,31 @@ enum api_hret api_event_deliveries(struct api_req *r)
     if (!sl_valid_event_id(id, strlen(id)))
         return api_problem(r, 400, "invalid-parameter", "id",
                            "event id must be 1..128 visible ASCII characters other than '.'");
-    const char *p[] = {id};
-    PGresult *d = query(r, SQL_DELIVERIES, 1, p);
+    long limit = api_query_limit(r);
+    if (limit < 0)
+        return API_DONE;
+    char cur[SL_ENDPOINT_ID_MAX + 2];
+    bool have = false;
+    if (api_query_cursor(r, cur, sizeof(cur), &have) != 0)
+        return API_DONE;
+    char lim[24];
+    (void)snprintf(lim, sizeof(lim), "%ld", limit + 1);
+    const char *p[] = {id, have ? cur : NULL, lim};
+    PGresult *d = query(r, SQL_DELIVERIES, 3, p);
     if (!d)
         return API_DONE;
-    PGresult *at = query(r, SQL_ATTEMPTS, 1, p);
+    int nd = PQntuples(d) > limit ? (int)limit : PQntuples(d);
+    /* the attempts of this page's endpoints only: (cursor, last endpoint of the page] */
+    const char *pa[] = {id, have ? cur : NULL, nd > 0 ? PQgetvalue(d, nd - 1, 0) : ""};
+    PGresult *at = query(r, SQL_ATTEMPTS, 3, pa);
     if (!at) {
         PQclear(d);
         return API_DONE;
     }
+    json_t *next = PQntuples(d) > limit ? api_cursor_json(PQgetvalue(d, nd - 1, 0)) : json_null();
     json_t *data = json_array();
     int na = PQntuples(at), k = 0;
-    for (int i = 0; i < PQntuples(d); i++) {
+    for (int i = 0; i < nd; i++) {
         const char *ep = PQgetvalue(d, i, 0);
         json_t *hist = json_array();
         while (k < na && strcmp(PQgetvalue(at, k, 0), ep) < 0)
@@ -138,7 +155,8 @@ enum api_hret api_event_deliveries(struct api_req *r)
     }
     PQclear(d);
     PQclear(at);
-    return api_reply(r, 200, json_pack("{s:s, s:o}", "event_id", id, "data", data));
+    return api_reply(
+        r, 200, json_pack("{s:s, s:o, s:o}", "event_id", id, "data", data, "next_cursor", next));
 }
 
 enum api_hret api_dead_letters_list(struct api_req *r)

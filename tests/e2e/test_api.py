@@ -306,6 +306,7 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     w = make_world()
     rcv = w.receiver(secrets_list=[w.secret], extra=["--reject-bad-sig"])
     ep = w.add_endpoint(f"pay_{w.tag}", rcv.url("unauth", f"pay_{w.tag}"), "--types", "pay.*")
+    ok = w.add_endpoint(f"pbx_{w.tag}", rcv.url("ok", f"pbx_{w.tag}"), "--types", "pay.*")
     admin = w.api_key("admin")
     tenant_read = w.api_key("read", channels="zz")
     tenant_admin = w.api_key("admin", channels="zz")
@@ -316,7 +317,7 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     ids = []
     for i in range(3):
         st, _, b = call(api, "POST", "/v1/events", {"type": "pay.failed", "body": {"i": i}}, admin)
-        assert st == 202 and b["endpoints"] == [ep], b
+        assert st == 202 and b["endpoints"] == [ep, ok], b
         ids.append(b["id"])
 
     # the receiver answers 401: permanent, so each is a dead letter at once, in the history
@@ -336,8 +337,18 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     problem(*call(api, "GET", "/v1/dead-letters?cursor=61626320612062", None, admin), 400,
             "cursor")
     # one event's deliveries and attempts, with the latency phases
-    st, _, d = call(api, "GET", f"/v1/events/{ids[0]}/deliveries", None, admin)
-    assert st == 200 and [x["endpoint"] for x in d["data"]] == [ep], d
+    def both():
+        st, _, d = call(api, "GET", f"/v1/events/{ids[0]}/deliveries", None, admin)
+        return d if st == 200 and len(d["data"]) == 2 else None
+    d = wait_until(both, 30 * MULT, 0.3, "both deliveries recorded")
+    assert [x["endpoint"] for x in d["data"]] == [ep, ok] and d["next_cursor"] is None, d
+    assert d["data"][1]["state"] == "delivered" and d["data"][1]["last_status"] == 204
+    st, _, p1 = call(api, "GET", f"/v1/events/{ids[0]}/deliveries?limit=1", None, admin)
+    st2, _, p2 = call(api, "GET", f"/v1/events/{ids[0]}/deliveries?limit=1&cursor="
+                      f"{p1['next_cursor']}", None, admin)
+    assert [x["endpoint"] for x in p1["data"]] == [ep] and p1["next_cursor"], p1
+    assert p2["data"] == d["data"][1:] and p2["next_cursor"] is None, p2
+    assert p1["data"][0]["attempts_log"] == d["data"][0]["attempts_log"]
     att = d["data"][0]["attempts_log"]
     assert d["data"][0]["state"] == "dead_letter" and att[-1]["http_status"] == 401, d
     assert att[-1]["latency_ms"] is not None and "first_byte_ms" in att[-1]["phases"]
