@@ -134,15 +134,16 @@ json_t *api_body_json(struct api_req *r);
 #define API_LIMIT_DEFAULT 50  /* list entries per page when ?limit= is absent */
 #define API_LIMIT_MAX     500 /* largest ?limit= */
 
-/* ?limit= (1..API_LIMIT_MAX, default API_LIMIT_DEFAULT), or -1 after answering 400. */
-long api_query_limit(struct api_req *r);
 /*
- * ?cursor= decoded into buf (cap bytes, NUL-terminated; *have OUT says whether one was
- * given). Returns 0, or -1 after answering 400. Cursors are the hex of a position text that
- * the list made with api_cursor_json.
+ * A list's page: ?limit= (1..API_LIMIT_MAX, default API_LIMIT_DEFAULT) into *limit (OUT) and
+ * ?cursor= decoded into cur (cap bytes, NUL-terminated; *have OUT says whether one was
+ * given). Returns 0, or -1 after answering 400 naming the parameter. Cursors are the hex of
+ * a position text that the list made with api_cursor_json.
  */
-int api_query_cursor(struct api_req *r, char *buf, size_t cap, bool *have);
+int api_query_page(struct api_req *r, long *limit, char *cur, size_t cap, bool *have);
 json_t *api_cursor_json(const char *pos);
+/* Unix ms as an RFC 3339 UTC string ("2026-12-02T02:28:03.314Z"); ms <= 0 = JSON null. */
+json_t *api_time_json(int64_t ms);
 
 /*
  * May the caller's key see endpoint id (borrowed)? Always for a key without channels; a key

@@ -99,12 +99,10 @@ enum api_hret api_event_deliveries(struct api_req *r)
     if (!sl_valid_event_id(id, strlen(id)))
         return api_problem(r, 400, "invalid-parameter", "id",
                            "event id must be 1..128 visible ASCII characters other than '.'");
-    long limit = api_query_limit(r);
-    if (limit < 0)
-        return API_DONE;
+    long limit;
     char cur[SL_ENDPOINT_ID_MAX + 2];
-    bool have = false;
-    if (api_query_cursor(r, cur, sizeof(cur), &have) != 0)
+    bool have;
+    if (api_query_page(r, &limit, cur, sizeof(cur), &have) != 0)
         return API_DONE;
     char lim[24];
     (void)snprintf(lim, sizeof(lim), "%ld", limit + 1);
@@ -161,8 +159,10 @@ enum api_hret api_event_deliveries(struct api_req *r)
 
 enum api_hret api_dead_letters_list(struct api_req *r)
 {
-    long limit = api_query_limit(r);
-    if (limit < 0)
+    long limit;
+    char cur[400];
+    bool have;
+    if (api_query_page(r, &limit, cur, sizeof(cur), &have) != 0)
         return API_DONE;
     const char *ep = api_query(r, "endpoint");
     if (ep && !sl_valid_endpoint_id(ep, strlen(ep)))
@@ -172,10 +172,6 @@ enum api_hret api_dead_letters_list(struct api_req *r)
     if (inc && strcmp(inc, "true") != 0 && strcmp(inc, "false") != 0)
         return api_problem(r, 400, "invalid-parameter", "include_resolved",
                            "include_resolved must be true or false");
-    char cur[400];
-    bool have = false;
-    if (api_query_cursor(r, cur, sizeof(cur), &have) != 0)
-        return API_DONE;
     /* cursor: "<dead_at µs since epoch> <event id> <endpoint id>" (ids have no spaces) */
     char cts[32] = "", cev[SL_EVENT_ID_MAX + 1] = "", cep[SL_ENDPOINT_ID_MAX + 1] = "";
     char *tend = NULL;
@@ -229,12 +225,10 @@ static int cmp_str(const void *a, const void *b)
 
 enum api_hret api_event_types(struct api_req *r)
 {
-    long limit = api_query_limit(r);
-    if (limit < 0)
-        return API_DONE;
+    long limit;
     char cur[SL_EVENT_TYPE_MAX + 2];
-    bool have = false;
-    if (api_query_cursor(r, cur, sizeof(cur), &have) != 0)
+    bool have;
+    if (api_query_page(r, &limit, cur, sizeof(cur), &have) != 0)
         return API_DONE;
     PGresult *res = query(r, SQL_TYPES_SEEN, 0, NULL);
     if (!res)

@@ -269,7 +269,7 @@ json_t *api_body_json(struct api_req *r)
 }
 
 /* ?limit=: 1..API_LIMIT_MAX (default API_LIMIT_DEFAULT); -1 after answering 400. */
-long api_query_limit(struct api_req *r)
+static long query_limit(struct api_req *r)
 {
     const char *s = api_query(r, "limit");
     if (!s)
@@ -285,7 +285,7 @@ long api_query_limit(struct api_req *r)
 }
 
 /* Cursors are the hex of a position text; decode into buf (NUL-terminated) or answer 400. */
-int api_query_cursor(struct api_req *r, char *buf, size_t cap, bool *have)
+static int query_cursor(struct api_req *r, char *buf, size_t cap, bool *have)
 {
     const char *c = api_query(r, "cursor");
     *have = false;
@@ -306,6 +306,28 @@ int api_query_cursor(struct api_req *r, char *buf, size_t cap, bool *have)
     buf[n / 2] = '\0';
     *have = true;
     return 0;
+}
+
+int api_query_page(struct api_req *r, long *limit, char *cur, size_t cap, bool *have)
+{
+    *have = false;
+    *limit = query_limit(r);
+    if (*limit < 0)
+        return -1;
+    return query_cursor(r, cur, cap, have);
+}
+
+json_t *api_time_json(int64_t ms)
+{
+    if (ms <= 0)
+        return json_null();
+    char buf[40];
+    time_t s = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    size_t n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+    (void)snprintf(buf + n, sizeof(buf) - n, ".%03dZ", (int)(ms % 1000));
+    return json_string(buf);
 }
 
 json_t *api_cursor_json(const char *pos)

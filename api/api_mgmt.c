@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "api/api.h"
 #include "common/sl_log.h"
@@ -53,19 +52,6 @@ static struct sl_reg_pub *thread_pub(struct api *a)
 
 /* ==== endpoint -> JSON ==== */
 
-static json_t *time_json(int64_t ms)
-{
-    if (ms <= 0)
-        return json_null();
-    char buf[40];
-    time_t s = (time_t)(ms / 1000);
-    struct tm tm;
-    gmtime_r(&s, &tm);
-    size_t n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
-    (void)snprintf(buf + n, sizeof(buf) - n, ".%03dZ", (int)(ms % 1000));
-    return json_string(buf);
-}
-
 static json_t *strv_json(char *const *v, size_t n)
 {
     json_t *a = json_array();
@@ -87,8 +73,8 @@ static json_t *ep_json(const struct sl_reg_ep *ep)
         if (ep->secrets[i].expired)
             continue;
         json_array_append_new(sec, json_pack("{s:i, s:o, s:o}", "seq", ep->secrets[i].seq,
-                                             "created_at", time_json(ep->secrets[i].created_ms),
-                                             "expires_at", time_json(ep->secrets[i].exp_ms)));
+                                             "created_at", api_time_json(ep->secrets[i].created_ms),
+                                             "expires_at", api_time_json(ep->secrets[i].exp_ms)));
     }
     json_t *j = json_object();
     json_object_set_new(j, "id", json_string(ep->id));
@@ -105,8 +91,8 @@ static json_t *ep_json(const struct sl_reg_ep *ep)
                         ep->reason && ep->reason[0] ? json_string(ep->reason) : json_null());
     json_object_set_new(j, "policy", pol);
     json_object_set_new(j, "secrets", sec);
-    json_object_set_new(j, "created_at", time_json(ep->created_ms));
-    json_object_set_new(j, "updated_at", time_json(ep->updated_ms));
+    json_object_set_new(j, "created_at", api_time_json(ep->created_ms));
+    json_object_set_new(j, "updated_at", api_time_json(ep->updated_ms));
     return j;
 }
 
@@ -289,6 +275,8 @@ static enum api_hret problem_for(struct api_req *r, int rc, const sl_err_t *err,
         return API_DONE;
     }
     default:
+        if (rc == SL_EPG)
+            api_pg_reset(); /* the statement may have broken this thread's connection */
         sl_warn("mgmt", "registry_failed", "endpoint change failed: %s", err->msg);
         r->retry_after_s = 2;
         return api_problem(r, 503, "registry-unavailable", NULL,
@@ -334,8 +322,6 @@ static bool visible(struct api_req *r, PGconn *pg, const char *id)
     sl_reg_ep_fini(&ep);
     if (rc == 0)
         return true;
-    if (rc != SL_ENOTFOUND)
-        api_pg_reset();
     problem_for(r, rc, &err, id);
     return false;
 }
@@ -363,12 +349,10 @@ static enum api_hret changed(struct api_req *r,
 
 enum api_hret api_endpoints_list(struct api_req *r)
 {
-    long limit = api_query_limit(r);
-    if (limit < 0)
-        return API_DONE;
+    long limit;
     char cur[SL_ENDPOINT_ID_MAX + 2];
-    bool have = false;
-    if (api_query_cursor(r, cur, sizeof(cur), &have) != 0)
+    bool have;
+    if (api_query_page(r, &limit, cur, sizeof(cur), &have) != 0)
         return API_DONE;
     PGconn *pg = reg_pg(r);
     if (!pg)
@@ -377,10 +361,8 @@ enum api_hret api_endpoints_list(struct api_req *r)
     size_t n = 0;
     sl_err_t err;
     int rc = sl_reg_db_page(pg, have ? cur : NULL, (size_t)limit + 1, &eps, &n, &err);
-    if (rc != 0) {
-        api_pg_reset();
+    if (rc != 0)
         return problem_for(r, rc, &err, "");
-    }
     json_t *data = json_array();
     json_t *next = json_null();
     for (size_t i = 0; i < n && i < (size_t)limit; i++) {
@@ -413,11 +395,8 @@ enum api_hret api_endpoints_get(struct api_req *r)
         rc = SL_ENOTFOUND; /* another tenant's endpoint does not exist for this key */
     if (rc == 0)
         api_reply(r, 200, ep_json(&ep));
-    else {
-        if (rc != SL_ENOTFOUND)
-            api_pg_reset();
+    else
         problem_for(r, rc, &err, id);
-    }
     sl_reg_ep_fini(&ep);
     return API_DONE;
 }
@@ -440,14 +419,7 @@ enum api_hret api_endpoints_create(struct api_req *r)
         return api_problem(r, 400, "missing-field", "/url", "field \"url\" is required");
     }
     struct sl_reg_ep ep;
-    memset(&ep, 0, sizeof(ep));
-    ep.id = sl_xstrdup(json_string_value(idv));
-    ep.url = sl_xstrdup("");
-    ep.name = sl_xstrdup("");
-    ep.ct = sl_xstrdup("");
-    ep.reason = sl_xstrdup("");
-    ep.enabled = true;
-    ep.method = SL_METHOD_POST;
+    sl_reg_ep_init(&ep, json_string_value(idv));
     char whsec[SL_SECRET_STR_MAX] = "";
     if (apply_fields(r, j, &ep, true) == 0 && !api_key_may_assign(r, ep.channels, ep.n_channels))
         api_problem(r, 403, "forbidden", "/channels",
@@ -461,11 +433,8 @@ enum api_hret api_endpoints_create(struct api_req *r)
                 sl_reg_create(pg, thread_pub(r->api), &r->api->mk, &ep, NULL, whsec, &res, &err);
             if (rc == 0 || (rc == SL_EKAFKA && res.committed))
                 changed(r, 201, &ep, &res, json_pack("{s:s}", "secret", whsec));
-            else {
-                if (rc == SL_EPG)
-                    api_pg_reset();
+            else
                 problem_for(r, rc, &err, ep.id);
-            }
         }
     }
     sl_secret_wipe(whsec, sizeof(whsec));
@@ -527,8 +496,6 @@ static enum api_hret run_update(struct api_req *r, struct patch *p)
     else if (rc == 0 || (rc == SL_EKAFKA && res.committed))
         changed(r, 200, &out, &res, json_pack("{s:b}", "changed", res.changed));
     else {
-        if (rc == SL_EPG)
-            api_pg_reset();
         problem_for(r, rc, &err, id);
     }
     sl_reg_ep_fini(&out);
@@ -624,11 +591,9 @@ enum api_hret api_endpoints_rotate(struct api_req *r)
         }
         json_t *x = json_pack("{s:s, s:s, s:i, s:o, s:b}", "id", out.id, "secret", whsec, "seq",
                               out.n_secrets ? out.secrets[0].seq : 0, "previous_expires_at",
-                              time_json(prev_exp), "published", res.published);
+                              api_time_json(prev_exp), "published", res.published);
         api_reply(r, 200, x);
     } else {
-        if (rc == SL_EPG)
-            api_pg_reset();
         problem_for(r, rc, &err, id);
     }
     sl_secret_wipe(whsec, sizeof(whsec));
@@ -651,7 +616,5 @@ enum api_hret api_endpoints_delete(struct api_req *r)
         return api_reply(r, 204, NULL);
     if (rc == SL_EKAFKA && res.committed)
         return changed(r, 200, NULL, &res, json_pack("{s:s, s:b}", "id", id, "deleted", 1));
-    if (rc == SL_EPG)
-        api_pg_reset();
     return problem_for(r, rc, &err, id);
 }

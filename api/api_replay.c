@@ -43,17 +43,6 @@ static void job_free(struct job *j)
     free(j);
 }
 
-static json_t *time_json(int64_t ms)
-{
-    char buf[40];
-    time_t s = (time_t)(ms / 1000);
-    struct tm tm;
-    gmtime_r(&s, &tm);
-    size_t n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
-    (void)snprintf(buf + n, sizeof(buf) - n, ".%03dZ", (int)(ms % 1000));
-    return json_string(buf);
-}
-
 /* The selection from the body; 0, or -1 after answering 400/403. */
 static int parse_sel(struct api_req *r, struct job *j, bool *dry)
 {
@@ -150,7 +139,7 @@ static void on_candidate(void *opaque, const struct sl_replay_candidate *c)
         return;
     json_array_append_new(
         a, json_pack("{s:s, s:s, s:o, s:o, s:o, s:I, s:I, s:I}", "event_id", c->event_id,
-                     "endpoint", c->endpoint_id, "dead_at", time_json(c->dead_ms), "error",
+                     "endpoint", c->endpoint_id, "dead_at", api_time_json(c->dead_ms), "error",
                      c->error_class ? json_string(c->error_class) : json_null(), "last_status",
                      c->has_last_status ? json_integer(c->last_status) : json_null(), "attempts",
                      (json_int_t)c->attempts, "replay_count", (json_int_t)c->replay_count, "bytes",

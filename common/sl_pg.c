@@ -3,9 +3,11 @@
  */
 #include "common/sl_pg.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/sl_log.h"
+#include "common/sl_mem.h"
 
 static void notice_cb(void *arg, const char *msg)
 {
@@ -67,4 +69,62 @@ int sl_pg_cmd(PGconn *pg,
         return SL_EPG;
     PQclear(res);
     return 0;
+}
+
+/* ==== result fields and parameters ==== */
+
+static int col(const PGresult *res, const char *name)
+{
+    return PQfnumber(res, name);
+}
+
+bool sl_pg_null(const PGresult *res, int row, const char *name)
+{
+    int c = col(res, name);
+    return c < 0 || PQgetisnull(res, row, c);
+}
+
+int64_t sl_pg_i64(const PGresult *res, int row, const char *name)
+{
+    if (sl_pg_null(res, row, name))
+        return 0;
+    return strtoll(PQgetvalue(res, row, col(res, name)), NULL, 10);
+}
+
+double sl_pg_f64(const PGresult *res, int row, const char *name)
+{
+    if (sl_pg_null(res, row, name))
+        return 0;
+    return strtod(PQgetvalue(res, row, col(res, name)), NULL);
+}
+
+const char *sl_pg_str(const PGresult *res, int row, const char *name)
+{
+    if (sl_pg_null(res, row, name))
+        return NULL;
+    return PQgetvalue(res, row, col(res, name));
+}
+
+char *sl_pg_text_array(const char *const *items, size_t n)
+{
+    size_t len = 3;
+    for (size_t i = 0; i < n; i++)
+        len += 2 * strlen(items[i]) + 3;
+    char *out = sl_xmalloc(len);
+    size_t o = 0;
+    out[o++] = '{';
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0)
+            out[o++] = ',';
+        out[o++] = '"';
+        for (const char *p = items[i]; *p; p++) {
+            if (*p == '"' || *p == '\\')
+                out[o++] = '\\';
+            out[o++] = *p;
+        }
+        out[o++] = '"';
+    }
+    out[o++] = '}';
+    out[o] = '\0';
+    return out;
 }

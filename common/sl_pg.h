@@ -1,13 +1,18 @@
 /*
- * sl_pg: libpq helpers shared by sluicectl and the recorder: connect with server notices
- * routed through sl_log (never to stderr raw), and result checks that turn a failed query
- * into an sl_err_t naming what was attempted and PostgreSQL's own message (which never
- * contains our parameters: we always pass values as parameters, not in the SQL text).
+ * sl_pg: libpq helpers shared by sluicectl, the recorder, the replay engine and sluice-api:
+ * connect with server notices routed through sl_log (never to stderr raw), result checks
+ * that turn a failed query into an sl_err_t naming what was attempted and PostgreSQL's own
+ * message (which never contains our parameters: we always pass values as parameters, not in
+ * the SQL text), field accessors by column name, and text-array parameters.
  *
  * thread: one PGconn per thread.
  */
 #ifndef SL_PG_H
 #define SL_PG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include <libpq-fe.h>
 
@@ -32,5 +37,17 @@ int sl_pg_cmd(PGconn *pg,
               int nparams,
               const char *const *params,
               sl_err_t *err);
+
+/* Fields of text-format results by row and column name (res borrowed; a missing column
+ * counts as NULL): */
+bool sl_pg_null(const PGresult *res, int row, const char *col);
+int64_t sl_pg_i64(const PGresult *res, int row, const char *col);     /* NULL -> 0 */
+double sl_pg_f64(const PGresult *res, int row, const char *col);      /* NULL -> 0 */
+const char *sl_pg_str(const PGresult *res, int row, const char *col); /* NULL -> NULL;
+                                                                             borrowed from res */
+
+/* A PostgreSQL array literal of n strings ({"a","b"}: every element quoted, '"' and '\'
+ * escaped). items borrowed; returns a malloc'd string the caller frees. */
+char *sl_pg_text_array(const char *const *items, size_t n);
 
 #endif /* SL_PG_H */

@@ -117,6 +117,18 @@ static void secrets_free(struct sl_reg_ep_secret *s, size_t n)
     free(s);
 }
 
+void sl_reg_ep_init(struct sl_reg_ep *ep, const char *id)
+{
+    memset(ep, 0, sizeof(*ep));
+    ep->id = sl_xstrdup(id);
+    ep->url = sl_xstrdup("");
+    ep->name = sl_xstrdup("");
+    ep->ct = sl_xstrdup("");
+    ep->reason = sl_xstrdup("");
+    ep->enabled = true;
+    ep->method = SL_METHOD_POST;
+}
+
 void sl_reg_ep_fini(struct sl_reg_ep *ep)
 {
     if (!ep)

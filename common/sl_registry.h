@@ -98,6 +98,10 @@ struct sl_reg_ep {
     size_t n_channels; /* entries in channels, <= SL_EP_CHANNELS_MAX */
 };
 
+/* A new endpoint's row before any option is applied: id (borrowed; copied), empty name, URL,
+ * content type and reason, POST, enabled, every policy value 0 (the global default). */
+void sl_reg_ep_init(struct sl_reg_ep *ep, const char *id);
+
 /* Free what ep owns and zero it (NULL-safe). */
 void sl_reg_ep_fini(struct sl_reg_ep *ep);
 

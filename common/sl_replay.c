@@ -94,55 +94,6 @@ static const char SQL_MARK[] =
     "  from unnest($1::text[], $2::text[]) as u(e, p)"
     " where d.event_id = u.e and d.endpoint_id = u.p";
 
-/* ==== Result fields and array literals ==== */
-
-static bool pg_null(const PGresult *res, int row, const char *name)
-{
-    int c = PQfnumber(res, name);
-    return c < 0 || PQgetisnull(res, row, c);
-}
-
-/* Column name's text (borrowed from res), or NULL. */
-static const char *pg_str(const PGresult *res, int row, const char *name)
-{
-    if (pg_null(res, row, name))
-        return NULL;
-    return PQgetvalue(res, row, PQfnumber(res, name));
-}
-
-/* Column name as an integer (our own queries: always a PostgreSQL integer); NULL -> 0. */
-static int64_t pg_i64(const PGresult *res, int row, const char *name)
-{
-    const char *s = pg_str(res, row, name);
-    return s ? strtoll(s, NULL, 10) : 0;
-}
-
-/* A PostgreSQL array literal of n strings ({"a","b"}: every element quoted, '"' and '\'
- * escaped). items borrowed; returns a malloc'd string the caller frees. */
-static char *text_array(const char *const *items, size_t n)
-{
-    size_t len = 3;
-    for (size_t i = 0; i < n; i++)
-        len += 2 * strlen(items[i]) + 3;
-    char *out = sl_xmalloc(len);
-    size_t o = 0;
-    out[o++] = '{';
-    for (size_t i = 0; i < n; i++) {
-        if (i > 0)
-            out[o++] = ',';
-        out[o++] = '"';
-        for (const char *p = items[i]; *p; p++) {
-            if (*p == '"' || *p == '\\')
-                out[o++] = '\\';
-            out[o++] = *p;
-        }
-        out[o++] = '"';
-    }
-    out[o++] = '}';
-    out[o] = '\0';
-    return out;
-}
-
 /* ==== Checks ==== */
 
 bool sl_replay_error_class_valid(const char *s)
@@ -196,7 +147,7 @@ static void filter_params(const struct sl_replay_sel *sel,
 {
     snprintf(since, 24, "%" PRId64, sel->since_ms);
     snprintf(until, 24, "%" PRId64, sel->until_ms);
-    *ids_lit = sel->n_event_ids ? text_array(sel->event_ids, sel->n_event_ids) : NULL;
+    *ids_lit = sel->n_event_ids ? sl_pg_text_array(sel->event_ids, sel->n_event_ids) : NULL;
     params[0] = sel->endpoint;
     params[1] = sel->has_since ? since : NULL;
     params[2] = sel->has_until ? until : NULL;
@@ -216,7 +167,7 @@ count_without_payload(PGconn *pg, const struct sl_replay_sel *sel, int64_t *n, s
     free(ids_lit);
     if (!res)
         return SL_EPG;
-    *n = pg_i64(res, 0, "n");
+    *n = sl_pg_i64(res, 0, "n");
     PQclear(res);
     return 0;
 }
@@ -361,9 +312,9 @@ static int journal(struct run *r, struct row *rows, int n, bool insert, sl_err_t
         x[k] = rows[i].error;
         k++;
     }
-    char *ae = text_array(e, k), *ap = text_array(p, k);
-    char *at = text_array(t, k), *as = text_array(s, k);
-    char *ax = text_array(x, k);
+    char *ae = sl_pg_text_array(e, k), *ap = sl_pg_text_array(p, k);
+    char *at = sl_pg_text_array(t, k), *as = sl_pg_text_array(s, k);
+    char *ax = sl_pg_text_array(x, k);
     int rc;
     if (insert) {
         const char *params[6] = {r->out->run_id, ae, ap, at, as, ax};
@@ -401,7 +352,7 @@ static int mark(struct run *r, struct row *rows, int n, int *marked, sl_err_t *e
     *marked = (int)k;
     int rc = 0;
     if (k > 0) {
-        char *ae = text_array(e, k), *ap = text_array(p, k);
+        char *ae = sl_pg_text_array(e, k), *ap = sl_pg_text_array(p, k);
         const char *params[2] = {ae, ap};
         rc = sl_pg_cmd(r->a, "mark dead letters replayed", SQL_MARK, 2, params, err);
         free(ae);
@@ -520,14 +471,14 @@ static int batch(struct run *r, int64_t want, bool *done, sl_err_t *err)
     rows = sl_xcalloc((size_t)n, sizeof(*rows));
     for (int i = 0; i < n; i++) {
         struct row *w = &rows[i];
-        w->event_id = sl_xstrdup(pg_str(res, i, "event_id"));
-        w->endpoint_id = sl_xstrdup(pg_str(res, i, "endpoint_id"));
-        w->dead_at = sl_xstrdup(pg_str(res, i, "dead_at"));
-        const char *u = pg_str(res, i, "unconfirmed");
+        w->event_id = sl_xstrdup(sl_pg_str(res, i, "event_id"));
+        w->endpoint_id = sl_xstrdup(sl_pg_str(res, i, "endpoint_id"));
+        w->dead_at = sl_xstrdup(sl_pg_str(res, i, "dead_at"));
+        const char *u = sl_pg_str(res, i, "unconfirmed");
         w->unconfirmed = u && u[0] == 't';
         size_t len = 0;
         unsigned char *payload =
-            PQunescapeBytea((const unsigned char *)pg_str(res, i, "payload"), &len);
+            PQunescapeBytea((const unsigned char *)sl_pg_str(res, i, "payload"), &len);
         if (!payload) {
             w->state = R_INVALID;
             snprintf(w->error, sizeof(w->error), "stored record could not be read");
@@ -588,7 +539,7 @@ static int run_batches(struct run *r, sl_err_t *err)
                                "select sluice_replay_recover() as n", 0, NULL, err);
     if (!res)
         return SL_EPG;
-    r->out->recovered = pg_i64(res, 0, "n");
+    r->out->recovered = sl_pg_i64(res, 0, "n");
     PQclear(res);
     const char *role = r->o->kafka_role ? r->o->kafka_role : "sluice-replay";
     rd_kafka_conf_t *conf = sl_kafka_conf_new(r->cfg, role, err);
@@ -685,15 +636,15 @@ int sl_replay_dry_run(PGconn *pg,
     out->would_replay = n;
     for (int i = 0; on_candidate && i < n; i++) {
         struct sl_replay_candidate c = {
-            .event_id = pg_str(res, i, "event_id"),
-            .endpoint_id = pg_str(res, i, "endpoint_id"),
-            .dead_ms = pg_i64(res, i, "dead_ms"),
-            .error_class = pg_str(res, i, "error_class"),
-            .has_last_status = !pg_null(res, i, "last_status"),
-            .last_status = pg_i64(res, i, "last_status"),
-            .attempts = pg_i64(res, i, "attempts"),
-            .replay_count = pg_i64(res, i, "replay_count"),
-            .bytes = pg_i64(res, i, "bytes"),
+            .event_id = sl_pg_str(res, i, "event_id"),
+            .endpoint_id = sl_pg_str(res, i, "endpoint_id"),
+            .dead_ms = sl_pg_i64(res, i, "dead_ms"),
+            .error_class = sl_pg_str(res, i, "error_class"),
+            .has_last_status = !sl_pg_null(res, i, "last_status"),
+            .last_status = sl_pg_i64(res, i, "last_status"),
+            .attempts = sl_pg_i64(res, i, "attempts"),
+            .replay_count = sl_pg_i64(res, i, "replay_count"),
+            .bytes = sl_pg_i64(res, i, "bytes"),
         };
         on_candidate(opaque, &c);
     }

@@ -95,18 +95,17 @@ static void fmt_ms_val(double ms, char *out, size_t n)
 
 static json_t *json_opt_real(const PGresult *res, int row, const char *col)
 {
-    return ctl_ops_pg_null(res, row, col) ? json_null() : json_real(ctl_ops_pg_f64(res, row, col));
+    return sl_pg_null(res, row, col) ? json_null() : json_real(sl_pg_f64(res, row, col));
 }
 
 static json_t *json_opt_int(const PGresult *res, int row, const char *col)
 {
-    return ctl_ops_pg_null(res, row, col) ? json_null()
-                                          : json_integer(ctl_ops_pg_i64(res, row, col));
+    return sl_pg_null(res, row, col) ? json_null() : json_integer(sl_pg_i64(res, row, col));
 }
 
 static json_t *json_opt_str(const PGresult *res, int row, const char *col)
 {
-    const char *s = ctl_ops_pg_str(res, row, col);
+    const char *s = sl_pg_str(res, row, col);
     return s ? json_string(s) : json_null();
 }
 
@@ -270,47 +269,47 @@ static void health_text(const struct sl_config *cfg,
     }
     ctl_table_init(&tb, 3, head, "lrl");
     ctl_table_add(&tb, "awaiting retry");
-    ctl_table_add(&tb, "%" PRId64, ctl_ops_pg_i64(res, 0, "awaiting_retry"));
+    ctl_table_add(&tb, "%" PRId64, sl_pg_i64(res, 0, "awaiting_retry"));
     ctl_table_add(&tb, "postgresql: deliveries in retry_scheduled");
     ctl_table_add(&tb, "deferred");
-    ctl_table_add(&tb, "%" PRId64, ctl_ops_pg_i64(res, 0, "deferred"));
+    ctl_table_add(&tb, "%" PRId64, sl_pg_i64(res, 0, "deferred"));
     ctl_table_add(&tb, "postgresql: deliveries in deferred");
     ctl_table_add(&tb, "oldest undelivered");
-    if (ctl_ops_pg_null(res, 0, "oldest_ms")) {
+    if (sl_pg_null(res, 0, "oldest_ms")) {
         ctl_table_add(&tb, "none");
     } else {
         char age[32];
-        ctl_ops_fmt_ms(ctl_ops_pg_i64(res, 0, "oldest_ms"), t, sizeof(t));
-        fmt_age(ctl_ops_pg_f64(res, 0, "oldest_undelivered_age_s"), age, sizeof(age));
+        ctl_ops_fmt_ms(sl_pg_i64(res, 0, "oldest_ms"), t, sizeof(t));
+        fmt_age(sl_pg_f64(res, 0, "oldest_undelivered_age_s"), age, sizeof(age));
         ctl_table_add(&tb, "%s (%s ago)", t, age);
     }
     ctl_table_add(&tb, "postgresql: created_at of open deliveries");
     ctl_table_add(&tb, "dead letters, unreplayed");
-    ctl_table_add(&tb, "%" PRId64, ctl_ops_pg_i64(res, 0, "dead_letters_unreplayed"));
+    ctl_table_add(&tb, "%" PRId64, sl_pg_i64(res, 0, "dead_letters_unreplayed"));
     ctl_table_add(&tb, "postgresql: dead_letters");
     ctl_table_add(&tb, "dead letters in window");
-    ctl_table_add(&tb, "%" PRId64, ctl_ops_pg_i64(res, 0, "dead_letters_window"));
+    ctl_table_add(&tb, "%" PRId64, sl_pg_i64(res, 0, "dead_letters_window"));
     ctl_table_add(&tb, "postgresql: dead_letters");
     ctl_table_add(&tb, "delivered in window");
-    ctl_table_add(&tb, "%" PRId64, ctl_ops_pg_i64(res, 0, "delivered_window"));
+    ctl_table_add(&tb, "%" PRId64, sl_pg_i64(res, 0, "delivered_window"));
     ctl_table_add(&tb, "postgresql: delivery_attempts");
     ctl_table_add(&tb, "failed attempts in window");
-    ctl_table_add(&tb, "%" PRId64, ctl_ops_pg_i64(res, 0, "failed_attempts_window"));
+    ctl_table_add(&tb, "%" PRId64, sl_pg_i64(res, 0, "failed_attempts_window"));
     ctl_table_add(&tb, "postgresql: delivery_attempts");
     ctl_table_add(&tb, "latency samples in window");
-    ctl_table_add(&tb, "%" PRId64, ctl_ops_pg_i64(res, 0, "latency_samples"));
+    ctl_table_add(&tb, "%" PRId64, sl_pg_i64(res, 0, "latency_samples"));
     ctl_table_add(&tb, "postgresql: endpoint_latency");
     char a[32] = "-", p[32] = "-";
-    if (!ctl_ops_pg_null(res, 0, "avg_latency_ms"))
-        fmt_ms_val(ctl_ops_pg_f64(res, 0, "avg_latency_ms"), a, sizeof(a));
-    if (!ctl_ops_pg_null(res, 0, "p95_latency_ms"))
-        fmt_ms_val(ctl_ops_pg_f64(res, 0, "p95_latency_ms"), p, sizeof(p));
+    if (!sl_pg_null(res, 0, "avg_latency_ms"))
+        fmt_ms_val(sl_pg_f64(res, 0, "avg_latency_ms"), a, sizeof(a));
+    if (!sl_pg_null(res, 0, "p95_latency_ms"))
+        fmt_ms_val(sl_pg_f64(res, 0, "p95_latency_ms"), p, sizeof(p));
     ctl_table_add(&tb, "latency avg / p95 (ms)");
     ctl_table_add(&tb, "%s / %s", a, p);
     ctl_table_add(&tb, "postgresql: endpoint_latency");
     ctl_table_print(&tb, stdout, 2);
     ctl_table_fini(&tb);
-    int64_t open = ctl_ops_pg_i64(res, 0, "awaiting_retry") + ctl_ops_pg_i64(res, 0, "deferred");
+    int64_t open = sl_pg_i64(res, 0, "awaiting_retry") + sl_pg_i64(res, 0, "deferred");
     if (!rerr && sc->scheduled == 0 && open > 0)
         printf("\nnote: the history has %" PRId64 " open deliveries but the Redis schedule is "
                "empty; if Redis lost its data, run 'sluicectl retries rebuild'\n",
@@ -383,10 +382,10 @@ static json_t *health_json(const struct sl_config *cfg,
                                            "delivered_window",        "failed_attempts_window",
                                            "latency_samples"};
         for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
-            json_object_set_new(p, ints[i], json_integer(ctl_ops_pg_i64(res, 0, ints[i])));
+            json_object_set_new(p, ints[i], json_integer(sl_pg_i64(res, 0, ints[i])));
         json_object_set_new(
             p, "oldest_undelivered_at",
-            json_time(ctl_ops_pg_i64(res, 0, "oldest_ms"), !ctl_ops_pg_null(res, 0, "oldest_ms")));
+            json_time(sl_pg_i64(res, 0, "oldest_ms"), !sl_pg_null(res, 0, "oldest_ms")));
         json_object_set_new(p, "oldest_undelivered_ms", json_opt_int(res, 0, "oldest_ms"));
         json_object_set_new(p, "oldest_undelivered_age_s",
                             json_opt_real(res, 0, "oldest_undelivered_age_s"));
@@ -505,14 +504,14 @@ static void slow_json(const struct slow_opts *o, const PGresult *res)
     for (int i = 0; i < PQntuples(res); i++) {
         json_t *e = json_object();
         json_object_set_new(e, "endpoint_id", json_opt_str(res, i, "endpoint_id"));
-        json_object_set_new(e, "samples", json_integer(ctl_ops_pg_i64(res, i, "samples")));
+        json_object_set_new(e, "samples", json_integer(sl_pg_i64(res, i, "samples")));
         for (size_t k = 0; k < 5; k++)
             json_object_set_new(e, SLOW_MS_COLS[k], json_opt_real(res, i, SLOW_MS_COLS[k]));
         json_object_set_new(e, "last_status", json_opt_int(res, i, "last_status"));
         json_object_set_new(e, "last_error", json_opt_str(res, i, "last_error"));
-        json_object_set_new(e, "last_sample_at",
-                            json_time(ctl_ops_pg_i64(res, i, "last_sample_ms"),
-                                      !ctl_ops_pg_null(res, i, "last_sample_ms")));
+        json_object_set_new(
+            e, "last_sample_at",
+            json_time(sl_pg_i64(res, i, "last_sample_ms"), !sl_pg_null(res, i, "last_sample_ms")));
         json_array_append_new(arr, e);
     }
     ctl_ops_print_json(json_pack(
@@ -523,14 +522,14 @@ static void slow_json(const struct slow_opts *o, const PGresult *res)
 /* "200", "503 http_5xx", "no response timeout", or "-" (no outcome known). */
 static void add_last_status(struct ctl_table *tb, const PGresult *res, int i)
 {
-    const char *le = ctl_ops_pg_str(res, i, "last_error");
-    bool nostatus = ctl_ops_pg_null(res, i, "last_status");
+    const char *le = sl_pg_str(res, i, "last_error");
+    bool nostatus = sl_pg_null(res, i, "last_status");
     if (nostatus && !le)
         ctl_table_add(tb, "-");
     else if (nostatus)
         ctl_table_add(tb, "no response %s", le);
     else
-        ctl_table_add(tb, "%" PRId64 "%s%s", ctl_ops_pg_i64(res, i, "last_status"), le ? " " : "",
+        ctl_table_add(tb, "%" PRId64 "%s%s", sl_pg_i64(res, i, "last_status"), le ? " " : "",
                       le ? le : "");
 }
 
@@ -553,10 +552,10 @@ static void slow_text(const struct slow_opts *o, const PGresult *res)
     ctl_table_init(&tb, 8, head, "lrrrrrrl");
     for (int i = 0; i < n; i++) {
         char v[32];
-        ctl_table_add(&tb, "%s", ctl_ops_pg_str(res, i, "endpoint_id"));
-        ctl_table_add(&tb, "%" PRId64, ctl_ops_pg_i64(res, i, "samples"));
+        ctl_table_add(&tb, "%s", sl_pg_str(res, i, "endpoint_id"));
+        ctl_table_add(&tb, "%" PRId64, sl_pg_i64(res, i, "samples"));
         for (size_t k = 0; k < 5; k++) {
-            fmt_ms_val(ctl_ops_pg_f64(res, i, SLOW_MS_COLS[k]), v, sizeof(v));
+            fmt_ms_val(sl_pg_f64(res, i, SLOW_MS_COLS[k]), v, sizeof(v));
             ctl_table_add(&tb, "%s", v);
         }
         add_last_status(&tb, res, i);
@@ -663,7 +662,7 @@ static const char SQL_DL[] =
 /* The patterns column (a JSON array of strings); a new reference, never NULL. */
 static json_t *patterns_of(const PGresult *res, int row)
 {
-    const char *s = ctl_ops_pg_str(res, row, "patterns_json");
+    const char *s = sl_pg_str(res, row, "patterns_json");
     json_t *j = s ? json_loads(s, 0, NULL) : NULL;
     if (!json_is_array(j)) {
         json_decref(j);
@@ -685,26 +684,26 @@ static void dl_patterns_text(const PGresult *res, int n)
                 printf("\nPatterns\n");
             any = true;
             const char *name = json_string_value(p);
-            const char *ep = ctl_ops_pg_str(res, i, "endpoint_id");
-            int64_t total = ctl_ops_pg_i64(res, i, "dead_letters");
+            const char *ep = sl_pg_str(res, i, "endpoint_id");
+            int64_t total = sl_pg_i64(res, i, "dead_letters");
             char t[40];
             if (name && strcmp(name, "clustered outage") == 0) {
-                ctl_ops_fmt_ms(ctl_ops_pg_i64(res, i, "cluster_ms"), t, sizeof(t));
+                ctl_ops_fmt_ms(sl_pg_i64(res, i, "cluster_ms"), t, sizeof(t));
                 printf("  %s: clustered outage (%" PRId64 " of %" PRId64
                        " within 15 minutes from %s)\n",
-                       ep, ctl_ops_pg_i64(res, i, "cluster_count"), total, t);
+                       ep, sl_pg_i64(res, i, "cluster_count"), total, t);
             } else if (name && strcmp(name, "auth/permission spike") == 0) {
                 printf("  %s: auth/permission spike (%" PRId64 " of %" PRId64
                        " answered 401/403: check the endpoint's credentials)\n",
-                       ep, ctl_ops_pg_i64(res, i, "auth_count"), total);
+                       ep, sl_pg_i64(res, i, "auth_count"), total);
             } else if (name && strcmp(name, "rate-limit spike") == 0) {
                 printf("  %s: rate-limit spike (%" PRId64 " of %" PRId64
                        " ended on 429: lower the endpoint's rate)\n",
-                       ep, ctl_ops_pg_i64(res, i, "rate_limit_count"), total);
+                       ep, sl_pg_i64(res, i, "rate_limit_count"), total);
             } else if (name && strcmp(name, "gradual accumulation") == 0) {
                 printf("  %s: gradual accumulation (dead letters in %" PRId64
                        " distinct hours of the window)\n",
-                       ep, ctl_ops_pg_i64(res, i, "hours_present"));
+                       ep, sl_pg_i64(res, i, "hours_present"));
             } else if (name) {
                 printf("  %s: %s\n", ep, name);
             }
@@ -750,26 +749,24 @@ int ctl_dead_letters_main(struct ctl *c, int argc, char **argv)
             json_object_set_new(e, "endpoint_id", json_opt_str(res, i, "endpoint_id"));
             static const char *const ints[] = {"dead_letters", "unreplayed", "without_payload"};
             for (size_t k = 0; k < 3; k++)
-                json_object_set_new(e, ints[k], json_integer(ctl_ops_pg_i64(res, i, ints[k])));
+                json_object_set_new(e, ints[k], json_integer(sl_pg_i64(res, i, ints[k])));
             json_object_set_new(e, "top_error", json_opt_str(res, i, "top_error"));
             json_object_set_new(e, "top_error_count",
-                                json_integer(ctl_ops_pg_i64(res, i, "top_error_count")));
+                                json_integer(sl_pg_i64(res, i, "top_error_count")));
             json_object_set_new(e, "top_status", json_opt_int(res, i, "top_status"));
             json_object_set_new(e, "top_status_count",
-                                json_integer(ctl_ops_pg_i64(res, i, "top_status_count")));
-            json_object_set_new(e, "first_dead_at",
-                                json_time(ctl_ops_pg_i64(res, i, "first_ms"), true));
-            json_object_set_new(e, "last_dead_at",
-                                json_time(ctl_ops_pg_i64(res, i, "last_ms"), true));
+                                json_integer(sl_pg_i64(res, i, "top_status_count")));
+            json_object_set_new(e, "first_dead_at", json_time(sl_pg_i64(res, i, "first_ms"), true));
+            json_object_set_new(e, "last_dead_at", json_time(sl_pg_i64(res, i, "last_ms"), true));
             json_object_set_new(e, "first_failed_at",
-                                json_time(ctl_ops_pg_i64(res, i, "first_failed_ms"), true));
+                                json_time(sl_pg_i64(res, i, "first_failed_ms"), true));
             json_object_set_new(e, "avg_attempts", json_opt_real(res, i, "avg_attempts"));
             static const char *const ev[] = {"auth_count", "rate_limit_count", "cluster_count",
                                              "hours_present"};
             for (size_t k = 0; k < 4; k++)
-                json_object_set_new(e, ev[k], json_integer(ctl_ops_pg_i64(res, i, ev[k])));
+                json_object_set_new(e, ev[k], json_integer(sl_pg_i64(res, i, ev[k])));
             json_object_set_new(e, "cluster_start",
-                                json_time(ctl_ops_pg_i64(res, i, "cluster_ms"), true));
+                                json_time(sl_pg_i64(res, i, "cluster_ms"), true));
             json_object_set_new(e, "patterns", patterns_of(res, i));
             json_array_append_new(arr, e);
         }
@@ -786,24 +783,23 @@ int ctl_dead_letters_main(struct ctl *c, int argc, char **argv)
         ctl_table_init(&tb, 8, head, "lrrllllr");
         for (int i = 0; i < n; i++) {
             char t1[40], t2[40];
-            ctl_table_add(&tb, "%s", ctl_ops_pg_str(res, i, "endpoint_id"));
-            ctl_table_add(&tb, "%" PRId64, ctl_ops_pg_i64(res, i, "dead_letters"));
-            ctl_table_add(&tb, "%" PRId64, ctl_ops_pg_i64(res, i, "unreplayed"));
-            const char *te = ctl_ops_pg_str(res, i, "top_error");
+            ctl_table_add(&tb, "%s", sl_pg_str(res, i, "endpoint_id"));
+            ctl_table_add(&tb, "%" PRId64, sl_pg_i64(res, i, "dead_letters"));
+            ctl_table_add(&tb, "%" PRId64, sl_pg_i64(res, i, "unreplayed"));
+            const char *te = sl_pg_str(res, i, "top_error");
             ctl_table_add(&tb, "%s (%" PRId64 ")", te ? te : "none",
-                          ctl_ops_pg_i64(res, i, "top_error_count"));
-            if (ctl_ops_pg_null(res, i, "top_status"))
+                          sl_pg_i64(res, i, "top_error_count"));
+            if (sl_pg_null(res, i, "top_status"))
                 ctl_table_add(&tb, "no response (%" PRId64 ")",
-                              ctl_ops_pg_i64(res, i, "top_status_count"));
+                              sl_pg_i64(res, i, "top_status_count"));
             else
-                ctl_table_add(&tb, "%" PRId64 " (%" PRId64 ")",
-                              ctl_ops_pg_i64(res, i, "top_status"),
-                              ctl_ops_pg_i64(res, i, "top_status_count"));
-            ctl_ops_fmt_ms(ctl_ops_pg_i64(res, i, "first_ms"), t1, sizeof(t1));
-            ctl_ops_fmt_ms(ctl_ops_pg_i64(res, i, "last_ms"), t2, sizeof(t2));
+                ctl_table_add(&tb, "%" PRId64 " (%" PRId64 ")", sl_pg_i64(res, i, "top_status"),
+                              sl_pg_i64(res, i, "top_status_count"));
+            ctl_ops_fmt_ms(sl_pg_i64(res, i, "first_ms"), t1, sizeof(t1));
+            ctl_ops_fmt_ms(sl_pg_i64(res, i, "last_ms"), t2, sizeof(t2));
             ctl_table_add(&tb, "%s", t1);
             ctl_table_add(&tb, "%s", t2);
-            ctl_table_add(&tb, "%.2f", ctl_ops_pg_f64(res, i, "avg_attempts"));
+            ctl_table_add(&tb, "%.2f", sl_pg_f64(res, i, "avg_attempts"));
         }
         ctl_table_print(&tb, stdout, 0);
         ctl_table_fini(&tb);
@@ -929,9 +925,9 @@ int ctl_alerts_main(struct ctl *c, int argc, char **argv)
         printf("no alert fires\n");
     } else {
         for (int i = 0; i < n; i++) {
-            const char *ep = ctl_ops_pg_str(res, i, "endpoint_id");
-            printf("ALERT %s%s%s: %s\n", ctl_ops_pg_str(res, i, "alert"), ep ? " " : "",
-                   ep ? ep : "", ctl_ops_pg_str(res, i, "message"));
+            const char *ep = sl_pg_str(res, i, "endpoint_id");
+            printf("ALERT %s%s%s: %s\n", sl_pg_str(res, i, "alert"), ep ? " " : "", ep ? ep : "",
+                   sl_pg_str(res, i, "message"));
         }
     }
     PQclear(res);
@@ -1030,8 +1026,8 @@ int ctl_latency_main(struct ctl *c, int argc, char **argv)
         PQclear(res);
         return ctl_fail("latency", "unexpected result of sluice_latency");
     }
-    json_t *labels = json_loads(ctl_ops_pg_str(res, 0, "labels"), 0, NULL);
-    json_t *counts = json_loads(ctl_ops_pg_str(res, 0, "counts"), 0, NULL);
+    json_t *labels = json_loads(sl_pg_str(res, 0, "labels"), 0, NULL);
+    json_t *counts = json_loads(sl_pg_str(res, 0, "counts"), 0, NULL);
     if (!json_is_array(labels) || !json_is_array(counts) ||
         json_array_size(labels) != json_array_size(counts)) {
         json_decref(labels);
@@ -1039,7 +1035,7 @@ int ctl_latency_main(struct ctl *c, int argc, char **argv)
         PQclear(res);
         return ctl_fail("latency", "unexpected histogram from sluice_latency");
     }
-    int64_t samples = ctl_ops_pg_i64(res, 0, "samples");
+    int64_t samples = sl_pg_i64(res, 0, "samples");
     static const char *const ms[] = {"p50_ms", "p95_ms", "p99_ms", "avg_ms", "min_ms", "max_ms"};
     char win[24];
     ctl_ops_duration_format(o.window_s, win, sizeof(win));
@@ -1061,7 +1057,7 @@ int ctl_latency_main(struct ctl *c, int argc, char **argv)
         if (samples > 0) {
             char v[6][32];
             for (size_t k = 0; k < 6; k++)
-                fmt_ms_val(ctl_ops_pg_f64(res, 0, ms[k]), v[k], sizeof(v[k]));
+                fmt_ms_val(sl_pg_f64(res, 0, ms[k]), v[k], sizeof(v[k]));
             printf("  p50 %s ms  p95 %s ms  p99 %s ms  avg %s ms  min %s ms  max %s ms\n\n", v[0],
                    v[1], v[2], v[3], v[4], v[5]);
             print_histogram(labels, counts);

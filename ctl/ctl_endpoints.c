@@ -907,15 +907,8 @@ static int cmd_add(struct run *r, struct opts *o)
     struct sl_reg_result res;
     struct sl_secret secret;
     char whsec[SL_SECRET_STR_MAX] = "";
-    memset(&ep, 0, sizeof(ep));
     memset(&secret, 0, sizeof(secret));
-    ep.id = sl_xstrdup(o->id);
-    ep.url = sl_xstrdup("");
-    ep.name = sl_xstrdup("");
-    ep.ct = sl_xstrdup("");
-    ep.reason = sl_xstrdup("");
-    ep.enabled = true;
-    ep.method = SL_METHOD_POST;
+    sl_reg_ep_init(&ep, o->id);
     ep_from_opts(&ep, o);
     rc = check_merged(r, &ep, o);
     if (rc)

@@ -229,62 +229,6 @@ PGconn *ctl_ops_pg_open(const struct sl_config *cfg, sl_err_t *err)
     return pg;
 }
 
-static int col(const PGresult *res, const char *name)
-{
-    return PQfnumber(res, name);
-}
-
-bool ctl_ops_pg_null(const PGresult *res, int row, const char *name)
-{
-    int c = col(res, name);
-    return c < 0 || PQgetisnull(res, row, c);
-}
-
-int64_t ctl_ops_pg_i64(const PGresult *res, int row, const char *name)
-{
-    if (ctl_ops_pg_null(res, row, name))
-        return 0;
-    return strtoll(PQgetvalue(res, row, col(res, name)), NULL, 10);
-}
-
-double ctl_ops_pg_f64(const PGresult *res, int row, const char *name)
-{
-    if (ctl_ops_pg_null(res, row, name))
-        return 0;
-    return strtod(PQgetvalue(res, row, col(res, name)), NULL);
-}
-
-const char *ctl_ops_pg_str(const PGresult *res, int row, const char *name)
-{
-    if (ctl_ops_pg_null(res, row, name))
-        return NULL;
-    return PQgetvalue(res, row, col(res, name));
-}
-
-char *ctl_ops_pg_text_array(const char *const *items, size_t n)
-{
-    size_t len = 3;
-    for (size_t i = 0; i < n; i++)
-        len += 2 * strlen(items[i]) + 3;
-    char *out = sl_xmalloc(len);
-    size_t o = 0;
-    out[o++] = '{';
-    for (size_t i = 0; i < n; i++) {
-        if (i > 0)
-            out[o++] = ',';
-        out[o++] = '"';
-        for (const char *p = items[i]; *p; p++) {
-            if (*p == '"' || *p == '\\')
-                out[o++] = '\\';
-            out[o++] = *p;
-        }
-        out[o++] = '"';
-    }
-    out[o++] = '}';
-    out[o] = '\0';
-    return out;
-}
-
 /* ==== Kafka lag ==== */
 
 /* One partition's lag from its committed offset e and its watermarks; adds to out's totals. */

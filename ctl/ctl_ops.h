@@ -71,17 +71,6 @@ void ctl_ops_fmt_ms(int64_t ms, char *out, size_t outlen);
  */
 PGconn *ctl_ops_pg_open(const struct sl_config *cfg, sl_err_t *err);
 
-/* Field accessors for text-format results (row, column by name; the column must exist). */
-bool ctl_ops_pg_null(const PGresult *res, int row, const char *col);
-int64_t ctl_ops_pg_i64(const PGresult *res, int row, const char *col);     /* NULL -> 0 */
-double ctl_ops_pg_f64(const PGresult *res, int row, const char *col);      /* NULL -> 0 */
-const char *ctl_ops_pg_str(const PGresult *res, int row, const char *col); /* NULL -> NULL;
-                                                                             borrowed from res */
-
-/* A PostgreSQL array literal of n strings ({"a","b"}: every element quoted, '"' and '\'
- * escaped). items borrowed; returns a malloc'd string the caller frees. */
-char *ctl_ops_pg_text_array(const char *const *items, size_t n);
-
 /* ==== Kafka consumer-group lag ==== */
 
 struct ctl_ops_lag_part {

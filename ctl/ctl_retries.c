@@ -167,8 +167,7 @@ static int jobs_exist(struct rebuild *rb, const PGresult *res, int n, bool *pres
 {
     for (int i = 0; i < n; i++) {
         char job[41], key[128];
-        sl_jobkey_id(ctl_ops_pg_str(res, i, "endpoint_id"), ctl_ops_pg_str(res, i, "event_id"),
-                     job);
+        sl_jobkey_id(sl_pg_str(res, i, "endpoint_id"), sl_pg_str(res, i, "event_id"), job);
         snprintf(key, sizeof(key), SL_JOBKEY_JOB,
                  sl_jobkey_shard(job, (uint32_t)rb->cfg->retry_shards), job);
         const char *argv[2] = {"EXISTS", key};
@@ -196,15 +195,14 @@ static int pass1_rows(struct rebuild *rb, const PGresult *res, sl_err_t *err)
     bool *present = sl_xcalloc((size_t)n + 1, sizeof(bool));
     int rc = jobs_exist(rb, res, n, present, err);
     for (int i = 0; rc == 0 && i < n; i++) {
-        const char *id = ctl_ops_pg_str(res, i, "event_id");
-        const char *ep = ctl_ops_pg_str(res, i, "endpoint_id");
-        const char *state = ctl_ops_pg_str(res, i, "state");
-        int64_t attempts = ctl_ops_pg_i64(res, i, "attempts");
-        int64_t due =
-            ctl_ops_pg_null(res, i, "next_ms") ? rb->now_ms : ctl_ops_pg_i64(res, i, "next_ms");
+        const char *id = sl_pg_str(res, i, "event_id");
+        const char *ep = sl_pg_str(res, i, "endpoint_id");
+        const char *state = sl_pg_str(res, i, "state");
+        int64_t attempts = sl_pg_i64(res, i, "attempts");
+        int64_t due = sl_pg_null(res, i, "next_ms") ? rb->now_ms : sl_pg_i64(res, i, "next_ms");
         if (due < rb->now_ms)
             due = rb->now_ms;
-        int64_t since = ctl_ops_pg_i64(res, i, "since_ms");
+        int64_t since = sl_pg_i64(res, i, "since_ms");
         rb->open++;
         if (state && strcmp(state, "deferred") == 0)
             rb->open_deferred++;
@@ -215,10 +213,10 @@ static int pass1_rows(struct rebuild *rb, const PGresult *res, sl_err_t *err)
             continue;
         }
         bool done = false;
-        if (!ctl_ops_pg_null(res, i, "payload")) {
+        if (!sl_pg_null(res, i, "payload")) {
             size_t len = 0;
             unsigned char *raw =
-                PQunescapeBytea((const unsigned char *)ctl_ops_pg_str(res, i, "payload"), &len);
+                PQunescapeBytea((const unsigned char *)sl_pg_str(res, i, "payload"), &len);
             struct sl_decode_limits lim = {.max_body = (size_t)rb->cfg->max_body_bytes,
                                            .max_record = 0};
             struct sl_delivery d;
