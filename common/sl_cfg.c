@@ -769,6 +769,20 @@ static int finalize(struct sl_config *cfg, FILE *errf)
                 (long long)cfg->http_connect_timeout_ms, (long long)cfg->http_timeout_ms);
         nerr++;
     }
+    {
+        /* host:port or [v6]:port; resolving waits for start-up (nothing connects here) */
+        const char *l = cfg->api_listen, *colon = strrchr(l, ':');
+        char *end = NULL;
+        long port = colon ? strtol(colon + 1, &end, 10) : -1;
+        if (!colon || colon == l || !end || *end != '\0' || colon[1] == '\0' || port < 1 ||
+            port > 65535) {
+            fprintf(errf,
+                    "invalid value for api_listen: \"%s\": expected host:port (port 1..65535; "
+                    "IPv6 as [addr]:port)\n",
+                    l);
+            nerr++;
+        }
+    }
     if (cfg->lease_ms <= cfg->http_timeout_ms) {
         fprintf(errf,
                 "lease_ms (%lld) must exceed http_timeout_ms (%lld) so a slow request's retry "

@@ -377,6 +377,36 @@ static void test_instance_id(void **state)
     }
 }
 
+/* api_listen is checked at load (host:port), so a typo fails with 78 before anything starts. */
+static void test_api_listen(void **state)
+{
+    (void)state;
+    char *bad[] = {"SLUICE_API_LISTEN=8088",       "SLUICE_API_LISTEN=:8088",
+                   "SLUICE_API_LISTEN=host:",      "SLUICE_API_LISTEN=host:0",
+                   "SLUICE_API_LISTEN=host:65536", "SLUICE_API_LISTEN=host:80x"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct sl_config cfg;
+        int nerr;
+        char *env[] = {bad[i], NULL};
+        char *errs = load_errs(&cfg, NULL, env, &nerr);
+        if (nerr != 1 || !strstr(errs, "invalid value for api_listen"))
+            fail_msg("%s: %d errors: %s", bad[i], nerr, errs);
+        free(errs);
+        sl_cfg_fini(&cfg);
+    }
+    char *good[] = {"SLUICE_API_LISTEN=0.0.0.0:8088", "SLUICE_API_LISTEN=[::1]:1",
+                    "SLUICE_API_LISTEN=api.internal:65535"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        struct sl_config cfg;
+        int nerr;
+        char *env[] = {good[i], NULL};
+        char *errs = load_errs(&cfg, NULL, env, &nerr);
+        assert_int_equal(nerr, 0);
+        free(errs);
+        sl_cfg_fini(&cfg);
+    }
+}
+
 /* --print-config: the PostgreSQL password is hidden in every form libpq accepts (the text
  * search once redacted the value after "app_password" and showed the real one, and missed
  * URIs); a conninfo libpq cannot parse is not shown. */
@@ -494,6 +524,7 @@ int main(void)
         cmocka_unit_test(test_bad_secret_value_not_echoed),
         cmocka_unit_test(test_exit_code_78),
         cmocka_unit_test(test_instance_id),
+        cmocka_unit_test(test_api_listen),
         cmocka_unit_test(test_print_redacts_dsn_forms),
         cmocka_unit_test(test_dsn_password_scrubbed_from_logs),
     };
