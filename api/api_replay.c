@@ -64,13 +64,16 @@ static int parse_sel(struct api_req *r, struct job *j, bool *dry)
         }
         bool ok = true;
         if (strcmp(k, "endpoint") == 0 || strcmp(k, "error") == 0) {
-            ok = json_is_string(v);
+            ok = json_is_string(v) &&
+                 (k[1] == 'n' ? sl_valid_endpoint_id(json_string_value(v), json_string_length(v))
+                              : sl_replay_error_class_valid(json_string_value(v)));
             if (ok && k[0] == 'e' && k[1] == 'n')
                 j->sel.endpoint = json_string_value(v);
             else if (ok)
                 j->sel.error_class = json_string_value(v);
         } else if (strcmp(k, "since_ms") == 0 || strcmp(k, "until_ms") == 0) {
-            ok = json_is_integer(v) && json_integer_value(v) >= 0;
+            ok = json_is_integer(v) && json_integer_value(v) >= 0 &&
+                 json_integer_value(v) <= SL_REPLAY_TIME_MAX_MS;
             if (ok && k[0] == 's') {
                 j->sel.has_since = true;
                 j->sel.since_ms = json_integer_value(v);
@@ -79,7 +82,8 @@ static int parse_sel(struct api_req *r, struct job *j, bool *dry)
                 j->sel.until_ms = json_integer_value(v);
             }
         } else if (strcmp(k, "limit") == 0) {
-            ok = json_is_integer(v) && json_integer_value(v) >= 0;
+            ok = json_is_integer(v) && json_integer_value(v) >= 0 &&
+                 json_integer_value(v) <= SL_REPLAY_LIMIT_MAX;
             if (ok)
                 j->sel.limit = json_integer_value(v);
         } else if (strcmp(k, "all") == 0 || strcmp(k, "dry_run") == 0) {
@@ -95,7 +99,8 @@ static int parse_sel(struct api_req *r, struct job *j, bool *dry)
                 j->ids = sl_xcalloc(n, sizeof(*j->ids));
                 for (size_t i = 0; i < n && ok; i++) {
                     json_t *e = json_array_get(v, i);
-                    ok = json_is_string(e);
+                    ok = json_is_string(e) &&
+                         sl_valid_event_id(json_string_value(e), json_string_length(e));
                     j->ids[i] = ok ? json_string_value(e) : NULL;
                 }
                 j->sel.event_ids = j->ids;
@@ -103,15 +108,18 @@ static int parse_sel(struct api_req *r, struct job *j, bool *dry)
             }
         }
         if (!ok) {
-            api_problem(r, 400, "invalid-field", field, "field has the wrong type or range");
+            api_problem(r, 400, "invalid-field", field,
+                        "field has the wrong type, form or range (see the API's contract)");
             return -1;
         }
     }
+    if (j->sel.has_since && j->sel.has_until && j->sel.since_ms >= j->sel.until_ms) {
+        api_problem(r, 400, "invalid-field", "/until_ms", "until_ms must be after since_ms");
+        return -1;
+    }
     sl_err_t err;
-    if (sl_replay_sel_check(&j->sel, &err) != 0) {
-        json_t *p = api_problem_from_err(&err, "");
-        api_reply(r, 400, p);
-        r->problem = true;
+    if (sl_replay_sel_check(&j->sel, &err) != 0) { /* what is left: an empty selection */
+        api_problem(r, 400, "missing-field", "/", "%s", err.msg);
         return -1;
     }
     const struct sl_apikey *key = r->auth.key;

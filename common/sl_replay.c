@@ -127,6 +127,10 @@ int sl_replay_sel_check(const struct sl_replay_sel *sel, sl_err_t *err)
                               i + 1);
     if (sel->limit < 0 || sel->limit > SL_REPLAY_LIMIT_MAX)
         return sl_err_set(err, SL_EINVAL, "invalid limit: expected 0..%d", SL_REPLAY_LIMIT_MAX);
+    if ((sel->has_since && (sel->since_ms < 0 || sel->since_ms > SL_REPLAY_TIME_MAX_MS)) ||
+        (sel->has_until && (sel->until_ms < 0 || sel->until_ms > SL_REPLAY_TIME_MAX_MS)))
+        return sl_err_set(err, SL_EINVAL,
+                          "since and until must lie between 1970 and the end of year 9999");
     if (sel->has_since && sel->has_until && sel->since_ms >= sel->until_ms)
         return sl_err_set(err, SL_EINVAL, "since must be before until");
     bool selector = sel->endpoint || sel->has_since || sel->has_until || sel->error_class ||

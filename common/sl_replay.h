@@ -47,7 +47,8 @@
 /* ms, per batch: the producer's 120 s message timeout plus 10 s of grace; records still
  * without a report then count as failed */
 #define SL_REPLAY_ACK_WAIT_MS 130000
-#define SL_REPLAY_RUN_ID_LEN  32 /* hex characters (128 random bits) */
+#define SL_REPLAY_RUN_ID_LEN  32                /* hex characters (128 random bits) */
+#define SL_REPLAY_TIME_MAX_MS 253402300799999LL /* since/until bound: 9999-12-31T23:59:59.999Z */
 
 /* Which dead letters. Every pointer is borrowed for the duration of the call. */
 struct sl_replay_sel {

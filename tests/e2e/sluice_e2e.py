@@ -217,13 +217,14 @@ class Api:
         finally:
             c.close()
 
-    def wait_healthy(self, timeout):
-        """True once GET /healthz answers 200; False when the process exits or time is up."""
+    def wait_ready(self, timeout):
+        """True once GET /readyz answers 200 (listening, API keys loaded, producer healthy);
+        False when the process exits or time is up."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.proc.alive():
                 return False
-            if self.get("/healthz", timeout=2)[0] == 200:
+            if self.get("/readyz", timeout=2)[0] == 200:
                 return True
             time.sleep(0.1)
         return False
@@ -324,8 +325,8 @@ class World:
         return c
 
     def api(self, **cfg):
-        """Start build/.../api/sluice-api on a free loopback port and wait until GET /healthz
-        answers 200. cfg: further settings as for World (api_batch_max=3 ->
+        """Start build/.../api/sluice-api on a free loopback port and wait until GET /readyz
+        answers 200 (the keys made before are loaded then). cfg: further settings as for World (api_batch_max=3 ->
         SLUICE_API_BATCH_MAX=3); the special `_fault` sets SL_FAULT (test builds only).
         Returns an Api (.base URL, .port, .proc); close() kills whatever is still running."""
         env = dict(self.env)
@@ -341,7 +342,7 @@ class World:
             env["SLUICE_API_LISTEN"] = f"127.0.0.1:{port}"
             proc = Proc([self.bin("api/sluice-api")], env, os.path.join(self.dir, f"api-{n}.log"))
             a = Api(proc, port)
-            if a.wait_healthy(60):
+            if a.wait_ready(60):
                 self.apis.append(a)
                 return a
             last = proc.logs()
@@ -349,7 +350,7 @@ class World:
                 proc.kill9()
             if "could not listen" not in last:
                 break
-        raise AssertionError(f"sluice-api did not answer GET /healthz; its log:\n{last[-4000:]}")
+        raise AssertionError(f"sluice-api did not become ready (GET /readyz); its log:\n{last[-4000:]}")
 
     def api_key(self, *scopes, name=None, **kw):
         """Create an API key with `sluicectl keys create` and return its text ("slk_...").

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "common/sl_pg.h"
 #include "ctl/ctl_ops.h"
 
 static void test_duration_accepts(void **state)
@@ -170,10 +171,10 @@ static void test_pg_text_array(void **state)
 {
     (void)state;
     const char *items[] = {"a", "b,c", "q\"x", "back\\slash", "{}", ""};
-    char *s = ctl_ops_pg_text_array(items, 6);
+    char *s = sl_pg_text_array(items, 6);
     assert_string_equal(s, "{\"a\",\"b,c\",\"q\\\"x\",\"back\\\\slash\",\"{}\",\"\"}");
     free(s);
-    s = ctl_ops_pg_text_array(NULL, 0);
+    s = sl_pg_text_array(NULL, 0);
     assert_string_equal(s, "{}");
     free(s);
 }
