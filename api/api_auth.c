@@ -172,13 +172,53 @@ void api_auth_fini(struct api_auth *a)
     a->key = NULL;
 }
 
-int api_keys_check(
-    api_keys_t *k, const char *authz, unsigned need, struct api_auth *out, const char **why)
+void api_auth_memo_fini(struct api_auth_memo *m)
 {
-    static const char bearer[] = "Bearer ";
+    if (!m)
+        return;
+    set_release(m->set);
+    sl_secret_wipe(m->tok, sizeof(m->tok));
+    m->set = NULL;
+    m->key = NULL;
+}
+
+/* The current set with a reference taken, or NULL before the first load. */
+static struct api_keyset *current(api_keys_t *k)
+{
+    pthread_mutex_lock(&k->mu);
+    struct api_keyset *s = k->cur;
+    if (s)
+        atomic_fetch_add(&s->refs, 1);
+    pthread_mutex_unlock(&k->mu);
+    return s;
+}
+
+/* Find the key of token tok in s: the key, or NULL (unknown, revoked, malformed). */
+static const struct sl_apikey *lookup(struct api_keyset *s, const char *tok, const char **why)
+{
     char id[SL_APIKEY_ID_LEN + 1];
     uint8_t hash[32];
     sl_err_t err;
+    if (sl_apikey_parse(tok, strlen(tok), id, hash, &err) != 0) {
+        *why = "the API key is malformed";
+        return NULL;
+    }
+    const struct sl_apikey *key = sl_map_get(s->by_id, id);
+    if (!key || !sl_apikey_hash_equal(key->hash, hash)) {
+        *why = "the API key is unknown or revoked";
+        return NULL;
+    }
+    return key;
+}
+
+int api_keys_check(api_keys_t *k,
+                   const char *authz,
+                   unsigned need,
+                   struct api_auth_memo *memo,
+                   struct api_auth *out,
+                   const char **why)
+{
+    static const char bearer[] = "Bearer ";
 
     out->set = NULL;
     out->key = NULL;
@@ -191,23 +231,26 @@ int api_keys_check(
         return 401;
     }
     const char *tok = authz + sizeof(bearer) - 1;
-    if (sl_apikey_parse(tok, strlen(tok), id, hash, &err) != 0) {
-        *why = "the API key is malformed";
-        return 401;
-    }
-    pthread_mutex_lock(&k->mu);
-    struct api_keyset *s = k->cur;
-    if (s)
-        atomic_fetch_add(&s->refs, 1);
-    pthread_mutex_unlock(&k->mu);
+    struct api_keyset *s = current(k);
     if (!s) {
         *why = "API keys are not loaded yet (PostgreSQL unreachable since start-up)";
         return 503;
     }
-    const struct sl_apikey *key = sl_map_get(s->by_id, id);
-    if (!key || !sl_apikey_hash_equal(key->hash, hash)) {
+    const struct sl_apikey *key = NULL;
+    if (memo && memo->set == s && strcmp(memo->tok, tok) == 0) {
+        key = memo->key; /* same key, same set: already checked on this connection */
+    } else {
+        key = lookup(s, tok, why);
+        if (key && memo && strlen(tok) < sizeof(memo->tok)) {
+            api_auth_memo_fini(memo);
+            atomic_fetch_add(&s->refs, 1);
+            memo->set = s;
+            memo->key = key;
+            memcpy(memo->tok, tok, strlen(tok) + 1);
+        }
+    }
+    if (!key) {
         set_release(s);
-        *why = "the API key is unknown or revoked";
         return 401;
     }
     out->set = s;

@@ -41,13 +41,31 @@ void api_keys_stop(api_keys_t *k);
 bool api_keys_loaded(api_keys_t *k);
 
 /*
+ * What one client connection last authenticated with (libmicrohttpd's per-connection
+ * context): a keep-alive client sends the same key on every request, so the check skips
+ * parsing and hashing while the key set is unchanged. Zero-initialise; api_auth_memo_fini
+ * on close (it wipes the token).
+ */
+struct api_auth_memo {
+    char tok[SL_APIKEY_TOKEN_MAX]; /* the token as presented ("" = none) */
+    struct api_keyset *set;        /* reference to the set it was found in, or NULL */
+    const struct sl_apikey *key;   /* the key inside set */
+};
+void api_auth_memo_fini(struct api_auth_memo *m);
+
+/*
  * Check an Authorization header value (borrowed; NULL = absent) for scope bits need:
  * returns 0 and fills out (api_auth_fini it), or the HTTP status to answer: 401 (missing,
  * malformed, unknown or revoked key), 403 (scope), 503 (keys not loaded yet); *why (OUT) a
- * static reason for the problem's detail.
+ * static reason for the problem's detail. memo (NULL allowed): the connection's memo, used
+ * and updated.
  */
-int api_keys_check(
-    api_keys_t *k, const char *authz, unsigned need, struct api_auth *out, const char **why);
+int api_keys_check(api_keys_t *k,
+                   const char *authz,
+                   unsigned need,
+                   struct api_auth_memo *memo,
+                   struct api_auth *out,
+                   const char **why);
 void api_auth_fini(struct api_auth *a);
 
 /*

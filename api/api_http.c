@@ -167,6 +167,10 @@ static const char *status_title(int status)
 
 static json_t *
 problem_v(int status, const char *slug, const char *field, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+
+static json_t *
+problem_v(int status, const char *slug, const char *field, const char *fmt, va_list ap)
 {
     char detail[512], type[96];
     (void)vsnprintf(detail, sizeof(detail), fmt, ap);
@@ -550,8 +554,11 @@ static enum api_hret dispatch(struct api_req *r)
                                "answer)");
         }
         const char *why = "";
-        st = api_keys_check(a->keys, api_header(r, "Authorization"), r->route->scope, &r->auth,
-                            &why);
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        struct api_auth_memo *memo = ci ? ci->socket_context : NULL;
+        st = api_keys_check(a->keys, api_header(r, "Authorization"), r->route->scope, memo,
+                            &r->auth, &why);
         if (st != 0) {
             if (st == 503)
                 r->retry_after_s = 1;
@@ -661,6 +668,25 @@ static void on_completed(void *cls,
     atomic_fetch_sub(&a->active, 1);
 }
 
+/* A connection opens and closes: its authentication memo (api_auth.h) lives as long. */
+static void on_connection(void *cls,
+                          struct MHD_Connection *conn,
+                          void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    (void)cls;
+    (void)conn;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        *socket_context = sl_xcalloc(1, sizeof(struct api_auth_memo));
+    } else if (*socket_context) {
+        api_auth_memo_fini(*socket_context);
+        free(*socket_context);
+        *socket_context = NULL;
+    }
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     char msg[512];
@@ -706,7 +732,7 @@ api_server_t *api_server_start(struct api *a, sl_err_t *err)
     if (parse_listen(a->cfg->api_listen, &ss, err) != 0)
         return NULL;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                     MHD_USE_ERROR_LOG | MHD_USE_ITC;
+                     MHD_USE_ERROR_LOG | MHD_USE_ITC | MHD_USE_TURBO;
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     struct api_server *s = sl_xcalloc(1, sizeof(*s));
@@ -717,8 +743,9 @@ api_server_t *api_server_start(struct api *a, sl_err_t *err)
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)a->cfg->api_threads, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)a->cfg->api_max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)a->cfg->api_idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)API_CONN_MEMORY, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)API_CONN_MEMORY, MHD_OPTION_END);
     if (!s->d) {
         free(s);
         sl_err_set(err, SL_EIO, "could not listen on %s (address in use or not available)",
