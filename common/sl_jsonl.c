@@ -33,12 +33,24 @@ static const char *const jsonl_fields[] = {
 /* Crockford base32, lower case: no i, l, o, u, so ids read back unambiguously. */
 static const char b32_alphabet[] = "0123456789abcdefghjkmnpqrstvwxyz";
 
+/* Random bytes for ids, drawn from OpenSSL's CSPRNG a block at a time per thread (one
+ * RAND_bytes call per 30 ids instead of one per id: ids are public, so the pool needs no
+ * wiping, only to be unpredictable, which it is). */
+#define ID_POOL_BYTES 510
+static _Thread_local unsigned char id_pool[ID_POOL_BYTES];
+static _Thread_local size_t id_pool_used = ID_POOL_BYTES;
+
 int sl_jsonl_gen_event_id(char out[SL_JSONL_GEN_ID_LEN + 1], sl_err_t *err)
 {
     unsigned char rnd[17]; /* 136 bits, 130 used */
 
-    if (RAND_bytes(rnd, (int)sizeof(rnd)) != 1)
-        return sl_err_set(err, SL_ECRYPTO, "could not generate an event id: no randomness");
+    if (id_pool_used + sizeof(rnd) > ID_POOL_BYTES) {
+        if (RAND_bytes(id_pool, (int)sizeof(id_pool)) != 1)
+            return sl_err_set(err, SL_ECRYPTO, "could not generate an event id: no randomness");
+        id_pool_used = 0;
+    }
+    memcpy(rnd, id_pool + id_pool_used, sizeof(rnd));
+    id_pool_used += sizeof(rnd);
     memcpy(out, "evt_", 4);
     for (unsigned i = 0; i < 26; i++) {
         unsigned bit = i * 5, byte = bit / 8, shift = bit % 8;

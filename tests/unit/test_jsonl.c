@@ -148,6 +148,17 @@ static void test_defaults_and_generated_id(void **state)
     char id[SL_JSONL_GEN_ID_LEN + 1];
     assert_int_equal(sl_jsonl_gen_event_id(id, NULL), 0);
     assert_int_equal(strlen(id), SL_JSONL_GEN_ID_LEN);
+    /* ids come from a per-thread pool refilled every 30: across several refills every id
+     * is well-formed and distinct */
+    enum { N = 200 };
+    static char ids[N][SL_JSONL_GEN_ID_LEN + 1];
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(sl_jsonl_gen_event_id(ids[i], NULL), 0);
+        assert_int_equal(strncmp(ids[i], "evt_", 4), 0);
+        assert_int_equal(strspn(ids[i] + 4, "0123456789abcdefghjkmnpqrstvwxyz"), 26);
+        for (int k = 0; k < i; k++)
+            assert_string_not_equal(ids[i], ids[k]);
+    }
 }
 
 static void test_string_bodies_verbatim(void **state)
