@@ -860,8 +860,11 @@ class Bench:
                 f.write(f"wrk.body = {json.dumps(body)}\n")
             for k, v in headers:
                 f.write(f'wrk.headers["{k}"] = "{v}"\n')
-            if delay_ms is not None:  # a paced client: each connection waits between requests
-                f.write(f"function delay() return {delay_ms} end\n")
+            if delay_ms is not None:
+                # a paced client: each connection waits between requests, uniformly 0..2x the
+                # mean, so the connections drift apart instead of firing in step (with a fixed
+                # delay all of them send in the same millisecond: bursts, not a rate)
+                f.write(f"function delay() return math.random(0, {2 * delay_ms}) end\n")
         return lua
 
     def wrk(self, lua, url, conns, secs, pids=()):
@@ -950,8 +953,10 @@ class Bench:
             half = (pub.get("accepted_per_s") or 0) / 2
             lat = None
             if half >= 1:
-                # paced: each of the connections sends one request every conns/half seconds
-                delay = max(1, int(API_CONNS * 1000 / half))
+                # paced: each connection sends one request per conns/half seconds on average
+                # (its own request's time, ~the P50 of the full-rate run, counts in the cycle)
+                p50 = self.ms(pub["latency"].get("50")) or 0
+                delay = max(1, int(API_CONNS * 1000 / half - p50))
                 lat = self.wrk(self.wrk_lua("api-half", "POST", "/v1/events", json.dumps(one_ev),
                                             hdrs, delay_ms=delay),
                                base + "/v1/events", API_CONNS, self.wrk_s)
