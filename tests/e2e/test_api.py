@@ -386,3 +386,37 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     assert all(got[(x, ep)] == 1 for x in ids), got
     assert c.term() == 0
     assert rec.term() == 0
+
+
+def test_sigterm_answers_what_is_in_flight_and_exits_within_the_bound(make_world):
+    import threading
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint(f"e_{w.tag}", rcv.url("ok", f"e_{w.tag}"))
+    key = w.api_key("publish")
+    # Kafka never acknowledges (no such topic): the publish is still waiting at SIGTERM
+    api = w.api(api_publish_timeout_ms=60000, api_shutdown_ms=1000,
+                topic_deliveries=f"missing{w.tag}.deliveries")
+    got = {}
+
+    def publish():
+        got["r"] = call(api, "POST", "/v1/events",
+                        {"type": "t", "endpoint": ep, "body": 1, "id": f"evt_{w.tag}"}, key)
+    t = threading.Thread(target=publish)
+    t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    api.proc.stop(signal.SIGTERM)
+    t.join(30 * MULT)
+    assert not t.is_alive(), "the request in flight was never answered"
+    st, hdrs, p = got["r"]
+    problem(st, hdrs, p, 503)  # answered, not dropped: the client retries elsewhere
+    assert p["id"] == f"evt_{w.tag}"
+    assert api.proc.p.wait(30 * MULT) == 0
+    assert time.monotonic() - t0 < 10 * MULT, "shutdown took far longer than api_shutdown_ms"
+    # a new connection is refused once it stops accepting
+    try:
+        call(api, "GET", "/healthz")
+        raise AssertionError("a stopped server answered")
+    except (ConnectionError, OSError):
+        pass
