@@ -1,9 +1,10 @@
-# Sluice binaries (sluice-consumer, sluice-recorder, sluice-produce, sluicectl) on Debian 12.
+# Sluice binaries (sluice-consumer, sluice-recorder, sluice-api, sluice-produce, sluicectl) on
+# Debian 12.
 #
 #   docker build -t sluice:dev .
 #   docker run --rm sluice:dev sluice-consumer --help-config
 #
-# Used by compose.yaml (services sluice-consumer and sluice-recorder). Configuration is the
+# Used by compose.yaml (services sluice-consumer, sluice-recorder and sluice-api). Configuration is the
 # same environment as everywhere else: SLUICE_KAFKA_BROKERS, SLUICE_REDIS_URL, SLUICE_PG_DSN,
 # SLUICE_MASTER_KEY, ... (`<binary> --help-config` lists them all).
 
