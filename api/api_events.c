@@ -553,6 +553,7 @@ static enum api_hret finish(struct api_req *r)
     }
     idem_finish(r, p);
     r->pub = NULL;
+    r->finish = NULL; /* done: on_completed frees r (a finish run inline never suspended) */
     pub_free(p);
     return API_DONE;
 }

@@ -732,7 +732,7 @@ api_server_t *api_server_start(struct api *a, sl_err_t *err)
     if (parse_listen(a->cfg->api_listen, &ss, err) != 0)
         return NULL;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                     MHD_USE_ERROR_LOG | MHD_USE_ITC | MHD_USE_TURBO;
+                     MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     struct api_server *s = sl_xcalloc(1, sizeof(*s));
