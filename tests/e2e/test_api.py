@@ -219,6 +219,16 @@ def test_bad_input_gets_a_problem_naming_the_field_and_publishes_nothing(make_wo
     problem(*call(api, "POST", P, None, key, raw="{\"type\": "), 400, "/")
     problem(*call(api, "POST", P, None, key, raw="[1,2]"), 400, "/")
     problem(*call(api, "POST", P, None, key, raw="x" * 5000), 413, "/")
+    # the same without a declared length (chunked): read, dropped past the cap, then 413
+    host, port = api.base.split("//")[1].split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=30 * MULT)
+    c.request("POST", P, body=iter([b"x" * 3000, b"y" * 3000]), encode_chunked=True,
+              headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}",
+                       "Transfer-Encoding": "chunked"})
+    r = c.getresponse()
+    body = json.loads(r.read())
+    c.close()
+    problem(r.status, {k.lower(): v for k, v in r.getheaders()}, body, 413, "/")
     problem(*call(api, "POST", P, {"type": "a.b", "body": 1, "endpont": ep}, key), 400, "/endpont")
     problem(*call(api, "POST", P, {"type": "bad type", "body": 1}, key), 400, "/type")
     problem(*call(api, "POST", P, {"body": 1}, key), 400, "/type")
