@@ -323,6 +323,7 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     c = w.consumer()
     env = dict(w.env, SLUICE_INSTANCE_ID="rec", SLUICE_RECORDER_FLUSH_MS="100")
     rec = Proc([w.bin("recorder/sluice-recorder")], env, os.path.join(w.dir, "recorder.log"))
+    w.consumers.append(rec)  # the World kills it on close when the test fails first
     ids = []
     for i in range(3):
         st, _, b = call(api, "POST", "/v1/events", {"type": "pay.failed", "body": {"i": i}}, admin)
