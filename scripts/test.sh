@@ -5,7 +5,8 @@
 #
 #  1. scripts/setup.sh: apt packages, Kafka jars, test venv (a no-op when already there)
 #  2. an isolated stack (real Kafka, Redis, PostgreSQL) under .stack/test on private ports
-#  3. gcc build, warnings as errors; every ctest label: unit, component, fuzz (corpus
+#  3. gcc build, warnings as errors, with the test-only fault points (-DSL_FAULT_INJECTION=ON:
+#     sluice-api's SL_FAULT, used by tests/e2e/test_api.py); every ctest label: unit, component, fuzz (corpus
 #     replay), integration, e2e; then the chaos suite's CI profile (tests/chaos/run.sh ci:
 #     its own stack, one fault per scenario, figures printed per scenario)
 #  4. clang build with ASan + UBSan; the whole suite again (except the chaos suite)
