@@ -136,25 +136,6 @@ static struct sl_kv *copy_headers(const struct sl_kv *hdr, size_t n)
     return out;
 }
 
-/* Copy n strings into one allocation: the pointer array followed by the strings. */
-static char **copy_strs(const char *const *v, size_t n)
-{
-    if (n == 0)
-        return NULL;
-    size_t total = n * sizeof(char *);
-    for (size_t i = 0; i < n; i++)
-        total += strlen(v[i]) + 1;
-    char **out = sl_xmalloc(total);
-    char *p = (char *)(out + n);
-    for (size_t i = 0; i < n; i++) {
-        size_t l = strlen(v[i]) + 1;
-        memcpy(p, v[i], l);
-        out[i] = p;
-        p += l;
-    }
-    return out;
-}
-
 bool sl_endpoint_subscribed(const struct sl_endpoint *e,
                             const char *type,
                             size_t type_len,
@@ -263,9 +244,9 @@ int sl_endpoint_build(const struct sl_endpoint_rec *rec,
     e->ct = rec->ct ? sl_xstrdup(rec->ct) : NULL;
     e->hdr = copy_headers(rec->hdr, rec->n_hdr);
     e->n_hdr = rec->n_hdr;
-    e->types = copy_strs(rec->types, rec->n_types);
+    e->types = sl_strv_dup(rec->types, rec->n_types);
     e->n_types = rec->n_types;
-    e->channels = copy_strs(rec->channels, rec->n_channels);
+    e->channels = sl_strv_dup(rec->channels, rec->n_channels);
     e->n_channels = rec->n_channels;
     for (size_t i = 0; i < rec->n_secrets && i < SL_SECRETS_MAX; i++) {
         uint64_t exp = rec->secrets[i].exp_ms;

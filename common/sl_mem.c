@@ -127,3 +127,21 @@ void sl_buf_fini(struct sl_buf *b)
     b->data = NULL;
     b->len = b->cap = 0;
 }
+
+char **sl_strv_dup(const char *const *v, size_t n)
+{
+    if (n == 0)
+        return NULL;
+    size_t total = n * sizeof(char *);
+    for (size_t i = 0; i < n; i++)
+        total += strlen(v[i]) + 1;
+    char **out = sl_xmalloc(total);
+    char *p = (char *)(out + n);
+    for (size_t i = 0; i < n; i++) {
+        size_t l = strlen(v[i]) + 1;
+        memcpy(p, v[i], l);
+        out[i] = p;
+        p += l;
+    }
+    return out;
+}

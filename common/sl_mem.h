@@ -17,6 +17,9 @@ void *sl_xcalloc(size_t nmemb, size_t size);
 void *sl_xrealloc(void *p, size_t n);
 char *sl_xstrdup(const char *s);
 char *sl_xstrndup(const char *s, size_t n);
+/* Copy n strings (borrowed) into one allocation: the pointer array, then the strings; free
+ * the result with free(). NULL when n is 0. */
+char **sl_strv_dup(const char *const *v, size_t n);
 
 /* Overwrite n bytes at p in a way the compiler cannot elide (for secrets). NULL-safe. */
 void sl_secret_wipe(void *p, size_t n);

@@ -169,28 +169,9 @@ void sl_reg_ep_set_headers(struct sl_reg_ep *ep, const struct sl_kv *hdr, size_t
     ep->n_hdr = n;
 }
 
-/* n strings (borrowed) as one owned block: the pointer array, then the strings. */
-static char **strs_copy(const char *const *v, size_t n)
-{
-    if (n == 0)
-        return NULL;
-    size_t total = n * sizeof(char *);
-    for (size_t i = 0; i < n; i++)
-        total += strlen(v[i]) + 1;
-    char **out = sl_xmalloc(total);
-    char *p = (char *)(out + n);
-    for (size_t i = 0; i < n; i++) {
-        size_t l = strlen(v[i]) + 1;
-        memcpy(p, v[i], l);
-        out[i] = p;
-        p += l;
-    }
-    return out;
-}
-
 void sl_reg_ep_set_types(struct sl_reg_ep *ep, const char *const *types, size_t n)
 {
-    char **v = strs_copy(types, n);
+    char **v = sl_strv_dup(types, n);
     free(ep->types);
     ep->types = v;
     ep->n_types = n;
@@ -198,7 +179,7 @@ void sl_reg_ep_set_types(struct sl_reg_ep *ep, const char *const *types, size_t 
 
 void sl_reg_ep_set_channels(struct sl_reg_ep *ep, const char *const *channels, size_t n)
 {
-    char **v = strs_copy(channels, n);
+    char **v = sl_strv_dup(channels, n);
     free(ep->channels);
     ep->channels = v;
     ep->n_channels = n;
