@@ -504,6 +504,35 @@ static const struct opt opts[] = {
       600000,
       "10000",
       "sluice-api: on SIGTERM, time allowed for requests in flight to finish (ms)"),
+    S("metrics_listen",
+      "SLUICE_METRICS_LISTEN",
+      metrics_listen,
+      "",
+      0,
+      "address (host:port) of this process's /metrics, /healthz and /readyz (docs/METRICS.md); "
+      "empty = off. No authentication: bind it where only monitoring reaches"),
+    I("metrics_endpoint_top",
+      "SLUICE_METRICS_ENDPOINT_TOP",
+      metrics_endpoint_top,
+      0,
+      1000,
+      "0",
+      "sluice-consumer: the N endpoints with the most attempts get per-endpoint series "
+      "(sluice_endpoint_*, label endpoint); 0 = no endpoint label"),
+    I("live_stall_ms",
+      "SLUICE_LIVE_STALL_MS",
+      live_stall_ms,
+      1000,
+      600000,
+      "15000",
+      "/healthz fails when a loop of the process has not turned for this long (ms)"),
+    I("recorder_ready_lag",
+      "SLUICE_RECORDER_READY_LAG",
+      recorder_ready_lag,
+      1,
+      INT64_MAX,
+      "1000000",
+      "sluice-recorder: /readyz fails while its consumer lag is at least this many records"),
 };
 
 #define NOPTS (sizeof(opts) / sizeof(opts[0]))
@@ -732,6 +761,24 @@ static int load_env(struct sl_config *cfg, char *const *envp, FILE *errf)
     return nerr;
 }
 
+/* host:port or [v6]:port; resolving waits for start-up (nothing connects here). Returns the
+ * number of errors printed (0 or 1). */
+static int check_listen(FILE *errf, const char *name, const char *l)
+{
+    const char *colon = strrchr(l, ':');
+    char *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : -1;
+    if (!colon || colon == l || !end || *end != '\0' || colon[1] == '\0' || port < 1 ||
+        port > 65535) {
+        fprintf(errf,
+                "invalid value for %s: \"%s\": expected host:port (port 1..65535; IPv6 as "
+                "[addr]:port)\n",
+                name, l);
+        return 1;
+    }
+    return 0;
+}
+
 static int finalize(struct sl_config *cfg, FILE *errf)
 {
     int nerr = 0;
@@ -769,20 +816,9 @@ static int finalize(struct sl_config *cfg, FILE *errf)
                 (long long)cfg->http_connect_timeout_ms, (long long)cfg->http_timeout_ms);
         nerr++;
     }
-    {
-        /* host:port or [v6]:port; resolving waits for start-up (nothing connects here) */
-        const char *l = cfg->api_listen, *colon = strrchr(l, ':');
-        char *end = NULL;
-        long port = colon ? strtol(colon + 1, &end, 10) : -1;
-        if (!colon || colon == l || !end || *end != '\0' || colon[1] == '\0' || port < 1 ||
-            port > 65535) {
-            fprintf(errf,
-                    "invalid value for api_listen: \"%s\": expected host:port (port 1..65535; "
-                    "IPv6 as [addr]:port)\n",
-                    l);
-            nerr++;
-        }
-    }
+    nerr += check_listen(errf, "api_listen", cfg->api_listen);
+    if (cfg->metrics_listen[0])
+        nerr += check_listen(errf, "metrics_listen", cfg->metrics_listen);
     if (cfg->lease_ms <= cfg->http_timeout_ms) {
         fprintf(errf,
                 "lease_ms (%lld) must exceed http_timeout_ms (%lld) so a slow request's retry "

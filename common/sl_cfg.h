@@ -107,6 +107,11 @@ struct sl_config {
     int64_t api_idempotency_ttl_s;  /* how long an Idempotency-Key's answer is kept, s */
     int64_t api_key_refresh_ms;     /* API keys reloaded from PostgreSQL this often, ms */
     int64_t api_shutdown_ms;        /* SIGTERM: time allowed for requests in flight, ms */
+    /* metrics and probes (every long-running process) */
+    char *metrics_listen;         /* host:port of /metrics, /healthz, /readyz; "" = off */
+    int64_t metrics_endpoint_top; /* consumer: endpoints with their own series; 0 = none */
+    int64_t live_stall_ms;        /* /healthz fails past this long without a loop turn, ms */
+    int64_t recorder_ready_lag;   /* recorder: /readyz fails at this lag, records */
     /* bookkeeping */
     unsigned char sources[96]; /* enum sl_cfg_source per option, indexed like the table */
 };

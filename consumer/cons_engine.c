@@ -36,9 +36,11 @@
 #include <librdkafka/rdkafka.h>
 
 #include "common/sl_kafka.h"
+#include "common/sl_kstats.h"
 #include "common/sl_log.h"
 #include "common/sl_map.h"
 #include "common/sl_mem.h"
+#include "common/sl_probe.h"
 #include "common/sl_record.h"
 #include "common/sl_redis.h"
 #include "common/sl_sign.h"
@@ -46,6 +48,7 @@
 #include "consumer/cons_backoff.h"
 #include "consumer/cons_classify.h"
 #include "consumer/cons_http.h"
+#include "consumer/cons_metrics.h"
 #include "consumer/cons_offsets.h"
 #include "consumer/cons_postback.h"
 #include "consumer/cons_ssrf.h"
@@ -59,6 +62,7 @@
 #define MARKS_BATCH         256   /* delivered markers written in one Redis round trip... */
 #define MARKS_DELAY_MS      5     /* ...or once the oldest has waited this long */
 #define STATS_INTERVAL_MS   10000 /* stats log line */
+#define KSTATS_INTERVAL_MS  5000  /* librdkafka statistics (lag metrics), when metrics are on */
 #define BRK_REFRESH_MS      1000  /* refresh of a local breaker view with recent failures */
 #define BRK_STALE_MS        30000 /* refresh of any closed local breaker view this old, ms */
 #define REDIS_HOLD_RETRY_MS 1000  /* retry of Redis writes that failed */
@@ -157,6 +161,7 @@ struct cons_ep {
     bool disabled_local;             /* we asked the registry to disable it; until the
                                         registry answers, treat it as disabled here */
     uint64_t disabled_version;       /* snapshot version when we asked */
+    struct cons_ep_metrics *m;       /* per-endpoint series, or NULL (metrics_endpoint_top) */
 };
 
 /* A delivered or dead-letter marker whose write failed: written again once Redis answers. */
@@ -216,6 +221,8 @@ struct cons_engine {
     int64_t full_since_mono;     /* intake full and taking nothing since (mono ms; 0 = not) */
     bool kafka_more;             /* the consumer queue may hold more records */
     atomic_int stop;             /* shutdown requested (any thread, signal handlers) */
+    atomic_bool joined;          /* a partition assignment was served (readiness) */
+    int beat;                    /* liveness heartbeat slot (sl_probe), -1 = none */
     bool stopping;               /* shutdown in progress */
     uint32_t next_shard;         /* round-robin claim cursor */
     int64_t next_claim_mono;     /* next claim turn */
@@ -243,6 +250,7 @@ static void dispatch(cons_engine_t *e);
 
 static void warn_redis(cons_engine_t *e, const sl_err_t *err)
 {
+    sl_counter_inc(cons_m.redis_errors);
     int64_t now = sl_mono_ms();
     if (now - e->redis_warned_mono < 5000)
         return;
@@ -270,6 +278,7 @@ static struct cons_ep *ep_get(cons_engine_t *e, const char *id)
     ce->eng = e;
     snprintf(ce->id, sizeof(ce->id), "%s", id);
     ce->brk = CONS_BRK_CLOSED;
+    ce->m = cons_metrics_endpoint(id);
     sl_map_put(e->eps, id, ce, NULL);
     return ce;
 }
@@ -478,6 +487,7 @@ static bool rate_allows(cons_engine_t *e, struct cons_ep *ce)
         return false;
     }
     if (granted <= 0) {
+        sl_counter_inc(cons_m.rate_limited);
         block_until(e, ce, now + (wait > 0 ? wait : 10));
         return false;
     }
@@ -671,6 +681,7 @@ static struct job *job_new(cons_engine_t *e, enum job_src src, const void *raw, 
     memcpy(j->raw, raw, len);
     j->raw_len = len;
     e->live++;
+    sl_gauge_add(cons_m.queued, 1);
     if (e->live > e->live_max)
         e->live_max = e->live;
     return j;
@@ -715,6 +726,7 @@ static void job_free(cons_engine_t *e, struct job *j)
     free(j->raw);
     free(j);
     e->live--;
+    sl_gauge_add(cons_m.queued, -1);
 }
 
 /*
@@ -775,6 +787,7 @@ static void quarantine(cons_engine_t *e, struct job *j, const char *reason)
     snprintf(part, sizeof(part), "%d", (int)j->partition);
     snprintf(off, sizeof(off), "%lld", (long long)j->offset);
     e->st.quarantined++;
+    sl_counter_inc(cons_m.quarantined);
     sl_warn("kafka", "record_quarantined", "record quarantined: %s", reason);
     j->acks_pending++;
     rd_kafka_resp_err_t ke = rd_kafka_producev(
@@ -819,6 +832,7 @@ static void dead_letter(cons_engine_t *e,
         o.resp_len = r->resp_len;
     }
     e->st.dead++;
+    sl_counter_inc(cons_m.dead);
     uint32_t spent = attempt ? attempt : j->d.attempt;
     struct sl_log_ctx ctx;
     set_ctx(&ctx, j);
@@ -937,6 +951,7 @@ static void enqueue(cons_engine_t *e, struct job *j)
     struct cons_ep *ce = j->ce;
     if ((int64_t)ce->qlen >= e->cfg->endpoint_backlog && !e->stopping) {
         e->st.spilled++;
+        sl_counter_inc(cons_m.spills);
         j->is_spill = true;
         if (j->src == SRC_REDIS) {
             /* Claimed from the schedule while the queue is still full: back in, a little
@@ -1008,6 +1023,7 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
              * delivery and reports it; this copy, read again after a rebalance or a lost
              * commit, must not send it in parallel (or after the chain's dead letter). */
             e->st.duplicates++;
+            sl_counter_inc(cons_m.duplicates);
             job_done_quiet(e, j);
             continue;
         }
@@ -1015,12 +1031,14 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
             /* Dead-lettered already (the record was read again): nothing to send and nothing
              * new to report; a replay is the way to send it again. */
             e->st.duplicates++;
+            sl_counter_inc(cons_m.duplicates);
             j->after = AFTER_COMPLETE;
             job_done_quiet(e, j);
             continue;
         }
         if (dup[i] == CONS_DONE_DELIVERED) {
             e->st.duplicates++;
+            sl_counter_inc(cons_m.duplicates);
             j->after = AFTER_COMPLETE;
             struct sl_outcome o;
             if (info[i].attempt > 0) {
@@ -1178,6 +1196,7 @@ static void intake_kafka(cons_engine_t *e)
             continue;
         }
         e->st.received++;
+        sl_counter_inc(cons_m.received);
         if (i == INTAKE_BATCH - 1)
             e->kafka_more = true;
         if (intake_resolve(e, j))
@@ -1233,6 +1252,7 @@ static void intake_redis(cons_engine_t *e)
             j->lease_until_ms = claim_ms + e->cfg->lease_ms;
             leased_link(e, j);
             e->st.claimed++;
+            sl_counter_inc(cons_m.claimed);
             if (intake_resolve(e, j))
                 batch[n++] = j;
         }
@@ -1406,6 +1426,8 @@ static void inflight_link(cons_engine_t *e, struct job *j)
     if (e->inflight)
         e->inflight->iprev = j;
     e->inflight = j;
+    sl_gauge_add(cons_m.inflight, 1);
+    sl_gauge_add(cons_m.queued, -1);
 }
 
 static void inflight_unlink(cons_engine_t *e, struct job *j)
@@ -1417,6 +1439,8 @@ static void inflight_unlink(cons_engine_t *e, struct job *j)
     if (j->inext)
         j->inext->iprev = j->iprev;
     j->iprev = j->inext = NULL;
+    sl_gauge_add(cons_m.inflight, -1);
+    sl_gauge_add(cons_m.queued, 1);
 }
 
 static void on_http_done(void *opaque, const struct cons_http_result *r);
@@ -1533,6 +1557,9 @@ static int start_send(cons_engine_t *e, struct job *j)
     ce->inflight++;
     inflight_link(e, j);
     e->st.sent++;
+    sl_counter_inc(cons_m.attempts);
+    if (j->ce->m)
+        atomic_fetch_add_explicit(&j->ce->m->attempts, 1, memory_order_relaxed);
     int running = cons_http_running(e->http);
     if (running > e->inflight_max)
         e->inflight_max = running;
@@ -1545,6 +1572,13 @@ static int start_send(cons_engine_t *e, struct job *j)
 
 static void brk_apply(struct cons_ep *ce, const struct cons_brk_view *v)
 {
+    if (v->state != ce->brk) {
+        sl_counter_inc(v->state == CONS_BRK_OPEN        ? cons_m.brk_to_open
+                       : v->state == CONS_BRK_HALF_OPEN ? cons_m.brk_to_half_open
+                                                        : cons_m.brk_to_closed);
+        if ((v->state == CONS_BRK_OPEN) != (ce->brk == CONS_BRK_OPEN))
+            cons_metrics_breaker_open(ce->id, ce->m, v->state == CONS_BRK_OPEN);
+    }
     ce->brk = v->state;
     ce->brk_failures = v->failures;
     ce->brk_reopen_at = v->reopen_at_ms;
@@ -1568,6 +1602,7 @@ static void defer_queue(cons_engine_t *e, struct cons_ep *ce, int64_t until_ms)
         struct job *n = j->next;
         j->next = NULL;
         e->st.deferred++;
+        sl_counter_inc(cons_m.brk_deferrals);
         /* jitter so the endpoint is not hit by one burst when it comes back */
         int64_t due = until_ms + (int64_t)cons_rng_uniform(cons_rng_default(), (uint64_t)spread);
         defer_job(e, j, due, "breaker_open");
@@ -1735,13 +1770,25 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
 
     /* Breaker bookkeeping. Only transient failures count against an endpoint; a probe that
      * got any answer other than a transient failure proves the endpoint is back. */
-    if (r->status > 0 || r->curl_code == CURLE_OPERATION_TIMEDOUT)
+    if (r->status > 0 || r->curl_code == CURLE_OPERATION_TIMEDOUT) {
         lat_record(ce, r->total_us);
+        if (ce->m)
+            sl_histo_observe_us(&ce->m->duration, r->total_us);
+    }
+    if (r->status > 0) {
+        if (r->connect_us > 0)
+            sl_histo_observe_us(cons_m.phase_connect, r->connect_us);
+        if (r->tls_us > 0)
+            sl_histo_observe_us(cons_m.phase_tls, r->tls_us);
+        sl_histo_observe_us(cons_m.phase_first_byte, r->ttfb_us);
+        sl_histo_observe_us(cons_m.phase_total, r->total_us);
+    }
     int64_t ra_ms = cons_retry_after_ms(r->status, r->retry_after_s, 0, e->cfg->retry_after_max_ms);
     if (r->status == 429 || (r->status == 503 && ra_ms > 0)) {
         /* The endpoint asks us to slow down: pause it (all its queued deliveries, not just
          * this one) for Retry-After or 1 s, and halve its concurrency window; successes grow
          * the window back by about one request per round trip. */
+        sl_counter_inc(cons_m.throttled);
         block_until(e, ce, sl_mono_ms() + (ra_ms > 0 ? ra_ms : 1000));
         double cap = (double)ep_cap(e, ce);
         double w = ce->cwnd > 0 ? ce->cwnd : cap;
@@ -1798,6 +1845,9 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
     switch (v) {
     case CONS_DELIVERED:
         e->st.delivered++;
+        cons_metrics_outcome(ce->m, CONS_M_DELIVERED, r->status);
+        if (j->d.ts_ms > 0 && (uint64_t)now >= j->d.ts_ms)
+            sl_histo_observe_us(cons_m.publish_to_delivered, (now - (int64_t)j->d.ts_ms) * 1000);
         outcome_init(e, j, &o, SL_OUTCOME_DELIVERED, attempt);
         o.http = (uint32_t)r->status;
         o.lat_us = (uint64_t)r->total_us;
@@ -1822,6 +1872,7 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
         else
             snprintf(msg, sizeof(msg), "%s", r->errbuf && r->errbuf[0] ? r->errbuf : cls);
         if (cons_backoff_exhausted(&p, attempt)) {
+            cons_metrics_outcome(ce->m, CONS_M_DEAD, r->status);
             dead_letter(e, j, attempt, (uint32_t)r->status, cls, msg, r);
             break;
         }
@@ -1833,6 +1884,8 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
         if (ra > 0 && now + ra > due)
             due = now + ra;
         e->st.retried++;
+        sl_counter_inc(cons_m.retries);
+        cons_metrics_outcome(ce->m, CONS_M_RETRY, r->status);
         outcome_init(e, j, &o, SL_OUTCOME_RETRY_SCHEDULED, attempt);
         o.ts_ms = (uint64_t)now; /* the clock reading "next" was computed from */
         if (j->src == SRC_KAFKA) {
@@ -1859,6 +1912,7 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
             snprintf(msg, sizeof(msg), "endpoint answered 410 gone");
         else
             snprintf(msg, sizeof(msg), "%s", r->errbuf && r->errbuf[0] ? r->errbuf : cls);
+        cons_metrics_outcome(ce->m, CONS_M_DEAD, r->status);
         dead_letter(e, j, attempt, (uint32_t)r->status, cls, msg, r);
         break;
     }
@@ -2128,6 +2182,7 @@ static void rebalance_cb(rd_kafka_t *rk,
             rd_kafka_pause_partitions(rk, parts);
         sl_info("kafka", "partitions_assigned", "assigned %d partition%s", parts->cnt,
                 parts->cnt == 1 ? "" : "s");
+        atomic_store(&e->joined, true); /* ready: a member of the group, even with none */
         return;
     }
     /* Revoke: let in-flight work finish (bounded) so its offsets can still be stored. */
@@ -2234,6 +2289,7 @@ cons_engine_t *cons_engine_new(
     e->threads = threads;
     e->max_inflight = share(e, cfg->max_inflight);
     e->wake[0] = e->wake[1] = -1;
+    e->beat = -1;
     e->eps = sl_map_new(64);
     e->offsets = cons_offsets_new();
     int64_t queued = share(e, cfg->max_queued);
@@ -2290,6 +2346,7 @@ cons_engine_t *cons_engine_new(
         sl_kafka_producer_new(cfg, "sluice-consumer-out", SL_KAFKA_THROUGHPUT, pconf, dr_cb, err);
     if (!e->producer)
         goto fail;
+    cons_metrics_producer_add(e->producer);
     rd_kafka_conf_t *cconf = sl_kafka_conf_new(cfg, "sluice-consumer", err);
     if (!cconf)
         goto fail;
@@ -2307,6 +2364,10 @@ cons_engine_t *cons_engine_new(
     }
     rd_kafka_conf_set_opaque(cconf, e);
     rd_kafka_conf_set_rebalance_cb(cconf, rebalance_cb);
+    if (cfg->metrics_listen[0] && sl_kstats_enable(cconf, KSTATS_INTERVAL_MS, err) != 0) {
+        rd_kafka_conf_destroy(cconf);
+        goto fail;
+    }
     e->consumer = sl_kafka_consumer_new(cfg, "sluice-consumer", cfg->consumer_group, cconf, err);
     if (!e->consumer)
         goto fail;
@@ -2337,6 +2398,11 @@ void cons_engine_stop(cons_engine_t *e)
         ssize_t w = write(e->wake[1], "s", 1); /* wake the loop now; a full pipe wakes it too */
         (void)w;
     }
+}
+
+bool cons_engine_joined(const cons_engine_t *e)
+{
+    return atomic_load(&e->joined);
 }
 
 void cons_engine_stats(const cons_engine_t *e, struct cons_stats *out)
@@ -2413,7 +2479,11 @@ int cons_engine_run(cons_engine_t *e)
     sl_info("consumer", "started", "consuming %s as %s (group %s)", e->cfg->topic_deliveries,
             e->owner, e->cfg->consumer_group);
     e->next_stats_mono = sl_mono_ms() + STATS_INTERVAL_MS;
+    char beat_name[32];
+    snprintf(beat_name, sizeof(beat_name), "delivery loop %d", e->thread);
+    e->beat = sl_probe_beat_register(beat_name);
     while (!e->stop) {
+        sl_probe_beat(e->beat, sl_mono_ms());
         if (e->blocked)
             unblock(e);
         intake_kafka(e);
@@ -2443,6 +2513,8 @@ int cons_engine_run(cons_engine_t *e)
             break;
         }
     }
+    sl_probe_beat_release(e->beat); /* shutting down: the drain is bounded on its own */
+    e->beat = -1;
     shutdown_drain(e);
     stats_line(e, true);
     rd_kafka_resp_err_t ke = rd_kafka_consumer_close(e->consumer);
@@ -2460,9 +2532,12 @@ void cons_engine_destroy(cons_engine_t *e)
         rd_kafka_queue_destroy(e->cq);
     if (e->pq)
         rd_kafka_queue_destroy(e->pq);
-    if (e->consumer)
+    if (e->consumer) {
+        sl_kstats_forget(rd_kafka_name(e->consumer));
         rd_kafka_destroy(e->consumer);
+    }
     if (e->producer) {
+        cons_metrics_producer_remove(e->producer);
         rd_kafka_flush(e->producer, 5000);
         rd_kafka_destroy(e->producer);
     }

@@ -23,6 +23,7 @@
 #ifndef CONS_ENGINE_H
 #define CONS_ENGINE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/sl_cfg.h"
@@ -65,6 +66,9 @@ int cons_engine_run(cons_engine_t *e);
 void cons_engine_stop(cons_engine_t *e);
 
 void cons_engine_stats(const cons_engine_t *e, struct cons_stats *out);
+/* Whether the loop has been assigned its partitions (any number) by the group: readiness.
+ * Any thread. */
+bool cons_engine_joined(const cons_engine_t *e);
 void cons_engine_destroy(cons_engine_t *e);
 
 #endif /* CONS_ENGINE_H */

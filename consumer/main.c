@@ -7,6 +7,7 @@
  */
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,10 +17,14 @@
 
 #include "common/sl_cfg.h"
 #include "common/sl_endpoints.h"
+#include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "common/sl_probe.h"
+#include "common/sl_redis.h"
 #include "common/sl_secretbox.h"
 #include "consumer/cons_engine.h"
+#include "consumer/cons_metrics.h"
 
 struct loop {
     cons_engine_t *engine;
@@ -33,6 +38,41 @@ struct loop {
 static struct loop *g_loops;
 static volatile sig_atomic_t g_nloops;
 static volatile sig_atomic_t g_stop; /* a signal came, maybe before the loops existed */
+
+/* Readiness (docs/METRICS.md), asked on the metrics listener's thread. */
+struct readiness {
+    const struct sl_config *cfg;
+    atomic_bool endpoints_loaded;
+    _Atomic(struct loop *) loops; /* set once every loop exists */
+    atomic_int nloops;
+    sl_redis_t *redis; /* the probe's own connection (listener thread only) */
+};
+
+static bool ready_cb(void *arg, struct sl_buf *checks)
+{
+    struct readiness *r = arg;
+    bool ready = true;
+    bool eps = atomic_load(&r->endpoints_loaded);
+    sl_probe_check(checks, "endpoints", eps ? "loaded" : "loading");
+    ready &= eps;
+    struct loop *loops = atomic_load(&r->loops);
+    int n = atomic_load(&r->nloops), joined = 0;
+    for (int i = 0; loops && i < n; i++)
+        joined += cons_engine_joined(loops[i].engine);
+    bool group = loops && joined == n;
+    sl_probe_check(checks, "kafka_group", group ? "joined" : "joining");
+    ready &= group;
+    sl_err_t err;
+    if (!r->redis)
+        r->redis = sl_redis_connect(r->cfg->redis_url, 1000, &err);
+    redisReply *rep = r->redis ? sl_redis_cmdf(r->redis, &err, "PING") : NULL;
+    bool redis = rep && rep->type == REDIS_REPLY_STATUS;
+    if (rep)
+        freeReplyObject(rep);
+    sl_probe_check(checks, "redis", redis ? "ok" : "unreachable");
+    ready &= redis;
+    return ready;
+}
 
 static void on_signal(int sig)
 {
@@ -88,13 +128,26 @@ int main(int argc, char **argv)
 
     int rc = 1;
     sl_endpoints_t *eps = NULL;
+    struct loop *loops = NULL;
+    int n = (int)cfg.consumer_threads;
+    cons_metrics_init(cfg.metrics_endpoint_top);
+    struct readiness rd = {.cfg = &cfg};
+    sl_probe_t *probe = NULL;
+    if (cfg.metrics_listen[0]) {
+        probe = sl_probe_start(cfg.metrics_listen, "metrics_listen", cfg.live_stall_ms, ready_cb,
+                               &rd, &err);
+        if (!probe) {
+            sl_error("consumer", "start_failed", "%s", err.msg);
+            goto out;
+        }
+    }
     if (sl_endpoints_open(&cfg, &mk, 60000, &eps, &err) != 0) {
         sl_error("consumer", "endpoints_unavailable", "%s", err.msg);
         goto out;
     }
+    atomic_store(&rd.endpoints_loaded, true);
     sl_info("consumer", "endpoints_loaded", "%zu endpoints loaded", sl_endpoints_count(eps));
-    int n = (int)cfg.consumer_threads;
-    struct loop *loops = sl_xcalloc((size_t)n, sizeof(*loops));
+    loops = sl_xcalloc((size_t)n, sizeof(*loops));
     for (int i = 0; i < n; i++) {
         loops[i].engine = cons_engine_new(&cfg, eps, i, n, &err);
         if (!loops[i].engine) {
@@ -104,6 +157,8 @@ int main(int argc, char **argv)
     }
     g_loops = loops;
     g_nloops = n;
+    atomic_store(&rd.nloops, n);
+    atomic_store(&rd.loops, loops);
     if (g_stop) /* asked to stop while starting: the loops drain and commit at once */
         on_signal(0);
     rc = 0;
@@ -135,12 +190,16 @@ int main(int argc, char **argv)
             rc = 1;
     }
 stop:
+    sl_probe_stop(probe); /* before the loops go: readiness reads them */
+    probe = NULL;
     g_nloops = 0;
     g_loops = NULL;
     for (int i = 0; i < n; i++)
         cons_engine_destroy(loops[i].engine);
     free(loops);
 out:
+    sl_probe_stop(probe);
+    sl_redis_close(rd.redis);
     sl_endpoints_close(eps);
     sl_masterkey_fini(&mk);
     sl_cfg_fini(&cfg);

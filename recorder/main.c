@@ -11,10 +11,41 @@
 #include <string.h>
 
 #include "common/sl_cfg.h"
+#include "common/sl_kstats.h"
 #include "common/sl_log.h"
+#include "common/sl_pg.h"
+#include "common/sl_probe.h"
 #include "recorder/rec_loop.h"
 
 static rec_loop_t *g_loop;
+
+/* Readiness (docs/METRICS.md): PostgreSQL answers and the lag is under recorder_ready_lag.
+ * Asked on the metrics listener's thread, with a connection of its own. */
+struct readiness {
+    const struct sl_config *cfg;
+    PGconn *pg;
+};
+
+static bool ready_cb(void *arg, struct sl_buf *checks)
+{
+    struct readiness *r = arg;
+    sl_err_t err;
+    if (!r->pg)
+        r->pg = sl_pg_connect(r->cfg->pg_dsn, &err);
+    PGresult *res = r->pg ? sl_pg_exec(r->pg, "check postgresql", "select 1", 0, NULL, &err) : NULL;
+    bool pg = res != NULL;
+    PQclear(res);
+    if (!pg && r->pg) {
+        PQfinish(r->pg); /* connect again at the next probe */
+        r->pg = NULL;
+    }
+    sl_probe_check(checks, "postgresql", pg ? "ok" : "unreachable");
+    bool known = false;
+    int64_t lag = sl_kstats_total_lag(NULL, &known);
+    bool lag_ok = known && lag < r->cfg->recorder_ready_lag;
+    sl_probe_check(checks, "lag", !known ? "unknown" : lag_ok ? "ok" : "too_high");
+    return pg && lag_ok;
+}
 
 static void on_signal(int sig)
 {
@@ -49,7 +80,17 @@ int main(int argc, char **argv)
     int rc = 1;
     sl_err_t err;
     sl_err_clear(&err);
+    struct readiness rd = {.cfg = &cfg};
+    sl_probe_t *probe = NULL;
     g_loop = rec_loop_new(&cfg, &err);
+    if (g_loop && cfg.metrics_listen[0]) {
+        probe = sl_probe_start(cfg.metrics_listen, "metrics_listen", cfg.live_stall_ms, ready_cb,
+                               &rd, &err);
+        if (!probe) {
+            sl_error("recorder", "start_failed", "%s", err.msg);
+            goto out;
+        }
+    }
     if (!g_loop) {
         sl_error("recorder", "start_failed", "%s", err.msg);
         goto out;
@@ -60,6 +101,9 @@ int main(int argc, char **argv)
     }
     rc = 0;
 out : {
+    sl_probe_stop(probe);
+    if (rd.pg)
+        PQfinish(rd.pg);
     rec_loop_t *l = g_loop;
     g_loop = NULL;
     rec_loop_destroy(l);

@@ -737,6 +737,14 @@ int rec_db_purge(
                      deleted, err);
 }
 
+int rec_db_oldest_undelivered(rec_db_t *db, int64_t *age_s, sl_err_t *err)
+{
+    return query_int(db, "oldest undelivered",
+                     "select coalesce(floor(extract(epoch from now() - min(created_at))), 0)::int8"
+                     " from deliveries where state in ('retry_scheduled', 'deferred')",
+                     0, NULL, age_s, err);
+}
+
 int rec_db_refresh_health(rec_db_t *db, int64_t window_h, int64_t *endpoints, sl_err_t *err)
 {
     return query_int(db, "refresh endpoint health", "select sluice_refresh_endpoint_health($1)", 1,

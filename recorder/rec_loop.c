@@ -31,8 +31,11 @@
 #include <librdkafka/rdkafka.h>
 
 #include "common/sl_kafka.h"
+#include "common/sl_kstats.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "common/sl_metrics.h"
+#include "common/sl_probe.h"
 #include "common/sl_record.h"
 #include "common/sl_registry.h"
 #include "recorder/rec_batch.h"
@@ -46,6 +49,51 @@
 #define LANE_SKIPPED_KEPT  8     /* rejected rows a lane reports individually */
 #define DISABLE_MAX        64    /* disable requests waiting for the registry */
 #define WRITE_CHECK_MS     5     /* longest poll while a batch is being written, ms */
+
+#define KSTATS_INTERVAL_MS 5000 /* librdkafka statistics (lag metrics), when metrics are on */
+
+/* The recorder's series (docs/METRICS.md); registered by rec_loop_new. */
+static struct {
+    sl_counter_t *records, *batches, *db_errors;
+    sl_counter_t *rows_deliveries, *rows_attempts, *rows_latency, *rows_dead;
+    sl_histo_t *batch_duration;
+} rm;
+
+static void collect_lag(struct sl_buf *out, void *arg)
+{
+    (void)arg;
+    sl_metrics_write_head(out, "sluice_recorder_lag_records", "gauge",
+                          "The recorder's consumer-group lag over all its partitions.");
+    sl_metrics_write_sample(out, "sluice_recorder_lag_records", NULL,
+                            (double)sl_kstats_total_lag(NULL, NULL));
+}
+
+static void metrics_init(void)
+{
+    static bool done;
+    if (done)
+        return;
+    done = true;
+    sl_metrics_set_process("sluice-recorder");
+    rm.records =
+        sl_metric_counter("sluice_recorder_records_total", "Outcome records consumed.", NULL);
+    static const char RHELP[] = "Rows written, by table.";
+    rm.rows_deliveries =
+        sl_metric_counter("sluice_recorder_rows_total", RHELP, "table=\"deliveries\"");
+    rm.rows_attempts =
+        sl_metric_counter("sluice_recorder_rows_total", RHELP, "table=\"delivery_attempts\"");
+    rm.rows_latency =
+        sl_metric_counter("sluice_recorder_rows_total", RHELP, "table=\"endpoint_latency\"");
+    rm.rows_dead = sl_metric_counter("sluice_recorder_rows_total", RHELP, "table=\"dead_letters\"");
+    rm.batches = sl_metric_counter("sluice_recorder_batches_total", "Batches committed.", NULL);
+    rm.batch_duration =
+        sl_metric_histo("sluice_recorder_batch_duration_seconds",
+                        "Time to write and commit one batch (all its lanes), seconds.", NULL);
+    rm.db_errors =
+        sl_metric_counter("sluice_recorder_db_errors_total",
+                          "Batch writes that failed (PostgreSQL unavailable; retried).", NULL);
+    sl_metrics_collector(collect_lag, NULL);
+}
 
 /* A consumer asked the registry to disable an endpoint (an outcome with state "disabled"). */
 struct disable_req {
@@ -83,6 +131,7 @@ struct rec_loop {
     struct rec_batch *wbatch;            /* the batch being written, or waiting for a retry after a
                                             failed write (the other of bufs); NULL = none */
     bool writing;                        /* lane jobs are running on wbatch */
+    int64_t write_started_us;            /* when the write of wbatch started (mono us) */
     struct lane_job jobs[REC_MAX_LANES]; /* the lane jobs of wbatch */
     pthread_t threads[REC_MAX_LANES];    /* their threads (where started[]) */
     bool started[REC_MAX_LANES];         /* a thread runs jobs[i] */
@@ -244,6 +293,10 @@ static void lane_run(struct lane_job *job)
         if (rc == 0) {
             job->rows += (int64_t)(to - from);
             job->attempts += ds.attempts;
+            sl_counter_add(rm.rows_attempts, (uint64_t)ds.attempts);
+            sl_counter_add(rm.rows_latency, (uint64_t)ds.samples);
+            sl_counter_add(rm.rows_deliveries, (uint64_t)ds.deliveries);
+            sl_counter_add(rm.rows_dead, (uint64_t)ds.dead);
             sl_debug(SL_DBG_DB, "db", "batch_written",
                      "rows %zu new attempts %lld samples %lld deliveries %lld dead letters %lld "
                      "resolved %lld pending %lld; "
@@ -288,6 +341,7 @@ static void lane_run(struct lane_job *job)
  */
 static void write_start(rec_loop_t *l)
 {
+    l->write_started_us = sl_mono_us();
     atomic_store(&l->jobs_done, 0);
     l->njobs = 0;
     for (size_t i = 0; i < l->nlanes; i++) {
@@ -360,6 +414,7 @@ static int write_finish(rec_loop_t *l)
     int rc = write_join(l, &err);
     if (rc != 0) {
         l->st.db_retries++;
+        sl_counter_inc(rm.db_errors);
         db_failed(l, "write", &err);
         if (!l->blocked) {
             l->blocked = true;
@@ -377,6 +432,8 @@ static int write_finish(rec_loop_t *l)
     apply_disables(l, l->wdisable);
     l->wdisable = 0;
     l->st.batches++;
+    sl_counter_inc(rm.batches);
+    sl_histo_observe_us(rm.batch_duration, sl_mono_us() - l->write_started_us);
     rec_batch_reset(l->wbatch);
     l->wbatch = NULL;
     if (l->blocked) {
@@ -575,6 +632,7 @@ static void handle_message(rec_loop_t *l, rd_kafka_message_t *rkm)
         return;
     }
     l->st.records++;
+    sl_counter_inc(rm.records);
     if (rc == 0)
         note_disable(l, rkm->payload, rkm->len);
     if (rc != 0) {
@@ -614,6 +672,11 @@ rec_loop_t *rec_loop_new(const struct sl_config *cfg, sl_err_t *err)
         goto fail;
     rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
     rd_kafka_conf_set_opaque(conf, l);
+    metrics_init();
+    if (cfg->metrics_listen[0] && sl_kstats_enable(conf, KSTATS_INTERVAL_MS, err) != 0) {
+        rd_kafka_conf_destroy(conf);
+        goto fail;
+    }
     l->rk = sl_kafka_consumer_new(cfg, "recorder", cfg->recorder_group, conf, err);
     if (!l->rk)
         goto fail;
@@ -656,8 +719,10 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
         return err ? err->code : SL_ESTATE;
     int64_t now = sl_mono_ms();
     l->next_stats_ms = now + REC_STATS_EVERY_MS;
+    int beat = sl_probe_beat_register("recorder loop");
     while (!l->stop) {
         now = sl_mono_ms();
+        sl_probe_beat(beat, now);
         int timeout = POLL_MAX_MS;
         if (!l->blocked && !rec_batch_empty(l->batch)) {
             int64_t left = l->batch->first_mono_ms + cfg->recorder_flush_ms - now;
@@ -688,6 +753,7 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
     }
 
     /* Shutdown: write the last batches (bounded retries), store, commit, leave the group. */
+    sl_probe_beat_release(beat);
     rec_maint_stop(l->maint);
     l->maint = NULL;
     int64_t deadline = sl_mono_ms() + cfg->shutdown_drain_ms;
@@ -726,8 +792,10 @@ void rec_loop_destroy(rec_loop_t *l)
         drop_held(l); /* joins a running write */
     if (l->paused)
         rd_kafka_topic_partition_list_destroy(l->paused);
-    if (l->rk)
+    if (l->rk) {
+        sl_kstats_forget(rd_kafka_name(l->rk));
         rd_kafka_destroy(l->rk);
+    }
     for (size_t i = 0; i < l->nlanes; i++)
         rec_db_destroy(l->db[i]);
     rec_batch_fini(&l->bufs[0]);

@@ -16,6 +16,7 @@
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "common/sl_metrics.h"
 #include "recorder/rec_db.h"
 
 struct rec_maint {
@@ -29,6 +30,8 @@ struct rec_maint {
     int64_t next_parts_ms;       /* mono ms: next partition maintenance */
     int64_t next_purge_ms;       /* mono ms: next retention purge */
     int64_t next_health_ms;      /* mono ms: next statistics refresh */
+    int64_t next_oldest_ms;      /* mono ms: next oldest-undelivered reading */
+    sl_gauge_t *oldest;          /* sluice_oldest_undelivered_age_seconds */
 };
 
 static bool stopping(rec_maint_t *m)
@@ -132,6 +135,18 @@ static void do_health(rec_maint_t *m, int64_t started)
              (long long)n, (long long)took);
 }
 
+static void do_oldest(rec_maint_t *m)
+{
+    sl_err_t err;
+    int64_t age = 0;
+    if (rec_db_oldest_undelivered(m->db, &age, &err) != 0) {
+        failed(m, "oldest undelivered", &err);
+        return;
+    }
+    succeeded(m);
+    sl_gauge_set(m->oldest, age);
+}
+
 static void *maint_main(void *arg)
 {
     rec_maint_t *m = arg;
@@ -146,6 +161,9 @@ static void *maint_main(void *arg)
         } else if (now >= m->next_health_ms) {
             m->next_health_ms = now + m->cfg->recorder_health_refresh_ms;
             do_health(m, now);
+        } else if (now >= m->next_oldest_ms) {
+            m->next_oldest_ms = now + REC_OLDEST_EVERY_MS;
+            do_oldest(m);
         }
         now = sl_mono_ms();
         int64_t next = m->next_parts_ms;
@@ -153,6 +171,8 @@ static void *maint_main(void *arg)
             next = m->next_purge_ms;
         if (m->next_health_ms < next)
             next = m->next_health_ms;
+        if (m->next_oldest_ms < next)
+            next = m->next_oldest_ms;
         if (next <= now)
             continue;
         /* sleep until then (CLOCK_REALTIME deadline for the condition variable) */
@@ -184,6 +204,11 @@ rec_maint_t *rec_maint_start(const struct sl_config *cfg, sl_err_t *err)
     /* statistics once there is something to count: after 10 s, or one interval if shorter */
     m->next_health_ms =
         now + (cfg->recorder_health_refresh_ms < 10000 ? cfg->recorder_health_refresh_ms : 10000);
+    m->next_oldest_ms = now + 1000;
+    m->oldest = sl_metric_gauge("sluice_oldest_undelivered_age_seconds",
+                                "Age of the oldest delivery waiting for a retry or deferred "
+                                "(0 when none), from PostgreSQL every 15 s.",
+                                NULL);
     if (pthread_create(&m->th, NULL, maint_main, m) != 0) {
         sl_err_set(err, SL_ESTATE, "could not start the maintenance thread");
         pthread_cond_destroy(&m->cv);

@@ -10,7 +10,9 @@
  *     sluice_purge_replay_log(dead_letter_retention_d), batched, every minute;
  *   - endpoint_health statistics: sluice_refresh_endpoint_health(latency_window_h) every
  *     recorder_health_refresh_ms (default 30 s), or every 10 x its last duration when that is
- *     longer (it never takes more than ~10 % of a core, whatever the sample volume).
+ *     longer (it never takes more than ~10 % of a core, whatever the sample volume);
+ *   - the age of the oldest undelivered delivery (sluice_oldest_undelivered_age_seconds)
+ *     every 15 s.
  * Failures are logged on state changes (maintenance_failed / maintenance_recovered) and retried
  * at the next tick. Writes and maintenance touch the same tables; their lock interplay is
  * described in recorder/README.md.
@@ -29,6 +31,7 @@
 #define REC_HEALTH_SHARE         10
 #define REC_PARTITIONS_EVERY_MS  60000 /* drop expired + ensure ahead */
 #define REC_PURGE_EVERY_MS       60000 /* dead_letters / deliveries retention */
+#define REC_OLDEST_EVERY_MS      15000 /* sluice_oldest_undelivered_age_seconds reading */
 #define REC_PARTITION_DAYS_AHEAD 2     /* days of partitions created ahead of today */
 #define REC_LATENCY_MARGIN_H     1     /* latency partitions kept past the window, hours */
 #define REC_PURGE_LIMIT          10000 /* rows per retention DELETE */

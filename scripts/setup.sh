@@ -24,7 +24,7 @@ LOG4J_VERSION=2.25.4     # what Kafka 4.3.x builds with (gradle/dependencies.gra
 SLF4J_VERSION=1.7.36     # Kafka uses SLF4J 1.7 -> the 1.x binding log4j-slf4j-impl
 DEP_PLUGINS=(org.apache.maven.plugins:maven-dependency-plugin:3.8.1
              org.apache.maven.plugins:maven-dependency-plugin:3.7.1)
-PIP_REQUIREMENTS=(standardwebhooks==1.1.0 pytest==9.2.0 schemathesis==4.32.5)
+PIP_REQUIREMENTS=(standardwebhooks==1.1.0 pytest==9.2.0 schemathesis==4.32.5 playwright==1.65.2)
 
 APT_PACKAGES=(
   build-essential cmake pkg-config
@@ -34,6 +34,7 @@ APT_PACKAGES=(
   redis-server postgresql-15
   openjdk-17-jdk-headless maven
   kcat wrk gnuplot-nox jq python3 python3-venv curl
+  prometheus chromium chromium-driver fonts-dejavu-core
 )
 
 CACHE_DIR="${SLUICE_CACHE_DIR:-${HOME:-/root}/.cache/sluice}"
