@@ -21,10 +21,11 @@
 #include "common/sl_record.h"
 #include "common/sl_redis.h"
 #include "ctl/ctl_ops.h"
+#include "ctl/ctl_thresholds.h"
 
 #define KAFKA_TIMEOUT_MS 10000 /* per broker request of the lag query */
 #define BAR_WIDTH        40    /* characters of the longest histogram bar */
-#define COUNT_MAX        1000000000LL
+#define COUNT_MAX        SL_THR_COUNT_MAX
 
 /* ==== Shared ==== */
 
@@ -62,26 +63,6 @@ static int no_positional(const char *cmd, int argc, char **argv, int first)
         size_t n = strcspn(argv[first], "=");
         return ctl_usage_error(cmd, "unexpected argument '%.*s'", (int)n, argv[first]);
     }
-    return 0;
-}
-
-/* Strict non-negative decimal ("2", "1.5"; no sign, exponent or spaces) in [0, max]. */
-static int parse_decimal(const char *cmd, const char *flag, const char *s, double max, double *out)
-{
-    size_t i = 0, dig = 0, dots = 0;
-    for (; s[i]; i++) {
-        if (s[i] >= '0' && s[i] <= '9')
-            dig++;
-        else if (s[i] == '.' && dots == 0 && dig > 0)
-            dots++;
-        else
-            break;
-    }
-    double v = (s[i] == '\0' && dig > 0 && s[i - 1] != '.') ? strtod(s, NULL) : -1;
-    if (v < 0 || v > max)
-        return ctl_usage_error(cmd, "invalid value for %s: expected a decimal number in 0..%g",
-                               flag, max);
-    *out = v;
     return 0;
 }
 
@@ -154,19 +135,7 @@ struct health_opts {
     bool json;        /* --json */
 };
 
-enum {
-    O_WINDOW = 256,
-    O_JSON,
-    O_THRESHOLD,
-    O_MIN_SAMPLES,
-    O_ENDPOINT,
-    O_RISE_FACTOR,
-    O_RISE_MIN,
-    O_OLDEST_MAX,
-    O_SLOW_THRESHOLD,
-    O_SLOW_MIN,
-    O_SLOW_WINDOW
-};
+enum { O_WINDOW = 256, O_JSON, O_THRESHOLD, O_MIN_SAMPLES, O_ENDPOINT };
 
 static int health_opt(void *ctx, int val, const char *arg)
 {
@@ -463,7 +432,8 @@ static int slow_opt(void *ctx, int val, const char *arg)
     struct slow_opts *o = ctx;
     switch (val) {
     case O_THRESHOLD:
-        return ctl_parse_int("slow", "--threshold-ms", arg, 0, 86400000, false, &o->threshold_ms);
+        return ctl_parse_int("slow", "--threshold-ms", arg, 0, SL_THR_SLOW_MS_MAX, false,
+                             &o->threshold_ms);
     case O_MIN_SAMPLES:
         return ctl_parse_int("slow", "--min-samples", arg, 1, COUNT_MAX, false, &o->min_samples);
     case O_WINDOW:
@@ -476,19 +446,24 @@ static int slow_opt(void *ctx, int val, const char *arg)
 
 void ctl_slow_help(FILE *f)
 {
-    fprintf(f, "usage: sluicectl slow [--threshold-ms N] [--min-samples N] [--window DURATION]\n"
-               "                      [--json]\n"
-               "\n"
-               "Endpoints whose P95 response latency over the window is above the threshold,\n"
-               "among those with at least --min-samples samples (sluice_slow_endpoints):\n"
-               "samples, P50/P95/P99, average, maximum, and the last outcome's status.\n"
-               "\n"
-               "  --threshold-ms N    P95 limit, ms (default 2000)\n"
-               "  --min-samples N     fewest samples for a verdict (default 20)\n"
-               "  --window DURATION   e.g. 90m, 24h (default), 7d\n"
-               "  --json              machine-readable output\n"
-               "\n"
-               "Exit: 0 (whether or not any endpoint is slow), 1 database error, 2 usage.\n");
+    char win[24];
+    ctl_ops_duration_format(SL_THR_SLOW_WINDOW_S, win, sizeof(win));
+    fprintf(f,
+            "usage: sluicectl slow [--threshold-ms N] [--min-samples N] [--window DURATION]\n"
+            "                      [--json]\n"
+            "\n"
+            "Endpoints whose P95 response latency over the window is above the threshold,\n"
+            "among those with at least --min-samples samples (sluice_slow_endpoints):\n"
+            "samples, P50/P95/P99, average, maximum, and the last outcome's status. The\n"
+            "defaults are the slow_endpoint alert's (common/sl_thresholds.h).\n"
+            "\n"
+            "  --threshold-ms N    P95 limit, ms (default %d)\n"
+            "  --min-samples N     fewest samples for a verdict (default %d)\n"
+            "  --window DURATION   e.g. 90m, 24h, 7d (default %s)\n"
+            "  --json              machine-readable output\n"
+            "\n"
+            "Exit: 0 (whether or not any endpoint is slow), 1 database error, 2 usage.\n",
+            SL_THR_SLOW_THRESHOLD_MS, SL_THR_SLOW_MIN_SAMPLES, win);
 }
 
 static const char SQL_SLOW[] =
@@ -573,7 +548,9 @@ int ctl_slow_main(struct ctl *c, int argc, char **argv)
         {"json", no_argument, NULL, O_JSON},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    struct slow_opts o = {.threshold_ms = 2000, .min_samples = 20, .window_s = 86400};
+    struct slow_opts o = {.threshold_ms = SL_THR_SLOW_THRESHOLD_MS,
+                          .min_samples = SL_THR_SLOW_MIN_SAMPLES,
+                          .window_s = SL_THR_SLOW_WINDOW_S};
     int first = 0;
     int rc = parse_flags("slow", argc, argv, longopts, slow_opt, &o, &first);
     if (rc < 0) {
@@ -812,38 +789,18 @@ int ctl_dead_letters_main(struct ctl *c, int argc, char **argv)
 /* ==== alerts ==== */
 
 struct alert_opts {
-    double rise_factor;    /* dead letters rising: factor over the hourly average */
-    int64_t rise_min;      /* dead letters rising: fewest in the last hour */
-    int64_t oldest_max_s;  /* oldest undelivered limit, s */
-    int64_t slow_ms;       /* slow endpoint P95 limit, ms */
-    int64_t slow_min;      /* slow endpoint fewest samples */
-    int64_t slow_window_s; /* slow endpoint window, s */
-    bool json;             /* --json */
+    struct ctl_thresholds thr; /* the thresholds (defaults: common/sl_thresholds.h) */
+    bool json;                 /* --json */
 };
 
 static int alert_opt(void *ctx, int val, const char *arg)
 {
     struct alert_opts *o = ctx;
-    switch (val) {
-    case O_RISE_FACTOR:
-        return parse_decimal("alerts", "--dead-rise-factor", arg, 1000, &o->rise_factor);
-    case O_RISE_MIN:
-        return ctl_parse_int("alerts", "--dead-rise-min", arg, 1, COUNT_MAX, false, &o->rise_min);
-    case O_OLDEST_MAX:
-        return ctl_ops_parse_duration("alerts", "--oldest-max", arg, 1, CTL_OPS_DUR_MAX_S,
-                                      &o->oldest_max_s);
-    case O_SLOW_THRESHOLD:
-        return ctl_parse_int("alerts", "--slow-threshold-ms", arg, 0, 86400000, false, &o->slow_ms);
-    case O_SLOW_MIN:
-        return ctl_parse_int("alerts", "--slow-min-samples", arg, 1, COUNT_MAX, false,
-                             &o->slow_min);
-    case O_SLOW_WINDOW:
-        return ctl_ops_parse_duration("alerts", "--slow-window", arg, 1, CTL_OPS_DUR_MAX_S,
-                                      &o->slow_window_s);
-    default:
+    if (val == O_JSON) {
         o->json = true;
         return 0;
     }
+    return ctl_thresholds_opt("alerts", &o->thr, val, arg);
 }
 
 void ctl_alerts_help(FILE *f)
@@ -852,14 +809,20 @@ void ctl_alerts_help(FILE *f)
                "                        [--oldest-max DURATION] [--slow-threshold-ms N]\n"
                "                        [--slow-min-samples N] [--slow-window DURATION] [--json]\n"
                "\n"
-               "Prints the alerts that fire now (sluice_alerts), for cron and monitoring:\n"
-               "  dead_letters_rising   dead letters of the last hour >= --dead-rise-min (5) and\n"
-               "                        > --dead-rise-factor (2) x the hourly average of the 24 h\n"
+               "Prints the alerts that fire now on the history (sluice_alerts), for cron and\n"
+               "monitoring:\n"
+               "  dead_letters_rising   dead letters of the last hour >= --dead-rise-min and\n"
+               "                        > --dead-rise-factor x the hourly average of the 24 h\n"
                "                        before\n"
-               "  oldest_undelivered    an undelivered delivery older than --oldest-max (30m)\n"
-               "  slow_endpoint         P95 over --slow-threshold-ms (2000) with at least\n"
-               "                        --slow-min-samples (20) samples in --slow-window (24h);\n"
-               "                        one per endpoint\n"
+               "  oldest_undelivered    an undelivered delivery older than --oldest-max\n"
+               "  slow_endpoint         P95 over --slow-threshold-ms with at least\n"
+               "                        --slow-min-samples samples in --slow-window; one per\n"
+               "                        endpoint\n"
+               "\n");
+    ctl_thresholds_help(f, false);
+    fprintf(f, "  --json                      machine-readable output\n"
+               "\n"
+               "The defaults are those of the Prometheus rules too (sluicectl alert-rules).\n"
                "\n"
                "Exit: 0 no alert fires; 3 at least one fires; 1 the check itself failed (database\n"
                "unreachable: treat as an alert too); 2 usage; 78 configuration.\n");
@@ -872,22 +835,12 @@ static const char SQL_ALERTS[] =
 
 int ctl_alerts_main(struct ctl *c, int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"dead-rise-factor", required_argument, NULL, O_RISE_FACTOR},
-        {"dead-rise-min", required_argument, NULL, O_RISE_MIN},
-        {"oldest-max", required_argument, NULL, O_OLDEST_MAX},
-        {"slow-threshold-ms", required_argument, NULL, O_SLOW_THRESHOLD},
-        {"slow-min-samples", required_argument, NULL, O_SLOW_MIN},
-        {"slow-window", required_argument, NULL, O_SLOW_WINDOW},
-        {"json", no_argument, NULL, O_JSON},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
-    struct alert_opts o = {.rise_factor = 2.0,
-                           .rise_min = 5,
-                           .oldest_max_s = 1800,
-                           .slow_ms = 2000,
-                           .slow_min = 20,
-                           .slow_window_s = 86400};
+    static const struct option longopts[] = {CTL_THR_LONGOPTS_HISTORY,
+                                             {"json", no_argument, NULL, O_JSON},
+                                             {"help", no_argument, NULL, 'h'},
+                                             {NULL, 0, NULL, 0}};
+    struct alert_opts o = {.json = false};
+    ctl_thresholds_init(&o.thr);
     int first = 0;
     int rc = parse_flags("alerts", argc, argv, longopts, alert_opt, &o, &first);
     if (rc < 0) {
@@ -898,12 +851,12 @@ int ctl_alerts_main(struct ctl *c, int argc, char **argv)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
     char p[6][32];
-    snprintf(p[0], sizeof(p[0]), "%.17g", o.rise_factor);
-    snprintf(p[1], sizeof(p[1]), "%" PRId64, o.rise_min);
-    snprintf(p[2], sizeof(p[2]), "%" PRId64, o.oldest_max_s);
-    snprintf(p[3], sizeof(p[3]), "%" PRId64, o.slow_ms);
-    snprintf(p[4], sizeof(p[4]), "%" PRId64, o.slow_min);
-    snprintf(p[5], sizeof(p[5]), "%" PRId64, o.slow_window_s);
+    snprintf(p[0], sizeof(p[0]), "%.17g", o.thr.dead_rise_factor);
+    snprintf(p[1], sizeof(p[1]), "%" PRId64, o.thr.dead_rise_min);
+    snprintf(p[2], sizeof(p[2]), "%" PRId64, o.thr.oldest_max_s);
+    snprintf(p[3], sizeof(p[3]), "%" PRId64, o.thr.slow_threshold_ms);
+    snprintf(p[4], sizeof(p[4]), "%" PRId64, o.thr.slow_min_samples);
+    snprintf(p[5], sizeof(p[5]), "%" PRId64, o.thr.slow_window_s);
     const char *params[6] = {p[0], p[1], p[2], p[3], p[4], p[5]};
     sl_err_t err;
     sl_err_clear(&err);

@@ -15,6 +15,7 @@
 
 #include "common/sl_cfg.h"
 #include "ctl/ctl.h"
+#include "ctl/ctl_alert_rules.h"
 #include "ctl/ctl_analysis.h"
 #include "ctl/ctl_kafka.h"
 #include "ctl/ctl_replay.h"
@@ -39,6 +40,8 @@ static const struct ctl_command commands[] = {
      ctl_dead_letters_help},
     {"alerts", "firing alerts; exit 3 when any fires (cron, monitoring)", ctl_alerts_main,
      ctl_alerts_help},
+    {"alert-rules", "print the Prometheus alert rules with the thresholds of alerts",
+     ctl_alert_rules_main, ctl_alert_rules_help},
     {"latency", "percentiles and histogram of one endpoint's latency", ctl_latency_main,
      ctl_latency_help},
     {"replay", "re-publish dead letters (each once) and mark them replayed", ctl_replay_main,

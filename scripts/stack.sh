@@ -8,12 +8,28 @@
 #   scripts/stack.sh reset    stop, then delete the stack's data and logs
 #   scripts/stack.sh env      print `export` lines: eval "$(scripts/stack.sh env)"
 #
+# Optional service, never started by default: Prometheus (Debian's package), scraping every
+# 1 s the targets listed in $STACK_DIR/prometheus/targets/*.json (file-based discovery,
+# written by the demo and tests: [{"targets": ["127.0.0.1:PORT"], "labels": {"process":
+# "consumer"}}]) and evaluating ops/prometheus/sluice-alerts.yml (docs/OPERATIONS.md,
+# "Monitoring"). Data and log under $STACK_DIR/prometheus.
+#   scripts/stack.sh start --prometheus   the stack plus Prometheus (or SLUICE_STACK_PROMETHEUS=1)
+#   scripts/stack.sh start|stop SERVICE.. only those of kafka, redis, postgres, prometheus
+#                                         (`start prometheus` next to a running stack; a
+#                                         second start of a running Prometheus reloads its
+#                                         configuration and rules)
+#
 # Env (all optional):
 #   SLUICE_STACK_DIR       data+logs (default <repo>/.stack, git-ignored)
-#   SLUICE_PORT_BASE=N     kafka N, kafka controller N+1, redis N+2, postgres N+3
+#   SLUICE_PORT_BASE=N     kafka N, kafka controller N+1, redis N+2, postgres N+3 (prometheus N+4)
 #   SLUICE_KAFKA_PORT (19092) SLUICE_KAFKA_CONTROLLER_PORT (19093) SLUICE_REDIS_PORT (16379)
 #   SLUICE_PG_PORT (15432)  -- explicit ports beat SLUICE_PORT_BASE, which beats the ports
 #                              recorded in the stack dir by its last start, which beat defaults
+#   SLUICE_STACK_PROMETHEUS_PORT (19090)  Prometheus's HTTP port, recorded like the others
+#   SLUICE_STACK_PROMETHEUS=1  start Prometheus too (as --prometheus)
+#   SLUICE_STACK_PROMETHEUS_READY_TIMEOUT  seconds (default 60)
+#   SLUICE_STACK_PROMETHEUS_RULES  rule file (default <repo>/ops/prometheus/sluice-alerts.yml)
+#   (Prometheus's variables are SLUICE_STACK_*: the processes refuse unknown SLUICE_* names)
 #   SLUICE_PARTITIONS      partitions of sluice.deliveries and sluice.outcomes (default 4)
 #   SLUICE_CACHE_DIR       where setup.sh put the Kafka jars (default $HOME/.cache/sluice)
 #   SLUICE_KAFKA_HEAP      broker heap flags (default "-Xms512m -Xmx512m")
@@ -44,6 +60,10 @@ K_DIR="$STACK_DIR/kafka"; K_CONF="$K_DIR/config"; K_DATA="$K_DIR/data"
 K_LOG="$K_DIR/broker.out"; K_PID="$K_DIR/kafka.pid"; K_READY="$K_DIR/ready.pid"
 R_DIR="$STACK_DIR/redis"; R_CONF="$R_DIR/redis.conf"; R_LOG="$R_DIR/redis.log"; R_PID="$R_DIR/redis.pid"
 P_DIR="$STACK_DIR/pg"; P_DATA="$P_DIR/data"; P_SOCK="$P_DIR/run"; P_LOG="$P_DIR/postgres.log"
+PR_DIR="$STACK_DIR/prometheus"; PR_CONF="$PR_DIR/prometheus.yml"; PR_DATA="$PR_DIR/data"
+PR_LOG="$PR_DIR/prometheus.log"; PR_PID="$PR_DIR/prometheus.pid"; PR_TARGETS="$PR_DIR/targets"
+PR_RULES="${SLUICE_STACK_PROMETHEUS_RULES:-$REPO_DIR/ops/prometheus/sluice-alerts.yml}"
+PR_READY_TIMEOUT="${SLUICE_STACK_PROMETHEUS_READY_TIMEOUT:-60}"
 PORTS_FILE="$STACK_DIR/ports.env"
 
 say()  { printf '[stack] %s\n' "$*"; }
@@ -83,36 +103,39 @@ fail_pre() {
 valid_port() { [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le 65535 ]; }
 
 resolve_ports() {
-  local rk="" rc="" rr="" rp="" key val
+  local rk="" rc="" rr="" rp="" rm="" key val
   if [ -f "$PORTS_FILE" ]; then
     while IFS='=' read -r key val; do
       case "$key" in
         kafka) rk=$val ;; kafka_controller) rc=$val ;; redis) rr=$val ;; postgres) rp=$val ;;
+        prometheus) rm=$val ;;
       esac
     done < "$PORTS_FILE"
   fi
-  local dk=19092 dc=19093 dr=16379 dp=15432
+  local dk=19092 dc=19093 dr=16379 dp=15432 dm=19090
   if [ -n "${SLUICE_PORT_BASE:-}" ]; then
     valid_port "$SLUICE_PORT_BASE" || die "SLUICE_PORT_BASE=$SLUICE_PORT_BASE is not a port number"
     dk=$SLUICE_PORT_BASE; dc=$((SLUICE_PORT_BASE + 1)); dr=$((SLUICE_PORT_BASE + 2)); dp=$((SLUICE_PORT_BASE + 3))
-  elif [ -n "$rk$rc$rr$rp" ]; then
-    dk=${rk:-$dk}; dc=${rc:-$dc}; dr=${rr:-$dr}; dp=${rp:-$dp}
+    dm=$((SLUICE_PORT_BASE + 4))
+  elif [ -n "$rk$rc$rr$rp$rm" ]; then
+    dk=${rk:-$dk}; dc=${rc:-$dc}; dr=${rr:-$dr}; dp=${rp:-$dp}; dm=${rm:-$dm}
   fi
   KAFKA_PORT="${SLUICE_KAFKA_PORT:-$dk}"
   KAFKA_CPORT="${SLUICE_KAFKA_CONTROLLER_PORT:-$dc}"
   REDIS_PORT="${SLUICE_REDIS_PORT:-$dr}"
   PG_PORT="${SLUICE_PG_PORT:-$dp}"
+  PROM_PORT="${SLUICE_STACK_PROMETHEUS_PORT:-$dm}"
   local p
-  for p in "$KAFKA_PORT" "$KAFKA_CPORT" "$REDIS_PORT" "$PG_PORT"; do
+  for p in "$KAFKA_PORT" "$KAFKA_CPORT" "$REDIS_PORT" "$PG_PORT" "$PROM_PORT"; do
     valid_port "$p" || die "invalid port '$p' (check SLUICE_*_PORT / SLUICE_PORT_BASE)"
   done
   # What the running services were started with (for mismatch detection).
-  REC_KAFKA=$rk; REC_REDIS=$rr; REC_PG=$rp
+  REC_KAFKA=$rk; REC_REDIS=$rr; REC_PG=$rp; REC_PROM=$rm
 }
 
 record_ports() {
-  printf 'kafka=%s\nkafka_controller=%s\nredis=%s\npostgres=%s\n' \
-    "$KAFKA_PORT" "$KAFKA_CPORT" "$REDIS_PORT" "$PG_PORT" > "$PORTS_FILE.tmp"
+  printf 'kafka=%s\nkafka_controller=%s\nredis=%s\npostgres=%s\nprometheus=%s\n' \
+    "$KAFKA_PORT" "$KAFKA_CPORT" "$REDIS_PORT" "$PG_PORT" "$PROM_PORT" > "$PORTS_FILE.tmp"
   mv -f "$PORTS_FILE.tmp" "$PORTS_FILE"
 }
 
@@ -163,6 +186,12 @@ pg_pid() {
   local pid; pid=$(read_pid "$P_DATA/postmaster.pid") || return 1
   alive "$pid" || return 1
   [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = postgres ] || return 1
+  echo "$pid"
+}
+prom_pid() {
+  local pid; pid=$(read_pid "$PR_PID") || return 1
+  alive "$pid" || return 1
+  [[ "$(proc_cmdline "$pid")" == *"--config.file=$PR_CONF "* ]] || return 1
   echo "$pid"
 }
 
@@ -557,7 +586,102 @@ pg_migrate() {
   say "postgres: migrations up to date ($(psql_q sluice -Atc 'select count(*) from schema_migrations') applied, $n new)"
 }
 
+# ------------------------------------------------------------------------- Prometheus
+# Optional: only with `start --prometheus`, SLUICE_STACK_PROMETHEUS=1 or `start prometheus`.
+prom_write_config() {
+  mkdir -p "$PR_DATA" "$PR_TARGETS"
+  cat > "$PR_CONF.tmp" <<EOF
+# Written by scripts/stack.sh on every start of Prometheus. Local stack: scrape every second
+# whatever the demo and tests list in $PR_TARGETS/*.json.
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s   # the sluice rule group sets its own interval
+rule_files:
+  - $PR_RULES
+scrape_configs:
+  - job_name: sluice
+    # Targets carry a process label (consumer, recorder, api); sluice_build_info exports the
+    # same label with the same value, kept as it is rather than renamed exported_process.
+    honor_labels: true
+    file_sd_configs:
+      - files:
+          - $PR_TARGETS/*.json
+        refresh_interval: 5s
+EOF
+  mv -f "$PR_CONF.tmp" "$PR_CONF"
+}
+
+prom_start() {
+  local pid i t0=$SECONDS
+  [[ "$PR_READY_TIMEOUT" =~ ^[0-9]+$ ]] || die "SLUICE_STACK_PROMETHEUS_READY_TIMEOUT=$PR_READY_TIMEOUT is not a number of seconds"
+  [ -f "$PR_RULES" ] || fail_pre prometheus "$PR_LOG" "rule file $PR_RULES not found"
+  if pid=$(prom_pid); then
+    if [ -n "$REC_PROM" ] && [ "$REC_PROM" != "$PROM_PORT" ]; then
+      fail_pre prometheus "$PR_LOG" "already running on port $REC_PROM (pid $pid), not $PROM_PORT: run stop first"
+    fi
+    prom_write_config
+    kill -HUP "$pid" 2>/dev/null || true
+    say "prometheus: already running (pid $pid, port $PROM_PORT); configuration and rules reloaded"
+    return 0
+  fi
+  command -v prometheus >/dev/null 2>&1 || fail_pre prometheus "$PR_LOG" "prometheus not found (apt package prometheus; run scripts/setup.sh)"
+  command -v curl >/dev/null 2>&1 || fail_pre prometheus "$PR_LOG" "curl not found (apt package curl; run scripts/setup.sh)"
+  check_port_free prometheus "$PROM_PORT" "$PR_LOG"
+  prom_write_config
+  [ -f "$PR_LOG" ] && mv -f "$PR_LOG" "$PR_LOG.prev"
+  setsid prometheus --config.file="$PR_CONF" --storage.tsdb.path="$PR_DATA" \
+    --storage.tsdb.retention.time=2d --web.listen-address="127.0.0.1:$PROM_PORT" \
+    >"$PR_LOG" 2>&1 </dev/null 9>&- &
+  echo $! > "$PR_PID"
+  FAIL_KILL_PID=$!   # a Prometheus that does not get ready is not left behind
+  say "prometheus: launched pid $FAIL_KILL_PID (log $PR_LOG)"
+  for ((i = 0; ; i++)); do
+    curl -fsS -m 2 -o /dev/null "http://127.0.0.1:$PROM_PORT/-/ready" 2>/dev/null && break
+    prom_pid >/dev/null || fail prometheus "$PR_LOG" "exited during start-up"
+    [ "$((SECONDS - t0))" -lt "$PR_READY_TIMEOUT" ] || fail prometheus "$PR_LOG" "/-/ready did not answer 200 within ${PR_READY_TIMEOUT}s"
+    sleep 0.25
+  done
+  FAIL_KILL_PID=""
+  say "prometheus: ready on http://127.0.0.1:$PROM_PORT in $((SECONDS - t0))s (targets $PR_TARGETS/*.json, rules $PR_RULES)"
+}
+
+prom_stop() {
+  local pid
+  if pid=$(prom_pid); then
+    say "prometheus: stopping pid $pid"
+    stop_pid prometheus "$pid" 30
+  else
+    say "prometheus: not running"
+  fi
+  rm -f "$PR_PID"
+}
+
 # ------------------------------------------------------------------------- commands
+# parse_services COMMAND ARGS...: the services a start or stop acts on, into SERVICES
+# (" kafka redis postgres " by default; stop also stops Prometheus when it was started).
+SERVICES=""
+parse_services() {
+  local cmd=$1 a named="" prom=${SLUICE_STACK_PROMETHEUS:-0}; shift
+  case "$prom" in 0|1) ;; *) die "SLUICE_STACK_PROMETHEUS=$prom: expected 0 or 1" ;; esac
+  for a in "$@"; do
+    case "$a" in
+      --prometheus) [ "$cmd" = start ] || usage_exit; prom=1 ;;
+      kafka|redis|postgres|prometheus) named="$named $a" ;;
+      *) usage_exit ;;
+    esac
+  done
+  SERVICES="${named:- kafka redis postgres} "
+  if [ "$cmd" = start ] && [ "$prom" = 1 ]; then SERVICES="$SERVICES prometheus "; fi
+  if [ "$cmd" = stop ] && [ -z "$named" ]; then SERVICES="$SERVICES prometheus "; fi
+}
+want() { [[ "$SERVICES" == *" $1 "* ]]; }
+usage_exit() {
+  echo "usage: $0 start [--prometheus] [SERVICE...]|stop [SERVICE...]|status|reset|env" >&2
+  echo "       SERVICE: kafka redis postgres prometheus" >&2
+  exit 2
+}
+
 take_lock() {
   command -v flock >/dev/null 2>&1 || return 0
   exec 9>"$STACK_DIR/.lock"
@@ -570,12 +694,13 @@ cmd_start() {
   [ -w "$STACK_DIR" ] || die "stack dir not writable: $STACK_DIR"
   take_lock
   resolve_ports
-  say "stack dir $STACK_DIR (kafka $KAFKA_PORT/$KAFKA_CPORT, redis $REDIS_PORT, postgres $PG_PORT)"
-  kafka_launch        # JVM boots in the background while Redis and PostgreSQL start
-  redis_start
-  pg_start
+  say "stack dir $STACK_DIR (kafka $KAFKA_PORT/$KAFKA_CPORT, redis $REDIS_PORT, postgres $PG_PORT$(want prometheus && echo ", prometheus $PROM_PORT"))"
+  if want kafka; then kafka_launch; fi   # JVM boots in the background while Redis and PostgreSQL start
+  if want redis; then redis_start; fi
+  if want postgres; then pg_start; fi
   record_ports
-  kafka_wait_ready
+  if want kafka; then kafka_wait_ready; fi
+  if want prometheus; then prom_start; fi
   say "all services up in $((SECONDS - t0))s; clients: eval \"\$($0 env)\""
 }
 
@@ -583,21 +708,29 @@ cmd_stop() {
   if [ ! -d "$STACK_DIR" ]; then say "nothing to stop ($STACK_DIR does not exist)"; return 0; fi
   take_lock
   local pid
-  if pid=$(kafka_pid); then
+  # Prometheus first (it scrapes the others); quiet about it when this stack never ran one
+  if want prometheus && { [ -d "$PR_DIR" ] || [[ "$SERVICES" != *" kafka "* ]]; }; then prom_stop; fi
+  if ! want kafka; then
+    :
+  elif pid=$(kafka_pid); then
     say "kafka: stopping pid $pid"
     stop_pid kafka "$pid" "$STOP_TIMEOUT"
   else
     say "kafka: not running"
   fi
-  rm -f "$K_PID" "$K_READY"
-  if pid=$(redis_pid); then
+  if want kafka; then rm -f "$K_PID" "$K_READY"; fi
+  if ! want redis; then
+    :
+  elif pid=$(redis_pid); then
     say "redis: stopping pid $pid"
     stop_pid redis "$pid" 20
   else
     say "redis: not running"
   fi
-  rm -f "$R_PID"
-  if pid=$(pg_pid); then
+  if want redis; then rm -f "$R_PID"; fi
+  if ! want postgres; then
+    :
+  elif pid=$(pg_pid); then
     say "postgres: stopping pid $pid"
     pg_setup_user
     pg_access_mode
@@ -630,6 +763,12 @@ cmd_status() {
   status_line kafka "$KAFKA_PORT" "$(kafka_pid || true)" "controller $KAFKA_CPORT, log $K_LOG" || down=1
   status_line redis "$REDIS_PORT" "$(redis_pid || true)" "log $R_LOG" || down=1
   status_line postgres "$PG_PORT" "$(pg_pid || true)" "log $P_LOG" || down=1
+  # optional: down only when it was started and not stopped (its pid file is still there)
+  if [ -f "$PR_PID" ] || prom_pid >/dev/null; then
+    status_line prometheus "$PROM_PORT" "$(prom_pid || true)" "targets $PR_TARGETS, log $PR_LOG" || down=1
+  else
+    printf '%-9s off      port %-5s (optional: %s start --prometheus)\n' prometheus "$PROM_PORT" "$0"
+  fi
   return "$down"
 }
 
@@ -639,7 +778,7 @@ cmd_reset() {
   case "$STACK_DIR" in
     /|"$HOME"|"$REPO_DIR") die "refusing to reset STACK_DIR=$STACK_DIR" ;;
   esac
-  rm -rf "$K_DIR" "$R_DIR" "$P_DIR" "$PORTS_FILE" "$STACK_DIR/.lock"
+  rm -rf "$K_DIR" "$R_DIR" "$P_DIR" "$PR_DIR" "$PORTS_FILE" "$STACK_DIR/.lock"
   rmdir "$STACK_DIR" 2>/dev/null || true
   say "reset: deleted data and logs in $STACK_DIR"
 }
@@ -649,13 +788,17 @@ cmd_env() {
   printf "export SLUICE_KAFKA_BROKERS=127.0.0.1:%s\n" "$KAFKA_PORT"
   printf "export SLUICE_REDIS_URL=redis://127.0.0.1:%s\n" "$REDIS_PORT"
   printf "export SLUICE_PG_DSN='host=127.0.0.1 port=%s dbname=sluice user=sluice'\n" "$PG_PORT"
+  if prom_pid >/dev/null; then   # SLUICE_STACK_*: names the processes ignore
+    printf "export SLUICE_STACK_PROMETHEUS_URL=http://127.0.0.1:%s\n" "$PROM_PORT"
+    printf "export SLUICE_STACK_PROMETHEUS_TARGETS='%s'\n" "$PR_TARGETS"
+  fi
 }
 
 case "${1:-}" in
-  start)  cmd_start ;;
-  stop)   cmd_stop ;;
+  start)  parse_services "$@"; cmd_start ;;
+  stop)   parse_services "$@"; cmd_stop ;;
   status) cmd_status ;;
-  reset)  cmd_reset ;;
+  reset)  parse_services stop; cmd_reset ;;
   env)    cmd_env ;;
-  *) echo "usage: $0 start|stop|status|reset|env" >&2; exit 2 ;;
+  *) usage_exit ;;
 esac
