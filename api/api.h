@@ -51,6 +51,16 @@ struct api {
     atomic_bool stopping;        /* SIGTERM seen: readiness fails, new requests get 503 */
 };
 
+/* api_metrics.c: metrics (docs/METRICS.md) and readiness. */
+void api_metrics_init(struct api *a);
+/* An answered request: route name (NULL = no route matched), status, duration in us. */
+void api_metrics_answer(const char *route, int status, int64_t us);
+/* n events acknowledged by Kafka. */
+void api_metrics_published(size_t n);
+/* Ready: not stopping, API keys loaded, producer without a fatal error. checks (may be NULL)
+ * gets the named checks (sl_probe_check). Any thread. */
+bool api_ready(struct api *a, struct sl_buf *checks);
+
 /* What a handler returns. */
 enum api_hret { API_DONE = 0, API_SUSPENDED = 1 };
 
@@ -66,6 +76,7 @@ struct api_req {
     struct sl_buf body;            /* request body, capped at api_max_request_bytes */
     bool too_big;                  /* the body went past the cap (answered 413) */
     bool started;                  /* the handler ran once */
+    int64_t t0_us;                 /* first byte seen (mono us; metrics) */
     const struct api_route *route; /* matched route */
     char *params[API_MAX_PARAMS];  /* path parameters, URL-decoded (owned) */
     struct api_auth auth;          /* the caller's key (a reference; api_auth_fini) */
@@ -77,6 +88,12 @@ struct api_req {
     int64_t retry_after_s; /* Retry-After header when > 0 */
     bool idem_replayed;    /* Idempotent-Replayed: true */
     char allow[64];        /* Allow header for 405 ("" = none) */
+    /* a static answer (api_console.c) instead of JSON: raw wins over json and text */
+    const char *raw;            /* body bytes (static, not owned; "" with raw_len 0 for none) */
+    size_t raw_len;             /* bytes of raw */
+    const char *raw_type;       /* Content-Type of raw; NULL = none (a 304) */
+    const char *const *headers; /* extra answer headers (any answer, problems included):
+                                   name, value, ..., NULL (static) */
     /* suspended requests: a publish waiting for Kafka, a replay running on its own thread */
     struct api_pub *pub;                        /* the publish in flight, or NULL */
     void *job;                                  /* the replay in flight (api_replay.c), or NULL */
@@ -89,7 +106,8 @@ typedef enum api_hret (*api_handler_fn)(struct api_req *r);
 
 struct api_route {
     const char *method;  /* "GET", "POST", "PATCH", "DELETE" */
-    const char *pattern; /* "/v1/endpoints/{}/enable": "{}" is a parameter segment */
+    const char *pattern; /* "/v1/endpoints/{}/enable": "{}" is a parameter segment; a final
+                            "{*}" is the rest of the path, slashes included */
     unsigned scope;      /* SL_SCOPE_* needed; 0 = no key needed */
     api_handler_fn fn;   /* handler */
     const char *name;    /* route name for logs ("endpoints.get") */
@@ -199,5 +217,11 @@ enum api_hret api_event_types(struct api_req *r);
 enum api_hret api_dead_letters_list(struct api_req *r);
 /* api_replay.c */
 enum api_hret api_dead_letters_replay(struct api_req *r);
+/* api_stats.c */
+enum api_hret api_endpoint_stats(struct api_req *r);
+enum api_hret api_endpoint_latency(struct api_req *r);
+enum api_hret api_dead_letter_patterns(struct api_req *r);
+/* api_console.c */
+enum api_hret api_console_get(struct api_req *r);
 
 #endif /* API_H */

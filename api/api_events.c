@@ -520,6 +520,7 @@ static enum api_hret finish(struct api_req *r)
             r->retry_after_s = 1;
         } else {
             api_reply_text(r, 202, item_text(it));
+            api_metrics_published(1);
         }
     } else {
         json_t *res = json_array();
@@ -550,6 +551,7 @@ static enum api_hret finish(struct api_req *r)
                             res));
         if (unacked)
             r->retry_after_s = 1;
+        api_metrics_published(ok);
     }
     idem_finish(r, p);
     r->pub = NULL;

@@ -26,7 +26,9 @@
 #include <microhttpd.h>
 
 #include "api/api.h"
+#include "common/sl_kafka.h"
 #include "common/sl_log.h"
+#include "common/sl_probe.h"
 
 /* Per-connection memory of libmicrohttpd (request line, headers, read and write buffers;
  * bodies stream to the handler). It zeroes the whole pool between requests, so its default
@@ -423,6 +425,12 @@ static const struct api_route routes[] = {
     {"GET", "/v1/dead-letters", SL_SCOPE_READ, api_dead_letters_list, "dead_letters.list"},
     {"POST", "/v1/dead-letters/replay", SL_SCOPE_ADMIN, api_dead_letters_replay,
      "dead_letters.replay"},
+    {"GET", "/v1/dead-letters/patterns", SL_SCOPE_READ, api_dead_letter_patterns,
+     "dead_letters.patterns"},
+    {"GET", "/v1/endpoint-stats", SL_SCOPE_READ, api_endpoint_stats, "endpoints.stats"},
+    {"GET", "/v1/endpoints/{}/latency", SL_SCOPE_READ, api_endpoint_latency, "endpoints.latency"},
+    {"GET", "/console", 0, api_console_get, "console"},
+    {"GET", "/console/{*}", 0, api_console_get, "console"},
 };
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
 
@@ -432,6 +440,12 @@ static bool match(const char *pattern, const char *path, char *params[API_MAX_PA
     int np = 0;
     const char *p = pattern, *u = path;
     while (*p && *u) {
+        if (strcmp(p, "{*}") == 0) { /* the rest of the path, slashes included */
+            if (np >= API_MAX_PARAMS)
+                goto no;
+            params[np++] = sl_xstrdup(u);
+            return true;
+        }
         if (p[0] == '{' && p[1] == '}') {
             const char *end = strchr(u, '/');
             size_t len = end ? (size_t)(end - u) : strlen(u);
@@ -449,6 +463,10 @@ static bool match(const char *pattern, const char *path, char *params[API_MAX_PA
     }
     if (*p == '\0' && *u == '\0')
         return true;
+    if (*u == '\0' && strcmp(p, "{*}") == 0 && np < API_MAX_PARAMS) {
+        params[np++] = sl_xstrdup(""); /* an empty rest: "/console/" */
+        return true;
+    }
 no:
     for (int i = 0; i < np; i++) {
         free(params[i]);
@@ -502,15 +520,25 @@ static enum MHD_Result send_answer(struct api_req *r)
     r->text = NULL; /* the response owns it now */
     if (!text && r->json)
         text = json_dumps(r->json, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (r->raw) { /* a static answer: its bytes and type win */
+        free(text);
+        text = NULL;
+    }
     size_t len = text ? strlen(text) : 0;
     struct MHD_Response *resp =
-        text ? MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE)
-             : MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+        r->raw ? MHD_create_response_from_buffer(r->raw_len, (void *)(uintptr_t)r->raw,
+                                                 MHD_RESPMEM_PERSISTENT) /* never written */
+        : text ? MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE)
+               : MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     if (!resp)
         return MHD_NO;
-    if (text)
+    if (r->raw && r->raw_type)
+        MHD_add_response_header(resp, "Content-Type", r->raw_type);
+    else if (text)
         MHD_add_response_header(resp, "Content-Type",
                                 r->problem ? "application/problem+json" : "application/json");
+    for (const char *const *h = r->headers; h && h[0] && h[1]; h += 2)
+        MHD_add_response_header(resp, h[0], h[1]);
     if (r->retry_after_s > 0) {
         char ra[24];
         (void)snprintf(ra, sizeof(ra), "%lld", (long long)r->retry_after_s);
@@ -524,6 +552,7 @@ static enum MHD_Result send_answer(struct api_req *r)
         MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)r->status, resp);
     MHD_destroy_response(resp);
+    api_metrics_answer(r->route ? r->route->name : NULL, r->status, sl_mono_us() - r->t0_us);
     if (r->status >= 500)
         SL_LOGKV(SL_LOG_WARN, "http", "request_failed",
                  ((struct sl_log_kv[]){SL_KV_S("route", r->route ? r->route->name : "-"),
@@ -604,6 +633,7 @@ static enum MHD_Result on_request(void *cls,
         r->api = a;
         r->conn = conn;
         r->method = method;
+        r->t0_us = sl_mono_us();
         const char *q = strchr(url, '?');
         r->url = q ? sl_xstrndup(url, (size_t)(q - url)) : sl_xstrdup(url);
         sl_buf_init(&r->body, (size_t)a->cfg->api_max_request_bytes);
@@ -698,38 +728,10 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     sl_debug(SL_DBG_HTTP, "http", "mhd", "%s", msg);
 }
 
-/* "host:port" or "[v6]:port" -> sockaddr. */
-static int parse_listen(const char *s, struct sockaddr_storage *ss, sl_err_t *err)
-{
-    char host[256];
-    const char *colon = strrchr(s, ':');
-    if (!colon || colon == s)
-        return sl_err_set(err, SL_ECONFIG, "api_listen must be host:port");
-    size_t hl = (size_t)(colon - s);
-    if (s[0] == '[' && hl >= 2 && s[hl - 1] == ']') {
-        s++;
-        hl -= 2;
-    }
-    if (hl >= sizeof(host))
-        return sl_err_set(err, SL_ECONFIG, "api_listen host is too long");
-    memcpy(host, s, hl);
-    host[hl] = '\0';
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    int gai = getaddrinfo(host, colon + 1, &hints, &res);
-    if (gai != 0)
-        return sl_err_set(err, SL_ECONFIG, "cannot resolve api_listen: %s", gai_strerror(gai));
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    freeaddrinfo(res);
-    return 0;
-}
-
 api_server_t *api_server_start(struct api *a, sl_err_t *err)
 {
     struct sockaddr_storage ss;
-    if (parse_listen(a->cfg->api_listen, &ss, err) != 0)
+    if (sl_listen_addr(a->cfg->api_listen, "api_listen", &ss, err) != 0)
         return NULL;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG | MHD_USE_ITC;

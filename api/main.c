@@ -18,7 +18,9 @@
 #include <unistd.h>
 
 #include "api/api.h"
+#include "common/sl_kafka.h"
 #include "common/sl_log.h"
+#include "common/sl_probe.h"
 
 /* SIGTERM and SIGINT are blocked in every thread and taken by sigwait on the main thread. */
 static void on_signal(int sig)
@@ -44,17 +46,25 @@ static void usage(FILE *f)
 
 struct poller {
     sluice_producer_t *prod;
+    int beat; /* liveness heartbeat slot (sl_probe) */
     atomic_bool stop;
     pthread_t thr;
     bool started;
 };
 
+static bool ready_cb(void *arg, struct sl_buf *checks)
+{
+    return api_ready(arg, checks);
+}
+
 /* Serves the producer's delivery reports: they resume the suspended requests. */
 static void *poll_main(void *arg)
 {
     struct poller *pl = arg;
-    while (!atomic_load(&pl->stop))
+    while (!atomic_load(&pl->stop)) {
+        sl_probe_beat(pl->beat, sl_mono_ms());
         (void)sluice_producer_poll(pl->prod, 100);
+    }
     return NULL;
 }
 
@@ -87,7 +97,9 @@ int main(int argc, char **argv)
     int rc = 1;
     struct poller pl;
     memset(&pl, 0, sizeof(pl));
+    pl.beat = -1;
     api_server_t *srv = NULL;
+    sl_probe_t *probe = NULL;
     if (sl_endpoints_open(&cfg, &a.mk, 60000, &a.eps, &err) != 0) {
         sl_error("api", "endpoints_unavailable", "%s", err.msg);
         goto out;
@@ -104,12 +116,22 @@ int main(int argc, char **argv)
         goto out;
     }
     pl.prod = a.prod;
+    pl.beat = sl_probe_beat_register("producer reports");
     if (pthread_create(&pl.thr, NULL, poll_main, &pl) != 0) {
         sl_error("api", "start_failed", "could not start the producer's report thread");
         goto out;
     }
     pl.started = true;
     a.keys = api_keys_start(&cfg);
+    api_metrics_init(&a);
+    if (cfg.metrics_listen[0]) {
+        probe = sl_probe_start(cfg.metrics_listen, "metrics_listen", cfg.live_stall_ms, ready_cb,
+                               &a, &err);
+        if (!probe) {
+            sl_error("api", "listen_failed", "%s", err.msg);
+            goto out;
+        }
+    }
     srv = api_server_start(&a, &err);
     if (!srv) {
         sl_error("api", "listen_failed", "%s", err.msg);
@@ -136,12 +158,14 @@ out:;
         atomic_store(&pl.stop, true);
         pthread_join(pl.thr, NULL);
     }
+    sl_probe_beat_release(pl.beat);
     /* flushes within close_timeout_ms, then reports what is left as failed: that resumes
      * every request still waiting, so none is suspended when the server stops */
     sluice_producer_destroy(a.prod);
     a.prod = NULL;
     (void)api_server_quiesce(srv, 2000);
     api_server_stop(srv);
+    sl_probe_stop(probe);
     api_keys_stop(a.keys);
     api_fanout_destroy(a.fanout);
     sl_endpoints_close(a.eps);

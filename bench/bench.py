@@ -14,6 +14,9 @@ Phases, side by side in one run on this machine:
   recorder   bench/recorder.sh when present, else reported as not available
   scaling    1, 2 and 4 consumers against 8 partitions
   endpoints  10,000 distinct endpoints, one consumer (compared with the 1-consumer scaling run)
+  api        sluice-api publishing over HTTP (wrk), against wrk's rate on its /healthz
+  scrape     the e2e drain with /metrics scraped every second vs no metrics listener, runs
+             interleaved none/scrape/scrape/none; the ratio of the scraped to the plain rate
 
 Every process's CPU comes from /proc/<pid>/stat (utime+stime) and its peak RSS from VmHWM
 (VmRSS samples for the long-lived broker). Nothing here asserts a timing: figures are
@@ -37,7 +40,8 @@ import time
 import urllib.request
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-PHASES = ["wrk", "produce", "e2e", "rss", "latency", "recorder", "scaling", "endpoints", "api"]
+PHASES = ["wrk", "produce", "e2e", "rss", "latency", "recorder", "scaling", "endpoints", "api",
+          "scrape"]
 API_CONNS = 256       # api phase: wrk connections (keep-alive); each publish holds its
                       # connection until Kafka acknowledges, so the concurrency is the batch
 API_FANOUT = 10       # api phase: endpoints subscribed to the fan-out type
@@ -55,7 +59,9 @@ TARGETS = {
     "rss_mb": 200,            # consumer peak RSS with 10,000 in flight
     "api_ratio": 0.5,         # accepted events/s over HTTP / wrk's rate on GET /healthz
     "api_p99_ms": 20,         # request latency at half the accepted rate
+    "scrape_ratio": 0.97,     # e2e rate scraped every second / not scraped
 }
+SCRAPE_PORT_OFFSET = 20  # scrape phase: the consumer's metrics_listen port is PORT_BASE + this
 
 
 def log(msg):
@@ -851,6 +857,58 @@ class Bench:
         r["register_s"] = secs
         return r
 
+    # -------------------------------------------------------------------- scrape
+    def phase_scrape(self):
+        """Does scraping cost the delivery loop anything? The same drain with the consumer's
+        /metrics fetched every second, and with no metrics listener at all; ABBA order so a
+        drift of the machine over the phase weighs on both sides alike."""
+        port = self.a.receiver_port + SCRAPE_PORT_OFFSET
+        runs = {"none": [], "scrape": []}
+        scrapes = []
+        for i, kind in enumerate(("none", "scrape", "scrape", "none")):
+            cfg = {"consumer_threads": self.threads}
+            stop = threading.Event()
+            th = None
+            if kind == "scrape":
+                cfg["metrics_listen"] = f"127.0.0.1:{port}"
+                cfg["metrics_endpoint_top"] = 20
+
+                def scrape_loop():
+                    while not stop.wait(1.0):
+                        t = time.time()
+                        try:
+                            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                                        timeout=5) as r:
+                                size = len(r.read())
+                            scrapes.append(((time.time() - t) * 1000, size))
+                        except OSError:
+                            pass  # the consumer is not up yet, or gone
+                th = threading.Thread(target=scrape_loop, daemon=True)
+                th.start()
+            log(f"scrape: run {i + 1}/4 ({kind})")
+            try:
+                r = self.drain(f"scrape{i}{kind}", self.n_scale, self.ep_prefix, ENDPOINTS, 1,
+                               produce_first=True, cfg=cfg)
+            finally:
+                stop.set()
+                if th:
+                    th.join()
+            runs[kind].append({"rate_mean": r["rate_mean"],
+                               "rate_median_1s": r["rate_median_1s"],
+                               "consumer_cpu_s_per_10k": r["cpu_s_per_10k"]["consumers_total"]})
+        mean = lambda k, f: statistics.mean(x[f] for x in runs[k])
+        res = {"deliveries": self.n_scale, "order": "none, scrape, scrape, none", "runs": runs,
+               "rate_none": round(mean("none", "rate_mean"), 1),
+               "rate_scrape": round(mean("scrape", "rate_mean"), 1),
+               "cpu_s_per_10k_none": round(mean("none", "consumer_cpu_s_per_10k"), 3),
+               "cpu_s_per_10k_scrape": round(mean("scrape", "consumer_cpu_s_per_10k"), 3),
+               "scrapes": len(scrapes)}
+        res["ratio"] = round(res["rate_scrape"] / max(1e-9, res["rate_none"]), 3)
+        if scrapes:
+            res["scrape_ms_median"] = round(statistics.median(s[0] for s in scrapes), 2)
+            res["scrape_bytes_median"] = int(statistics.median(s[1] for s in scrapes))
+        return res
+
     # -------------------------------------------------------------------- api
     def wrk_lua(self, name, method, path, body=None, headers=(), delay_ms=None):
         lua = os.path.join(self.work, f"{name}.lua")
@@ -1037,7 +1095,7 @@ class Bench:
         })
         log(f"machine: {self.results['machine']['nproc']} x {self.results['machine']['model_name']}, "
             f"load average {self.results['machine']['loadavg_start']}")
-        need_eps = any(p in phases for p in ("e2e", "latency", "scaling"))
+        need_eps = any(p in phases for p in ("e2e", "latency", "scaling", "scrape"))
         if need_eps:
             self.register_endpoints()
         ph = self.results["phases"]
@@ -1086,6 +1144,8 @@ class Bench:
                     ph[p] = self.phase_endpoints()
                 elif p == "api":
                     ph[p] = self.phase_api()
+                elif p == "scrape":
+                    ph[p] = self.phase_scrape()
             except Exception as ex:  # a failed phase is reported; the others still run
                 import traceback
                 traceback.print_exc()

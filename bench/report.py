@@ -198,6 +198,17 @@ def table(r):
                 f"{lk['lookup_us_mean']:.1f} us per event (index build {lk['build_ms']:.0f} ms)")
     elif "api" in ph:
         add("sluice-api", "FAILED: " + ph["api"].get("failed", "?"))
+    sc = ph.get("scrape", {})
+    if "ratio" in sc:
+        add(f"e2e rate, /metrics scraped every 1 s vs not ({sc['order']}, "
+            f"{sc['deliveries']:,} each)",
+            f"{sc['rate_scrape']:,.0f} vs {sc['rate_none']:,.0f}/s: ratio {sc['ratio']} "
+            f"(target >= {r['targets'].get('scrape_ratio')}); consumer CPU "
+            f"{sc['cpu_s_per_10k_scrape']} vs {sc['cpu_s_per_10k_none']} s per 10k; "
+            f"{sc['scrapes']} scrapes, median {sc.get('scrape_ms_median')} ms, "
+            f"{sc.get('scrape_bytes_median')} B")
+    elif "scrape" in ph:
+        add("scrape cost", "FAILED: " + ph["scrape"].get("failed", "?"))
     # widths
     w0 = max(len(x[0]) for x in rows) if rows else 10
     w1 = max(len(x[1]) for x in rows) if rows else 10

@@ -5,7 +5,7 @@
 #
 #   bench/run.sh            full run (1,000,000 deliveries end to end; 10 to 14 minutes)
 #   bench/run.sh --quick    100,000 deliveries and shorter phases, for iteration (about 5 min)
-#   bench/run.sh --only wrk,produce,e2e,rss,latency,recorder,scaling,endpoints,api   a subset
+#   bench/run.sh --only wrk,produce,e2e,rss,latency,recorder,scaling,endpoints,api,scrape   a subset
 #
 # Steps: Release build into build/bench (cmake, -j2) -> sl-bench helper tool compiled against
 # it -> private stack (scripts/stack.sh, SLUICE_STACK_DIR=<tmp>, SLUICE_PORT_BASE) ->

@@ -196,6 +196,8 @@ static MHD_RESULT on_request(void *cls,
     return rc;
 }
 
+static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;

@@ -25,6 +25,7 @@
 
 #include <openssl/rand.h>
 
+#include "common/sl_breaker.h"
 #include "common/sl_jobkey.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
@@ -1079,8 +1080,9 @@ static int brk_run(sl_redis_t *r,
                    struct cons_brk_view *out,
                    sl_err_t *err)
 {
-    char key[KEY_MAX];
-    (void)snprintf(key, sizeof(key), "sluice:breaker:{%s}", endpoint_id);
+    char key[SL_BREAKER_KEY_MAX];
+    if (sl_breaker_key(key, sizeof(key), endpoint_id) != 0)
+        return sl_err_set(err, SL_EINVAL, "endpoint id too long for a breaker key");
     const char *argv[8];
     argv[0] = key;
     for (int i = 0; i < argc; i++)

@@ -15,6 +15,7 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "common/sl_breaker.h"
 #include "common/sl_kafka.h"
 #include "common/sl_map.h"
 #include "common/sl_mem.h"
@@ -120,17 +121,11 @@ static int by_activity(const void *a, const void *b)
 
 static const char *breaker_state(sl_redis_t *r, const char *ep)
 {
-    if (!r)
+    struct sl_breaker_view v;
+    sl_err_t err;
+    if (!r || sl_breaker_read(r, &ep, 1, &v, &err) != 0)
         return "?";
-    char key[128];
-    snprintf(key, sizeof(key), "sluice:breaker:{%s}", ep);
-    const char *argv[] = {"HGET", key, "state"};
-    redisReply *rep = sl_redis_cmd(r, 1, 3, argv, NULL, NULL);
-    static char buf[16];
-    snprintf(buf, sizeof(buf), "%s", rep && rep->type == REDIS_REPLY_STRING ? rep->str : "closed");
-    if (rep)
-        freeReplyObject(rep);
-    return buf;
+    return sl_breaker_state_name(v.state);
 }
 
 static void frame(sl_map_t *m, sl_redis_t *r, double secs, bool tty, uint64_t frame_no)

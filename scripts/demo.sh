@@ -23,6 +23,11 @@
 #     `sluicectl top` shows the live view (delivered/s, retries, dead letters, breakers, P95)
 #  6. finishes with `sluicectl health`, `slow` and `dead-letters`, and the API's delivery log
 #     of one fanned-out invoice event
+#  7. prints the web console's URL (served by sluice-api, /console; the admin key opens it),
+#     every process's /metrics URL and Prometheus's (started with the stack: scripts/stack.sh
+#     start prometheus; it scrapes the demo's processes every second and evaluates
+#     ops/prometheus/sluice-alerts.yml), and keeps everything up, with events still flowing at
+#     a quarter of the rate, until Ctrl-C
 # Ctrl-C at any point stops everything it started and leaves the stack running (stop it with
 # `bash scripts/stack.sh stop`).
 #
@@ -31,6 +36,9 @@
 #      SLUICE_DEMO_BIN_DIR          use these built binaries instead of building build/demo
 #      SLUICE_DEMO_NO_TOP=1         no live view (logs only), e.g. in tests
 #      SLUICE_DEMO_API_LISTEN (127.0.0.1:18088)  where the demo's sluice-api listens
+#      SLUICE_DEMO_METRICS_PORT (18090)  metrics listeners on loopback: consumers pod-a and
+#                                   pod-b on +1 and +2, the recorder on +3, sluice-api on +4
+#      SLUICE_DEMO_HOLD (1)         0 = exit after step 6 instead of holding until Ctrl-C
 #      SLUICE_STACK_DIR, SLUICE_PORT_BASE  as for scripts/stack.sh
 set -euo pipefail
 
@@ -52,8 +60,9 @@ else
 fi
 CTL="$BIN/ctl/sluicectl"
 
-say "stack: Kafka, Redis, PostgreSQL"
+say "stack: Kafka, Redis, PostgreSQL, Prometheus"
 bash scripts/stack.sh start
+bash scripts/stack.sh start prometheus
 eval "$(bash scripts/stack.sh env)"
 export SLUICE_KAFKA_BROKERS SLUICE_REDIS_URL SLUICE_PG_DSN
 STACK_DIR="${SLUICE_STACK_DIR:-$REPO/.stack}"
@@ -74,6 +83,17 @@ export SLUICE_RETRY_BASE_MS=1000 SLUICE_RETRY_CAP_MS=8000 SLUICE_MAX_ATTEMPTS=4
 export SLUICE_BREAKER_THRESHOLD=5 SLUICE_BREAKER_COOLDOWN_MS=5000
 export SLUICE_BREAKER_COOLDOWN_MAX_MS=20000 SLUICE_HTTP_TIMEOUT_MS=5000
 export SLUICE_HTTP_CONNECT_TIMEOUT_MS=1000 SLUICE_LEASE_MS=10000 SLUICE_LOG_LEVEL=warn
+# Metrics listeners (docs/METRICS.md); the demo's endpoints are few, so each gets its own
+# series (metrics_endpoint_top).
+MPORT="${SLUICE_DEMO_METRICS_PORT:-18090}"
+export SLUICE_METRICS_ENDPOINT_TOP=20
+mkdir -p "$SLUICE_STACK_PROMETHEUS_TARGETS"
+cat > "$SLUICE_STACK_PROMETHEUS_TARGETS/demo.json.tmp" <<EOF
+[{"targets": ["127.0.0.1:$((MPORT + 1))", "127.0.0.1:$((MPORT + 2))"], "labels": {"process": "consumer"}},
+ {"targets": ["127.0.0.1:$((MPORT + 3))"], "labels": {"process": "recorder"}},
+ {"targets": ["127.0.0.1:$((MPORT + 4))"], "labels": {"process": "api"}}]
+EOF
+mv -f "$SLUICE_STACK_PROMETHEUS_TARGETS/demo.json.tmp" "$SLUICE_STACK_PROMETHEUS_TARGETS/demo.json"
 
 PIDS=()
 cleanup() {
@@ -132,12 +152,16 @@ register demo-postback "$BASE/ok/demo-postback?click_id={click_id}&payout={payou
   --template --method GET
 
 say "two consumers and the recorder"
+i=1
 for pod in pod-a pod-b; do
-  SLUICE_INSTANCE_ID=$pod "$BIN/consumer/sluice-consumer" 2>"$DEMO_DIR/consumer-$pod.log" &
+  SLUICE_INSTANCE_ID=$pod SLUICE_METRICS_LISTEN="127.0.0.1:$((MPORT + i))" \
+    "$BIN/consumer/sluice-consumer" 2>"$DEMO_DIR/consumer-$pod.log" &
   PIDS+=("$!")
+  i=$((i + 1))
 done
 if [ -x "$BIN/recorder/sluice-recorder" ]; then
-  "$BIN/recorder/sluice-recorder" 2>"$DEMO_DIR/recorder.log" &
+  SLUICE_METRICS_LISTEN="127.0.0.1:$((MPORT + 3))" \
+    "$BIN/recorder/sluice-recorder" 2>"$DEMO_DIR/recorder.log" &
   PIDS+=("$!")
 else
   echo "sluice-recorder not built: history commands will have nothing to show" >&2
@@ -153,7 +177,7 @@ if [ ! -s "$DEMO_DIR/api.key" ]; then
      | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])' > "$DEMO_DIR/api.key")
 fi
 KEY=$(cat "$DEMO_DIR/api.key")
-"$BIN/api/sluice-api" 2>"$DEMO_DIR/api.log" &
+SLUICE_METRICS_LISTEN="127.0.0.1:$((MPORT + 4))" "$BIN/api/sluice-api" 2>"$DEMO_DIR/api.log" &
 PIDS+=("$!")
 for _ in $(seq 100); do
   curl -sf "$API/readyz" >/dev/null && break
@@ -191,26 +215,30 @@ RUN=$(printf '%x' "$(date +%s)")
 api POST /v1/events "{\"id\":\"inv_${RUN}_0\",\"type\":\"invoice.paid\",\"body\":{\"invoice\":0}}"
 echo
 
-say "publishing ~$RATE events/s for ${DURATION}s (sluice-produce) and 2 invoice events/s (API)"
-( n=1
-  end=$((SECONDS + DURATION))
+# api_stream SECONDS INTERVAL TAG: invoice events through the API (curl, Idempotency-Key),
+# one every INTERVAL seconds; the HTTP status of each answer goes to stdout.
+api_stream() {
+  local n=1 end=$((SECONDS + $1))
   while [ "$SECONDS" -lt "$end" ]; do
     curl -sS -o /dev/null -w '%{http_code}\n' -X POST "$API/v1/events" \
       -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
-      -H "Idempotency-Key: inv-$RUN-$n" \
+      -H "Idempotency-Key: inv-$RUN-$3-$n" \
       -d "{\"type\":\"invoice.paid\",\"body\":{\"invoice\":$n,\"amount\":$((n * 7 % 9000 + 100))}}"
     n=$((n + 1))
-    sleep 0.5
-  done ) >"$DEMO_DIR/api-publish.out" 2>&1 &
-API_PUB=$!
-PIDS+=("$API_PUB")
-python3 - "$DURATION" "$RATE" <<'PY' | "$BIN/producer/sluice-produce" --quiet \
-  >"$DEMO_DIR/produce.out" 2>"$DEMO_DIR/produce.log" &
+    sleep "$2"
+  done
+}
+# produce_stream SECONDS RATE: the demo's mix of events, RATE per second, into
+# sluice-produce. Run it in the background: the subshell becomes sluice-produce (exec), so
+# $! is sluice-produce and a TERM to it ends the stream (the generator then dies on its
+# closed pipe).
+produce_stream() {
+  exec "$BIN/producer/sluice-produce" --quiet < <(python3 - "$1" "$2" <<'PY'
 import json, random, sys, time
 duration, rate = float(sys.argv[1]), float(sys.argv[2])
 eps = ["demo-healthy"] * 6 + ["demo-slow", "demo-flaky", "demo-flaky", "demo-ratelimited",
        "demo-unauth", "demo-dead", "demo-postback", "demo-postback"]
-run = "%x" % int(time.time())
+run = "%x" % int(time.time() * 1000)
 t0, n = time.time(), 0
 while time.time() - t0 < duration:
     ep = random.choice(eps)
@@ -223,6 +251,14 @@ while time.time() - t0 < duration:
     n += 1
     time.sleep(max(0.0, t0 + n / rate - time.time()))
 PY
+)
+}
+
+say "publishing ~$RATE events/s for ${DURATION}s (sluice-produce) and 2 invoice events/s (API)"
+api_stream "$DURATION" 0.5 a >"$DEMO_DIR/api-publish.out" 2>&1 &
+API_PUB=$!
+PIDS+=("$API_PUB")
+produce_stream "$DURATION" "$RATE" >"$DEMO_DIR/produce.out" 2>"$DEMO_DIR/produce.log" &
 PROD=$!
 PIDS+=("$PROD")
 
@@ -254,4 +290,28 @@ for x in d.get("data", []):
     print("  %-14s %-16s attempts=%s http=%s latency_ms=%s"
           % (x["endpoint"], x["state"], x["attempts"], x["last_status"], a.get("latency_ms")))
 ' || true
+
+if [ "${SLUICE_DEMO_HOLD:-1}" = 1 ]; then
+  HOLD_RATE=$((RATE / 4 > 0 ? RATE / 4 : 1))
+  produce_stream 31536000 "$HOLD_RATE" >"$DEMO_DIR/produce-hold.out" 2>"$DEMO_DIR/produce-hold.log" &
+  PIDS+=("$!")
+  api_stream 31536000 2 b >"$DEMO_DIR/api-publish-hold.out" 2>&1 &
+  PIDS+=("$!")
+  say "up until Ctrl-C"
+  echo "web console:  $API/console/   (sign in with the admin key in $DEMO_DIR/api.key)"
+  echo "metrics:      consumer pod-a  http://127.0.0.1:$((MPORT + 1))/metrics"
+  echo "              consumer pod-b  http://127.0.0.1:$((MPORT + 2))/metrics"
+  echo "              recorder        http://127.0.0.1:$((MPORT + 3))/metrics"
+  echo "              sluice-api      http://127.0.0.1:$((MPORT + 4))/metrics"
+  echo "              (and /healthz, /readyz on each)"
+  echo "Prometheus:   $SLUICE_STACK_PROMETHEUS_URL   (alerts: $SLUICE_STACK_PROMETHEUS_URL/alerts)"
+  echo "events keep flowing: ~$HOLD_RATE/s through sluice-produce, one invoice every 2 s through the API"
+  echo "Ctrl-C stops the demo's processes (the stack and Prometheus stay up)"
+  while :; do
+    sleep 3600 &
+    HOLD_SLEEP=$!
+    PIDS+=("$HOLD_SLEEP")
+    wait "$HOLD_SLEEP" || true
+  done
+fi
 say "done"

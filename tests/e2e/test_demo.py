@@ -1,15 +1,98 @@
 """The README's main command, scripts/demo.sh, run non-interactively for a short bounded time:
-it must deliver, retry, dead-letter and report as scripted, with every signature verified.
+it must deliver, retry, dead-letter and report as scripted, with every signature verified;
+then, while it holds its processes up, Prometheus (started by the demo with the stack) must
+hold the series the demo produces (issue #17, item 3), and Ctrl-C must stop it cleanly.
 """
 
 import collections
 import json
 import os
+import re
+import signal
 import subprocess
+import time
+import urllib.parse
+import urllib.request
 
 from sluice_e2e import need_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def prom_query(base, q):
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        d = json.load(r)
+    assert d["status"] == "success", d
+    return [(x["metric"], float(x["value"][1])) for x in d["data"]["result"]]
+
+
+def check_prometheus(base):
+    """The series the demo must produce, as Prometheus scraped them (every second)."""
+    def wait_for(q, pred, what, timeout=90):
+        end, last = time.time() + timeout, None
+        while time.time() < end:
+            last = prom_query(base, q)
+            if pred(last):
+                return last
+            time.sleep(1)
+        raise AssertionError(f"Prometheus: {what}: {q} -> {last}")
+    # every demo process is scraped and up
+    wait_for('count(up{job="sluice"} == 1)', lambda r: r and r[0][1] == 4,
+             "the demo's four processes up")
+    # deliveries to demo-healthy rising (the hold keeps events flowing)
+    wait_for('sum(increase(sluice_endpoint_deliveries_total{endpoint="demo-healthy",'
+             'outcome="delivered"}[15s]))', lambda r: r and r[0][1] > 0,
+             "deliveries to demo-healthy rising")
+    # the breaker of demo-dead seen open (it half-opens for a probe between cooldowns)
+    wait_for('max(max_over_time(sluice_endpoint_breaker_open{endpoint="demo-dead"}[2m]))',
+             lambda r: r and r[0][1] == 1, "demo-dead's breaker open")
+    # a non-empty latency histogram, with demo-slow's P95 above its 2.5 s answer time
+    wait_for('sum(sluice_http_phase_seconds_count{phase="total"})', lambda r: r and r[0][1] > 0,
+             "HTTP latency observations")
+    wait_for('histogram_quantile(0.95, sum by (le) (sluice_endpoint_request_duration_seconds_bucket'
+             '{endpoint="demo-slow"}))', lambda r: r and r[0][1] >= 2.5, "demo-slow's P95 >= 2.5 s")
+    # the recorder and the API export too
+    wait_for('sum(sluice_recorder_rows_total)', lambda r: r and r[0][1] > 0, "recorder rows")
+    wait_for('sum(sluice_api_events_published_total)', lambda r: r and r[0][1] > 0,
+             "events published through the API")
+
+
+def check_console(url, key):
+    """The demo's web console in Debian's headless Chromium: the endpoints page lists the demo's
+    endpoints with demo-slow marked slow and demo-dead's breaker open or half-open, and the
+    latency page charts demo-slow. Screenshots under $SL_BINARY_DIR/test-artifacts/demo/."""
+    from playwright.sync_api import expect, sync_playwright
+    art = os.path.join(os.environ["SL_BINARY_DIR"], "test-artifacts", "demo")
+    os.makedirs(art, exist_ok=True)
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path="/usr/bin/chromium",
+                               args=["--no-sandbox"] if os.geteuid() == 0 else [])
+        try:
+            p = b.new_page(viewport={"width": 1400, "height": 900})
+            p.set_default_timeout(60000)
+            expect.set_options(timeout=60000)
+            p.goto(url)
+            p.get_by_role("textbox", name="API key").fill(key)
+            p.get_by_role("button", name="Use key").click()
+            rows = p.locator("#endpoints tbody tr")
+            expect(p.locator('#endpoints tr[data-endpoint="demo-healthy"]')).to_have_count(1)
+            ids = rows.evaluate_all("rs => rs.map(r => r.dataset.endpoint)")
+            for ep in ("demo-healthy", "demo-slow", "demo-flaky", "demo-dead", "demo-crm"):
+                assert ep in ids, ids
+            expect(p.locator('#endpoints tr[data-endpoint="demo-slow"]')) \
+                .to_have_attribute("data-slow", "true")
+            expect(p.locator('#endpoints tr[data-endpoint="demo-healthy"]')) \
+                .to_have_attribute("data-slow", "false")
+            expect(p.locator('#endpoints tr[data-endpoint="demo-dead"] td[data-breaker]')) \
+                .to_have_attribute("data-breaker", re.compile("open|half_open"))
+            p.screenshot(path=os.path.join(art, "endpoints.png"), full_page=True)
+            p.goto(url + "latency.html#endpoint=demo-slow")
+            fig = p.locator("#chart-figure")
+            expect(fig).to_have_attribute("data-points", re.compile("^[1-9][0-9]*$"))
+            p.screenshot(path=os.path.join(art, "latency.png"), full_page=True)
+        finally:
+            b.close()
 
 
 def test_demo_runs_end_to_end():
@@ -23,10 +106,33 @@ def test_demo_runs_end_to_end():
     ledger = os.path.join(stack_dir, "demo", "ledger.jsonl")
     if os.path.exists(ledger):
         os.unlink(ledger)
-    r = subprocess.run(["bash", os.path.join(REPO, "scripts/demo.sh")], env=env,
-                       capture_output=True, text=True, timeout=600)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
+    p = subprocess.Popen(["bash", os.path.join(REPO, "scripts/demo.sh")], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    lines_out = []
+    try:
+        deadline = time.time() + 600
+        for line in p.stdout:  # until the demo says it holds (or ends, or time runs out)
+            lines_out.append(line)
+            if "up until Ctrl-C" in line or time.time() > deadline:
+                break
+        for line in p.stdout:  # the URL block, up to its last line
+            lines_out.append(line)
+            if line.startswith("Ctrl-C stops"):
+                break
+        out = "".join(lines_out)
+        assert "up until Ctrl-C" in out, out[-4000:]
+        urls = dict(re.findall(r"^(web console|Prometheus):\s+(\S+)", out, re.M))
+        assert urls.get("web console", "").endswith("/console/"), out[-2000:]
+        check_prometheus(urls["Prometheus"])
+        check_console(urls["web console"], open(os.path.join(stack_dir, "demo", "api.key")).read().strip())
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in its terminal sends
+        rest, _ = p.communicate(timeout=120)
+    out += rest
+    assert p.returncode in (0, 130), out[-4000:]
+    assert "stopping the demo processes" in rest, rest[-2000:]
     for section in ("sluicectl health", "sluicectl slow", "sluicectl dead-letters"):
         assert section in out, f"missing section {section!r}"
     assert "published=" in out and "failed=0" in out, out[-3000:]

@@ -41,3 +41,15 @@ def test_bad_config_exits_78_naming_the_option(rel):
     assert secret not in r.stderr + r.stdout
     r = run(rel, "--check-config", env={"SLUICE_MASTER_KEY": "0" * 64})
     assert r.returncode == 0 and "configuration ok" in r.stdout
+
+
+def test_config_reference_is_the_option_table():
+    """docs/CONFIG.md is `sluicectl config-doc`'s output: an option added, renamed or
+    re-documented in common/sl_cfg.c without regenerating the reference fails here."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = run("ctl/sluicectl", "config-doc")
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(repo, "docs", "CONFIG.md")) as f:
+        committed = f.read()
+    assert r.stdout == committed, ("docs/CONFIG.md is stale: regenerate it with "
+                                   "`sluicectl config-doc > docs/CONFIG.md`")
