@@ -123,7 +123,8 @@ static void collect(struct sl_buf *out, void *arg)
                           "Consumer-group lag of each partition assigned to this process "
                           "(librdkafka statistics).");
     pthread_mutex_lock(&g_mu);
-    qsort(g_rows, g_nrows, sizeof(*g_rows), cmp_row);
+    if (g_nrows > 1) /* qsort must not get NULL, which an empty table is */
+        qsort(g_rows, g_nrows, sizeof(*g_rows), cmp_row);
     struct sl_buf lb;
     sl_buf_init(&lb, 4096);
     for (size_t i = 0; i < g_nrows; i++) {

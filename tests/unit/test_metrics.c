@@ -170,6 +170,27 @@ static void test_kstats_lag_rows(void **state)
     assert_int_equal(rows, 0);
 }
 
+static void test_kstats_collector_renders_rows(void **state)
+{
+    (void)state;
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    sl_err_t err;
+    assert_int_equal(sl_kstats_enable(conf, 5000, &err), 0);
+    rd_kafka_conf_destroy(conf);
+    sl_kstats_forget("c#consumer-1");
+    char *s = render(); /* an empty table: the family head, no sample */
+    assert_non_null(strstr(s, "# TYPE sluice_kafka_consumer_lag_records gauge\n"));
+    assert_null(strstr(s, "sluice_kafka_consumer_lag_records{"));
+    free(s);
+    assert_int_equal(sl_kstats_update("c#consumer-1", STATS, strlen(STATS)), 0);
+    s = render();
+    assert_non_null(strstr(s,
+                           "sluice_kafka_consumer_lag_records{topic=\"d\",partition=\"0\"} 7\n"
+                           "sluice_kafka_consumer_lag_records{topic=\"e\",partition=\"3\"} 5\n"));
+    free(s);
+    sl_kstats_forget("c#consumer-1");
+}
+
 static void test_heartbeats(void **state)
 {
     (void)state;
@@ -210,6 +231,7 @@ int main(void)
         cmocka_unit_test_setup(test_collector_and_escaping, reset),
         cmocka_unit_test_setup(test_truncation_is_reported, reset),
         cmocka_unit_test(test_kstats_lag_rows),
+        cmocka_unit_test_setup(test_kstats_collector_renders_rows, reset),
         cmocka_unit_test(test_heartbeats),
         cmocka_unit_test(test_listen_address),
     };
