@@ -895,7 +895,8 @@ class Bench:
                     th.join()
             runs[kind].append({"rate_mean": r["rate_mean"],
                                "rate_median_1s": r["rate_median_1s"],
-                               "consumer_cpu_s_per_10k": r["cpu_s_per_10k"]["consumers_total"]})
+                               "consumer_cpu_s_per_10k": r["cpu_s_per_10k"]["consumers_total"],
+                               "others_cores": r.get("others_cores")})
         mean = lambda k, f: statistics.mean(x[f] for x in runs[k])
         res = {"deliveries": self.n_scale, "order": "none, scrape, scrape, none", "runs": runs,
                "rate_none": round(mean("none", "rate_mean"), 1),
@@ -904,6 +905,10 @@ class Bench:
                "cpu_s_per_10k_scrape": round(mean("scrape", "consumer_cpu_s_per_10k"), 3),
                "scrapes": len(scrapes)}
         res["ratio"] = round(res["rate_scrape"] / max(1e-9, res["rate_none"]), 3)
+        # the consumer's CPU per delivery, scraped over plain: the cost itself, which the
+        # machine's other load moves much less than it moves the rates
+        res["cpu_ratio"] = round(res["cpu_s_per_10k_scrape"] / max(1e-9, res["cpu_s_per_10k_none"]),
+                                 3)
         if scrapes:
             res["scrape_ms_median"] = round(statistics.median(s[0] for s in scrapes), 2)
             res["scrape_bytes_median"] = int(statistics.median(s[1] for s in scrapes))

@@ -204,7 +204,8 @@ def table(r):
             f"{sc['deliveries']:,} each)",
             f"{sc['rate_scrape']:,.0f} vs {sc['rate_none']:,.0f}/s: ratio {sc['ratio']} "
             f"(target >= {r['targets'].get('scrape_ratio')}); consumer CPU "
-            f"{sc['cpu_s_per_10k_scrape']} vs {sc['cpu_s_per_10k_none']} s per 10k; "
+            f"{sc['cpu_s_per_10k_scrape']} vs {sc['cpu_s_per_10k_none']} s per 10k "
+            f"(ratio {sc.get('cpu_ratio')}); "
             f"{sc['scrapes']} scrapes, median {sc.get('scrape_ms_median')} ms, "
             f"{sc.get('scrape_bytes_median')} B")
     elif "scrape" in ph:
