@@ -156,17 +156,6 @@ static json_t *time_json(const PGresult *res, int row, const char *col)
     return sl_pg_null(res, row, col) ? json_null() : api_time_json(sl_pg_i64(res, row, col));
 }
 
-static json_t *int_json(const PGresult *res, int row, const char *col)
-{
-    return sl_pg_null(res, row, col) ? json_null() : json_integer(sl_pg_i64(res, row, col));
-}
-
-static json_t *str_json(const PGresult *res, int row, const char *col)
-{
-    const char *s = sl_pg_str(res, row, col);
-    return s ? json_string(s) : json_null();
-}
-
 /* ==== GET /v1/endpoint-stats ==== */
 
 struct stats_opts {
@@ -206,8 +195,8 @@ static json_t *stats_item(const struct sl_endpoint *e,
                 sl_pg_f64(res, row, "p95_ms") > (double)o->slow_ms;
     json_t *last = json_null();
     if (!sl_pg_null(res, row, "last_error"))
-        last = json_pack("{s:o, s:o, s:o}", "error", str_json(res, row, "last_error"), "status",
-                         int_json(res, row, "last_status"), "at",
+        last = json_pack("{s:o, s:o, s:o}", "error", sl_pg_json_str(res, row, "last_error"),
+                         "status", sl_pg_json_int(res, row, "last_status"), "at",
                          time_json(res, row, "last_error_ms"));
     json_t *lat = json_pack("{s:I, s:o, s:o, s:o}", "samples", (json_int_t)samples, "p50_ms",
                             ms_json(res, row, "p50_ms"), "p95_ms", ms_json(res, row, "p95_ms"),
@@ -415,10 +404,10 @@ enum api_hret api_dead_letter_patterns(struct api_req *r)
         static const char *const counts[] = {"dead_letters", "unreplayed", "without_payload"};
         for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
             json_object_set_new(e, counts[k], json_integer(sl_pg_i64(res, i, counts[k])));
-        json_object_set_new(e, "top_error", str_json(res, i, "top_error"));
+        json_object_set_new(e, "top_error", sl_pg_json_str(res, i, "top_error"));
         json_object_set_new(e, "top_error_count",
                             json_integer(sl_pg_i64(res, i, "top_error_count")));
-        json_object_set_new(e, "top_status", int_json(res, i, "top_status"));
+        json_object_set_new(e, "top_status", sl_pg_json_int(res, i, "top_status"));
         json_object_set_new(e, "top_status_count",
                             json_integer(sl_pg_i64(res, i, "top_status_count")));
         json_object_set_new(e, "first_dead_at", time_json(res, i, "first_ms"));

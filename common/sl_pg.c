@@ -128,3 +128,19 @@ char *sl_pg_text_array(const char *const *items, size_t n)
     out[o] = '\0';
     return out;
 }
+
+json_t *sl_pg_json_int(const PGresult *res, int row, const char *col)
+{
+    return sl_pg_null(res, row, col) ? json_null() : json_integer(sl_pg_i64(res, row, col));
+}
+
+json_t *sl_pg_json_real(const PGresult *res, int row, const char *col)
+{
+    return sl_pg_null(res, row, col) ? json_null() : json_real(sl_pg_f64(res, row, col));
+}
+
+json_t *sl_pg_json_str(const PGresult *res, int row, const char *col)
+{
+    const char *s = sl_pg_str(res, row, col);
+    return s ? json_string(s) : json_null();
+}

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
 #include <libpq-fe.h>
 
 #include "common/sl_err.h"
@@ -45,6 +46,11 @@ int64_t sl_pg_i64(const PGresult *res, int row, const char *col);     /* NULL ->
 double sl_pg_f64(const PGresult *res, int row, const char *col);      /* NULL -> 0 */
 const char *sl_pg_str(const PGresult *res, int row, const char *col); /* NULL -> NULL;
                                                                              borrowed from res */
+
+/* The same fields as JSON values (new references): NULL (or a missing column) -> null. */
+json_t *sl_pg_json_int(const PGresult *res, int row, const char *col);
+json_t *sl_pg_json_real(const PGresult *res, int row, const char *col);
+json_t *sl_pg_json_str(const PGresult *res, int row, const char *col);
 
 /* A PostgreSQL array literal of n strings ({"a","b"}: every element quoted, '"' and '\'
  * escaped). items borrowed; returns a malloc'd string the caller frees. */

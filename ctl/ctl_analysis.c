@@ -74,22 +74,6 @@ static void fmt_ms_val(double ms, char *out, size_t n)
         snprintf(out, n, "%.1f", ms);
 }
 
-static json_t *json_opt_real(const PGresult *res, int row, const char *col)
-{
-    return sl_pg_null(res, row, col) ? json_null() : json_real(sl_pg_f64(res, row, col));
-}
-
-static json_t *json_opt_int(const PGresult *res, int row, const char *col)
-{
-    return sl_pg_null(res, row, col) ? json_null() : json_integer(sl_pg_i64(res, row, col));
-}
-
-static json_t *json_opt_str(const PGresult *res, int row, const char *col)
-{
-    const char *s = sl_pg_str(res, row, col);
-    return s ? json_string(s) : json_null();
-}
-
 static json_t *json_time(int64_t ms, bool present)
 {
     if (!present)
@@ -355,11 +339,11 @@ static json_t *health_json(const struct sl_config *cfg,
         json_object_set_new(
             p, "oldest_undelivered_at",
             json_time(sl_pg_i64(res, 0, "oldest_ms"), !sl_pg_null(res, 0, "oldest_ms")));
-        json_object_set_new(p, "oldest_undelivered_ms", json_opt_int(res, 0, "oldest_ms"));
+        json_object_set_new(p, "oldest_undelivered_ms", sl_pg_json_int(res, 0, "oldest_ms"));
         json_object_set_new(p, "oldest_undelivered_age_s",
-                            json_opt_real(res, 0, "oldest_undelivered_age_s"));
-        json_object_set_new(p, "avg_latency_ms", json_opt_real(res, 0, "avg_latency_ms"));
-        json_object_set_new(p, "p95_latency_ms", json_opt_real(res, 0, "p95_latency_ms"));
+                            sl_pg_json_real(res, 0, "oldest_undelivered_age_s"));
+        json_object_set_new(p, "avg_latency_ms", sl_pg_json_real(res, 0, "avg_latency_ms"));
+        json_object_set_new(p, "p95_latency_ms", sl_pg_json_real(res, 0, "p95_latency_ms"));
     }
     json_object_set_new(j, "postgresql", p);
     return j;
@@ -478,12 +462,12 @@ static void slow_json(const struct slow_opts *o, const PGresult *res)
     json_t *arr = json_array();
     for (int i = 0; i < PQntuples(res); i++) {
         json_t *e = json_object();
-        json_object_set_new(e, "endpoint_id", json_opt_str(res, i, "endpoint_id"));
+        json_object_set_new(e, "endpoint_id", sl_pg_json_str(res, i, "endpoint_id"));
         json_object_set_new(e, "samples", json_integer(sl_pg_i64(res, i, "samples")));
         for (size_t k = 0; k < 5; k++)
-            json_object_set_new(e, SLOW_MS_COLS[k], json_opt_real(res, i, SLOW_MS_COLS[k]));
-        json_object_set_new(e, "last_status", json_opt_int(res, i, "last_status"));
-        json_object_set_new(e, "last_error", json_opt_str(res, i, "last_error"));
+            json_object_set_new(e, SLOW_MS_COLS[k], sl_pg_json_real(res, i, SLOW_MS_COLS[k]));
+        json_object_set_new(e, "last_status", sl_pg_json_int(res, i, "last_status"));
+        json_object_set_new(e, "last_error", sl_pg_json_str(res, i, "last_error"));
         json_object_set_new(
             e, "last_sample_at",
             json_time(sl_pg_i64(res, i, "last_sample_ms"), !sl_pg_null(res, i, "last_sample_ms")));
@@ -723,21 +707,21 @@ int ctl_dead_letters_main(struct ctl *c, int argc, char **argv)
         json_t *arr = json_array();
         for (int i = 0; i < n; i++) {
             json_t *e = json_object();
-            json_object_set_new(e, "endpoint_id", json_opt_str(res, i, "endpoint_id"));
+            json_object_set_new(e, "endpoint_id", sl_pg_json_str(res, i, "endpoint_id"));
             static const char *const ints[] = {"dead_letters", "unreplayed", "without_payload"};
             for (size_t k = 0; k < 3; k++)
                 json_object_set_new(e, ints[k], json_integer(sl_pg_i64(res, i, ints[k])));
-            json_object_set_new(e, "top_error", json_opt_str(res, i, "top_error"));
+            json_object_set_new(e, "top_error", sl_pg_json_str(res, i, "top_error"));
             json_object_set_new(e, "top_error_count",
                                 json_integer(sl_pg_i64(res, i, "top_error_count")));
-            json_object_set_new(e, "top_status", json_opt_int(res, i, "top_status"));
+            json_object_set_new(e, "top_status", sl_pg_json_int(res, i, "top_status"));
             json_object_set_new(e, "top_status_count",
                                 json_integer(sl_pg_i64(res, i, "top_status_count")));
             json_object_set_new(e, "first_dead_at", json_time(sl_pg_i64(res, i, "first_ms"), true));
             json_object_set_new(e, "last_dead_at", json_time(sl_pg_i64(res, i, "last_ms"), true));
             json_object_set_new(e, "first_failed_at",
                                 json_time(sl_pg_i64(res, i, "first_failed_ms"), true));
-            json_object_set_new(e, "avg_attempts", json_opt_real(res, i, "avg_attempts"));
+            json_object_set_new(e, "avg_attempts", sl_pg_json_real(res, i, "avg_attempts"));
             static const char *const ev[] = {"auth_count", "rate_limit_count", "cluster_count",
                                              "hours_present"};
             for (size_t k = 0; k < 4; k++)
@@ -868,11 +852,11 @@ int ctl_alerts_main(struct ctl *c, int argc, char **argv)
         json_t *arr = json_array();
         for (int i = 0; i < n; i++)
             json_array_append_new(arr, json_pack("{s:o, s:o, s:o, s:o, s:o}", "alert",
-                                                 json_opt_str(res, i, "alert"), "endpoint_id",
-                                                 json_opt_str(res, i, "endpoint_id"), "value",
-                                                 json_opt_real(res, i, "value"), "threshold",
-                                                 json_opt_real(res, i, "threshold"), "message",
-                                                 json_opt_str(res, i, "message")));
+                                                 sl_pg_json_str(res, i, "alert"), "endpoint_id",
+                                                 sl_pg_json_str(res, i, "endpoint_id"), "value",
+                                                 sl_pg_json_real(res, i, "value"), "threshold",
+                                                 sl_pg_json_real(res, i, "threshold"), "message",
+                                                 sl_pg_json_str(res, i, "message")));
         ctl_ops_print_json(json_pack("{s:i, s:o}", "firing", n, "alerts", arr));
     } else if (n == 0) {
         printf("no alert fires\n");
@@ -998,7 +982,7 @@ int ctl_latency_main(struct ctl *c, int argc, char **argv)
         json_object_set_new(j, "window_s", json_integer(o.window_s));
         json_object_set_new(j, "samples", json_integer(samples));
         for (size_t k = 0; k < 6; k++)
-            json_object_set_new(j, ms[k], json_opt_real(res, 0, ms[k]));
+            json_object_set_new(j, ms[k], sl_pg_json_real(res, 0, ms[k]));
         json_t *h = json_array();
         for (size_t i = 0; i < json_array_size(labels); i++)
             json_array_append_new(h, json_pack("{s:O, s:O}", "bucket", json_array_get(labels, i),
