@@ -15,7 +15,8 @@
 # The stack is stopped on exit; logs of a failed run stay under .stack/test and build/.
 #
 # Env: SLUICE_TEST_PORT_BASE (29100)  ports of the test stack
-#      SLUICE_TEST_ONLY=gcc|asan|fuzz|lint   run one stage (after setup and stack)
+#      SLUICE_TEST_ONLY=gcc|asan|fuzz|lint   run one stage (after setup and stack); any other
+#                                    name is refused (exit 2) before anything runs
 #      SLUICE_TEST_KEEP_STACK=1      leave the stack running afterwards
 #      SLUICE_TEST_LABELS=regex      ctest -L filter (default: everything)
 #      SLUICE_TEST_CHAOS=0           skip the chaos suite (gcc stage; default 1)
@@ -28,6 +29,20 @@ JOBS=2
 ONLY="${SLUICE_TEST_ONLY:-}"
 LABELS="${SLUICE_TEST_LABELS:-}"
 t_start=$SECONDS
+STAGES="gcc asan fuzz lint" # every `if stage X` below, in order
+
+# A misspelt stage would match no `if stage X` and the run would end "all stages passed"
+# having tested nothing: refuse it before anything is installed, started or built.
+if [ -n "$ONLY" ]; then
+  known=0
+  for s in $STAGES; do
+    if [ "$s" = "$ONLY" ]; then known=1; fi
+  done
+  if [ "$known" != 1 ]; then
+    echo "scripts/test.sh: unknown stage \"$ONLY\" in SLUICE_TEST_ONLY; valid stages: $STAGES" >&2
+    exit 2
+  fi
+fi
 
 say() { printf '\n==== [test] %s (%ds)\n' "$*" "$((SECONDS - t_start))"; }
 

@@ -9,12 +9,18 @@ Oracles (no component is trusted to grade itself):
   * Redis: lease hashes and retry sets of the world's database;
   * PostgreSQL history written by sluice-recorder (when the recorder is built).
 
-Invariants checked by Verdict (chaos_lib.verify):
+Invariants checked by Verdict (chaos_lib.verify; the part that needs only the outcomes, the
+ledger and the endpoints' scripts is chaos_lib.fate_verdict, unit-tested without a stack):
   missing == 0           every produced (event, endpoint) is delivered or dead-lettered
                          (a "duplicate" outcome counts as delivered only when the ledger shows
                          a 2xx for it)
   unaccepted == 0        every event with a "delivered" outcome got a 2xx from its endpoint
   conflicts == 0         no event is both delivered (2xx at the endpoint) and dead-lettered
+  dead_unexplained == 0  a dead letter is a final fate only where its endpoint's script
+                         explains it (dead_letter_reasons): a permanent answer (3xx, 4xx other
+                         than 408/425/429) from an endpoint scripted to give one, or as many
+                         transient failures at the endpoint as the retry budget; never on an
+                         endpoint that always answers 2xx
   duplicates <= bound    extra 2xx per (event, endpoint) at the receivers, bound per scenario
   lag == 0               the consumer group committed everything of topic_deliveries
   leases == 0, jobs == 0 nothing leased or scheduled in Redis once everything is final
@@ -30,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
 
@@ -156,6 +163,125 @@ def psql(dsn, sql):
     return [line.split("\t") for line in r.stdout.splitlines() if line]
 
 
+# ---------------------------------------------------------------------------- endpoint scripts
+
+# What an attempt at a sluice-receiver endpoint can come to (the consumer's classification,
+# README.md "Bounded, jittered retries"): a 2xx, a transient failure (no answer, a timeout,
+# 408, 425, 429, 5xx: retried until the budget is spent) or a permanent one (3xx and the
+# other 4xx: dead-lettered at once).
+OK, TRANSIENT, PERMANENT = "ok", "transient", "permanent"
+
+
+def status_fate(status):
+    """The fate of one answer as the receiver's ledger records it (status 0: none sent)."""
+    if 200 <= status < 300:
+        return OK
+    if status == 0 or status in (408, 425, 429) or status >= 500:
+        return TRANSIENT
+    return PERMANENT
+
+
+def behaviour_fates(behaviour, query="", timeout_ms=15000):
+    """The fates an attempt can have at receiver path <behaviour>[/<arg>] with its query
+    (tests/receiver/README.md "Behaviours"), under a request timeout of timeout_ms. A
+    behaviour not listed here raises: a new one must be classified before a verdict relies
+    on it."""
+    name, _, arg = behaviour.partition("/")
+    q = {k: v[-1] for k, v in urllib.parse.parse_qs(query.lstrip("?")).items()}
+    normal = status_fate(int(q["status"])) if "status" in q else OK
+    if name in ("ok", "endless", "big"):
+        fates = {normal}
+    elif name == "status":
+        fates = {status_fate(int(arg))}
+    elif name == "slow":
+        fates = {TRANSIENT if int(arg) >= timeout_ms else normal}
+    elif name in ("flaky", "flaky_n"):
+        n = int(arg)
+        fates = {normal, TRANSIENT} if n > 0 else {normal}
+        if name == "flaky" and n >= 100:
+            fates = {TRANSIENT}
+    elif name == "ratelimit":
+        fates = {normal, TRANSIENT}
+    elif name in ("retryafter", "reset", "hang"):
+        fates = {TRANSIENT}
+    elif name in ("unauth", "gone", "redirect"):
+        fates = {PERMANENT}
+    else:
+        raise ValueError(f"receiver behaviour {behaviour!r} is not classified: add it to "
+                         f"chaos_lib.behaviour_fates")
+    if int(q.get("fail_pct", "0")) > 0 or int(q.get("fail_n", "0")) > 0:
+        fates.add(status_fate(int(q.get("fail_status", "500"))))
+    if "rate" in q:
+        fates.add(TRANSIENT)
+    if int(q.get("delay_ms", "0")) >= timeout_ms:
+        fates = {TRANSIENT}  # every answer comes after the client gave up
+    return fates
+
+
+class EndpointScript:
+    """What a chaos endpoint was scripted to do: its receiver behaviours over the scenario
+    (the first from ChaosWorld.endpoints, later ones from set_url) and its retry budget."""
+
+    def __init__(self, behaviour, query="", max_attempts=5, timeout_ms=15000):
+        self.phases = [(behaviour, query)]
+        self.max_attempts = max_attempts
+        self.timeout_ms = timeout_ms
+
+    def fates(self):
+        out = set()
+        for behaviour, query in self.phases:
+            out |= behaviour_fates(behaviour, query, self.timeout_ms)
+        return out
+
+    def __repr__(self):
+        return " then ".join(b + q for b, q in self.phases)
+
+
+def dead_letter_reasons(dead, scripts, ledger):
+    """The dead letters in `dead` ((event id, endpoint) pairs) that their endpoint's script
+    does not explain, each with the reason: {pair: reason}. The evidence is the receiver's
+    ledger, not the consumer's own outcome records:
+
+      * an endpoint scripted to fail permanently: explained when the endpoint gave the event
+        a permanent answer (3xx, 4xx other than 408/425/429);
+      * an endpoint scripted to fail transiently (5xx, 429, resets, timeouts, flaky): explained
+        only when the endpoint failed the event at least max_attempts times (the retry budget
+        was spent: every attempt the consumer counts reached the endpoint);
+      * an endpoint that always answers 2xx: never explained."""
+    answers = collections.defaultdict(list)
+    for line in ledger:
+        answers[(line["webhook_id"], line["endpoint"])].append(line["status"])
+    out = {}
+    for k in sorted(dead):
+        sc = scripts.get(k[1])
+        if sc is None:
+            out[k] = "its endpoint has no script in this world"
+            continue
+        fates = sc.fates()
+        got = answers.get(k, [])
+        permanent = [st for st in got if status_fate(st) == PERMANENT]
+        transient = [st for st in got if status_fate(st) == TRANSIENT]
+        if PERMANENT in fates and permanent:
+            continue
+        if TRANSIENT in fates and len(transient) >= sc.max_attempts:
+            continue
+        if fates == {OK}:
+            why = "its endpoint always answers 2xx"
+        elif TRANSIENT in fates:
+            why = (f"the endpoint failed it {len(transient)} times, fewer than the "
+                   f"{sc.max_attempts} attempts of its retry budget")
+        else:
+            why = "the endpoint never gave it a permanent answer"
+        out[k] = f"{why} (script {sc!r}, answers {got})"
+    return out
+
+
+def flag_value(flags, name, default):
+    """The value after `name` in a `sluicectl endpoints add` flag list, else default."""
+    flags = list(flags)
+    return flags[flags.index(name) + 1] if name in flags else default
+
+
 # ---------------------------------------------------------------------------- the world
 
 
@@ -173,6 +299,7 @@ class ChaosWorld(World):
         self.killed = set()      # Procs we killed on purpose
         self.marks = {}          # label -> unix ms
         self.notes = {}          # extra figures for the report
+        self.scripts = {}        # endpoint id -> EndpointScript (what the verdict expects)
         self.t_start = time.monotonic()
 
     # ---- timeline
@@ -186,16 +313,27 @@ class ChaosWorld(World):
     def endpoints(self, rcv, prefix, count, behaviour="ok", query="", *flags):
         """count endpoints named <prefix><i>_<tag>, all with the same receiver behaviour;
         the endpoint id doubles as the receiver's endpoint name (ledger "endpoint")."""
+        max_attempts = int(flag_value(flags, "--max-attempts", "0")) or \
+            int(self.env.get("SLUICE_MAX_ATTEMPTS", "5"))
+        timeout_ms = int(flag_value(flags, "--timeout-ms", "0")) or \
+            int(self.env.get("SLUICE_HTTP_TIMEOUT_MS", "15000"))
+        behaviour_fates(behaviour, query, timeout_ms)  # refuse an unclassified behaviour
         eps = []
         for i in range(count):
             ep = f"{prefix}{i}_{self.tag}"
             self.add_endpoint(ep, rcv.url(behaviour, ep) + query, *flags)
+            self.scripts[ep] = EndpointScript(behaviour, query, max_attempts, timeout_ms)
             eps.append(ep)
         return eps
 
     def set_url(self, rcv, ep, behaviour, query=""):
+        """Point ep at another receiver behaviour; the verdict judges its dead letters by
+        every behaviour it had."""
+        sc = self.scripts[ep]
+        behaviour_fates(behaviour, query, sc.timeout_ms)
         r = self.ctl("endpoints", "update", ep, "--url", rcv.url(behaviour, ep) + query)
         assert r.returncode == 0, r.stderr
+        sc.phases.append((behaviour, query))
 
     def produce_for(self, eps, per_ep):
         """per_ep events per endpoint, interleaved across endpoints."""
@@ -272,11 +410,7 @@ class ChaosWorld(World):
 
     def accepted(self, rcv):
         """(webhook id, endpoint) -> number of 2xx answers at the receiver."""
-        acc = collections.Counter()
-        for line in rcv.ledger():
-            if 200 <= line["status"] < 300 and line["webhook_id"]:
-                acc[(line["webhook_id"], line["endpoint"])] += 1
-        return acc
+        return accepted_pairs(rcv.ledger())
 
     def accepted_count(self, rcv):
         want = self.want()
@@ -369,6 +503,68 @@ class ChaosWorld(World):
 # ---------------------------------------------------------------------------- verdict
 
 
+def accepted_pairs(ledger):
+    """(webhook id, endpoint) -> number of 2xx answers in a receiver ledger."""
+    acc = collections.Counter()
+    for line in ledger:
+        if 200 <= line["status"] < 300 and line["webhook_id"]:
+            acc[(line["webhook_id"], line["endpoint"])] += 1
+    return acc
+
+
+def fate_verdict(want, outcomes, ledger, scripts, dup_bound, dup_reason,
+                 allow_dead_accepted=False):
+    """The fate part of the verdict, from the oracles alone (no running system): want, the
+    produced (event id, endpoint) pairs; outcomes, the outcome records; ledger, the receiver
+    ledger lines; scripts, endpoint id -> EndpointScript. Returns a dict of the sets
+    (delivered, dead, marker_only, missing, unaccepted, dead_accepted), dead_unexplained
+    ({pair: reason}, dead_letter_reasons), duplicates, attempts (pair -> highest attempt)
+    and problems (one message per broken invariant; empty when every fate is right)."""
+    acc = accepted_pairs(ledger)
+    states = collections.defaultdict(set)
+    attempts = collections.defaultdict(int)
+    for o in outcomes:
+        k = (o.get("id"), o.get("endpoint"))
+        states[k].add(o["state"])
+        attempts[k] = max(attempts[k], o["attempt"])
+    delivered = {k for k in want if "delivered" in states.get(k, ())}
+    dead = {k for k in want if "dead_letter" in states.get(k, ())}
+    marker_only = {k for k in want if k not in delivered and "duplicate" in states.get(k, ())
+                   and k in acc}
+    missing = want - delivered - dead - marker_only
+    unaccepted = delivered - set(acc)
+    dead_accepted = dead & set(acc)
+    dead_unexplained = dead_letter_reasons(dead, scripts, ledger)
+    duplicates = sum(n - 1 for k, n in acc.items() if k in want)
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} events missing (not delivered, not dead-lettered): "
+                        f"{sorted(missing)[:5]}")
+    if unaccepted:
+        problems.append(f"{len(unaccepted)} events reported delivered without a 2xx at the "
+                        f"endpoint: {sorted(unaccepted)[:5]}")
+    if dead_accepted and not allow_dead_accepted:
+        problems.append(f"{len(dead_accepted)} events dead-lettered although the endpoint "
+                        f"accepted them: {sorted(dead_accepted)[:5]}")
+    if dead_unexplained:
+        sample = "; ".join(f"{k}: {why}" for k, why in list(dead_unexplained.items())[:3])
+        problems.append(f"{len(dead_unexplained)} dead letters their endpoint's script does "
+                        f"not explain: {sample}")
+    if duplicates > dup_bound:
+        problems.append(f"{duplicates} duplicate deliveries exceed the bound {dup_bound} "
+                        f"({dup_reason})")
+    if marker_only:
+        # delivered (the endpoint has it, the marker says so) but no delivered outcome: the
+        # copy read again must report the delivery again from its marker (regression 13)
+        problems.append(f"{len(marker_only)} events delivered without a delivered outcome "
+                        f"(only duplicates): {sorted(marker_only)[:5]}")
+    return {"acc": acc, "states": states, "attempts": attempts, "delivered": delivered,
+            "dead": dead, "marker_only": marker_only, "missing": missing,
+            "unaccepted": unaccepted, "dead_accepted": dead_accepted,
+            "dead_unexplained": dead_unexplained, "duplicates": duplicates,
+            "problems": problems}
+
+
 def ledger_gaps(rcv, since_ms, eps=None):
     """Largest gap (s) between consecutive 2xx answers after since_ms (for eps, if given)."""
     ts = sorted(line["ts_ms"] for line in rcv.ledger()
@@ -410,22 +606,13 @@ def verify(w, rcv, dup_bound, dup_reason, settle_timeout=90, fault_end=None,
     with open(os.path.join(w.dir, "outcomes.jsonl"), "w") as f:  # for post-mortems
         for o in outcomes:
             f.write(json.dumps(o) + "\n")
-    acc = w.accepted(rcv)
     want = w.want()
-    states = collections.defaultdict(set)
-    attempts = collections.defaultdict(int)
-    for o in outcomes:
-        k = (o.get("id"), o.get("endpoint"))
-        states[k].add(o["state"])
-        attempts[k] = max(attempts[k], o["attempt"])
-    delivered = {k for k in want if "delivered" in states.get(k, ())}
-    dead = {k for k in want if "dead_letter" in states.get(k, ())}
-    marker_only = {k for k in want if k not in delivered and "duplicate" in states.get(k, ())
-                   and k in acc}
-    missing = want - delivered - dead - marker_only
-    unaccepted = delivered - set(acc)
-    dead_accepted = dead & set(acc)
-    duplicates = sum(n - 1 for k, n in acc.items() if k in want)
+    fv = fate_verdict(want, outcomes, rcv.ledger(), w.scripts, dup_bound, dup_reason,
+                      allow_dead_accepted)
+    acc, states, attempts = fv["acc"], fv["states"], fv["attempts"]
+    delivered, dead, marker_only = fv["delivered"], fv["dead"], fv["marker_only"]
+    missing, unaccepted, dead_accepted = fv["missing"], fv["unaccepted"], fv["dead_accepted"]
+    duplicates = fv["duplicates"]
     leases, ours_left, jobs = w.redis_state()
     lag, lag_rows = kafka_lag(w.env, w.env["SLUICE_CONSUMER_GROUP"],
                               w.env["SLUICE_TOPIC_DELIVERIES"], w.dir)
@@ -441,6 +628,7 @@ def verify(w, rcv, dup_bound, dup_reason, settle_timeout=90, fault_end=None,
         "missing": len(missing),
         "unaccepted": len(unaccepted),
         "conflicts": len(dead_accepted),
+        "dead_unexplained": len(fv["dead_unexplained"]),
         "marker_only": len(marker_only),
         "duplicates": duplicates,
         "dup_bound": dup_bound,
@@ -477,24 +665,7 @@ def verify(w, rcv, dup_bound, dup_reason, settle_timeout=90, fault_end=None,
     figures["wall_s"] = round(time.monotonic() - w.t_start, 1)
     RESULTS.append(figures)
     print("\nCHAOS " + json.dumps(figures, sort_keys=True))
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} events missing (not delivered, not dead-lettered): "
-                        f"{sorted(missing)[:5]}")
-    if unaccepted:
-        problems.append(f"{len(unaccepted)} events reported delivered without a 2xx at the "
-                        f"endpoint: {sorted(unaccepted)[:5]}")
-    if dead_accepted and not allow_dead_accepted:
-        problems.append(f"{len(dead_accepted)} events dead-lettered although the endpoint "
-                        f"accepted them: {sorted(dead_accepted)[:5]}")
-    if duplicates > dup_bound:
-        problems.append(f"{duplicates} duplicate deliveries exceed the bound {dup_bound} "
-                        f"({dup_reason})")
-    if marker_only:
-        # delivered (the endpoint has it, the marker says so) but no delivered outcome: the
-        # copy read again must report the delivery again from its marker (regression 13)
-        problems.append(f"{len(marker_only)} events delivered without a delivered outcome "
-                        f"(only duplicates): {sorted(marker_only)[:5]}")
+    problems = list(fv["problems"])
     if lag != 0:
         problems.append(f"consumer group lag {lag} after shutdown: {lag_rows}")
     if bad_logs:
@@ -563,4 +734,6 @@ def verify_history(w, delivered, dead, marker_only, acc):
 
 __all__ = ["ChaosWorld", "PROFILE", "RESULTS", "verify", "verify_history", "now_ms", "job_id",
            "kafka_lag", "kafka_tool", "psql", "ledger_gaps", "results_dir",
-           "world_dir", "redis_cmd", "wait_until", "event"]
+           "world_dir", "redis_cmd", "wait_until", "event", "fate_verdict",
+           "dead_letter_reasons", "behaviour_fates", "status_fate", "EndpointScript",
+           "accepted_pairs", "OK", "TRANSIENT", "PERMANENT"]
