@@ -8,18 +8,25 @@
 #include "common/sl_cfg.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <libpq-fe.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include "common/sl_err.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
+#include "common/sl_redis.h"
 
 extern char **environ;
 
@@ -130,12 +137,71 @@ static const struct opt opts[] = {
       "(queued.max.messages.kbytes), on top of its jobs in memory; it also bounds the loop's "
       "intake, because librdkafka 2.0.2 backs fetching off once this queue is full: 2048 "
       "halved a loop's rate, 8192 and 16384 did not raise it (bench/README.md)"),
+    S("kafka_security_protocol",
+      "SLUICE_KAFKA_SECURITY_PROTOCOL",
+      kafka_security_protocol,
+      "PLAINTEXT",
+      0,
+      "how every Kafka client of every process talks to the brokers: PLAINTEXT, SSL (TLS), "
+      "SASL_SSL (TLS plus SASL authentication) or SASL_PLAINTEXT (SASL without TLS: the "
+      "password is protected only by SCRAM, PLAIN sends it in the clear)"),
+    S("kafka_sasl_mechanism",
+      "SLUICE_KAFKA_SASL_MECHANISM",
+      kafka_sasl_mechanism,
+      "SCRAM-SHA-512",
+      0,
+      "SASL mechanism with SASL_SSL or SASL_PLAINTEXT: SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN. "
+      "librdkafka 2.0.2 (Debian 12) answers SCRAM in a way Kafka 4 brokers refuse "
+      "(docs/OPERATIONS.md, \"Security\"): against those use PLAIN over SASL_SSL or client "
+      "certificates"),
+    S("kafka_sasl_username",
+      "SLUICE_KAFKA_SASL_USERNAME",
+      kafka_sasl_username,
+      "",
+      0,
+      "SASL user name (required with SASL_SSL and SASL_PLAINTEXT, refused otherwise)"),
+    S("kafka_sasl_password",
+      "SLUICE_KAFKA_SASL_PASSWORD",
+      kafka_sasl_password,
+      "",
+      F_SECRET,
+      "SASL password (required with SASL_SSL and SASL_PLAINTEXT, refused otherwise)"),
+    S("kafka_ssl_ca_file",
+      "SLUICE_KAFKA_SSL_CA_FILE",
+      kafka_ssl_ca_file,
+      "",
+      0,
+      "PEM file of the CA certificates that verify the brokers' certificates with SSL and "
+      "SASL_SSL (empty = the system's trust store); broker host names are always checked "
+      "against the certificate"),
+    S("kafka_ssl_cert_file",
+      "SLUICE_KAFKA_SSL_CERT_FILE",
+      kafka_ssl_cert_file,
+      "",
+      0,
+      "PEM client certificate for brokers that require one (mutual TLS, SSL or SASL_SSL); "
+      "needs kafka_ssl_key_file"),
+    S("kafka_ssl_key_file",
+      "SLUICE_KAFKA_SSL_KEY_FILE",
+      kafka_ssl_key_file,
+      "",
+      0,
+      "PEM private key of kafka_ssl_cert_file (encrypted keys need kafka_ssl_key_password)"),
+    S("kafka_ssl_key_password",
+      "SLUICE_KAFKA_SSL_KEY_PASSWORD",
+      kafka_ssl_key_password,
+      "",
+      F_SECRET,
+      "passphrase of an encrypted kafka_ssl_key_file"),
     S("redis_url",
       "SLUICE_REDIS_URL",
       redis_url,
       "redis://127.0.0.1:16379",
       F_URL,
-      "Redis URL redis://[:password@]host:port[/db] (password redacted in output)"),
+      "Redis URL redis://[[user]:password@]host:port[/db]: with a user, AUTH user password "
+      "(a Redis 6+ ACL user), otherwise AUTH password; user and password may be "
+      "percent-encoded; no TLS (docs/OPERATIONS.md, \"Security\"); the password is redacted "
+      "in output"),
     I("redis_timeout_ms",
       "SLUICE_REDIS_TIMEOUT_MS",
       redis_timeout_ms,
@@ -363,6 +429,15 @@ static const struct opt opts[] = {
       600000,
       "10000",
       "on SIGTERM, time allowed for in-flight requests to finish (ms)"),
+    I("shutdown_timeout_ms",
+      "SLUICE_SHUTDOWN_TIMEOUT_MS",
+      shutdown_timeout_ms,
+      5000,
+      600000,
+      "25000",
+      "on SIGTERM, the bound on the whole exit of sluice-consumer and sluice-recorder (ms): "
+      "drain, flush, commit and leaving the group, whatever service is down; keep it below "
+      "the orchestrator's grace period (Kubernetes: 30 s)"),
     I("recorder_batch",
       "SLUICE_RECORDER_BATCH",
       recorder_batch,
@@ -779,6 +854,229 @@ static int check_listen(FILE *errf, const char *name, const char *l)
     return 0;
 }
 
+/* ==== Kafka transport security (cross-field checks) ==== */
+
+/* "SLUICE_X (env)", "x (file)" or "x (default)": the key as the operator wrote it. */
+static const char *opt_key(const struct sl_config *cfg, const char *name, char *buf, size_t len)
+{
+    const struct opt *o = find_name(name);
+    int src = cfg->sources[o - opts];
+    if (src == SL_CFG_SRC_ENV)
+        snprintf(buf, len, "%s (env)", o->env);
+    else
+        snprintf(buf, len, "%s (%s)", o->name, src == SL_CFG_SRC_FILE ? "config file" : "default");
+    return buf;
+}
+
+/* Replace *val by the entry of names[] it equals ignoring case; false if none does. */
+static bool canonical(char *val, const char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strcasecmp(val, names[i]) == 0) {
+            memcpy(val, names[i], strlen(names[i]));
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A file option: a readable, non-empty regular file. Returns the number of errors (0 or 1). */
+static int
+check_readable(const struct sl_config *cfg, FILE *errf, const char *name, const char *path)
+{
+    char kb[96];
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const char *why = NULL;
+    int e = errno;
+    if (fd < 0) {
+        why = strerror(e);
+    } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        why = "not a regular file";
+    } else {
+        char c;
+        ssize_t n = read(fd, &c, 1);
+        why = n < 0 ? strerror(errno) : n == 0 ? "the file is empty" : NULL;
+    }
+    if (fd >= 0)
+        close(fd);
+    if (!why)
+        return 0;
+    fprintf(errf, "invalid value for %s: \"%s\": cannot read it: %s\n",
+            opt_key(cfg, name, kb, sizeof(kb)), path, why);
+    return 1;
+}
+
+/* OpenSSL's passphrase callback: the configured key password, or none (then an encrypted key
+ * fails to load and *asked tells why). */
+struct key_pw {
+    const char *pw; /* kafka_ssl_key_password, "" = none */
+    bool asked;     /* OUT: the key is encrypted */
+};
+
+static int key_pw_cb(char *buf, int size, int rwflag, void *u)
+{
+    (void)rwflag;
+    struct key_pw *kp = u;
+    kp->asked = true;
+    size_t n = strlen(kp->pw);
+    if (n == 0 || n >= (size_t)size)
+        return -1;
+    memcpy(buf, kp->pw, n);
+    return (int)n;
+}
+
+/* The certificate, key and CA files load as librdkafka will load them (PEM), the key with
+ * its password, and the certificate belongs to the key. Only called for files that are
+ * readable. Returns the number of errors. */
+static int check_pem(const struct sl_config *cfg, FILE *errf)
+{
+    char kb[96], kb2[96];
+    int nerr = 0;
+    if (cfg->kafka_ssl_ca_file[0]) {
+        BIO *b = BIO_new_file(cfg->kafka_ssl_ca_file, "r");
+        X509 *x = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+        if (!x) {
+            fprintf(errf, "invalid value for %s: \"%s\": no PEM certificate in it\n",
+                    opt_key(cfg, "kafka_ssl_ca_file", kb, sizeof(kb)), cfg->kafka_ssl_ca_file);
+            nerr++;
+        }
+        X509_free(x);
+        BIO_free(b);
+    }
+    X509 *cert = NULL;
+    EVP_PKEY *key = NULL;
+    if (cfg->kafka_ssl_cert_file[0]) {
+        BIO *b = BIO_new_file(cfg->kafka_ssl_cert_file, "r");
+        cert = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+        BIO_free(b);
+        if (!cert) {
+            fprintf(errf, "invalid value for %s: \"%s\": no PEM certificate in it\n",
+                    opt_key(cfg, "kafka_ssl_cert_file", kb, sizeof(kb)), cfg->kafka_ssl_cert_file);
+            nerr++;
+        }
+    }
+    if (cfg->kafka_ssl_key_file[0]) {
+        struct key_pw kp = {cfg->kafka_ssl_key_password, false};
+        BIO *b = BIO_new_file(cfg->kafka_ssl_key_file, "r");
+        key = b ? PEM_read_bio_PrivateKey(b, NULL, key_pw_cb, &kp) : NULL;
+        BIO_free(b);
+        if (!key && kp.asked && !cfg->kafka_ssl_key_password[0]) {
+            fprintf(errf,
+                    "invalid value for %s: \"%s\": the key is encrypted and "
+                    "kafka_ssl_key_password (SLUICE_KAFKA_SSL_KEY_PASSWORD) is empty\n",
+                    opt_key(cfg, "kafka_ssl_key_file", kb, sizeof(kb)), cfg->kafka_ssl_key_file);
+            nerr++;
+        } else if (!key && kp.asked) {
+            fprintf(errf, "%s does not decrypt %s: \"%s\"\n",
+                    opt_key(cfg, "kafka_ssl_key_password", kb, sizeof(kb)),
+                    opt_key(cfg, "kafka_ssl_key_file", kb2, sizeof(kb2)), cfg->kafka_ssl_key_file);
+            nerr++;
+        } else if (!key) {
+            fprintf(errf, "invalid value for %s: \"%s\": no PEM private key in it\n",
+                    opt_key(cfg, "kafka_ssl_key_file", kb, sizeof(kb)), cfg->kafka_ssl_key_file);
+            nerr++;
+        }
+    }
+    if (cert && key && X509_check_private_key(cert, key) != 1) {
+        fprintf(errf, "%s and %s do not belong together: the certificate is not for this key\n",
+                opt_key(cfg, "kafka_ssl_cert_file", kb, sizeof(kb)),
+                opt_key(cfg, "kafka_ssl_key_file", kb2, sizeof(kb2)));
+        nerr++;
+    }
+    X509_free(cert);
+    EVP_PKEY_free(key);
+    ERR_clear_error(); /* nothing of this may surface in a later TLS error */
+    return nerr;
+}
+
+/*
+ * security.protocol and its companions, as sl_kafka_conf_new applies them: a known protocol
+ * and mechanism (canonical spelling written back), SASL credentials exactly when SASL is on,
+ * TLS files only with TLS and then readable, loadable and matching. Returns the number of
+ * errors printed.
+ */
+static int check_kafka_security(struct sl_config *cfg, FILE *errf)
+{
+    static const char *const protocols[] = {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"};
+    static const char *const mechanisms[] = {"SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"};
+    char kb[96];
+    int nerr = 0;
+    if (!canonical(cfg->kafka_security_protocol, protocols, 4)) {
+        fprintf(errf,
+                "invalid value for %s: \"%s\": expected PLAINTEXT, SSL, SASL_SSL or "
+                "SASL_PLAINTEXT\n",
+                opt_key(cfg, "kafka_security_protocol", kb, sizeof(kb)),
+                cfg->kafka_security_protocol);
+        return 1; /* the combinations below mean nothing without it */
+    }
+    if (!canonical(cfg->kafka_sasl_mechanism, mechanisms, 3)) {
+        fprintf(errf,
+                "invalid value for %s: \"%s\": expected SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN\n",
+                opt_key(cfg, "kafka_sasl_mechanism", kb, sizeof(kb)), cfg->kafka_sasl_mechanism);
+        nerr++;
+    }
+    const char *proto = cfg->kafka_security_protocol;
+    bool sasl = strncmp(proto, "SASL_", 5) == 0;
+    bool tls = strcmp(proto, "SSL") == 0 || strcmp(proto, "SASL_SSL") == 0;
+    const struct {
+        const char *name;
+        const char *val;
+    } sasl_opts[] = {{"kafka_sasl_username", cfg->kafka_sasl_username},
+                     {"kafka_sasl_password", cfg->kafka_sasl_password}},
+      tls_opts[] = {{"kafka_ssl_ca_file", cfg->kafka_ssl_ca_file},
+                    {"kafka_ssl_cert_file", cfg->kafka_ssl_cert_file},
+                    {"kafka_ssl_key_file", cfg->kafka_ssl_key_file},
+                    {"kafka_ssl_key_password", cfg->kafka_ssl_key_password}};
+    for (size_t i = 0; i < 2; i++) {
+        const struct opt *o = find_name(sasl_opts[i].name);
+        if (sasl && !sasl_opts[i].val[0]) {
+            fprintf(errf, "kafka_security_protocol is %s but %s (%s) is empty\n", proto, o->name,
+                    o->env);
+            nerr++;
+        } else if (!sasl && sasl_opts[i].val[0]) {
+            fprintf(errf,
+                    "%s is set but kafka_security_protocol is %s: SASL credentials need "
+                    "SASL_SSL or SASL_PLAINTEXT\n",
+                    opt_key(cfg, o->name, kb, sizeof(kb)), proto);
+            nerr++;
+        }
+    }
+    int file_errs = 0;
+    for (size_t i = 0; i < 4; i++) {
+        if (!tls_opts[i].val[0])
+            continue;
+        if (!tls) {
+            fprintf(errf,
+                    "%s is set but kafka_security_protocol is %s: TLS settings need SSL or "
+                    "SASL_SSL\n",
+                    opt_key(cfg, tls_opts[i].name, kb, sizeof(kb)), proto);
+            nerr++;
+        } else if (i < 3) {
+            file_errs += check_readable(cfg, errf, tls_opts[i].name, tls_opts[i].val);
+        }
+    }
+    if (!tls)
+        return nerr;
+    if (cfg->kafka_ssl_cert_file[0] && !cfg->kafka_ssl_key_file[0]) {
+        fprintf(errf, "%s is set but kafka_ssl_key_file (SLUICE_KAFKA_SSL_KEY_FILE) is empty\n",
+                opt_key(cfg, "kafka_ssl_cert_file", kb, sizeof(kb)));
+        nerr++;
+    } else if (cfg->kafka_ssl_key_file[0] && !cfg->kafka_ssl_cert_file[0]) {
+        fprintf(errf, "%s is set but kafka_ssl_cert_file (SLUICE_KAFKA_SSL_CERT_FILE) is empty\n",
+                opt_key(cfg, "kafka_ssl_key_file", kb, sizeof(kb)));
+        nerr++;
+    } else if (cfg->kafka_ssl_key_password[0] && !cfg->kafka_ssl_key_file[0]) {
+        fprintf(errf, "%s is set but kafka_ssl_key_file (SLUICE_KAFKA_SSL_KEY_FILE) is empty\n",
+                opt_key(cfg, "kafka_ssl_key_password", kb, sizeof(kb)));
+        nerr++;
+    }
+    nerr += file_errs;
+    if (file_errs == 0)
+        nerr += check_pem(cfg, errf);
+    return nerr;
+}
+
 static int finalize(struct sl_config *cfg, FILE *errf)
 {
     int nerr = 0;
@@ -819,6 +1117,13 @@ static int finalize(struct sl_config *cfg, FILE *errf)
     nerr += check_listen(errf, "api_listen", cfg->api_listen);
     if (cfg->metrics_listen[0])
         nerr += check_listen(errf, "metrics_listen", cfg->metrics_listen);
+    if (cfg->shutdown_drain_ms > cfg->shutdown_timeout_ms - 5000) {
+        fprintf(errf,
+                "shutdown_drain_ms (%lld) must leave at least 5000 ms of shutdown_timeout_ms "
+                "(%lld) for flushing, committing and leaving the group\n",
+                (long long)cfg->shutdown_drain_ms, (long long)cfg->shutdown_timeout_ms);
+        nerr++;
+    }
     if (cfg->lease_ms <= cfg->http_timeout_ms) {
         fprintf(errf,
                 "lease_ms (%lld) must exceed http_timeout_ms (%lld) so a slow request's retry "
@@ -853,10 +1158,15 @@ static int finalize(struct sl_config *cfg, FILE *errf)
             nerr++;
         }
     }
-    if (strncmp(cfg->redis_url, "redis://", 8) != 0) {
-        fprintf(errf, "invalid value for redis_url: expected redis://host:port[/db]\n");
+    struct sl_redis_url ru;
+    sl_err_t rerr;
+    if (sl_redis_url_parse(cfg->redis_url, &ru, &rerr) != 0) {
+        /* the message never echoes the URL: it may hold a password */
+        fprintf(errf, "invalid value for redis_url: %s\n", rerr.msg);
         nerr++;
     }
+    sl_redis_url_fini(&ru);
+    nerr += check_kafka_security(cfg, errf);
     return nerr;
 }
 
@@ -972,7 +1282,7 @@ static void mask_value(const struct opt *o, const char *val, char *out, size_t o
         mask_conninfo(val, out, outlen);
     if (o->flags & F_URL) {
         char *scheme = strstr(out, "://");
-        char *at = scheme ? strchr(scheme + 3, '@') : NULL;
+        char *at = scheme ? strrchr(scheme + 3, '@') : NULL; /* a password may hold '@' */
         if (scheme && at) {
             char tail[512];
             snprintf(tail, sizeof(tail), "%s", at);
@@ -1031,11 +1341,14 @@ int sl_cfg_source(const struct sl_config *cfg, const char *name)
 
 static void register_secrets(const struct sl_config *cfg)
 {
-    if (cfg->master_key[0])
-        sl_log_add_secret(cfg->master_key);
-    /* redis password: redis://[user]:password@host */
+    /* every secret option: master_key, kafka_sasl_password, kafka_ssl_key_password */
+    for (size_t i = 0; i < NOPTS; i++) {
+        if (opts[i].type == T_STR && (opts[i].flags & F_SECRET))
+            sl_log_add_secret(*(char *const *)(const void *)((const char *)cfg + opts[i].off));
+    }
+    /* the redis password as written (maybe percent-encoded) and as sent */
     const char *s = strstr(cfg->redis_url, "://");
-    const char *at = s ? strchr(s + 3, '@') : NULL;
+    const char *at = s ? strrchr(s + 3, '@') : NULL;
     if (s && at) {
         const char *colon = memchr(s + 3, ':', (size_t)(at - (s + 3)));
         if (colon) {
@@ -1045,6 +1358,10 @@ static void register_secrets(const struct sl_config *cfg)
             free(pw);
         }
     }
+    struct sl_redis_url ru;
+    if (sl_redis_url_parse(cfg->redis_url, &ru, NULL) == 0 && ru.password)
+        sl_log_add_secret(ru.password);
+    sl_redis_url_fini(&ru);
     /* the PostgreSQL password as libpq reads it (key=value, quoted or not, or a URI) */
     char *errmsg = NULL;
     PQconninfoOption *pq = cfg->pg_dsn[0] ? PQconninfoParse(cfg->pg_dsn, &errmsg) : NULL;

@@ -41,8 +41,17 @@ struct sl_config {
     int64_t kafka_fetch_wait_ms;      /* fetch.wait.max.ms of every consumer, ms */
     int64_t kafka_fetch_min_bytes;    /* fetch.min.bytes of every consumer */
     int64_t consumer_prefetch_kb;     /* consumer: queued.max.messages.kbytes per loop */
+    /* kafka transport security (every client of every process, see sl_kafka_conf_new) */
+    char *kafka_security_protocol; /* PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL */
+    char *kafka_sasl_mechanism;    /* SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN (SASL_* only) */
+    char *kafka_sasl_username;     /* SASL user name; "" = none */
+    char *kafka_sasl_password;     /* SASL password; secret */
+    char *kafka_ssl_ca_file;       /* PEM CA certificates for the brokers; "" = system store */
+    char *kafka_ssl_cert_file;     /* PEM client certificate (mutual TLS); "" = none */
+    char *kafka_ssl_key_file;      /* PEM private key of kafka_ssl_cert_file */
+    char *kafka_ssl_key_password;  /* passphrase of an encrypted key file; secret */
     /* redis */
-    char *redis_url;          /* redis://[:password@]host:port[/db]; password secret */
+    char *redis_url;          /* redis://[[user]:password@]host:port[/db]; password secret */
     int64_t redis_timeout_ms; /* connect and command timeout, ms */
     /* postgresql */
     char *pg_dsn; /* libpq conninfo; password masked in output */
@@ -81,9 +90,10 @@ struct sl_config {
     int64_t disable_after_ms;        /* only failures for this long disable the endpoint;
                                         0 = never (410 still disables), ms */
     /* dedup and shutdown */
-    int64_t dedup_window_s;    /* delivered-marker TTL, s */
-    bool dedup_fail_open;      /* marker check fails: deliver (true) or hold and pause */
-    int64_t shutdown_drain_ms; /* SIGTERM: time to let in-flight requests finish, ms */
+    int64_t dedup_window_s;      /* delivered-marker TTL, s */
+    bool dedup_fail_open;        /* marker check fails: deliver (true) or hold and pause */
+    int64_t shutdown_drain_ms;   /* SIGTERM: time to let in-flight requests finish, ms */
+    int64_t shutdown_timeout_ms; /* SIGTERM: bound on the whole exit, ms */
     /* recorder */
     int64_t recorder_batch;             /* rows per COPY batch */
     int64_t recorder_flush_ms;          /* flush a partial batch after this long, ms */

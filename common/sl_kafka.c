@@ -3,6 +3,7 @@
  */
 #include "common/sl_kafka.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -31,7 +32,57 @@ int64_t sl_mono_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-/* librdkafka syslog levels -> ours. Runs on librdkafka threads; must not call librdkafka. */
+/* ==== Authentication and TLS failures, by name ==== */
+
+/* A refused SASL login: the options to check, and librdkafka's text (it never holds the
+ * password). scram: the mechanism is SCRAM, which librdkafka before 2.6.1 answers with a
+ * nonce Kafka 4 brokers refuse (confluentinc/librdkafka#4895). */
+static void log_auth_failed(const char *reason, bool scram)
+{
+    sl_error("kafka", "kafka_auth_failed",
+             "kafka authentication failed: check kafka_sasl_username, kafka_sasl_password and "
+             "kafka_sasl_mechanism%s: %s",
+             scram && rd_kafka_version() < 0x020601ff
+                 ? " (librdkafka before 2.6.1 answers SCRAM in a way Kafka 4 brokers refuse even "
+                   "with the right password: see docs/OPERATIONS.md, Security)"
+                 : "",
+             reason);
+}
+
+/* A failed TLS handshake: an unverifiable broker certificate, a refused client one. */
+static void log_tls_failed(const char *reason)
+{
+    sl_error("kafka", "kafka_tls_failed",
+             "kafka TLS failed: check kafka_ssl_ca_file (the CA that signed the broker's "
+             "certificate), the broker's host name in its certificate, and kafka_ssl_cert_file / "
+             "kafka_ssl_key_file if the broker requires a client certificate: %s",
+             reason);
+}
+
+/*
+ * librdkafka reports a broker connection failure twice: as a FAIL log line, at once from the
+ * broker thread, and as an error event served only when the application polls (a process
+ * blocked in start-up sees the event late, if ever). Both are logged by name; the log line's
+ * kind comes from librdkafka 2.0.2's fixed texts (rdkafka_sasl.c, rdkafka_transport.c and
+ * OpenSSL's "SSL routines" reasons).
+ */
+enum fail_kind { FAIL_OTHER, FAIL_AUTH, FAIL_TLS };
+
+static enum fail_kind fail_kind(const char *fac, const char *buf)
+{
+    if (strcmp(fac, "FAIL") != 0)
+        return FAIL_OTHER;
+    if (strstr(buf, "SASL authentication error") || strstr(buf, "SASL authentication failed") ||
+        strstr(buf, "SASL handshake failed"))
+        return FAIL_AUTH;
+    if (strstr(buf, "SSL handshake failed") || strstr(buf, "SSL routines") ||
+        strstr(buf, "SSL alert"))
+        return FAIL_TLS;
+    return FAIL_OTHER;
+}
+
+/* librdkafka syslog levels -> ours. Runs on librdkafka threads; must not call librdkafka
+ * (rd_kafka_version, which returns a constant, aside). */
 static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 {
     (void)rk;
@@ -43,20 +94,49 @@ static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char 
         sl_debug(SL_DBG_KAFKA, "kafka", "rdkafka_log", "%s: %s", fac, buf);
         return;
     }
+    switch (fail_kind(fac, buf)) {
+    case FAIL_AUTH:
+        log_auth_failed(buf, strstr(buf, "SCRAM") != NULL);
+        return;
+    case FAIL_TLS:
+        log_tls_failed(buf);
+        return;
+    case FAIL_OTHER:
+        break;
+    }
     if (sl_log_enabled(lv))
         sl__log_write(lv, 0, "kafka", "rdkafka_log", NULL, 0, "%s: %s", fac, buf);
 }
 
+void sl_kafka_log_error(rd_kafka_t *rk, int err, const char *reason)
+{
+    rd_kafka_resp_err_t e = (rd_kafka_resp_err_t)err;
+    char mech[32] = "";
+    size_t n = sizeof(mech);
+    /* Transport errors repeat while a broker is down; librdkafka already rate-limits them. */
+    switch (e) {
+    case RD_KAFKA_RESP_ERR__FATAL:
+        sl_error("kafka", "kafka_fatal", "fatal kafka error: %s", reason);
+        break;
+    case RD_KAFKA_RESP_ERR__AUTHENTICATION:
+        if (rk &&
+            rd_kafka_conf_get(rd_kafka_conf(rk), "sasl.mechanisms", mech, &n) != RD_KAFKA_CONF_OK)
+            mech[0] = '\0';
+        log_auth_failed(reason, strncmp(mech, "SCRAM", 5) == 0);
+        break;
+    case RD_KAFKA_RESP_ERR__SSL:
+        log_tls_failed(reason);
+        break;
+    default:
+        sl_warn("kafka", "kafka_error", "%s: %s", rd_kafka_err2name(e), reason);
+        break;
+    }
+}
+
 static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
-    (void)rk;
     (void)opaque;
-    rd_kafka_resp_err_t e = (rd_kafka_resp_err_t)err;
-    /* Transport errors repeat while a broker is down; librdkafka already rate-limits them. */
-    if (e == RD_KAFKA_RESP_ERR__FATAL)
-        sl_error("kafka", "kafka_fatal", "fatal kafka error: %s", reason);
-    else
-        sl_warn("kafka", "kafka_error", "%s: %s", rd_kafka_err2name(e), reason);
+    sl_kafka_log_error(rk, err, reason);
 }
 
 int sl_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, sl_err_t *err)
@@ -64,6 +144,44 @@ int sl_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value
     char errstr[256];
     if (rd_kafka_conf_set(conf, name, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
         return sl_err_set(err, SL_EKAFKA, "cannot set kafka property %s: %s", name, errstr);
+    return 0;
+}
+
+/*
+ * Transport security, for every client of every process: security.protocol, then the SASL
+ * mechanism and credentials (SASL_*) and the CA, client certificate and key (SSL, SASL_SSL).
+ * sl_cfg's finalize has checked the combination and the files, so a failure here is
+ * librdkafka refusing a value (e.g. built without SSL). Broker certificates are always
+ * verified, host name included; an empty CA file means OpenSSL's default trust store.
+ */
+static int conf_security(rd_kafka_conf_t *conf, const struct sl_config *cfg, sl_err_t *err)
+{
+    const char *proto = cfg->kafka_security_protocol;
+    bool sasl = strncmp(proto, "SASL_", 5) == 0;
+    bool tls = strcmp(proto, "SSL") == 0 || strcmp(proto, "SASL_SSL") == 0;
+    if (sl_kafka_conf_set(conf, "security.protocol", proto, err) != 0)
+        return SL_EKAFKA;
+    if (sasl && (sl_kafka_conf_set(conf, "sasl.mechanisms", cfg->kafka_sasl_mechanism, err) != 0 ||
+                 sl_kafka_conf_set(conf, "sasl.username", cfg->kafka_sasl_username, err) != 0 ||
+                 sl_kafka_conf_set(conf, "sasl.password", cfg->kafka_sasl_password, err) != 0))
+        return SL_EKAFKA;
+    if (!tls)
+        return 0;
+    /* librdkafka 2.0's defaults, set anyway: verification is not a packaging choice */
+    if (sl_kafka_conf_set(conf, "enable.ssl.certificate.verification", "true", err) != 0 ||
+        sl_kafka_conf_set(conf, "ssl.endpoint.identification.algorithm", "https", err) != 0)
+        return SL_EKAFKA;
+    const struct {
+        const char *prop;
+        const char *val;
+    } files[] = {{"ssl.ca.location", cfg->kafka_ssl_ca_file},
+                 {"ssl.certificate.location", cfg->kafka_ssl_cert_file},
+                 {"ssl.key.location", cfg->kafka_ssl_key_file},
+                 {"ssl.key.password", cfg->kafka_ssl_key_password}};
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        if (files[i].val[0] && sl_kafka_conf_set(conf, files[i].prop, files[i].val, err) != 0)
+            return SL_EKAFKA;
+    }
     return 0;
 }
 
@@ -84,7 +202,8 @@ rd_kafka_conf_t *sl_kafka_conf_new(const struct sl_config *cfg, const char *role
         sl_kafka_conf_set(conf, "log.connection.close", "false", err) != 0 ||
         /* the contract allows a 1 MiB body + 64 KiB of record; dead-letter outcomes carry the
          * whole delivery record; topics are created with the same max.message.bytes */
-        sl_kafka_conf_set(conf, "message.max.bytes", SL_KAFKA_MAX_MESSAGE_BYTES, err) != 0) {
+        sl_kafka_conf_set(conf, "message.max.bytes", SL_KAFKA_MAX_MESSAGE_BYTES, err) != 0 ||
+        conf_security(conf, cfg, err) != 0) {
         rd_kafka_conf_destroy(conf);
         return NULL;
     }

@@ -1,8 +1,9 @@
 /*
  * sl_kafka: librdkafka set-up shared by every process, so each one talks to Kafka the same
- * way: bootstrap servers from config, librdkafka's own log lines routed through sl_log (with
- * the level mapped), Nagle off (2.0.2 defaults it on), an error callback that logs state
- * changes, and the producer/consumer property sets that the delivery guarantees rest on.
+ * way: bootstrap servers and transport security (TLS, SASL) from config, librdkafka's own
+ * log lines routed through sl_log (with the level mapped), Nagle off (2.0.2 defaults it on),
+ * an error callback that logs state changes (authentication and TLS failures by name), and
+ * the producer/consumer property sets that the delivery guarantees rest on.
  *
  * thread: creation on any thread; the callbacks installed here run on librdkafka threads and
  * only log.
@@ -29,10 +30,20 @@ enum sl_kafka_profile {
 
 /*
  * New conf with the common properties: bootstrap.servers, client.id (role + instance),
- * log_cb -> sl_log, error_cb, socket.nagle.disable. Returns NULL and fills err on a bad
- * property. Caller owns the conf until it is handed to rd_kafka_new.
+ * security.protocol with its SASL and TLS settings (kafka_security_protocol and companions),
+ * log_cb -> sl_log, error_cb, socket.nagle.disable. Every Kafka client of every process is
+ * made from it. Returns NULL and fills err on a bad property. Caller owns the conf until it
+ * is handed to rd_kafka_new.
  */
 rd_kafka_conf_t *sl_kafka_conf_new(const struct sl_config *cfg, const char *role, sl_err_t *err);
+
+/*
+ * Log an error librdkafka reported (its error_cb): a failed SASL authentication as
+ * kafka_auth_failed and a failed TLS handshake as kafka_tls_failed (error level, naming the
+ * Sluice options to check), a fatal error as kafka_fatal, anything else as kafka_error
+ * (warn). rk may be NULL. For callers that install their own error_cb.
+ */
+void sl_kafka_log_error(rd_kafka_t *rk, int err, const char *reason);
 
 /* Set one property; returns 0 or SL_EKAFKA with the property named in err. */
 int sl_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, sl_err_t *err);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <openssl/sha.h>
 
@@ -16,62 +17,168 @@
 #include "common/sl_mem.h"
 
 struct sl_redis {
-    redisContext *c; /* NULL while disconnected */
-    char host[256];  /* server host */
-    int port;        /* server port */
-    int db;          /* SELECT db */
-    char *password;  /* AUTH password or NULL; wiped on close */
-    int timeout_ms;  /* connect and command timeout */
+    struct sl_redis_url url; /* host, port, db, ACL user and password (wiped on close) */
+    redisContext *c;         /* NULL while disconnected */
+    int timeout_ms;          /* connect and command timeout */
+    int64_t retry_at;        /* after a failed connection: none tried before (mono ms) */
+    int64_t backoff_ms;      /* wait after the next failed connection, ms */
 };
 
-static int parse_url(sl_redis_t *r, const char *url, sl_err_t *err)
+/* After a failed connection, calls fail at once (no new connection) for a growing wait,
+ * CONNECT_BACKOFF_MIN_MS doubling up to CONNECT_BACKOFF_MAX_MS, reset by a connection that
+ * works: an unreachable or frozen Redis costs a caller one timeout per wait instead of one per
+ * call, so a loop that makes many calls keeps turning (and notices a SIGTERM). */
+#define CONNECT_BACKOFF_MIN_MS 250
+#define CONNECT_BACKOFF_MAX_MS 2000
+
+static int64_t mono_ms(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decode [s, s+n) into a new string; NULL on a bad %XX or an encoded NUL. */
+static char *pct_decode(const char *s, size_t n)
+{
+    char *out = sl_xmalloc(n + 1);
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '%') {
+            out[o++] = s[i];
+            continue;
+        }
+        int hi = i + 2 < n ? hexval(s[i + 1]) : -1;
+        int lo = i + 2 < n ? hexval(s[i + 2]) : -1;
+        if (hi < 0 || lo < 0 || (hi | lo) == 0) {
+            sl_secret_wipe(out, n + 1);
+            free(out);
+            return NULL;
+        }
+        out[o++] = (char)(hi * 16 + lo);
+        i += 2;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+int sl_redis_url_parse(const char *url, struct sl_redis_url *u, sl_err_t *err)
+{
+    memset(u, 0, sizeof(*u));
     if (strncmp(url, "redis://", 8) != 0)
-        return sl_err_set(err, SL_ECONFIG, "invalid redis url: expected redis://host:port[/db]");
+        return sl_err_set(err, SL_ECONFIG,
+                          "expected redis://[[user]:password@]host:port[/db] (rediss:// and unix "
+                          "sockets are not supported)");
     const char *p = url + 8;
-    const char *at = strchr(p, '@');
+    /* the userinfo ends at the last '@': a password may hold one unencoded */
+    const char *at = strrchr(p, '@');
     if (at) {
         const char *colon = memchr(p, ':', (size_t)(at - p));
-        if (colon)
-            r->password = sl_xstrndup(colon + 1, (size_t)(at - colon - 1));
+        if (!colon)
+            return sl_err_set(err, SL_ECONFIG,
+                              "the user name needs a password (redis://user:password@host)");
+        if (colon > p && !(u->user = pct_decode(p, (size_t)(colon - p))))
+            return sl_err_set(err, SL_ECONFIG, "bad percent-encoding in the user name");
+        if (!(u->password = pct_decode(colon + 1, (size_t)(at - colon - 1))))
+            return sl_err_set(err, SL_ECONFIG, "bad percent-encoding in the password");
+        if (u->password[0] == '\0')
+            return sl_err_set(err, SL_ECONFIG, "empty password before '@'");
         p = at + 1;
     }
     const char *slash = strchr(p, '/');
     const char *hostend = slash ? slash : p + strlen(p);
     const char *colon = memchr(p, ':', (size_t)(hostend - p));
     size_t hl = (size_t)((colon ? colon : hostend) - p);
-    if (hl == 0 || hl >= sizeof(r->host))
-        return sl_err_set(err, SL_ECONFIG, "invalid redis url: bad host");
-    memcpy(r->host, p, hl);
-    r->host[hl] = '\0';
-    r->port = 6379;
+    if (hl == 0 || hl >= sizeof(u->host))
+        return sl_err_set(err, SL_ECONFIG, "bad host");
+    memcpy(u->host, p, hl);
+    u->host[hl] = '\0';
+    u->port = 6379;
     if (colon) {
         char *end;
         long port = strtol(colon + 1, &end, 10);
-        if (end != hostend || port < 1 || port > 65535)
-            return sl_err_set(err, SL_ECONFIG, "invalid redis url: bad port");
-        r->port = (int)port;
+        if (end != hostend || colon + 1 == hostend || port < 1 || port > 65535)
+            return sl_err_set(err, SL_ECONFIG, "bad port");
+        u->port = (int)port;
     }
     if (slash && slash[1]) {
         char *end;
         long db = strtol(slash + 1, &end, 10);
         if (*end || db < 0 || db > 1000)
-            return sl_err_set(err, SL_ECONFIG, "invalid redis url: bad database number");
-        r->db = (int)db;
+            return sl_err_set(err, SL_ECONFIG, "bad database number");
+        u->db = (int)db;
     }
     return 0;
 }
 
+void sl_redis_url_fini(struct sl_redis_url *u)
+{
+    if (u->user) {
+        sl_secret_wipe(u->user, strlen(u->user));
+        free(u->user);
+    }
+    if (u->password) {
+        sl_secret_wipe(u->password, strlen(u->password));
+        free(u->password);
+    }
+    u->user = u->password = NULL;
+}
+
+/* The text of an error reply, or why there is none; never holds the password (Redis answers
+ * WRONGPASS, NOAUTH or NOPERM with a fixed text). */
+static const char *reply_error(const redisReply *rep, const redisContext *c)
+{
+    if (!rep)
+        return c->errstr[0] ? c->errstr : "no reply";
+    return rep->type == REDIS_REPLY_ERROR && rep->str ? rep->str : "unexpected reply";
+}
+
+static int do_connect_now(sl_redis_t *r, sl_err_t *err);
+
+/* Connect unless a recent connection failed (see CONNECT_BACKOFF_MIN_MS). */
 static int do_connect(sl_redis_t *r, sl_err_t *err)
 {
+    int64_t now = mono_ms();
+    if (r->retry_at && now < r->retry_at)
+        return sl_err_set(err, SL_EREDIS,
+                          "redis at %s:%d unavailable (the last connection failed; next try in "
+                          "%lld ms)",
+                          r->url.host, r->url.port, (long long)(r->retry_at - now));
+    int rc = do_connect_now(r, err);
+    if (rc != 0) {
+        r->backoff_ms = r->backoff_ms ? r->backoff_ms * 2 : CONNECT_BACKOFF_MIN_MS;
+        if (r->backoff_ms > CONNECT_BACKOFF_MAX_MS)
+            r->backoff_ms = CONNECT_BACKOFF_MAX_MS;
+        r->retry_at = mono_ms() + r->backoff_ms;
+    } else {
+        r->retry_at = 0;
+        r->backoff_ms = 0;
+    }
+    return rc;
+}
+
+static int do_connect_now(sl_redis_t *r, sl_err_t *err)
+{
+    const struct sl_redis_url *u = &r->url;
     struct timeval tv = {.tv_sec = r->timeout_ms / 1000, .tv_usec = (r->timeout_ms % 1000) * 1000};
     if (r->c) {
         redisFree(r->c);
         r->c = NULL;
     }
-    redisContext *c = redisConnectWithTimeout(r->host, r->port, tv);
+    redisContext *c = redisConnectWithTimeout(u->host, u->port, tv);
     if (!c || c->err) {
-        sl_err_set(err, SL_EREDIS, "could not connect to redis at %s:%d: %s", r->host, r->port,
+        sl_err_set(err, SL_EREDIS, "could not connect to redis at %s:%d: %s", u->host, u->port,
                    c ? c->errstr : "out of memory");
         if (c)
             redisFree(c);
@@ -79,26 +186,36 @@ static int do_connect(sl_redis_t *r, sl_err_t *err)
     }
     redisSetTimeout(c, tv);
     redisEnableKeepAlive(c);
-    if (r->password) {
-        redisReply *rep = redisCommand(c, "AUTH %s", r->password);
-        int bad = !rep || rep->type == REDIS_REPLY_ERROR;
-        if (rep)
-            freeReplyObject(rep);
-        if (bad) {
+    if (u->password) {
+        /* AUTH user password is Redis 6's ACL form; AUTH password is the default user */
+        redisReply *rep = u->user ? redisCommand(c, "AUTH %s %s", u->user, u->password)
+                                  : redisCommand(c, "AUTH %s", u->password);
+        if (!rep || rep->type == REDIS_REPLY_ERROR) {
+            if (u->user)
+                sl_err_set(err, SL_EREDIS,
+                           "could not authenticate to redis at %s:%d as user %s: %s", u->host,
+                           u->port, u->user, reply_error(rep, c));
+            else
+                sl_err_set(err, SL_EREDIS, "could not authenticate to redis at %s:%d: %s", u->host,
+                           u->port, reply_error(rep, c));
+            if (rep)
+                freeReplyObject(rep);
             redisFree(c);
-            return sl_err_set(err, SL_EREDIS, "could not authenticate to redis at %s:%d", r->host,
-                              r->port);
+            return SL_EREDIS;
         }
+        freeReplyObject(rep);
     }
-    if (r->db) {
-        redisReply *rep = redisCommand(c, "SELECT %d", r->db);
-        int bad = !rep || rep->type == REDIS_REPLY_ERROR;
-        if (rep)
-            freeReplyObject(rep);
-        if (bad) {
+    if (u->db) {
+        redisReply *rep = redisCommand(c, "SELECT %d", u->db);
+        if (!rep || rep->type == REDIS_REPLY_ERROR) {
+            sl_err_set(err, SL_EREDIS, "could not select redis database %d: %s", u->db,
+                       reply_error(rep, c));
+            if (rep)
+                freeReplyObject(rep);
             redisFree(c);
-            return sl_err_set(err, SL_EREDIS, "could not select redis database %d", r->db);
+            return SL_EREDIS;
         }
+        freeReplyObject(rep);
     }
     r->c = c;
     return 0;
@@ -108,7 +225,16 @@ sl_redis_t *sl_redis_connect(const char *url, int timeout_ms, sl_err_t *err)
 {
     sl_redis_t *r = sl_xcalloc(1, sizeof(*r));
     r->timeout_ms = timeout_ms;
-    if (parse_url(r, url, err) != 0 || do_connect(r, err) != 0) {
+    if (sl_redis_url_parse(url, &r->url, err) != 0) {
+        if (err) {
+            char why[SL_ERR_MSG_MAX];
+            snprintf(why, sizeof(why), "%s", err->msg);
+            sl_err_set(err, SL_ECONFIG, "invalid redis url: %s", why);
+        }
+        sl_redis_close(r);
+        return NULL;
+    }
+    if (do_connect(r, err) != 0) {
         sl_redis_close(r);
         return NULL;
     }
@@ -121,10 +247,7 @@ void sl_redis_close(sl_redis_t *r)
         return;
     if (r->c)
         redisFree(r->c);
-    if (r->password) {
-        sl_secret_wipe(r->password, strlen(r->password));
-        free(r->password);
-    }
+    sl_redis_url_fini(&r->url);
     free(r);
 }
 

@@ -1,6 +1,7 @@
 /*
  * sl_redis: a blocking hiredis 0.14 connection with the things every caller needs: URL
- * parsing (redis://[:password@]host:port[/db]), connect and command timeouts, AUTH/SELECT,
+ * parsing (redis://[[user]:password@]host:port[/db]), connect and command timeouts, AUTH
+ * (ACL user and password, or the password alone) and SELECT,
  * transparent reconnect after a dropped connection, and Lua scripts run by EVALSHA with a
  * fallback to EVAL when the server answers NOSCRIPT (after a restart or SCRIPT FLUSH).
  * hiredis 0.14 has no RESP3 and no TLS: never send HELLO 3.
@@ -18,6 +19,25 @@
 
 typedef struct sl_redis sl_redis_t;
 
+/* A parsed redis:// URL: redis://[[user]:password@]host[:port][/db]. */
+struct sl_redis_url {
+    char host[256]; /* server host */
+    int port;       /* server port; 6379 when the URL has none */
+    int db;         /* database to SELECT, 0..1000; 0 when the URL has none */
+    char *user;     /* ACL user (percent-decoded), or NULL: AUTH with the password alone */
+    char *password; /* percent-decoded, or NULL: no AUTH */
+};
+
+/*
+ * Parse url into u (always initialised: call sl_redis_url_fini). User and password may be
+ * percent-encoded (%40 for '@'); the userinfo ends at the last '@'. A user without a
+ * password is refused. Returns 0 or SL_ECONFIG with err naming what is wrong (never
+ * echoing the URL, which may hold a password).
+ */
+int sl_redis_url_parse(const char *url, struct sl_redis_url *u, sl_err_t *err);
+/* Wipe and free the user and password of u. */
+void sl_redis_url_fini(struct sl_redis_url *u);
+
 /* A Lua script: text plus its SHA1 (filled lazily). Define one static per script. */
 struct sl_redis_script {
     const char *name; /* for error messages */
@@ -25,7 +45,9 @@ struct sl_redis_script {
     char sha[41];     /* hex SHA1; "" until first use */
 };
 
-/* Connect; returns NULL and fills err (the password is never in messages). */
+/* Connect; returns NULL and fills err (the password is never in messages). After a failed
+ * (re)connection, calls fail at once without connecting for a growing wait (250 ms doubling
+ * to 2 s; reset by a connection that works), so a frozen Redis costs one timeout per wait. */
 sl_redis_t *sl_redis_connect(const char *url, int timeout_ms, sl_err_t *err);
 void sl_redis_close(sl_redis_t *r);
 

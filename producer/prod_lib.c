@@ -186,13 +186,9 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
 /* Replaces sl_kafka's error_cb (same log lines) to remember the last error for reasons. */
 static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
-    (void)rk;
     sluice_producer_t *p = opaque;
     rd_kafka_resp_err_t e = (rd_kafka_resp_err_t)err;
-    if (e == RD_KAFKA_RESP_ERR__FATAL)
-        sl_error("kafka", "kafka_fatal", "fatal kafka error: %s", reason);
-    else
-        sl_warn("kafka", "kafka_error", "%s: %s", rd_kafka_err2name(e), reason);
+    sl_kafka_log_error(rk, err, reason);
     pthread_mutex_lock(&p->mu);
     p->last_err = err;
     p->last_down = e == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || e == RD_KAFKA_RESP_ERR__TRANSPORT ||

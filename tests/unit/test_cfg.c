@@ -1,6 +1,7 @@
 /*
  * Config loader: defaults, precedence, strict parsing and bounds, unknown keys, every error
- * reported at once, secret redaction in --print-config, and exit code 78 from a real process.
+ * reported at once, secret redaction in --print-config, Kafka transport security and Redis
+ * URL checks, and exit code 78 from a real process.
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 #include "common/sl_cfg.h"
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
+#include "common/sl_redis.h"
 
 static char *load_errs(struct sl_config *cfg, const char *file, char **envp, int *nerr)
 {
@@ -487,6 +490,155 @@ static void test_dsn_password_scrubbed_from_logs(void **state)
     }
 }
 
+/* Transport security is checked as a whole at load: protocol and mechanism names (any case,
+ * written back canonical), SASL credentials exactly with SASL, TLS files only with TLS and
+ * readable; each problem named with its source, secrets never echoed. */
+static void test_kafka_security_checks(void **state)
+{
+    (void)state;
+    struct sl_config cfg;
+    int nerr;
+    char *ok[] = {"SLUICE_KAFKA_SECURITY_PROTOCOL=sasl_plaintext",
+                  "SLUICE_KAFKA_SASL_MECHANISM=scram-sha-256", "SLUICE_KAFKA_SASL_USERNAME=u",
+                  "SLUICE_KAFKA_SASL_PASSWORD=PLANTEDsaslpw", NULL};
+    char *errs = load_errs(&cfg, NULL, ok, &nerr);
+    assert_int_equal(nerr, 0);
+    assert_string_equal(cfg.kafka_security_protocol, "SASL_PLAINTEXT");
+    assert_string_equal(cfg.kafka_sasl_mechanism, "SCRAM-SHA-256");
+    free(errs);
+    char *out = printed(&cfg);
+    assert_null(strstr(out, "PLANTED"));
+    assert_non_null(strstr(out, "kafka_sasl_password = \"[redacted]\"  # env"));
+    free(out);
+    sl_cfg_fini(&cfg);
+
+    char *env[] = {
+        "SLUICE_KAFKA_SECURITY_PROTOCOL=SASL_SSL",  "SLUICE_KAFKA_SASL_MECHANISM=GSSAPI",
+        "SLUICE_KAFKA_SASL_PASSWORD=PLANTEDsaslpw", "SLUICE_KAFKA_SSL_CA_FILE=/nonexistent/ca.pem",
+        "SLUICE_KAFKA_SSL_CERT_FILE=/tmp",          NULL};
+    errs = load_errs(&cfg, NULL, env, &nerr);
+    assert_int_equal(nerr, 5);
+    assert_non_null(strstr(errs, "SLUICE_KAFKA_SASL_MECHANISM (env): \"GSSAPI\": expected"));
+    assert_non_null(strstr(errs, "SASL_SSL but kafka_sasl_username (SLUICE_KAFKA_SASL_USERNAME) "
+                                 "is empty"));
+    assert_non_null(strstr(errs, "invalid value for SLUICE_KAFKA_SSL_CA_FILE (env): "
+                                 "\"/nonexistent/ca.pem\": cannot read it: No such file"));
+    assert_non_null(strstr(errs, "SLUICE_KAFKA_SSL_CERT_FILE (env): \"/tmp\": cannot read it: "
+                                 "not a regular file"));
+    assert_non_null(strstr(errs, "SLUICE_KAFKA_SSL_CERT_FILE (env) is set but kafka_ssl_key_file"));
+    assert_null(strstr(errs, "PLANTED"));
+    free(errs);
+    sl_cfg_fini(&cfg);
+
+    char *path = write_tmp("kafka_sasl_username = u\nkafka_ssl_ca_file = /etc/hostname\n");
+    char *plain[] = {NULL};
+    errs = load_errs(&cfg, path, plain, &nerr);
+    assert_int_equal(nerr, 2);
+    assert_non_null(strstr(errs, "kafka_sasl_username (config file) is set but "
+                                 "kafka_security_protocol is PLAINTEXT"));
+    assert_non_null(strstr(errs, "kafka_ssl_ca_file (config file) is set but "
+                                 "kafka_security_protocol is PLAINTEXT"));
+    free(errs);
+    sl_cfg_fini(&cfg);
+    unlink(path);
+    free(path);
+
+    char *bad[] = {"SLUICE_KAFKA_SECURITY_PROTOCOL=TLS", NULL};
+    errs = load_errs(&cfg, NULL, bad, &nerr);
+    assert_int_equal(nerr, 1);
+    assert_non_null(strstr(errs, "SLUICE_KAFKA_SECURITY_PROTOCOL (env): \"TLS\": expected "
+                                 "PLAINTEXT, SSL, SASL_SSL or SASL_PLAINTEXT"));
+    free(errs);
+    sl_cfg_fini(&cfg);
+}
+
+/* What sl_kafka_conf_new hands librdkafka: PLAINTEXT by default, and the protocol, mechanism
+ * and credentials when set (rd_kafka_new does not connect: no broker is needed). */
+static void assert_kafka_prop(char **env, const char *name, const char *want)
+{
+    struct sl_config cfg;
+    int nerr;
+    char *errs = load_errs(&cfg, NULL, env, &nerr);
+    assert_int_equal(nerr, 0);
+    sl_err_t err = {0};
+    rd_kafka_t *rk = sl_kafka_consumer_new(&cfg, "test", "g", NULL, &err);
+    assert_non_null(rk);
+    char v[128];
+    size_t n = sizeof(v);
+    assert_int_equal(rd_kafka_conf_get(rd_kafka_conf(rk), name, v, &n), RD_KAFKA_CONF_OK);
+    if (strcasecmp(v, want) != 0)
+        fail_msg("%s = \"%s\", want \"%s\"", name, v, want);
+    rd_kafka_destroy(rk);
+    free(errs);
+    sl_cfg_fini(&cfg);
+}
+
+static void test_kafka_security_applied(void **state)
+{
+    (void)state;
+    char *def[] = {"SLUICE_KAFKA_BROKERS=127.0.0.1:1", NULL};
+    assert_kafka_prop(def, "security.protocol", "plaintext");
+    char *sasl[] = {
+        "SLUICE_KAFKA_BROKERS=127.0.0.1:1",  "SLUICE_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT",
+        "SLUICE_KAFKA_SASL_MECHANISM=PLAIN", "SLUICE_KAFKA_SASL_USERNAME=svc-a",
+        "SLUICE_KAFKA_SASL_PASSWORD=pw-a",   NULL};
+    assert_kafka_prop(sasl, "security.protocol", "sasl_plaintext");
+    assert_kafka_prop(sasl, "sasl.mechanisms", "PLAIN");
+    assert_kafka_prop(sasl, "sasl.username", "svc-a");
+}
+
+/* redis_url: user and password (percent-decoded) are checked at load; the password never
+ * shows in --print-config, in either form. */
+static void test_redis_url(void **state)
+{
+    (void)state;
+    const char *bad[][2] = {{"redis://u@h:1", "the user name needs a password"},
+                            {"redis://u:p%4@h:1", "bad percent-encoding in the password"},
+                            {"redis://u%zz:p@h:1", "bad percent-encoding in the user name"},
+                            {"redis://:@h:1", "empty password"},
+                            {"redis://h:0", "bad port"},
+                            {"redis://h:1/x", "bad database number"},
+                            {"http://h:1", "expected redis://"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char e[128];
+        snprintf(e, sizeof(e), "SLUICE_REDIS_URL=%s", bad[i][0]);
+        char *env[] = {e, NULL};
+        struct sl_config cfg;
+        int nerr;
+        char *errs = load_errs(&cfg, NULL, env, &nerr);
+        if (nerr != 1 || !strstr(errs, "invalid value for redis_url: ") || !strstr(errs, bad[i][1]))
+            fail_msg("%s: %d errors: %s", bad[i][0], nerr, errs);
+        free(errs);
+        sl_cfg_fini(&cfg);
+    }
+    struct sl_redis_url u;
+    sl_err_t err;
+    assert_int_equal(sl_redis_url_parse("redis://svc%2Da:P%40ss%3Aw%2Frd@r.local:6380/3", &u, &err),
+                     0);
+    assert_string_equal(u.user, "svc-a");
+    assert_string_equal(u.password, "P@ss:w/rd");
+    assert_string_equal(u.host, "r.local");
+    assert_int_equal(u.port, 6380);
+    assert_int_equal(u.db, 3);
+    sl_redis_url_fini(&u);
+    assert_int_equal(sl_redis_url_parse("redis://:raw@pw@h", &u, &err), 0); /* last '@' */
+    assert_null(u.user);
+    assert_string_equal(u.password, "raw@pw");
+    assert_int_equal(u.port, 6379);
+    sl_redis_url_fini(&u);
+
+    char *env[] = {"SLUICE_REDIS_URL=redis://user:PLANTED%40pw@127.0.0.1:6379/0", NULL};
+    struct sl_config cfg;
+    int nerr;
+    free(load_errs(&cfg, NULL, env, &nerr));
+    assert_int_equal(nerr, 0);
+    char *out = printed(&cfg);
+    assert_null(strstr(out, "PLANTED"));
+    assert_non_null(strstr(out, "redis://[redacted]@127.0.0.1:6379/0"));
+    free(out);
+    sl_cfg_fini(&cfg);
+}
+
 /* The real start-up path: a child process with bad config exits 78 before connecting. */
 static void test_exit_code_78(void **state)
 {
@@ -527,6 +679,9 @@ int main(void)
         cmocka_unit_test(test_api_listen),
         cmocka_unit_test(test_print_redacts_dsn_forms),
         cmocka_unit_test(test_dsn_password_scrubbed_from_logs),
+        cmocka_unit_test(test_kafka_security_checks),
+        cmocka_unit_test(test_kafka_security_applied),
+        cmocka_unit_test(test_redis_url),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,153 @@
+"""Redis ACL users and PostgreSQL TLS (issue 19, item 3).
+
+Redis: an ACL user made on the shared stack's Redis for the test (ACL SETUSER, deleted
+afterwards) with a password that needs percent-encoding in the URL; a consumer delivers with
+it (its connections show as that user), a wrong password stops it with an authentication
+error that names Redis and never shows the password.
+
+PostgreSQL: sslmode and sslrootcert travel in the DSN untouched by every process. The shared
+stack's server has no TLS: disable and prefer connect, require is refused. A private server
+(tests/e2e/tls_helpers.TlsPostgres) accepts only TLS: with sslmode=verify-full and the right
+root certificate the endpoint registry, API keys, sluice-api, sluice-recorder and the
+operations commands all work on it; a missing root certificate, a CA that did not sign the
+server's certificate, or sslmode=disable each fail with a message naming PostgreSQL.
+"""
+
+import os
+import subprocess
+import urllib.parse
+
+import pytest
+
+from sluice_e2e import Proc, event, redis_cmd, wait_until
+from tls_helpers import CA, TlsPostgres
+
+MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
+
+
+# ==== Redis ====
+
+def test_redis_acl_user_with_percent_encoded_password(make_world):
+    w = make_world()
+    user = f"sluice-e2e-{w.tag}"
+    password = f"p@ss:w/rd%{w.tag}"  # '@', ':', '/' and '%' all need encoding in a URL
+    host_db = w.redis_url.split("//", 1)[1]  # 127.0.0.1:16379/N
+    redis_cmd(w.redis_url, "ACL", "SETUSER", user, "reset", "on", f">{password}", "~sluice:*",
+              "+@all")
+    try:
+        url = (f"redis://{urllib.parse.quote(user, safe='')}:"
+               f"{urllib.parse.quote(password, safe='')}@{host_db}")
+        rcv = w.receiver()
+        ep = w.add_endpoint(f"acl_{w.tag}", rcv.url("ok", f"acl_{w.tag}"))
+        c = w.consumer(redis_url=url)
+        evs = [event(ep, i, w.tag) for i in range(3)]
+        assert w.produce(evs).returncode == 0
+        wait_until(lambda: {l["webhook_id"] for l in rcv.ledger()} >= {e["id"] for e in evs},
+                   60 * MULT, 0.2, "delivered with the ACL user")
+        clients = redis_cmd(w.redis_url, "CLIENT", "LIST").decode()
+        assert f" user={user} " in clients, clients  # the consumer's connections are its
+        assert c.term() == 0
+        assert password not in c.logs() and urllib.parse.quote(password, safe="") not in c.logs()
+
+        wrong = "Wr0ng-" + w.tag
+        bad = w.consumer(name="badpw", redis_url=f"redis://{user}:{wrong}@{host_db}")
+        assert bad.p.wait(60 * MULT) != 0
+        log = bad.logs()
+        assert (f"could not authenticate to redis at {host_db.split('/')[0]} as user {user}: "
+                "WRONGPASS") in log, log[-3000:]
+        assert wrong not in log
+    finally:
+        redis_cmd(w.redis_url, "ACL", "DELUSER", user)
+
+
+def test_bad_redis_url_stops_start_up_with_78(make_world):
+    w = make_world()
+    path = w.bin("consumer/sluice-consumer")
+    for url, want in [("redis://someone@127.0.0.1:16379", "the user name needs a password"),
+                      ("redis://u:pw%zz@127.0.0.1:16379", "bad percent-encoding in the password"),
+                      ("rediss://127.0.0.1:16379", "rediss:// and unix sockets are not supported"),
+                      ("redis://127.0.0.1:99999", "bad port")]:
+        r = subprocess.run([path, "--check-config"], env=dict(w.env, SLUICE_REDIS_URL=url),
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 78, (url, r.stderr)
+        assert "invalid value for redis_url: " in r.stderr and want in r.stderr, r.stderr
+        assert "pw%zz" not in r.stderr
+
+
+# ==== PostgreSQL ====
+
+def keys_list(w, dsn):
+    """`sluicectl keys list --json` (common/sl_pg.c) with pg_dsn = dsn."""
+    return w.ctl("keys", "list", "--json", env=dict(w.env, SLUICE_PG_DSN=dsn))
+
+
+def test_stack_postgres_sslmode_disable_and_prefer_connect_require_is_refused(make_world):
+    w = make_world()
+    base = w.env["SLUICE_PG_DSN"]
+    for mode in ("disable", "prefer"):
+        r = keys_list(w, f"{base} sslmode={mode}")
+        assert r.returncode == 0, (mode, r.stderr)
+    # the stack's server has no TLS: a DSN that requires it must not be quietly downgraded
+    r = keys_list(w, f"{base} sslmode=require")
+    assert r.returncode != 0
+    assert "could not connect to postgresql" in r.stderr
+    assert "server does not support SSL, but SSL was required" in r.stderr, r.stderr
+
+
+@pytest.fixture(scope="module")
+def tls_pg():
+    pg = TlsPostgres()
+    try:
+        yield pg.start()
+    finally:
+        pg.stop()
+
+
+def test_verify_full_everywhere_on_a_tls_only_postgres(make_world, tls_pg):
+    """Every PostgreSQL path of every process over verify-full TLS: the server accepts
+    nothing else (hostssl only), so each success below was a verified TLS connection."""
+    dsn = tls_pg.dsn(sslmode="verify-full", sslrootcert=tls_pg.ca.cert)
+    w = make_world(pg_dsn=dsn, recorder_flush_ms=100)
+    rcv = w.receiver()
+    ep = w.add_endpoint(f"pgtls_{w.tag}", rcv.url("ok", f"pgtls_{w.tag}"))  # sl_registry
+    key = w.api_key("read")                                                 # ctl keys
+    assert key.startswith("slk_")
+    api = w.api()  # ready only once it has loaded the API keys from PostgreSQL
+    assert api.get("/readyz")[0] == 200
+    c = w.consumer()
+    rec = Proc([w.bin("recorder/sluice-recorder")], w.env, os.path.join(w.dir, "recorder.log"))
+    try:
+        evs = [event(ep, i, w.tag) for i in range(3)]
+        assert w.produce(evs).returncode == 0
+
+        def recorded():
+            out = tls_pg.psql(dsn, "-Atc", f"select count(*) from deliveries "
+                                           f"where endpoint_id = '{ep}' and state = 'delivered'")
+            return out.strip() == "3"
+        wait_until(recorded, 60 * MULT, 0.5, "the recorder wrote 3 deliveries over TLS")
+        # an operations command (ctl_ops_pg_open: its own connection parameters)
+        r = w.ctl("dead-letters", "--json")
+        assert r.returncode == 0, r.stderr
+        assert "history_db_unavailable" not in rec.logs()
+    finally:
+        assert c.term() == 0
+        assert rec.term() == 0
+
+
+def test_tls_postgres_refusals_name_postgresql(make_world, tls_pg, tmp_path):
+    w = make_world()
+    other = CA(str(tmp_path / "other-ca"), name="other")
+    cases = [
+        # the DSN's sslmode is obeyed, not upgraded: this server takes TLS only
+        (tls_pg.dsn(sslmode="disable"), ["no pg_hba.conf entry", "no encryption"]),
+        (tls_pg.dsn(sslmode="verify-full", sslrootcert=str(tmp_path / "missing-root.pem")),
+         ["root certificate file", "missing-root.pem", "does not exist"]),
+        (tls_pg.dsn(sslmode="verify-full", sslrootcert=other.cert),
+         ["certificate verify failed"]),
+    ]
+    for dsn, wants in cases:
+        r = keys_list(w, dsn)
+        assert r.returncode != 0, dsn
+        assert "could not connect to postgresql" in r.stderr, r.stderr
+        for want in wants:
+            assert want in r.stderr, (dsn, want, r.stderr)
