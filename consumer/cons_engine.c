@@ -35,6 +35,7 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "common/sl_bounded.h"
 #include "common/sl_kafka.h"
 #include "common/sl_kstats.h"
 #include "common/sl_log.h"
@@ -54,15 +55,22 @@
 #include "consumer/cons_ssrf.h"
 #include "consumer/cons_store.h"
 
-#define INTAKE_BATCH        500   /* Kafka records taken per loop turn */
-#define INTAKE_STUCK_MS     1000  /* intake full this long without taking a record: pause */
-#define CLAIM_BATCH         200   /* retry jobs claimed per shard per turn */
-#define CLAIM_INTERVAL_MS   100   /* how often due retries are claimed */
-#define STORE_INTERVAL_MS   100   /* how often finished offsets are stored */
-#define MARKS_BATCH         256   /* delivered markers written in one Redis round trip... */
-#define MARKS_DELAY_MS      5     /* ...or once the oldest has waited this long */
-#define STATS_INTERVAL_MS   10000 /* stats log line */
-#define KSTATS_INTERVAL_MS  5000  /* librdkafka statistics (lag metrics), when metrics are on */
+#define INTAKE_BATCH       500   /* Kafka records taken per loop turn */
+#define INTAKE_STUCK_MS    1000  /* intake full this long without taking a record: pause */
+#define CLAIM_BATCH        200   /* retry jobs claimed per shard per turn */
+#define CLAIM_INTERVAL_MS  100   /* how often due retries are claimed */
+#define STORE_INTERVAL_MS  100   /* how often finished offsets are stored */
+#define MARKS_BATCH        256   /* delivered markers written in one Redis round trip... */
+#define MARKS_DELAY_MS     5     /* ...or once the oldest has waited this long */
+#define STATS_INTERVAL_MS  10000 /* stats log line */
+#define KSTATS_INTERVAL_MS 5000  /* librdkafka statistics (lag metrics), when metrics are on */
+/* SIGTERM (shutdown_timeout_ms): the drain of requests in flight ends at least
+ * SHUTDOWN_RESERVE_MS before the bound, the flush of outcomes and Redis writes at least
+ * SHUTDOWN_CLOSE_MS before it (commit and leaving the group), which end SHUTDOWN_DESTROY_MS
+ * before it (destroying the clients) */
+#define SHUTDOWN_RESERVE_MS 4000
+#define SHUTDOWN_CLOSE_MS   3000
+#define SHUTDOWN_DESTROY_MS 500
 #define BRK_REFRESH_MS      1000  /* refresh of a local breaker view with recent failures */
 #define BRK_STALE_MS        30000 /* refresh of any closed local breaker view this old, ms */
 #define REDIS_HOLD_RETRY_MS 1000  /* retry of Redis writes that failed */
@@ -143,7 +151,7 @@ struct cons_ep {
     struct cons_ep *ready_next;      /* ready list link */
     enum cons_brk_state brk;         /* local view of the shared breaker */
     int64_t brk_failures;            /* consecutive failures per the last Redis answer */
-    int64_t brk_reopen_at;           /* open: cooldown end (unix ms) */
+    int64_t brk_reopen_at;           /* open: cooldown end (unix ms, this pod's clock) */
     int64_t brk_refreshed_mono;      /* when the view was last refreshed (mono ms) */
     int64_t last_failure_mono;       /* last failure seen here (mono ms) */
     bool probe_inflight;             /* our probe is running */
@@ -162,6 +170,21 @@ struct cons_ep {
                                         registry answers, treat it as disabled here */
     uint64_t disabled_version;       /* snapshot version when we asked */
     struct cons_ep_metrics *m;       /* per-endpoint series, or NULL (metrics_endpoint_top) */
+};
+
+/* A record for Kafka (an outcome, a quarantined record) that the producer would not take
+ * (local queue full, broker trouble) or that Kafka did not acknowledge: kept, in order, and
+ * produced again from the loop (retry_records) until Kafka takes it. Its job stays in memory
+ * meanwhile (acks_pending counts it), so the job's offset stays open or its lease kept: never
+ * dropped, never produced from inside a callback, never waited for. */
+struct held_rec {
+    struct job *j;            /* the job the record belongs to (borrowed) */
+    char *topic;              /* owned */
+    void *key, *val;          /* owned (key may be NULL) */
+    size_t key_len, val_len;  /* bytes */
+    rd_kafka_headers_t *hdrs; /* owned, or NULL */
+    int64_t since_mono;       /* when it was first held (mono ms) */
+    struct held_rec *next;    /* FIFO link */
 };
 
 /* A delivered or dead-letter marker whose write failed: written again once Redis answers. */
@@ -191,6 +214,9 @@ struct cons_engine {
     struct job *marks;                       /* delivered jobs waiting for their marker write */
     struct job *leased;                      /* claimed retry jobs in memory whose leases we keep */
     struct pmark *pmarks;                    /* delivered markers whose write failed (owned) */
+    struct held_rec *hrec_head, *hrec_tail;  /* records Kafka has not taken yet, FIFO (owned) */
+    size_t nhrec;                            /* entries in the held-record list */
+    int64_t hrec_logged_mono;                /* last records_held log line (mono ms) */
     size_t npmarks, cap_pmarks;              /* entries in pmarks / allocated */
     int64_t next_pmark_mono;                 /* next retry of pmarks (mono ms) */
     int64_t next_renew_mono;                 /* next lease renewal pass (mono ms) */
@@ -222,6 +248,9 @@ struct cons_engine {
     bool kafka_more;             /* the consumer queue may hold more records */
     atomic_int stop;             /* shutdown requested (any thread, signal handlers) */
     atomic_bool joined;          /* a partition assignment was served (readiness) */
+    int64_t shutdown_deadline;   /* SIGTERM: the whole exit ends by then (mono ms; 0 = running) */
+    bool redis_failed_stopping;  /* a Redis write failed during shutdown: hold, do not retry */
+    bool abandoned;              /* leaving the group outlived the bound: do not destroy */
     int beat;                    /* liveness heartbeat slot (sl_probe), -1 = none */
     bool stopping;               /* shutdown in progress */
     uint32_t next_shard;         /* round-robin claim cursor */
@@ -251,11 +280,22 @@ static void dispatch(cons_engine_t *e);
 static void warn_redis(cons_engine_t *e, const sl_err_t *err)
 {
     sl_counter_inc(cons_m.redis_errors);
+    if (e->stopping)
+        e->redis_failed_stopping = true; /* see redis_given_up */
     int64_t now = sl_mono_ms();
     if (now - e->redis_warned_mono < 5000)
         return;
     e->redis_warned_mono = now;
     sl_warn("redis", "redis_unavailable", "%s", err->msg);
+}
+
+/* During a shutdown, once a Redis call failed, the rest of the shutdown makes none: each
+ * could wait redis_timeout_ms and the exit is bounded (shutdown_timeout_ms). What would have
+ * been written stays undone the safe way: a marker is not written (the outcome is), a Kafka
+ * record's offset is not stored, a claimed job's lease runs out. */
+static bool redis_given_up(const cons_engine_t *e)
+{
+    return e->stopping && e->redis_failed_stopping;
 }
 
 static void set_ctx(struct sl_log_ctx *ctx, const struct job *j)
@@ -480,8 +520,8 @@ static bool rate_allows(cons_engine_t *e, struct cons_ep *ce)
     int64_t granted = 0, wait = 0;
     sl_err_t err;
     if (cons_store_rate_take(e->redis, ce->id, ep->rate, ep->rate_period_ms,
-                             ep->burst > 0 ? ep->burst : ep->rate, want, sl_now_ms(), &granted,
-                             &wait, &err) != 0) {
+                             ep->burst > 0 ? ep->burst : ep->rate, want, &granted, &wait,
+                             &err) != 0) {
         warn_redis(e, &err);
         block_until(e, ce, now + 1000); /* without the bucket, do not risk exceeding it */
         return false;
@@ -516,21 +556,195 @@ static void outcome_init(cons_engine_t *e,
 }
 
 /* Produce an outcome for j; the job waits for its acknowledgement. Returns 0 or SL_E*. */
+/* ==== Test-only fault points (-DSL_FAULT_INJECTION=ON; SL_FAULT=name) ====
+ *   loop_stall       the loop blocks 4 s at its first delivered answer: the stall /healthz
+ *                    must report (tests/e2e/test_metrics.py);
+ *   records_refused  the producer "refuses" the first 20 records handed to it: they are held
+ *                    and produced again (tests/e2e/test_delivery.py);
+ *   records_unacked  the first 20 acknowledgements count as failures: the records are held and
+ *                    produced again, so Kafka has those twice (at-least-once outcomes).
+ * Without the build option each is a constant false. */
+static bool fault_active(const char *name, int times)
+{
+#ifdef SL_FAULT_INJECTION
+    static atomic_int used[3];
+    static const char *const names[3] = {"loop_stall", "records_refused", "records_unacked"};
+    const char *f = getenv("SL_FAULT");
+    if (!f || strcmp(f, name) != 0)
+        return false;
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(names[i], name) == 0)
+            return atomic_fetch_add(&used[i], 1) < times;
+    }
+#else
+    (void)name;
+    (void)times;
+#endif
+    return false;
+}
+
+static void fault_stall(void)
+{
+    if (fault_active("loop_stall", 1))
+        (void)usleep(4000 * 1000);
+}
+
+static bool fault_produce_refused(void)
+{
+    return fault_active("records_refused", 20);
+}
+
+/* One attempt to hand a record to the producer (copied; headers copied). Never waits. */
+static rd_kafka_resp_err_t produce_once(cons_engine_t *e,
+                                        const char *topic,
+                                        const void *key,
+                                        size_t key_len,
+                                        const void *val,
+                                        size_t val_len,
+                                        const rd_kafka_headers_t *hdrs,
+                                        struct job *j)
+{
+    /* producev takes the headers only when it succeeds */
+    rd_kafka_headers_t *h = hdrs ? rd_kafka_headers_copy(hdrs) : NULL;
+    rd_kafka_resp_err_t ke = rd_kafka_producev(
+        e->producer, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY((void *)(uintptr_t)key, key_len),
+        RD_KAFKA_V_VALUE((void *)(uintptr_t)val, val_len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+        RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(j), RD_KAFKA_V_END);
+    if (ke != RD_KAFKA_RESP_ERR_NO_ERROR && h)
+        rd_kafka_headers_destroy(h);
+    return ke;
+}
+
+/* Keep a record Kafka has not taken (copies; hdrs is taken over) at the end of the list. */
+static void hold_record(cons_engine_t *e,
+                        struct job *j,
+                        const char *topic,
+                        const void *key,
+                        size_t key_len,
+                        const void *val,
+                        size_t val_len,
+                        rd_kafka_headers_t *hdrs,
+                        const char *why)
+{
+    struct held_rec *h = sl_xcalloc(1, sizeof(*h));
+    h->j = j;
+    h->topic = sl_xstrdup(topic);
+    if (key && key_len) {
+        h->key = sl_xmalloc(key_len);
+        memcpy(h->key, key, key_len);
+        h->key_len = key_len;
+    }
+    h->val = sl_xmalloc(val_len ? val_len : 1);
+    if (val_len)
+        memcpy(h->val, val, val_len);
+    h->val_len = val_len;
+    h->hdrs = hdrs;
+    h->since_mono = sl_mono_ms();
+    if (e->hrec_tail)
+        e->hrec_tail->next = h;
+    else
+        e->hrec_head = h;
+    e->hrec_tail = h;
+    e->nhrec++;
+    sl_gauge_add(cons_m.records_held, 1);
+    int64_t now = h->since_mono;
+    if (now - e->hrec_logged_mono >= 5000) {
+        e->hrec_logged_mono = now;
+        SL_LOGKV(
+            SL_LOG_WARN, "kafka", "records_held",
+            ((struct sl_log_kv[]){SL_KV_S("topic", topic), SL_KV_I("held", (int64_t)e->nhrec)}),
+            "Kafka did not take a record (%s): held and produced again; its delivery's "
+            "offset stays open meanwhile",
+            why);
+    }
+}
+
+static void held_free(cons_engine_t *e, struct held_rec *h)
+{
+    free(h->topic);
+    free(h->key);
+    free(h->val);
+    if (h->hdrs)
+        rd_kafka_headers_destroy(h->hdrs);
+    free(h);
+    e->nhrec--;
+    sl_gauge_add(cons_m.records_held, -1);
+}
+
+/* Produce what is held, oldest first, until the producer refuses one (it keeps its place). */
+static void retry_records(cons_engine_t *e)
+{
+    while (e->hrec_head) {
+        struct held_rec *h = e->hrec_head;
+        rd_kafka_resp_err_t ke =
+            produce_once(e, h->topic, h->key, h->key_len, h->val, h->val_len, h->hdrs, h->j);
+        if (ke != RD_KAFKA_RESP_ERR_NO_ERROR) {
+            int64_t now = sl_mono_ms();
+            if (now - e->hrec_logged_mono >= 10000) {
+                e->hrec_logged_mono = now;
+                SL_LOGKV(SL_LOG_WARN, "kafka", "records_held",
+                         ((struct sl_log_kv[]){SL_KV_I("held", (int64_t)e->nhrec),
+                                               SL_KV_I("oldest_ms", now - h->since_mono)}),
+                         "records still held for Kafka: %s", rd_kafka_err2str(ke));
+            }
+            return;
+        }
+        e->hrec_head = h->next;
+        if (!e->hrec_head)
+            e->hrec_tail = NULL;
+        held_free(e, h);
+    }
+}
+
+/* Hand a record of job j to Kafka: now when nothing is held before it and the producer takes
+ * it, else held (in order). j waits for its acknowledgement either way (acks_pending). */
+static void send_record(cons_engine_t *e,
+                        struct job *j,
+                        const char *topic,
+                        const void *key,
+                        size_t key_len,
+                        const void *val,
+                        size_t val_len,
+                        rd_kafka_headers_t *hdrs)
+{
+    j->acks_pending++;
+    rd_kafka_resp_err_t ke = RD_KAFKA_RESP_ERR__STATE;
+    if (!e->hrec_head && !fault_produce_refused()) {
+        ke = produce_once(e, topic, key, key_len, val, val_len, hdrs, j);
+        if (ke == RD_KAFKA_RESP_ERR_NO_ERROR) {
+            if (hdrs)
+                rd_kafka_headers_destroy(hdrs);
+            return;
+        }
+    }
+    hold_record(e, j, topic, key, key_len, val, val_len, hdrs,
+                e->hrec_head && ke == RD_KAFKA_RESP_ERR__STATE ? "behind earlier held records"
+                                                               : rd_kafka_err2str(ke));
+}
+
+/* Encode and send an outcome of j (see send_record). Returns 0, or the encoder's error when o
+ * cannot be encoded even without its optional parts (nothing sent then). */
 static int produce_outcome(cons_engine_t *e, struct job *j, const struct sl_outcome *o)
 {
     sl_err_t err;
     sl_buf_reset(&e->enc);
     if (sl_outcome_encode_lim(o, &e->lim, &e->enc, &err) != 0) {
-        sl_error("kafka", "outcome_encode_failed", "cannot encode outcome: %s", err.msg);
-        return err.code;
+        /* the response excerpt and the record copy are optional: without them it fits */
+        struct sl_outcome lean = *o;
+        lean.resp = NULL;
+        lean.resp_len = 0;
+        lean.env = NULL;
+        lean.env_len = 0;
+        sl_error("kafka", "outcome_encode_failed",
+                 "cannot encode outcome: %s; sending it without its response and record", err.msg);
+        sl_buf_reset(&e->enc);
+        if (sl_outcome_encode_lim(&lean, &e->lim, &e->enc, &err) != 0) {
+            sl_error("kafka", "outcome_encode_failed", "cannot encode outcome: %s", err.msg);
+            return err.code;
+        }
     }
-    j->acks_pending++;
-    if (sl_kafka_produce(e->producer, e->cfg->topic_outcomes, j->d.ep, strlen(j->d.ep), e->enc.data,
-                         e->enc.len, j, 60000, &err) != 0) {
-        j->acks_pending--;
-        sl_error("kafka", "outcome_produce_failed", "%s", err.msg);
-        return err.code;
-    }
+    send_record(e, j, e->cfg->topic_outcomes, j->d.ep, strlen(j->d.ep), e->enc.data, e->enc.len,
+                NULL);
     return 0;
 }
 
@@ -542,15 +756,21 @@ static void job_settle(cons_engine_t *e, struct job *j)
          * rebalance or an outage) is then not sent again. Without the marker it would be,
          * and a transient failure could even end up delivered after its dead letter. */
         sl_err_t err;
-        if (cons_store_dead_mark(e->redis, j->d.ep, j->d.id, e->cfg->dedup_window_s, &err) != 0) {
-            warn_redis(e, &err); /* written again once Redis answers (retry_pmarks) */
+        bool written = false;
+        if (!redis_given_up(e)) {
+            written =
+                cons_store_dead_mark(e->redis, j->d.ep, j->d.id, e->cfg->dedup_window_s, &err) == 0;
+            if (!written)
+                warn_redis(e, &err); /* written again once Redis answers (retry_pmarks) */
+        }
+        if (!written) {
             const char *ep = j->d.ep, *id = j->d.id;
             pmarks_add(e, 1, &ep, &id, NULL);
         }
     }
     if (j->src == SRC_KAFKA) {
         cons_offsets_finish(e->offsets, &j->off);
-    } else if (j->after == AFTER_COMPLETE) {
+    } else if (j->after == AFTER_COMPLETE && !redis_given_up(e)) {
         sl_err_t err;
         uint32_t nshards = (uint32_t)e->cfg->retry_shards;
         int rc = cons_store_complete(e->redis, nshards, j->job_id, j->token, &err);
@@ -579,6 +799,13 @@ static void job_done_quiet(cons_engine_t *e, struct job *j)
  */
 static void schedule_job(
     cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attempt, const struct sl_outcome *o);
+static void dead_letter(cons_engine_t *e,
+                        struct job *j,
+                        uint32_t attempt,
+                        uint32_t http,
+                        const char *err_class,
+                        const char *msg,
+                        const struct cons_http_result *r);
 
 static void
 hold(cons_engine_t *e, struct job *j, int64_t due_ms, uint32_t attempt, const struct sl_outcome *o)
@@ -620,12 +847,18 @@ static void schedule_job(
     copy.attempt = attempt;
     sl_buf_reset(&e->enc);
     if (sl_delivery_encode_lim(&copy, &e->lim, &e->enc, &err) != 0) {
+        /* it cannot wait in the schedule: give it up, with the reason, rather than lose it */
         sl_error("redis", "job_encode_failed", "cannot encode retry job: %s", err.msg);
-        job_done_quiet(e, j);
+        dead_letter(e, j, 0, 0, "job_encode_failed", err.msg, NULL);
         return;
     }
     int existed = 0;
-    int rc = cons_store_schedule(e->redis, nshards, j->job_id, e->enc.data, e->enc.len, due_ms,
+    int rc;
+    if (redis_given_up(e)) /* no Redis wait within the exit's bound */
+        rc = sl_err_set(&err, SL_EREDIS, "redis failed during shutdown: not retried");
+    else
+        rc = cons_store_schedule(e->redis, nshards, j->job_id, e->enc.data, e->enc.len,
+                                 due_ms - sl_now_ms(), /* a delay: Redis adds its own now */
                                  j->src == SRC_REDIS ? j->token : NULL, &existed, &err);
     if (rc == SL_ESTATE) {
         /* Our lease expired and another pod owns the job now: it is not ours to move. */
@@ -789,21 +1022,12 @@ static void quarantine(cons_engine_t *e, struct job *j, const char *reason)
     e->st.quarantined++;
     sl_counter_inc(cons_m.quarantined);
     sl_warn("kafka", "record_quarantined", "record quarantined: %s", reason);
-    j->acks_pending++;
-    rd_kafka_resp_err_t ke = rd_kafka_producev(
-        e->producer, RD_KAFKA_V_TOPIC(e->cfg->topic_quarantine),
-        RD_KAFKA_V_VALUE(j->raw, j->raw_len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-        RD_KAFKA_V_HEADER("sluice-reason", reason, (ssize_t)strlen(reason)),
-        RD_KAFKA_V_HEADER("sluice-source-topic", e->cfg->topic_deliveries, -1),
-        RD_KAFKA_V_HEADER("sluice-source-partition", part, -1),
-        RD_KAFKA_V_HEADER("sluice-source-offset", off, -1), RD_KAFKA_V_OPAQUE(j), RD_KAFKA_V_END);
-    if (ke != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        /* Keep the offset unfinished: the record comes back after a restart. */
-        j->acks_pending--;
-        sl_error("kafka", "quarantine_failed", "could not quarantine record: %s",
-                 rd_kafka_err2str(ke));
-        job_free(e, j);
-    }
+    rd_kafka_headers_t *h = rd_kafka_headers_new(4);
+    rd_kafka_header_add(h, "sluice-reason", -1, reason, (ssize_t)strlen(reason));
+    rd_kafka_header_add(h, "sluice-source-topic", -1, e->cfg->topic_deliveries, -1);
+    rd_kafka_header_add(h, "sluice-source-partition", -1, part, -1);
+    rd_kafka_header_add(h, "sluice-source-offset", -1, off, -1);
+    send_record(e, j, e->cfg->topic_quarantine, NULL, 0, j->raw, j->raw_len, h);
 }
 
 /* Dead-letter j with error class and message. attempt: the attempt that failed, or 0 when j
@@ -1235,7 +1459,7 @@ static void intake_redis(cons_engine_t *e)
         struct cons_claimed *c = NULL;
         sl_err_t err;
         int64_t claim_ms = sl_now_ms();
-        int got = cons_store_claim(e->redis, shard, claim_ms, e->cfg->lease_ms, max, &c, &err);
+        int got = cons_store_claim(e->redis, shard, e->cfg->lease_ms, max, &c, &err);
         if (got < 0) {
             warn_redis(e, &err);
             return;
@@ -1287,7 +1511,10 @@ static int renew_batch(
         toks[i] = items[i].j->token;
     }
     sl_err_t err;
-    int rc = cons_store_renew(e->redis, items[0].shard, until_ms, n, ids, toks, kept, &err);
+    /* Redis renews for the time left until until_ms from now on: never past until_ms */
+    int64_t left = until_ms - sl_now_ms();
+    int rc =
+        cons_store_renew(e->redis, items[0].shard, left > 1 ? left : 1, n, ids, toks, kept, &err);
     if (rc != 0) {
         warn_redis(e, &err);
         return rc;
@@ -1581,7 +1808,8 @@ static void brk_apply(struct cons_ep *ce, const struct cons_brk_view *v)
     }
     ce->brk = v->state;
     ce->brk_failures = v->failures;
-    ce->brk_reopen_at = v->reopen_at_ms;
+    /* Redis's times as a distance from Redis's now, onto this pod's clock */
+    ce->brk_reopen_at = v->reopen_at_ms ? sl_now_ms() + (v->reopen_at_ms - v->now_ms) : 0;
     ce->brk_refreshed_mono = sl_mono_ms();
 }
 
@@ -1656,7 +1884,7 @@ static bool breaker_allows(cons_engine_t *e, struct cons_ep *ce, bool *probe)
         probe_lease = e->cfg->lease_ms;
     char owner[CONS_STORE_OWNER_MAX + 1];
     probe_owner(e, ce->probe_seq + 1, owner);
-    if (cons_store_brk_acquire(e->redis, ce->id, now, probe_lease, owner, &v, &err) != 0) {
+    if (cons_store_brk_acquire(e->redis, ce->id, probe_lease, owner, &v, &err) != 0) {
         warn_redis(e, &err);
         return false;
     }
@@ -1807,14 +2035,15 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
     bool failure = v == CONS_RETRY && r->status != 429;
     if (failure)
         ce->last_failure_mono = sl_mono_ms();
-    if (failure || ce->brk_failures > 0 || was_probe || ce->brk != CONS_BRK_CLOSED) {
+    if ((failure || ce->brk_failures > 0 || was_probe || ce->brk != CONS_BRK_CLOSED) &&
+        !redis_given_up(e)) {
         struct cons_brk_view bv;
         const struct sl_endpoint *ep = ce->ep;
         int64_t threshold = brk_threshold(e, ce);
         int64_t cooldown = ep ? ep->brk_cooldown_ms : e->cfg->breaker_cooldown_ms;
         char owner[CONS_STORE_OWNER_MAX + 1];
         probe_owner(e, was_probe ? ce->probe_seq : 0, owner);
-        if (cons_store_brk_record(e->redis, ce->id, failure ? 0 : 1, now, threshold, cooldown,
+        if (cons_store_brk_record(e->redis, ce->id, failure ? 0 : 1, threshold, cooldown,
                                   e->cfg->breaker_cooldown_max_ms, owner, &bv, &err) == 0) {
             enum cons_brk_state before = ce->brk;
             brk_apply(ce, &bv);
@@ -1844,6 +2073,7 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
     struct sl_outcome o;
     switch (v) {
     case CONS_DELIVERED:
+        fault_stall();
         e->st.delivered++;
         cons_metrics_outcome(ce->m, CONS_M_DELIVERED, r->status);
         if (j->d.ts_ms > 0 && (uint64_t)now >= j->d.ts_ms)
@@ -1957,7 +2187,7 @@ static void pmarks_add(cons_engine_t *e,
  */
 static void retry_pmarks(cons_engine_t *e)
 {
-    if (!e->npmarks || sl_mono_ms() < e->next_pmark_mono)
+    if (!e->npmarks || sl_mono_ms() < e->next_pmark_mono || redis_given_up(e))
         return;
     size_t n = e->npmarks;
     const char **eps = sl_xcalloc(n, sizeof(*eps));
@@ -2027,10 +2257,15 @@ static void flush_marks(cons_engine_t *e)
         i++;
     }
     sl_err_t err;
-    if (cons_store_done_mark(e->redis, n, eps, ids, info, e->cfg->dedup_window_s, &err) != 0) {
-        warn_redis(e, &err); /* delivered all the same; the markers are written later */
-        pmarks_add(e, n, eps, ids, info);
+    bool written = false;
+    if (!redis_given_up(e)) {
+        written =
+            cons_store_done_mark(e->redis, n, eps, ids, info, e->cfg->dedup_window_s, &err) == 0;
+        if (!written)
+            warn_redis(e, &err); /* delivered all the same; the markers are written later */
     }
+    if (!written)
+        pmarks_add(e, n, eps, ids, info);
     free(eps);
     free(ids);
     free(info);
@@ -2067,20 +2302,16 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
     struct job *j = m->_private;
     if (!j)
         return;
-    if (m->err) {
-        /* Not acknowledged: produce it again, headers too (a quarantined record's reason and
-         * source travel in them); the job (and its offset) waits. */
-        sl_warn("kafka", "outcome_not_acked", "outcome not acknowledged, producing again: %s",
-                rd_kafka_err2str(m->err));
-        sl_err_t err;
+    if (m->err || fault_active("records_unacked", 20)) {
+        /* Not acknowledged: held, headers too (a quarantined record's reason and source
+         * travel in them), and produced again by the loop (never from this callback); the
+         * job (and its offset) waits, still counting this record in acks_pending. */
         rd_kafka_headers_t *hdrs = NULL;
         if (rd_kafka_message_headers(m, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
             hdrs = NULL;
-        if (sl_kafka_produce_hdrs(e->producer, rd_kafka_topic_name(m->rkt), m->key, m->key_len,
-                                  m->payload, m->len, hdrs, j, 60000, &err) == 0)
-            return;
-        j->acks_pending--;
-        job_free(e, j);
+        hold_record(e, j, rd_kafka_topic_name(m->rkt), m->key, m->key_len, m->payload, m->len,
+                    hdrs ? rd_kafka_headers_copy(hdrs) : NULL,
+                    m->err ? rd_kafka_err2str(m->err) : "acknowledgement refused (test fault)");
         return;
     }
     if (--j->acks_pending == 0)
@@ -2153,11 +2384,13 @@ static void commit_stored(cons_engine_t *e, const char *why)
 static void drain_for(cons_engine_t *e, int64_t bound_ms)
 {
     int64_t deadline = sl_mono_ms() + bound_ms;
-    while (sl_mono_ms() < deadline &&
-           (cons_http_running(e->http) > 0 || e->marks || rd_kafka_outq_len(e->producer) > 0)) {
+    while (sl_mono_ms() < deadline && (cons_http_running(e->http) > 0 || e->marks ||
+                                       rd_kafka_outq_len(e->producer) > 0 || e->hrec_head)) {
         cons_http_run(e->http, 10, NULL);
         flush_marks(e);
         rd_kafka_poll(e->producer, 0);
+        if (e->hrec_head)
+            retry_records(e);
     }
 }
 
@@ -2400,6 +2633,11 @@ void cons_engine_stop(cons_engine_t *e)
     }
 }
 
+bool cons_engine_abandoned(const cons_engine_t *e)
+{
+    return e->abandoned;
+}
+
 bool cons_engine_joined(const cons_engine_t *e)
 {
     return atomic_load(&e->joined);
@@ -2424,7 +2662,10 @@ static void shutdown_drain(cons_engine_t *e)
     e->stopping = true;
     sl_info("consumer", "shutdown_started", "draining %d in-flight requests (up to %lld ms)",
             cons_http_running(e->http), (long long)e->cfg->shutdown_drain_ms);
+    /* the drain's share of shutdown_timeout_ms leaves SHUTDOWN_RESERVE_MS for the rest */
     int64_t deadline = sl_mono_ms() + e->cfg->shutdown_drain_ms;
+    if (deadline > e->shutdown_deadline - SHUTDOWN_RESERVE_MS)
+        deadline = e->shutdown_deadline - SHUTDOWN_RESERVE_MS;
     while (cons_http_running(e->http) > 0 && sl_mono_ms() < deadline) {
         cons_http_run(e->http, 20, NULL);
         flush_marks(e);
@@ -2462,15 +2703,38 @@ static void shutdown_drain(cons_engine_t *e)
         defer_job(e, j, sl_now_ms(), "shutdown");
     }
     flush_marks(e);
+    /* Flush what is owed to Kafka and Redis, leaving SHUTDOWN_CLOSE_MS for the commit and
+     * leaving the group. Once Redis failed during the shutdown its writes are not retried
+     * (held jobs are then freed: a Kafka record's offset is not stored, a claimed job's
+     * lease runs out; both come back to the next owner). */
     int64_t flush_deadline = sl_mono_ms() + 10000;
-    while ((rd_kafka_outq_len(e->producer) > 0 || e->held || e->npmarks) &&
+    if (flush_deadline > e->shutdown_deadline - SHUTDOWN_CLOSE_MS)
+        flush_deadline = e->shutdown_deadline - SHUTDOWN_CLOSE_MS;
+    while ((rd_kafka_outq_len(e->producer) > 0 || e->hrec_head ||
+            ((e->held || e->npmarks) && !e->redis_failed_stopping)) &&
            sl_mono_ms() < flush_deadline) {
         rd_kafka_poll(e->producer, 50);
+        retry_records(e);
         retry_held(e);
         retry_pmarks(e);
     }
+    if (e->hrec_head)
+        sl_error("kafka", "records_not_produced",
+                 "%zu records still not taken by Kafka at shutdown: their deliveries' offsets "
+                 "are not committed, the next owner reads them again",
+                 e->nhrec);
     store_offsets(e, true);
+}
+
+/* Commit and leave the group: may block (an unreachable coordinator), so it runs under
+ * sl_run_bounded; the rebalance callback's revocation runs in it too. */
+static void close_consumer(void *arg)
+{
+    cons_engine_t *e = arg;
     commit_stored(e, "shutdown");
+    rd_kafka_resp_err_t ke = rd_kafka_consumer_close(e->consumer);
+    if (ke != RD_KAFKA_RESP_ERR_NO_ERROR)
+        sl_warn("kafka", "close_failed", "consumer close: %s", rd_kafka_err2str(ke));
 }
 
 int cons_engine_run(cons_engine_t *e)
@@ -2500,6 +2764,8 @@ int cons_engine_run(cons_engine_t *e)
         if (marks_due_in(e) == 0)
             flush_marks(e);
         rd_kafka_poll(e->producer, 0);
+        if (e->hrec_head)
+            retry_records(e);
         if (e->held)
             retry_held(e);
         retry_pmarks(e);
@@ -2515,11 +2781,19 @@ int cons_engine_run(cons_engine_t *e)
     }
     sl_probe_beat_release(e->beat); /* shutting down: the drain is bounded on its own */
     e->beat = -1;
+    e->shutdown_deadline = sl_mono_ms() + e->cfg->shutdown_timeout_ms;
     shutdown_drain(e);
     stats_line(e, true);
-    rd_kafka_resp_err_t ke = rd_kafka_consumer_close(e->consumer);
-    if (ke != RD_KAFKA_RESP_ERR_NO_ERROR)
-        sl_warn("kafka", "close_failed", "consumer close: %s", rd_kafka_err2str(ke));
+    /* what is left of the bound, less a moment for destroying the producer */
+    int64_t left = e->shutdown_deadline - sl_mono_ms() - SHUTDOWN_DESTROY_MS;
+    if (sl_run_bounded(close_consumer, e, left) == SL_ETIMEDOUT) {
+        e->abandoned = true;
+        sl_error("consumer", "shutdown_timeout",
+                 "leaving the group did not finish within shutdown_timeout_ms (%lld ms): exiting "
+                 "without it (offsets not committed are read again by the next owner)",
+                 (long long)e->cfg->shutdown_timeout_ms);
+        return e->fatal ? e->fatal : SL_ETIMEDOUT;
+    }
     sl_info("consumer", "stopped", "consumer stopped cleanly");
     return e->fatal;
 }
@@ -2538,7 +2812,8 @@ void cons_engine_destroy(cons_engine_t *e)
     }
     if (e->producer) {
         cons_metrics_producer_remove(e->producer);
-        rd_kafka_flush(e->producer, 5000);
+        int64_t left = e->shutdown_deadline ? e->shutdown_deadline - sl_mono_ms() : 5000;
+        rd_kafka_flush(e->producer, (int)(left < 0 ? 0 : left > 5000 ? 5000 : left));
         rd_kafka_destroy(e->producer);
     }
     cons_http_destroy(e->http);
@@ -2578,6 +2853,11 @@ void cons_engine_destroy(cons_engine_t *e)
         free(e->pmarks[i].id);
     }
     free(e->pmarks);
+    while (e->hrec_head) { /* their jobs are freed above or below: nothing to settle */
+        struct held_rec *h = e->hrec_head;
+        e->hrec_head = h->next;
+        held_free(e, h);
+    }
     cons_offsets_destroy(e->offsets);
     sl_buf_fini(&e->enc);
     sl_buf_fini(&e->canon);

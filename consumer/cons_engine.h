@@ -66,6 +66,9 @@ int cons_engine_run(cons_engine_t *e);
 void cons_engine_stop(cons_engine_t *e);
 
 void cons_engine_stats(const cons_engine_t *e, struct cons_stats *out);
+/* Whether the loop gave up leaving the group at shutdown_timeout_ms: its consumer is still
+ * in use by the abandoned close, so the engine must not be destroyed; exit the process. */
+bool cons_engine_abandoned(const cons_engine_t *e);
 /* Whether the loop has been assigned its partitions (any number) by the group: readiness.
  * Any thread. */
 bool cons_engine_joined(const cons_engine_t *e);

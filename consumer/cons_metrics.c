@@ -92,6 +92,11 @@ void cons_metrics_init(int64_t endpoint_top)
         "Deliveries in memory without a request running (waiting for a slot, a Redis write or "
         "Kafka's acknowledgement).",
         NULL);
+    m->records_held = sl_metric_gauge(
+        "sluice_records_held",
+        "Records for Kafka (outcomes, quarantined records) it has not taken yet, held and "
+        "produced again; their deliveries' offsets stay open meanwhile.",
+        NULL);
     m->redis_errors =
         sl_metric_counter("sluice_redis_errors_total", "Redis calls that failed.", NULL);
     m->publish_to_delivered =

@@ -1,6 +1,6 @@
 /*
- * cons_store: retry schedule, leases, delivered markers and circuit breakers in Redis (see
- * cons_store.h for the key layout and the contract).
+ * cons_store: retry schedule, leases, delivered markers, circuit breakers and rate buckets in
+ * Redis (see cons_store.h for the key layout and the contract).
  *
  * Design: every state change that touches more than one key, or that reads before it
  * writes, is one Lua script, so it is atomic across pods. Each script gets its keys in
@@ -8,6 +8,30 @@
  * the same shard ("sluice:job:{s}:"), because it cannot know the due job ids in advance;
  * those keys share the {s} hash tag, so the script stays in one Cluster slot. Bodies are
  * binary: every argument goes through argv/argvlen, never a %s format.
+ *
+ * One clock: Redis's. Pods' clocks differ, so no time that Redis compares comes from a pod.
+ * Every script that compares or computes a time reads "now" from TIME inside the script
+ * (SL_RCLOCK_LUA_NOW, common/sl_rclock.h), and every time stored in Redis is on that clock:
+ *   schedule  due = TIME + delay; the pod passes only the delay (its backoff, or how far off
+ *             its breaker view says the cooldown ends), never a due time (common/sl_jobkey).
+ *   claim     due means score <= TIME; the lease (the score of a claimed job) ends at
+ *             TIME + lease_ms.
+ *   renew     the lease ends at TIME + lease_ms.
+ *   breaker   record opens at TIME (opened_at_ms); acquire compares TIME with opened_at_ms +
+ *             cooldown_ms and with probe_until_ms, and sets probe_until_ms = TIME + lease.
+ *             Every view returns TIME with it, so a pod turns reopen_at_ms into a distance
+ *             (reopen_at_ms - now_ms) and never compares Redis's times with its own clock.
+ *   rate      the bucket refills by TIME - ts (ts is the TIME of the last refill).
+ *   markers   SET ... EX: Redis expires them on its own clock; the ts_ms a marker remembers
+ *             is an outcome timestamp for the history, never compared.
+ *   complete  compares tokens only.
+ * A pod's own clock still times what is its own: its copy of a lease (it renews early and
+ * sends only with room to spare, starting the count before the call, so it errs early),
+ * outcome timestamps, and signature timestamps.
+ *
+ * Memory: breaker and rate keys expire when idle (PEXPIRE, extended by the scripts that
+ * write them; cons_store.h says why each TTL loses nothing that matters); markers carry the
+ * dedup window; job bodies and schedule entries never expire (they are the retries).
  *
  * Scripts return only integers and strings (RESP2; Lua numbers would be truncated, and all
  * values here are integral ms counts < 2^53). Numbers written back to Redis go through
@@ -28,6 +52,7 @@
 #include "common/sl_breaker.h"
 #include "common/sl_jobkey.h"
 #include "common/sl_mem.h"
+#include "common/sl_rclock.h"
 #include "common/sl_record.h"
 
 /* Longest key we build: "sluice:done:{" + endpoint + "}:" + event id. */
@@ -36,49 +61,33 @@
 /* ==== Lua scripts ==== */
 
 /*
- * schedule. KEYS: retry zset, job body, lease hash. ARGV: job id, body, due ms, token ("" =
- * new job). A new job whose body key exists is left alone ("existed"); otherwise it is
- * written and any stale lease entry for the id is dropped. A reschedule needs our lease.
- */
-static struct sl_redis_script lua_schedule = {
-    .name = "schedule",
-    .lua = "local id, tok = ARGV[1], ARGV[4]\n"
-           "if tok == '' then\n"
-           "  if redis.call('EXISTS', KEYS[2]) == 1 then return 'existed' end\n"
-           "elseif redis.call('HGET', KEYS[3], id) ~= tok then\n"
-           "  return 'lost'\n"
-           "end\n"
-           "redis.call('SET', KEYS[2], ARGV[2])\n"
-           "redis.call('ZADD', KEYS[1], ARGV[3], id)\n"
-           "redis.call('HDEL', KEYS[3], id)\n"
-           "return 'ok'\n",
-};
-
-/*
- * claim. KEYS: retry zset, lease hash, job key prefix. ARGV: now ms, lease expiry ms, max,
- * token. Due jobs (and expired leases: their score is the lease expiry) in score order;
- * orphans without a body are removed. Returns a flat array [id, token, body, ...].
+ * claim. KEYS: retry zset, lease hash, job key prefix. ARGV: lease ms, max, token. Due jobs
+ * (score <= TIME; an expired lease too: its score is the lease expiry) in score order, each
+ * leased until TIME + lease ms; orphans without a body are removed. Returns a flat array
+ * [id, token, body, ...].
  */
 static struct sl_redis_script lua_claim = {
     .name = "claim",
-    .lua = "local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, "
-           "ARGV[3])\n"
-           "local out = {}\n"
-           "for i = 1, #ids do\n"
-           "  local id = ids[i]\n"
-           "  local body = redis.call('GET', KEYS[3] .. id)\n"
-           "  if body then\n"
-           "    redis.call('ZADD', KEYS[1], ARGV[2], id)\n"
-           "    redis.call('HSET', KEYS[2], id, ARGV[4])\n"
-           "    out[#out + 1] = id\n"
-           "    out[#out + 1] = ARGV[4]\n"
-           "    out[#out + 1] = body\n"
-           "  else\n"
-           "    redis.call('ZREM', KEYS[1], id)\n"
-           "    redis.call('HDEL', KEYS[2], id)\n"
-           "  end\n"
-           "end\n"
-           "return out\n",
+    .lua = SL_RCLOCK_LUA_NOW
+    "local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now), "
+    "'LIMIT', 0, ARGV[2])\n"
+    "local until_ms = string.format('%d', now + tonumber(ARGV[1]))\n"
+    "local out = {}\n"
+    "for i = 1, #ids do\n"
+    "  local id = ids[i]\n"
+    "  local body = redis.call('GET', KEYS[3] .. id)\n"
+    "  if body then\n"
+    "    redis.call('ZADD', KEYS[1], until_ms, id)\n"
+    "    redis.call('HSET', KEYS[2], id, ARGV[3])\n"
+    "    out[#out + 1] = id\n"
+    "    out[#out + 1] = ARGV[3]\n"
+    "    out[#out + 1] = body\n"
+    "  else\n"
+    "    redis.call('ZREM', KEYS[1], id)\n"
+    "    redis.call('HDEL', KEYS[2], id)\n"
+    "  end\n"
+    "end\n"
+    "return out\n",
 };
 
 /* complete. KEYS: retry zset, job body, lease hash. ARGV: job id, token. */
@@ -92,31 +101,35 @@ static struct sl_redis_script lua_complete = {
 };
 
 /*
- * renew. KEYS: retry zset, lease hash. ARGV: lease expiry ms, then (job id, token) pairs.
- * Only a lease that still holds the caller's token, on a job still in the schedule, is
- * extended; one 1 (renewed) or 0 (lost) per pair.
+ * renew. KEYS: retry zset, lease hash. ARGV: lease ms, then (job id, token) pairs. Only a
+ * lease that still holds the caller's token, on a job still in the schedule, is extended, to
+ * TIME + lease ms; one 1 (renewed) or 0 (lost) per pair.
  */
 static struct sl_redis_script lua_renew = {
     .name = "renew",
-    .lua = "local out = {}\n"
-           "for i = 2, #ARGV - 1, 2 do\n"
-           "  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] and\n"
-           "     redis.call('ZSCORE', KEYS[1], ARGV[i]) then\n"
-           "    redis.call('ZADD', KEYS[1], 'XX', ARGV[1], ARGV[i])\n"
-           "    out[#out + 1] = 1\n"
-           "  else\n"
-           "    out[#out + 1] = 0\n"
-           "  end\n"
-           "end\n"
-           "return out\n",
+    .lua = SL_RCLOCK_LUA_NOW "local until_ms = string.format('%d', now + tonumber(ARGV[1]))\n"
+                             "local out = {}\n"
+                             "for i = 2, #ARGV - 1, 2 do\n"
+                             "  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] and\n"
+                             "     redis.call('ZSCORE', KEYS[1], ARGV[i]) then\n"
+                             "    redis.call('ZADD', KEYS[1], 'XX', until_ms, ARGV[i])\n"
+                             "    out[#out + 1] = 1\n"
+                             "  else\n"
+                             "    out[#out + 1] = 0\n"
+                             "  end\n"
+                             "end\n"
+                             "return out\n",
 };
 
 /*
- * Breaker prelude shared by the three breaker scripts: read the hash once (absent = closed,
- * no failures) and build the reply {state code, failures, reopen_at, cooldown, probe}.
- * reopen_at is the cooldown end when open and the probe lease end when half_open.
+ * Breaker prelude shared by the three breaker scripts: Redis's clock (now), the hash read
+ * once (absent = closed, no failures), the reply {state code, failures, reopen_at, cooldown,
+ * probe, now} (reopen_at is the cooldown end when open and the probe lease end when
+ * half_open, both on Redis's clock), and touch(ttl): extend the key's idle expiry to ttl ms
+ * (never shorten it; a key without one gets one).
  */
 #define BRK_PRELUDE                                                                                \
+    SL_RCLOCK_LUA_NOW                                                                              \
     "local K = KEYS[1]\n"                                                                          \
     "local f = redis.call('HMGET', K, 'state', 'failures', 'opened_at_ms', 'cooldown_ms', "        \
     "'probe_owner', 'probe_until_ms')\n"                                                           \
@@ -131,27 +144,34 @@ static struct sl_redis_script lua_renew = {
     "end\n"                                                                                        \
     "local function I(x) return string.format('%d', x) end\n"                                      \
     "local function view(probe)\n"                                                                 \
-    "  if st == 'open' then return {1, failures, opened + cooldown, cooldown, probe} end\n"        \
-    "  if st == 'half_open' then return {2, failures, puntil, cooldown, probe} end\n"              \
-    "  return {0, failures, 0, cooldown, probe}\n"                                                 \
+    "  if st == 'open' then return {1, failures, opened + cooldown, cooldown, probe, now} end\n"   \
+    "  if st == 'half_open' then return {2, failures, puntil, cooldown, probe, now} end\n"         \
+    "  return {0, failures, 0, cooldown, probe, now}\n"                                            \
+    "end\n"                                                                                        \
+    "local function touch(ttl)\n"                                                                  \
+    "  local p = redis.call('PTTL', K)\n"                                                          \
+    "  if p ~= -2 and p < ttl then redis.call('PEXPIRE', K, I(ttl)) end\n"                         \
     "end\n"
 
 /*
- * record. KEYS: breaker hash. ARGV: success (1/0), now, threshold, base, max, owner.
- * Semantics in cons_store.h. The probe owner's failure is told apart from a late failure of
- * a request sent before the breaker opened by comparing owners: only the probe re-opens and
- * doubles the cooldown; late answers only count.
+ * record. KEYS: breaker hash. ARGV: success (1/0), threshold, base, max, owner, idle ttl ms.
+ * Semantics in cons_store.h; a breaker opens at TIME. The probe owner's failure is told
+ * apart from a late failure of a request sent before the breaker opened by comparing owners:
+ * only the probe re-opens and doubles the cooldown; late answers only count. Every write
+ * extends the key's idle expiry.
  */
 static struct sl_redis_script lua_brk_record = {
     .name = "breaker_record",
     .lua = BRK_PRELUDE
-    "local now, threshold = tonumber(ARGV[2]), tonumber(ARGV[3])\n"
-    "local base, cmax, owner = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]\n"
+    "local threshold = tonumber(ARGV[2])\n"
+    "local base, cmax, owner = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]\n"
+    "local idle = tonumber(ARGV[6])\n"
     "if ARGV[1] == '1' then\n"
     "  if st == 'closed' and failures == 0 then return view(0) end\n"
     "  st, failures, cooldown = 'closed', 0, base\n"
     "  redis.call('HSET', K, 'state', st, 'failures', '0', 'cooldown_ms', I(base))\n"
     "  redis.call('HDEL', K, 'opened_at_ms', 'probe_owner', 'probe_until_ms')\n"
+    "  touch(idle)\n"
     "  return view(0)\n"
     "end\n"
     "failures = failures + 1\n"
@@ -173,23 +193,27 @@ static struct sl_redis_script lua_brk_record = {
     "else\n"
     "  redis.call('HSET', K, 'failures', I(failures))\n"
     "end\n"
+    "touch(idle)\n"
     "return view(0)\n",
 };
 
 /*
- * acquire. KEYS: breaker hash. ARGV: now, probe lease ms, owner. The probe goes to the
- * first caller after the cooldown (or after the previous probe's lease ran out); a live
- * lease, even the caller's own, answers probe=0.
+ * acquire. KEYS: breaker hash. ARGV: probe lease ms, owner, idle margin ms. The probe goes
+ * to the first caller after the cooldown (or after the previous probe's lease ran out), both
+ * judged by TIME; a live lease, even the caller's own, answers probe=0. Taking the probe
+ * extends the key's idle expiry to the longer of the cooldown and the probe lease, plus the
+ * margin.
  */
 static struct sl_redis_script lua_brk_acquire = {
     .name = "breaker_acquire",
-    .lua = BRK_PRELUDE "local now = tonumber(ARGV[1])\n"
-                       "if st == 'closed' then return view(0) end\n"
+    .lua = BRK_PRELUDE "if st == 'closed' then return view(0) end\n"
                        "if st == 'open' and now < opened + cooldown then return view(0) end\n"
                        "if st == 'half_open' and now < puntil then return view(0) end\n"
-                       "st, powner, puntil = 'half_open', ARGV[3], now + tonumber(ARGV[2])\n"
+                       "local plen = tonumber(ARGV[1])\n"
+                       "st, powner, puntil = 'half_open', ARGV[2], now + plen\n"
                        "redis.call('HSET', K, 'state', st, 'probe_owner', powner, "
                        "'probe_until_ms', I(puntil))\n"
+                       "touch(math.max(cooldown, plen) + tonumber(ARGV[3]))\n"
                        "return view(1)\n",
 };
 
@@ -368,7 +392,7 @@ int cons_store_schedule(sl_redis_t *r,
                         const char *job_id,
                         const void *body,
                         size_t body_len,
-                        int64_t due_ms,
+                        int64_t delay_ms,
                         const char *lease_token,
                         int *existed,
                         sl_err_t *err)
@@ -386,36 +410,20 @@ int cons_store_schedule(sl_redis_t *r,
     if (body_len > CONS_STORE_BODY_MAX)
         return sl_err_set(err, SL_ETOOBIG, "cannot %s: body exceeds %zu bytes", op,
                           CONS_STORE_BODY_MAX);
-    if (!valid_ms(due_ms))
-        return sl_err_set(err, SL_EINVAL, "cannot %s: due time out of range", op);
+    if (delay_ms > CONS_STORE_MS_MAX || delay_ms < -CONS_STORE_MS_MAX)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: delay out of range", op);
     if (lease_token && !valid_token(lease_token))
         return sl_err_set(err, SL_EINVAL, "cannot %s: lease token is not 32 hex digits", op);
-
-    struct job_keys k;
-    job_keys(&k, cons_store_shard(job_id, nshards), job_id);
-    char due[24];
-    (void)snprintf(due, sizeof(due), "%" PRId64, due_ms);
-    const char *tok = lease_token ? lease_token : "";
-    const char *argv[] = {k.retry, k.job, k.lease, job_id, body ? (const char *)body : "",
-                          due,     tok};
-    const size_t argvlen[] = {strlen(k.retry), strlen(k.job), strlen(k.lease), CONS_JOBID_LEN,
-                              body_len,        strlen(due),   strlen(tok)};
-    redisReply *rep;
-    int rc = run_script(r, &lua_schedule, 3, 7, argv, argvlen, 0, op, &rep, err);
-    if (rc != 0)
-        return rc;
-    if (reply_is(rep, "ok")) {
-        rc = 0;
-    } else if (reply_is(rep, "existed")) {
+    /* the script is common/sl_jobkey's, shared with `sluicectl retries rebuild` */
+    int rc = sl_jobkey_put(r, nshards, job_id, body, body_len, delay_ms, lease_token, err);
+    if (rc == SL_JOBKEY_PUT_EXISTED) {
         if (existed)
             *existed = 1;
-    } else if (reply_is(rep, "lost")) {
-        rc = sl_err_set(err, SL_ESTATE, "cannot reschedule job: lease lost to another claim");
-    } else {
-        rc = fail_reply(err, op, rep);
+        return 0;
     }
-    freeReplyObject(rep);
-    return rc;
+    if (rc == SL_JOBKEY_PUT_LOST)
+        return sl_err_set(err, SL_ESTATE, "cannot reschedule job: lease lost to another claim");
+    return rc; /* SL_JOBKEY_PUT_OK (0) or an error */
 }
 
 void cons_store_claimed_free(struct cons_claimed *c, int n)
@@ -451,7 +459,6 @@ static int parse_claimed(struct cons_claimed *c, uint32_t shard, redisReply *con
 
 int cons_store_claim(sl_redis_t *r,
                      uint32_t shard,
-                     int64_t now_ms,
                      int64_t lease_ms,
                      int max,
                      struct cons_claimed **out,
@@ -466,8 +473,8 @@ int cons_store_claim(sl_redis_t *r,
     *out = NULL;
     if (shard >= CONS_STORE_SHARDS_MAX)
         return sl_err_set(err, SL_EINVAL, "cannot %s: shard out of range", op);
-    if (!valid_ms(now_ms) || lease_ms < 1 || !valid_ms(lease_ms))
-        return sl_err_set(err, SL_EINVAL, "cannot %s: time or lease out of range", op);
+    if (lease_ms < 1 || !valid_ms(lease_ms))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: lease out of range", op);
     if (max < 0 || max > CONS_STORE_CLAIM_MAX)
         return sl_err_set(err, SL_EINVAL, "cannot %s: max out of range 0..%d", op,
                           CONS_STORE_CLAIM_MAX);
@@ -479,13 +486,12 @@ int cons_store_claim(sl_redis_t *r,
         return sl_err_set(err, SL_ECRYPTO, "could not %s: no random bytes for a lease token", op);
     struct job_keys k;
     job_keys(&k, shard, "");
-    char now[24], until[24], smax[16];
-    (void)snprintf(now, sizeof(now), "%" PRId64, now_ms);
-    (void)snprintf(until, sizeof(until), "%" PRId64, now_ms + lease_ms);
+    char lease[24], smax[16];
+    (void)snprintf(lease, sizeof(lease), "%" PRId64, lease_ms);
     (void)snprintf(smax, sizeof(smax), "%d", max);
     /* k.job is the prefix "sluice:job:{s}:" here (empty id). */
-    const char *argv[] = {k.retry, k.lease, k.job, now, until, smax, token};
-    rc = run_script(r, &lua_claim, 3, 7, argv, NULL, 0, op, &rep, err);
+    const char *argv[] = {k.retry, k.lease, k.job, lease, smax, token};
+    rc = run_script(r, &lua_claim, 3, 6, argv, NULL, 0, op, &rep, err);
     if (rc != 0)
         return rc;
     /* From here on the jobs are leased in Redis; if the reply is unusable they come back
@@ -542,7 +548,7 @@ int cons_store_complete(
 
 int cons_store_renew(sl_redis_t *r,
                      uint32_t shard,
-                     int64_t until_ms,
+                     int64_t lease_ms,
                      size_t n,
                      const char *const *job_ids,
                      const char *const *tokens,
@@ -552,8 +558,8 @@ int cons_store_renew(sl_redis_t *r,
     static const char op[] = "renew leases";
     if (shard >= CONS_STORE_SHARDS_MAX)
         return sl_err_set(err, SL_EINVAL, "cannot %s: shard out of range", op);
-    if (!valid_ms(until_ms))
-        return sl_err_set(err, SL_EINVAL, "cannot %s: lease expiry out of range", op);
+    if (lease_ms < 1 || !valid_ms(lease_ms))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: lease out of range", op);
     if (n < 1 || n > CONS_STORE_RENEW_MAX || !job_ids || !tokens || !kept)
         return sl_err_set(err, SL_EINVAL, "cannot %s: need 1..%d jobs", op, CONS_STORE_RENEW_MAX);
     for (size_t i = 0; i < n; i++) {
@@ -563,12 +569,12 @@ int cons_store_renew(sl_redis_t *r,
     }
     struct job_keys k;
     job_keys(&k, shard, "");
-    char until[24];
-    (void)snprintf(until, sizeof(until), "%" PRId64, until_ms);
+    char lease[24];
+    (void)snprintf(lease, sizeof(lease), "%" PRId64, lease_ms);
     const char *argv[3 + 2 * CONS_STORE_RENEW_MAX];
     argv[0] = k.retry;
     argv[1] = k.lease;
-    argv[2] = until;
+    argv[2] = lease;
     for (size_t i = 0; i < n; i++) {
         argv[3 + 2 * i] = job_ids[i];
         argv[4 + 2 * i] = tokens[i];
@@ -1050,12 +1056,12 @@ int cons_store_done_mark(sl_redis_t *r,
 
 /* ==== Circuit breaker ==== */
 
-/* Parse the breakers' {state, failures, reopen_at, cooldown, probe} reply. */
+/* Parse the breakers' {state, failures, reopen_at, cooldown, probe, now} reply. */
 static int parse_view(const redisReply *rep, struct cons_brk_view *v)
 {
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 5)
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 6)
         return -1;
-    for (size_t i = 0; i < 5; i++)
+    for (size_t i = 0; i < 6; i++)
         if (rep->element[i]->type != REDIS_REPLY_INTEGER)
             return -1;
     long long st = rep->element[0]->integer, probe = rep->element[4]->integer;
@@ -1066,6 +1072,7 @@ static int parse_view(const redisReply *rep, struct cons_brk_view *v)
     v->reopen_at_ms = rep->element[2]->integer;
     v->cooldown_ms = rep->element[3]->integer;
     v->probe = (int)probe;
+    v->now_ms = rep->element[5]->integer;
     return 0;
 }
 
@@ -1103,7 +1110,6 @@ static int brk_run(sl_redis_t *r,
 int cons_store_brk_record(sl_redis_t *r,
                           const char *endpoint_id,
                           int success,
-                          int64_t now_ms,
                           int64_t threshold,
                           int64_t cooldown_base_ms,
                           int64_t cooldown_max_ms,
@@ -1118,28 +1124,28 @@ int cons_store_brk_record(sl_redis_t *r,
     if (!valid_str(owner, CONS_STORE_OWNER_MAX))
         return sl_err_set(err, SL_EINVAL, "cannot %s: owner empty or over %d bytes", op,
                           CONS_STORE_OWNER_MAX);
-    if (!valid_ms(now_ms) || threshold < 1 || threshold > CONS_STORE_MS_MAX ||
-        cooldown_base_ms < 1 || !valid_ms(cooldown_base_ms) || !valid_ms(cooldown_max_ms))
+    if (threshold < 1 || threshold > CONS_STORE_MS_MAX || cooldown_base_ms < 1 ||
+        !valid_ms(cooldown_base_ms) || !valid_ms(cooldown_max_ms))
         return sl_err_set(err, SL_EINVAL,
-                          "cannot %s: time, threshold or cooldown out of range "
+                          "cannot %s: threshold or cooldown out of range "
                           "(need threshold >= 1, base >= 1)",
                           op);
     /* A per-endpoint base above the global cap: the cap gives way, so the breaker still
      * works (with a constant cooldown) instead of every record failing. */
     if (cooldown_max_ms < cooldown_base_ms)
         cooldown_max_ms = cooldown_base_ms;
-    char now[24], thr[24], base[24], cmax[24];
-    (void)snprintf(now, sizeof(now), "%" PRId64, now_ms);
+    char thr[24], base[24], cmax[24], idle[24];
     (void)snprintf(thr, sizeof(thr), "%" PRId64, threshold);
     (void)snprintf(base, sizeof(base), "%" PRId64, cooldown_base_ms);
     (void)snprintf(cmax, sizeof(cmax), "%" PRId64, cooldown_max_ms);
-    const char *args[] = {success ? "1" : "0", now, thr, base, cmax, owner};
+    /* the longest cooldown this breaker can reach, plus the margin (cons_store.h) */
+    (void)snprintf(idle, sizeof(idle), "%" PRId64, cooldown_max_ms + CONS_STORE_BRK_IDLE_MS);
+    const char *args[] = {success ? "1" : "0", thr, base, cmax, owner, idle};
     return brk_run(r, &lua_brk_record, endpoint_id, 6, args, 0, op, out, err);
 }
 
 int cons_store_brk_acquire(sl_redis_t *r,
                            const char *endpoint_id,
-                           int64_t now_ms,
                            int64_t probe_lease_ms,
                            const char *owner,
                            struct cons_brk_view *out,
@@ -1152,14 +1158,14 @@ int cons_store_brk_acquire(sl_redis_t *r,
     if (!valid_str(owner, CONS_STORE_OWNER_MAX))
         return sl_err_set(err, SL_EINVAL, "cannot %s: owner empty or over %d bytes", op,
                           CONS_STORE_OWNER_MAX);
-    if (!valid_ms(now_ms) || probe_lease_ms < 1 || !valid_ms(probe_lease_ms))
-        return sl_err_set(err, SL_EINVAL, "cannot %s: time or probe lease out of range", op);
+    if (probe_lease_ms < 1 || !valid_ms(probe_lease_ms))
+        return sl_err_set(err, SL_EINVAL, "cannot %s: probe lease out of range", op);
     if (!out)
         return sl_err_set(err, SL_EINVAL, "cannot %s: no output view", op);
-    char now[24], lease[24];
-    (void)snprintf(now, sizeof(now), "%" PRId64, now_ms);
+    char lease[24], margin[24];
     (void)snprintf(lease, sizeof(lease), "%" PRId64, probe_lease_ms);
-    const char *args[] = {now, lease, owner};
+    (void)snprintf(margin, sizeof(margin), "%" PRId64, CONS_STORE_BRK_IDLE_MS);
+    const char *args[] = {lease, owner, margin};
     return brk_run(r, &lua_brk_acquire, endpoint_id, 3, args, 0, op, out, err);
 }
 
@@ -1179,14 +1185,19 @@ int cons_store_brk_get(sl_redis_t *r,
 
 /* ==== Rate limit ==== */
 
-/* KEYS[1] bucket; ARGV: rate, period_ms, burst, want, now_ms. Tokens are kept in
- * milli-tokens (integers) so refills of a fraction of a token are not lost; returns
- * {granted, wait_ms}. The key expires after two full refill periods of idleness. */
+/*
+ * KEYS[1] bucket; ARGV: rate, period_ms, burst, want. Tokens are kept in milli-tokens
+ * (integers) so refills of a fraction of a token are not lost; the refill is TIME - ts, ts
+ * being the TIME of the last refill (a ts ahead of TIME, written before this rule, refills
+ * nothing until TIME passes it). Returns {granted, wait_ms}. The key expires after twice the
+ * time a refill from empty to full takes, in whole periods (at least 1 s): by then the bucket
+ * would be full, which is what a missing key reads as.
+ */
 static struct sl_redis_script lua_rate_take = {
-    "rate take",
+    .name = "rate_take",
+    .lua = SL_RCLOCK_LUA_NOW
     "local rate = tonumber(ARGV[1]); local period = tonumber(ARGV[2])\n"
     "local burst = tonumber(ARGV[3]) * 1000; local want = tonumber(ARGV[4])\n"
-    "local now = tonumber(ARGV[5])\n"
     "local h = redis.call('HMGET', KEYS[1], 'mt', 'ts')\n"
     "local mt = tonumber(h[1]); local ts = tonumber(h[2])\n"
     "if mt == nil or ts == nil then mt = burst; ts = now end\n"
@@ -1195,12 +1206,13 @@ static struct sl_redis_script lua_rate_take = {
     "end\n"
     "local g = math.min(want, math.floor(mt / 1000))\n"
     "mt = mt - g * 1000\n"
-    "redis.call('HSET', KEYS[1], 'mt', mt, 'ts', ts)\n"
-    "redis.call('PEXPIRE', KEYS[1], math.max(1000, 2 * period * math.ceil(burst / 1000 / rate)))\n"
+    "redis.call('HSET', KEYS[1], 'mt', string.format('%d', mt), 'ts', string.format('%d', ts))\n"
+    "redis.call('PEXPIRE', KEYS[1], string.format('%d', math.max(1000, "
+    "2 * period * math.ceil(burst / 1000 / rate))))\n"
     "local wait = 0\n"
     "if g < want then wait = math.ceil((1000 - (mt % 1000)) * period / (rate * 1000)) end\n"
     "return {g, wait}\n",
-    ""};
+};
 
 int cons_store_rate_take(sl_redis_t *r,
                          const char *endpoint_id,
@@ -1208,32 +1220,31 @@ int cons_store_rate_take(sl_redis_t *r,
                          int64_t period_ms,
                          int64_t burst,
                          int64_t want,
-                         int64_t now_ms,
                          int64_t *granted,
                          int64_t *wait_ms,
                          sl_err_t *err)
 {
-    if (!valid_str(endpoint_id, SL_ENDPOINT_ID_MAX) || rate <= 0 || period_ms <= 0 || burst <= 0 ||
-        want <= 0)
-        return sl_err_set(err, SL_EINVAL, "cannot take rate tokens: invalid arguments");
+    static const char op[] = "take rate tokens";
+    if (!valid_str(endpoint_id, SL_ENDPOINT_ID_MAX) || rate <= 0 || rate > CONS_STORE_MS_MAX ||
+        period_ms <= 0 || !valid_ms(period_ms) || burst <= 0 || burst > CONS_STORE_MS_MAX / 1000 ||
+        want <= 0 || !granted || !wait_ms)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: invalid arguments", op);
     char key[SL_ENDPOINT_ID_MAX + 32];
-    snprintf(key, sizeof(key), "sluice:rate:{%s}", endpoint_id);
-    char a[5][24];
-    snprintf(a[0], sizeof(a[0]), "%lld", (long long)rate);
-    snprintf(a[1], sizeof(a[1]), "%lld", (long long)period_ms);
-    snprintf(a[2], sizeof(a[2]), "%lld", (long long)burst);
-    snprintf(a[3], sizeof(a[3]), "%lld", (long long)want);
-    snprintf(a[4], sizeof(a[4]), "%lld", (long long)now_ms);
-    const char *argv[] = {key, a[0], a[1], a[2], a[3], a[4]};
-    redisReply *rep = sl_redis_eval(r, &lua_rate_take, 1, 6, argv, NULL, err);
-    if (!rep)
-        return SL_EREDIS;
-    int rc = 0;
+    (void)snprintf(key, sizeof(key), "sluice:rate:{%s}", endpoint_id); /* length checked above */
+    char a[4][24];
+    (void)snprintf(a[0], sizeof(a[0]), "%" PRId64, rate);
+    (void)snprintf(a[1], sizeof(a[1]), "%" PRId64, period_ms);
+    (void)snprintf(a[2], sizeof(a[2]), "%" PRId64, burst);
+    (void)snprintf(a[3], sizeof(a[3]), "%" PRId64, want);
+    const char *argv[] = {key, a[0], a[1], a[2], a[3]};
+    redisReply *rep;
+    int rc = run_script(r, &lua_rate_take, 1, 5, argv, NULL, 0, op, &rep, err);
+    if (rc != 0)
+        return rc;
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
         rep->element[0]->type != REDIS_REPLY_INTEGER ||
         rep->element[1]->type != REDIS_REPLY_INTEGER) {
-        rc = sl_err_set(err, SL_EREDIS, "could not take rate tokens: %s",
-                        rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+        rc = fail_reply(err, op, rep);
     } else {
         *granted = rep->element[0]->integer;
         *wait_ms = rep->element[1]->integer;

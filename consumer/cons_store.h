@@ -4,9 +4,10 @@
  * safe: one hash tag per shard ({s}) or per endpoint ({ep}), and every key a script touches
  * shares the tag of its KEYS[].
  *
- *   sluice:retry:{s}        ZSET  member = job id, score = due time (unix ms). A claimed job
- *                                 stays in the set with score = lease expiry, so a crashed
- *                                 consumer's jobs come back by themselves (invariant 6).
+ *   sluice:retry:{s}        ZSET  member = job id, score = due time (unix ms on Redis's
+ *                                 clock). A claimed job stays in the set with score = lease
+ *                                 expiry, so a crashed consumer's jobs come back by
+ *                                 themselves (invariant 6).
  *   sluice:job:{s}:<jobid>  STRING the job body: a delivery record (schemas/delivery.v1)
  *                                 whose "attempt" field counts attempts already spent.
  *   sluice:lease:{s}        HASH  job id -> lease token of the current claim; completion and
@@ -14,10 +15,17 @@
  *                                 was re-claimed by another pod cannot complete the job twice.
  *   sluice:breaker:{ep}     HASH  state (closed|open|half_open), failures, opened_at_ms,
  *                                 cooldown_ms, probe_owner, probe_until_ms. No key = closed
- *                                 with no failures.
+ *                                 with no failures. Expires when idle (see brk_record).
+ *   sluice:rate:{ep}        HASH  token bucket: mt (milli-tokens), ts (last refill). No key
+ *                                 = a full bucket. Expires when idle (see rate_take).
  *   sluice:done:{ep}:<id>   STRING final-state marker, TTL = dedup window: "1" delivered
  *                                 (invariant 2), "d" dead-lettered (a record read again is
  *                                 not sent again; replays bypass it).
+ *
+ * Times: every time stored here, and every comparison with "now", is on Redis's clock (TIME
+ * read inside the script that compares; cons_store.c states the rule per script). No
+ * function takes a "now": callers pass durations (a delay, a lease), and breaker views come
+ * with Redis's now_ms so a caller can turn their times into distances.
  *
  * Job id = hex SHA-1 of "<endpoint id>\n<event id>": one retry chain per (event, endpoint),
  * so a Kafka redelivery of a message whose retry is already scheduled finds the job and does
@@ -27,13 +35,13 @@
  * generated here and passed to the scripts; one claim call uses one fresh token for every job
  * it leases (the lease check is per (job id, token), so that is enough to tell claims apart).
  *
- * Connection loss: read-only and idempotent calls (job_exists, counts,
- * intake_check, done_mark, dead_mark, brk_get) reconnect and retry once. Scripts that change
- * state (schedule, claim, renew, complete, brk_record, brk_acquire) are not retried: the call
- * fails with SL_EREDIS, its effect is unknown, and the next call reconnects. That is safe by
- * construction: a lost claim's jobs come back when their lease expires; a lost renew is
- * tried again; a lost schedule/complete/record is the same as a crash just before or after
- * it.
+ * Connection loss: read-only and idempotent calls (job_exists, counts, intake_check,
+ * done_mark, dead_mark, brk_get) reconnect and retry once. Scripts that change state
+ * (schedule, claim, renew, complete, brk_record, brk_acquire, rate_take) are not retried:
+ * the call fails with SL_EREDIS, its effect is unknown, and the next call reconnects. That
+ * is safe by construction: a lost claim's jobs come back when their lease expires; a lost
+ * renew is tried again; a lost schedule/complete/record is the same as a crash just before
+ * or after it; a lost rate take only spends tokens.
  *
  * Errors: SL_EINVAL (bad argument, checked before any I/O), SL_ESTATE (lease lost),
  * SL_ECRYPTO (no random bytes for a token), SL_EREDIS (connection, error reply, or a reply
@@ -58,6 +66,8 @@
 #define CONS_STORE_PIPE_MAX   1000               /* commands per pipelined round trip */
 #define CONS_STORE_OWNER_MAX  128                /* bytes; breaker probe owner id */
 #define CONS_STORE_RENEW_MAX  29                 /* jobs per renew call (64 script args) */
+/* ms; a breaker key untouched this long after its longest cooldown expires (brk_record) */
+#define CONS_STORE_BRK_IDLE_MS (INT64_C(3600) * 1000)
 /* ms; cap on every time or duration argument, so sums stay exact in Lua's doubles */
 #define CONS_STORE_MS_MAX (INT64_C(1) << 50)
 
@@ -71,22 +81,25 @@ uint32_t cons_store_shard(const char *job_id, uint32_t nshards);
 /* ==== Retry schedule ==== */
 
 /*
- * Schedule (or reschedule) a job: SET body, ZADD due. When lease_token is non-NULL the call
- * is a reschedule of a claimed job and succeeds only while that lease is still ours
- * (returns SL_ESTATE otherwise: another pod owns the job now, drop it); on success the lease
- * is released (the job is no longer claimed by anyone). When NULL, it is a new job (from
- * Kafka): if a job with that id already exists (its body key is present) it is left
+ * Schedule (or reschedule) a job: SET body, ZADD it due delay_ms after Redis's clock (TIME
+ * in the script; delay_ms <= 0 = due now; |delay_ms| <= CONS_STORE_MS_MAX). A pod that wants
+ * a job due at a time on its own clock passes that time minus its own now: its skew cancels
+ * out. The script is common/sl_jobkey's (sluicectl uses the same). When lease_token is
+ * non-NULL the call is a reschedule of a claimed job and succeeds only while that lease is
+ * still ours (returns SL_ESTATE otherwise: another pod owns the job now, drop it); on success
+ * the lease is released (the job is no longer claimed by anyone). When NULL, it is a new job
+ * (from Kafka): if a job with that id already exists (its body key is present) it is left
  * untouched and SL_ESTATE is NOT returned: *existed is set to 1 instead (existed may be
  * NULL; it is set to 0 otherwise). A new job also drops any leftover lease entry for its id,
  * so no stale token can touch it. body (body_len bytes, binary, <= CONS_STORE_BODY_MAX;
- * NULL only when body_len is 0) and the strings are borrowed. due_ms: unix ms.
+ * NULL only when body_len is 0) and the strings are borrowed.
  */
 int cons_store_schedule(sl_redis_t *r,
                         uint32_t nshards,
                         const char *job_id,
                         const void *body,
                         size_t body_len,
-                        int64_t due_ms,
+                        int64_t delay_ms,
                         const char *lease_token,
                         int *existed,
                         sl_err_t *err);
@@ -101,15 +114,16 @@ struct cons_claimed {
 };
 
 /*
- * Claim up to max due jobs (score <= now_ms, oldest due first) from one shard, leasing each
- * until now_ms + lease_ms. Jobs whose body is missing are removed (and count against max, so
- * fewer than max may come back while more are due). max: 0..CONS_STORE_CLAIM_MAX. Returns
- * the number claimed (>= 0) with *out a malloc'd array the caller frees with
- * cons_store_claimed_free (NULL when 0 were claimed), or a negative SL_E* code (*out NULL).
+ * Claim up to max due jobs (score <= Redis's TIME, oldest due first) from one shard, leasing
+ * each until TIME + lease_ms (lease_ms >= 1). The lease ends no earlier than lease_ms after
+ * the call was made, so a caller that starts counting before the call never overestimates
+ * it. Jobs whose body is missing are removed (and count against max, so fewer than max may
+ * come back while more are due). max: 0..CONS_STORE_CLAIM_MAX. Returns the number claimed
+ * (>= 0) with *out a malloc'd array the caller frees with cons_store_claimed_free (NULL when
+ * 0 were claimed), or a negative SL_E* code (*out NULL).
  */
 int cons_store_claim(sl_redis_t *r,
                      uint32_t shard,
-                     int64_t now_ms,
                      int64_t lease_ms,
                      int max,
                      struct cons_claimed **out,
@@ -124,17 +138,18 @@ int cons_store_complete(
     sl_redis_t *r, uint32_t nshards, const char *job_id, const char *token, sl_err_t *err);
 
 /*
- * Keep the leases of n claimed jobs of one shard alive until until_ms (unix ms): a job whose
- * lease entry still holds its token gets its score (the lease expiry) moved to until_ms and
- * kept[i] = 1; a job claimed by someone else since, rescheduled or completed gets kept[i] = 0
- * (the job is no longer ours: do not send it). A lease that ran out but was not claimed by
- * anyone else is still ours and is renewed. n: 1..CONS_STORE_RENEW_MAX; every job must live
- * in shard (cons_store_shard of its id). Ids, tokens and kept are borrowed. Not retried on a
- * lost connection (its effect is unknown; the caller renews again later). Returns 0 or SL_E*.
+ * Keep the leases of n claimed jobs of one shard alive for lease_ms (>= 1) more: a job whose
+ * lease entry still holds its token gets its score (the lease expiry) moved to Redis's TIME +
+ * lease_ms and kept[i] = 1; a job claimed by someone else since, rescheduled or completed
+ * gets kept[i] = 0 (the job is no longer ours: do not send it). A lease that ran out but was
+ * not claimed by anyone else is still ours and is renewed. n: 1..CONS_STORE_RENEW_MAX; every
+ * job must live in shard (cons_store_shard of its id). Ids, tokens and kept are borrowed. Not
+ * retried on a lost connection (its effect is unknown; the caller renews again later).
+ * Returns 0 or SL_E*.
  */
 int cons_store_renew(sl_redis_t *r,
                      uint32_t shard,
-                     int64_t until_ms,
+                     int64_t lease_ms,
                      size_t n,
                      const char *const *job_ids,
                      const char *const *tokens,
@@ -213,36 +228,46 @@ enum cons_brk_state { CONS_BRK_CLOSED = 0, CONS_BRK_OPEN = 1, CONS_BRK_HALF_OPEN
 struct cons_brk_view {
     enum cons_brk_state state; /* as stored in Redis after the call */
     int64_t failures;          /* consecutive failures (late failures while open count too) */
-    int64_t reopen_at_ms;      /* unix ms; open: when the cooldown ends; half_open: when the
-                                  current probe lease ends (earliest next probe); closed: 0 */
+    int64_t reopen_at_ms;      /* unix ms on Redis's clock; open: when the cooldown ends;
+                                  half_open: when the current probe lease ends (earliest next
+                                  probe); closed: 0 */
     int64_t cooldown_ms;       /* ms; current cooldown (0 if never opened) */
     int probe;                 /* acquire: 1 if this caller holds the half-open probe */
+    int64_t now_ms;            /* unix ms; Redis's clock (TIME) when the view was taken:
+                                  reopen_at_ms - now_ms is how far off reopen_at_ms was */
 };
 
 /*
- * Record an attempt's result atomically; owner (borrowed, 1..CONS_STORE_OWNER_MAX bytes)
- * identifies the caller as in brk_acquire. threshold >= 1, cooldown_base_ms >= 1; a
- * cooldown_max_ms below the base is raised to the base (an endpoint's own cooldown may exceed
- * the global cap: the cooldown then stays at the base instead of the call failing).
+ * Record an attempt's result atomically, at Redis's clock (TIME); owner (borrowed,
+ * 1..CONS_STORE_OWNER_MAX bytes) identifies the caller as in brk_acquire. threshold >= 1,
+ * cooldown_base_ms >= 1; a cooldown_max_ms below the base is raised to the base (an
+ * endpoint's own cooldown may exceed the global cap: the cooldown then stays at the base
+ * instead of the call failing).
  *   success, any state but "closed with 0 failures" -> closed, failures 0, cooldown_ms =
  *     base, probe released. A success while open or while someone else probes is a late
  *     answer from a request sent before the breaker opened; it is still evidence that the
  *     endpoint works, so it closes the breaker too.
  *   success, closed with 0 failures -> nothing is written (the hot path costs one HMGET).
- *   failure, closed -> failures++; at failures >= threshold: open, opened_at = now_ms,
+ *   failure, closed -> failures++; at failures >= threshold: open, opened_at = TIME,
  *     cooldown = base.
  *   failure, half_open and owner holds the probe (lease live or expired but not taken over)
- *     -> open again, opened_at = now_ms, cooldown doubled up to cooldown_max_ms. The consumer
+ *     -> open again, opened_at = TIME, cooldown doubled up to cooldown_max_ms. The consumer
  *     names each probe "<pod>/<n>" and its other requests "<pod>", so only the probe's own
  *     failure does this.
  *   failure, open, or half_open probed by someone else -> a late answer from before the
  *     breaker opened: failures++ only (no extension of the cooldown, no state change).
- * now_ms is the caller's clock (pods' clocks are assumed roughly in sync). out may be NULL.
+ * Every write extends the key's expiry to cooldown_max_ms (as raised) + CONS_STORE_BRK_IDLE_MS
+ * after the call (never shortening it). That loses nothing that matters: while a breaker is
+ * open its deferred deliveries come back within a minute of the cooldown's end (the deferral
+ * spread) and touch the key again, and a cooldown never exceeds cooldown_max_ms; a key left
+ * untouched for an hour beyond its longest cooldown belongs to an endpoint that nobody had
+ * anything for in that hour, and reads as closed with no failures: failures an hour apart
+ * are not consecutive, and a still-broken endpoint re-opens it after threshold failures
+ * (with the cooldown back at the base). out may be NULL.
  */
 int cons_store_brk_record(sl_redis_t *r,
                           const char *endpoint_id,
                           int success,
-                          int64_t now_ms,
                           int64_t threshold,
                           int64_t cooldown_base_ms,
                           int64_t cooldown_max_ms,
@@ -251,17 +276,18 @@ int cons_store_brk_record(sl_redis_t *r,
                           sl_err_t *err);
 
 /*
- * Ask to send while the breaker may be open. closed -> state closed (send; nothing written).
- * open before the cooldown ends -> open (defer to reopen_at_ms). open after the cooldown, or
- * half_open whose probe lease expired -> half_open with probe=1 for exactly one caller across
- * all pods (the probe lease lasts probe_lease_ms >= 1); everyone else gets probe=0 and
- * defers (to reopen_at_ms = the probe lease end). Not re-entrant: the probe owner asking
- * again while its lease is live also gets probe=0, so one owner cannot send two probes.
+ * Ask to send while the breaker may be open; "now" is Redis's TIME. closed -> state closed
+ * (send; nothing written). open before the cooldown ends -> open (defer to reopen_at_ms).
+ * open after the cooldown, or half_open whose probe lease expired -> half_open with probe=1
+ * for exactly one caller across all pods (the probe lease lasts probe_lease_ms >= 1 from
+ * TIME; the key's expiry is extended to cover the cooldown or the lease, whichever is
+ * longer, plus CONS_STORE_BRK_IDLE_MS); everyone else gets probe=0 and defers (to
+ * reopen_at_ms = the probe lease end). Not re-entrant: the probe owner asking again while
+ * its lease is live also gets probe=0, so one owner cannot send two probes.
  * owner: borrowed, 1..CONS_STORE_OWNER_MAX bytes (e.g. the pod's instance id).
  */
 int cons_store_brk_acquire(sl_redis_t *r,
                            const char *endpoint_id,
-                           int64_t now_ms,
                            int64_t probe_lease_ms,
                            const char *owner,
                            struct cons_brk_view *out,
@@ -277,12 +303,15 @@ int cons_store_brk_get(sl_redis_t *r,
 /* ==== Rate limit (token bucket shared by all pods) ==== */
 
 /*
- * Take up to want tokens from the endpoint's bucket sluice:rate:{ep} (hash: tokens, ts_ms),
- * refilled at rate tokens per period_ms up to burst, atomically. *granted (OUT) receives
+ * Take up to want tokens from the endpoint's bucket sluice:rate:{ep}, refilled at rate tokens
+ * per period_ms up to burst (all >= 1) by Redis's clock, atomically. *granted (OUT) receives
  * 0..want; when it is less than want, *wait_ms (OUT) is how long until the next token.
  * Pods take small leases (several tokens at once) so a high-rate endpoint does not cost a
  * Redis round trip per delivery; leased tokens count as spent, so the pods together never
- * exceed the bucket. Returns 0 or SL_E*.
+ * exceed the bucket. The key expires after max(1 s, twice the time the bucket takes to
+ * refill from empty to full, in whole periods) without a take: a bucket idle that long is
+ * full, and a missing key reads as full, so nothing is lost. Not retried on a lost
+ * connection. Returns 0 or SL_E*.
  */
 int cons_store_rate_take(sl_redis_t *r,
                          const char *endpoint_id,
@@ -290,7 +319,6 @@ int cons_store_rate_take(sl_redis_t *r,
                          int64_t period_ms,
                          int64_t burst,
                          int64_t want,
-                         int64_t now_ms,
                          int64_t *granted,
                          int64_t *wait_ms,
                          sl_err_t *err);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 
@@ -188,6 +189,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++) {
         if (loops[i].rc != 0)
             rc = 1;
+        if (cons_engine_abandoned(loops[i].engine)) {
+            /* leaving the group outlived shutdown_timeout_ms and still runs on its own thread
+             * with this loop's state: exit now, destroying nothing (see sl_bounded.h) */
+            fflush(stderr);
+            _exit(1);
+        }
     }
 stop:
     sl_probe_stop(probe); /* before the loops go: readiness reads them */

@@ -378,7 +378,7 @@ int ctl_health_main(struct ctl *c, int argc, char **argv)
     int rrc = SL_EREDIS;
     sl_redis_t *r = sl_redis_connect(cfg->redis_url, (int)cfg->redis_timeout_ms, &rerr);
     if (r)
-        rrc = ctl_ops_sched_counts(r, (uint32_t)cfg->retry_shards, now, &sc, &rerr);
+        rrc = ctl_ops_sched_counts(r, (uint32_t)cfg->retry_shards, &sc, &rerr);
     sl_redis_close(r);
     char secs[24];
     snprintf(secs, sizeof(secs), "%" PRId64, o.window_s);

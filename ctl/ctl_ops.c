@@ -15,6 +15,7 @@
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "common/sl_rclock.h"
 #include "ctl/ctl.h"
 
 #define PIPE_CHUNK 300 /* commands per pipelined round trip (3 per shard) */
@@ -395,10 +396,14 @@ read_counts(sl_redis_t *r, size_t from, size_t to, struct ctl_ops_sched *out, sl
     return 0;
 }
 
-int ctl_ops_sched_counts(
-    sl_redis_t *r, uint32_t nshards, int64_t now_ms, struct ctl_ops_sched *out, sl_err_t *err)
+int ctl_ops_sched_counts(sl_redis_t *r, uint32_t nshards, struct ctl_ops_sched *out, sl_err_t *err)
 {
     memset(out, 0, sizeof(*out));
+    /* "due" is judged on the clock the claims use, Redis's, not this host's */
+    int64_t now_ms = 0;
+    int rc = sl_rclock_now_ms(r, &now_ms, err);
+    if (rc != 0)
+        return rc;
     char now[24];
     snprintf(now, sizeof(now), "%" PRId64, now_ms);
     size_t total = (size_t)nshards * 3;
@@ -408,61 +413,29 @@ int ctl_ops_sched_counts(
             if (append_count(r, i, now) != 0)
                 return sl_err_set(err, SL_EREDIS, "could not send the schedule counts to redis");
         }
-        int rc = read_counts(r, from, to, out, err);
+        rc = read_counts(r, from, to, out, err);
         if (rc != 0)
             return rc;
     }
     return 0;
 }
 
-/* KEYS: retry zset, job body, lease hash. ARGV: job id, body, due ms. As the consumer's
- * schedule script for a new job: an existing body means the job is there ("existed"). */
-static struct sl_redis_script lua_put = {
-    .name = "rebuild_schedule",
-    .lua = "if redis.call('EXISTS', KEYS[2]) == 1 then return 'existed' end\n"
-           "redis.call('SET', KEYS[2], ARGV[2])\n"
-           "redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])\n"
-           "redis.call('HDEL', KEYS[3], ARGV[1])\n"
-           "return 'ok'\n",
-};
-
 int ctl_ops_sched_put(sl_redis_t *r,
                       uint32_t nshards,
                       const char *job_id,
                       const void *body,
                       size_t body_len,
-                      int64_t due_ms,
+                      int64_t delay_ms,
                       int *existed,
                       sl_err_t *err)
 {
     *existed = 0;
-    if (strlen(job_id) != SL_JOBKEY_ID_LEN || due_ms < 0)
-        return sl_err_set(err, SL_EINVAL, "cannot schedule a job: bad job id or due time");
-    uint32_t shard = sl_jobkey_shard(job_id, nshards);
-    char kz[KEY_MAX], kj[KEY_MAX], kl[KEY_MAX], due[24];
-    snprintf(kz, sizeof(kz), SL_JOBKEY_RETRY, shard);
-    snprintf(kj, sizeof(kj), SL_JOBKEY_JOB, shard, job_id);
-    snprintf(kl, sizeof(kl), SL_JOBKEY_LEASE, shard);
-    snprintf(due, sizeof(due), "%" PRId64, due_ms);
-    const char *argv[6] = {kz, kj, kl, job_id, body, due};
-    size_t argvlen[6] = {strlen(kz), strlen(kj), strlen(kl), strlen(job_id), body_len, strlen(due)};
-    redisReply *rep = sl_redis_eval(r, &lua_put, 3, 6, argv, argvlen, err);
-    if (!rep)
-        return SL_EREDIS;
-    int rc = 0;
-    if (rep->type == REDIS_REPLY_STATUS || rep->type == REDIS_REPLY_STRING) {
-        if (strcmp(rep->str, "existed") == 0)
-            *existed = 1;
-        else if (strcmp(rep->str, "ok") != 0)
-            rc = sl_err_set(err, SL_EREDIS, "unexpected redis reply to schedule a job");
-    } else if (rep->type == REDIS_REPLY_ERROR) {
-        rc = sl_err_set(err, SL_EREDIS, "could not schedule a job in redis: %.*s",
-                        (int)(rep->len > 200 ? 200 : rep->len), rep->str);
-    } else {
+    int rc = sl_jobkey_put(r, nshards, job_id, body, body_len, delay_ms, NULL, err);
+    if (rc == SL_JOBKEY_PUT_EXISTED)
+        *existed = 1;
+    else if (rc == SL_JOBKEY_PUT_LOST) /* not for a new job; a reply we cannot explain */
         rc = sl_err_set(err, SL_EREDIS, "unexpected redis reply to schedule a job");
-    }
-    freeReplyObject(rep);
-    return rc;
+    return rc < 0 ? rc : 0;
 }
 
 /* ==== Text tables ==== */

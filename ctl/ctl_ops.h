@@ -6,10 +6,9 @@
  *     a duration ago), with a pure form for unit tests and a form that reports usage errors;
  *   - the PostgreSQL session of these commands (bounded connect, UTC, statement timeout);
  *   - Kafka consumer-group lag (committed offsets against high watermarks);
- *   - the Redis retry-schedule layout and counts. The layout belongs to consumer/cons_store.h
- *     (sluice:retry:{s}, sluice:job:{s}:<id>, sluice:lease:{s}, job id = SHA-1 of
- *     "<endpoint>\n<event>"); sluicectl may not include a process's header, so it is restated
- *     here and tests/unit/test_ctl_ops.c checks both agree;
+ *   - the Redis retry-schedule counts and the rebuild's writes, with the layout and the
+ *     schedule script of common/sl_jobkey.h (the consumer's own) and Redis's clock
+ *     (common/sl_rclock.h);
  *   - aligned text tables and small formatting helpers.
  *
  * thread: single-threaded tool.
@@ -109,26 +108,26 @@ void ctl_ops_lag_fini(struct ctl_ops_lag *l);
 struct ctl_ops_sched {
     int64_t scheduled; /* jobs in the retry zsets (ZCARD; leased ones included) */
     int64_t leased;    /* jobs holding a lease (HLEN of the lease hashes): in flight */
-    int64_t due;       /* jobs whose score is <= now: due and not claimed (a claimed job's
-                          score is its lease expiry, so an expired lease counts here) */
+    int64_t due;       /* jobs whose score is <= Redis's clock (TIME, read first): due and
+                          not claimed (a claimed job's score is its lease expiry, so an
+                          expired lease counts here) */
 };
 
 /* Count the schedule over nshards shards (pipelined). Returns 0 or SL_EREDIS with err. */
-int ctl_ops_sched_counts(
-    sl_redis_t *r, uint32_t nshards, int64_t now_ms, struct ctl_ops_sched *out, sl_err_t *err);
+int ctl_ops_sched_counts(sl_redis_t *r, uint32_t nshards, struct ctl_ops_sched *out, sl_err_t *err);
 
 /*
- * Schedule a job unless one with that id exists (its body key), atomically (one Lua script,
- * the same effect as the consumer's cons_store_schedule for a new job): SET the body, ZADD the
- * due time (unix ms), drop any stale lease entry. *existed (OUT) = 1 when it was already there
- * (nothing changed), else 0. body borrowed. Returns 0 or SL_EREDIS / SL_EINVAL.
+ * Schedule a job unless one with that id exists (its body key), with the consumer's own
+ * script (sl_jobkey_put for a new job): SET the body, ZADD it due delay_ms after Redis's
+ * clock (<= 0: due now), drop any stale lease entry. *existed (OUT) = 1 when it was already
+ * there (nothing changed), else 0. body borrowed. Returns 0 or SL_EREDIS / SL_EINVAL.
  */
 int ctl_ops_sched_put(sl_redis_t *r,
                       uint32_t nshards,
                       const char *job_id,
                       const void *body,
                       size_t body_len,
-                      int64_t due_ms,
+                      int64_t delay_ms,
                       int *existed,
                       sl_err_t *err);
 

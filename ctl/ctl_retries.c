@@ -154,8 +154,9 @@ static int put_job(struct rebuild *rb,
     char job[41];
     sl_jobkey_id(d->ep, d->id, job);
     int existed = 0;
+    /* due_ms is on the clocks that wrote the history: Redis gets the distance from now */
     rc = ctl_ops_sched_put(rb->redis, (uint32_t)rb->cfg->retry_shards, job, rb->enc.data,
-                           rb->enc.len, due_ms, &existed, err);
+                           rb->enc.len, due_ms - sl_now_ms(), &existed, err);
     if (rc == 0 && existed)
         rb->raced++;
     *scheduled = rc == 0 && !existed;

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/sl_cfg.h"
 #include "common/sl_kstats.h"
@@ -95,7 +96,14 @@ int main(int argc, char **argv)
         sl_error("recorder", "start_failed", "%s", err.msg);
         goto out;
     }
-    if (rec_loop_run(g_loop, &err) != 0) {
+    int run = rec_loop_run(g_loop, &err);
+    if (run != 0 && rec_loop_abandoned(g_loop)) {
+        /* leaving the group outlived shutdown_timeout_ms and is still running on its own
+         * thread: exit now, destroying nothing it uses (see sl_bounded.h) */
+        fflush(stderr);
+        _exit(1);
+    }
+    if (run != 0) {
         sl_error("recorder", "start_failed", "%s", err.msg);
         goto out;
     }

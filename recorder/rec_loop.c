@@ -30,6 +30,7 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "common/sl_bounded.h"
 #include "common/sl_kafka.h"
 #include "common/sl_kstats.h"
 #include "common/sl_log.h"
@@ -51,6 +52,9 @@
 #define WRITE_CHECK_MS     5     /* longest poll while a batch is being written, ms */
 
 #define KSTATS_INTERVAL_MS 5000 /* librdkafka statistics (lag metrics), when metrics are on */
+#define CLOSE_RESERVE_MS                                                                           \
+    3000 /* SIGTERM: the last writes end this long before                                          \
+            shutdown_timeout_ms, for the commit and leaving the group */
 
 /* The recorder's series (docs/METRICS.md); registered by rec_loop_new. */
 static struct {
@@ -132,6 +136,7 @@ struct rec_loop {
                                             failed write (the other of bufs); NULL = none */
     bool writing;                        /* lane jobs are running on wbatch */
     int64_t write_started_us;            /* when the write of wbatch started (mono us) */
+    bool abandoned;                      /* leaving the group outlived shutdown_timeout_ms */
     struct lane_job jobs[REC_MAX_LANES]; /* the lane jobs of wbatch */
     pthread_t threads[REC_MAX_LANES];    /* their threads (where started[]) */
     bool started[REC_MAX_LANES];         /* a thread runs jobs[i] */
@@ -696,6 +701,25 @@ void rec_loop_get_stats(const rec_loop_t *l, struct rec_loop_stats *out)
     *out = l->st;
 }
 
+/* Commit and leave the group: may block (an unreachable coordinator), so it runs under
+ * sl_run_bounded. */
+static void close_consumer(void *arg)
+{
+    rec_loop_t *l = arg;
+    rd_kafka_resp_err_t e = rd_kafka_commit(l->rk, NULL, 0);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR && e != RD_KAFKA_RESP_ERR__NO_OFFSET)
+        sl_warn("kafka", "commit_failed", "could not commit offsets: %s", rd_kafka_err2str(e));
+    e = rd_kafka_consumer_close(l->rk);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+        sl_warn("kafka", "close_failed", "could not close the consumer cleanly: %s",
+                rd_kafka_err2str(e));
+}
+
+bool rec_loop_abandoned(const rec_loop_t *l)
+{
+    return l->abandoned;
+}
+
 int rec_loop_run(rec_loop_t *l, sl_err_t *err)
 {
     const struct sl_config *cfg = l->cfg;
@@ -752,11 +776,15 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
         }
     }
 
-    /* Shutdown: write the last batches (bounded retries), store, commit, leave the group. */
+    /* Shutdown: write the last batches (bounded retries), store, commit, leave the group,
+     * all within shutdown_timeout_ms whatever is down. */
     sl_probe_beat_release(beat);
+    int64_t bound = sl_mono_ms() + cfg->shutdown_timeout_ms;
     rec_maint_stop(l->maint);
     l->maint = NULL;
     int64_t deadline = sl_mono_ms() + cfg->shutdown_drain_ms;
+    if (deadline > bound - CLOSE_RESERVE_MS)
+        deadline = bound - CLOSE_RESERVE_MS;
     while (l->writing || l->wbatch || !rec_batch_empty(l->batch)) {
         if (flush_wait(l) == 0)
             break;
@@ -772,13 +800,14 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
         if (rkm) /* paused: nothing should arrive; anything that does is re-read later */
             rd_kafka_message_destroy(rkm);
     }
-    e = rd_kafka_commit(l->rk, NULL, 0);
-    if (e != RD_KAFKA_RESP_ERR_NO_ERROR && e != RD_KAFKA_RESP_ERR__NO_OFFSET)
-        sl_warn("kafka", "commit_failed", "could not commit offsets: %s", rd_kafka_err2str(e));
-    e = rd_kafka_consumer_close(l->rk);
-    if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
-        sl_warn("kafka", "close_failed", "could not close the consumer cleanly: %s",
-                rd_kafka_err2str(e));
+    if (sl_run_bounded(close_consumer, l, bound - sl_mono_ms()) == SL_ETIMEDOUT) {
+        l->abandoned = true;
+        sl_error("recorder", "shutdown_timeout",
+                 "leaving the group did not finish within shutdown_timeout_ms (%lld ms): exiting "
+                 "without it (offsets not committed are read again by the next owner)",
+                 (long long)cfg->shutdown_timeout_ms);
+        return SL_ETIMEDOUT;
+    }
     log_stats(l, "recorder_stopped", "stopped");
     return 0;
 }

@@ -27,6 +27,7 @@
 #ifndef REC_LOOP_H
 #define REC_LOOP_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/sl_cfg.h"
@@ -61,9 +62,15 @@ struct rec_loop_stats {
  */
 rec_loop_t *rec_loop_new(const struct sl_config *cfg, sl_err_t *err);
 
-/* Run until rec_loop_stop(); then flush, store, commit and close. Returns 0 on a clean stop,
- * or a negative SL_E* code if the consumer could not start. */
+/* Run until rec_loop_stop(); then flush, store, commit and close, all within
+ * shutdown_timeout_ms. Returns 0 on a clean stop, SL_ETIMEDOUT when leaving the group was
+ * abandoned at the bound (rec_loop_abandoned: then do not destroy the loop, exit), or a
+ * negative SL_E* code if the consumer could not start. */
 int rec_loop_run(rec_loop_t *l, sl_err_t *err);
+
+/* Whether leaving the group was abandoned at shutdown_timeout_ms (its consumer is still in
+ * use by the abandoned close: the loop must not be destroyed). */
+bool rec_loop_abandoned(const rec_loop_t *l);
 
 /* Ask the loop to stop (async-signal-safe). */
 void rec_loop_stop(rec_loop_t *l);

@@ -33,7 +33,7 @@ APT_PACKAGES=(
   libmsgpack-dev libcmocka-dev libmicrohttpd-dev libjansson-dev
   redis-server postgresql-15
   openjdk-17-jdk-headless maven
-  kcat wrk gnuplot-nox jq python3 python3-venv curl
+  kcat wrk gnuplot-nox jq python3 python3-venv curl faketime
   prometheus chromium chromium-driver fonts-dejavu-core
 )
 

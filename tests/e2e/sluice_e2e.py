@@ -315,12 +315,19 @@ class World:
         return r
 
     def consumer(self, name=None, **cfg):
+        """Start a sluice-consumer; cfg as for World, `_fault` sets SL_FAULT (test builds), and
+        `_wrap` is a command prefix that must exec the consumer in place, so signals reach it
+        (e.g. ["env", "LD_PRELOAD=...", "FAKETIME=+10s"]: test_clock_skew.py)."""
         env = dict(self.env)
+        wrap = list(cfg.pop("_wrap", None) or [])
+        fault = cfg.pop("_fault", None)
+        if fault:
+            env["SL_FAULT"] = fault
         env["SLUICE_INSTANCE_ID"] = name or f"c{len(self.consumers)}"
         for k, v in cfg.items():
             env["SLUICE_" + k.upper()] = str(v)
         log = os.path.join(self.dir, f"consumer-{env['SLUICE_INSTANCE_ID']}.log")
-        c = Proc([self.bin("consumer/sluice-consumer")], env, log)
+        c = Proc(wrap + [self.bin("consumer/sluice-consumer")], env, log)
         self.consumers.append(c)
         return c
 

@@ -507,7 +507,10 @@ def test_retries_rebuild_after_redis_loss(run):
     for jid, (shard, score, body) in before.items():
         s2, score2, body2 = after[jid]
         assert s2 == shard and body2 == body, "the same job body as the consumer's own"
-        assert score2 == score or (score <= t1 and t0 <= score2 <= t1), (score, score2)
+        # a due time travels as a distance from the writer's clock to Redis's (TIME + next -
+        # now), so the rebuilt one agrees within what the calls took; a past one is now
+        assert abs(score2 - score) <= 1000 or (score <= t1 and t0 - 1000 <= score2 <= t1 + 1000), \
+            (score, score2)
     # idempotent
     again = ctl_json(w, "retries", "rebuild")
     assert again["already_scheduled"] == COUNTS["hold"]

@@ -11,6 +11,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from sluice_e2e import event, final_states, rand_suffix, wait_until
 
 
@@ -510,3 +512,43 @@ def test_probe_outlasting_the_lease_is_the_only_probe(make_world):
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert len(probes) >= 2, f"{len(probes)} probes"
     assert all(g >= 5500 for g in gaps), f"two probes ran at once: gaps {gaps}"
+
+
+@pytest.mark.parametrize("fault", ["records_refused", "records_unacked"])
+def test_records_kafka_did_not_take_are_held_and_produced_again(make_world, fault):
+    # Test builds' fault points: the producer "refuses" the first 20 records handed to it
+    # (outcomes and quarantined records), or their acknowledgements come back as failures.
+    # Nothing may be dropped and no offset left open: every delivery reaches its endpoint
+    # once, every outcome and quarantined record reaches Kafka (at least once: a refused
+    # acknowledgement of a record Kafka did write means it is there twice), the records were
+    # held and produced again by the loop (records_held), and after a clean stop the offsets
+    # are committed (a new consumer reads nothing again).
+    w = make_world(partitions=2)
+    rcv = w.receiver()
+    ep = w.add_endpoint("h" + w.tag, rcv.url("ok", "h"))
+    events = [event(ep, i, w.tag) for i in range(40)]
+    unknown = [event(f"nosuch{i}_{w.tag}", 0, w.tag) for i in range(5)]
+    assert w.produce(unknown + events).returncode == 0
+    c = w.consumer(_fault=fault)
+    want = {(e["id"], ep) for e in events}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 90, 0.5, "all outcomes in Kafka")
+    q = wait_until(lambda: (lambda d: d if len({x["id"] for x in d}) == 5 else None)(
+        w.dump("quarantine")), 30, 0.5, "the quarantined records in Kafka")
+    assert all("unknown endpoint" in x.get("reason", "") for x in q), q  # headers kept
+    held = c.events("records_held")
+    assert held, "the fault point did not make the loop hold a record"
+    assert c.term() == 0, c.logs()[-3000:]
+    per = collections.Counter(l["webhook_id"] for l in ledger_ok(rcv))
+    assert len(per) == len(events) and max(per.values()) == 1, per
+    outs = [o for o in w.outcomes() if o["state"] == "delivered"]
+    n_out = len(outs)
+    if fault == "records_refused":
+        assert n_out == len(events), "a refused record was produced twice"
+    else:
+        assert n_out > len(events), "the unacknowledged records were not produced again"
+    c2 = w.consumer("c1")
+    wait_until(lambda: c2.events("partitions_assigned"), 60, 0.3, "the second consumer's share")
+    time.sleep(3)
+    assert len(ledger_ok(rcv)) == len(events), "records were read again after the clean stop"
+    assert c2.term() == 0
+    assert len([o for o in w.outcomes() if o["state"] == "delivered"]) == n_out

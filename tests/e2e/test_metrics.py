@@ -270,3 +270,31 @@ def test_bad_metrics_listen_fails_at_start(world):
         r = subprocess.run([w.bin(binary)], env=env, capture_output=True, text=True, timeout=30)
         assert r.returncode == 78, (binary, r.returncode, r.stderr)
         assert "metrics_listen" in r.stderr and "host:port" in r.stderr, r.stderr
+
+
+def test_healthz_fails_while_a_delivery_loop_stalls(world):
+    """A loop that stops turning fails /healthz (503 naming the loop) while /metrics still
+    answers from the listener's own thread; once the loop turns again, /healthz is 200.
+    The stall is the test build's fault point SL_FAULT=loop_stall (4 s at the first 2xx)."""
+    w = world
+    rcv = w.receiver()
+    ep = w.add_endpoint(f"ok-{w.tag}", rcv.url("ok", f"ok-{w.tag}"))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    c = w.consumer(metrics_listen=f"127.0.0.1:{port}", live_stall_ms=1000, _fault="loop_stall")
+
+    def health():
+        try:
+            st, _, body = http_get(base + "/healthz", timeout=2)
+            return st, json.loads(body)
+        except OSError:
+            return None, None
+    wait_until(lambda: health()[0] == 200, 60 * MULT, 0.2, "the consumer's /healthz")
+    assert w.produce([event(ep, 0, w.tag)]).returncode == 0
+    st, body = wait_until(lambda: (lambda h: h if h[0] == 503 else None)(health()), 30 * MULT,
+                          0.2, "/healthz failing during the stall")
+    assert body == {"live": False, "stalled": "delivery loop 0"}, body
+    assert http_get(base + "/metrics", timeout=2)[0] == 200  # the listener never waits on it
+    wait_until(lambda: health() == (200, {"live": True}), 30 * MULT, 0.2,
+               "/healthz recovering once the loop turns again")
+    assert c.term() == 0
