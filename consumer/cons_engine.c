@@ -71,6 +71,7 @@
 #define SHUTDOWN_RESERVE_MS 4000
 #define SHUTDOWN_CLOSE_MS   3000
 #define SHUTDOWN_DESTROY_MS 500
+#define COMMIT_WAIT_MS      2000  /* a synchronous commit waits this long for its answer */
 #define BRK_REFRESH_MS      1000  /* refresh of a local breaker view with recent failures */
 #define BRK_STALE_MS        30000 /* refresh of any closed local breaker view this old, ms */
 #define REDIS_HOLD_RETRY_MS 1000  /* retry of Redis writes that failed */
@@ -246,7 +247,11 @@ struct cons_engine {
     bool paused;                 /* partitions paused by us */
     int64_t full_since_mono;     /* intake full and taking nothing since (mono ms; 0 = not) */
     bool kafka_more;             /* the consumer queue may hold more records */
+    rd_kafka_queue_t *commit_q;  /* answers of our own offset commits */
+    int commits_pending;         /* commits sent whose answer has not been served */
+    const char *commit_why;      /* what the last commit was for (log lines) */
     atomic_int stop;             /* shutdown requested (any thread, signal handlers) */
+    _Atomic int64_t stop_mono;   /* when it was requested (mono ms; the exit bound starts) */
     atomic_bool joined;          /* a partition assignment was served (readiness) */
     int64_t shutdown_deadline;   /* SIGTERM: the whole exit ends by then (mono ms; 0 = running) */
     bool redis_failed_stopping;  /* a Redis write failed during shutdown: hold, do not retry */
@@ -2364,20 +2369,60 @@ static void drop_partition_jobs(cons_engine_t *e)
 static void store_offsets(cons_engine_t *e, bool force);
 
 /*
- * Commit the stored offsets now, synchronously. librdkafka commits them by itself when
- * partitions are unassigned, but that commit can lose a race with the group leave or a
- * rebalance in progress ("Unknown member") and is then dropped: the next owner re-reads work
- * whose fate is durable (dead letters sent again, retry chains doubled). Without a
- * coordinator this fails at once; the auto-commit path stays as the fallback.
+ * Commit the stored offsets now and wait up to bound_ms for the answer. librdkafka commits
+ * them by itself when partitions are unassigned, but that commit can lose a race with the
+ * group leave or a rebalance in progress ("Unknown member") and is then dropped: the next
+ * owner re-reads work whose fate is durable (dead letters sent again, retry chains doubled).
+ * Without a group coordinator librdkafka defers a commit until one answers or
+ * session.timeout.ms passes, so a plain synchronous commit could hold the loop that long: the
+ * answer comes on commit_q instead, and one still unanswered at the bound is served later
+ * (commit_serve); the auto-commit path stays as the fallback.
  */
-static void commit_stored(cons_engine_t *e, const char *why)
+static void commit_answer(rd_kafka_t *rk,
+                          rd_kafka_resp_err_t ke,
+                          rd_kafka_topic_partition_list_t *offsets,
+                          void *opaque)
 {
-    rd_kafka_resp_err_t ke = rd_kafka_commit(e->consumer, NULL, 0);
+    (void)rk;
+    (void)offsets;
+    cons_engine_t *e = opaque;
+    e->commits_pending--;
+    const char *why = e->commit_why ? e->commit_why : "a rebalance";
     if (ke == RD_KAFKA_RESP_ERR_NO_ERROR)
         sl_info("kafka", "offsets_committed", "offsets committed before %s", why);
     else if (ke != RD_KAFKA_RESP_ERR__NO_OFFSET)
         sl_warn("kafka", "commit_failed", "could not commit offsets before %s: %s", why,
                 rd_kafka_err2str(ke));
+}
+
+static void commit_serve(cons_engine_t *e, int timeout_ms)
+{
+    if (e->commits_pending > 0)
+        rd_kafka_queue_poll_callback(e->commit_q, timeout_ms);
+}
+
+static void commit_stored(cons_engine_t *e, const char *why, int64_t bound_ms)
+{
+    commit_serve(e, 0); /* an older answer first: its line names its own reason */
+    e->commit_why = why;
+    rd_kafka_resp_err_t ke =
+        rd_kafka_commit_queue(e->consumer, NULL, e->commit_q, commit_answer, e);
+    if (ke != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        if (ke != RD_KAFKA_RESP_ERR__NO_OFFSET)
+            sl_warn("kafka", "commit_failed", "could not commit offsets before %s: %s", why,
+                    rd_kafka_err2str(ke));
+        return;
+    }
+    e->commits_pending++;
+    int64_t deadline = sl_mono_ms() + bound_ms;
+    for (int64_t left = bound_ms; e->commits_pending > 0 && left > 0;
+         left = deadline - sl_mono_ms())
+        commit_serve(e, left < 100 ? (int)left : 100);
+    if (e->commits_pending > 0)
+        sl_warn("kafka", "commit_unanswered",
+                "the offset commit before %s had no answer within %lld ms (no group "
+                "coordinator?): going on without it",
+                why, (long long)bound_ms);
 }
 
 /* Run the loop without intake until nothing of the given partitions is in flight. */
@@ -2421,9 +2466,18 @@ static void rebalance_cb(rd_kafka_t *rk,
     /* Revoke: let in-flight work finish (bounded) so its offsets can still be stored. */
     if (!rd_kafka_assignment_lost(rk)) {
         int64_t bound = e->cfg->shutdown_drain_ms < 5000 ? e->cfg->shutdown_drain_ms : 5000;
+        int64_t wait = COMMIT_WAIT_MS;
+        if (e->shutdown_deadline) {
+            /* leaving the group at SIGTERM: what is left of the exit bound */
+            int64_t left = e->shutdown_deadline - SHUTDOWN_DESTROY_MS - sl_mono_ms();
+            if (bound > left / 2)
+                bound = left / 2;
+            if (wait > left - bound)
+                wait = left - bound;
+        }
         drain_for(e, bound);
         store_offsets(e, true);
-        commit_stored(e, "giving up partitions");
+        commit_stored(e, "giving up partitions", wait);
     }
     for (int i = 0; i < parts->cnt; i++)
         cons_offsets_revoke(e->offsets, parts->elems[i].partition);
@@ -2606,6 +2660,7 @@ cons_engine_t *cons_engine_new(
         goto fail;
     e->cq = rd_kafka_queue_get_consumer(e->consumer);
     e->pq = rd_kafka_queue_get_main(e->producer);
+    e->commit_q = rd_kafka_queue_new(e->consumer);
     rd_kafka_queue_io_event_enable(e->cq, e->wake[1], "c", 1);
     rd_kafka_queue_io_event_enable(e->pq, e->wake[1], "p", 1);
     cons_http_watch_fd(e->http, e->wake[0]);
@@ -2626,6 +2681,8 @@ fail:
 
 void cons_engine_stop(cons_engine_t *e)
 {
+    int64_t none = 0; /* the first request starts the exit bound (async-signal-safe) */
+    atomic_compare_exchange_strong(&e->stop_mono, &none, sl_mono_ms());
     atomic_store(&e->stop, 1);
     if (e->wake[1] >= 0) {
         ssize_t w = write(e->wake[1], "s", 1); /* wake the loop now; a full pipe wakes it too */
@@ -2731,7 +2788,8 @@ static void shutdown_drain(cons_engine_t *e)
 static void close_consumer(void *arg)
 {
     cons_engine_t *e = arg;
-    commit_stored(e, "shutdown");
+    int64_t wait = (e->shutdown_deadline - SHUTDOWN_DESTROY_MS - sl_mono_ms()) / 2;
+    commit_stored(e, "shutdown", wait < COMMIT_WAIT_MS ? wait : COMMIT_WAIT_MS);
     rd_kafka_resp_err_t ke = rd_kafka_consumer_close(e->consumer);
     if (ke != RD_KAFKA_RESP_ERR_NO_ERROR)
         sl_warn("kafka", "close_failed", "consumer close: %s", rd_kafka_err2str(ke));
@@ -2764,6 +2822,7 @@ int cons_engine_run(cons_engine_t *e)
         if (marks_due_in(e) == 0)
             flush_marks(e);
         rd_kafka_poll(e->producer, 0);
+        commit_serve(e, 0);
         if (e->hrec_head)
             retry_records(e);
         if (e->held)
@@ -2781,7 +2840,9 @@ int cons_engine_run(cons_engine_t *e)
     }
     sl_probe_beat_release(e->beat); /* shutting down: the drain is bounded on its own */
     e->beat = -1;
-    e->shutdown_deadline = sl_mono_ms() + e->cfg->shutdown_timeout_ms;
+    /* the bound counts from the request, not from the moment this loop saw it */
+    int64_t asked = atomic_load(&e->stop_mono);
+    e->shutdown_deadline = (asked ? asked : sl_mono_ms()) + e->cfg->shutdown_timeout_ms;
     shutdown_drain(e);
     stats_line(e, true);
     /* what is left of the bound, less a moment for destroying the producer */
@@ -2806,6 +2867,8 @@ void cons_engine_destroy(cons_engine_t *e)
         rd_kafka_queue_destroy(e->cq);
     if (e->pq)
         rd_kafka_queue_destroy(e->pq);
+    if (e->commit_q)
+        rd_kafka_queue_destroy(e->commit_q);
     if (e->consumer) {
         sl_kstats_forget(rd_kafka_name(e->consumer));
         rd_kafka_destroy(e->consumer);
