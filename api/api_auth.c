@@ -21,6 +21,8 @@
 #include "common/sl_mem.h"
 #include "common/sl_registry.h"
 
+#define API_KEYS_STOP_MS 1000 /* api_keys_stop's wait for the reload thread, ms */
+
 struct api_keyset {
     atomic_uint refs;       /* the cache's + each request's */
     struct sl_apikey *keys; /* n entries */
@@ -149,8 +151,26 @@ void api_keys_stop(api_keys_t *k)
     k->stop = true;
     pthread_cond_broadcast(&k->cv);
     pthread_mutex_unlock(&k->mu);
-    if (k->started)
-        pthread_join(k->thr, NULL);
+    if (k->started) {
+        /* A reload stuck on a PostgreSQL that accepts connections but never answers (libpq
+         * waits for as long as the DSN's connect_timeout, by default for ever) must not hold
+         * up the exit: past API_KEYS_STOP_MS the thread is left running and k with it. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += API_KEYS_STOP_MS / 1000;
+        ts.tv_nsec += (API_KEYS_STOP_MS % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        if (pthread_timedjoin_np(k->thr, NULL, &ts) != 0) {
+            sl_warn("auth", "api_keys_stop_abandoned",
+                    "the API key reload thread is still waiting for postgresql after %d ms: "
+                    "exiting without it",
+                    API_KEYS_STOP_MS);
+            return;
+        }
+    }
     set_release(k->cur);
     pthread_cond_destroy(&k->cv);
     pthread_mutex_destroy(&k->mu);

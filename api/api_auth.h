@@ -36,6 +36,9 @@ struct api_auth {
 
 /* Start the cache and its reload thread (cfg borrowed for the process's life). */
 api_keys_t *api_keys_start(const struct sl_config *cfg);
+/* Stop the reload thread and free the cache (NULL-safe). Waits for the thread up to 1 s: one
+ * stuck on an unresponsive PostgreSQL is left running with the cache (the process is
+ * exiting), so a stop never hangs on it. */
 void api_keys_stop(api_keys_t *k);
 /* True once a set was loaded from PostgreSQL. */
 bool api_keys_loaded(api_keys_t *k);

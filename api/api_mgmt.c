@@ -44,7 +44,7 @@ static struct sl_reg_pub *thread_pub(struct api *a)
     struct sl_reg_pub *p = pthread_getspecific(pub_key);
     if (!p) {
         p = sl_xcalloc(1, sizeof(*p));
-        sl_reg_pub_init(p, a->cfg);
+        sl_reg_pub_init(p, a->cfg, &a->mk);
         (void)pthread_setspecific(pub_key, p);
     }
     return p;

@@ -8,10 +8,15 @@
  *   endpoint table (sluice.endpoints read to its high watermark) -> producer and its report
  *   thread -> API key cache -> listen -> run until SIGTERM/SIGINT -> stop accepting, let
  *   requests in flight finish (api_shutdown_ms), flush the producer -> exit 0.
+ * A SIGTERM/SIGINT while the endpoint table is still loading (Kafka unreachable: up to 60 s)
+ * ends that wait at once: nothing was published yet, so the process logs start_cancelled and
+ * exits 0.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,10 +27,24 @@
 #include "common/sl_log.h"
 #include "common/sl_probe.h"
 
-/* SIGTERM and SIGINT are blocked in every thread and taken by sigwait on the main thread. */
+/* SIGTERM and SIGINT are blocked in every thread and taken by sigwait on a thread of their
+ * own (signal_main), which sets g_stop, seen by the start-up waits, and ends; the main
+ * thread, once serving, waits for it with pthread_join. */
+static sigset_t g_stopsigs;
+static atomic_bool g_stop;
+
 static void on_signal(int sig)
 {
     (void)sig;
+}
+
+static void *signal_main(void *arg)
+{
+    (void)arg;
+    int sig = 0;
+    (void)sigwait(&g_stopsigs, &sig);
+    atomic_store(&g_stop, true);
+    return NULL;
 }
 
 static void usage(FILE *f)
@@ -41,7 +60,9 @@ static void usage(FILE *f)
                "Stateless: run any number behind a load balancer.\n"
                "Configuration comes from SLUICE_* environment variables or a config file; see\n"
                "--help-config. SIGTERM or SIGINT stops accepting, lets requests in flight\n"
-               "finish (api_shutdown_ms), flushes the producer and exits 0.\n");
+               "finish (api_shutdown_ms), flushes the producer and exits 0; during start-up\n"
+               "(the endpoint table still loading, e.g. Kafka unreachable) it ends the wait\n"
+               "and exits 0 at once.\n");
 }
 
 struct poller {
@@ -74,11 +95,10 @@ int main(int argc, char **argv)
     int early = sl_cfg_main_daemon(&cfg, "sluice-api", usage, on_signal, &argc, argv);
     if (early >= 0)
         return early;
-    sigset_t stopsigs;
-    sigemptyset(&stopsigs);
-    sigaddset(&stopsigs, SIGTERM);
-    sigaddset(&stopsigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stopsigs, NULL); /* before any thread exists */
+    sigemptyset(&g_stopsigs);
+    sigaddset(&g_stopsigs, SIGTERM);
+    sigaddset(&g_stopsigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &g_stopsigs, NULL); /* before any thread exists */
     sl_err_t err;
     struct api a;
     memset(&a, 0, sizeof(a));
@@ -95,12 +115,29 @@ int main(int argc, char **argv)
         return SL_CFG_EXIT;
     }
     int rc = 1;
+    bool cancelled = false;
     struct poller pl;
     memset(&pl, 0, sizeof(pl));
     pl.beat = -1;
     api_server_t *srv = NULL;
     sl_probe_t *probe = NULL;
-    if (sl_endpoints_open(&cfg, &a.mk, 60000, &a.eps, &err) != 0) {
+    pthread_t sigthr;
+    bool sig_started = pthread_create(&sigthr, NULL, signal_main, NULL) == 0;
+    if (!sig_started) {
+        sl_error("api", "start_failed", "could not start the signal thread");
+        goto out;
+    }
+    sl_info("api", "endpoints_loading", "loading the endpoint table from %s", cfg.topic_endpoints);
+    int erc = sl_endpoints_open_cancellable(&cfg, &a.mk, 60000, &g_stop, &a.eps, &err);
+    if (erc == -ECANCELED || (erc == 0 && atomic_load(&g_stop))) {
+        SL_LOGKV(SL_LOG_INFO, "api", "start_cancelled",
+                 ((struct sl_log_kv[]){SL_KV_S("phase", "endpoints")}),
+                 "stop requested while loading the endpoint table: exiting before serving");
+        cancelled = true;
+        rc = 0;
+        goto out;
+    }
+    if (erc != 0) {
         sl_error("api", "endpoints_unavailable", "%s", err.msg);
         goto out;
     }
@@ -142,12 +179,17 @@ int main(int argc, char **argv)
                                    SL_KV_I("threads", cfg.api_threads),
                                    SL_KV_I("endpoints", (int64_t)sl_endpoints_count(a.eps))}),
              "sluice-api listening on %s", cfg.api_listen);
-    int sig = 0;
-    (void)sigwait(&stopsigs, &sig);
+    pthread_join(sigthr, NULL); /* until SIGTERM or SIGINT */
+    sig_started = false;
     sl_info("api", "stopping", "stopping: no new connections, requests in flight may finish");
     atomic_store(&a.stopping, true);
     rc = 0;
-out:;
+out:
+    if (sig_started) { /* no signal yet (a failed start): end the signal thread */
+        if (!atomic_load(&g_stop))
+            (void)pthread_kill(sigthr, SIGTERM);
+        pthread_join(sigthr, NULL);
+    }
     long left = api_server_quiesce(srv, cfg.api_shutdown_ms);
     if (left > 0)
         sl_warn("api", "shutdown_timeout",
@@ -171,7 +213,7 @@ out:;
     sl_endpoints_close(a.eps);
     sl_masterkey_fini(&a.mk);
     sl_cfg_fini(&cfg);
-    if (rc == 0)
+    if (rc == 0 && !cancelled)
         sl_info("api", "stopped", "stopped cleanly");
     return rc;
 }

@@ -220,7 +220,8 @@ static const struct opt opts[] = {
       master_key,
       "",
       F_SECRET,
-      "32-byte key (64 hex chars or base64) encrypting endpoint secrets at rest"),
+      "master keys [id:]key,... (32 bytes as 64 hex chars or base64; the first seals secrets "
+      "and signs endpoint records, the others only open and verify: rotation)"),
     S("log_level", "SLUICE_LOG_LEVEL", log_level, "info", 0, "error, warn, info or debug"),
     S("debug",
       "SLUICE_DEBUG",

@@ -56,7 +56,7 @@ struct sl_config {
     /* postgresql */
     char *pg_dsn; /* libpq conninfo; password masked in output */
     /* secrets */
-    char *master_key; /* 32-byte AES key, hex or base64; secret */
+    char *master_key; /* master keys "[id:]key,..." (sl_secretbox.h); secret */
     /* logging */
     char *log_level;   /* error|warn|info|debug */
     char *debug;       /* debug contexts: kafka,http,redis,db,cfg,all */

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include <librdkafka/rdkafka.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 
 #include "common/sl_kafka.h"
@@ -31,6 +32,7 @@
 #define READER_GROUP_ID  "sluice-endpoints-reader" /* required by assign() in 2.0.2; unused */
 #define POLL_MS          100  /* updater poll timeout; bounds close() latency */
 #define METADATA_STEP_MS 2000 /* one metadata request's timeout */
+#define CANCEL_STEP_MS   200  /* first timeout of a blocking call while a cancel flag is watched */
 #define UNKNOWN_TOPIC_MS 5000 /* how long a missing topic may take to appear before failing */
 #define INITIAL_LOG_MAX  50   /* invalid records logged one by one during the initial load */
 #define DIGEST_LEN       32   /* SHA-256 */
@@ -60,6 +62,9 @@ struct sl_endpoints {
     uint64_t initial_logged;          /* invalid records logged during the initial load */
     int last_err;                     /* last consumer error logged (rd_kafka_resp_err_t) */
     atomic_uint_fast64_t st_records, st_applied, st_unchanged, st_invalid; /* stats */
+    atomic_uint_fast64_t st_refused; /* records that failed authentication */
+    sl_map_t *refused;               /* id -> reason (char *) of its refused latest record;
+                                        guarded by lock */
 };
 
 /* ==== Snapshots ==== */
@@ -381,17 +386,43 @@ out:
 /* ==== Reading the topic ==== */
 
 struct reader {
-    rd_kafka_t *rk;  /* consumer, all partitions assigned from the beginning */
-    int32_t n_parts; /* partitions of the topic at open */
-    int64_t *hwm;    /* high watermark per partition at open */
-    bool *done;      /* partition read up to its hwm (or reported its end) */
-    int32_t n_done;  /* count of true entries in done */
+    rd_kafka_t *rk;            /* consumer, all partitions assigned from the beginning */
+    const atomic_bool *cancel; /* stop waiting once true; NULL = never */
+    int32_t n_parts;           /* partitions of the topic at open */
+    int64_t *hwm;              /* high watermark per partition at open */
+    bool *done;                /* partition read up to its hwm (or reported its end) */
+    int32_t n_done;            /* count of true entries in done */
 };
 
 static int64_t remaining_ms(int64_t deadline)
 {
     int64_t r = deadline - sl_mono_ms();
     return r > 0 ? r : 0;
+}
+
+static bool cancelled(const atomic_bool *cancel)
+{
+    return cancel && atomic_load(cancel);
+}
+
+/*
+ * Timeout of the next blocking librdkafka call, ms: what is left of the deadline, cut to
+ * step. While a cancel flag is watched, step starts at CANCEL_STEP_MS: with no broker
+ * reachable each call gives up after it (__TRANSPORT: no broker up in time), so the flag is
+ * looked at every few hundred ms. A call that timed out waiting for an answer (__TIMED_OUT: a
+ * broker is up, but slow) doubles step up to METADATA_STEP_MS (step_grow), so a slow broker
+ * still gets to answer.
+ */
+static int step_timeout(int64_t deadline, int step)
+{
+    int64_t left = remaining_ms(deadline);
+    return (int)(left < step ? left : step);
+}
+
+static void step_grow(int *step, rd_kafka_resp_err_t e)
+{
+    if (e == RD_KAFKA_RESP_ERR__TIMED_OUT && *step < METADATA_STEP_MS)
+        *step = *step * 2 < METADATA_STEP_MS ? *step * 2 : METADATA_STEP_MS;
 }
 
 static void reader_close(struct reader *r)
@@ -410,27 +441,36 @@ static void reader_close(struct reader *r)
     r->done = NULL;
 }
 
-/* Partition count of topic, retrying transient errors until deadline. */
-static int
-topic_partitions(rd_kafka_t *rk, const char *topic, int64_t deadline, int32_t *out, sl_err_t *err)
+/* Partition count of topic, retrying transient errors until deadline (or *cancel). */
+static int topic_partitions(rd_kafka_t *rk,
+                            const char *topic,
+                            int64_t deadline,
+                            const atomic_bool *cancel,
+                            int32_t *out,
+                            sl_err_t *err)
 {
     int rc = 0;
     rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
     const char *last = "no answer";
     int64_t unknown_since = -1;
+    int step = cancel ? CANCEL_STEP_MS : METADATA_STEP_MS;
     if (!rkt)
         return sl_err_set(err, SL_EKAFKA, "cannot create a handle for topic %s: %s", topic,
                           rd_kafka_err2str(rd_kafka_last_error()));
     for (;;) {
-        int64_t left = remaining_ms(deadline);
-        if (left == 0) {
+        if (cancelled(cancel)) {
+            rc = sl_err_set(err, -ECANCELED, "cancelled while getting metadata of topic %s: %s",
+                            topic, last);
+            goto out;
+        }
+        if (remaining_ms(deadline) == 0) {
             rc = sl_err_set(err, SL_ETIMEDOUT, "could not get metadata of topic %s: %s", topic,
                             last);
             goto out;
         }
         const struct rd_kafka_metadata *md = NULL;
-        rd_kafka_resp_err_t e = rd_kafka_metadata(
-            rk, 0, rkt, &md, (int)(left < METADATA_STEP_MS ? left : METADATA_STEP_MS));
+        rd_kafka_resp_err_t e = rd_kafka_metadata(rk, 0, rkt, &md, step_timeout(deadline, step));
+        step_grow(&step, e);
         if (e == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1) {
             const struct rd_kafka_metadata_topic *mt = &md->topics[0];
             e = mt->err;
@@ -468,6 +508,7 @@ out:
 static int reader_open(const struct sl_config *cfg,
                        const char *topic,
                        int64_t deadline,
+                       const atomic_bool *cancel,
                        struct reader *r,
                        sl_err_t *err)
 {
@@ -475,6 +516,7 @@ static int reader_open(const struct sl_config *cfg,
     char errstr[512];
     rd_kafka_topic_partition_list_t *parts = NULL;
     memset(r, 0, sizeof(*r));
+    r->cancel = cancel;
     rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "sluice-endpoints", err);
     if (!conf)
         return SL_EKAFKA;
@@ -494,7 +536,7 @@ static int reader_open(const struct sl_config *cfg,
         return sl_err_set(err, SL_EKAFKA, "could not create kafka consumer: %s", errstr);
     }
     rd_kafka_poll_set_consumer(r->rk);
-    rc = topic_partitions(r->rk, topic, deadline, &r->n_parts, err);
+    rc = topic_partitions(r->rk, topic, deadline, cancel, &r->n_parts, err);
     if (rc != 0)
         goto out;
     r->hwm = sl_xcalloc((size_t)r->n_parts, sizeof(*r->hwm));
@@ -503,12 +545,21 @@ static int reader_open(const struct sl_config *cfg,
     for (int32_t p = 0; p < r->n_parts; p++) {
         int64_t lo = 0, hi = 0;
         rd_kafka_resp_err_t e;
+        int step = CANCEL_STEP_MS; /* only while a cancel flag is watched */
         for (;;) {
+            if (cancelled(cancel)) {
+                rc = sl_err_set(err, -ECANCELED,
+                                "cancelled while getting the offsets of topic %s partition %d",
+                                topic, (int)p);
+                goto out;
+            }
             int64_t left = remaining_ms(deadline);
-            e = rd_kafka_query_watermark_offsets(r->rk, topic, p, &lo, &hi,
-                                                 (int)(left > 0 ? left : 1));
+            /* without a cancel flag, one call may take whatever is left */
+            int t = cancel ? step_timeout(deadline, step) : (int)left;
+            e = rd_kafka_query_watermark_offsets(r->rk, topic, p, &lo, &hi, t > 0 ? t : 1);
             if (e == RD_KAFKA_RESP_ERR_NO_ERROR || left == 0)
                 break;
+            step_grow(&step, e);
             struct timespec ts = {0, 100 * 1000000L};
             nanosleep(&ts, NULL);
         }
@@ -546,8 +597,8 @@ static void mark_done(struct reader *r, int32_t p)
 }
 
 /*
- * Consume until every partition reached its watermark. fn handles each record (non-zero
- * stops and is returned). Consumer errors are logged once per distinct code.
+ * Consume until every partition reached its watermark (or r->cancel). fn handles each record
+ * (non-zero stops and is returned). Consumer errors are logged once per distinct code.
  */
 static int reader_load(struct reader *r,
                        const char *topic,
@@ -558,6 +609,10 @@ static int reader_load(struct reader *r,
 {
     rd_kafka_resp_err_t last = RD_KAFKA_RESP_ERR_NO_ERROR;
     while (r->n_done < r->n_parts) {
+        if (cancelled(r->cancel))
+            return sl_err_set(err, -ECANCELED,
+                              "cancelled while reading topic %s: %d of %d partitions complete",
+                              topic, (int)r->n_done, (int)r->n_parts);
         int64_t left = remaining_ms(deadline);
         if (left == 0)
             return sl_err_set(err, SL_ETIMEDOUT,
@@ -609,7 +664,7 @@ int sl_endpoints_scan(const struct sl_config *cfg,
     struct reader r;
     struct scan_ctx c = {fn, opaque};
     int64_t deadline = sl_mono_ms() + timeout_ms;
-    int rc = reader_open(cfg, cfg->topic_endpoints, deadline, &r, err);
+    int rc = reader_open(cfg, cfg->topic_endpoints, deadline, NULL, &r, err);
     if (rc != 0)
         return rc;
     rc = reader_load(&r, cfg->topic_endpoints, deadline, scan_one, &c, err);
@@ -650,11 +705,52 @@ log_invalid(sl_endpoints_t *t, const char *id, const rd_kafka_message_t *m, cons
              "ignoring endpoint record (previous version kept): %s", why);
 }
 
+/* The latest record of id failed authentication (why) or, why NULL, no longer does. */
+static void set_refused(sl_endpoints_t *t, const char *id, const char *why)
+{
+    void *old = NULL;
+    if (!why && !sl_map_get(t->refused, id))
+        return;
+    pthread_rwlock_wrlock(&t->lock);
+    if (why)
+        sl_map_put(t->refused, id, sl_xstrdup(why), &old);
+    else
+        sl_map_del(t->refused, id, &old);
+    pthread_rwlock_unlock(&t->lock);
+    free(old);
+}
+
+static void
+log_refused(sl_endpoints_t *t, const char *id, const rd_kafka_message_t *m, int rc, const char *why)
+{
+    atomic_fetch_add(&t->st_refused, 1);
+    set_refused(t, id, why);
+    if (t->initial)
+        return; /* a later record may replace it: logged at the end of the load if not */
+    struct sl_log_kv kv[] = {SL_KV_S("endpoint_id", id), SL_KV_I("partition", m->partition),
+                             SL_KV_I("offset", m->offset)};
+    SL_LOGKV(SL_LOG_ERROR, "endpoints",
+             rc == SL_EMISSING ? "endpoint_record_unsigned" : "endpoint_record_forged", kv,
+             "refusing endpoint record (never delivered to; previous version kept): %s", why);
+}
+
+/* End of the initial load: each endpoint whose latest record is refused (earlier records
+ * of an endpoint, e.g. signed with a retired key before a reseal, are not reported). */
+static void log_refused_at_load(void *opaque, const char *id, const char *why)
+{
+    (void)opaque;
+    struct sl_log_kv kv[] = {SL_KV_S("endpoint_id", id)};
+    SL_LOGKV(SL_LOG_ERROR, "endpoints",
+             strstr(why, "not signed") ? "endpoint_record_unsigned" : "endpoint_record_forged", kv,
+             "refusing endpoint record (never delivered to): %s", why);
+}
+
 static void apply_delete(sl_endpoints_t *t, const char *id)
 {
     void *old = NULL;
     if (t->initial && t->failed)
         sl_map_del(t->failed, id, NULL);
+    set_refused(t, id, NULL);
     if (!sl_map_get(t->map, id))
         return; /* deleting what we do not have (or never could decrypt): no change */
     pthread_rwlock_wrlock(&t->lock);
@@ -717,7 +813,15 @@ static void apply(sl_endpoints_t *t, const rd_kafka_message_t *m)
         log_invalid(t, id, m, "the record's id differs from its key");
         goto out;
     }
-    int rc = sl_endpoint_build(&rec, &t->mk, &t->defs, (uint64_t)sl_now_ms(), &e, &err);
+    int rc = sl_endpoint_rec_verify(&t->mk, &rec, &err);
+    if (rc != 0) {
+        if (t->initial && t->failed)
+            sl_map_put(t->failed, id, NULL, NULL);
+        log_refused(t, id, m, rc, err.msg);
+        goto out;
+    }
+    set_refused(t, id, NULL);
+    rc = sl_endpoint_build(&rec, &t->mk, &t->defs, (uint64_t)sl_now_ms(), &e, &err);
     if (rc != 0) {
         if (rc == SL_ECRYPTO && t->initial && t->failed)
             sl_map_put(t->failed, id, NULL, NULL);
@@ -787,6 +891,16 @@ int sl_endpoints_open(const struct sl_config *cfg,
                       sl_endpoints_t **out,
                       sl_err_t *err)
 {
+    return sl_endpoints_open_cancellable(cfg, mk, initial_timeout_ms, NULL, out, err);
+}
+
+int sl_endpoints_open_cancellable(const struct sl_config *cfg,
+                                  const struct sl_masterkey *mk,
+                                  int initial_timeout_ms,
+                                  const atomic_bool *cancel,
+                                  sl_endpoints_t **out,
+                                  sl_err_t *err)
+{
     int rc = 0;
     struct reader r;
     sl_endpoints_t *t = NULL;
@@ -819,8 +933,10 @@ int sl_endpoints_open(const struct sl_config *cfg,
     atomic_init(&t->st_applied, 0);
     atomic_init(&t->st_unchanged, 0);
     atomic_init(&t->st_invalid, 0);
+    atomic_init(&t->st_refused, 0);
+    t->refused = sl_map_new(8);
     t->initial = true;
-    rc = reader_open(cfg, t->topic, deadline, &r, err);
+    rc = reader_open(cfg, t->topic, deadline, cancel, &r, err);
     if (rc != 0)
         goto out;
     t->rk = r.rk;
@@ -833,12 +949,13 @@ int sl_endpoints_open(const struct sl_config *cfg,
                 t->initial_logged - INITIAL_LOG_MAX);
     if (sl_map_count(t->map) == 0 && sl_map_count(t->failed) > 0) {
         rc = sl_err_set(err, SL_ECRYPTO,
-                        "could not decrypt the secrets of any of the %zu endpoints in topic %s: "
-                        "is master_key (SLUICE_MASTER_KEY) the key sluicectl used?",
+                        "could not authenticate or decrypt any of the %zu endpoints in topic "
+                        "%s: is master_key (SLUICE_MASTER_KEY) the key sluicectl used?",
                         sl_map_count(t->failed), t->topic);
         goto out;
     }
     t->initial = false;
+    sl_endpoints_refused(t, log_refused_at_load, NULL);
     sl_map_destroy(t->failed, NULL);
     t->failed = NULL;
     {
@@ -913,6 +1030,93 @@ void sl_endpoints_stats(sl_endpoints_t *t, struct sl_endpoints_stats *out)
     out->applied = atomic_load(&t->st_applied);
     out->unchanged = atomic_load(&t->st_unchanged);
     out->invalid = atomic_load(&t->st_invalid);
+    out->refused = atomic_load(&t->st_refused);
+}
+
+size_t sl_endpoints_refused(sl_endpoints_t *t,
+                            void (*fn)(void *opaque, const char *id, const char *why),
+                            void *opaque)
+{
+    pthread_rwlock_rdlock(&t->lock);
+    size_t it = 0, n = 0;
+    const char *key;
+    void *val;
+    while (sl_map_next(t->refused, &it, &key, &val)) {
+        if (fn)
+            fn(opaque, key, val);
+        n++;
+    }
+    pthread_rwlock_unlock(&t->lock);
+    return n;
+}
+
+/* ==== Record authentication ==== */
+
+/* MAC of rec (kid set; its mac ignored) with the record MAC key of rec->kid. */
+static int rec_mac(const struct sl_masterkey *mk,
+                   const struct sl_endpoint_rec *rec,
+                   uint8_t mac[SL_ENDPOINT_MAC_LEN],
+                   sl_err_t *err)
+{
+    static const char domain[] = "sluice endpoint record v1"; /* its NUL is part of it */
+    struct sl_endpoint_rec c = *rec;
+    c.mac = NULL;
+    c.mac_len = 0;
+    struct sl_buf b;
+    sl_buf_init(&b, SL_ENDPOINT_RECORD_MAX);
+    int rc = sl_endpoint_rec_encode(&c, &b, err);
+    if (rc == 0) {
+        const void *parts[] = {domain, b.data};
+        size_t lens[] = {sizeof(domain), b.len};
+        rc = sl_masterkey_mac(mk, c.kid, parts, lens, 2, mac, err);
+    }
+    sl_buf_fini(&b);
+    return rc;
+}
+
+int sl_endpoint_rec_sign(const struct sl_masterkey *mk,
+                         const struct sl_endpoint_rec *rec,
+                         struct sl_buf *out,
+                         sl_err_t *err)
+{
+    const struct sl_masterkey_entry *cur = sl_masterkey_find(mk, NULL);
+    if (!cur || !rec)
+        return sl_err_set(err, SL_EINVAL, "no master key to sign endpoint records with");
+    struct sl_endpoint_rec c = *rec;
+    uint8_t mac[SL_ENDPOINT_MAC_LEN];
+    c.kid = cur->id;
+    int rc = rec_mac(mk, &c, mac, err);
+    if (rc != 0)
+        return rc;
+    c.mac = mac;
+    c.mac_len = sizeof(mac);
+    return sl_endpoint_rec_encode(&c, out, err);
+}
+
+int sl_endpoint_rec_verify(const struct sl_masterkey *mk,
+                           const struct sl_endpoint_rec *rec,
+                           sl_err_t *err)
+{
+    if (!rec->kid || !rec->mac)
+        return sl_err_set(err, SL_EMISSING,
+                          "endpoint %s: the record is not signed (run `sluicectl endpoints "
+                          "reseal` with the master key)",
+                          rec->id);
+    if (!sl_masterkey_find(mk, rec->kid))
+        return sl_err_set(err, SL_ECRYPTO,
+                          "endpoint %s: the record is signed with master key '%s', which is not "
+                          "configured",
+                          rec->id, rec->kid);
+    uint8_t mac[SL_ENDPOINT_MAC_LEN];
+    int rc = rec_mac(mk, rec, mac, err);
+    if (rc != 0)
+        return rc;
+    if (rec->mac_len != sizeof(mac) || CRYPTO_memcmp(mac, rec->mac, sizeof(mac)) != 0)
+        return sl_err_set(err, SL_ECRYPTO,
+                          "endpoint %s: the record's MAC does not match (altered, or not written "
+                          "by sluicectl or sluice-api with this master key)",
+                          rec->id);
+    return 0;
 }
 
 void sl_endpoints_snapshot(sl_endpoints_t *t, const struct sl_endpoint ***out, size_t *n)
@@ -949,6 +1153,7 @@ void sl_endpoints_close(sl_endpoints_t *t)
     }
     sl_map_destroy(t->map, slot_free);
     sl_map_destroy(t->failed, NULL);
+    sl_map_destroy(t->refused, free);
     pthread_rwlock_destroy(&t->lock);
     sl_masterkey_fini(&t->mk);
     free(t->topic);

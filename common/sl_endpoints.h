@@ -7,8 +7,9 @@
  * a plain consumer (assign() only: it never joins a group and never commits; librdkafka
  * 2.0.2 wants a group.id for assign(), so a fixed one is set and never used), notes each
  * partition's high watermark, and consumes until every partition has reached the watermark
- * it had at open time (or reports end of partition), bounded by a timeout. A background
- * thread then follows live changes until sl_endpoints_close().
+ * it had at open time (or reports end of partition), bounded by a timeout and, with
+ * sl_endpoints_open_cancellable(), by a cancel flag (a stop request during start-up). A
+ * background thread then follows live changes until sl_endpoints_close().
  *
  * Each endpoint is an immutable, reference-counted snapshot with everything resolved:
  * secrets decrypted with the master key (AES-256-GCM, AD = endpoint id), tuning values
@@ -18,7 +19,10 @@
  *
  * Bad records: a record that does not decode, whose id differs from its key, or whose
  * secrets do not decrypt is logged (endpoint id, partition, offset and the reason only,
- * never values) and ignored; the previous version of that endpoint stays in force. A
+ * never values) and ignored; the previous version of that endpoint stays in force. A record
+ * that fails authentication (sl_endpoint_rec_verify: unsigned, altered, forged, or signed by
+ * a key not configured) is refused the same way, logged as an error
+ * (endpoint_record_unsigned / endpoint_record_forged) and listed by sl_endpoints_refused. A
  * record byte-identical to the current one (as `sluicectl endpoints sync` republishes) is
  * not a change: no version or generation bump, no callback.
  *
@@ -134,6 +138,21 @@ int sl_endpoints_open(const struct sl_config *cfg,
                       sl_endpoints_t **out,
                       sl_err_t *err);
 
+/*
+ * sl_endpoints_open, also ended by a stop request: cancel (borrowed, optional: NULL = as
+ * sl_endpoints_open) is looked at throughout the start-up's waits. While no broker is
+ * reachable it is seen within about 300 ms; while a broker is up but answers slowly, within
+ * 2 s at most (the blocking calls' timeouts grow to let it answer). Once it is true the open
+ * stops waiting, releases what it made and returns -ECANCELED (the message says how far it
+ * got), *out NULL. Set it from a signal handler (a lock-free atomic) or another thread.
+ */
+int sl_endpoints_open_cancellable(const struct sl_config *cfg,
+                                  const struct sl_masterkey *mk,
+                                  int initial_timeout_ms,
+                                  const atomic_bool *cancel,
+                                  sl_endpoints_t **out,
+                                  sl_err_t *err);
+
 /* A new reference to endpoint id (borrowed), or NULL when unknown or deleted. */
 const struct sl_endpoint *sl_endpoints_get(sl_endpoints_t *t, const char *id);
 
@@ -161,10 +180,45 @@ struct sl_endpoints_stats {
     uint64_t applied;   /* records that changed the table (new, changed or deleted) */
     uint64_t unchanged; /* records identical to the current version (no-op) */
     uint64_t invalid;   /* records rejected (decode, id/key mismatch, decryption) */
+    uint64_t refused;   /* records refused by authentication (unsigned, forged, unknown key) */
 };
 
 /* Copy the counters into *out (OUT). */
 void sl_endpoints_stats(sl_endpoints_t *t, struct sl_endpoints_stats *out);
+
+/*
+ * Call fn (when not NULL) for each endpoint whose latest record was refused by
+ * authentication, with its id and the reason (both borrowed for the call; fn must not call
+ * into the table). Returns how many there are. An id leaves the list when a record of it is
+ * accepted or it is deleted.
+ */
+size_t sl_endpoints_refused(sl_endpoints_t *t,
+                            void (*fn)(void *opaque, const char *id, const char *why),
+                            void *opaque);
+
+/*
+ * Endpoint record authentication. Every record on the endpoints topic carries "kid" (the id of
+ * the master key that signed it) and "mac": HMAC-SHA256, keyed with that master key's record
+ * MAC key (sl_secretbox.h), of "sluice endpoint record v1" NUL followed by the record's
+ * canonical encoding (sl_endpoint_rec_encode of it with kid set and mac unset). The encoding
+ * holds every field the decoder reads (id, URL, method, headers, sealed secrets, policies,
+ * enabled/reason, types, channels, updated), so any change to any of them breaks the MAC;
+ * fields a decoder does not read are never used. It authenticates origin and integrity, not
+ * freshness: someone who can write the topic can replay an earlier authentic record of the
+ * same endpoint.
+ *
+ * sign: encode rec (borrowed; its kid/mac are replaced) signed with the current key into out.
+ * Returns 0 or the encoder's / SL_EINVAL (no key) / SL_ECRYPTO errors.
+ * verify: 0; SL_EMISSING (no kid/mac: unsigned); SL_ECRYPTO (key not configured, or the MAC
+ * does not match). Messages name the endpoint and key ids only.
+ */
+int sl_endpoint_rec_sign(const struct sl_masterkey *mk,
+                         const struct sl_endpoint_rec *rec,
+                         struct sl_buf *out,
+                         sl_err_t *err);
+int sl_endpoint_rec_verify(const struct sl_masterkey *mk,
+                           const struct sl_endpoint_rec *rec,
+                           sl_err_t *err);
 
 /*
  * New references to every endpoint, in no particular order: *out (OUT) receives an array the

@@ -1611,6 +1611,8 @@ enum {
     E_UPDATED,
     E_TYPES,
     E_CHANNELS,
+    E_KID,
+    E_MAC,
     E__N
 };
 
@@ -1640,6 +1642,8 @@ static const struct fdesc endpoint_fields[E__N] = {
     [E_UPDATED] = {"updated", FT_UINT, REQ},
     [E_TYPES] = {"types", FT_ARRAY, OPT},
     [E_CHANNELS] = {"channels", FT_ARRAY, OPT},
+    [E_KID] = {"kid", FT_STR, OPT},
+    [E_MAC] = {"mac", FT_BIN, OPT},
 };
 
 enum { S_ENC, S_EXP, S__N };
@@ -1730,6 +1734,16 @@ int sl_endpoint_rec_validate(const struct sl_endpoint_rec *e,
                         sl_valid_channel, RULE_CHANNEL, err);
     if (rc)
         return rc;
+    if (e->mac && !e->kid)
+        return sl_err_set(err, SL_EINVAL, "field \"mac\" needs field \"kid\"");
+    if (e->kid) {
+        rc = check_word(e->kid, "kid", SL_ENDPOINT_KID_MAX, cls_endpoint_id, RULE_ENDPOINT_ID, err);
+        if (rc)
+            return rc;
+        if (e->mac && e->mac_len != SL_ENDPOINT_MAC_LEN)
+            return sl_err_set(err, SL_EINVAL, "field \"mac\" must be %d bytes, got %zu",
+                              SL_ENDPOINT_MAC_LEN, e->mac_len);
+    }
     return check_text(e->reason, "reason", SL_REASON_MAX, err);
 }
 
@@ -1812,6 +1826,9 @@ static void endpoint_fill_obj(struct blk *b,
     e->hdr = blk_obj_kv(b, s[E_HDR], &e->n_hdr);
     e->types = blk_obj_strs(b, s[E_TYPES], &e->n_types);
     e->channels = blk_obj_strs(b, s[E_CHANNELS], &e->n_channels);
+    e->kid = blk_obj_str(b, s[E_KID]);
+    e->mac_len = 0;
+    e->mac = s[E_MAC] ? blk_obj_bytes(b, s[E_MAC], &e->mac_len) : NULL;
     size_t n = s[E_SECRETS]->via.array.size;
     struct sl_endpoint_secret *out =
         blk_take(b, n * sizeof(*out), alignof(struct sl_endpoint_secret));
@@ -1963,6 +1980,11 @@ static void endpoint_emit(struct enc *e, const void *rec)
     e_opt_str(e, "reason", ep->reason);
     e_field(e, "updated");
     e_uint(e, ep->updated_ms);
+    e_opt_str(e, "kid", ep->kid);
+    if (ep->mac) {
+        e_field(e, "mac");
+        e_bin(e, ep->mac, ep->mac_len);
+    }
 }
 
 int sl_endpoint_rec_encode_lim(const struct sl_endpoint_rec *e,

@@ -66,6 +66,8 @@
 #define SL_REASON_MAX          256                   /* bytes; endpoint "reason" */
 #define SL_EP_TYPES_MAX        64                    /* entries in endpoint "types" */
 #define SL_EP_CHANNELS_MAX     16                    /* entries in endpoint "channels" */
+#define SL_ENDPOINT_KID_MAX    16                    /* bytes; endpoint "kid" */
+#define SL_ENDPOINT_MAC_LEN    32                    /* bytes; endpoint "mac" */
 #define SL_CHANNEL_MAX         64                    /* bytes; one channel label */
 #define SL_DELIVERY_CT_DEFAULT "application/json"
 
@@ -264,6 +266,11 @@ struct sl_endpoint_rec {
     const char *const *channels; /* channel labels, no duplicates (NULL if none); empty = no
                                     channel restriction */
     size_t n_channels;           /* entries in channels, <= SL_EP_CHANNELS_MAX */
+    const char *kid;             /* id of the master key whose MAC key signed the record,
+                                    [A-Za-z0-9_-] <= 16 bytes; NULL = unsigned */
+    const uint8_t *mac;          /* HMAC-SHA256 over the record (sl_endpoint_rec_sign); NULL =
+                                    unsigned; set only with kid */
+    size_t mac_len;              /* bytes at mac: 0 or SL_ENDPOINT_MAC_LEN */
     void *own;                   /* single owned allocation, or NULL when borrowed */
 };
 

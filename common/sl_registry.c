@@ -216,7 +216,10 @@ size_t sl_reg_ep_active_secrets(const struct sl_reg_ep *ep)
     return n;
 }
 
-int sl_reg_ep_encode(const struct sl_reg_ep *ep, struct sl_buf *out, sl_err_t *err)
+int sl_reg_ep_encode(const struct sl_reg_ep *ep,
+                     const struct sl_masterkey *mk,
+                     struct sl_buf *out,
+                     sl_err_t *err)
 {
     struct sl_endpoint_rec rec;
     struct sl_endpoint_secret secs[SL_SECRETS_MAX];
@@ -251,7 +254,7 @@ int sl_reg_ep_encode(const struct sl_reg_ep *ep, struct sl_buf *out, sl_err_t *e
     rec.n_types = ep->n_types;
     rec.channels = (const char *const *)ep->channels;
     rec.n_channels = ep->n_channels;
-    return sl_endpoint_rec_encode(&rec, out, err);
+    return sl_endpoint_rec_sign(mk, &rec, out, err);
 }
 
 /* ==== Conversions ==== */
@@ -741,6 +744,57 @@ int sl_reg_db_add_secret(
     return rc;
 }
 
+int sl_reg_reseal(PGconn *pg,
+                  const struct sl_masterkey *mk,
+                  struct sl_reg_ep *eps,
+                  size_t n,
+                  size_t *resealed,
+                  sl_err_t *err)
+{
+    const struct sl_masterkey_entry *cur = sl_masterkey_find(mk, NULL);
+    *resealed = 0;
+    if (!cur)
+        return sl_err_set(err, SL_EINVAL, "no master key");
+    uint8_t plain[SL_SECRET_ENC_MAX];
+    uint8_t box[SL_SECRET_ENC_MAX];
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        for (size_t j = 0; j < eps[i].n_secrets && rc == 0; j++) {
+            struct sl_reg_ep_secret *sec = &eps[i].secrets[j];
+            char kid[SL_MASTERKEY_ID_MAX + 1];
+            if (sl_secretbox_kid(sec->enc, sec->enc_len, kid) == 0 && strcmp(kid, cur->id) == 0)
+                continue; /* sealed with the current key already */
+            size_t plen = 0, blen = 0;
+            rc = sl_secretbox_open(mk, eps[i].id, sec->enc, sec->enc_len, plain, sizeof(plain),
+                                   &plen, err);
+            if (rc == 0)
+                rc = sl_secretbox_seal(mk, eps[i].id, plain, plen, box, sizeof(box), &blen, err);
+            sl_secret_wipe(plain, sizeof(plain));
+            if (rc != 0)
+                break;
+            char seq[16];
+            snprintf(seq, sizeof(seq), "%d", sec->seq);
+            char *hex = tohex(box, blen);
+            const char *p[3] = {eps[i].id, seq, hex};
+            rc = sl_pg_cmd(pg, "store the re-sealed secret",
+                           "update endpoint_secrets set secret_enc = decode($3, 'hex') "
+                           "where endpoint_id = $1 and seq = $2::integer",
+                           3, p, err);
+            free(hex);
+            if (rc != 0)
+                break;
+            sl_secret_wipe(sec->enc, sec->enc_len);
+            free(sec->enc);
+            sec->enc = sl_xmalloc(blen);
+            memcpy(sec->enc, box, blen);
+            sec->enc_len = blen;
+            (*resealed)++;
+        }
+    }
+    sl_secret_wipe(box, sizeof(box));
+    return rc;
+}
+
 int sl_reg_db_rotate(PGconn *pg,
                      const char *id,
                      int64_t overlap_s,
@@ -805,10 +859,13 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
         snprintf(p->first_err, sizeof(p->first_err), "%s", rd_kafka_err2str(m->err));
 }
 
-void sl_reg_pub_init(struct sl_reg_pub *p, const struct sl_config *cfg)
+void sl_reg_pub_init(struct sl_reg_pub *p,
+                     const struct sl_config *cfg,
+                     const struct sl_masterkey *mk)
 {
     memset(p, 0, sizeof(*p));
     p->cfg = cfg;
+    p->mk = mk;
     p->topic = cfg ? cfg->topic_endpoints : NULL;
 }
 
@@ -816,7 +873,7 @@ int sl_reg_pub_open(const struct sl_config *cfg, struct sl_reg_pub *p, sl_err_t 
 {
     char errstr[512];
     int flush_timeout_ms = p->flush_timeout_ms;
-    sl_reg_pub_init(p, cfg);
+    sl_reg_pub_init(p, cfg, p->mk);
     p->flush_timeout_ms = flush_timeout_ms;
     rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "sluicectl", err);
     if (!conf)
@@ -1091,7 +1148,7 @@ static int op_finish(struct op *op, struct sl_reg_ep *ep, sl_err_t *err)
     sl_reg_ep_fini(ep);
     int rc = sl_reg_db_load(op->pg, op->id, false, ep, err);
     if (rc == 0)
-        rc = sl_reg_ep_encode(ep, &op->rec, err);
+        rc = sl_reg_ep_encode(ep, op->pub->mk, &op->rec, err);
     if (rc == 0)
         rc = sl_reg_db_commit(op->pg, err);
     op->in_tx = false; /* a failed COMMIT ends the transaction too (op_end rolls back nothing) */
@@ -1224,7 +1281,7 @@ int sl_reg_update(PGconn *pg,
     if (rc == 0)
         rc = sl_reg_db_load(pg, id, true, out, err);
     if (rc == 0)
-        rc = sl_reg_ep_encode(out, &before, err);
+        rc = sl_reg_ep_encode(out, pub->mk, &before, err);
     if (rc != 0)
         goto done;
     before_url = sl_xstrdup(out->url);
@@ -1243,7 +1300,7 @@ int sl_reg_update(PGconn *pg,
     }
     rc = ep_check(before_url, before_tpl, before_num, out, err);
     if (rc == 0)
-        rc = sl_reg_ep_encode(out, &op.rec, err);
+        rc = sl_reg_ep_encode(out, pub->mk, &op.rec, err);
     if (rc != 0) {
         if (rc != SL_EPG)
             rc = codec_msg(rc, err);

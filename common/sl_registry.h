@@ -138,10 +138,14 @@ int sl_reg_ep_check(const struct sl_reg_ep *ep, sl_err_t *err);
 size_t sl_reg_ep_active_secrets(const struct sl_reg_ep *ep);
 
 /*
- * Encode ep's topic record (unexpired secrets only) and APPEND it to out. Validates with the
- * codec's rules: SL_EINVAL / SL_ETOOBIG / SL_EMISSING with a message naming the field.
+ * Encode ep's topic record (unexpired secrets only), signed with mk's current key
+ * (sl_endpoint_rec_sign), and APPEND it to out. Validates with the codec's rules: SL_EINVAL /
+ * SL_ETOOBIG / SL_EMISSING with a message naming the field.
  */
-int sl_reg_ep_encode(const struct sl_reg_ep *ep, struct sl_buf *out, sl_err_t *err);
+int sl_reg_ep_encode(const struct sl_reg_ep *ep,
+                     const struct sl_masterkey *mk,
+                     struct sl_buf *out,
+                     sl_err_t *err);
 
 /* ==== PostgreSQL ==== */
 
@@ -208,6 +212,21 @@ int sl_reg_db_rotate(PGconn *pg,
 int sl_reg_db_add_secret(
     PGconn *pg, const char *id, const uint8_t *enc, size_t enc_len, sl_err_t *err);
 
+/*
+ * Master-key rotation: re-seal every secret of eps[0..n) (loaded with their secrets, expired
+ * ones included) not sealed with mk's current key: open it with whichever configured key
+ * sealed it, seal it with the current one, store the new box (UPDATE endpoint_secrets) and
+ * put it in eps in place of the old box. Run inside a transaction holding the registry lock;
+ * *resealed (OUT) counts the boxes replaced. Returns 0, SL_ECRYPTO (a box no configured key
+ * opens: its message names the endpoint and key id) or SL_EPG.
+ */
+int sl_reg_reseal(PGconn *pg,
+                  const struct sl_masterkey *mk,
+                  struct sl_reg_ep *eps,
+                  size_t n,
+                  size_t *resealed,
+                  sl_err_t *err);
+
 /* Delete endpoint id and its secrets. SL_ENOTFOUND if absent. */
 int sl_reg_db_delete(PGconn *pg, const char *id, sl_err_t *err);
 
@@ -218,20 +237,23 @@ int sl_reg_db_delete(PGconn *pg, const char *id, sl_err_t *err);
              message timeout */
 
 struct sl_reg_pub {
-    rd_kafka_t *rk;              /* idempotent producer, acks=all; NULL until opened */
-    const char *topic;           /* cfg->topic_endpoints (borrowed from cfg) */
-    const struct sl_config *cfg; /* borrowed; lets the change operations open rk lazily */
-    int flush_timeout_ms;        /* change operations' flush bound, ms; 0 = the default */
-    int sent;                    /* records produced (since the last change operation) */
-    int failed;                  /* delivery reports with an error (likewise) */
-    char first_err[256];         /* first delivery error ("" = none) */
+    rd_kafka_t *rk;                /* idempotent producer, acks=all; NULL until opened */
+    const char *topic;             /* cfg->topic_endpoints (borrowed from cfg) */
+    const struct sl_config *cfg;   /* borrowed; lets the change operations open rk lazily */
+    const struct sl_masterkey *mk; /* borrowed; its current key signs every record */
+    int flush_timeout_ms;          /* change operations' flush bound, ms; 0 = the default */
+    int sent;                      /* records produced (since the last change operation) */
+    int failed;                    /* delivery reports with an error (likewise) */
+    char first_err[256];           /* first delivery error ("" = none) */
 };
 
-/* Prepare p for lazy opening: zero it and remember cfg (borrowed; must outlive p). */
-void sl_reg_pub_init(struct sl_reg_pub *p, const struct sl_config *cfg);
+/* Prepare p for lazy opening: zero it and remember cfg and mk (borrowed; must outlive p). */
+void sl_reg_pub_init(struct sl_reg_pub *p,
+                     const struct sl_config *cfg,
+                     const struct sl_masterkey *mk);
 
-/* Create the producer (p's flush_timeout_ms is kept, the rest reset; cfg borrowed, must
- * outlive p). Returns 0 or SL_EKAFKA. */
+/* Create the producer (p's flush_timeout_ms and mk are kept, the rest reset; cfg borrowed,
+ * must outlive p). Returns 0 or SL_EKAFKA. */
 int sl_reg_pub_open(const struct sl_config *cfg, struct sl_reg_pub *p, sl_err_t *err);
 
 /* Produce key id (borrowed) with value val/len (NULL = tombstone; copied). */

@@ -2414,6 +2414,8 @@ static void commit_stored(cons_engine_t *e, const char *why, int64_t bound_ms)
         return;
     }
     e->commits_pending++;
+    if (bound_ms < 0)
+        bound_ms = 0;
     int64_t deadline = sl_mono_ms() + bound_ms;
     for (int64_t left = bound_ms; e->commits_pending > 0 && left > 0;
          left = deadline - sl_mono_ms())
@@ -2841,8 +2843,13 @@ int cons_engine_run(cons_engine_t *e)
     sl_probe_beat_release(e->beat); /* shutting down: the drain is bounded on its own */
     e->beat = -1;
     /* the bound counts from the request, not from the moment this loop saw it */
-    int64_t asked = atomic_load(&e->stop_mono);
-    e->shutdown_deadline = (asked ? asked : sl_mono_ms()) + e->cfg->shutdown_timeout_ms;
+    int64_t asked = atomic_load(&e->stop_mono), now = sl_mono_ms();
+    /* a time read in a signal handler can come from another clock than the loop's (an
+     * LD_PRELOAD clock shim, libfaketime in the tests, serves a handler that interrupted it
+     * unfaked): one that does not fit is replaced by now */
+    if (asked <= 0 || asked > now || now - asked > e->cfg->shutdown_timeout_ms)
+        asked = now;
+    e->shutdown_deadline = asked + e->cfg->shutdown_timeout_ms;
     shutdown_drain(e);
     stats_line(e, true);
     /* what is left of the bound, less a moment for destroying the producer */

@@ -4,7 +4,11 @@
  *   parse args -> load config (exit 78 on any error, before connecting) -> master key ->
  *   endpoint table (sluice.endpoints read to its high watermark) -> engine -> run until
  *   SIGTERM/SIGINT -> drain, reschedule, flush, commit -> exit 0.
+ * A SIGTERM/SIGINT while the endpoint table is still loading (Kafka unreachable: up to 60 s)
+ * ends that wait at once: nothing was taken yet, so the process logs start_cancelled and
+ * exits 0 without creating the delivery loops.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -38,7 +42,10 @@ struct loop {
  * handler can see a non-zero count, never changed while it can. */
 static struct loop *g_loops;
 static volatile sig_atomic_t g_nloops;
-static volatile sig_atomic_t g_stop; /* a signal came, maybe before the loops existed */
+/* A signal came, maybe before the loops existed (a lock-free atomic: set in the handler,
+ * watched by the endpoint table's start-up waits). */
+static atomic_bool g_stop;
+_Static_assert(ATOMIC_BOOL_LOCK_FREE == 2, "g_stop is set from a signal handler");
 
 /* Readiness (docs/METRICS.md), asked on the metrics listener's thread. */
 struct readiness {
@@ -78,7 +85,7 @@ static bool ready_cb(void *arg, struct sl_buf *checks)
 static void on_signal(int sig)
 {
     (void)sig;
-    g_stop = 1;
+    atomic_store(&g_stop, true);
     for (int i = 0; i < g_nloops; i++)
         cons_engine_stop(g_loops[i].engine);
 }
@@ -105,7 +112,17 @@ static void usage(FILE *f)
                "Each runs consumer_threads delivery loops (default 1; one per core it may use),\n"
                "each a member of that group with its own share of the partitions.\n"
                "Configuration comes from SLUICE_* environment variables or a config file; see\n"
-               "--help-config. SIGTERM or SIGINT drains in-flight requests and exits cleanly.\n");
+               "--help-config. SIGTERM or SIGINT drains in-flight requests and exits cleanly;\n"
+               "during start-up (the endpoint table still loading, e.g. Kafka unreachable) it\n"
+               "ends the wait and exits 0 at once.\n");
+}
+
+/* A stop request came before anything was taken: one line, then exit 0. */
+static void log_start_cancelled(const char *phase, const char *what)
+{
+    SL_LOGKV(SL_LOG_INFO, "consumer", "start_cancelled",
+             ((struct sl_log_kv[]){SL_KV_S("phase", phase)}),
+             "stop requested while %s: exiting before any record was taken", what);
 }
 
 int main(int argc, char **argv)
@@ -142,7 +159,15 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    if (sl_endpoints_open(&cfg, &mk, 60000, &eps, &err) != 0) {
+    sl_info("consumer", "endpoints_loading", "loading the endpoint table from %s",
+            cfg.topic_endpoints);
+    int erc = sl_endpoints_open_cancellable(&cfg, &mk, 60000, &g_stop, &eps, &err);
+    if (erc == -ECANCELED || (erc == 0 && atomic_load(&g_stop))) {
+        log_start_cancelled("endpoints", "loading the endpoint table");
+        rc = 0;
+        goto out;
+    }
+    if (erc != 0) {
         sl_error("consumer", "endpoints_unavailable", "%s", err.msg);
         goto out;
     }
@@ -160,7 +185,7 @@ int main(int argc, char **argv)
     g_nloops = n;
     atomic_store(&rd.nloops, n);
     atomic_store(&rd.loops, loops);
-    if (g_stop) /* asked to stop while starting: the loops drain and commit at once */
+    if (atomic_load(&g_stop)) /* asked to stop while starting: the loops drain and commit */
         on_signal(0);
     rc = 0;
     /* Loops 1..n-1 on threads of their own (signals blocked there: the handler runs on the

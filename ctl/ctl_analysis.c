@@ -16,7 +16,10 @@
 #include <jansson.h>
 #include <libpq-fe.h>
 
+#include "common/sl_endpoints.h"
 #include "common/sl_kafka.h"
+#include "common/sl_map.h"
+#include "common/sl_mem.h"
 #include "common/sl_pg.h"
 #include "common/sl_record.h"
 #include "common/sl_redis.h"
@@ -146,12 +149,17 @@ void ctl_health_help(FILE *f)
             "              undelivered, dead letters, delivered and failed attempts in the\n"
             "              window, average and P95 latency\n"
             "pending total = queued in Kafka + the retry schedule.\n"
+            "  endpoint records  the latest record of every endpoint on topic_endpoints checked\n"
+            "              as consumers check it (signed with a configured master key, MAC\n"
+            "              intact): the ones consumers refuse are listed with the reason (needs\n"
+            "              master_key; skipped without it)\n"
             "\n"
             "  --window DURATION   e.g. 90m, 1h (default), 7d\n"
             "  --json              machine-readable output\n"
             "\n"
-            "Exit: 0 all three sources answered; 1 one or more failed (the others are still\n"
-            "printed, and the failure named); 2 usage; 78 configuration.\n");
+            "Exit: 0 all sources answered and no endpoint record is refused; 1 one or more\n"
+            "failed or a record is refused (the rest is still printed, and the failure named);\n"
+            "2 usage; 78 configuration.\n");
 }
 
 static const char SQL_HEALTH[] =
@@ -349,6 +357,111 @@ static json_t *health_json(const struct sl_config *cfg,
     return j;
 }
 
+/* ---- endpoint records: the check consumers make (sl_endpoint_rec_verify) ---- */
+
+struct rec_scan {
+    sl_map_t *latest; /* id -> struct sl_buf * (latest value) or NULL (tombstone) */
+};
+
+static void free_buf(void *v)
+{
+    struct sl_buf *b = v;
+    if (b)
+        sl_buf_fini(b);
+    free(b);
+}
+
+static int keep_latest(void *opaque, const char *key, size_t keylen, const void *val, size_t vallen)
+{
+    struct rec_scan *sc = opaque;
+    char id[SL_ENDPOINT_ID_MAX + 1];
+    if (keylen == 0 || keylen > SL_ENDPOINT_ID_MAX)
+        return 0; /* not an endpoint key: consumers ignore it too */
+    memcpy(id, key, keylen);
+    id[keylen] = '\0';
+    struct sl_buf *b = NULL;
+    if (val) {
+        b = sl_xcalloc(1, sizeof(*b));
+        sl_buf_init(b, SL_ENDPOINT_RECORD_MAX);
+        if (sl_buf_append(b, val, vallen) != 0) {
+            free_buf(b);
+            b = NULL;
+        }
+    }
+    void *old = NULL;
+    sl_map_put(sc->latest, id, b, &old);
+    free_buf(old);
+    return 0;
+}
+
+/*
+ * Check the latest record of every endpoint on the topic. Returns a JSON object
+ * {"checked": n, "refused": [{"endpoint_id", "reason"}...]} ({"checked": null, "skipped": why}
+ * without a master key), or NULL with err when the topic could not be read.
+ */
+static json_t *check_endpoint_records(const struct sl_config *cfg, size_t *refused, sl_err_t *err)
+{
+    *refused = 0;
+    if (!cfg->master_key[0])
+        return json_pack("{s:n, s:s}", "checked", "skipped", "master_key is not set");
+    struct sl_masterkey mk;
+    if (sl_masterkey_parse(&mk, cfg->master_key, err) != 0)
+        return NULL;
+    struct rec_scan sc = {sl_map_new(64)};
+    json_t *out = NULL;
+    if (sl_endpoints_scan(cfg, KAFKA_TIMEOUT_MS, keep_latest, &sc, err) == 0) {
+        json_t *list = json_array();
+        size_t it = 0, checked = 0;
+        const char *id;
+        void *val;
+        while (sl_map_next(sc.latest, &it, &id, &val)) {
+            struct sl_buf *b = val;
+            if (!b)
+                continue;
+            checked++;
+            struct sl_endpoint_rec rec;
+            sl_err_t e2;
+            int rc = sl_endpoint_rec_decode(b->data, b->len, NULL, &rec, &e2);
+            if (rc == 0) {
+                rc = sl_endpoint_rec_verify(&mk, &rec, &e2);
+                sl_endpoint_rec_fini(&rec);
+            }
+            if (rc != 0) {
+                json_array_append_new(list,
+                                      json_pack("{s:s, s:s}", "endpoint_id", id, "reason", e2.msg));
+                (*refused)++;
+            }
+        }
+        out = json_pack("{s:I, s:o}", "checked", (json_int_t)checked, "refused", list);
+    }
+    sl_map_destroy(sc.latest, free_buf);
+    sl_masterkey_fini(&mk);
+    return out;
+}
+
+static void records_text(const json_t *j, const sl_err_t *err)
+{
+    printf("\nendpoint records (topic_endpoints, as consumers check them)\n");
+    if (!j) {
+        printf("  unavailable: %s\n", err->msg);
+        return;
+    }
+    if (json_is_null(json_object_get(j, "checked"))) {
+        printf("  not checked: %s\n", json_string_value(json_object_get(j, "skipped")));
+        return;
+    }
+    const json_t *list = json_object_get(j, "refused");
+    printf("  checked %" JSON_INTEGER_FORMAT ", refused %zu\n",
+           json_integer_value(json_object_get(j, "checked")), json_array_size(list));
+    size_t i;
+    const json_t *v;
+    json_array_foreach(list, i, v)
+    {
+        printf("  REFUSED %s: %s\n", json_string_value(json_object_get(v, "endpoint_id")),
+               json_string_value(json_object_get(v, "reason")));
+    }
+}
+
 int ctl_health_main(struct ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {{"window", required_argument, NULL, O_WINDOW},
@@ -385,12 +498,28 @@ int ctl_health_main(struct ctl *c, int argc, char **argv)
     const char *params[1] = {secs};
     PGresult *res = query(cfg, "read the health summary", SQL_HEALTH, 1, params, &perr);
 
-    if (o.json)
-        ctl_ops_print_json(health_json(cfg, &o, &lag, krc ? &kerr : NULL, &sc, rrc ? &rerr : NULL,
-                                       res, &perr, now));
-    else
+    sl_err_t eerr;
+    sl_err_clear(&eerr);
+    size_t refused = 0;
+    json_t *recs = check_endpoint_records(cfg, &refused, &eerr);
+
+    if (o.json) {
+        json_t *j = health_json(cfg, &o, &lag, krc ? &kerr : NULL, &sc, rrc ? &rerr : NULL, res,
+                                &perr, now);
+        json_object_set_new(j, "endpoint_records",
+                            recs ? json_incref(recs) : json_pack("{s:s}", "error", eerr.msg));
+        ctl_ops_print_json(j);
+    } else {
         health_text(cfg, &o, &lag, krc ? &kerr : NULL, &sc, rrc ? &rerr : NULL, res, &perr, now);
+        records_text(recs, &eerr);
+    }
     rc = CTL_EXIT_OK;
+    if (!recs)
+        rc = ctl_fail("health", "endpoint records: %s", eerr.msg);
+    else if (refused)
+        rc = ctl_fail("health", "%zu endpoint record%s refused by consumers (see above)", refused,
+                      refused == 1 ? " is" : "s are");
+    json_decref(recs);
     if (krc)
         rc = ctl_fail("health", "kafka: %s", kerr.msg);
     if (rrc)

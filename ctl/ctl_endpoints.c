@@ -44,7 +44,19 @@
 
 /* ==== Subcommands and their flags ==== */
 
-enum sub { S_ADD, S_SHOW, S_LIST, S_UPDATE, S_DISABLE, S_ENABLE, S_ROTATE, S_DELETE, S_SYNC, S__N };
+enum sub {
+    S_ADD,
+    S_SHOW,
+    S_LIST,
+    S_UPDATE,
+    S_DISABLE,
+    S_ENABLE,
+    S_ROTATE,
+    S_DELETE,
+    S_SYNC,
+    S_RESEAL,
+    S__N
+};
 #define M(s)  (1u << (s))
 #define M_ALL ((1u << S__N) - 1)
 
@@ -73,6 +85,10 @@ static const struct {
                 "republish every endpoint and delete topic entries the registry lacks "
                 "(repairs a failed publish)",
                 0},
+    [S_RESEAL] = {"reseal", "[--json]",
+                  "master-key rotation: re-seal every secret and re-sign and republish every "
+                  "record with the first key of master_key",
+                  0},
 };
 
 enum {
@@ -974,7 +990,7 @@ static int upd_modify(void *opaque, struct sl_reg_ep *ep, sl_err_t *err)
         struct sl_buf b;
         sl_err_t e2;
         sl_buf_init(&b, SL_ENDPOINT_RECORD_MAX);
-        if (sl_reg_ep_encode(ep, &b, &e2) != 0)
+        if (sl_reg_ep_encode(ep, &r->mk, &b, &e2) != 0)
             u->usage = ctl_usage_error(r->cmd, "invalid endpoint: %s", e2.msg);
         sl_buf_fini(&b);
     }
@@ -991,6 +1007,9 @@ static int cmd_update(struct run *r, struct opts *o)
     struct sl_reg_result res;
     struct upd u = {r, o, false, 0};
     memset(&ep, 0, sizeof(ep));
+    rc = need_master_key(r, "to sign the endpoint record");
+    if (rc)
+        return rc;
     rc = open_db(r);
     if (rc)
         goto out;
@@ -1230,21 +1249,36 @@ collect_live_key(void *opaque, const char *key, size_t keylen, const void *val, 
     return 0;
 }
 
-static int cmd_sync(struct run *r, struct opts *o)
+/* sync, and reseal (reseal: the secrets are re-sealed in the same locked transaction). */
+static int cmd_sync(struct run *r, struct opts *o, bool reseal)
 {
     sl_err_t err;
     struct sl_reg_ep *eps = NULL;
     size_t n = 0, tombstones = 0;
     struct sl_buf rec;
     sl_map_t *live = sl_map_new(0);
-    int rc = open_db(r);
+    size_t resealed = 0;
     sl_buf_init(&rec, SL_ENDPOINT_RECORD_MAX);
+    int rc = need_master_key(r, "to sign the endpoint records");
+    if (rc == 0)
+        rc = open_db(r);
     if (rc)
         goto out;
     /* exclusive: no endpoint change can commit or publish while the topic is rebuilt */
     if (sl_reg_db_lock_registry(r->pg, &err) != 0 || sl_reg_db_list(r->pg, &eps, &n, &err) != 0) {
         rc = ctl_fail(r->cmd, "%s", err.msg);
         goto out;
+    }
+    if (reseal) {
+        /* new boxes in PostgreSQL first, in one transaction: a failed publish below leaves
+         * the registry consistent, and running reseal (or sync) again republishes */
+        if (sl_reg_db_begin(r->pg, &err) != 0 ||
+            sl_reg_reseal(r->pg, &r->mk, eps, n, &resealed, &err) != 0 ||
+            sl_reg_db_commit(r->pg, &err) != 0) {
+            sl_reg_db_rollback(r->pg);
+            rc = ctl_fail(r->cmd, "nothing changed: %s", err.msg);
+            goto out;
+        }
     }
     if (sl_endpoints_scan(r->cfg, SCAN_TIMEOUT_MS, collect_live_key, live, &err) != 0) {
         rc = ctl_fail(r->cmd, "nothing published: %s", err.msg);
@@ -1257,7 +1291,7 @@ static int cmd_sync(struct run *r, struct opts *o)
     for (size_t i = 0; i < n; i++) {
         sl_buf_reset(&rec);
         sl_map_del(live, eps[i].id, NULL);
-        if (sl_reg_ep_encode(&eps[i], &rec, &err) != 0 ||
+        if (sl_reg_ep_encode(&eps[i], &r->mk, &rec, &err) != 0 ||
             sl_reg_pub_send(&r->pub, eps[i].id, rec.data, rec.len, &err) != 0) {
             rc = ctl_fail(r->cmd, "endpoint %s: %s", eps[i].id, err.msg);
             goto out;
@@ -1277,11 +1311,20 @@ static int cmd_sync(struct run *r, struct opts *o)
         goto out;
     }
     if (o->json) {
-        print_json(json_pack("{s:s, s:I, s:I}", "topic", r->cfg->topic_endpoints, "published",
-                             (json_int_t)n, "tombstones", (json_int_t)tombstones));
+        json_t *j =
+            json_pack("{s:s, s:I, s:I, s:s}", "topic", r->cfg->topic_endpoints, "published",
+                      (json_int_t)n, "tombstones", (json_int_t)tombstones, "key_id", r->mk.k[0].id);
+        if (reseal)
+            json_object_set_new(j, "resealed_secrets", json_integer((json_int_t)resealed));
+        print_json(j);
     } else {
-        printf("published %zu endpoint%s and %zu tombstone%s to %s\n", n, n == 1 ? "" : "s",
-               tombstones, tombstones == 1 ? "" : "s", r->cfg->topic_endpoints);
+        if (reseal)
+            printf("re-sealed %zu secret%s with master key '%s'\n", resealed,
+                   resealed == 1 ? "" : "s", r->mk.k[0].id);
+        printf("published %zu endpoint%s signed with master key '%s' and %zu tombstone%s to "
+               "%s\n",
+               n, n == 1 ? "" : "s", r->mk.k[0].id, tombstones, tombstones == 1 ? "" : "s",
+               r->cfg->topic_endpoints);
     }
 out:
     for (size_t i = 0; i < n; i++)
@@ -1325,7 +1368,7 @@ int ctl_endpoints_main(struct ctl *c, int argc, char **argv)
     r.s = (enum sub)s;
     r.cmd = cmd_name(r.s);
     r.cfg = ctl_config(c);
-    sl_reg_pub_init(&r.pub, r.cfg);
+    sl_reg_pub_init(&r.pub, r.cfg, &r.mk); /* mk: parsed by the commands that publish */
     sl_endpoint_defaults_from_cfg(r.cfg, &r.defs);
     switch (r.s) {
     case S_ADD:
@@ -1349,7 +1392,8 @@ int ctl_endpoints_main(struct ctl *c, int argc, char **argv)
         rc = cmd_delete(&r, &o);
         break;
     case S_SYNC:
-        rc = cmd_sync(&r, &o);
+    case S_RESEAL:
+        rc = cmd_sync(&r, &o, r.s == S_RESEAL);
         break;
     default:
         rc = CTL_EXIT_USAGE;

@@ -5,6 +5,8 @@
  *   parse args -> load config (exit 78 on any error, before connecting) -> consumer + lazy
  *   PostgreSQL connection -> run until SIGTERM/SIGINT -> write the last batch, store, commit,
  *   leave the group -> exit 0.
+ * A SIGTERM/SIGINT before the consumer ever joined its group (Kafka unreachable) has nothing
+ * to write or commit: rec_loop_run logs start_cancelled and returns at once, exit 0.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -16,9 +18,11 @@
 #include "common/sl_log.h"
 #include "common/sl_pg.h"
 #include "common/sl_probe.h"
+#include "common/sl_secretbox.h"
 #include "recorder/rec_loop.h"
 
 static rec_loop_t *g_loop;
+static volatile sig_atomic_t g_stop; /* a signal came, maybe before g_loop existed */
 
 /* Readiness (docs/METRICS.md): PostgreSQL answers and the lag is under recorder_ready_lag.
  * Asked on the metrics listener's thread, with a connection of its own. */
@@ -51,6 +55,7 @@ static bool ready_cb(void *arg, struct sl_buf *checks)
 static void on_signal(int sig)
 {
     (void)sig;
+    g_stop = 1;
     if (g_loop)
         rec_loop_stop(g_loop);
 }
@@ -68,7 +73,8 @@ static void usage(FILE *f)
                "Also maintains partitions, retention and endpoint latency percentiles.\n"
                "Run one per consumer group (recorder_group); more share the partitions.\n"
                "Configuration comes from SLUICE_* environment variables or a config file; see\n"
-               "--help-config. SIGTERM or SIGINT writes the last batch, commits and exits 0.\n");
+               "--help-config. SIGTERM or SIGINT writes the last batch, commits and exits 0;\n"
+               "before the group was joined (e.g. Kafka unreachable) it exits 0 at once.\n");
 }
 
 int main(int argc, char **argv)
@@ -83,7 +89,24 @@ int main(int argc, char **argv)
     sl_err_clear(&err);
     struct readiness rd = {.cfg = &cfg};
     sl_probe_t *probe = NULL;
-    g_loop = rec_loop_new(&cfg, &err);
+    /* disabling an endpoint (410 Gone, disable_after_ms) publishes its record, which is
+     * signed with the master key */
+    struct sl_masterkey mk;
+    memset(&mk, 0, sizeof(mk));
+    if (!cfg.master_key[0]) {
+        fprintf(stderr, "sluice-recorder: master_key (SLUICE_MASTER_KEY) is required to sign the "
+                        "endpoint records of the endpoints it disables\n");
+        sl_cfg_fini(&cfg);
+        return SL_CFG_EXIT;
+    }
+    if (sl_masterkey_parse(&mk, cfg.master_key, &err) != 0) {
+        fprintf(stderr, "sluice-recorder: invalid value for master_key: %s\n", err.msg);
+        sl_cfg_fini(&cfg);
+        return SL_CFG_EXIT;
+    }
+    g_loop = rec_loop_new(&cfg, &mk, &err);
+    if (g_loop && g_stop) /* the signal came before the handler could see the loop */
+        rec_loop_stop(g_loop);
     if (g_loop && cfg.metrics_listen[0]) {
         probe = sl_probe_start(cfg.metrics_listen, "metrics_listen", cfg.live_stall_ms, ready_cb,
                                &rd, &err);
@@ -97,11 +120,12 @@ int main(int argc, char **argv)
         goto out;
     }
     int run = rec_loop_run(g_loop, &err);
-    if (run != 0 && rec_loop_abandoned(g_loop)) {
-        /* leaving the group outlived shutdown_timeout_ms and is still running on its own
-         * thread: exit now, destroying nothing it uses (see sl_bounded.h) */
+    if (rec_loop_abandoned(g_loop)) {
+        /* leaving the group outlived its bound and is still running on its own thread: exit
+         * now, destroying nothing it uses (see sl_bounded.h); 0 when the stop came before
+         * the group was ever joined (nothing was taken) */
         fflush(stderr);
-        _exit(1);
+        _exit(run == 0 ? 0 : 1);
     }
     if (run != 0) {
         sl_error("recorder", "start_failed", "%s", err.msg);
@@ -116,6 +140,7 @@ out : {
     g_loop = NULL;
     rec_loop_destroy(l);
 }
+    sl_masterkey_fini(&mk);
     sl_cfg_fini(&cfg);
     return rc;
 }

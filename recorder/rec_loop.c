@@ -137,6 +137,7 @@ struct rec_loop {
     bool writing;                        /* lane jobs are running on wbatch */
     int64_t write_started_us;            /* when the write of wbatch started (mono us) */
     bool abandoned;                      /* leaving the group outlived shutdown_timeout_ms */
+    bool joined;                         /* an assignment came: the group was joined once */
     struct lane_job jobs[REC_MAX_LANES]; /* the lane jobs of wbatch */
     pthread_t threads[REC_MAX_LANES];    /* their threads (where started[]) */
     bool started[REC_MAX_LANES];         /* a thread runs jobs[i] */
@@ -585,6 +586,7 @@ static void rebalance_cb(rd_kafka_t *rk,
 {
     rec_loop_t *l = opaque;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        l->joined = true;
         rd_kafka_assign(rk, parts);
         sl_info("kafka", "partitions_assigned", "assigned %d partition%s", parts->cnt,
                 parts->cnt == 1 ? "" : "s");
@@ -659,10 +661,11 @@ static void log_stats(const rec_loop_t *l, const char *event, const char *what)
 
 /* ==== Public ==== */
 
-rec_loop_t *rec_loop_new(const struct sl_config *cfg, sl_err_t *err)
+rec_loop_t *rec_loop_new(const struct sl_config *cfg, const struct sl_masterkey *mk, sl_err_t *err)
 {
     rec_loop_t *l = sl_xcalloc(1, sizeof(*l));
     l->cfg = cfg;
+    sl_reg_pub_init(&l->reg_pub, cfg, mk);
     /* recorder_lanes is validated to 1..REC_MAX_LANES; rec_batch_init clamps as well */
     for (int i = 0; i < 2; i++)
         rec_batch_init(&l->bufs[i], (size_t)cfg->recorder_lanes, (size_t)cfg->recorder_batch,
@@ -713,6 +716,34 @@ static void close_consumer(void *arg)
     if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
         sl_warn("kafka", "close_failed", "could not close the consumer cleanly: %s",
                 rd_kafka_err2str(e));
+}
+
+/* Leave the group, nothing to commit (a stop before it was ever joined): under
+ * sl_run_bounded like close_consumer. */
+static void leave_group(void *arg)
+{
+    rec_loop_t *l = arg;
+    rd_kafka_resp_err_t e = rd_kafka_consumer_close(l->rk);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+        sl_debug(SL_DBG_KAFKA, "kafka", "close_failed", "closing the consumer: %s",
+                 rd_kafka_err2str(e));
+}
+
+/* A stop before the group was ever joined (Kafka unreachable, or a stop right at start):
+ * nothing was consumed, so there is nothing to write, store or commit. Leaving is all that
+ * is left, bounded by REC_START_LEAVE_MS: a coordinator that never answered will not now. */
+static int start_cancelled(rec_loop_t *l)
+{
+    rec_maint_stop(l->maint);
+    l->maint = NULL;
+    SL_LOGKV(SL_LOG_INFO, "recorder", "start_cancelled",
+             ((struct sl_log_kv[]){SL_KV_S("phase", "kafka_group"),
+                                   SL_KV_S("group", l->cfg->recorder_group)}),
+             "stop requested while joining the consumer group: exiting before any record "
+             "was taken");
+    if (sl_run_bounded(leave_group, l, REC_START_LEAVE_MS) == SL_ETIMEDOUT)
+        l->abandoned = true; /* nothing to lose: the group drops the member on its own */
+    return 0;
 }
 
 bool rec_loop_abandoned(const rec_loop_t *l)
@@ -779,6 +810,8 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
     /* Shutdown: write the last batches (bounded retries), store, commit, leave the group,
      * all within shutdown_timeout_ms whatever is down. */
     sl_probe_beat_release(beat);
+    if (!l->joined)
+        return start_cancelled(l);
     int64_t bound = sl_mono_ms() + cfg->shutdown_timeout_ms;
     rec_maint_stop(l->maint);
     l->maint = NULL;

@@ -19,7 +19,8 @@
  *   - rebalance (revoke): the batch is written and its offsets stored before the unassign; if
  *     that fails the batch is dropped unstored and the partitions' next owner re-reads it;
  *   - SIGTERM/SIGINT: stop polling, write and store the last batch (bounded retries), commit
- *     synchronously, close the consumer, return 0.
+ *     synchronously, close the consumer, return 0; before the group was ever joined
+ *     (start_cancelled) there is nothing to write or commit: leave it and return 0 at once.
  * Idempotent writes make every re-read harmless: nothing is lost, nothing double counted.
  *
  * thread: everything on the caller's thread; rec_loop_stop may be called from a signal handler.
@@ -32,6 +33,7 @@
 
 #include "common/sl_cfg.h"
 #include "common/sl_err.h"
+#include "common/sl_secretbox.h"
 
 /* Write lanes (recorder_lanes, 1..REC_MAX_LANES = PostgreSQL connections used in parallel;
  * rec_batch.h explains why lanes never touch the same rows) and the soft cap on one batch's
@@ -41,6 +43,8 @@
 /* Retry of a batch PostgreSQL could not take: first delay and cap, ms (doubling). */
 #define REC_RETRY_MIN_MS 200
 #define REC_RETRY_MAX_MS 10000
+/* A stop before the group was ever joined: the bound on leaving it, ms. */
+#define REC_START_LEAVE_MS 2000
 
 typedef struct rec_loop rec_loop_t;
 
@@ -57,19 +61,23 @@ struct rec_loop_stats {
 
 /*
  * Create the consumer (group cfg->recorder_group, subscribed to cfg->topic_outcomes) and the
- * PostgreSQL handle (not connected yet: the loop connects and reconnects itself). cfg is
- * borrowed and must outlive the loop. NULL with err on failure. Free with rec_loop_destroy().
+ * PostgreSQL handle (not connected yet: the loop connects and reconnects itself). cfg and mk
+ * (the master keys: the records of endpoints it disables are signed with them) are borrowed
+ * and must outlive the loop. NULL with err on failure. Free with rec_loop_destroy().
  */
-rec_loop_t *rec_loop_new(const struct sl_config *cfg, sl_err_t *err);
+rec_loop_t *rec_loop_new(const struct sl_config *cfg, const struct sl_masterkey *mk, sl_err_t *err);
 
 /* Run until rec_loop_stop(); then flush, store, commit and close, all within
  * shutdown_timeout_ms. Returns 0 on a clean stop, SL_ETIMEDOUT when leaving the group was
  * abandoned at the bound (rec_loop_abandoned: then do not destroy the loop, exit), or a
- * negative SL_E* code if the consumer could not start. */
+ * negative SL_E* code if the consumer could not start.
+ * A stop before the group was ever joined (no assignment yet: Kafka unreachable, or a stop
+ * right at start) took nothing: it logs start_cancelled, only leaves the group, within
+ * REC_START_LEAVE_MS, and returns 0 (also when that leave was abandoned). */
 int rec_loop_run(rec_loop_t *l, sl_err_t *err);
 
-/* Whether leaving the group was abandoned at shutdown_timeout_ms (its consumer is still in
- * use by the abandoned close: the loop must not be destroyed). */
+/* Whether leaving the group was abandoned at its bound (its consumer is still in use by the
+ * abandoned close: the loop must not be destroyed; exit instead). */
 bool rec_loop_abandoned(const rec_loop_t *l);
 
 /* Ask the loop to stop (async-signal-safe). */

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import random
+import re
 import secrets
 import signal
 import string
@@ -410,3 +411,51 @@ def final_states(outcomes):
         if key not in last or o["ts_ms"] >= last[key]["ts_ms"]:
             last[key] = o
     return last
+
+
+# ==== a private PostgreSQL database ====
+
+REPO_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SQL_DIR = os.path.join(REPO_DIR, "sql")
+
+
+def dsn_with_db(dsn, db):
+    """dsn (key=value form) pointing at database db."""
+    return " ".join([p for p in dsn.split() if not p.startswith("dbname=")] + [f"dbname={db}"])
+
+
+def psql(dsn, sql, *args):
+    """Run one SQL command with psql (-At); its output, stripped. Fails the test on error."""
+    r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-At", dsn, *args,
+                        "-c", sql], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PGCONNECT_TIMEOUT": "5",
+                            "PGOPTIONS": "-c client_min_messages=warning"})
+    assert r.returncode == 0, f"psql failed: {r.stderr}"
+    return r.stdout.strip()
+
+
+class PrivateDb:
+    """A fresh database on the shared PostgreSQL with every migration of sql/ applied, for a
+    test whose queries are global over the registry or the history (other tests' rows must
+    not mix in). drop() removes it."""
+
+    def __init__(self, prefix="sluice_test_"):
+        base = need_env("SLUICE_PG_DSN")
+        self.name = prefix + rand_suffix()
+        self.admin = dsn_with_db(base, "postgres")
+        psql(self.admin, f"create database {self.name}")
+        self.dsn = dsn_with_db(base, self.name)
+        for f in sorted(os.listdir(SQL_DIR)):
+            if re.match(r"^\d{4}_.*\.sql$", f):
+                r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-1", self.dsn,
+                                    "-f", os.path.join(SQL_DIR, f)],
+                                   capture_output=True, text=True, timeout=120,
+                                   env={**os.environ,
+                                        "PGOPTIONS": "-c client_min_messages=warning"})
+                assert r.returncode == 0, f"migration {f} failed: {r.stderr}"
+
+    def q(self, sql):
+        return psql(self.dsn, sql)
+
+    def drop(self):
+        psql(self.admin, f"drop database if exists {self.name} with (force)")

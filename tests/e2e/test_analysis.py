@@ -21,10 +21,10 @@ import time
 
 import pytest
 
-from sluice_e2e import Proc, World, event, final_states, rand_suffix, redis_cmd, wait_until
+from sluice_e2e import (PrivateDb, Proc, World, dsn_with_db, event, final_states, psql,
+                        rand_suffix, redis_cmd, wait_until)
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SQL_DIR = os.path.join(REPO, "sql")
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
 
 SLOW_MS = 1200  # slow/<ms> behaviour of the slow endpoint
@@ -36,44 +36,6 @@ EXTRA_OK = 7  # produced while no consumer runs: the Kafka lag health must show
 
 
 # ==== helpers ====
-
-def dsn_with_db(dsn, db):
-    parts = [p for p in dsn.split() if not p.startswith("dbname=")]
-    return " ".join(parts + [f"dbname={db}"])
-
-
-def psql(dsn, sql, *args):
-    r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-At", dsn, *args,
-                        "-c", sql], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PGCONNECT_TIMEOUT": "5",
-                            "PGOPTIONS": "-c client_min_messages=warning"})
-    assert r.returncode == 0, f"psql failed: {r.stderr}"
-    return r.stdout.strip()
-
-
-class PrivateDb:
-    """A fresh database on the shared PostgreSQL with every migration of sql/ applied."""
-
-    def __init__(self):
-        base = os.environ["SLUICE_PG_DSN"]
-        self.name = "sluice_ana_" + rand_suffix()
-        self.admin = dsn_with_db(base, "postgres")
-        psql(self.admin, f"create database {self.name}")
-        self.dsn = dsn_with_db(base, self.name)
-        for f in sorted(os.listdir(SQL_DIR)):
-            if re.match(r"^\d{4}_.*\.sql$", f):
-                r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-1", self.dsn,
-                                    "-f", os.path.join(SQL_DIR, f)],
-                                   capture_output=True, text=True, timeout=120,
-                                   env={**os.environ,
-                                        "PGOPTIONS": "-c client_min_messages=warning"})
-                assert r.returncode == 0, f"migration {f} failed: {r.stderr}"
-
-    def q(self, sql):
-        return psql(self.dsn, sql)
-
-    def drop(self):
-        psql(self.admin, f"drop database if exists {self.name} with (force)")
 
 
 class Recorder:
@@ -117,7 +79,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("analysis")
     w = World(tmp, partitions=4, retry_base_ms=200, retry_cap_ms=800,
               max_attempts=MAX_ATTEMPTS, breaker_threshold=100000)
-    db = PrivateDb()
+    db = PrivateDb("sluice_ana_")
     w.env["SLUICE_PG_DSN"] = db.dsn
     rec = Recorder(w)
     try:

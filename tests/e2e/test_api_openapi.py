@@ -32,11 +32,11 @@ import sys
 
 import pytest
 
-from sluice_e2e import Proc, World, need_env, rand_suffix, wait_until
+from sluice_e2e import (PrivateDb, Proc, World, dsn_with_db, need_env, psql, rand_suffix,
+                        wait_until)
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SPEC = os.path.join(REPO, "api", "openapi.yaml")
-SQL_DIR = os.path.join(REPO, "sql")
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
 MAX_EXAMPLES = int(os.environ.get("SL_OPENAPI_MAX_EXAMPLES", "40"))
 CHECKS = ["not_a_server_error", "status_code_conformance", "content_type_conformance",
@@ -58,42 +58,10 @@ def schemathesis_cli():
 
 # ==== a private PostgreSQL database (keys, registry and history of this test only) ====
 
-def psql(dsn, sql):
-    r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-At", dsn, "-c", sql],
-                       capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PGCONNECT_TIMEOUT": "5",
-                            "PGOPTIONS": "-c client_min_messages=warning"})
-    assert r.returncode == 0, f"psql failed: {r.stderr}"
-    return r.stdout.strip()
-
-
-def dsn_with_db(dsn, db):
-    return " ".join([p for p in dsn.split() if not p.startswith("dbname=")] + [f"dbname={db}"])
-
-
-class PrivateDb:
-    def __init__(self):
-        base = need_env("SLUICE_PG_DSN")
-        self.name = "sluice_openapi_" + rand_suffix()
-        self.admin = dsn_with_db(base, "postgres")
-        psql(self.admin, f"create database {self.name}")
-        self.dsn = dsn_with_db(base, self.name)
-        for f in sorted(os.listdir(SQL_DIR)):
-            if re.match(r"^\d{4}_.*\.sql$", f):
-                r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-1", self.dsn,
-                                    "-f", os.path.join(SQL_DIR, f)],
-                                   capture_output=True, text=True, timeout=120,
-                                   env={**os.environ,
-                                        "PGOPTIONS": "-c client_min_messages=warning"})
-                assert r.returncode == 0, f"migration {f} failed: {r.stderr}"
-
-    def drop(self):
-        psql(self.admin, f"drop database if exists {self.name} with (force)")
-
 
 @pytest.fixture
 def world(tmp_path):
-    db = PrivateDb()
+    db = PrivateDb("sluice_openapi_")
     try:
         w = World(tmp_path)
         w.env["SLUICE_PG_DSN"] = db.dsn

@@ -23,11 +23,10 @@ import subprocess
 
 import pytest
 
-from sluice_e2e import (Proc, World, final_states, free_port, rand_suffix, redis_cmd,
-                        wait_until)
+from sluice_e2e import (PrivateDb, Proc, World, dsn_with_db, final_states, free_port, psql,
+                        rand_suffix, redis_cmd, wait_until)
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SQL_DIR = os.path.join(REPO, "sql")
 CONSOLE_DIR = os.path.join(REPO, "api", "console")
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
 
@@ -38,44 +37,6 @@ PAGES = {"endpoints": "/console/", "latency": "/console/latency.html",
 
 
 # ==== helpers ====
-
-def dsn_with_db(dsn, db):
-    return " ".join([p for p in dsn.split() if not p.startswith("dbname=")] + [f"dbname={db}"])
-
-
-def psql(dsn, sql):
-    r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-At", dsn, "-c", sql],
-                       capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PGCONNECT_TIMEOUT": "5",
-                            "PGOPTIONS": "-c client_min_messages=warning"})
-    assert r.returncode == 0, f"psql failed: {r.stderr}"
-    return r.stdout.strip()
-
-
-class PrivateDb:
-    """A fresh database on the shared PostgreSQL with every migration of sql/ applied: the
-    statistics are global over the history, so other tests' rows must not mix in."""
-
-    def __init__(self):
-        base = os.environ["SLUICE_PG_DSN"]
-        self.name = "sluice_console_" + rand_suffix()
-        self.admin = dsn_with_db(base, "postgres")
-        psql(self.admin, f"create database {self.name}")
-        self.dsn = dsn_with_db(base, self.name)
-        for f in sorted(os.listdir(SQL_DIR)):
-            if re.match(r"^\d{4}_.*\.sql$", f):
-                r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-1", self.dsn,
-                                    "-f", os.path.join(SQL_DIR, f)],
-                                   capture_output=True, text=True, timeout=120,
-                                   env={**os.environ,
-                                        "PGOPTIONS": "-c client_min_messages=warning"})
-                assert r.returncode == 0, f"migration {f} failed: {r.stderr}"
-
-    def q(self, sql):
-        return psql(self.dsn, sql)
-
-    def drop(self):
-        psql(self.admin, f"drop database if exists {self.name} with (force)")
 
 
 def call(api, method, path, key=None, body=None, headers=None):
@@ -141,7 +102,7 @@ class Run:
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("console")
     w = World(tmp, partitions=2, breaker_threshold=100000)
-    db = PrivateDb()
+    db = PrivateDb("sluice_console_")
     w.env["SLUICE_PG_DSN"] = db.dsn
     try:
         rcv = w.receiver()

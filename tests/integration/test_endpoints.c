@@ -282,11 +282,17 @@ static void produce_raw(const char *key, const void *val, size_t len)
     assert_int_equal(rd_kafka_flush(E.rk, 15000), RD_KAFKA_RESP_ERR_NO_ERROR);
 }
 
-/* Encode and produce an endpoint record for key whose secret is sealed with mk for rec_id. */
-static void produce_endpoint(const char *key,
-                             const char *rec_id,
-                             const struct sl_masterkey *mk,
-                             const char *url)
+/*
+ * Encode and produce an endpoint record for key whose secret is sealed with mk for rec_id,
+ * signed with sign_mk (NULL: unsigned). forged_url: after signing, the URL is replaced by it
+ * and the record re-encoded with the original kid and MAC (an altered record).
+ */
+static void produce_endpoint_ex(const char *key,
+                                const char *rec_id,
+                                const struct sl_masterkey *mk,
+                                const struct sl_masterkey *sign_mk,
+                                const char *url,
+                                const char *forged_url)
 {
     struct sl_secret s;
     char whsec[SL_SECRET_STR_MAX];
@@ -309,10 +315,30 @@ static void produce_endpoint(const char *key,
     struct sl_buf b;
     sl_buf_init(&b, SL_ENDPOINT_RECORD_MAX);
     sl_err_t err;
-    if (sl_endpoint_rec_encode(&rec, &b, &err) != 0)
+    int rc = sign_mk ? sl_endpoint_rec_sign(sign_mk, &rec, &b, &err)
+                     : sl_endpoint_rec_encode(&rec, &b, &err);
+    if (rc != 0)
         fail_msg("encode: %s", err.msg);
+    if (forged_url) {
+        struct sl_endpoint_rec signed_rec;
+        assert_int_equal(sl_endpoint_rec_decode(b.data, b.len, NULL, &signed_rec, &err), 0);
+        assert_non_null(signed_rec.mac);
+        signed_rec.url = forged_url;
+        sl_buf_reset(&b);
+        assert_int_equal(sl_endpoint_rec_encode(&signed_rec, &b, &err), 0);
+        sl_endpoint_rec_fini(&signed_rec);
+    }
     produce_raw(key, b.data, b.len);
     sl_buf_fini(&b);
+}
+
+/* A record signed with the key it is sealed with (what sluicectl writes). */
+static void produce_endpoint(const char *key,
+                             const char *rec_id,
+                             const struct sl_masterkey *mk,
+                             const char *url)
+{
+    produce_endpoint_ex(key, rec_id, mk, mk, url, NULL);
 }
 
 static void on_change(void *opaque, const char *id, const struct sl_endpoint *e)
@@ -845,6 +871,33 @@ static bool stats_invalid_above(uint64_t n)
     }
 }
 
+static bool stats_refused_above(uint64_t n)
+{
+    int64_t t0 = sl_mono_ms();
+    struct sl_endpoints_stats st;
+    for (;;) {
+        sl_endpoints_stats(E.t, &st);
+        if (st.refused > n)
+            return true;
+        if (sl_mono_ms() - t0 > E.wait_ms)
+            return false;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+struct refused_list {
+    char id[80];
+    char why[256];
+};
+
+static void collect_refused(void *opaque, const char *id, const char *why)
+{
+    struct refused_list *l = opaque;
+    snprintf(l->id, sizeof(l->id), "%s", id);
+    snprintf(l->why, sizeof(l->why), "%s", why);
+}
+
 /* Bad records never replace a good version; sync republishes identically (no new version)
  * and deletes topic keys the registry does not have. */
 static void test_bad_records_and_sync(void **state)
@@ -867,23 +920,57 @@ static void test_bad_records_and_sync(void **state)
     produce_raw(id, "this is not msgpack", 19);
     assert_true(stats_invalid_above(st.invalid));
     sl_endpoints_stats(E.t, &st);
-    /* 2. sealed with another master key */
+    /* 2. sealed and signed with another master key (of the same id): refused */
     struct sl_masterkey wrong;
     char hex[65];
     rand_hex(hex, 32);
     assert_int_equal(sl_masterkey_parse(&wrong, hex, NULL), 0);
     produce_endpoint(id, id, &wrong, "https://evil.example/");
-    sl_masterkey_fini(&wrong);
-    assert_true(stats_invalid_above(st.invalid));
+    assert_true(stats_refused_above(st.refused));
     sl_endpoints_stats(E.t, &st);
     /* 3. a valid record whose id is not its key */
     produce_endpoint(id, other, &E.mk, "https://evil.example/");
     assert_true(stats_invalid_above(st.invalid));
+    sl_endpoints_stats(E.t, &st);
+    /* 4. unsigned, with a secret sealed with the right key (a topic writer without the key) */
+    produce_endpoint_ex(id, id, &E.mk, NULL, "https://evil.example/", NULL);
+    assert_true(stats_refused_above(st.refused));
+    sl_endpoints_stats(E.t, &st);
+    struct refused_list rl = {0};
+    assert_int_equal(sl_endpoints_refused(E.t, collect_refused, &rl), 1);
+    assert_string_equal(rl.id, id);
+    assert_non_null(strstr(rl.why, "not signed"));
+    /* 5. a genuine record whose URL was changed afterwards, MAC kept: refused */
+    produce_endpoint_ex(id, id, &E.mk, &E.mk, "https://example.com/keep", "https://evil.example/");
+    assert_true(stats_refused_above(st.refused));
+    assert_int_equal(sl_endpoints_refused(E.t, collect_refused, &rl), 1);
+    assert_non_null(strstr(rl.why, "MAC does not match"));
+    /* 6. signed with a key id that is not configured */
+    struct sl_masterkey other_id;
+    char spec[80];
+    snprintf(spec, sizeof(spec), "k9:%s", hex);
+    assert_int_equal(sl_masterkey_parse(&other_id, spec, NULL), 0);
+    sl_endpoints_stats(E.t, &st);
+    produce_endpoint_ex(id, id, &E.mk, &other_id, "https://evil.example/", NULL);
+    assert_true(stats_refused_above(st.refused));
+    assert_int_equal(sl_endpoints_refused(E.t, collect_refused, &rl), 1);
+    assert_non_null(strstr(rl.why, "master key 'k9', which is not configured"));
+    sl_masterkey_fini(&other_id);
+    sl_masterkey_fini(&wrong);
+    /* none of them replaced the good version */
     e = sl_endpoints_get(E.t, id);
     assert_non_null(e);
     assert_int_equal(e->version, ver);
     assert_string_equal(e->url, "https://example.com/keep");
     sl_endpoint_release(e);
+    /* a genuine record again (a change through sluicectl) takes it off the refused list */
+    r = CTL("endpoints", "update", id, "--name", "kept");
+    assert_int_equal(r->code, 0);
+    free(r);
+    e = wait_for(id, version_above, &ver);
+    ver = e->version;
+    sl_endpoint_release(e);
+    assert_int_equal(sl_endpoints_refused(E.t, NULL, NULL), 0);
 
     /* a record the registry does not know (e.g. a delete whose publish failed) */
     produce_endpoint(stray, stray, &E.mk, "https://stray.example/");
@@ -1099,7 +1186,7 @@ static void test_registry_ops(void **state)
     PGconn *pg = sl_reg_db_open(&E.cfg, &err);
     if (!pg)
         fail_msg("sl_reg_db_open: %s", err.msg);
-    sl_reg_pub_init(&pub, &E.cfg); /* opened lazily by the first publish */
+    sl_reg_pub_init(&pub, &E.cfg, &E.mk); /* opened lazily by the first publish */
 
     /* create: committed, published, read back, visible to consumers with types/channels */
     const char *types[] = {"order.*", "invoice.paid"};
@@ -1283,7 +1370,7 @@ static void test_registry_ops(void **state)
     setenv("SLUICE_KAFKA_BROKERS", saved, 1);
     free(saved);
     struct sl_reg_pub bad;
-    sl_reg_pub_init(&bad, &bad_cfg);
+    sl_reg_pub_init(&bad, &bad_cfg, &E.mk);
     bad.flush_timeout_ms = 1000;
     struct set_name sn2 = {"committed, not published", 0, false};
     rc = sl_reg_update(pg, &bad, id, set_name_fn, &sn2, &out, &res, &err);

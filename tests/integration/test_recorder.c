@@ -42,8 +42,9 @@
 #include "sl_test_kafka.h"
 #include "sl_testenv.h"
 
-#define RECORDER   SL_BINARY_DIR "/recorder/sluice-recorder"
-#define PARTITIONS 4
+#define RECORDER        SL_BINARY_DIR "/recorder/sluice-recorder"
+#define PARTITIONS      4
+#define TEST_MASTER_KEY "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
 
 static const char *g_brokers;
 static const char *g_dsn;
@@ -300,6 +301,7 @@ static void rec_start(struct rec_proc *r,
         setenv("SLUICE_TOPIC_OUTCOMES", topic, 1);
         setenv("SLUICE_RECORDER_GROUP", group, 1);
         setenv("SLUICE_PG_DSN", dsn, 1);
+        setenv("SLUICE_MASTER_KEY", TEST_MASTER_KEY, 1); /* signs the records of disables */
         setenv("SLUICE_RECORDER_FLUSH_MS", "100", 1);
         setenv("SLUICE_LOG_LEVEL", "debug", 1);
         setenv("SLUICE_DEBUG", "db", 1);
@@ -1407,6 +1409,7 @@ static int run_cmd(const char *const *env, const char *arg)
         dup2(fd, 2);
         for (size_t i = 0; env && env[i]; i += 2)
             setenv(env[i], env[i + 1], 1);
+        setenv("SLUICE_MASTER_KEY", TEST_MASTER_KEY, 0);
         execl(RECORDER, RECORDER, arg, (char *)NULL);
         _exit(127);
     }
