@@ -11,6 +11,8 @@
  *
  * Each worker thread keeps its own registry publisher (a Kafka producer, opened lazily).
  * Signing secrets are shown once, in the answer to create and rotate-secret, and never logged.
+ * Both take "signature": "hmac" (a whsec_ secret, the default) or "ed25519" (a whsk_ key pair,
+ * made here; the answer adds its public key, "public_key": "whpk_...", for receivers).
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -98,6 +100,44 @@ static json_t *ep_json(const struct sl_reg_ep *ep)
 
 /* ==== JSON -> endpoint fields ==== */
 
+/*
+ * The "signature" member of a create / rotate body (v borrowed; NULL = absent = HMAC) into
+ * *kind. Returns 0, or -1 after answering 400.
+ */
+static int get_signature(struct api_req *r, json_t *v, enum sl_secret_kind *kind)
+{
+    *kind = SL_SECRET_HMAC;
+    if (!v)
+        return 0;
+    const char *sv = json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v)
+                         ? json_string_value(v)
+                         : "";
+    if (strcmp(sv, "hmac") == 0)
+        return 0;
+    if (strcmp(sv, "ed25519") == 0) {
+        *kind = SL_SECRET_ED25519;
+        return 0;
+    }
+    api_problem(r, 400, "invalid-field", "/signature",
+                "field \"signature\" must be \"hmac\" or \"ed25519\"");
+    return -1;
+}
+
+/*
+ * A new signing secret of kind into s (wiped by the caller) and, for Ed25519, its public key
+ * into pk ("" for HMAC). Returns 0 or SL_ECRYPTO (err set).
+ */
+static int make_secret(enum sl_secret_kind kind, struct sl_secret *s, char *pk, sl_err_t *err)
+{
+    pk[0] = '\0';
+    if (kind != SL_SECRET_ED25519)
+        return sl_secret_generate(s, err);
+    int rc = sl_secret_generate_ed25519(s, err);
+    if (rc == 0)
+        rc = sl_secret_public(s, pk, SL_PUBKEY_STR_MAX, err);
+    return rc;
+}
+
 /* A string array field into a NULL-free vector (borrowed from j); 0 or a problem set. */
 static int
 get_strv(struct api_req *r, json_t *v, const char *name, size_t max, const char **out, size_t *n)
@@ -129,7 +169,8 @@ static void set_str(char **dst, const char *v)
 }
 
 /*
- * Apply the fields of body j to ep. allow_id: "id" accepted (create). Returns 0, or -1 with
+ * Apply the fields of body j to ep. allow_id: "id" and "signature" accepted (create; both
+ * read by the caller). Returns 0, or -1 with
  * the problem answered. Rule checks beyond JSON types are sl_reg_ep_check's (in the change
  * operation), reported by problem_for().
  */
@@ -145,6 +186,12 @@ static int apply_fields(struct api_req *r, json_t *j, struct sl_reg_ep *ep, bool
             if (!json_is_string(v))
                 goto bad_type;
             continue; /* read by the caller */
+        }
+        if (strcmp(k, "signature") == 0 && allow_id) {
+            enum sl_secret_kind kind;
+            if (get_signature(r, v, &kind) != 0)
+                return -1;
+            continue; /* read by the caller (a scheme changes only by rotation) */
         }
         if (strcmp(k, "url") == 0 || strcmp(k, "name") == 0 || strcmp(k, "content_type") == 0) {
             if (json_is_null(v) && strcmp(k, "content_type") == 0) {
@@ -421,23 +468,32 @@ enum api_hret api_endpoints_create(struct api_req *r)
     struct sl_reg_ep ep;
     sl_reg_ep_init(&ep, json_string_value(idv));
     char whsec[SL_SECRET_STR_MAX] = "";
+    char pk[SL_PUBKEY_STR_MAX] = "";
+    struct sl_secret secret;
+    enum sl_secret_kind kind = SL_SECRET_HMAC;
+    memset(&secret, 0, sizeof(secret));
     if (apply_fields(r, j, &ep, true) == 0 && !api_key_may_assign(r, ep.channels, ep.n_channels))
         api_problem(r, 403, "forbidden", "/channels",
                     "a key limited to channels creates only endpoints of its channels");
-    else if (!r->status) {
+    else if (!r->status && get_signature(r, json_object_get(j, "signature"), &kind) == 0) {
         PGconn *pg = reg_pg(r);
         if (pg) {
             struct sl_reg_result res = {0};
             sl_err_t err;
-            int rc =
-                sl_reg_create(pg, thread_pub(r->api), &r->api->mk, &ep, NULL, whsec, &res, &err);
+            int rc = make_secret(kind, &secret, pk, &err);
+            if (rc == 0)
+                rc = sl_reg_create(pg, thread_pub(r->api), &r->api->mk, &ep, &secret, whsec, &res,
+                                   &err);
             if (rc == 0 || (rc == SL_EKAFKA && res.committed))
-                changed(r, 201, &ep, &res, json_pack("{s:s}", "secret", whsec));
+                changed(r, 201, &ep, &res,
+                        pk[0] ? json_pack("{s:s, s:s}", "secret", whsec, "public_key", pk)
+                              : json_pack("{s:s}", "secret", whsec));
             else
                 problem_for(r, rc, &err, ep.id);
         }
     }
     sl_secret_wipe(whsec, sizeof(whsec));
+    sl_secret_fini(&secret);
     sl_reg_ep_fini(&ep);
     json_decref(j);
     return API_DONE;
@@ -546,25 +602,60 @@ enum api_hret api_endpoints_disable(struct api_req *r)
     return API_DONE;
 }
 
+/* The scheme of endpoint id's current secret (HMAC when it cannot be told): a rotation
+ * without "signature" keeps it (an Ed25519 endpoint's receivers hold only its public key). */
+static enum sl_secret_kind current_kind(PGconn *pg, const struct sl_masterkey *mk, const char *id)
+{
+    struct sl_reg_ep cur;
+    sl_err_t err;
+    enum sl_secret_kind kind = SL_SECRET_HMAC;
+    memset(&cur, 0, sizeof(cur));
+    if (sl_reg_db_load(pg, id, false, &cur, &err) == 0 && cur.n_secrets > 0) {
+        uint8_t plain[SL_SECRET_ENC_MAX + 1];
+        size_t plen = 0;
+        struct sl_secret s;
+        memset(&s, 0, sizeof(s));
+        if (sl_secretbox_open(mk, id, cur.secrets[0].enc, cur.secrets[0].enc_len, plain,
+                              sizeof(plain) - 1, &plen, &err) == 0) {
+            plain[plen] = '\0';
+            if (sl_secret_parse(&s, (const char *)plain, &err) == 0)
+                kind = s.kind;
+        }
+        sl_secret_fini(&s);
+        sl_secret_wipe(plain, sizeof(plain));
+    }
+    sl_reg_ep_fini(&cur);
+    return kind;
+}
+
 enum api_hret api_endpoints_rotate(struct api_req *r)
 {
     const char *id = r->params[0];
     if (!id_ok(r, id))
         return API_DONE;
     int64_t overlap = OVERLAP_DEFAULT_S;
+    enum sl_secret_kind kind = SL_SECRET_HMAC;
+    bool sig_given = false;
     json_t *j = NULL;
     if (r->body.len > 0) {
         j = api_body_json(r);
         if (!j)
             return API_DONE;
         json_t *o = json_object_get(j, "overlap_s");
-        if (json_object_size(j) > (o ? 1u : 0u) ||
+        json_t *sig = json_object_get(j, "signature");
+        sig_given = sig != NULL;
+        if (json_object_size(j) > (o ? 1u : 0u) + (sig ? 1u : 0u) ||
             (o && (!json_is_integer(o) || json_integer_value(o) < 0 ||
                    json_integer_value(o) > SL_REG_OVERLAP_MAX_S))) {
             json_decref(j);
             return api_problem(r, 400, "invalid-field", "/overlap_s",
-                               "the body may hold only \"overlap_s\", an integer 0..%lld",
+                               "the body may hold only \"overlap_s\", an integer 0..%lld, and "
+                               "\"signature\"",
                                (long long)SL_REG_OVERLAP_MAX_S);
+        }
+        if (get_signature(r, sig, &kind) != 0) {
+            json_decref(j);
+            return API_DONE;
         }
         if (o)
             overlap = json_integer_value(o);
@@ -577,8 +668,14 @@ enum api_hret api_endpoints_rotate(struct api_req *r)
     memset(&out, 0, sizeof(out));
     struct sl_reg_result res = {0};
     char whsec[SL_SECRET_STR_MAX] = "";
+    char pk[SL_PUBKEY_STR_MAX] = "";
+    struct sl_secret secret;
     sl_err_t err;
-    int rc = sl_reg_rotate(pg, thread_pub(r->api), &r->api->mk, id, overlap, NULL, whsec, &out,
+    if (!sig_given)
+        kind = current_kind(pg, &r->api->mk, id);
+    int rc = make_secret(kind, &secret, pk, &err);
+    if (rc == 0)
+        rc = sl_reg_rotate(pg, thread_pub(r->api), &r->api->mk, id, overlap, &secret, whsec, &out,
                            &res, &err);
     if (rc == 0 || (rc == SL_EKAFKA && res.committed)) {
         int prev_seq = 0;
@@ -592,11 +689,14 @@ enum api_hret api_endpoints_rotate(struct api_req *r)
         json_t *x = json_pack("{s:s, s:s, s:i, s:o, s:b}", "id", out.id, "secret", whsec, "seq",
                               out.n_secrets ? out.secrets[0].seq : 0, "previous_expires_at",
                               api_time_json(prev_exp), "published", res.published);
+        if (pk[0])
+            json_object_set_new(x, "public_key", json_string(pk));
         api_reply(r, 200, x);
     } else {
         problem_for(r, rc, &err, id);
     }
     sl_secret_wipe(whsec, sizeof(whsec));
+    sl_secret_fini(&secret);
     sl_reg_ep_fini(&out);
     return API_DONE;
 }

@@ -171,7 +171,8 @@ bool sl_endpoint_subscribed(const struct sl_endpoint *e,
     return false;
 }
 
-/* Decrypt secret i of rec into s. The box holds the "whsec_..." text. */
+/* Decrypt secret i of rec into s. The box holds the "whsec_..." (HMAC) or "whsk_..." (Ed25519)
+ * text; sl_secret_parse tells them apart and checks a whsk_ key's public half. */
 static int open_secret(const struct sl_endpoint_rec *rec,
                        size_t i,
                        const struct sl_masterkey *mk,
@@ -189,7 +190,7 @@ static int open_secret(const struct sl_endpoint_rec *rec,
     }
     plain[plen] = '\0';
     if (strlen((const char *)plain) != plen) {
-        rc = sl_err_set(err, SL_EDECODE, "secret %zu of endpoint %s is not a whsec_ secret", i,
+        rc = sl_err_set(err, SL_EDECODE, "secret %zu of endpoint %s is not a signing secret", i,
                         rec->id);
         goto out;
     }

@@ -26,8 +26,8 @@
  * record byte-identical to the current one (as `sluicectl endpoints sync` republishes) is
  * not a change: no version or generation bump, no callback.
  *
- * Decrypted secrets are registered with the logger (sl_log_add_secret, as whsec_ strings) so
- * they are redacted from every log line, and wiped when the last reference goes.
+ * Decrypted secrets are registered with the logger (sl_log_add_secret, as whsec_ or whsk_
+ * strings) so they are redacted from every log line, and wiped when the last reference goes.
  *
  * thread: sl_endpoints_get / _release / _ref / _generation / _count / _stats / _snapshot
  * may be called from any thread at any time between open and close. The change callback
@@ -253,9 +253,10 @@ bool sl_endpoint_subscribed(const struct sl_endpoint *e,
  * Build a snapshot (version 0, one reference: release with sl_endpoint_release) from rec
  * (borrowed; assumed decoded/validated) by decrypting its secrets with mk and resolving
  * zeros with d (borrowed). Secrets with 0 < exp_ms <= now_ms are left out. Returns 0,
- * SL_ECRYPTO / SL_EVERSION / SL_EDECODE (a secret does not open or is not a whsec_ secret;
- * the message names the endpoint and the secret's index), SL_EINVAL (template syntax; no
- * unexpired secret). *out is NULL on failure. Does not register secrets with the logger.
+ * SL_ECRYPTO / SL_EVERSION / SL_EDECODE / SL_EINVAL (a secret does not open, is not a whsec_
+ * or whsk_ secret, or is a whsk_ key whose public half is not its seed's; the message names
+ * the endpoint and the secret's index), SL_EINVAL (template syntax; no unexpired secret).
+ * *out is NULL on failure. Does not register secrets with the logger.
  */
 int sl_endpoint_build(const struct sl_endpoint_rec *rec,
                       const struct sl_masterkey *mk,

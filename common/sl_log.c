@@ -211,6 +211,36 @@ static void put_int(struct line *l, const char *key, int64_t v)
     put_raw(l, num, (size_t)n);
 }
 
+/* Redact the base64 text after every occurrence of pfx in l (shrink-only). */
+static void scrub_prefixed(struct line *l, const char *pfx, const char *red)
+{
+    size_t plen = strlen(pfx);
+    size_t red_len = strlen(red);
+    char *p = l->buf;
+    for (;;) {
+        char *hit = memmem(p, l->len - (size_t)(p - l->buf), pfx, plen);
+        if (!hit)
+            break;
+        char *v = hit + plen;
+        char *e = v;
+        char *end = l->buf + l->len;
+        while (e < end && (isalnum((unsigned char)*e) || *e == '+' || *e == '/' || *e == '='))
+            e++;
+        size_t vlen = (size_t)(e - v);
+        if (vlen >= 3) {
+            /* shrink-only replacement keeps the line within its buffer */
+            const char *rep = vlen >= red_len ? red : "***";
+            size_t rlen = strlen(rep);
+            memcpy(v, rep, rlen);
+            memmove(v + rlen, e, (size_t)(end - e));
+            l->len -= vlen - rlen;
+            p = v + rlen;
+        } else {
+            p = e;
+        }
+    }
+}
+
 /* Replace every registered secret in the line with [redacted] (in place, may shorten). */
 static void scrub(struct line *l)
 {
@@ -235,31 +265,11 @@ static void scrub(struct line *l)
     }
     pthread_mutex_unlock(&g_secret_mu);
     /* Any Standard Webhooks secret, registered or not (there may be thousands of endpoint
-     * secrets): "whsec_" followed by its base64 text becomes "whsec_[redacted]". */
-    static const char pfx[] = "whsec_";
-    char *p = l->buf;
-    for (;;) {
-        char *hit = memmem(p, l->len - (size_t)(p - l->buf), pfx, sizeof(pfx) - 1);
-        if (!hit)
-            break;
-        char *v = hit + sizeof(pfx) - 1;
-        char *e = v;
-        char *end = l->buf + l->len;
-        while (e < end && (isalnum((unsigned char)*e) || *e == '+' || *e == '/' || *e == '='))
-            e++;
-        size_t vlen = (size_t)(e - v);
-        if (vlen >= 3) {
-            /* shrink-only replacement keeps the line within its buffer */
-            const char *rep = vlen >= sizeof(red) - 1 ? red : "***";
-            size_t rlen = strlen(rep);
-            memcpy(v, rep, rlen);
-            memmove(v + rlen, e, (size_t)(end - e));
-            l->len -= vlen - rlen;
-            p = v + rlen;
-        } else {
-            p = e;
-        }
-    }
+     * secrets): "whsec_" (HMAC) or "whsk_" (Ed25519 private key) followed by its base64 text
+     * becomes "whsec_[redacted]" / "whsk_[redacted]". Public keys (whpk_) stay readable. */
+    static const char *const pfxs[] = {"whsec_", "whsk_"};
+    for (size_t k = 0; k < sizeof(pfxs) / sizeof(pfxs[0]); k++)
+        scrub_prefixed(l, pfxs[k], red);
 }
 
 void sl__log_write(int level,

@@ -230,7 +230,7 @@ const char *sl_http_method_name(enum sl_http_method m);
 int sl_http_method_parse(const char *s, size_t len, enum sl_http_method *out);
 
 struct sl_endpoint_secret {
-    const uint8_t *enc; /* AES-256-GCM ciphertext of the whsec_ secret; opaque here */
+    const uint8_t *enc; /* AES-256-GCM ciphertext of the whsec_/whsk_ secret; opaque here */
     size_t enc_len;     /* bytes, 1..SL_SECRET_ENC_MAX */
     uint64_t exp_ms;    /* unix ms after which the secret is no longer used; 0 = current */
 };

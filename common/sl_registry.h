@@ -302,11 +302,11 @@ struct sl_reg_result {
  * Register a new endpoint. ep (IN/OUT): IN id + fields (types/channels, policy, enabled,
  * reason...; created/updated and secrets are ignored; NULL name/ct/reason count as "");
  * OUT on 0 or SL_EKAFKA the row as committed (read back, with its secret); untouched
- * otherwise. secret (borrowed; NULL = generate a new 32-byte one) is sealed with mk
- * (borrowed; AD = id) and becomes secret #1. whsec (OUT) receives the whsec_ text, to be
- * shown once, on 0 and SL_EKAFKA ("" otherwise); it is registered with the logger
- * (sl_log_add_secret) and the caller wipes it (sl_secret_wipe) after use.
- * SL_ESTATE when the id exists.
+ * otherwise. secret (borrowed; NULL = generate a new 32-byte HMAC one; an Ed25519 key pair
+ * is sealed alike) is sealed with mk (borrowed; AD = id) and becomes secret #1. whsec (OUT)
+ * receives the whsec_ / whsk_ text, to be shown once, on 0 and SL_EKAFKA ("" otherwise); it
+ * is registered with the logger (sl_log_add_secret) and the caller wipes it (sl_secret_wipe)
+ * after use. SL_ESTATE when the id exists.
  */
 int sl_reg_create(PGconn *pg,
                   struct sl_reg_pub *pub,

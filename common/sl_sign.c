@@ -2,9 +2,16 @@
  * sl_sign: Standard Webhooks signing and verification (see sl_sign.h for the contract).
  *
  * The MAC input is "id.ts." (built on the stack: both are short and validated) followed by
- * the body, fed to HMAC-SHA256 in two updates so the body is never copied. Verification
+ * the body, fed to HMAC-SHA256 in two updates so the body is never copied. Pure Ed25519
+ * (v1a) hashes its message twice internally and so takes it in one piece (EVP_DigestSign
+ * with no digest): "id.ts." + body is joined into one heap buffer, once per signature and
+ * only by signers (and verifications) that involve an Ed25519 key. Verification
  * canonicalises the received timestamp (parsed as an integer and re-printed), exactly as the
  * official libraries do, so "0123" and "123" verify alike.
+ *
+ * An Ed25519 secret carries its public key next to the seed (Svix's whsk_ layout); every
+ * place that takes one from outside (parse, signer) checks that the public half is the
+ * seed's, so a receiver given that public key verifies what the signer produces.
  */
 #include "common/sl_sign.h"
 
@@ -22,10 +29,14 @@
 #include "common/sl_b64.h"
 #include "common/sl_mem.h"
 
+/* For each i < n exactly one of tmpl[i] (HMAC secret) and pkey[i] (Ed25519 secret) is set. */
 struct sl_signer {
-    EVP_MAC *mac;                             /* fetched "HMAC", owned */
-    size_t n;                                 /* secrets, 1..SL_SIGNER_MAX_SECRETS */
+    EVP_MAC *mac; /* fetched "HMAC", owned; NULL without HMAC secrets */
+    size_t n;     /* secrets, 1..SL_SIGNER_MAX_SECRETS */
+    bool ed25519; /* some secret is Ed25519: signing joins the message */
     EVP_MAC_CTX *tmpl[SL_SIGNER_MAX_SECRETS]; /* keyed HMAC-SHA256 templates, owned */
+    EVP_PKEY *pkey[SL_SIGNER_MAX_SECRETS];    /* Ed25519 private keys, owned; only read after
+                                                 sl_signer_new, so threads may share them */
 };
 
 /* "id." + "ts." : the part of the MAC input that precedes the body. */
@@ -35,26 +46,95 @@ struct sl_signer {
 
 int sl_secret_generate(struct sl_secret *s, sl_err_t *err)
 {
-    memset(s, 0, sizeof(*s));
-    if (RAND_bytes(s->key, SL_SECRET_GEN_BYTES) != 1)
+    memset(s, 0, sizeof(*s)); /* kind = SL_SECRET_HMAC */
+    if (RAND_bytes(s->key, SL_SECRET_GEN_BYTES) != 1) {
+        sl_secret_wipe(s, sizeof(*s)); /* whatever it wrote before failing */
         return sl_err_set(err, SL_ECRYPTO, "could not generate secret: random generator failed");
+    }
     s->len = SL_SECRET_GEN_BYTES;
     return 0;
+}
+
+/*
+ * The Ed25519 key of a 32-byte seed: its public key into pub (SL_ED25519_PUB_BYTES) and, when
+ * pkey is not NULL, the private key object into *pkey (caller frees). Returns 0 or
+ * SL_ECRYPTO (nothing to free).
+ */
+static int ed25519_from_seed(const uint8_t *seed, uint8_t *pub, EVP_PKEY **pkey)
+{
+    size_t plen = SL_ED25519_PUB_BYTES;
+    EVP_PKEY *k = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL, seed, SL_ED25519_SEED_BYTES);
+    if (!k)
+        return SL_ECRYPTO;
+    if (EVP_PKEY_get_raw_public_key(k, pub, &plen) != 1 || plen != SL_ED25519_PUB_BYTES) {
+        EVP_PKEY_free(k);
+        return SL_ECRYPTO;
+    }
+    if (pkey)
+        *pkey = k;
+    else
+        EVP_PKEY_free(k);
+    return 0;
+}
+
+/*
+ * Check that the public half of an Ed25519 secret (seed || public key) is its seed's. *pkey
+ * as in ed25519_from_seed, set on 0 and on SL_EINVAL when pkey is not NULL. Returns 0,
+ * SL_EINVAL (mismatch) or SL_ECRYPTO; err is not set: the callers word the message.
+ */
+static int ed25519_check(const struct sl_secret *s, EVP_PKEY **pkey)
+{
+    uint8_t pub[SL_ED25519_PUB_BYTES];
+    if (ed25519_from_seed(s->key, pub, pkey) != 0)
+        return SL_ECRYPTO;
+    /* public data, but CRYPTO_memcmp costs nothing here */
+    return CRYPTO_memcmp(pub, s->key + SL_ED25519_SEED_BYTES, sizeof(pub)) == 0 ? 0 : SL_EINVAL;
+}
+
+int sl_secret_generate_ed25519(struct sl_secret *s, sl_err_t *err)
+{
+    int rc = 0;
+    size_t slen = SL_ED25519_SEED_BYTES, plen = SL_ED25519_PUB_BYTES;
+    EVP_PKEY *k = NULL;
+    memset(s, 0, sizeof(*s));
+    EVP_PKEY_CTX *ctx = EVP_PKEY_CTX_new_id(EVP_PKEY_ED25519, NULL);
+    if (!ctx || EVP_PKEY_keygen_init(ctx) != 1 || EVP_PKEY_keygen(ctx, &k) != 1 ||
+        EVP_PKEY_get_raw_private_key(k, s->key, &slen) != 1 || slen != SL_ED25519_SEED_BYTES ||
+        EVP_PKEY_get_raw_public_key(k, s->key + SL_ED25519_SEED_BYTES, &plen) != 1 ||
+        plen != SL_ED25519_PUB_BYTES) {
+        sl_secret_wipe(s, sizeof(*s));
+        rc = sl_err_set(err, SL_ECRYPTO, "could not generate an ed25519 key: openssl failed");
+        goto out;
+    }
+    s->len = SL_ED25519_KEY_BYTES;
+    s->kind = SL_SECRET_ED25519;
+out:
+    EVP_PKEY_free(k); /* OpenSSL clears the private key it frees */
+    EVP_PKEY_CTX_free(ctx);
+    return rc;
 }
 
 int sl_secret_parse(struct sl_secret *s, const char *str, sl_err_t *err)
 {
     int rc = 0;
+    const char *pfx = NULL;
     memset(s, 0, sizeof(*s));
     if (!str || !*str) {
         rc = sl_err_set(err, SL_EMISSING, "secret is empty");
         goto out;
     }
-    if (strncmp(str, SL_SECRET_PREFIX, SL_SECRET_PREFIX_LEN) != 0) {
-        rc = sl_err_set(err, SL_EDECODE, "secret must start with \"%s\"", SL_SECRET_PREFIX);
+    if (strncmp(str, SL_SECRET_PREFIX, SL_SECRET_PREFIX_LEN) == 0) {
+        pfx = SL_SECRET_PREFIX;
+        s->kind = SL_SECRET_HMAC;
+    } else if (strncmp(str, SL_SECRET_ED25519_PREFIX, SL_SECRET_ED25519_PREFIX_LEN) == 0) {
+        pfx = SL_SECRET_ED25519_PREFIX;
+        s->kind = SL_SECRET_ED25519;
+    } else {
+        rc = sl_err_set(err, SL_EDECODE, "secret must start with \"%s\" or \"%s\"",
+                        SL_SECRET_PREFIX, SL_SECRET_ED25519_PREFIX);
         goto out;
     }
-    const char *b64 = str + SL_SECRET_PREFIX_LEN;
+    const char *b64 = str + strlen(pfx);
     /* Cap before decoding: 88 characters encode the 64-byte maximum. */
     size_t n = strnlen(b64, SL_B64_ENCODED_LEN(SL_SECRET_MAX_BYTES) + 1);
     if (n > SL_B64_ENCODED_LEN(SL_SECRET_MAX_BYTES)) {
@@ -70,11 +150,27 @@ int sl_secret_parse(struct sl_secret *s, const char *str, sl_err_t *err)
         goto out;
     }
     if (rc < 0) {
-        rc = sl_err_set(err, SL_EDECODE, "secret is not valid base64 after \"%s\"",
-                        SL_SECRET_PREFIX);
+        rc = sl_err_set(err, SL_EDECODE, "secret is not valid base64 after \"%s\"", pfx);
         goto out;
     }
-    if (len < SL_SECRET_MIN_BYTES) {
+    if (s->kind == SL_SECRET_ED25519) {
+        if (len != SL_ED25519_KEY_BYTES) {
+            rc = sl_err_set(err, SL_EINVAL,
+                            "ed25519 secret has %zu bytes of key, expected %d (seed and public "
+                            "key)",
+                            len, SL_ED25519_KEY_BYTES);
+            goto out;
+        }
+        rc = ed25519_check(s, NULL);
+        if (rc == SL_EINVAL)
+            rc = sl_err_set(err, SL_EINVAL,
+                            "ed25519 secret: public half does not match the public key of its "
+                            "seed");
+        else if (rc < 0)
+            rc = sl_err_set(err, SL_ECRYPTO, "could not load the ed25519 secret: openssl failed");
+        if (rc < 0)
+            goto out;
+    } else if (len < SL_SECRET_MIN_BYTES) {
         rc = sl_err_set(err, SL_EINVAL, "secret too short: %zu bytes of key, at least %d required",
                         len, SL_SECRET_MIN_BYTES);
         goto out;
@@ -86,22 +182,64 @@ out:
     return rc;
 }
 
+/*
+ * Is s a secret of a known kind with a length that kind allows? 0 or SL_EINVAL; messages
+ * call it "secret" (i < 0) or "secret <i>".
+ */
+static int check_secret(const struct sl_secret *s, long i, sl_err_t *err)
+{
+    char what[32] = "secret";
+    if (i >= 0)
+        (void)snprintf(what, sizeof(what), "secret %ld", i);
+    if (s->kind == SL_SECRET_ED25519) {
+        if (s->len != SL_ED25519_KEY_BYTES)
+            return sl_err_set(err, SL_EINVAL, "%s (ed25519) has %zu bytes of key, expected %d",
+                              what, s->len, SL_ED25519_KEY_BYTES);
+        return 0;
+    }
+    if (s->kind != SL_SECRET_HMAC)
+        return sl_err_set(err, SL_EINVAL, "%s has an unknown kind %d", what, (int)s->kind);
+    if (s->len < SL_SECRET_MIN_BYTES || s->len > SL_SECRET_MAX_BYTES)
+        return sl_err_set(err, SL_EINVAL, "%s has %zu bytes of key, expected %d..%d", what, s->len,
+                          SL_SECRET_MIN_BYTES, SL_SECRET_MAX_BYTES);
+    return 0;
+}
+
 int sl_secret_format(const struct sl_secret *s, char *out, size_t outlen, sl_err_t *err)
 {
-    if (s->len < SL_SECRET_MIN_BYTES || s->len > SL_SECRET_MAX_BYTES)
-        return sl_err_set(err, SL_EINVAL, "secret has %zu bytes of key, expected %d..%d", s->len,
-                          SL_SECRET_MIN_BYTES, SL_SECRET_MAX_BYTES);
-    if (outlen < SL_SECRET_PREFIX_LEN + SL_B64_ENCODED_LEN(s->len) + 1) {
+    int rc = check_secret(s, -1, err);
+    if (rc < 0)
+        return rc;
+    const char *pfx = s->kind == SL_SECRET_ED25519 ? SL_SECRET_ED25519_PREFIX : SL_SECRET_PREFIX;
+    size_t plen = strlen(pfx);
+    if (outlen < plen + SL_B64_ENCODED_LEN(s->len) + 1) {
         if (outlen)
             out[0] = '\0';
         return sl_err_set(err, SL_ETOOBIG, "secret buffer too small: %zu bytes", outlen);
     }
-    memcpy(out, SL_SECRET_PREFIX, SL_SECRET_PREFIX_LEN);
-    long r =
-        sl_b64_encode(s->key, s->len, out + SL_SECRET_PREFIX_LEN, outlen - SL_SECRET_PREFIX_LEN);
+    memcpy(out, pfx, plen);
+    long r = sl_b64_encode(s->key, s->len, out + plen, outlen - plen);
     if (r < 0) { /* cannot happen: the size was checked above */
         sl_secret_wipe(out, outlen);
         return sl_err_set(err, SL_ETOOBIG, "secret buffer too small: %zu bytes", outlen);
+    }
+    return 0;
+}
+
+int sl_secret_public(const struct sl_secret *s, char *out, size_t outlen, sl_err_t *err)
+{
+    if (outlen)
+        out[0] = '\0';
+    if (s->kind != SL_SECRET_ED25519 || s->len != SL_ED25519_KEY_BYTES)
+        return sl_err_set(err, SL_EINVAL, "only an ed25519 (%s) secret has a public key",
+                          SL_SECRET_ED25519_PREFIX);
+    if (outlen < SL_PUBKEY_STR_MAX)
+        return sl_err_set(err, SL_ETOOBIG, "public key buffer too small: %zu bytes", outlen);
+    memcpy(out, SL_PUBKEY_PREFIX, SL_PUBKEY_PREFIX_LEN);
+    if (sl_b64_encode(s->key + SL_ED25519_SEED_BYTES, SL_ED25519_PUB_BYTES,
+                      out + SL_PUBKEY_PREFIX_LEN, outlen - SL_PUBKEY_PREFIX_LEN) < 0) {
+        out[0] = '\0'; /* cannot happen: the size was checked above */
+        return sl_err_set(err, SL_ETOOBIG, "public key buffer too small: %zu bytes", outlen);
     }
     return 0;
 }
@@ -158,6 +296,59 @@ out:
     return rc;
 }
 
+/* ==== Ed25519 helpers ==== */
+
+/*
+ * prefix || body in one new buffer of *mlen (OUT) bytes; the caller frees it. Pure Ed25519
+ * needs the whole message at once. plen + len cannot overflow: the body is in memory and the
+ * prefix is at most PREFIX_MAX bytes.
+ */
+static uint8_t *
+join_message(const char *prefix, size_t plen, const uint8_t *body, size_t len, size_t *mlen)
+{
+    uint8_t *msg = sl_xmalloc(plen + len);
+    memcpy(msg, prefix, plen);
+    if (len)
+        memcpy(msg + plen, body, len);
+    *mlen = plen + len;
+    return msg;
+}
+
+/*
+ * Ed25519 signature of msg/mlen with pkey. Only reads pkey (each call has its own
+ * EVP_MD_CTX), which is why one signer can sign on several threads at once. Returns 0 or
+ * SL_ECRYPTO.
+ */
+static int ed25519_sign(EVP_PKEY *pkey, const uint8_t *msg, size_t mlen, uint8_t *sig)
+{
+    int rc = SL_ECRYPTO;
+    size_t slen = SL_SIGN_ED25519_LEN;
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    if (!md)
+        goto out;
+    /* NULL digest: pure Ed25519 (RFC 8032), which hashes the message itself */
+    if (EVP_DigestSignInit(md, NULL, NULL, NULL, pkey) != 1)
+        goto out;
+    if (EVP_DigestSign(md, sig, &slen, msg, mlen) != 1 || slen != SL_SIGN_ED25519_LEN)
+        goto out;
+    rc = 0;
+out:
+    EVP_MD_CTX_free(md);
+    return rc;
+}
+
+/* Does sig (SL_SIGN_ED25519_LEN bytes) verify msg/mlen under public key pub? */
+static bool ed25519_verify(EVP_PKEY *pub, const uint8_t *sig, const uint8_t *msg, size_t mlen)
+{
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    bool ok = md && EVP_DigestVerifyInit(md, NULL, NULL, NULL, pub) == 1 &&
+              EVP_DigestVerify(md, sig, SL_SIGN_ED25519_LEN, msg, mlen) == 1;
+    EVP_MD_CTX_free(md);
+    return ok;
+}
+
+/* ==== Signer ==== */
+
 /* A message id is 1..SL_SIGN_ID_MAX printable ASCII characters without '.'. */
 static int check_msg_id(const char *msg_id, int code, sl_err_t *err)
 {
@@ -184,7 +375,20 @@ static size_t build_prefix(char *buf, const char *msg_id, int64_t ts)
     return n > 0 ? (size_t)n : 0;
 }
 
-/* ==== Signer ==== */
+/* Append "<ver>,<base64 of raw/n>" at out + *o (space checked by the caller). */
+static int
+append_entry(char *out, size_t outlen, size_t *o, const char *ver, const uint8_t *raw, size_t n)
+{
+    size_t vl = strlen(ver);
+    memcpy(out + *o, ver, vl);
+    out[*o + vl] = ',';
+    *o += vl + 1;
+    long b = sl_b64_encode(raw, n, out + *o, outlen - *o);
+    if (b < 0)
+        return SL_ETOOBIG;
+    *o += (size_t)b;
+    return 0;
+}
 
 int sl_signer_new(const struct sl_secret *secrets, size_t n, sl_signer_t **out, sl_err_t *err)
 {
@@ -197,23 +401,40 @@ int sl_signer_new(const struct sl_secret *secrets, size_t n, sl_signer_t **out, 
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        if (secrets[i].len < SL_SECRET_MIN_BYTES || secrets[i].len > SL_SECRET_MAX_BYTES) {
-            rc = sl_err_set(err, SL_EINVAL, "secret %zu has %zu bytes of key, expected %d..%d", i,
-                            secrets[i].len, SL_SECRET_MIN_BYTES, SL_SECRET_MAX_BYTES);
+        rc = check_secret(&secrets[i], (long)i, err);
+        if (rc < 0)
             goto out;
-        }
     }
     sg = sl_xcalloc(1, sizeof(*sg));
-    sg->mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
-    if (!sg->mac) {
-        rc = sl_err_set(err, SL_ECRYPTO, "could not fetch the hmac implementation from openssl");
-        goto out;
-    }
     for (size_t i = 0; i < n; i++) {
-        sg->tmpl[i] = keyed_ctx(sg->mac, secrets[i].key, secrets[i].len);
-        if (!sg->tmpl[i]) {
-            rc = sl_err_set(err, SL_ECRYPTO, "could not key hmac-sha256 context for secret %zu", i);
-            goto out;
+        if (secrets[i].kind == SL_SECRET_ED25519) {
+            rc = ed25519_check(&secrets[i], &sg->pkey[i]);
+            if (rc == SL_EINVAL) {
+                rc = sl_err_set(err, SL_EINVAL,
+                                "secret %zu (ed25519): public half does not match the public "
+                                "key of its seed",
+                                i);
+                goto out;
+            }
+            if (rc < 0) {
+                rc = sl_err_set(err, SL_ECRYPTO, "could not load the ed25519 key of secret %zu", i);
+                goto out;
+            }
+            sg->ed25519 = true;
+        } else {
+            if (!sg->mac)
+                sg->mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+            if (!sg->mac) {
+                rc = sl_err_set(err, SL_ECRYPTO,
+                                "could not fetch the hmac implementation from openssl");
+                goto out;
+            }
+            sg->tmpl[i] = keyed_ctx(sg->mac, secrets[i].key, secrets[i].len);
+            if (!sg->tmpl[i]) {
+                rc = sl_err_set(err, SL_ECRYPTO, "could not key hmac-sha256 context for secret %zu",
+                                i);
+                goto out;
+            }
         }
         sg->n = i + 1;
     }
@@ -228,8 +449,10 @@ void sl_signer_destroy(sl_signer_t *sg)
 {
     if (!sg)
         return;
-    for (size_t i = 0; i < SL_SIGNER_MAX_SECRETS; i++)
+    for (size_t i = 0; i < SL_SIGNER_MAX_SECRETS; i++) {
         EVP_MAC_CTX_free(sg->tmpl[i]);
+        EVP_PKEY_free(sg->pkey[i]);
+    }
     EVP_MAC_free(sg->mac);
     free(sg);
 }
@@ -250,6 +473,8 @@ int sl_signer_sign(const sl_signer_t *sg,
 {
     int rc = 0;
     char prefix[PREFIX_MAX];
+    uint8_t *msg = NULL; /* "id.ts." + body, only for Ed25519 */
+    size_t mlen = 0;
     if (outlen)
         out[0] = '\0';
     if (!msg_id) {
@@ -267,33 +492,44 @@ int sl_signer_sign(const sl_signer_t *sg,
         rc = sl_err_set(err, SL_EINVAL, "body is NULL with length %zu", len);
         goto out;
     }
-    size_t need = sg->n * (SL_SIGN_ENTRY_LEN + 1); /* entries, separators, NUL */
+    size_t need = 0; /* entries, separators, NUL */
+    for (size_t i = 0; i < sg->n; i++)
+        need += (sg->pkey[i] ? SL_SIGN_V1A_ENTRY_LEN : SL_SIGN_ENTRY_LEN) + 1;
     if (outlen < need) {
         rc = sl_err_set(err, SL_ETOOBIG, "signature buffer too small: %zu bytes, %zu needed",
                         outlen, need);
         goto out;
     }
     size_t plen = build_prefix(prefix, msg_id, timestamp_s);
+    if (sg->ed25519)
+        msg = join_message(prefix, plen, body, len, &mlen);
     size_t o = 0;
     for (size_t i = 0; i < sg->n; i++) {
-        uint8_t mac[SL_SIGN_MAC_LEN];
-        rc = mac_with(sg->tmpl[i], prefix, plen, body, len, mac);
-        if (rc < 0) {
-            rc = sl_err_set(err, SL_ECRYPTO, "could not compute hmac-sha256 for secret %zu", i);
-            goto out;
-        }
         if (i)
             out[o++] = ' ';
-        memcpy(out + o, "v1,", 3);
-        o += 3;
-        long b = sl_b64_encode(mac, sizeof(mac), out + o, outlen - o);
-        if (b < 0) { /* cannot happen: need was checked */
+        if (sg->pkey[i]) {
+            uint8_t sig[SL_SIGN_ED25519_LEN];
+            if (ed25519_sign(sg->pkey[i], msg, mlen, sig) < 0) {
+                rc = sl_err_set(err, SL_ECRYPTO,
+                                "could not compute ed25519 signature for secret %zu", i);
+                goto out;
+            }
+            rc = append_entry(out, outlen, &o, "v1a", sig, sizeof(sig));
+        } else {
+            uint8_t mac[SL_SIGN_MAC_LEN];
+            if (mac_with(sg->tmpl[i], prefix, plen, body, len, mac) < 0) {
+                rc = sl_err_set(err, SL_ECRYPTO, "could not compute hmac-sha256 for secret %zu", i);
+                goto out;
+            }
+            rc = append_entry(out, outlen, &o, "v1", mac, sizeof(mac));
+        }
+        if (rc < 0) { /* cannot happen: need was checked */
             rc = sl_err_set(err, SL_ETOOBIG, "signature buffer too small: %zu bytes", outlen);
             goto out;
         }
-        o += (size_t)b;
     }
 out:
+    free(msg);
     if (rc < 0 && outlen)
         out[0] = '\0';
     return rc;
@@ -343,17 +579,24 @@ static int parse_timestamp(const char *s, int64_t *out)
     return 0;
 }
 
+/* Signature schemes of a webhook-signature entry. */
+enum sig_ver {
+    VER_OTHER, /* a version we do not check (future versions): ignored */
+    VER_V1,    /* "v1": HMAC-SHA256 */
+    VER_V1A,   /* "v1a": Ed25519 */
+};
+
 /* One parsed entry of the webhook-signature list. */
 struct sig_entry {
-    bool v1;                      /* version is exactly "v1" */
-    bool usable;                  /* v1 and decodes to SL_SIGN_MAC_LEN bytes */
-    uint8_t mac[SL_SIGN_MAC_LEN]; /* decoded signature when usable */
+    enum sig_ver ver;                 /* exactly "v1", exactly "v1a", or another version */
+    bool usable;                      /* v1/v1a and decodes to its scheme's length */
+    uint8_t sig[SL_SIGN_ED25519_LEN]; /* decoded signature when usable (v1: first 32 bytes) */
 };
 
 /*
  * Parse one entry of n bytes at p. The list is checked strictly (as the official libraries
  * do): each entry is "<version>,<sig>" with both parts non-empty and exactly one comma, and
- * a v1 signature is canonical base64. Returns 0 or SL_EDECODE.
+ * a v1 or v1a signature is canonical base64. Returns 0 or SL_EDECODE.
  */
 static int parse_entry(const char *p, size_t n, struct sig_entry *e)
 {
@@ -364,18 +607,23 @@ static int parse_entry(const char *p, size_t n, struct sig_entry *e)
     size_t sig_len = (size_t)(p + n - sig);
     if (memchr(sig, ',', sig_len))
         return SL_EDECODE;
-    e->v1 = comma - p == 2 && memcmp(p, "v1", 2) == 0;
+    size_t vlen = (size_t)(comma - p);
+    e->ver = vlen == 2 && memcmp(p, "v1", 2) == 0    ? VER_V1
+             : vlen == 3 && memcmp(p, "v1a", 3) == 0 ? VER_V1A
+                                                     : VER_OTHER;
     e->usable = false;
-    if (!e->v1)
-        return 0; /* other schemes (v1a, future versions) are not ours to check */
+    if (e->ver == VER_OTHER)
+        return 0; /* future versions are not ours to check */
     uint8_t got[SL_B64_DECODED_MAX(SL_VERIFY_HEADER_MAX)];
     size_t glen = 0;
     if (sl_b64_decode(sig, sig_len, got, sizeof(got), &glen) < 0)
         return SL_EDECODE;
-    /* Another length cannot match: CRYPTO_memcmp only compares equal lengths. */
-    e->usable = glen == SL_SIGN_MAC_LEN;
+    /* Another length cannot match: CRYPTO_memcmp only compares equal lengths, and an
+     * Ed25519 signature is exactly 64 bytes. */
+    size_t want = e->ver == VER_V1 ? SL_SIGN_MAC_LEN : SL_SIGN_ED25519_LEN;
+    e->usable = glen == want;
     if (e->usable)
-        memcpy(e->mac, got, SL_SIGN_MAC_LEN);
+        memcpy(e->sig, got, want);
     return 0;
 }
 
@@ -425,9 +673,9 @@ static int check_verify_args(const struct sl_secret *secrets,
         return sl_err_set(err, SL_EINVAL, "verification needs 1..%d secrets, got %zu",
                           SL_SIGNER_MAX_SECRETS, secrets ? n : 0);
     for (size_t i = 0; i < n; i++) {
-        if (secrets[i].len < SL_SECRET_MIN_BYTES || secrets[i].len > SL_SECRET_MAX_BYTES)
-            return sl_err_set(err, SL_EINVAL, "secret %zu has %zu bytes of key, expected %d..%d", i,
-                              secrets[i].len, SL_SECRET_MIN_BYTES, SL_SECRET_MAX_BYTES);
+        int rc = check_secret(&secrets[i], (long)i, err);
+        if (rc < 0)
+            return rc;
     }
     if (tolerance_s < 0)
         return sl_err_set(err, SL_EINVAL, "tolerance must not be negative");
@@ -459,7 +707,10 @@ static int check_tolerance(int64_t ts, int64_t now_s, int64_t tolerance_s, sl_er
     return 0;
 }
 
-/* expected[i] = HMAC-SHA256(secrets[i], prefix || body). Returns 0 or SL_ECRYPTO. */
+/*
+ * expected[i] = HMAC-SHA256(secrets[i], prefix || body) for the HMAC secrets (the rows of
+ * Ed25519 secrets are left alone). Returns 0 or SL_ECRYPTO.
+ */
 static int expected_macs(const struct sl_secret *secrets,
                          size_t n,
                          const char *prefix,
@@ -471,12 +722,17 @@ static int expected_macs(const struct sl_secret *secrets,
 {
     int rc = 0;
     EVP_MAC_CTX *ctx = NULL;
-    EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
-    if (!mac) {
-        rc = sl_err_set(err, SL_ECRYPTO, "could not fetch the hmac implementation from openssl");
-        goto out;
-    }
+    EVP_MAC *mac = NULL;
     for (size_t i = 0; i < n; i++) {
+        if (secrets[i].kind != SL_SECRET_HMAC)
+            continue;
+        if (!mac)
+            mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+        if (!mac) {
+            rc =
+                sl_err_set(err, SL_ECRYPTO, "could not fetch the hmac implementation from openssl");
+            goto out;
+        }
         ctx = keyed_ctx(mac, secrets[i].key, secrets[i].len);
         if (!ctx || mac_with(ctx, prefix, plen, body, len, expected[i]) < 0) {
             rc = sl_err_set(err, SL_ECRYPTO, "could not compute hmac-sha256 for secret %zu", i);
@@ -489,6 +745,63 @@ out:
     EVP_MAC_CTX_free(ctx);
     EVP_MAC_free(mac);
     return rc;
+}
+
+/*
+ * *matched |= some usable v1a entry verifies under the public key of some Ed25519 secret.
+ * Every such entry is tried against every such key (no early exit, like the HMAC side; all
+ * of it is public data). Returns 0 or SL_ECRYPTO.
+ */
+static int match_v1a(const struct sl_secret *secrets,
+                     size_t n,
+                     const struct sig_entry *entries,
+                     size_t nent,
+                     const char *prefix,
+                     size_t plen,
+                     const uint8_t *body,
+                     size_t len,
+                     bool *matched,
+                     sl_err_t *err)
+{
+    int rc = 0;
+    bool any = false;
+    for (size_t e = 0; e < nent; e++)
+        any |= entries[e].ver == VER_V1A && entries[e].usable;
+    if (!any)
+        return 0;
+    uint8_t *msg = NULL;
+    size_t mlen = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (secrets[i].kind != SL_SECRET_ED25519)
+            continue;
+        if (!msg)
+            msg = join_message(prefix, plen, body, len, &mlen);
+        EVP_PKEY *pub = EVP_PKEY_new_raw_public_key(
+            EVP_PKEY_ED25519, NULL, secrets[i].key + SL_ED25519_SEED_BYTES, SL_ED25519_PUB_BYTES);
+        if (!pub) {
+            rc = sl_err_set(err, SL_ECRYPTO, "could not load the ed25519 public key of secret %zu",
+                            i);
+            break;
+        }
+        for (size_t e = 0; e < nent; e++) {
+            if (entries[e].ver == VER_V1A && entries[e].usable)
+                *matched |= ed25519_verify(pub, entries[e].sig, msg, mlen);
+        }
+        EVP_PKEY_free(pub);
+    }
+    free(msg);
+    return rc;
+}
+
+/* "v1", "v1a" or "v1 or v1a": the entries the given secrets can check. */
+static const char *schemes_of(const struct sl_secret *secrets, size_t n, bool *hmac, bool *ed)
+{
+    *hmac = *ed = false;
+    for (size_t i = 0; i < n; i++) {
+        *hmac |= secrets[i].kind == SL_SECRET_HMAC;
+        *ed |= secrets[i].kind == SL_SECRET_ED25519;
+    }
+    return *hmac && *ed ? "v1 or v1a" : *ed ? "v1a" : "v1";
 }
 
 int sl_verify(const struct sl_secret *secrets,
@@ -522,30 +835,38 @@ int sl_verify(const struct sl_secret *secrets,
     rc = parse_sig_list(sig_header, entries, &nent, err);
     if (rc < 0)
         return rc;
-    /* The MAC input uses the canonical timestamp, as the official libraries do. */
+    /* The signed input uses the canonical timestamp, as the official libraries do. */
     size_t plen = build_prefix(prefix, msg_id, ts);
     rc = expected_macs(secrets, n, prefix, plen, body, len, expected, err);
     if (rc < 0)
         goto out;
 
-    /* Every usable entry against every secret, with no early exit on a match. */
+    /* Every usable v1 entry against every HMAC secret, with no early exit on a match. */
     bool matched = false;
-    size_t v1 = 0;
+    bool hmac = false, ed = false;
+    const char *schemes = schemes_of(secrets, n, &hmac, &ed);
+    size_t checkable = 0; /* entries of a scheme some secret can check */
     for (size_t e = 0; e < nent; e++) {
-        v1 += entries[e].v1;
-        if (!entries[e].usable)
+        checkable += (entries[e].ver == VER_V1 && hmac) || (entries[e].ver == VER_V1A && ed);
+        if (entries[e].ver != VER_V1 || !entries[e].usable)
             continue;
-        for (size_t i = 0; i < n; i++)
-            matched |= CRYPTO_memcmp(entries[e].mac, expected[i], SL_SIGN_MAC_LEN) == 0;
+        for (size_t i = 0; i < n; i++) {
+            if (secrets[i].kind == SL_SECRET_HMAC)
+                matched |= CRYPTO_memcmp(entries[e].sig, expected[i], SL_SIGN_MAC_LEN) == 0;
+        }
     }
-    if (!matched && v1)
+    /* Every usable v1a entry against every Ed25519 public key. */
+    rc = match_v1a(secrets, n, entries, nent, prefix, plen, body, len, &matched, err);
+    if (rc < 0)
+        goto out;
+    if (!matched && checkable)
         rc = sl_err_set(err, SL_ECRYPTO,
-                        "no matching signature: none of %zu v1 signature(s) matches any of %zu "
+                        "no matching signature: none of %zu %s signature(s) matches any of %zu "
                         "secret(s)",
-                        v1, n);
+                        checkable, schemes, n);
     else if (!matched)
-        rc =
-            sl_err_set(err, SL_ECRYPTO, "no matching signature: webhook-signature has no v1 entry");
+        rc = sl_err_set(err, SL_ECRYPTO, "no matching signature: webhook-signature has no %s entry",
+                        schemes);
 out:
     sl_secret_wipe(expected, sizeof(expected));
     return rc;

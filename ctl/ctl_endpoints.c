@@ -12,9 +12,13 @@
  *   sync: republish every endpoint and tombstone topic keys the registry no longer has.
  *
  * Secrets are printed only on creation, on rotation and with `show --show-secrets`; header
- * values (often credentials) only with --show-secrets. `list` redacts URLs (no query string);
- * `show` prints them whole (the operator asked for this endpoint). Every secret sluicectl
- * handles in clear is registered with the logger first, so no log line can carry it.
+ * values (often credentials) only with --show-secrets. A secret is HMAC (whsec_, the default)
+ * or Ed25519 (whsk_, `--signature ed25519`); the public key of an Ed25519 one (whpk_, not
+ * secret: receivers verify with it) is printed with the new secret and by `show`, which needs
+ * master_key for it because the key pair is sealed in the registry like any secret. `list` redacts
+ * URLs (no query string); `show` prints them whole (the operator asked for this endpoint). Every
+ * secret sluicectl handles in clear is registered with the logger first, so no log line can carry
+ * it.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -67,18 +71,23 @@ static const struct {
     int npos;             /* positional arguments (the endpoint id) */
 } subs[S__N] = {
     [S_ADD] = {"add", "--id ID --url URL [flags]",
-               "register an endpoint; prints it with its signing secret (shown only this once)", 0},
+               "register an endpoint; prints it with its signing secret (shown only this once) "
+               "and, for --signature ed25519, its public key",
+               0},
     [S_SHOW] = {"show", "ID [--show-secrets] [--json]",
-                "print one endpoint from the registry, URL in full", 1},
+                "print one endpoint from the registry, URL in full, with the public keys of its "
+                "Ed25519 secrets (these need master_key)",
+                1},
     [S_LIST] = {"list", "[--json]", "list every endpoint (URLs without their query string)", 0},
     [S_UPDATE] = {"update", "ID [flags]",
                   "change the given settings of an endpoint (others stay as they are)", 1},
     [S_DISABLE] = {"disable", "ID --reason TEXT",
                    "stop deliveries to an endpoint (reported as disabled)", 1},
     [S_ENABLE] = {"enable", "ID", "resume deliveries to a disabled endpoint", 1},
-    [S_ROTATE] = {"rotate-secret", "ID [--overlap-s N] [--secret whsec_...]",
+    [S_ROTATE] = {"rotate-secret",
+                  "ID [--overlap-s N] [--signature hmac|ed25519] [--secret whsec_...|whsk_...]",
                   "make a new signing secret current; the previous one keeps signing for the "
-                  "overlap; prints the new secret",
+                  "overlap; prints the new secret (and an Ed25519 one's public key)",
                   1},
     [S_DELETE] = {"delete", "ID", "remove an endpoint (tombstone on the topic)", 1},
     [S_SYNC] = {"sync", "[--json]",
@@ -105,6 +114,7 @@ enum {
     O_TYPES,
     O_CHANNELS,
     O_SECRET,
+    O_SIGNATURE,
     O_OVERLAP,
     O_REASON,
     O_SHOW_SECRETS,
@@ -144,8 +154,13 @@ static const struct optdef optdefs[] = {
     {"channels", required_argument, O_CHANNELS, M_SET, "LIST",
      "channel labels, comma-separated, 1..64 characters [A-Za-z0-9_.:-] each, at most 16; "
      "the endpoint then receives only events carrying one of them ('' = no restriction)"},
-    {"secret", required_argument, O_SECRET, M(S_ADD) | M(S_ROTATE), "whsec_...",
-     "signing secret to use (default: a new random 32-byte secret)"},
+    {"secret", required_argument, O_SECRET, M(S_ADD) | M(S_ROTATE), "whsec_...|whsk_...",
+     "signing secret to use: whsec_ (HMAC-SHA256) or whsk_ (Ed25519 seed and public key) "
+     "(default: a new random one, see --signature)"},
+    {"signature", required_argument, O_SIGNATURE, M(S_ADD) | M(S_ROTATE), "hmac|ed25519",
+     "signature scheme: hmac (Standard Webhooks v1, a shared whsec_ secret; the default) or "
+     "ed25519 (v1a: a whsk_ key pair; receivers verify with its whpk_ public key); "
+     "rotate-secret keeps the current secret's scheme unless given"},
     {"overlap-s", required_argument, O_OVERLAP, M(S_ROTATE), "N",
      "seconds the previous secret keeps signing (default 86400; 0 = stop now)"},
     {"reason", required_argument, O_REASON, M(S_DISABLE), "TEXT",
@@ -181,6 +196,8 @@ struct opts {
     enum sl_http_method method;               /* parsed --method */
     struct sl_secret secret;                  /* parsed --secret (wiped at exit) */
     bool have_secret;                         /* --secret given */
+    const char *signature_s;                  /* --signature as given, or NULL */
+    enum sl_secret_kind signature;            /* parsed --signature (HMAC when not given) */
 };
 
 static void opts_fini(struct opts *o)
@@ -443,10 +460,22 @@ static int check_values(enum sub s, struct opts *o)
                 return ctl_usage_error(cmd, "invalid value for --url: %s", err.msg);
         }
     }
+    if (o->signature_s) {
+        if (strcmp(o->signature_s, "hmac") == 0)
+            o->signature = SL_SECRET_HMAC;
+        else if (strcmp(o->signature_s, "ed25519") == 0)
+            o->signature = SL_SECRET_ED25519;
+        else
+            return ctl_usage_error(cmd, "invalid value for --signature: expected hmac or ed25519");
+    }
     if (o->secret_s) {
         if (sl_secret_parse(&o->secret, o->secret_s, &err) != 0)
             return ctl_usage_error(cmd, "invalid value for --secret: %s", err.msg);
         o->have_secret = true;
+        if (o->signature_s && o->secret.kind != o->signature)
+            return ctl_usage_error(cmd, "--signature %s does not fit --secret (a %s secret)",
+                                   o->signature_s,
+                                   o->secret.kind == SL_SECRET_ED25519 ? "whsk_" : "whsec_");
     }
     if (s == S_ADD) {
         if (!o->id)
@@ -544,6 +573,9 @@ static int parse(enum sub s, int argc, char **argv, struct opts *o)
         case O_SECRET:
             o->secret_s = optarg;
             break;
+        case O_SIGNATURE:
+            o->signature_s = optarg;
+            break;
         case O_OVERLAP:
             rc = ctl_parse_int(cmd, "--overlap-s", optarg, 0, OVERLAP_MAX_S, false, &o->overlap_s);
             if (rc)
@@ -613,10 +645,38 @@ static void open_secret_text(const struct sl_reg_ep *ep,
     sl_log_add_secret(out);
 }
 
+/*
+ * The scheme of secret i of ep and, for Ed25519, its public key into pk (SL_PUBKEY_STR_MAX
+ * bytes; "" otherwise). Returns 1 (Ed25519), 0 (HMAC) or -1 (the secret does not open or
+ * parse; err says why).
+ */
+static int secret_public(
+    const struct sl_reg_ep *ep, size_t i, const struct sl_masterkey *mk, char *pk, sl_err_t *err)
+{
+    char plain[SL_SECRET_ENC_MAX + 1];
+    struct sl_secret s;
+    int kind = -1;
+    memset(&s, 0, sizeof(s));
+    pk[0] = '\0';
+    open_secret_text(ep, i, mk, plain, sizeof(plain), err);
+    if (plain[0] && sl_secret_parse(&s, plain, err) == 0) {
+        kind = s.kind == SL_SECRET_ED25519;
+        if (kind == 1 && sl_secret_public(&s, pk, SL_PUBKEY_STR_MAX, err) != 0)
+            kind = -1;
+    }
+    sl_secret_fini(&s);
+    sl_secret_wipe(plain, sizeof(plain));
+    return kind;
+}
+
 struct show_opts {
-    bool show_secrets;                       /* header values and secrets in clear */
-    const struct sl_masterkey *mk;           /* for show_secrets */
-    const char *new_secret;                  /* the secret just created (add), or NULL */
+    bool show_secrets;             /* header values and secrets in clear */
+    const struct sl_masterkey *mk; /* opens secrets for show_secrets and for the public keys
+                                      of Ed25519 secrets; NULL = not available */
+    const char *no_mk;             /* with mk NULL: why public keys cannot be shown (printed),
+                                      or NULL to say nothing about them */
+    const char *new_secret;        /* the secret just created (add), or NULL */
+    const char *new_public;        /* its public key when it is Ed25519, or NULL */
     const struct sl_endpoint_defaults *defs; /* for effective values */
 };
 
@@ -687,6 +747,19 @@ static json_t *ep_json(const struct sl_reg_ep *ep, const struct show_opts *so)
         ctl_fmt_time(s->created_ms, t, sizeof(t));
         json_object_set_new(j, "created", json_string(t));
         json_object_set_new(j, "expires_ms", s->exp_ms ? json_integer(s->exp_ms) : json_null());
+        if (so->mk && !s->expired) {
+            char pk[SL_PUBKEY_STR_MAX];
+            sl_err_t err;
+            int kind = secret_public(ep, i, so->mk, pk, &err);
+            json_object_set_new(j, "signature",
+                                kind < 0 ? json_null() : json_string(kind ? "ed25519" : "hmac"));
+            json_object_set_new(j, "public_key", kind == 1 ? json_string(pk) : json_null());
+            if (kind < 0 && !so->show_secrets)
+                json_object_set_new(j, "error", json_string(err.msg));
+        } else if (so->no_mk && !s->expired) {
+            json_object_set_new(j, "signature", json_null()); /* unknown without master_key */
+            json_object_set_new(j, "public_key", json_null());
+        }
         if (so->show_secrets && !s->expired) {
             char plain[SL_SECRET_ENC_MAX + 1];
             sl_err_t err;
@@ -701,6 +774,8 @@ static json_t *ep_json(const struct sl_reg_ep *ep, const struct show_opts *so)
     json_object_set_new(o, "secrets", ss);
     if (so->new_secret)
         json_object_set_new(o, "secret", json_string(so->new_secret));
+    if (so->new_public)
+        json_object_set_new(o, "public_key", json_string(so->new_public));
     ctl_fmt_time(ep->created_ms, t, sizeof(t));
     json_object_set_new(o, "created", json_string(t));
     ctl_fmt_time(ep->updated_ms, t, sizeof(t));
@@ -785,12 +860,31 @@ static void print_ep_text(const struct sl_reg_ep *ep, const struct show_opts *so
             so->show_secrets && !s->expired ? "  " : "",
             so->show_secrets && !s->expired ? (plain[0] ? plain : err.msg) : "");
         sl_secret_wipe(plain, sizeof(plain));
+        if (so->mk && !s->expired) {
+            char pk[SL_PUBKEY_STR_MAX];
+            int kind = secret_public(ep, i, so->mk, pk, &err);
+            if (kind == 1)
+                ROW("", "  public key: %s", pk);
+            else if (kind < 0 && !so->show_secrets) /* --show-secrets printed err already */
+                ROW("", "  public key: (cannot open the secret: %s)", err.msg);
+        }
     }
+    if (!so->mk && so->no_mk)
+        ROW("public key", "%s", so->no_mk);
     ctl_fmt_time(ep->created_ms, t1, sizeof(t1));
     ctl_fmt_time(ep->updated_ms, t2, sizeof(t2));
     ROW("created", "%s", t1);
     ROW("updated", "%s", t2);
-    if (so->new_secret) {
+    if (so->new_secret && so->new_public) {
+        ROW("signing secret", "%s", so->new_secret);
+        ROW("public key", "%s", so->new_public);
+        printf(
+            "\nThe signing secret is an Ed25519 private key, shown only this once; Sluice keeps\n"
+            "it sealed, so nobody needs to store it. Give the receiver the public key: it\n"
+            "verifies the v1a signatures (`%s endpoints show %s` prints it again).\n"
+            "(`%s endpoints rotate-secret %s` replaces the key pair.)\n",
+            CTL_PROG, ep->id, CTL_PROG, ep->id);
+    } else if (so->new_secret) {
         ROW("signing secret", "%s", so->new_secret);
         printf("\nThe signing secret is shown only this once: give it to the receiver now.\n"
                "(`%s endpoints rotate-secret %s` replaces it.)\n",
@@ -915,6 +1009,27 @@ static int check_merged(struct run *r, const struct sl_reg_ep *ep, const struct 
     return 0;
 }
 
+/*
+ * The secret add / rotate-secret seal: --secret as given, else a new one of the --signature
+ * scheme into *gen. pk (SL_PUBKEY_STR_MAX bytes) receives its public key when it is Ed25519
+ * ("" otherwise). Returns 0 or the exit code after printing why.
+ */
+static int new_secret(struct run *r, const struct opts *o, struct sl_secret *gen, char *pk)
+{
+    sl_err_t err;
+    int rc = 0;
+    pk[0] = '\0';
+    if (!o->have_secret)
+        rc = o->signature == SL_SECRET_ED25519 ? sl_secret_generate_ed25519(gen, &err)
+                                               : sl_secret_generate(gen, &err);
+    const struct sl_secret *s = o->have_secret ? &o->secret : gen;
+    if (rc == 0 && s->kind == SL_SECRET_ED25519)
+        rc = sl_secret_public(s, pk, SL_PUBKEY_STR_MAX, &err);
+    if (rc != 0)
+        return ctl_fail(r->cmd, "%s", err.msg);
+    return 0;
+}
+
 static int cmd_add(struct run *r, struct opts *o)
 {
     int rc;
@@ -923,6 +1038,7 @@ static int cmd_add(struct run *r, struct opts *o)
     struct sl_reg_result res;
     struct sl_secret secret;
     char whsec[SL_SECRET_STR_MAX] = "";
+    char pk[SL_PUBKEY_STR_MAX] = "";
     memset(&secret, 0, sizeof(secret));
     sl_reg_ep_init(&ep, o->id);
     ep_from_opts(&ep, o);
@@ -932,10 +1048,9 @@ static int cmd_add(struct run *r, struct opts *o)
     rc = need_master_key(r, "to encrypt the signing secret");
     if (rc)
         goto out;
-    if (!o->have_secret && sl_secret_generate(&secret, &err) != 0) {
-        rc = ctl_fail(r->cmd, "%s", err.msg);
+    rc = new_secret(r, o, &secret, pk);
+    if (rc)
         goto out;
-    }
     rc = open_db(r);
     if (rc)
         goto out;
@@ -946,7 +1061,7 @@ static int cmd_add(struct run *r, struct opts *o)
             goto out;
     }
     /* Print even when publishing failed: the endpoint exists and its secret is shown once. */
-    struct show_opts so = {false, NULL, whsec, &r->defs};
+    struct show_opts so = {false, &r->mk, NULL, whsec, pk[0] ? pk : NULL, &r->defs};
     if (o->json) {
         json_t *j = ep_json(&ep, &so);
         json_object_set_new(j, "published", json_boolean(res.published));
@@ -1023,7 +1138,7 @@ static int cmd_update(struct run *r, struct opts *o)
         if (!res.committed)
             goto out;
     }
-    struct show_opts so = {false, NULL, NULL, &r->defs};
+    struct show_opts so = {false, &r->mk, NULL, NULL, NULL, &r->defs};
     if (!res.changed) {
         /* nothing to do: no write, no publish, no new version for consumers */
         if (o->json) {
@@ -1060,16 +1175,27 @@ static int cmd_rotate(struct run *r, struct opts *o)
     struct sl_reg_result res;
     struct sl_secret secret;
     char whsec[SL_SECRET_STR_MAX] = "";
+    char pk[SL_PUBKEY_STR_MAX] = "";
     memset(&ep, 0, sizeof(ep));
     memset(&secret, 0, sizeof(secret));
     rc = need_master_key(r, "to encrypt the new signing secret");
     if (rc)
         goto out;
-    if (!o->have_secret && sl_secret_generate(&secret, &err) != 0) {
-        rc = ctl_fail(r->cmd, "%s", err.msg);
-        goto out;
-    }
     rc = open_db(r);
+    if (rc)
+        goto out;
+    if (!o->signature_s && !o->have_secret) {
+        /* no --signature: the new secret keeps the current one's scheme (an Ed25519
+         * endpoint's receivers hold only its public key) */
+        struct sl_reg_ep cur;
+        char cur_pk[SL_PUBKEY_STR_MAX];
+        memset(&cur, 0, sizeof(cur));
+        if (sl_reg_db_load(r->pg, o->id, false, &cur, &err) == 0 && cur.n_secrets > 0 &&
+            secret_public(&cur, 0, &r->mk, cur_pk, &err) == 1)
+            o->signature = SL_SECRET_ED25519;
+        sl_reg_ep_fini(&cur);
+    }
+    rc = new_secret(r, o, &secret, pk);
     if (rc)
         goto out;
     if (sl_reg_rotate(r->pg, &r->pub, &r->mk, o->id, o->overlap_s,
@@ -1093,6 +1219,8 @@ static int cmd_rotate(struct run *r, struct opts *o)
         json_t *j = json_object();
         json_object_set_new(j, "id", json_string(ep.id));
         json_object_set_new(j, "secret", json_string(whsec));
+        if (pk[0])
+            json_object_set_new(j, "public_key", json_string(pk));
         json_object_set_new(j, "seq", json_integer(ep.n_secrets ? ep.secrets[0].seq : 0));
         json_object_set_new(j, "previous_seq", json_integer(prev_seq));
         json_object_set_new(j, "previous_expires_ms", json_integer(prev_exp));
@@ -1104,9 +1232,17 @@ static int cmd_rotate(struct run *r, struct opts *o)
         printf("endpoint %s: new signing secret #%d is current\n", ep.id,
                ep.n_secrets ? ep.secrets[0].seq : 0);
         printf("%-22s%s\n", "signing secret", whsec);
+        if (pk[0])
+            printf("%-22s%s\n", "public key", pk);
         if (prev_seq)
             printf("%-22s#%d keeps signing until %s\n", "previous secret", prev_seq, t);
-        printf("\nThe new secret is shown only this once: give it to the receiver now.\n");
+        if (pk[0])
+            printf("\nThe new secret is an Ed25519 private key, shown only this once; Sluice keeps "
+                   "it\nsealed. Give the receiver the public key (`%s endpoints show %s` prints "
+                   "it\nagain).\n",
+                   CTL_PROG, ep.id);
+        else
+            printf("\nThe new secret is shown only this once: give it to the receiver now.\n");
     }
 out:
     sl_secret_wipe(whsec, sizeof(whsec));
@@ -1143,10 +1279,17 @@ static int cmd_show(struct run *r, struct opts *o)
     struct sl_reg_ep ep;
     memset(&ep, 0, sizeof(ep));
     int rc = 0;
+    const char *no_mk = NULL;
     if (o->show_secrets) {
         rc = need_master_key(r, "to decrypt secrets (--show-secrets)");
         if (rc)
             return rc;
+    } else if (!r->cfg->master_key[0]) {
+        no_mk = "(needs master_key)"; /* the key pair is sealed with it */
+    } else if (sl_masterkey_parse(&r->mk, r->cfg->master_key, &err) == 0) {
+        r->have_mk = true;
+    } else {
+        no_mk = "(needs a valid master_key)"; /* --show-secrets would say why */
     }
     rc = open_db(r);
     if (rc)
@@ -1155,7 +1298,8 @@ static int cmd_show(struct run *r, struct opts *o)
         rc = ctl_fail(r->cmd, "%s", err.msg);
         goto out;
     }
-    struct show_opts so = {o->show_secrets, r->have_mk ? &r->mk : NULL, NULL, &r->defs};
+    struct show_opts so = {o->show_secrets, r->have_mk ? &r->mk : NULL, no_mk, NULL, NULL,
+                           &r->defs};
     if (o->json)
         print_json(ep_json(&ep, &so));
     else

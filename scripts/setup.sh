@@ -20,11 +20,13 @@
 set -euo pipefail
 
 KAFKA_VERSION=4.3.1
+KAFKA_SCRAM_VERSION=3.9.1 # a second broker, for the SCRAM login test only (step_kafka_scram)
 LOG4J_VERSION=2.25.4     # what Kafka 4.3.x builds with (gradle/dependencies.gradle)
 SLF4J_VERSION=1.7.36     # Kafka uses SLF4J 1.7 -> the 1.x binding log4j-slf4j-impl
 DEP_PLUGINS=(org.apache.maven.plugins:maven-dependency-plugin:3.8.1
              org.apache.maven.plugins:maven-dependency-plugin:3.7.1)
-PIP_REQUIREMENTS=(standardwebhooks==1.1.0 pytest==9.2.0 schemathesis==4.32.5 playwright==1.65.2)
+PIP_REQUIREMENTS=(standardwebhooks==1.1.0 pytest==9.2.0 schemathesis==4.32.5 playwright==1.65.2
+  cryptography==46.0.3)
 
 APT_PACKAGES=(
   build-essential cmake pkg-config
@@ -127,6 +129,24 @@ write_pom() {
 EOF
 }
 
+# Copy the runtime dependencies of POM $1 into $2 (log $3); prints the plugin that worked.
+mvn_copy_deps() {
+  local pom="$1" out="$2" log="$3" plugin
+  : > "$log"
+  for plugin in "${DEP_PLUGINS[@]}"; do
+    # Plugin pinned by full coordinates: no prefix resolution, no project plugins needed.
+    if mvn -B -ntp -f "$pom" "$plugin:copy-dependencies" \
+         -DincludeScope=runtime -DoutputDirectory="$out" >> "$log" 2>&1 < /dev/null; then
+      echo "$plugin"
+      return 0
+    fi
+    say "jars: $plugin failed, trying next" >&2
+    rm -rf "$out"
+  done
+  tail -n 30 "$log" >&2
+  die "mvn copy-dependencies failed (full log: $log)"
+}
+
 step_kafka() {
   STEP="kafka jars"
   if kafka_libs_complete; then
@@ -140,21 +160,8 @@ step_kafka() {
   write_pom "$pom"
   rm -rf "$tmp"
   say "kafka $KAFKA_VERSION jars: fetching from Maven Central (log: $log)"
-  local plugin ok=0
-  : > "$log"
-  for plugin in "${DEP_PLUGINS[@]}"; do
-    # Plugin pinned by full coordinates: no prefix resolution, no project plugins needed.
-    if mvn -B -ntp -f "$pom" "$plugin:copy-dependencies" \
-         -DincludeScope=runtime -DoutputDirectory="$tmp" >> "$log" 2>&1 < /dev/null; then
-      ok=1; break
-    fi
-    say "kafka jars: $plugin failed, trying next"
-    rm -rf "$tmp"
-  done
-  if [ "$ok" != 1 ]; then
-    tail -n 30 "$log" >&2
-    die "mvn copy-dependencies failed (full log: $log)"
-  fi
+  local plugin
+  plugin=$(mvn_copy_deps "$pom" "$tmp" "$log")
   local must
   for must in "kafka_2.13-$KAFKA_VERSION.jar" "kafka-clients-$KAFKA_VERSION.jar" \
               "kafka-server-$KAFKA_VERSION.jar" "kafka-metadata-$KAFKA_VERSION.jar" \
@@ -177,6 +184,53 @@ step_kafka() {
     (cd "$KAFKA_LIBS" && ls -1)
   } > "$KAFKA_MARKER"
   say "kafka jars: $(find "$KAFKA_LIBS" -maxdepth 1 -name '*.jar' | wc -l) jars, $(du -sh "$KAFKA_LIBS" | cut -f1) in $KAFKA_LIBS"
+}
+
+# A Kafka 3.9 broker for one test only: librdkafka before 2.6.1 (Debian 12 ships 2.0.2) ends
+# the SCRAM exchange in a form Kafka 4 refuses and Kafka 3.x accepts, so SCRAM logins are
+# tested against this one (tests/e2e/test_kafka_tls.py; docs/OPERATIONS.md "Security").
+step_kafka_scram() {
+  STEP="kafka $KAFKA_SCRAM_VERSION jars (SCRAM test broker)"
+  local home="$CACHE_DIR/kafka-$KAFKA_SCRAM_VERSION" libs marker
+  libs="$home/libs"
+  marker="$home/.complete"
+  if [ -f "$marker" ] && [ -f "$libs/kafka_2.13-$KAFKA_SCRAM_VERSION.jar" ]; then
+    say "kafka $KAFKA_SCRAM_VERSION jars: present ($libs)"
+    return 0
+  fi
+  mkdir -p "$home"
+  local tmp="$home/libs.tmp.$$" pom="$home/pom.xml" log="$home/mvn.log"
+  cat > "$pom" <<XML
+<?xml version="1.0" encoding="UTF-8"?>
+<!-- Written by sluice scripts/setup.sh: the runtime jars of a Kafka $KAFKA_SCRAM_VERSION broker
+     (log4j 1 through reload4j, as its release tarball has it). -->
+<project>
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.sluice</groupId>
+  <artifactId>kafka-scram-broker-libs</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$KAFKA_SCRAM_VERSION</version></dependency>
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-reload4j</artifactId><version>$SLF4J_VERSION</version></dependency>
+  </dependencies>
+</project>
+XML
+  rm -rf "$tmp"
+  say "kafka $KAFKA_SCRAM_VERSION jars: fetching from Maven Central (log: $log)"
+  local plugin
+  plugin=$(mvn_copy_deps "$pom" "$tmp" "$log")
+  local must
+  for must in "kafka_2.13-$KAFKA_SCRAM_VERSION.jar" "kafka-clients-$KAFKA_SCRAM_VERSION.jar" \
+              "kafka-server-$KAFKA_SCRAM_VERSION.jar" "kafka-raft-$KAFKA_SCRAM_VERSION.jar" \
+              "slf4j-reload4j-$SLF4J_VERSION.jar"; do
+    [ -f "$tmp/$must" ] || die "jar missing after mvn: $must (log: $log)"
+  done
+  rm -rf "$libs"
+  mv "$tmp" "$libs"
+  printf 'kafka=%s plugin=%s fetched=%s\n' "$KAFKA_SCRAM_VERSION" "$plugin" \
+    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$marker"
+  say "kafka $KAFKA_SCRAM_VERSION jars: $(find "$libs" -maxdepth 1 -name '*.jar' | wc -l) jars in $libs"
 }
 
 # ---------------------------------------------------------------- 3. Python venv
@@ -205,6 +259,7 @@ step_venv() {
 say "cache dir: $CACHE_DIR"
 step_apt
 step_kafka
+step_kafka_scram
 step_venv
 STEP="done"
 say "ok in $((SECONDS - T0))s (java: $(java -version 2>&1 | head -n1))"

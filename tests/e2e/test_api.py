@@ -294,6 +294,62 @@ def test_bad_input_gets_a_problem_naming_the_field_and_publishes_nothing(make_wo
     assert api.proc.term() == 0
 
 
+def test_ed25519_secrets_on_create_and_rotate(make_world):
+    """"signature": "ed25519" on create and rotate-secret: a whsk_ key pair and its whpk_ public
+    key (checked with the `cryptography` package), deliveries signed v1a that sluice-receiver
+    verifies with that key; "hmac" stays the default; bad values are 400 naming the field."""
+    import base64
+    import re
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    def check_pair(whsk, whpk):
+        assert re.fullmatch(r"whsk_[A-Za-z0-9+/]{86}==", whsk), whsk[:8]
+        assert re.fullmatch(r"whpk_[A-Za-z0-9+/]{43}=", whpk), whpk
+        raw = base64.b64decode(whsk[5:])
+        assert Ed25519PrivateKey.from_private_bytes(raw[:32]).public_key().public_bytes_raw() \
+            == raw[32:] == base64.b64decode(whpk[5:])
+
+    w = make_world()
+    admin = w.api_key("admin")
+    api = w.api()
+    c = w.consumer()
+    ep = f"ed_{w.tag}"
+    problem(*call(api, "POST", "/v1/endpoints", {"id": ep, "url": "http://127.0.0.1:9/x",
+                                                 "signature": "rsa"}, admin), 400, "/signature")
+    problem(*call(api, "POST", "/v1/endpoints", {"id": ep, "url": "http://127.0.0.1:9/x",
+                                                 "signature": 1}, admin), 400, "/signature")
+    st, _, b = call(api, "POST", "/v1/endpoints", {"id": ep, "url": "http://127.0.0.1:9/x",
+                                                   "signature": "ed25519"}, admin)
+    assert st == 201 and b["published"], b
+    check_pair(b["secret"], b["public_key"])
+    # a receiver holding the new key; the endpoint moved to it (the scheme is not a PATCH field)
+    rcv = w.receiver(secrets_list=[b["secret"]], extra=["--reject-bad-sig"])
+    problem(*call(api, "PATCH", f"/v1/endpoints/{ep}", {"signature": "hmac"}, admin), 400,
+            "/signature")
+    st, _, e = call(api, "PATCH", f"/v1/endpoints/{ep}", {"url": rcv.url("ok", ep)}, admin)
+    assert st == 200 and e["changed"] and "public_key" not in e, e
+    wait_until(lambda: c.events("endpoint_changed"), 30 * MULT, 0.2, "the consumer to see it")
+    st, _, ev = call(api, "POST", "/v1/events", {"type": "t.x", "endpoint": ep, "body": 1}, admin)
+    assert st == 202, ev
+    wait_until(lambda: ledger_ok(rcv), 60 * MULT, 0.3, "the delivery")
+    assert [(x["webhook_id"], x["sig_ok"]) for x in ledger_ok(rcv)] == [(ev["id"], True)]
+
+    # rotate: to a second Ed25519 key (without "signature": the current scheme is kept),
+    # then back to HMAC
+    problem(*call(api, "POST", f"/v1/endpoints/{ep}/rotate-secret", {"signature": "dsa"}, admin),
+            400, "/signature")
+    st, _, r = call(api, "POST", f"/v1/endpoints/{ep}/rotate-secret", {"overlap_s": 60}, admin)
+    assert st == 200 and r["seq"] == 2, r
+    check_pair(r["secret"], r["public_key"])
+    assert r["public_key"] != b["public_key"]
+    st, _, r = call(api, "POST", f"/v1/endpoints/{ep}/rotate-secret",
+                    {"signature": "hmac", "overlap_s": 0}, admin)
+    assert st == 200 and r["secret"].startswith("whsec_") and "public_key" not in r, r
+    st, _, r = call(api, "POST", f"/v1/endpoints/{ep}/rotate-secret", {"overlap_s": 0}, admin)
+    assert st == 200 and r["secret"].startswith("whsec_") and "public_key" not in r, r
+    assert c.term() == 0
+
+
 def test_kafka_not_acknowledging_is_503_with_retry_after(make_world):
     w = make_world()
     rcv = w.receiver()

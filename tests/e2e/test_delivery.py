@@ -271,8 +271,10 @@ def test_kill9_mid_run_loses_nothing(make_world):
     per = collections.Counter(l["webhook_id"] for l in ledger_ok(rcv))
     assert {e["id"] for e in events} <= set(per), "an event was lost"
     dups = sum(n - 1 for n in per.values())
-    # only requests in flight at the kill may repeat (the delivered marker stops the rest)
-    assert dups <= 100, f"{dups} duplicates exceed the in-flight bound"
+    # only requests in flight at the kill may repeat, and those answered whose delivered
+    # markers still waited for their batch (MARKS_DELAY_MS, or a slower loop turn: under ASan
+    # or a loaded CPU up to a whole window of answers): twice max_inflight
+    assert dups <= 2 * 100, f"{dups} duplicates exceed the in-flight bound"
 
 
 def test_slow_endpoint_does_not_block_fast_ones(make_world):

@@ -23,7 +23,8 @@ import subprocess
 import pytest
 
 from sluice_e2e import Proc, event, wait_until
-from tls_helpers import PLAIN_USER, SCRAM_256_USER, SCRAM_512_USER, TlsBroker
+from tls_helpers import (KAFKA_SCRAM_VERSION, PLAIN_USER, SCRAM_256_USER, SCRAM_512_USER,
+                         TlsBroker)
 
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
 
@@ -31,6 +32,18 @@ MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     b = TlsBroker(str(tmp_path_factory.mktemp("kafka-tls")))
+    try:
+        b.start(timeout=90 * MULT)
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="module")
+def broker3(tmp_path_factory):
+    """The same private broker on Kafka 3.9 (scripts/setup.sh fetches its jars), whose SCRAM
+    implementation accepts the final message librdkafka 2.0.2 sends."""
+    b = TlsBroker(str(tmp_path_factory.mktemp("kafka3-tls")), version=KAFKA_SCRAM_VERSION)
     try:
         b.start(timeout=90 * MULT)
         yield b
@@ -152,10 +165,11 @@ def test_wrong_password_is_an_authentication_error_without_the_password(make_wor
 
 
 def test_scram_sha_512_and_256(make_world, broker):
-    """SCRAM users created at format time. librdkafka before 2.6.1 (Debian 12 ships 2.0.2)
-    answers the SCRAM exchange with a nonce Kafka 4 brokers refuse even when the password is
-    right (confluentinc/librdkafka#4895): then the consumer must say so in its
-    authentication error. From 2.6.1 on, both mechanisms must work."""
+    """SCRAM users created at format time, on Kafka 4. librdkafka before 2.6.1 (Debian 12
+    ships 2.0.2) answers the SCRAM exchange with a nonce Kafka 4 brokers refuse even when the
+    password is right (confluentinc/librdkafka#4895): then the consumer must say so in its
+    authentication error. From 2.6.1 on, both mechanisms must work. (Against Kafka 3 they
+    work with 2.0.2: test_scram_logins_work_against_kafka_3.)"""
     w = make_world(**sasl(broker))
     users = [("SCRAM-SHA-512", SCRAM_512_USER, broker.password),
              ("SCRAM-SHA-256", SCRAM_256_USER, broker.password256)]
@@ -173,6 +187,34 @@ def test_scram_sha_512_and_256(make_world, broker):
         assert mech in msg and "librdkafka before 2.6.1" in msg, msg
         assert pw not in c.logs()
         c.kill9()
+
+
+def test_scram_logins_work_against_kafka_3(make_world, broker3):
+    """SCRAM-SHA-512 and SCRAM-SHA-256 logins over SASL_SSL succeed (against Kafka 3.9, which
+    accepts what librdkafka 2.0.2 sends): topics, the endpoint registry, sluice-produce and
+    sluice-consumer go through SCRAM-SHA-512 and deliver; sluicectl dump works with
+    SCRAM-SHA-256; no log holds a password."""
+    w = make_world(**sasl(broker3, kafka_sasl_mechanism="SCRAM-SHA-512",
+                          kafka_sasl_username=SCRAM_512_USER,
+                          kafka_sasl_password=broker3.password))
+    rcv = w.receiver(secrets_list=[w.secret], extra=["--reject-bad-sig"])
+    ep = w.add_endpoint(f"scram_{w.tag}", rcv.url("ok", f"scram_{w.tag}"))
+    c = w.consumer()
+    evs = [event(ep, i, w.tag) for i in range(10)]
+    r = w.produce(evs)
+    assert r.returncode == 0, r.stderr
+    want = {e["id"] for e in evs}
+    wait_until(lambda: {l["webhook_id"] for l in rcv.ledger() if 200 <= l["status"] < 300}
+               >= want, 60 * MULT, 0.2, "the events delivered through SCRAM-SHA-512")
+    env256 = dict(w.env, SLUICE_KAFKA_SASL_MECHANISM="SCRAM-SHA-256",
+                  SLUICE_KAFKA_SASL_USERNAME=SCRAM_256_USER,
+                  SLUICE_KAFKA_SASL_PASSWORD=broker3.password256)
+    d = w.ctl("dump", "deliveries", "--idle-ms", "1500", env=env256)
+    assert d.returncode == 0, d.stderr
+    assert {json.loads(l)["id"] for l in d.stdout.splitlines() if l.strip()} >= want
+    assert c.term() == 0
+    assert broker3.password not in c.logs() and not kafka_lines(c, "kafka_auth_failed")
+    assert broker3.password256 not in d.stderr
 
 
 def test_missing_ca_is_a_named_tls_verification_failure(make_world, broker):

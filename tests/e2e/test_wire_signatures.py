@@ -10,18 +10,36 @@ and raw body bytes.
     docs/RECEIVERS.md "Affiliate postbacks"), not over the record's body;
   * after `sluicectl endpoints rotate-secret --overlap-s`, a request carries two signatures and
     each one verifies with its own secret.
+
+Ed25519 (Standard Webhooks `v1a`, `--signature ed25519`): the official libraries do not verify
+v1a yet, so every captured v1a entry is checked with the `cryptography` package's Ed25519
+(`Ed25519PublicKey.from_public_bytes(...).verify`) against the `whpk_` public key sluicectl
+printed, an implementation independent of Sluice's:
+
+  * an endpoint created with --signature ed25519 and rotated to a second Ed25519 key (two v1a
+    entries, each verifying with its own public key only), with a binary body;
+  * an HMAC endpoint rotated to Ed25519 (a v1a and a v1 entry side by side: the official
+    library verifies the v1 one with the old whsec_, cryptography the v1a one);
+  * sluice-receiver given the whsk_ key verifies v1a with Sluice's own sl_verify();
+  * `endpoints show` prints the public keys without --show-secrets (and says it needs
+    master_key without one); no whsk_ private key reaches a log.
 """
 
 import base64
 import http.server
 import json
 import os
+import re
 import threading
 import time
 import urllib.parse
 
 import pytest
 import standardwebhooks.webhooks as swh
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (Ed25519PrivateKey,
+                                                               Ed25519PublicKey)
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from sluice_e2e import final_states, wait_until
@@ -221,3 +239,174 @@ def test_requests_on_the_wire_verify_with_the_official_library(make_world, captu
     assert not verifies(new_secret(), req["body"], h), "a secret never used verified"
     with pytest.raises(WebhookVerificationError):
         Webhook(old).verify(req["body"] + b" ", h)
+
+
+# ==== Ed25519 (v1a) ====
+
+WHPK = re.compile(r"^whpk_[A-Za-z0-9+/]{43}=$")
+WHSK = re.compile(r"^whsk_[A-Za-z0-9+/]{86}==$")
+
+
+def v1a_verifies(whpk, entry, signed):
+    """Does the v1a entry ("v1a,<b64>") verify `signed` under the whpk_ public key? Checked with
+    the `cryptography` package only (not Sluice's code)."""
+    version, _, sig = entry.partition(",")
+    assert version == "v1a", entry
+    key = Ed25519PublicKey.from_public_bytes(base64.b64decode(whpk[len("whpk_"):], validate=True))
+    try:
+        key.verify(base64.b64decode(sig, validate=True), signed)
+        return True
+    except InvalidSignature:
+        return False
+
+
+def check_whsk(whsk, whpk):
+    """The whsk_ layout (Svix's): base64 of seed || public key; the public half and the whpk_
+    are the seed's public key as `cryptography` derives it."""
+    assert WHSK.match(whsk) and WHPK.match(whpk), (len(whsk), whpk)
+    raw = base64.b64decode(whsk[len("whsk_"):], validate=True)
+    assert len(raw) == 64
+    pub = Ed25519PrivateKey.from_private_bytes(raw[:32]).public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    assert raw[32:] == pub
+    assert base64.b64decode(whpk[len("whpk_"):]) == pub
+
+
+def text_field(out, label):
+    """The value of a `label   value` row of sluicectl's text output."""
+    m = re.search(rf"^{re.escape(label)}\s+(\S+)$", out, re.M)
+    assert m, f"no '{label}' row in:\n{out}"
+    return m.group(1)
+
+
+def test_v1a_signatures_verify_with_the_printed_public_key(make_world, capture):
+    w = make_world()
+    tag = w.tag
+    # A: created Ed25519 (JSON), then rotated to a second Ed25519 key (text) with an overlap;
+    #    rotate-secret without --signature keeps the current secret's scheme
+    ep_a = "eda" + tag
+    r = w.ctl("endpoints", "add", "--id", ep_a, "--url", capture.base + "/hooks/eda",
+              "--signature", "ed25519", "--json")
+    assert r.returncode == 0, r.stderr
+    added = json.loads(r.stdout)
+    whsk_a1, pk_a1 = added["secret"], added["public_key"]
+    check_whsk(whsk_a1, pk_a1)
+    assert [(s["signature"], s["public_key"]) for s in added["secrets"]] == [("ed25519", pk_a1)]
+    r = w.ctl("endpoints", "rotate-secret", ep_a, "--overlap-s", "3600")
+    assert r.returncode == 0, r.stderr
+    whsk_a2, pk_a2 = text_field(r.stdout, "signing secret"), text_field(r.stdout, "public key")
+    check_whsk(whsk_a2, pk_a2)
+    assert pk_a2 != pk_a1
+    # B: an HMAC endpoint (a known whsec_) rotated to Ed25519 (JSON) with an overlap
+    ep_b, secret_b = "edb" + tag, new_secret()
+    r = w.ctl("endpoints", "add", "--id", ep_b, "--url", capture.base + "/hooks/edb", "--secret",
+              secret_b)
+    assert r.returncode == 0, r.stderr
+    assert "public key" not in r.stdout  # an HMAC secret has none
+    r = w.ctl("endpoints", "rotate-secret", ep_b, "--signature", "ed25519", "--overlap-s", "3600",
+              "--json")
+    assert r.returncode == 0, r.stderr
+    rot = json.loads(r.stdout)
+    whsk_b, pk_b = rot["secret"], rot["public_key"]
+    check_whsk(whsk_b, pk_b)
+    # C: sluice-receiver holding the whsk_ verifies v1a with Sluice's own sl_verify()
+    whsk_c = "whsk_" + base64.b64encode(
+        (lambda k: k.private_bytes_raw() + k.public_key().public_bytes_raw())(
+            Ed25519PrivateKey.generate())).decode()
+    rcv = w.receiver(secrets_list=[whsk_c], extra=["--reject-bad-sig"])
+    ep_c = "edc" + tag
+    r = w.ctl("endpoints", "add", "--id", ep_c, "--url", rcv.url("ok", ep_c), "--secret", whsk_c)
+    assert r.returncode == 0, r.stderr
+    pk_c = text_field(r.stdout, "public key")
+    check_whsk(whsk_c, pk_c)
+    # a --secret whose public half is another key's is refused, and not echoed
+    forged = "whsk_" + base64.b64encode(
+        base64.b64decode(whsk_c[5:])[:32] + base64.b64decode(pk_a1[5:])).decode()
+    r = w.ctl("endpoints", "add", "--id", "edx" + tag, "--url", capture.base + "/x", "--secret",
+              forged)
+    assert r.returncode == 2 and "public half does not match" in r.stderr, r.stderr
+    assert forged[5:30] not in r.stderr + r.stdout
+
+    # `show`: the public keys without --show-secrets, never the private keys
+    r = w.ctl("endpoints", "show", ep_a)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("public key: ") == 2, r.stdout
+    assert f"public key: {pk_a2}" in r.stdout and f"public key: {pk_a1}" in r.stdout
+    assert r.stdout.index(pk_a2) < r.stdout.index(pk_a1), "current secret first"
+    assert "whsk_" not in r.stdout
+    r = w.ctl("endpoints", "show", ep_b, "--json")
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    assert [(s["signature"], s["public_key"]) for s in shown["secrets"]] == \
+        [("ed25519", pk_b), ("hmac", None)]
+    assert "whsk_" not in r.stdout and "whsec_" not in r.stdout
+    no_mk = {k: v for k, v in w.env.items() if k != "SLUICE_MASTER_KEY"}
+    r = w.ctl("endpoints", "show", ep_a, env=no_mk)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^public key\s+\(needs master_key\)$", r.stdout, re.M), r.stdout
+    assert "whpk_" not in r.stdout
+
+    rot_body = '{"order":7,"note":"ed25519 \u00e9"}'
+    events = [
+        {"id": f"evt_{tag}_a", "endpoint": ep_a, "type": "blob.stored",
+         "content_type": "application/octet-stream",
+         "body_base64": base64.b64encode(BINARY).decode()},
+        {"id": f"evt_{tag}_b", "endpoint": ep_b, "type": "order.created", "body": rot_body},
+        {"id": f"evt_{tag}_c", "endpoint": ep_c, "type": "order.created", "body": {"n": 3}},
+    ]
+    r = w.produce(events)
+    assert r.returncode == 0, r.stderr
+    c = w.consumer()
+    want = {(e["id"], e["endpoint"]) for e in events}
+
+    def delivered():
+        fin = final_states(w.outcomes())
+        return all(k in fin and fin[k]["state"] == "delivered" for k in want)
+
+    wait_until(delivered, 90, 1.0, "all three delivered")
+    assert c.term() == 0, c.logs()[-3000:]
+    logs = c.logs()
+    for whsk in (whsk_a1, whsk_a2, whsk_b, whsk_c):
+        assert whsk[5:40] not in logs, "an Ed25519 private key reached the consumer's log"
+
+    # ---- A: two v1a entries (current key first), each its own key's, over the raw bytes
+    (req,) = capture.by_path_prefix("/hooks/eda")
+    h = headers_of(req)
+    assert req["body"] == BINARY
+    assert h["webhook-id"] == f"evt_{tag}_a"
+    assert abs(int(h["webhook-timestamp"]) - time.time()) < 300
+    entries = h["webhook-signature"].split(" ")
+    assert [e.split(",")[0] for e in entries] == ["v1a", "v1a"], entries
+    assert all(len(e) == 4 + 88 for e in entries), entries
+    signed = f"{h['webhook-id']}.{h['webhook-timestamp']}.".encode() + req["body"]
+    assert v1a_verifies(pk_a2, entries[0], signed) and not v1a_verifies(pk_a1, entries[0], signed)
+    assert v1a_verifies(pk_a1, entries[1], signed) and not v1a_verifies(pk_a2, entries[1], signed)
+    assert not v1a_verifies(pk_b, entries[0], signed), "a key never used verified"
+    # any change to the signed parts breaks it
+    for bad in (f"{h['webhook-id']}x.{h['webhook-timestamp']}.".encode() + req["body"],
+                f"{h['webhook-id']}.{int(h['webhook-timestamp']) + 1}.".encode() + req["body"],
+                signed[:-1] + bytes([signed[-1] ^ 1]),
+                signed + b" "):
+        assert not v1a_verifies(pk_a2, entries[0], bad)
+    raw = bytearray(base64.b64decode(entries[0][4:]))
+    raw[10] ^= 0x04
+    assert not v1a_verifies(pk_a2, "v1a," + base64.b64encode(bytes(raw)).decode(), signed)
+
+    # ---- B: v1a (the new, current Ed25519 key) then v1 (the old whsec_), side by side
+    (req,) = capture.by_path_prefix("/hooks/edb")
+    h = headers_of(req)
+    assert req["body"] == rot_body.encode()
+    entries = h["webhook-signature"].split(" ")
+    assert [e.split(",")[0] for e in entries] == ["v1a", "v1"], entries
+    signed = f"{h['webhook-id']}.{h['webhook-timestamp']}.".encode() + req["body"]
+    assert v1a_verifies(pk_b, entries[0], signed)
+    # the official library verifies the v1 entry with the old secret, ignoring v1a
+    assert Webhook(secret_b).verify(req["body"], h) == json.loads(rot_body)
+    only_v1a = dict(h, **{"webhook-signature": entries[0]})
+    assert not verifies(secret_b, req["body"], only_v1a)
+
+    # ---- C: sluice-receiver (sl_verify with the whsk_ key) accepted it as signed
+    wait_until(lambda: any(x["endpoint"] == ep_c for x in rcv.ledger()), 10, 0.1,
+               "receiver ledger line")
+    (line,) = [x for x in rcv.ledger() if x["endpoint"] == ep_c]
+    assert line["sig_ok"] is True and line["status"] == 204, line

@@ -14,13 +14,14 @@ import subprocess
 import time
 
 KAFKA_VERSION = "4.3.1"  # scripts/stack.sh KAFKA_VERSION
+KAFKA_SCRAM_VERSION = "3.9.1"  # scripts/setup.sh KAFKA_SCRAM_VERSION: the SCRAM login test's
 
 
-def kafka_libs():
+def kafka_libs(version=KAFKA_VERSION):
     cache = os.environ.get("SLUICE_CACHE_DIR") or os.path.join(
         os.environ.get("HOME", "/root"), ".cache", "sluice")
-    libs = os.path.join(cache, f"kafka-{KAFKA_VERSION}", "libs")
-    jar = os.path.join(libs, f"kafka_2.13-{KAFKA_VERSION}.jar")
+    libs = os.path.join(cache, f"kafka-{version}", "libs")
+    jar = os.path.join(libs, f"kafka_2.13-{version}.jar")
     assert os.path.exists(jar), f"Kafka jars missing ({jar}): run scripts/setup.sh"
     return libs
 
@@ -105,10 +106,11 @@ class TlsBroker:
     The broker's certificate is for 127.0.0.1 and localhost, signed by .ca (ca.cert).
     """
 
-    def __init__(self, dir, heap="-Xms192m -Xmx192m"):
+    def __init__(self, dir, heap="-Xms192m -Xmx192m", version=KAFKA_VERSION):
         self.dir = dir
         os.makedirs(dir, exist_ok=True)
-        self.libs = kafka_libs()
+        self.version = version
+        self.libs = kafka_libs(version)
         self.ca = CA(os.path.join(dir, "pki"))
         self.plain_password = "plain-" + secrets.token_hex(12)
         self.password = "scram-" + secrets.token_hex(12)
@@ -181,7 +183,19 @@ num.io.threads=2
 num.recovery.threads.per.data.dir=1
 background.threads=2
 """)
+        if not self.version.startswith("4."):
+            # Kafka 3.x logs through log4j 1 (reload4j)
+            self.log4j = os.path.join(self.dir, "log4j.properties")
+            self.log4j_prop = f"-Dlog4j.configuration=file:{self.log4j}"
+            with open(self.log4j, "w") as f:
+                f.write("log4j.rootLogger=INFO, stdout\n"
+                        "log4j.appender.stdout=org.apache.log4j.ConsoleAppender\n"
+                        "log4j.appender.stdout.layout=org.apache.log4j.PatternLayout\n"
+                        "log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+                        "log4j.logger.kafka.request.logger=WARN\n")
+            return
         self.log4j = os.path.join(self.dir, "log4j2.properties")
+        self.log4j_prop = f"-Dlog4j2.configurationFile={self.log4j}"
         with open(self.log4j, "w") as f:
             f.write("status = warn\nname = sluice-e2e-tls-broker\n"
                     "appender.out.type = Console\nappender.out.name = STDOUT\n"
@@ -192,7 +206,7 @@ background.threads=2
 
     def _java(self, *args, heap=("-Xmx256m",)):
         return ["java", *heap, "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={self.log4j}",
+                "-Djava.awt.headless=true", self.log4j_prop,
                 "-cp", os.path.join(self.libs, "*"), *args]
 
     def start(self, timeout=60):

@@ -349,16 +349,52 @@ static void test_build_types_channels(void **state)
     sl_endpoint_release(e);
 }
 
+/* A whsk_ (Ed25519) secret opens as one, next to whsec_ ones; a forged public half does not. */
+static void test_build_ed25519(void **state)
+{
+    (void)state;
+    uint64_t now = 1800000000000ULL;
+    struct fixture f;
+    fixture_init(&f, now);
+    struct sl_secret ed, other;
+    assert_int_equal(sl_secret_generate_ed25519(&ed, NULL), 0);
+    assert_int_equal(sl_secret_format(&ed, f.whsec[1], sizeof(f.whsec[1]), NULL), 0);
+    seal(&f, 1, "ep_1", &f.mk, f.whsec[1]);
+    struct sl_endpoint *e = NULL;
+    sl_err_t err;
+    assert_int_equal(sl_endpoint_build(&f.rec, &f.mk, &f.d, now, &e, &err), 0);
+    assert_int_equal(e->n_secrets, 2);
+    assert_int_equal(e->secrets[0].kind, SL_SECRET_HMAC);
+    assert_int_equal(e->secrets[1].kind, SL_SECRET_ED25519);
+    assert_int_equal(e->secrets[1].len, SL_ED25519_KEY_BYTES);
+    assert_memory_equal(e->secrets[1].key, ed.key, SL_ED25519_KEY_BYTES);
+    char s[SL_SECRET_STR_MAX];
+    assert_int_equal(sl_secret_format(&e->secrets[1], s, sizeof(s), NULL), 0);
+    assert_string_equal(s, f.whsec[1]);
+    sl_endpoint_release(e);
+
+    /* seed of one key, public half of another: refused, the secret not in the message */
+    assert_int_equal(sl_secret_generate_ed25519(&other, NULL), 0);
+    memcpy(ed.key + 32, other.key + 32, 32);
+    assert_int_equal(sl_secret_format(&ed, f.whsec[0], sizeof(f.whsec[0]), NULL), 0);
+    seal(&f, 0, "ep_1", &f.mk, f.whsec[0]);
+    e = (struct sl_endpoint *)1;
+    assert_int_equal(sl_endpoint_build(&f.rec, &f.mk, &f.d, now, &e, &err), SL_EINVAL);
+    assert_null(e);
+    assert_non_null(strstr(err.msg, "secret 0"));
+    assert_non_null(strstr(err.msg, "public half does not match"));
+    assert_null(strstr(err.msg, f.whsec[0] + 5));
+    sl_secret_fini(&ed);
+    sl_secret_fini(&other);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_template_syntax),
-        cmocka_unit_test(test_url_check),
-        cmocka_unit_test(test_build),
-        cmocka_unit_test(test_build_failures),
-        cmocka_unit_test(test_resolve_policy),
-        cmocka_unit_test(test_subscribed),
-        cmocka_unit_test(test_build_types_channels),
+        cmocka_unit_test(test_template_syntax), cmocka_unit_test(test_url_check),
+        cmocka_unit_test(test_build),           cmocka_unit_test(test_build_failures),
+        cmocka_unit_test(test_build_ed25519),   cmocka_unit_test(test_resolve_policy),
+        cmocka_unit_test(test_subscribed),      cmocka_unit_test(test_build_types_channels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

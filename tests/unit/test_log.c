@@ -130,6 +130,13 @@ static void test_planted_secret_never_logged(void **state)
     assert_null(strstr(out, "UNREGISTERED"));
     assert_non_null(strstr(out, "whsec_[redacted] end"));
     free(out);
+    /* so is an Ed25519 private key (whsk_); its public key (whpk_) is not secret */
+    path = capture_begin(&fd);
+    sl_warn("x", "leak_attempt", "key whsk_EDUNREGISTEREDc2VlZA+/= pub whpk_PUBLICc2VlZA= end");
+    out = capture_end(fd, path);
+    assert_null(strstr(out, "EDUNREGISTERED"));
+    assert_non_null(strstr(out, "whsk_[redacted] pub whpk_PUBLICc2VlZA= end"));
+    free(out);
     sl_log_clear_secrets();
     sl_cfg_fini(&cfg);
     unsetenv("SLUICE_MASTER_KEY");
