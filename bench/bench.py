@@ -213,7 +213,7 @@ class Bench:
         off while the bench runs (redis_rewrites): a rewrite forks a child that takes a
         whole core for seconds (8 s with 3 million markers), and on this 2-core machine
         that is a hiccup of the whole co-located stack, not of Sluice (bench/README.md,
-        "Eighth session")."""
+        "Why the bench runs as it does")."""
         base = self.redis_base()
         if self.redis_db:
             self.redis(f"{base}/{self.redis_db}", "FLUSHDB")
@@ -755,7 +755,7 @@ class Bench:
         # A moderate window, as docs/OPERATIONS.md advises for endpoints that answer
         # quickly: with 10,000 a hiccup upstream lets thousands of requests start at once,
         # each on a new connection, and the tail grows to seconds (bench/README.md,
-        # "Seventh session").
+        # "Latency window").
         win = self.latency_inflight
         env = self.env("latency", max_inflight=win,
                        max_inflight_per_endpoint=max(1, -(-win // ENDPOINTS)),

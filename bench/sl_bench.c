@@ -323,9 +323,9 @@ static int cmd_pace(int argc, char **argv)
                 rd_kafka_poll(rk, 0);
             /* sleep, never spin: at 11,000/s a record is due every 91 us, and a pacer that
              * spun until then took a whole core of the 2-core machine from the stack it
-             * measures (bench/README.md, "Eighth session"). A sleep that overshoots (timer
-             * slack) leaves the next records due at once: the schedule, not the sleeps,
-             * sets the rate, and max_lag_ms reports how far behind it ran. */
+             * measures (bench/README.md, "Why the bench runs as it does"). A sleep that
+             * overshoots (timer slack) leaves the next records due at once: the schedule,
+             * not the sleeps, sets the rate, and max_lag_ms reports how far behind it ran. */
             int64_t left = due - mono_us();
             if (left > 0) {
                 struct timespec ts = {0, (long)(left > 1000 ? 1000 : left) * 1000};

@@ -285,7 +285,7 @@ rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg,
      * a fetch returns as soon as any record arrives, so at a few thousand records/s from a
      * low-linger producer the broker answers one fetch per produced batch and spends a core
      * on it; its CPU then shows up as delivery-latency tails on a small machine
-     * (bench/README.md, "Latency"). */
+     * (bench/README.md, "Kafka settings"). */
     char fetch_wait[32];
     char fetch_min[32];
     snprintf(fetch_wait, sizeof(fetch_wait), "%lld", (long long)cfg->kafka_fetch_wait_ms);

@@ -971,7 +971,8 @@ static void job_free(cons_engine_t *e, struct job *j)
  * The record bytes of a job are needed after intake only when its outcome carries them
  * (retry scheduled, deferred, dead letter: `retries rebuild` and replay read them there).
  * Most jobs are delivered, so keeping about 0.6 KiB of bytes beside the decoded copy of every
- * job in memory is wasted (12 MB of the consumer's RSS at 10,000 in flight, bench/README.md).
+ * job in memory is wasted (12 MB of the consumer's RSS at 10,000 in flight: bench/README.md,
+ * "Consumer memory").
  * When the decoded copy encodes back to exactly the bytes received (sluice-produce and the
  * producer library write the canonical encoding), the bytes are dropped; job_env makes them
  * again, byte for byte, if an outcome needs them. A record that encodes back differently (an
@@ -1340,10 +1341,11 @@ static void set_intake_paused(cons_engine_t *e, bool pause)
  * (librdkafka 2.0.2 drops a paused partition's fetched records and fetches them again on
  * resume), and a loop that paused at every burst fetched and decompressed everything twice;
  * at 11,000/s that held two loops at 6,000-7,500/s together until the publisher stopped
- * (bench/README.md, "Eighth session"). A rebalance does not wait behind those records (librdkafka
- * pauses the partitions itself before it hands one over), but it is only served by a poll: a loop
- * that could take no record for INTAKE_STUCK_MS (every request waits on slow endpoints) pauses, and
- * polls for events alone until it has room again. Returns whether the partitions are paused now.
+ * (bench/README.md, "Intake at its cap"). A rebalance does not wait behind those records
+ * (librdkafka pauses the partitions itself before it hands one over), but it is only served by a
+ * poll: a loop that could take no record for INTAKE_STUCK_MS (every request waits on slow
+ * endpoints) pauses, and polls for events alone until it has room again. Returns whether the
+ * partitions are paused now.
  */
 static bool intake_full(cons_engine_t *e)
 {
@@ -1691,7 +1693,7 @@ struct hdr_line {
  * The request's header list in ONE allocation: n curl_slist nodes followed by their text.
  * CURLOPT_HTTPHEADER only reads the list, so the owner releases it with free(), never
  * curl_slist_free_all. curl_slist_append costs two allocations per line; at 7 lines per
- * delivery that was about 5% of the consumer's CPU (bench/README.md).
+ * delivery that was about 5% of the consumer's CPU (bench/README.md, "Consumer CPU").
  */
 static struct curl_slist *hdr_block(const struct hdr_line *l, size_t n)
 {
@@ -2628,9 +2630,9 @@ cons_engine_t *cons_engine_new(
     rd_kafka_conf_set_opaque(pconf, e);
     /* Outcomes are batched for throughput (linger.ms=50): the delivery has happened already
      * (its outcome carries ts_ms from the HTTP answer), only the offset commit waits. With
-     * the latency profile's 2 ms linger, batches of a few records each cost the broker about
-     * a third more CPU per delivery, and librdkafka builds an lz4 context per batch
-     * (bench/README.md, "What bounds it"). */
+     * the latency profile's 2 ms linger, batches of a few records each cost the broker half
+     * as much CPU again per delivery (24 against 16 us), and librdkafka builds an lz4 context
+     * per batch (bench/README.md, "Consumer CPU"). */
     e->producer =
         sl_kafka_producer_new(cfg, "sluice-consumer-out", SL_KAFKA_THROUGHPUT, pconf, dr_cb, err);
     if (!e->producer)
@@ -2640,11 +2642,11 @@ cons_engine_t *cons_engine_new(
     if (!cconf)
         goto fail;
     /* librdkafka pre-fetches up to 64 MB by default, on top of the live_cap jobs held here
-     * (53 MB of the heap at 10,000 in flight, bench/README.md). Once the queue is full,
-     * librdkafka 2.0.2 backs the partition's fetching off (fetch.queue.backoff.ms only came
-     * in 2.2.0; fetch.error.backoff.ms does not change it), so the queue size also bounds
-     * the loop's intake: 2048 KiB halved a loop's rate, 4096 did not (bench/README.md,
-     * "Seventh session"). consumer_prefetch_kb, per loop. */
+     * (bench/README.md, "Consumer memory"). Once the queue is full, librdkafka 2.0.2 backs
+     * the partition's fetching off (fetch.queue.backoff.ms only came in 2.2.0;
+     * fetch.error.backoff.ms does not change it), so the queue size also bounds the loop's
+     * intake: 2048 KiB halved a loop's rate, 4096 did not (bench/README.md, "Kafka
+     * settings"). consumer_prefetch_kb, per loop. */
     char qkb[24];
     snprintf(qkb, sizeof(qkb), "%lld", (long long)cfg->consumer_prefetch_kb);
     if (sl_kafka_conf_set(cconf, "queued.max.messages.kbytes", qkb, err) != 0) {

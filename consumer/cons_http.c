@@ -25,10 +25,11 @@
  * for each request (ConnectionExists), and curl_multi_remove_handle walks the whole cache
  * after each one (close_connect_only): per-request CPU grows with the connections open to
  * one host. With thousands in flight to one host that tripled the consumer's CPU per
- * delivery (bench/README.md). So the easy handles are spread over CONN_CACHES share objects
- * that each hold their own connection cache (CURL_LOCK_DATA_CONNECT): a scan covers about
- * 1/CONN_CACHES of the connections. A connection is reused only by the handles of its cache;
- * all of them are on this one thread, so the shares need no lock callbacks.
+ * delivery (bench/README.md, "Consumer CPU"). So the easy handles are spread over
+ * CONN_CACHES share objects that each hold their own connection cache (CURL_LOCK_DATA_CONNECT):
+ * a scan covers about 1/CONN_CACHES of the connections. A connection is reused only by the
+ * handles of its cache; all of them are on this one thread, so the shares need no lock
+ * callbacks.
  */
 #define CONN_CACHES 64
 
@@ -36,7 +37,7 @@
  * Receive buffer of each pooled handle (CURLOPT_BUFFERSIZE; libcurl's default is 16 KiB).
  * Webhook answers are small (a 204 with its headers is about 150 bytes) and we keep at most
  * response_keep_bytes of them; libcurl's minimum, 1 KiB, is 15 KiB per handle less than
- * the default (bench/README.md); a large answer only takes more reads.
+ * the default (bench/README.md, "Consumer memory"); a large answer only takes more reads.
  */
 #define RECV_BUFFER_BYTES 1024L
 

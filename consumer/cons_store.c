@@ -656,7 +656,7 @@ static int resp_len(struct sl_buf *b, char prefix, size_t n)
  * Encode commands [from, to) as RESP into b, for one redisAppendFormattedCommand: hiredis's
  * redisAppendCommandArgv formats every argument with sdscatfmt and grows the output
  * buffer per command, about 3,000 instructions per command (3 commands per delivery:
- * bench/README.md). Returns 0, or SL_ETOOBIG past b's maximum.
+ * bench/README.md, "Consumer CPU"). Returns 0, or SL_ETOOBIG past b's maximum.
  */
 static int pipe_encode(const struct pipe_ops *ops, size_t from, size_t to, struct sl_buf *b)
 {

@@ -136,10 +136,12 @@ int main(int argc, char **argv)
     if (!cfg.master_key[0]) {
         fprintf(stderr, "sluice-consumer: master_key (SLUICE_MASTER_KEY) is required to decrypt "
                         "endpoint signing secrets\n");
+        sl_cfg_fini(&cfg);
         return SL_CFG_EXIT;
     }
     if (sl_masterkey_parse(&mk, cfg.master_key, &err) != 0) {
         fprintf(stderr, "sluice-consumer: invalid value for master_key: %s\n", err.msg);
+        sl_cfg_fini(&cfg);
         return SL_CFG_EXIT;
     }
     curl_global_init(CURL_GLOBAL_DEFAULT);

@@ -9,6 +9,7 @@
 # 2. Apache Kafka broker jars from Maven Central (no tarball, no Docker) into
 #    ${SLUICE_CACHE_DIR:-$HOME/.cache/sluice}/kafka-<version>/libs, used by scripts/stack.sh.
 # 3. A Python venv at ${SLUICE_CACHE_DIR}/venv with the test-only pip packages.
+# 4. kustomize (pinned), built with Go into ${SLUICE_CACHE_DIR}/bin, for the checks of ops/k8s/.
 #
 # Env: SLUICE_CACHE_DIR   cache root (default $HOME/.cache/sluice)
 #      SLUICE_SKIP_APT=1  skip step 1 (e.g. machine prepared another way)
@@ -25,8 +26,13 @@ LOG4J_VERSION=2.25.4     # what Kafka 4.3.x builds with (gradle/dependencies.gra
 SLF4J_VERSION=1.7.36     # Kafka uses SLF4J 1.7 -> the 1.x binding log4j-slf4j-impl
 DEP_PLUGINS=(org.apache.maven.plugins:maven-dependency-plugin:3.8.1
              org.apache.maven.plugins:maven-dependency-plugin:3.7.1)
+# test-only Python packages (docs/DEPENDENCIES.md); kubernetes-validate bundles Kubernetes' JSON
+# schemas (nothing is downloaded at test time) for tests/ops/test_k8s.py
 PIP_REQUIREMENTS=(standardwebhooks==1.1.0 pytest==9.2.0 schemathesis==4.32.5 playwright==1.65.2
-  cryptography==46.0.3)
+  cryptography==46.0.3 kubernetes-validate==1.37.0)
+# The kustomize that `kubectl apply -k` embeds from kubectl 1.27 on; it builds with Debian 12's
+# Go 1.19 as well as with newer ones (later kustomize releases need a newer Go).
+KUSTOMIZE_VERSION=v5.0.1
 
 APT_PACKAGES=(
   build-essential cmake pkg-config
@@ -38,6 +44,10 @@ APT_PACKAGES=(
   kcat wrk gnuplot-nox jq python3 python3-venv curl faketime
   prometheus chromium chromium-driver fonts-dejavu-core
 )
+# Go builds kustomize (step 4): Debian's golang-go only where no Go toolchain is installed.
+if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then
+  APT_PACKAGES+=(golang-go)
+fi
 
 CACHE_DIR="${SLUICE_CACHE_DIR:-${HOME:-/root}/.cache/sluice}"
 KAFKA_HOME_DIR="$CACHE_DIR/kafka-$KAFKA_VERSION"
@@ -256,10 +266,40 @@ step_venv() {
   printf '%s' "$want" > "$marker"
 }
 
+# ---------------------------------------------------------------- 4. kustomize
+# Renders the overlays of ops/k8s/ in the suite (tests/ops/test_k8s.py). Built from source
+# through the Go module proxy with the Go toolchain already there (PATH, /usr/local/go), else
+# Debian's golang-go (step 1). A minute or two once; a marker names the version built.
+step_kustomize() {
+  STEP="kustomize"
+  local bindir="$CACHE_DIR/bin" go
+  local bin="$bindir/kustomize" marker="$bindir/.kustomize-version" log="$bindir/kustomize-build.log"
+  if [ -x "$bin" ] && [ "$(cat "$marker" 2>/dev/null)" = "$KUSTOMIZE_VERSION" ]; then
+    say "kustomize $KUSTOMIZE_VERSION: present ($bin)"
+    return 0
+  fi
+  go=$(command -v go || true)
+  if [ -z "$go" ] && [ -x /usr/local/go/bin/go ]; then go=/usr/local/go/bin/go; fi
+  [ -n "$go" ] || die "no Go toolchain to build kustomize (apt package golang-go)"
+  mkdir -p "$bindir"
+  say "kustomize $KUSTOMIZE_VERSION: building with $("$go" version) (log: $log)"
+  # GOTOOLCHAIN=local: the installed Go, never a download; GOFLAGS emptied so that a user's
+  # settings cannot change the build; outside any Go module (cd).
+  if ! (cd "$bindir" && GOBIN="$bindir" GOFLAGS= GOTOOLCHAIN=local CGO_ENABLED=0 \
+        "$go" install "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION") > "$log" 2>&1 < /dev/null; then
+    tail -n 20 "$log" >&2
+    die "go install kustomize $KUSTOMIZE_VERSION failed (log: $log)"
+  fi
+  "$bin" build --help > /dev/null || die "$bin does not run"
+  printf '%s' "$KUSTOMIZE_VERSION" > "$marker"
+  say "kustomize $KUSTOMIZE_VERSION: $bin"
+}
+
 say "cache dir: $CACHE_DIR"
 step_apt
 step_kafka
 step_kafka_scram
 step_venv
+step_kustomize
 STEP="done"
 say "ok in $((SECONDS - T0))s (java: $(java -version 2>&1 | head -n1))"

@@ -435,8 +435,8 @@ def test_2xx_whose_body_times_out_is_delivered_once(make_world):
 def test_backlog_spill_is_reported_once(make_world):
     """A slow endpoint with a small in-memory backlog: what does not fit is parked in the Redis
     schedule (one deferred outcome with err backlog_spill). A parked job claimed back while the
-    queue is still full goes back quietly; it used to be claimed back every 100 ms, each time
-    with another deferred outcome in the history."""
+    queue is still full goes back quietly (the fault this guards against: claimed back every
+    100 ms, each time with another deferred outcome in the history)."""
     w = make_world(endpoint_backlog=3)
     rcv = w.receiver()
     ep = w.add_endpoint("sp" + w.tag, rcv.url("slow/250", "sp"), "--max-inflight", "2")
@@ -457,8 +457,9 @@ def test_backlog_spill_is_reported_once(make_world):
 
 def test_endpoint_timeout_beyond_the_lease_still_gets_its_retries(make_world):
     """An endpoint's own timeout may exceed lease_ms (start-up checks lease_ms only against the
-    global timeout): its claimed retry jobs are leased for what the request needs and sent.
-    They used to be found short of lease before every send and dropped, for ever."""
+    global timeout): its claimed retry jobs are leased for what the request needs and sent
+    (the fault this guards against: found short of lease before every send and dropped, for
+    ever)."""
     w = make_world(lease_ms=3000, http_timeout_ms=1000, http_connect_timeout_ms=500,
                    retry_base_ms=100, retry_cap_ms=300, max_attempts=4)
     rcv = w.receiver()
