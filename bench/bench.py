@@ -11,7 +11,8 @@ Phases, side by side in one run on this machine:
   e2e        pre-produce N deliveries over 100 endpoints, one consumer drains them
   latency    a consumer fed at half the e2e rate by sl-bench pace (the producer library, and
              the latency profile of common/sl_kafka for comparison)
-  recorder   bench/recorder.sh when present, else reported as not available
+  recorder   bench/recorder.sh (sl-test-outcomes publishes outcome records, sluice-recorder
+             writes them into PostgreSQL)
   scaling    1, 2 and 4 consumers against 8 partitions
   endpoints  10,000 distinct endpoints, one consumer (compared with the 1-consumer scaling run)
   api        sluice-api publishing over HTTP (wrk), against wrk's rate on its /healthz
@@ -21,6 +22,11 @@ Phases, side by side in one run on this machine:
 Every process's CPU comes from /proc/<pid>/stat (utime+stime) and its peak RSS from VmHWM
 (VmRSS samples for the long-lived broker). Nothing here asserts a timing: figures are
 reported next to their targets.
+
+--repeat N runs the selected phases N times in turn (repetition 1's phases, then
+repetition 2's, ...), wrk first in each, so that every repetition's ratios divide by the raw
+rate measured minutes earlier in the same repetition; bench/report.py reports the median and
+min..max of each headline figure over the repetitions and judges the targets on the medians.
 """
 
 import argparse
@@ -60,6 +66,8 @@ TARGETS = {
     "api_ratio": 0.5,         # accepted events/s over HTTP / wrk's rate on GET /healthz
     "api_p99_ms": 20,         # request latency at half the accepted rate
     "scrape_ratio": 0.97,     # e2e rate scraped every second / not scraped
+    "produce_rate": 100000,   # records/s, bench/produce.sh (its BENCH_TARGET)
+    "recorder_rate": 50000,   # outcomes/s into PostgreSQL, bench/recorder.sh (its BENCH_TARGET)
 }
 SCRAPE_PORT_OFFSET = 20  # scrape phase: the consumer's metrics_listen port is PORT_BASE + this
 
@@ -154,6 +162,11 @@ class Bench:
         self.a = a
         self.quick = a.quick
         self.run_id = datetime.datetime.now().strftime("%H%M%S") + f"{os.getpid() % 1000:03d}"
+        # topic, group and event-id tag of the current repetition (run_id, then run_id + rK);
+        # endpoints are registered once per run and keep run_id
+        self.rep_id = self.run_id
+        self.registered = {}      # what later repetitions reuse: rss endpoints, many, api
+        self.latency_max_rate = None  # the rate whose half every repetition's latency paces
         self.results = {"phases": {}}
         self.work = a.work
         self.port = a.receiver_port
@@ -190,7 +203,7 @@ class Bench:
     def env(self, name, **cfg):
         """Environment of one phase: its own topics, group and Redis database."""
         e = dict(self.base_env)
-        t = f"bench.{self.run_id}.{name}"
+        t = f"bench.{self.rep_id}.{name}"
         e.update({
             "SLUICE_TOPIC_DELIVERIES": f"{t}.deliveries",
             "SLUICE_TOPIC_OUTCOMES": f"{t}.outcomes",
@@ -465,7 +478,7 @@ class Bench:
         env = self.env(name, **cfg)
         self.new_redis_db(env)
         self.topics(env)
-        run_id = f"{name}{self.run_id}"
+        run_id = f"{name}{self.rep_id}"
         res = {"deliveries": n, "endpoints": endpoints, "consumers": consumers,
                "partitions": PARTITIONS, "body_bytes": BODY_BYTES,
                "consumer_config": {"SLUICE_" + k.upper(): v for k, v in cfg.items()}}
@@ -652,7 +665,8 @@ class Bench:
         e = dict(self.base_env)
         e.update({"SLUICE_BUILD_DIR": self.a.build, "BENCH_RECORDS": str(self.n_produce),
                   "BENCH_BODY_BYTES": str(BODY_BYTES), "BENCH_ENDPOINTS": "1000",
-                  "BENCH_PARTITIONS": str(PARTITIONS)})
+                  "BENCH_PARTITIONS": str(PARTITIONS),
+                  "BENCH_TARGET": str(TARGETS["produce_rate"])})
         e.pop("SLUICE_MASTER_KEY", None)
         e.pop("SLUICE_SSRF_ALLOW_CIDRS", None)
         r = self.run(["bash", script], e, timeout=900)
@@ -707,12 +721,14 @@ class Bench:
         default max_queued (5,000) keeps the window full although records spread over the
         endpoints, and the endpoints over the loops, unevenly."""
         prefix = f"r{self.run_id}_"
-        setup = self.env("setup")
-        self.topics(setup, 1)  # the shared endpoints topic, when this phase runs alone
-        for i in range(ENDPOINTS):
-            ep = f"{prefix}{i}"
-            self.ctl(setup, "endpoints", "add", "--id", ep, "--url",
-                     f"http://127.0.0.1:{self.port}/ok/{ep}?delay_ms={RSS_DELAY_MS}")
+        if "rss" not in self.registered:  # once per run: later repetitions reuse them
+            setup = self.env("setup")
+            self.topics(setup, 1)  # the shared endpoints topic, when this phase runs alone
+            for i in range(ENDPOINTS):
+                ep = f"{prefix}{i}"
+                self.ctl(setup, "endpoints", "add", "--id", ep, "--url",
+                         f"http://127.0.0.1:{self.port}/ok/{ep}?delay_ms={RSS_DELAY_MS}")
+            self.registered["rss"] = True
         n = 60_000 if self.quick else 120_000
         cfg = {"max_inflight": RSS_INFLIGHT,
                # twice the even share: with several loops an endpoint's records all go to
@@ -723,7 +739,7 @@ class Bench:
         self.new_redis_db(env)
         self.topics(env)
         log(f"rss: producing {n} deliveries; endpoints answer after {RSS_DELAY_MS} ms")
-        self.produce(env, n, prefix, ENDPOINTS, f"rss{self.run_id}")
+        self.produce(env, n, prefix, ENDPOINTS, f"rss{self.rep_id}")
         recv = self.start_receiver("rss")
         cons = self.start_consumer(env, "rss-c0")
         try:
@@ -780,7 +796,7 @@ class Bench:
             # and a warm broker.
             warm = rate * LATENCY_WARMUP_S
             log(f"latency: warm-up, {warm} deliveries at {rate}/s (not measured)")
-            self.pace(env, rate, warm, f"latwarm{self.run_id}", [])
+            self.pace(env, rate, warm, f"latwarm{self.rep_id}", [])
             base += warm
             self.wait_delivered(base, [cons], timeout=300)
             t0_ms = int(time.time() * 1000)
@@ -790,7 +806,7 @@ class Bench:
             for prof, extra in (("lib", ["--profile", "lib"]),
                                 ("latency", ["--profile", "latency"]),
                                 ("lib50", ["--profile", "lib", "--linger-ms", "50"])):
-                run_id = f"lat{prof}{self.run_id}"
+                run_id = f"lat{prof}{self.rep_id}"
                 log(f"latency: pacing {count} deliveries at {rate}/s ({' '.join(extra)})")
                 pace = self.pace(env, rate, count, run_id, extra)
                 base += count
@@ -819,11 +835,12 @@ class Bench:
         script = os.path.join(self.a.repo, "bench", "recorder.sh")
         if not os.path.exists(script):
             return {"available": False,
-                    "reason": "bench/recorder.sh is not present in this tree (the recorder "
-                              "engineer is writing it): recorder rows/s not measured"}
+                    "reason": "bench/recorder.sh not found in this tree: recorder outcomes/s "
+                              "not measured"}
         e = dict(self.base_env)
         records = 200_000 if self.quick else 1_000_000
-        e.update({"SLUICE_BUILD_DIR": self.a.build, "BENCH_RECORDS": str(records)})
+        e.update({"SLUICE_BUILD_DIR": self.a.build, "BENCH_RECORDS": str(records),
+                  "BENCH_TARGET": str(TARGETS["recorder_rate"])})
         e.pop("SLUICE_SSRF_ALLOW_CIDRS", None)
         r = subprocess.run(["bash", script], env=e, capture_output=True, text=True, timeout=900)
         out = (r.stdout + r.stderr).strip().splitlines()
@@ -849,7 +866,9 @@ class Bench:
         return res
 
     def phase_endpoints(self):
-        secs = self.register_many()
+        if "many" not in self.registered:  # once per run: later repetitions reuse them
+            self.registered["many"] = self.register_many()
+        secs = self.registered["many"]
         # one loop, as the 1-consumer scaling run it is compared with
         r = self.drain("eps10k", self.n_scale, self.many_prefix, MANY_ENDPOINTS, 1,
                        produce_first=False, cfg={"consumer_threads": 1})
@@ -972,14 +991,18 @@ class Bench:
         self.topics(env)
         self.new_redis_db(env)
         one = f"a{self.run_id}_one"
-        self.ctl(env, "endpoints", "add", "--id", one, "--url",
-                 f"http://127.0.0.1:{self.port}/ok/{one}")
-        for i in range(API_FANOUT):
-            ep = f"a{self.run_id}_fan{i}"
-            self.ctl(env, "endpoints", "add", "--id", ep, "--url",
-                     f"http://127.0.0.1:{self.port}/ok/{ep}", "--types", "bench.fan.*")
-        key = json.loads(self.ctl(env, "keys", "create", "--name", f"bench {self.run_id}",
-                                  "--scopes", "publish", "--json").stdout)["key"]
+        if "api" not in self.registered:
+            # once per run: a second set subscribed to bench.fan.* would double the fan-out
+            self.ctl(env, "endpoints", "add", "--id", one, "--url",
+                     f"http://127.0.0.1:{self.port}/ok/{one}")
+            for i in range(API_FANOUT):
+                ep = f"a{self.run_id}_fan{i}"
+                self.ctl(env, "endpoints", "add", "--id", ep, "--url",
+                         f"http://127.0.0.1:{self.port}/ok/{ep}", "--types", "bench.fan.*")
+            self.registered["api"] = json.loads(
+                self.ctl(env, "keys", "create", "--name", f"bench {self.run_id}", "--scopes",
+                         "publish", "--json").stdout)["key"]
+        key = self.registered["api"]
         logf = open(os.path.join(self.work, "api.log"), "ab")
         api = subprocess.Popen([self.bin("api/sluice-api")], env=env, stdout=logf, stderr=logf,
                                stdin=subprocess.DEVNULL)
@@ -1083,10 +1106,18 @@ class Bench:
         for p in phases:
             if p not in PHASES:
                 raise SystemExit(f"unknown phase {p}; known: {','.join(PHASES)}")
+        repeat = a.repeat
+        if repeat < 1:
+            raise SystemExit("--repeat must be 1 or more")
+        if repeat > 1 and "wrk" not in phases:
+            # every repetition's throughput is a ratio to the raw rate of that repetition
+            phases = ["wrk"] + phases
+            log("--repeat: the wrk phase added to every repetition (the ratios divide by it)")
         started = datetime.datetime.now()
         self.results.update({
             "date": started.isoformat(timespec="seconds"),
             "mode": "quick" if self.quick else "full",
+            "repeat": repeat,
             "command": a.command,
             "machine": self.machine(),
             "targets": TARGETS,
@@ -1108,8 +1139,20 @@ class Bench:
         self.results["settings"]["redis_auto_aof_rewrite"] = "off during the phases; each " \
             "phase starts after FLUSHDB of the previous phase's database and BGREWRITEAOF"
         self.results["settings"]["latency_warmup_s"] = LATENCY_WARMUP_S
+        reps = []
         try:
-            self.run_phases(phases, ph, failures)
+            for k in range(repeat):
+                # topics, groups and event ids of each repetition are its own
+                self.rep_id = self.run_id if k == 0 else f"{self.run_id}r{k + 1}"
+                rp = ph if k == 0 else {}
+                t0 = datetime.datetime.now()
+                reps.append({"repetition": k + 1, "started": t0.isoformat(timespec="seconds"),
+                             "loadavg_start": loadavg(), "phases": rp})
+                if repeat > 1:
+                    log(f"=== repetition {k + 1} of {repeat}")
+                self.run_phases(phases, rp, failures)
+                reps[-1]["duration_s"] = round((datetime.datetime.now() - t0).total_seconds(), 1)
+                reps[-1]["loadavg_end"] = loadavg()
         finally:
             try:  # a Redis gone by now must not cost the run's results
                 self.redis_rewrites(rewrite_pct)
@@ -1117,6 +1160,9 @@ class Bench:
                     self.redis(f"{self.redis_base()}/{self.redis_db}", "FLUSHDB")
             except OSError as ex:
                 log(f"redis: could not restore auto-aof-rewrite-percentage {rewrite_pct}: {ex}")
+        if repeat > 1:
+            # "phases" stays repetition 1 (the plots and the readers of a single run use it)
+            self.results["repetitions"] = reps
         self.results["loadavg_end"] = loadavg()
         self.results["duration_s"] = round((datetime.datetime.now() - started).total_seconds(), 1)
         import report  # bench/report.py: table, plots, files
@@ -1138,8 +1184,12 @@ class Bench:
                 elif p == "rss":
                     ph[p] = self.phase_rss()
                 elif p == "latency":
-                    max_rate = (ph.get("e2e") or {}).get("rate_median_1s") or a.latency_rate
-                    ph[p] = self.phase_latency(max_rate)
+                    # half the first repetition's e2e rate in every repetition: the
+                    # percentiles of all repetitions are taken at the same rate
+                    if self.latency_max_rate is None:
+                        self.latency_max_rate = ((ph.get("e2e") or {}).get("rate_median_1s")
+                                                 or a.latency_rate)
+                    ph[p] = self.phase_latency(self.latency_max_rate)
                 elif p == "recorder":
                     ph[p] = self.phase_recorder()
                 elif p == "scaling":
@@ -1180,6 +1230,9 @@ def main():
     ap.add_argument("--command", default="bench/run.sh")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the phases N times (wrk first in each); report the median and "
+                         "min..max of each headline figure")
     a = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sys.exit(Bench(a).main())

@@ -1,11 +1,17 @@
 """Turns bench.py's results into the committed files: <stem>.json, <stem>.txt (the printed
 table, the machine, the command), <stem>-throughput.png and <stem>-latency-cdf.png (gnuplot).
 Also usable on its own to redraw a committed JSON:  python3 bench/report.py results.json
+
+With --repeat N (results["repetitions"]: one {"phases": ...} per repetition; "phases" is
+repetition 1) the table is the median and min..max of each headline figure over the
+repetitions, the targets are judged on the medians, and each repetition's own table follows.
+results["summary"] (written for every run, N = 1 included) holds those figures by key.
 """
 
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -50,8 +56,52 @@ def verdict(ok):
 
 
 def table(r):
+    if r.get("repetitions"):
+        return summary_table(r)
     ph = r["phases"]
+    rows = phase_rows(r, ph)
+    out = [f"Sluice benchmark {r['date']} ({r['mode']} run, {r.get('duration_s', '?')} s)", ""]
+    out += rows_text(rows)
+    out.append("")
+    out += targets(r)
+    out.append("")
+    out += footer(r)
+    return "\n".join(out) + "\n"
+
+
+def rows_text(rows, head=("figure", "value", "ratio to raw HTTP")):
+    w0 = max(len(x[0]) for x in rows) if rows else 10
+    w1 = max(len(x[1]) for x in rows) if rows else 10
+    out = [f"{head[0].ljust(w0)}  {head[1].ljust(w1)}  {head[2]}",
+           f"{'-' * w0}  {'-' * w1}  {'-' * len(head[2])}"]
+    for a, b, c in rows:
+        out.append(f"{a.ljust(w0)}  {b.ljust(w1)}  {c}")
+    return out
+
+
+def footer(r, others=None):
+    """The machine, how busy it was, the command. others: (median, min, max) cores of other
+    people's work during the e2e drains of a repeated run."""
     m = r["machine"]
+    e2e = r["phases"].get("e2e", {})
+    out = [f"machine:  {m['nproc']} x {m['model_name']}, {m['mem_total_gib']} GiB, kernel "
+           f"{m['kernel']}, load average at start {' '.join(str(x) for x in m['loadavg_start'])}"
+           f", at end {' '.join(str(x) for x in r.get('loadavg_end', []))}",
+           f"          {m['note']}; {m['broker']}; git {m['git']}; {m['build']}",
+           f"          libraries {json.dumps(m['libraries'])}; {m['wrk']}"]
+    busy = e2e.get("machine_busy_fraction")
+    if others is not None:
+        out.append(f"          other people's processes during the e2e drains: median "
+                   f"{others[0]:.2f} cores ({others[1]:.2f}..{others[2]:.2f})")
+    elif busy is not None:
+        out.append(f"          machine CPU busy during the e2e drain: {busy * 100:.0f}% of both cores, "
+                   f"{e2e.get('others_cores', 0):.2f} cores of it used by other people's processes")
+    out.append(f"reproduce: {r['command']}")
+    return out
+
+
+def phase_rows(r, ph):
+    """The table's rows for one run's (or one repetition's) phases."""
     rows = []   # (figure, value, ratio to raw HTTP)
     wrk = ph.get("wrk", {})
     base = wrk.get("requests_per_s")
@@ -210,28 +260,7 @@ def table(r):
             f"{sc.get('scrape_bytes_median')} B")
     elif "scrape" in ph:
         add("scrape cost", "FAILED: " + ph["scrape"].get("failed", "?"))
-    # widths
-    w0 = max(len(x[0]) for x in rows) if rows else 10
-    w1 = max(len(x[1]) for x in rows) if rows else 10
-    out = [f"Sluice benchmark {r['date']} ({r['mode']} run, {r.get('duration_s', '?')} s)", ""]
-    out.append(f"{'figure'.ljust(w0)}  {'value'.ljust(w1)}  ratio to raw HTTP")
-    out.append(f"{'-' * w0}  {'-' * w1}  -----------------")
-    for a, b, c in rows:
-        out.append(f"{a.ljust(w0)}  {b.ljust(w1)}  {c}")
-    out.append("")
-    out += targets(r)
-    out.append("")
-    out.append(f"machine:  {m['nproc']} x {m['model_name']}, {m['mem_total_gib']} GiB, kernel "
-               f"{m['kernel']}, load average at start {' '.join(str(x) for x in m['loadavg_start'])}"
-               f", at end {' '.join(str(x) for x in r.get('loadavg_end', []))}")
-    out.append(f"          {m['note']}; {m['broker']}; git {m['git']}; {m['build']}")
-    out.append(f"          libraries {json.dumps(m['libraries'])}; {m['wrk']}")
-    busy = e2e.get("machine_busy_fraction")
-    if busy is not None:
-        out.append(f"          machine CPU busy during the e2e drain: {busy * 100:.0f}% of both cores, "
-                   f"{e2e.get('others_cores', 0):.2f} cores of it used by other people's processes")
-    out.append(f"reproduce: {r['command']}")
-    return "\n".join(out) + "\n"
+    return rows
 
 
 def targets(r):
@@ -285,6 +314,316 @@ def targets(r):
         out.append(f"  near-linear 1 -> 2 consumers: x{two / one:.2f}"
                    + (f" (machine CPU {busy * 100:.0f}% busy during the 2-consumer run, "
                       f"{others:.2f} cores of it other people's work)" if busy is not None else ""))
+    out += extra_targets(r, {
+        "produce.records_per_s": ph.get("produce", {}).get("records_per_s"),
+        "recorder.outcomes_per_s": ph.get("recorder", {}).get("outcomes_per_s"),
+        "scrape.ratio": ph.get("scrape", {}).get("ratio")}, None)
+    return out
+
+
+def extra_targets(r, v, rng):
+    """The targets of the produce, recorder and scrape phases; v: key -> figure (a run's, or
+    the medians), rng: key -> (min, max) over the repetitions, or None."""
+    t = r["targets"]
+    out = []
+
+    def span(k, fmt_):
+        return f", {fmt_(rng[k][0])}..{fmt_(rng[k][1])}" if rng and k in rng else ""
+    x = v.get("produce.records_per_s")
+    if x is not None and t.get("produce_rate"):
+        out.append(f"  producer >= {t['produce_rate']:,} records/s: "
+                   f"{verdict(x >= t['produce_rate'])} ({x:,.0f}/s"
+                   f"{span('produce.records_per_s', lambda y: f'{y:,.0f}')})")
+    x = v.get("recorder.outcomes_per_s")
+    if x is not None and t.get("recorder_rate"):
+        out.append(f"  recorder >= {t['recorder_rate']:,} outcomes/s: "
+                   f"{verdict(x >= t['recorder_rate'])} ({x:,.0f}/s"
+                   f"{span('recorder.outcomes_per_s', lambda y: f'{y:,.0f}')})")
+    x = v.get("scrape.ratio")
+    if x is not None and t.get("scrape_ratio"):
+        out.append(f"  e2e rate scraped / not scraped >= {t['scrape_ratio']}: "
+                   f"{verdict(x >= t['scrape_ratio'])} ({x:.3f}"
+                   f"{span('scrape.ratio', lambda y: f'{y:.3f}')})")
+    return out
+
+
+# ---------------------------------------------------------------------------- repetitions
+#
+# The headline figures of one repetition, by key: every throughput as a ratio to the raw rate
+# wrk measured in the same repetition (the absolute rates the targets are stated in are kept
+# too, not printed in the table), latency percentiles in ms, CPU in s per 10,000 deliveries
+# or requests, memory in MB. A key is (phase.figure); the same keys name results["summary"].
+
+def figures(ph):
+    """[(key, label, unit, digits, value, shown in the table, label in the JSON)] of one
+    repetition's phases; an indented label belongs to the row above (ctx names it)."""
+    out = []
+
+    def add(key, label, unit, digits, v, show=True, ctx=""):
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            full = f"{ctx}: {label.strip()}" if ctx else label.strip()
+            out.append((key, label, unit, digits, float(v), show, full))
+
+    wrk = ph.get("wrk") or {}
+    base = wrk.get("requests_per_s")
+
+    def rat(v):
+        return v / base if v and base else None
+    if base:
+        add("wrk.requests_per_s", f"raw HTTP: wrk -t{wrk.get('threads')} -c{wrk.get('connections')} "
+            "POST /ok (each repetition's 1.00)", "req/s", 0, base)
+        add("wrk.wrk_cpu_s_per_10k", "  CPU s per 10,000 requests: wrk client", "s", 2,
+            wrk.get("wrk_cpu_s_per_10k"), ctx="raw HTTP (wrk)")
+        add("wrk.receiver_cpu_s_per_10k", "  CPU s per 10,000 requests: receiver", "s", 2,
+            wrk.get("receiver_cpu_s_per_10k"), ctx="raw HTTP (wrk)")
+    for n, cr in sorted((wrk.get("libcurl") or {}).items(), key=lambda kv: int(kv[0])):
+        add(f"wrk.libcurl{n}.ratio", f"libcurl ceiling, {int(n):,} in flight / raw HTTP", "ratio",
+            2, rat(cr.get("rate")))
+        if cr.get("rate"):
+            add(f"wrk.libcurl{n}.client_cpu_s_per_10k",
+                "  CPU s per 10,000 requests: libcurl client", "s", 2,
+                (cr.get("cpu_user_s_per_10k") or 0) + (cr.get("cpu_sys_s_per_10k") or 0),
+                ctx=f"libcurl ceiling, {int(n):,} in flight")
+    pr = ph.get("produce") or {}
+    if pr.get("records_per_s"):
+        add("produce.ratio", f"producer: bench/produce.sh, {pr.get('records', 0):,} records / raw HTTP",
+            "ratio", 2, rat(pr["records_per_s"]))
+        add("produce.records_per_s", "producer records/s", "rec/s", 0, pr["records_per_s"], False)
+        add("produce.producer_cpu_s_per_10k", "  CPU s per 10,000 records: producer", "s", 3,
+            pr.get("producer_cpu_s_per_10k"), ctx="producer")
+        add("produce.broker_cpu_s_per_10k", "  CPU s per 10,000 records: broker", "s", 3,
+            pr.get("broker_cpu_s_per_10k"), ctx="producer")
+    e2e = ph.get("e2e") or {}
+    if e2e.get("rate_median_1s"):
+        loops = e2e.get("consumer_config", {}).get("SLUICE_CONSUMER_THREADS", 1)
+        what = (f"end to end: 1 consumer ({loops} loop{'s' if int(loops) != 1 else ''}) drains "
+                f"{e2e.get('deliveries', 0):,}")
+        add("e2e.ratio", what + ", median of 1-s / raw HTTP", "ratio", 2, rat(e2e["rate_median_1s"]))
+        add("e2e.rate_mean_ratio", "  same drain, mean first..last outcome / raw HTTP", "ratio", 2,
+            rat(e2e.get("rate_mean")), ctx="end to end")
+        add("e2e.rate_median_1s", "end to end deliveries/s", "deliv/s", 0, e2e["rate_median_1s"],
+            False)
+        c = e2e.get("cpu_s_per_10k") or {}
+        parts = [("consumer", c.get("consumers_total")), ("receiver", c.get("receiver")),
+                 ("broker", c.get("broker")), ("redis", c.get("redis"))]
+        for k, v in parts:
+            add(f"e2e.cpu_s_per_10k.{k}", f"  CPU s per 10,000 deliveries (e2e): {k}", "s", 2, v)
+        if all(v is not None for _, v in parts):
+            add("e2e.cpu_s_per_10k.sum", "  CPU s per 10,000 deliveries (e2e): whole stack", "s",
+                2, sum(v for _, v in parts))
+        rss = e2e.get("peak_rss_kb") or {}
+        cname = [k for k in rss if k.startswith("e2e-c")]
+        if cname and rss.get(cname[0]):
+            add("e2e.consumer_peak_rss_mb", "  consumer peak RSS in the e2e drain", "MB", 0,
+                rss[cname[0]] / 1024)
+        add("e2e.consumer_peak_inflight", "  consumer peak in flight in the e2e drain", "", 0,
+            e2e.get("consumer_peak_inflight"), False)
+        add("e2e.others_cores", "  other people's processes during the e2e drain", "cores", 2,
+            e2e.get("others_cores"))
+    rp = ph.get("rss") or {}
+    if rp.get("consumer_hwm_kb"):
+        want = (rp.get("consumer_config") or {}).get("SLUICE_MAX_INFLIGHT", 10000)
+        add("rss.consumer_hwm_mb", f"consumer peak RSS holding {want:,} in flight (rss)", "MB", 0,
+            rp["consumer_hwm_kb"] / 1024)
+        add("rss.consumer_peak_inflight", "  peak in flight it reached", "", 0,
+            rp.get("consumer_peak_inflight"), ctx="rss phase")
+    lat = ph.get("latency") or {}
+    for prof, run in (lat.get("runs") or {}).items():
+        e = run.get("e2e_ms")
+        if not e:
+            continue
+        label = f"latency at {lat.get('rate', 0):,}/s ({prof_label(prof, run)})"
+        for q in ("p50", "p95", "p99"):
+            add(f"latency.{prof}.{q}", f"{label}: P50" if q == "p50" else f"  {q.upper()}",
+                "ms", 0, e.get(q), ctx="" if q == "p50" else label)
+        add(f"latency.{prof}.ack_p99", "  publish->ack P99", "ms", 0,
+            ((run.get("pace") or {}).get("ack_ms") or {}).get("p99"), ctx=label)
+    sc = ph.get("scaling") or {}
+    one = None
+    for c, run in sorted((sc.get("runs") or {}).items(), key=lambda kv: int(kv[0])):
+        rate = run_rate(run) if "failed" not in run else None
+        if not rate:
+            continue
+        if c == "1":
+            one = rate
+        add(f"scaling.{c}.ratio", f"scaling: {c} consumer(s) of 1 loop / raw HTTP", "ratio", 2,
+            rat(rate))
+        if c != "1" and one:
+            add(f"scaling.{c}.x_of_1", "  x of 1 consumer", "", 2, rate / one,
+                ctx=f"scaling: {c} consumers")
+        if c == "2":
+            add("scaling.2.machine_busy", "machine CPU busy during the 2-consumer run", "", 3,
+                run.get("machine_busy_fraction"), False)
+            add("scaling.2.others_cores", "other people's processes during the 2-consumer run",
+                "cores", 2, run.get("others_cores"), False)
+    eps = ph.get("endpoints") or {}
+    if eps.get("rate_median_1s"):
+        rate = run_rate(eps)
+        add("endpoints.ratio", "10,000 endpoints: 1 consumer of 1 loop / raw HTTP", "ratio", 2,
+            rat(rate))
+        if one:
+            add("endpoints.x_of_100", "  x of 100 endpoints (1-consumer scaling run)", "", 2,
+                rate / one, ctx="10,000 endpoints")
+    rec = ph.get("recorder") or {}
+    if rec.get("outcomes_per_s"):
+        add("recorder.ratio", f"recorder: bench/recorder.sh, {rec.get('records', 0):,} outcomes "
+            "/ raw HTTP", "ratio", 2, rat(rec["outcomes_per_s"]))
+        add("recorder.outcomes_per_s", "recorder outcomes/s", "outcomes/s", 0,
+            rec["outcomes_per_s"], False)
+    api = ph.get("api") or {}
+    raw = (api.get("raw_healthz") or {}).get("requests_per_s")
+    if raw:
+        add("api.raw_ratio", "sluice-api raw: GET /healthz / raw HTTP (wrk POST /ok)", "ratio", 2,
+            rat(raw))
+        add("api.ratio_one", "sluice-api: POST /v1/events, 1 endpoint / its /healthz rate",
+            "ratio", 3, api.get("ratio_one"))
+        add("api.ratio_fanout10", "sluice-api: fan-out to 10 / its /healthz rate", "ratio", 3,
+            api.get("ratio_fanout10"))
+        add("api.p50_ms_at_half", "sluice-api request latency at half rate P50", "ms", 1,
+            api.get("p50_ms_at_half"))
+        add("api.p99_ms_at_half", "  P99", "ms", 1, api.get("p99_ms_at_half"),
+            ctx="sluice-api request latency at half rate")
+    scr = ph.get("scrape") or {}
+    if scr.get("ratio") is not None:
+        add("scrape.ratio", "e2e rate, /metrics scraped every 1 s / not scraped", "ratio", 3,
+            scr["ratio"])
+        add("scrape.rate_none_ratio", "  e2e rate not scraped (mean of 2 drains) / raw HTTP",
+            "ratio", 2, rat(scr.get("rate_none")))
+        add("scrape.rate_scrape_ratio", "  e2e rate scraped (mean of 2 drains) / raw HTTP",
+            "ratio", 2, rat(scr.get("rate_scrape")))
+        add("scrape.cpu_ratio", "  consumer CPU per delivery, scraped / not", "ratio", 3,
+            scr.get("cpu_ratio"))
+        add("scrape.cpu_s_per_10k_none", "  consumer CPU s per 10,000 deliveries, not scraped",
+            "s", 2, scr.get("cpu_s_per_10k_none"))
+        add("scrape.cpu_s_per_10k_scrape", "  consumer CPU s per 10,000 deliveries, scraped",
+            "s", 2, scr.get("cpu_s_per_10k_scrape"))
+    return out
+
+
+def summarize(r):
+    """results["summary"]: per headline figure, every repetition's value (None where the
+    repetition has none), the median (of those present; with an even count, the mean of the
+    middle two), min and max."""
+    reps = [x["phases"] for x in r.get("repetitions") or []] or [r["phases"]]
+    per = [{k: (unit, dg, v, show, full) for k, _lbl, unit, dg, v, show, full in figures(ph)}
+           for ph in reps]
+    keys = []
+    for f in per:
+        keys += [k for k in f if k not in keys]
+    out = {}
+    for k in keys:
+        unit, dg, _v, show, full = next(f[k] for f in per if k in f)
+        vals = [f[k][2] if k in f else None for f in per]
+        got = [v for v in vals if v is not None]
+        nd = dg + 2   # stored with two more digits than printed
+        out[k] = {"label": full, "unit": unit, "digits": dg, "table": show,
+                  "values": [None if v is None else round(v, nd) for v in vals],
+                  "median": round(statistics.median(got), nd), "min": round(min(got), nd),
+                  "max": round(max(got), nd)}
+    return out
+
+
+def summary_table(r):
+    n = len(r["repetitions"])
+    S = r.get("summary") or summarize(r)
+    labels = {}   # the table's (indented) labels, from the first repetition that has the key
+    for rep in r["repetitions"]:
+        for k, lbl, *_ in figures(rep["phases"]):
+            labels.setdefault(k, lbl)
+    rows = []
+    for k, e in S.items():
+        if not e["table"]:
+            continue
+        f = (lambda v, d=e["digits"]: f"{v:,.{d}f}")
+        unit = "" if e["unit"] in ("ratio", "") else " " + e["unit"]
+        got = sum(v is not None for v in e["values"])
+        rows.append((labels.get(k, e["label"]), f(e["median"]) + unit,
+                     f"{f(e['min'])}..{f(e['max'])}" + (f" ({got} of {n})" if got < n else "")))
+    out = [f"Sluice benchmark {r['date']} ({r['mode']} run, {n} repetitions, "
+           f"{r.get('duration_s', '?')} s)", "",
+           f"Medians over {n} repetitions (with an even count, the mean of the middle two).",
+           "Throughput: a ratio to the raw HTTP rate wrk measured at the start of the same",
+           "repetition (sluice-api's ratios: to its own GET /healthz rate, as its target);",
+           "latency: ms; CPU: s per 10,000 deliveries or requests.", ""]
+    out += rows_text(rows, ("figure", "median", "min..max"))
+    out.append("")
+    out += targets_median(r, S)
+    out.append("")
+    for rep in r["repetitions"]:
+        out.append(f"repetition {rep['repetition']} of {n} (started {rep.get('started', '?')}, "
+                   f"{rep.get('duration_s', '?')} s, load average at start "
+                   f"{' '.join(str(x) for x in rep.get('loadavg_start', []))}):")
+        out += ["  " + line for line in rows_text(phase_rows(r, rep["phases"]))]
+        out.append("")
+    oc = S.get("e2e.others_cores")
+    out += footer(r, (oc["median"], oc["min"], oc["max"]) if oc else None)
+    return "\n".join(out) + "\n"
+
+
+def targets_median(r, S):
+    """The targets of targets(), judged on the medians of a repeated run."""
+    t = r["targets"]
+    n = len(r["repetitions"])
+    med = {k: e["median"] for k, e in S.items()}
+    rng = {k: (e["min"], e["max"]) for k, e in S.items()}
+
+    def sp(k, d=0):
+        return f"{rng[k][0]:,.{d}f}..{rng[k][1]:,.{d}f}"
+
+    def first(phase):  # the first repetition's phase that ran (for its settings)
+        for rep in r["repetitions"]:
+            if rep["phases"].get(phase) and "failed" not in rep["phases"][phase]:
+                return rep["phases"][phase]
+        return {}
+    out = [f"targets (judged on the medians of the {n} repetitions; min..max after them):"]
+    k = "e2e.rate_median_1s"
+    if k in med:
+        ratio_ = f"; ratio to raw HTTP {med['e2e.ratio']:.2f}" if "e2e.ratio" in med else ""
+        out.append(f"  >= {t['e2e_rate']:,} deliveries/s end to end: "
+                   f"{verdict(med[k] >= t['e2e_rate'])} ({med[k]:,.0f}/s, {sp(k)}{ratio_})")
+    lat = first("latency")
+    for prof, run in (lat.get("runs") or {}).items():
+        k = f"latency.{prof}.p99"
+        if k not in med:
+            continue
+        p99 = med[k]
+        linger = (run.get("pace") or {}).get("linger_ms")
+        if prof.startswith("lib") and linger is not None and linger >= t["p99_ms"]:
+            out.append(f"  P99 at half rate ({prof}, linger_ms {linger}): {p99:.0f} ms ({sp(k)}), "
+                       f"not judged: the producer's linger alone takes up to {linger} ms")
+            continue
+        out.append(f"  P99 < {t['p99_ms']} ms at half rate ({prof}): {verdict(p99 < t['p99_ms'])} "
+                   f"({p99:.0f} ms, {sp(k)}, at {lat.get('rate', 0):,}/s in every repetition)")
+    k = "rss.consumer_hwm_mb"
+    if k in med:
+        want = (first("rss").get("consumer_config") or {}).get("SLUICE_MAX_INFLIGHT", 10000)
+        infl = med.get("rss.consumer_peak_inflight", 0)
+        ok = med[k] < t["rss_mb"] and infl >= want
+        out.append(f"  consumer RSS < {t['rss_mb']} MB with {want:,} in flight (rss phase, reached "
+                   f"{infl:,.0f}, {sp('rss.consumer_peak_inflight')}): {verdict(ok)} "
+                   f"({med[k]:.0f} MB, {sp(k)})")
+    elif "e2e.consumer_peak_rss_mb" in med:
+        k = "e2e.consumer_peak_rss_mb"
+        out.append(f"  consumer RSS < {t['rss_mb']} MB with {r['settings']['consumer_max_inflight']:,}"
+                   f" max in flight (e2e drain): {verdict(med[k] < t['rss_mb'])} "
+                   f"({med[k]:.0f} MB, {sp(k)})")
+    k = "api.ratio_one"
+    if k in med:
+        out.append(f"  sluice-api accepted events/s >= {t.get('api_ratio', 0.5)} of its raw rate: "
+                   f"{verdict(med[k] >= t.get('api_ratio', 0.5))} ({med[k]:.3f}, {sp(k, 3)})")
+    k = "api.p99_ms_at_half"
+    if k in med:
+        out.append(f"  sluice-api P99 < {t.get('api_p99_ms', 20)} ms at half the accepted rate: "
+                   f"{verdict(med[k] < t.get('api_p99_ms', 20))} ({med[k]:.1f} ms, {sp(k, 1)})")
+    k = "scaling.2.x_of_1"
+    if k in med:
+        busy = med.get("scaling.2.machine_busy")
+        others = med.get("scaling.2.others_cores")
+        out.append(f"  near-linear 1 -> 2 consumers: x{med[k]:.2f} ({sp(k, 2)}"
+                   + (f"; machine CPU {busy * 100:.0f}% busy during the 2-consumer runs, "
+                      f"{others:.2f} cores of it other people's work" if busy is not None and
+                      others is not None else "") + ")")
+    out += extra_targets(r, med, rng)
     return out
 
 
@@ -325,6 +664,8 @@ def plots(r, outdir, stem, work):
         return ["gnuplot with a png terminal not available: no plots"]
     made = []
     ph = r["phases"]
+    # a repeated run's plots are its first repetition's
+    rep1 = f" (repetition 1 of {len(r['repetitions'])})" if r.get("repetitions") else ""
     # throughput over time
     series = []
     for label, run in [("e2e, 1 consumer, 100 endpoints", ph.get("e2e", {}))] + [
@@ -346,7 +687,7 @@ def plots(r, outdir, stem, work):
         png = os.path.join(outdir, f"{stem}-throughput.png")
         base = ph.get("wrk", {}).get("requests_per_s")
         gp = [f"set terminal {term}", "set termoption noenhanced", f"set output '{png}'",
-              "set title 'Deliveries per second (outcome timestamps), " + r["date"] + "'",
+              "set title 'Deliveries per second (outcome timestamps), " + r["date"] + rep1 + "'",
               "set xlabel 'seconds since the first delivery'", "set ylabel 'delivered / s'",
               "set grid", "set key outside bottom center horizontal", "set yrange [0:*]"]
         plot = [f"'{p}' using 1:2 with lines lw 2 title '{t}'" for t, p in series]
@@ -375,7 +716,7 @@ def plots(r, outdir, stem, work):
         png = os.path.join(outdir, f"{stem}-latency-cdf.png")
         gp = [f"set terminal {term}", "set termoption noenhanced", f"set output '{png}'",
               "set title 'Publish-to-delivered latency CDF (outcome ts_ms - created_ms), "
-              + r["date"] + "'",
+              + r["date"] + rep1 + "'",
               "set xlabel 'latency (ms, log scale)'", "set ylabel 'fraction delivered'",
               "set logscale x", "set grid", "set key bottom right", "set yrange [0:1]",
               f"set arrow from {r['targets']['p99_ms']},0 to {r['targets']['p99_ms']},1 nohead dt 2 lc rgb 'red'",
@@ -415,6 +756,7 @@ def write(r, outdir, work, quick=False):
     stem = f"{day}-{r['machine']['host']}" + ("-quick" if quick else "")
     made = plots(r, outdir, stem, work)
     r["plots"] = [os.path.basename(p) for p in made if p.endswith(".png")]
+    r["summary"] = summarize(r)
     txt = table(r)
     with open(os.path.join(outdir, f"{stem}.json"), "w") as f:
         json.dump(strip(r), f, indent=1)

@@ -6,11 +6,16 @@
 #   bench/run.sh            full run (1,000,000 deliveries end to end; 10 to 14 minutes)
 #   bench/run.sh --quick    100,000 deliveries and shorter phases, for iteration (about 5 min)
 #   bench/run.sh --only wrk,produce,e2e,rss,latency,recorder,scaling,endpoints,api,scrape   a subset
+#   bench/run.sh --repeat N runs the phases N times (wrk first in each repetition, added when
+#                           --only leaves it out) and reports the median and min..max of each
+#                           headline figure: throughput as a ratio to the same repetition's
+#                           wrk rate, latency in ms, CPU per delivery; targets judged on medians
 #
-# Steps: Release build into build/bench (cmake, -j2) -> sl-bench helper tool compiled against
-# it -> private stack (scripts/stack.sh, SLUICE_STACK_DIR=<tmp>, SLUICE_PORT_BASE) ->
-# bench/bench.py runs the phases and writes bench/results/<date>-<host>[-quick].{json,txt}
-# and the PNG plots -> stack stopped and its directory removed.
+# Steps: Release build into build/bench (cmake, -j2) of every binary the selected phases use
+# -> sl-bench helper tool compiled against it -> private stack (scripts/stack.sh,
+# SLUICE_STACK_DIR=<tmp>, SLUICE_PORT_BASE) -> bench/bench.py runs the phases and writes
+# bench/results/<date>-<host>[-quick].{json,txt} and the PNG plots -> stack stopped and its
+# directory removed.
 #
 # Env (all optional):
 #   BENCH_PORT_BASE (24000)   SLUICE_PORT_BASE of the private stack; the receiver listens on
@@ -52,22 +57,53 @@ done
   say "Kafka jars not found in the cache: scripts/stack.sh will say what is missing (run scripts/setup.sh)"
 
 # ---- build (Release) -------------------------------------------------------------------
+# What each phase runs (build-dir relative). sl-bench (compiled below) is needed by every
+# phase but produce and recorder; the libraries it links come with sluice-produce and
+# sluice-api, which are therefore always built.
+ONLY=""
+prev=""
+for a in "$@"; do
+  case "$a" in
+    --only=*) ONLY=${a#--only=} ;;
+  esac
+  [ "$prev" = --only ] && ONLY=$a
+  prev=$a
+done
+ALL_PHASES="wrk,produce,e2e,rss,latency,recorder,scaling,endpoints,api,scrape"
+CONSUMING="consumer/sluice-consumer producer/sluice-produce ctl/sluicectl tests/receiver/sluice-receiver tests/integration/sl-test-topic"
+bins_of() {
+  case "$1" in
+    wrk) echo "tests/receiver/sluice-receiver" ;;
+    produce) echo "producer/sluice-produce tests/integration/sl-test-topic" ;;
+    e2e|rss|scaling|endpoints|scrape|latency) echo "$CONSUMING" ;;
+    recorder) echo "recorder/sluice-recorder tests/integration/sl-test-outcomes tests/integration/sl-test-topic" ;;
+    api) echo "api/sluice-api ctl/sluicectl tests/integration/sl-test-topic" ;;
+    *) die "unknown phase $1; known: $ALL_PHASES" ;;
+  esac
+}
+# always: the libraries sl-bench links, sluicectl and sl-test-topic (endpoint registration,
+# topics), and wrk's receiver (--repeat adds the wrk phase to every repetition)
+BINS="producer/sluice-produce api/sluice-api ctl/sluicectl tests/integration/sl-test-topic tests/receiver/sluice-receiver"
+IFS=, read -r -a SELECTED <<<"${ONLY:-$ALL_PHASES}"
+for p in "${SELECTED[@]}"; do
+  [ -n "$p" ] && BINS="$BINS $(bins_of "$p")"
+done
+BINS=$(tr ' ' '\n' <<<"$BINS" | awk 'NF && !seen[$0]++' | tr '\n' ' ')
+TARGETS=""
+for b in $BINS; do TARGETS="$TARGETS ${b##*/}"; done
+
 if [ "${BENCH_SKIP_BUILD:-0}" != 1 ]; then
-  say "building Release into $BUILD_DIR"
+  say "building Release into $BUILD_DIR:$TARGETS"
   cmake -S "$REPO_DIR" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSL_TESTS=ON >/dev/null ||
     die "cmake configure failed"
-  cmake --build "$BUILD_DIR" -j2 --target sluice-consumer sluice-produce sluicectl \
-    sluice-receiver sl-test-topic sluice-api >/dev/null || die "build failed"
-  # the recorder phase (bench/recorder.sh) needs these; a failure is reported by that phase
-  for t in sluice-recorder sl-test-outcomes; do
-    if cmake --build "$BUILD_DIR" --target help 2>/dev/null | grep -q "\.\.\. $t\$"; then
-      cmake --build "$BUILD_DIR" -j2 --target "$t" >/dev/null 2>&1 || say "$t did not build"
-    fi
-  done
+  # shellcheck disable=SC2086
+  cmake --build "$BUILD_DIR" -j2 --target $TARGETS >"$BUILD_DIR/bench-build.log" 2>&1 || {
+    tail -n 30 "$BUILD_DIR/bench-build.log" >&2
+    die "build failed (log: $BUILD_DIR/bench-build.log)"
+  }
 fi
-for bin in consumer/sluice-consumer producer/sluice-produce ctl/sluicectl api/sluice-api \
-           tests/receiver/sluice-receiver tests/integration/sl-test-topic; do
-  [ -x "$BUILD_DIR/$bin" ] || die "$BUILD_DIR/$bin missing (build failed?)"
+for bin in $BINS; do
+  [ -x "$BUILD_DIR/$bin" ] || die "$BUILD_DIR/$bin missing (build failed, or BENCH_SKIP_BUILD=1 with an incomplete build)"
 done
 
 # The helper tool links the static libraries of this build (bench/ is not a CMake subdir).

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 #include <time.h>
 
@@ -24,12 +25,16 @@ struct sl_redis {
     int64_t backoff_ms;      /* wait after the next failed connection, ms */
 };
 
-/* After a failed connection, calls fail at once (no new connection) for a growing wait,
- * CONNECT_BACKOFF_MIN_MS doubling up to CONNECT_BACKOFF_MAX_MS, reset by a connection that
- * works: an unreachable or frozen Redis costs a caller one timeout per wait instead of one per
- * call, so a loop that makes many calls keeps turning (and notices a SIGTERM). */
+/* After a failed connection, calls fail at once (no new connection) for a wait: an
+ * unreachable or frozen Redis costs a caller one timeout per wait instead of one per call, so
+ * a loop that makes many calls keeps turning (and notices a SIGTERM). The wait doubles from
+ * CONNECT_BACKOFF_MIN_MS up to CONNECT_BACKOFF_MAX_MS only while attempts are slow (at least
+ * CONNECT_SLOW_MS: a timeout); a refused connection (Redis down or restarting) costs nothing,
+ * so its wait stays at the minimum and a restarted Redis is found again within it (held
+ * markers written a second after it answers). A connection that works resets it. */
 #define CONNECT_BACKOFF_MIN_MS 250
 #define CONNECT_BACKOFF_MAX_MS 2000
+#define CONNECT_SLOW_MS        100
 
 static int64_t mono_ms(void)
 {
@@ -157,7 +162,8 @@ static int do_connect(sl_redis_t *r, sl_err_t *err)
                           r->url.host, r->url.port, (long long)(r->retry_at - now));
     int rc = do_connect_now(r, err);
     if (rc != 0) {
-        r->backoff_ms = r->backoff_ms ? r->backoff_ms * 2 : CONNECT_BACKOFF_MIN_MS;
+        bool slow = mono_ms() - now >= CONNECT_SLOW_MS;
+        r->backoff_ms = r->backoff_ms && slow ? r->backoff_ms * 2 : CONNECT_BACKOFF_MIN_MS;
         if (r->backoff_ms > CONNECT_BACKOFF_MAX_MS)
             r->backoff_ms = CONNECT_BACKOFF_MAX_MS;
         r->retry_at = mono_ms() + r->backoff_ms;

@@ -215,9 +215,9 @@ def test_markers_written_during_a_redis_outage_are_kept(make_world, stack):
     w.notes["delivered_while_redis_down"] = during
     assert during > 0, "nothing was delivered while Redis was down"
     # A delivered marker waits up to MARKS_DELAY_MS (5 ms) for its batch while the next
-    # requests are already sent: a freeze can find 2 ok requests in flight and the 2 before
+    # requests are already sent: the kill can find 2 ok requests in flight and the 2 before
     # them answered with their markers not yet written, besides the slow one.
-    verify(w, rcv, dup_bound=5, dup_reason="the requests in flight at the freeze (2 ok + 1 "
+    verify(w, rcv, dup_bound=5, dup_reason="the requests in flight at the kill (2 ok + 1 "
            "slow) and the 2 answered whose markers still waited for their batch",
            settle_timeout=60)
     sent = collections.Counter(line["webhook_id"] for line in rcv.ledger()
