@@ -36,7 +36,7 @@
 #include "common/sl_redis.h"
 #include "common/sl_registry.h"
 #include "common/sl_secretbox.h"
-#include "producer/sluice_producer.h"
+#include "producer/prod_lib.h"
 
 struct MHD_Connection;
 

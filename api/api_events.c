@@ -588,7 +588,7 @@ static enum api_hret publish_all(struct api_req *r, struct api_pub *p)
             d.own = NULL;
             p->ctx[c].pub = p;
             p->ctx[c].item = i;
-            if (sluice_producer_publish(a->prod, &d, on_done, &p->ctx[c], &err) != 0)
+            if (prod_lib_publish(a->prod, &d, on_done, &p->ctx[c], &err) != 0)
                 on_done(&p->ctx[c], err.code, err.msg);
         }
     }

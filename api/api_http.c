@@ -396,8 +396,7 @@ static enum api_hret readyz(struct api_req *r)
     struct api *a = r->api;
     bool stopping = atomic_load(&a->stopping);
     bool keys = api_keys_loaded(a->keys);
-    sl_err_t err;
-    bool fatal = sluice_producer_fatal(a->prod, &err) != 0;
+    bool fatal = sluice_producer_fatal(a->prod, NULL) != 0;
     bool ok = !stopping && keys && !fatal;
     json_t *j = json_pack("{s:s, s:b, s:b, s:b, s:I}", "status", ok ? "ready" : "not_ready",
                           "stopping", stopping, "api_keys_loaded", keys, "producer_ok", !fatal,

@@ -110,8 +110,7 @@ bool api_ready(struct api *a, struct sl_buf *checks)
 {
     bool stopping = atomic_load(&a->stopping);
     bool keys = api_keys_loaded(a->keys);
-    sl_err_t err;
-    bool fatal = a->prod && sluice_producer_fatal(a->prod, &err) != 0;
+    bool fatal = a->prod && sluice_producer_fatal(a->prod, NULL) != 0;
     bool producer = a->prod && !fatal;
     if (checks) {
         sl_probe_check(checks, "stopping", stopping ? "yes" : "no");

@@ -147,7 +147,7 @@ int main(int argc, char **argv)
     po.enqueue_timeout_ms = 1000;
     po.close_timeout_ms = 1000; /* requests in flight already had api_shutdown_ms */
     po.role = "sluice-api";
-    a.prod = sluice_producer_new_opts(&cfg, &po, &err);
+    a.prod = prod_lib_new(&cfg, &po, &err);
     if (!a.prod) {
         sl_error("api", "producer_failed", "%s", err.msg);
         goto out;

@@ -78,7 +78,7 @@
 #include "common/sl_secretbox.h"
 #include "common/sl_sign.h"
 #include "producer/prod_gen.h"
-#include "producer/sluice_producer.h"
+#include "producer/prod_lib.h"
 
 #define PROG "sl-bench"
 
@@ -294,7 +294,7 @@ static int cmd_pace(int argc, char **argv)
     sl_buf_init(&enc, (size_t)cfg.max_body_bytes * 2 + SL_RECORD_OVERHEAD);
     if (lib) {
         struct sluice_producer_opts po = {.linger_ms = linger};
-        p = sluice_producer_new_opts(&cfg, &po, &err);
+        p = prod_lib_new(&cfg, &po, &err);
         if (!p)
             die("%s", err.msg);
     } else {
@@ -339,7 +339,7 @@ static int cmd_pace(int argc, char **argv)
         void *opaque = (void *)(intptr_t)mono_us();
         int rc;
         if (lib) {
-            rc = sluice_producer_publish(p, &rec, lib_done, opaque, &err);
+            rc = prod_lib_publish(p, &rec, lib_done, opaque, &err);
         } else {
             sl_buf_reset(&enc);
             rc = sl_delivery_encode(&rec, &enc, &err);

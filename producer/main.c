@@ -31,8 +31,8 @@
 #include "common/sl_log.h"
 #include "common/sl_record.h"
 #include "producer/prod_gen.h"
+#include "producer/prod_lib.h"
 #include "producer/prod_lines.h"
-#include "producer/sluice_producer.h"
 
 #define PROG               "sluice-produce"
 #define EXIT_USAGE         2
@@ -308,7 +308,7 @@ static bool publish_one(sluice_producer_t *p,
                 what, lineno, o->timeout_ms);
         return false;
     }
-    int rc = sluice_producer_publish(p, d, on_done, st, &err);
+    int rc = prod_lib_publish(p, d, on_done, st, &err);
     if (rc == 0) {
         st->sent++;
         if (st->sent % POLL_EVERY == 0) {
@@ -481,7 +481,7 @@ int main(int argc, char **argv)
         .close_timeout_ms = CLOSE_TIMEOUT_MS,
         .role = PROG,
     };
-    p = sluice_producer_new_opts(&cfg, &popts, &err);
+    p = prod_lib_new(&cfg, &popts, &err);
     if (!p) {
         fprintf(stderr, PROG ": %s\n", err.msg);
         goto out;
@@ -498,7 +498,7 @@ int main(int argc, char **argv)
     drain(p, &o, &st);
 
     bool down = false;
-    sl_err_t last = {0};
+    sluice_err_t last = {0};
     (void)sluice_producer_last_error(p, &down, &last);
     sluice_producer_destroy(p); /* fails (never acknowledges) whatever is left */
     p = NULL;

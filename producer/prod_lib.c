@@ -1,5 +1,6 @@
 /*
- * prod_lib: the sluice_producer library (see sluice_producer.h for the contract).
+ * prod_lib: the sluice_producer library (see sluice_producer.h for the contract; prod_lib.h
+ * for the entry points over internal types that Sluice's own programs use).
  *
  * Every accepted publish takes one struct prod_rec (the done callback and its opaque; recycled
  * through a bounded free list) and links it into the producer's outstanding list before the
@@ -16,7 +17,13 @@
  *
  * Locking: mu protects the outstanding list and counters and the last-error copy; it is
  * never held while calling librdkafka or a done callback.
+ *
+ * The public functions that take public types (sluice_config_t, struct sluice_delivery,
+ * sluice_err_t) convert them and call the same core as prod_lib_new / prod_lib_publish;
+ * the codes are the same values, so errors and done statuses pass through unchanged.
  */
+#include "producer/prod_lib.h"
+
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -30,6 +37,7 @@
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "producer/prod_conf.h"
 #include "producer/prod_lib_int.h"
 #include "producer/sluice_producer.h"
 
@@ -38,6 +46,14 @@
 #define FAIL_LOG_PERIOD_MS 1000  /* ms; at most one failure line per period when done == NULL */
 #define REC_FREE_MAX       65536 /* prod_rec kept for reuse (about 2 MiB at most) */
 #define SCRATCH_KEEP       ((size_t)256 * 1024) /* bytes; per-thread encode buffer kept between calls */
+#define ROLE_DEFAULT       "sluice-producer" /* client.id role and log proc without opts.role */
+
+/* The public record limits are the contract's. */
+_Static_assert(SLUICE_EVENT_ID_MAX == SL_EVENT_ID_MAX &&
+                   SLUICE_ENDPOINT_ID_MAX == SL_ENDPOINT_ID_MAX &&
+                   SLUICE_EVENT_TYPE_MAX == SL_EVENT_TYPE_MAX && SLUICE_HDR_MAX == SL_HDR_MAX &&
+                   SLUICE_MACRO_MAX == SL_MACRO_MAX,
+               "public record limits differ from sl_record's");
 
 /* One published record awaiting its delivery report. */
 struct prod_rec {
@@ -230,14 +246,8 @@ static int check_opts(const struct sluice_producer_opts *o, sl_err_t *err)
     return 0;
 }
 
-sluice_producer_t *sluice_producer_new(const struct sl_config *cfg, sl_err_t *err)
-{
-    return sluice_producer_new_opts(cfg, NULL, err);
-}
-
-sluice_producer_t *sluice_producer_new_opts(const struct sl_config *cfg,
-                                            const struct sluice_producer_opts *opts,
-                                            sl_err_t *err)
+sluice_producer_t *
+prod_lib_new(const struct sl_config *cfg, const struct sluice_producer_opts *opts, sl_err_t *err)
 {
     static const struct sluice_producer_opts defaults = {0};
     const struct sluice_producer_opts *o = opts ? opts : &defaults;
@@ -253,7 +263,7 @@ sluice_producer_t *sluice_producer_new_opts(const struct sl_config *cfg,
         sl_err_set(err, SL_EINVAL, "topic_deliveries is empty");
         return NULL;
     }
-    const char *role = o->role ? o->role : "sluice-producer";
+    const char *role = o->role ? o->role : ROLE_DEFAULT;
 
     p = sl_xcalloc(1, sizeof(*p));
     pthread_mutex_init(&p->mu, NULL);
@@ -484,11 +494,11 @@ static int produce(sluice_producer_t *p,
     }
 }
 
-int sluice_producer_publish(sluice_producer_t *p,
-                            const struct sl_delivery *d,
-                            sluice_done_fn done,
-                            void *opaque,
-                            sl_err_t *err)
+int prod_lib_publish(sluice_producer_t *p,
+                     const struct sl_delivery *d,
+                     sluice_done_fn done,
+                     void *opaque,
+                     sl_err_t *err)
 {
     struct sl_buf heap;
     struct sl_buf *val;
@@ -538,16 +548,18 @@ int sluice_producer_poll(sluice_producer_t *p, int timeout_ms)
     return n;
 }
 
-int sluice_producer_flush(sluice_producer_t *p, int timeout_ms, sl_err_t *err)
+int sluice_producer_flush(sluice_producer_t *p, int timeout_ms, sluice_err_t *err)
 {
     rd_kafka_resp_err_t e = rd_kafka_flush(p->rk, timeout_ms);
     check_fatal(p);
     size_t left = sluice_producer_outstanding(p);
-    if (e == RD_KAFKA_RESP_ERR__TIMED_OUT || left > 0)
-        return sl_err_set(err, SL_ETIMEDOUT,
-                          "could not flush: %zu records not acknowledged by kafka at %s after "
-                          "%d ms",
-                          left, p->brokers, timeout_ms);
+    if (e == RD_KAFKA_RESP_ERR__TIMED_OUT || left > 0) {
+        sl_err_t ie = {0};
+        sl_err_set(&ie, SL_ETIMEDOUT,
+                   "could not flush: %zu records not acknowledged by kafka at %s after %d ms", left,
+                   p->brokers, timeout_ms);
+        return prod_err_out(err, &ie);
+    }
     return 0;
 }
 
@@ -559,29 +571,105 @@ size_t sluice_producer_outstanding(sluice_producer_t *p)
     return n;
 }
 
-int sluice_producer_fatal(sluice_producer_t *p, sl_err_t *err)
+int sluice_producer_fatal(sluice_producer_t *p, sluice_err_t *err)
 {
     char reason[256];
     rd_kafka_resp_err_t e = rd_kafka_fatal_error(p->rk, reason, sizeof(reason));
     if (e == RD_KAFKA_RESP_ERR_NO_ERROR)
         return 0;
-    return sl_err_set(err, SL_EKAFKA, "kafka producer fatal error: %s: %s; recreate the producer",
-                      rd_kafka_err2name(e), reason);
+    sl_err_t ie = {0};
+    sl_err_set(&ie, SL_EKAFKA, "kafka producer fatal error: %s: %s; recreate the producer",
+               rd_kafka_err2name(e), reason);
+    return prod_err_out(err, &ie);
 }
 
-int sluice_producer_last_error(sluice_producer_t *p, bool *brokers_down, sl_err_t *err)
+int sluice_producer_last_error(sluice_producer_t *p, bool *brokers_down, sluice_err_t *err)
 {
-    int rc = 0;
+    sl_err_t ie = {0};
     pthread_mutex_lock(&p->mu);
     if (brokers_down)
         *brokers_down = p->last_err != 0 && p->last_down;
     if (p->last_err != 0)
-        rc = sl_err_set(err, SL_EKAFKA, "%s", p->last_reason);
+        sl_err_set(&ie, SL_EKAFKA, "%s", p->last_reason);
     pthread_mutex_unlock(&p->mu);
-    return rc;
+    return ie.code != 0 ? prod_err_out(err, &ie) : 0;
 }
 
 rd_kafka_t *prod_lib_kafka(sluice_producer_t *p)
 {
     return p->rk;
+}
+
+/* ==== Public types ==== */
+
+sluice_producer_t *sluice_producer_new(const sluice_config_t *cfg, sluice_err_t *err)
+{
+    return sluice_producer_new_opts(cfg, NULL, err);
+}
+
+sluice_producer_t *sluice_producer_new_opts(const sluice_config_t *cfg,
+                                            const struct sluice_producer_opts *opts,
+                                            sluice_err_t *err)
+{
+    struct sluice_config defaults;
+    const struct sluice_config *c = cfg;
+    sluice_producer_t *p = NULL;
+    sl_err_t ie = {0};
+    if (!c) {
+        prod_conf_init(&defaults);
+        c = &defaults;
+    }
+    if (prod_conf_check(c, &ie) == 0) {
+        prod_conf_apply_log(c, opts && opts->role ? opts->role : ROLE_DEFAULT);
+        p = prod_lib_new(&c->cfg, opts, &ie);
+    }
+    if (!p)
+        prod_err_out(err, &ie);
+    if (c == &defaults)
+        prod_conf_fini(&defaults);
+    return p;
+}
+
+/* Copy a public header or macro array into dst (cap entries, the contract's maximum). A
+ * longer array is refused by its count before any entry is read, so only cap are copied. */
+static const struct sl_kv *
+kv_in(struct sl_kv *dst, size_t cap, const struct sluice_kv *src, size_t n)
+{
+    if (!src)
+        return NULL;
+    for (size_t i = 0; i < n && i < cap; i++) {
+        dst[i].name = src[i].name;
+        dst[i].value = src[i].value;
+    }
+    return dst;
+}
+
+int sluice_producer_publish(sluice_producer_t *p,
+                            const struct sluice_delivery *d,
+                            sluice_done_fn done,
+                            void *opaque,
+                            sluice_err_t *err)
+{
+    struct sl_kv hdr[SL_HDR_MAX];
+    struct sl_kv macros[SL_MACRO_MAX];
+    sl_err_t ie = {0};
+    if (!d) {
+        sl_err_set(&ie, SL_EINVAL, "no delivery record");
+        return prod_err_out(err, &ie);
+    }
+    struct sl_delivery r = {
+        .id = d->id,
+        .ep = d->ep,
+        .type = d->type,
+        .ts_ms = d->ts_ms,
+        .ct = d->ct,
+        .body = d->body,
+        .body_len = d->body_len,
+        .hdr = kv_in(hdr, SL_HDR_MAX, d->hdr, d->n_hdr),
+        .n_hdr = d->n_hdr,
+        .macros = kv_in(macros, SL_MACRO_MAX, d->macros, d->n_macros),
+        .n_macros = d->n_macros,
+    };
+    int rc = prod_lib_publish(p, &r, done, opaque, &ie);
+    return rc != 0 ? prod_err_out(err, &ie) : 0;
 }

@@ -32,7 +32,6 @@
 #include <librdkafka/rdkafka.h>
 
 #include "common/sl_b64.h"
-#include "common/sl_cfg.h"
 #include "common/sl_jsonl.h"
 #include "common/sl_kafka.h"
 #include "common/sl_record.h"
@@ -762,13 +761,13 @@ static void test_usage_and_config(void **state)
     run_free(&r);
 }
 
-/* ==== Tests: the library ==== */
+/* ==== Tests: the library, through its public API (sluice_producer.h) ==== */
 
 struct counts {
     atomic_int ok;      /* done with status 0 */
     atomic_int fail;    /* done with a failure */
-    atomic_int timeout; /* of fail: SL_ETIMEDOUT */
-    atomic_int kafka;   /* of fail: SL_EKAFKA */
+    atomic_int timeout; /* of fail: SLUICE_ETIMEDOUT */
+    atomic_int kafka;   /* of fail: SLUICE_EKAFKA */
 };
 
 static void count_done(void *opaque, int status, const char *reason)
@@ -781,9 +780,9 @@ static void count_done(void *opaque, int status, const char *reason)
     }
     assert_non_null(reason);
     atomic_fetch_add(&c->fail, 1);
-    if (status == SL_ETIMEDOUT)
+    if (status == SLUICE_ETIMEDOUT)
         atomic_fetch_add(&c->timeout, 1);
-    if (status == SL_EKAFKA)
+    if (status == SLUICE_EKAFKA)
         atomic_fetch_add(&c->kafka, 1);
 }
 
@@ -796,12 +795,16 @@ static void never_done(void *opaque, int status, const char *reason)
     atomic_fetch_add(&g_never_called, 1);
 }
 
-static void load_cfg(struct sl_config *cfg, const char *topic, const char *brokers)
+/* An application's configuration: the SLUICE_* environment, then topic and brokers. */
+static sluice_config_t *lib_cfg(const char *topic, const char *brokers)
 {
-    setenv("SLUICE_TOPIC_DELIVERIES", topic, 1);
-    setenv("SLUICE_KAFKA_BROKERS", brokers, 1);
-    assert_int_equal(sl_cfg_load(cfg, NULL, NULL, stderr), 0);
-    setenv("SLUICE_KAFKA_BROKERS", g_brokers, 1);
+    sluice_err_t err = {0};
+    sluice_config_t *cfg = sluice_config_new();
+    if (sluice_config_load_env(cfg, &err) != 0 ||
+        sluice_config_set(cfg, "topic_deliveries", topic, &err) != 0 ||
+        sluice_config_set(cfg, "kafka_brokers", brokers, &err) != 0)
+        fail_msg("configuration: %s", err.msg);
+    return cfg;
 }
 
 struct pub_arg {
@@ -820,12 +823,12 @@ static void *publisher(void *arg)
         snprintf(id, sizeof(id), "lib_%d", i);
         snprintf(ep, sizeof(ep), "ep_%d", i % 5);
         snprintf(body, sizeof(body), "{\"i\":%d}", i);
-        struct sl_delivery d = {.id = id,
-                                .ep = ep,
-                                .type = "t.lib",
-                                .ts_ms = 1,
-                                .body = (const uint8_t *)body,
-                                .body_len = strlen(body)};
+        struct sluice_delivery d = {.id = id,
+                                    .ep = ep,
+                                    .type = "t.lib",
+                                    .ts_ms = 1,
+                                    .body = body,
+                                    .body_len = strlen(body)};
         if (sluice_producer_publish(a->p, &d, count_done, a->c, NULL) != 0)
             a->errors++;
     }
@@ -833,18 +836,18 @@ static void *publisher(void *arg)
 }
 
 /* Concurrent publish from two threads; every record acked exactly once; bad records refused
- * synchronously without a callback. */
+ * synchronously without a callback; headers and macros of the public record arrive. */
 static void test_lib_publish(void **state)
 {
     (void)state;
     char topic[200];
     make_topic(topic, sizeof(topic), "lib");
-    struct sl_config cfg;
-    load_cfg(&cfg, topic, g_brokers);
-    sl_err_t err = {0};
-    sluice_producer_t *p = sluice_producer_new(&cfg, &err);
+    sluice_config_t *cfg = lib_cfg(topic, g_brokers);
+    sluice_err_t err = {0};
+    sluice_producer_t *p = sluice_producer_new(cfg, &err);
     if (!p)
         fail_msg("sluice_producer_new: %s", err.msg);
+    sluice_config_destroy(cfg); /* the producer keeps what it needs */
 
     struct counts c;
     atomic_init(&c.ok, 0);
@@ -852,36 +855,82 @@ static void test_lib_publish(void **state)
     atomic_init(&c.timeout, 0);
     atomic_init(&c.kafka, 0);
     atomic_init(&g_never_called, 0);
-    struct sl_delivery bad = {.id = "bad.id", .ep = "ep_1", .type = "t", .ts_ms = 1};
-    assert_int_equal(sluice_producer_publish(p, &bad, never_done, NULL, &err), SL_EINVAL);
+    struct sluice_delivery bad = {.id = "bad.id", .ep = "ep_1", .type = "t", .ts_ms = 1};
+    assert_int_equal(sluice_producer_publish(p, &bad, never_done, NULL, &err), SLUICE_EINVAL);
+    assert_int_equal(err.code, SLUICE_EINVAL);
     assert_non_null(strstr(err.msg, "id"));
-    struct sl_delivery bad2 = {.id = "ok", .ep = "ep 1", .type = "t", .ts_ms = 1};
-    assert_int_equal(sluice_producer_publish(p, &bad2, never_done, NULL, &err), SL_EINVAL);
+    struct sluice_delivery bad2 = {.id = "ok", .ep = "ep 1", .type = "t", .ts_ms = 1};
+    assert_int_equal(sluice_producer_publish(p, &bad2, never_done, NULL, &err), SLUICE_EINVAL);
+    assert_non_null(strstr(err.msg, "\"ep\""));
+    /* a header array longer than the contract allows is refused by its count, unread */
+    struct sluice_kv many[SLUICE_HDR_MAX + 1];
+    for (size_t i = 0; i < SLUICE_HDR_MAX + 1; i++)
+        many[i] = (struct sluice_kv){"X-A", "v"};
+    struct sluice_delivery bad3 = {
+        .id = "ok", .ep = "ep_1", .type = "t", .hdr = many, .n_hdr = SLUICE_HDR_MAX + 1};
+    assert_int_equal(sluice_producer_publish(p, &bad3, never_done, NULL, &err), SLUICE_ETOOBIG);
+    assert_string_equal(err.msg, "field \"hdr\" has 33 entries, limit 32");
+    bad3.n_hdr = SIZE_MAX;
+    assert_int_equal(sluice_producer_publish(p, &bad3, never_done, NULL, &err), SLUICE_ETOOBIG);
+    assert_int_equal(sluice_producer_publish(p, NULL, never_done, NULL, &err), SLUICE_EINVAL);
+    assert_int_equal(sluice_producer_publish(p, &bad, never_done, NULL, NULL), SLUICE_EINVAL);
+    const struct sluice_kv hdr[] = {{"X-Tenant", "t1"}, {"X-Trace", "abc"}};
+    const struct sluice_kv mac[] = {{"click_id", "c9"}};
+    struct sluice_delivery kv = {.id = "lib_kv",
+                                 .ep = "ep_kv",
+                                 .type = "t.lib",
+                                 .ts_ms = 7,
+                                 .ct = "text/plain",
+                                 .body = "kv",
+                                 .body_len = 2,
+                                 .hdr = hdr,
+                                 .n_hdr = 2,
+                                 .macros = mac,
+                                 .n_macros = 1};
 
+    assert_int_equal(sluice_producer_publish(p, &kv, count_done, &c, &err), 0);
     struct pub_arg a1 = {p, &c, 0, 250, 0}, a2 = {p, &c, 250, 250, 0};
     pthread_t t1, t2;
     assert_int_equal(pthread_create(&t1, NULL, publisher, &a1), 0);
     assert_int_equal(pthread_create(&t2, NULL, publisher, &a2), 0);
     int64_t deadline = sl_mono_ms() + 30000;
-    while ((atomic_load(&c.ok) + atomic_load(&c.fail) < 500) && sl_mono_ms() < deadline)
+    while ((atomic_load(&c.ok) + atomic_load(&c.fail) < 501) && sl_mono_ms() < deadline)
         sluice_producer_poll(p, 100);
     assert_int_equal(pthread_join(t1, NULL), 0);
     assert_int_equal(pthread_join(t2, NULL), 0);
     assert_int_equal(a1.errors + a2.errors, 0);
     assert_int_equal(sluice_producer_flush(p, 10000, &err), 0);
     assert_int_equal(sluice_producer_outstanding(p), 0);
-    assert_int_equal(atomic_load(&c.ok), 500);
+    assert_int_equal(atomic_load(&c.ok), 501);
     assert_int_equal(atomic_load(&c.fail), 0);
     assert_int_equal(sluice_producer_fatal(p, NULL), 0);
     sluice_producer_destroy(p);
-    assert_int_equal(atomic_load(&c.ok), 500); /* destroy adds no callback */
+    assert_int_equal(atomic_load(&c.ok), 501); /* destroy adds no callback */
     assert_int_equal(atomic_load(&g_never_called), 0);
 
     size_t n = 0;
     struct got *g = read_topic(topic, &n);
-    assert_int_equal(n, 500);
+    assert_int_equal(n, 501);
+    size_t found = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct sl_delivery *d = &g[i].d;
+        if (strcmp(d->id, "lib_kv") != 0)
+            continue;
+        found++;
+        assert_string_equal(g[i].key, "ep_kv");
+        assert_string_equal(d->ct, "text/plain");
+        assert_int_equal(d->ts_ms, 7);
+        assert_int_equal(d->body_len, 2);
+        assert_memory_equal(d->body, "kv", 2);
+        assert_int_equal(d->n_hdr, 2);
+        assert_string_equal(d->hdr[1].name, "X-Trace");
+        assert_string_equal(d->hdr[1].value, "abc");
+        assert_int_equal(d->n_macros, 1);
+        assert_string_equal(d->macros[0].name, "click_id");
+        assert_string_equal(d->macros[0].value, "c9");
+    }
+    assert_int_equal(found, 1);
     got_free(g, n);
-    sl_cfg_fini(&cfg);
     drop_topic(topic);
 }
 
@@ -891,11 +940,10 @@ static void test_lib_destroy_fails_pending(void **state)
     (void)state;
     char brokers[64];
     snprintf(brokers, sizeof(brokers), "127.0.0.1:%d", sl_test_free_port());
-    struct sl_config cfg;
-    load_cfg(&cfg, "test.produce.nowhere", brokers);
+    sluice_config_t *cfg = lib_cfg("test.produce.nowhere", brokers);
     struct sluice_producer_opts o = {.message_timeout_ms = 60000, .close_timeout_ms = 500};
-    sl_err_t err = {0};
-    sluice_producer_t *p = sluice_producer_new_opts(&cfg, &o, &err);
+    sluice_err_t err = {0};
+    sluice_producer_t *p = sluice_producer_new_opts(cfg, &o, &err);
     if (!p)
         fail_msg("sluice_producer_new_opts: %s", err.msg);
     struct counts c;
@@ -904,12 +952,12 @@ static void test_lib_destroy_fails_pending(void **state)
     atomic_init(&c.timeout, 0);
     atomic_init(&c.kafka, 0);
     for (int i = 0; i < 10; i++) {
-        struct sl_delivery d = {.id = "e1", .ep = "ep_1", .type = "t", .ts_ms = 1};
+        struct sluice_delivery d = {.id = "e1", .ep = "ep_1", .type = "t", .ts_ms = 1};
         assert_int_equal(sluice_producer_publish(p, &d, count_done, &c, &err), 0);
     }
     sluice_producer_poll(p, 200);
     assert_int_equal(sluice_producer_outstanding(p), 10);
-    assert_int_equal(sluice_producer_flush(p, 300, &err), SL_ETIMEDOUT);
+    assert_int_equal(sluice_producer_flush(p, 300, &err), SLUICE_ETIMEDOUT);
     assert_non_null(strstr(err.msg, "10 records"));
     int64_t t0 = sl_mono_ms();
     sluice_producer_destroy(p);
@@ -917,14 +965,14 @@ static void test_lib_destroy_fails_pending(void **state)
     assert_int_equal(atomic_load(&c.ok), 0);
     assert_int_equal(atomic_load(&c.fail), 10);
     assert_int_equal(atomic_load(&c.timeout), 10);
-    sl_cfg_fini(&cfg);
+    sluice_config_destroy(cfg);
 }
 
 /* The linger.ms a library producer hands to librdkafka. */
-static void lib_linger(const struct sl_config *cfg, int64_t linger_ms, char *out, size_t cap)
+static void lib_linger(const sluice_config_t *cfg, int64_t linger_ms, char *out, size_t cap)
 {
     struct sluice_producer_opts o = {.linger_ms = linger_ms, .close_timeout_ms = -1};
-    sl_err_t err = {0};
+    sluice_err_t err = {0};
     sluice_producer_t *p = sluice_producer_new_opts(cfg, &o, &err);
     if (!p)
         fail_msg("sluice_producer_new_opts(linger_ms %lld): %s", (long long)linger_ms, err.msg);
@@ -941,24 +989,23 @@ static void test_lib_linger(void **state)
     (void)state;
     char brokers[64];
     snprintf(brokers, sizeof(brokers), "127.0.0.1:%d", sl_test_free_port());
-    struct sl_config cfg;
-    load_cfg(&cfg, "test.produce.nowhere", brokers);
+    sluice_config_t *cfg = lib_cfg("test.produce.nowhere", brokers);
     char v[32];
-    lib_linger(&cfg, 0, v, sizeof(v));
+    lib_linger(cfg, 0, v, sizeof(v));
     assert_string_equal(v, "5");
-    lib_linger(&cfg, 50, v, sizeof(v));
+    lib_linger(cfg, 50, v, sizeof(v));
     assert_string_equal(v, "50");
-    lib_linger(&cfg, SLUICE_PRODUCER_LINGER_MAX_MS, v, sizeof(v));
+    lib_linger(cfg, SLUICE_PRODUCER_LINGER_MAX_MS, v, sizeof(v));
     assert_string_equal(v, "900");
     const int64_t bad[] = {-1, SLUICE_PRODUCER_LINGER_MAX_MS + 1};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         struct sluice_producer_opts o = {.linger_ms = bad[i]};
-        sl_err_t err = {0};
-        assert_null(sluice_producer_new_opts(&cfg, &o, &err));
-        assert_int_equal(err.code, SL_EINVAL);
+        sluice_err_t err = {0};
+        assert_null(sluice_producer_new_opts(cfg, &o, &err));
+        assert_int_equal(err.code, SLUICE_EINVAL);
         assert_string_equal(err.msg, "linger_ms must be in 0..900");
     }
-    sl_cfg_fini(&cfg);
+    sluice_config_destroy(cfg);
 }
 
 /* A fatal idempotent-producer error: reported, later publishes refused, callbacks still
@@ -968,17 +1015,16 @@ static void test_lib_fatal(void **state)
     (void)state;
     char topic[200];
     make_topic(topic, sizeof(topic), "fatal");
-    struct sl_config cfg;
-    load_cfg(&cfg, topic, g_brokers);
-    sl_err_t err = {0};
-    sluice_producer_t *p = sluice_producer_new(&cfg, &err);
+    sluice_config_t *cfg = lib_cfg(topic, g_brokers);
+    sluice_err_t err = {0};
+    sluice_producer_t *p = sluice_producer_new(cfg, &err);
     assert_non_null(p);
     struct counts c;
     atomic_init(&c.ok, 0);
     atomic_init(&c.fail, 0);
     atomic_init(&c.timeout, 0);
     atomic_init(&c.kafka, 0);
-    struct sl_delivery d = {.id = "f1", .ep = "ep_1", .type = "t", .ts_ms = 1};
+    struct sluice_delivery d = {.id = "f1", .ep = "ep_1", .type = "t", .ts_ms = 1};
     for (int i = 0; i < 5; i++)
         assert_int_equal(sluice_producer_publish(p, &d, count_done, &c, &err), 0);
     assert_int_equal(sluice_producer_flush(p, 15000, &err), 0);
@@ -989,16 +1035,16 @@ static void test_lib_fatal(void **state)
                                                "injected by test_produce"),
                      RD_KAFKA_RESP_ERR_NO_ERROR);
     sluice_producer_poll(p, 100);
-    assert_int_equal(sluice_producer_fatal(p, &err), SL_EKAFKA);
+    assert_int_equal(sluice_producer_fatal(p, &err), SLUICE_EKAFKA);
     assert_non_null(strstr(err.msg, "fatal"));
     assert_non_null(strstr(err.msg, "injected by test_produce"));
     atomic_init(&g_never_called, 0);
-    assert_int_equal(sluice_producer_publish(p, &d, never_done, NULL, &err), SL_EKAFKA);
+    assert_int_equal(sluice_producer_publish(p, &d, never_done, NULL, &err), SLUICE_EKAFKA);
     assert_non_null(strstr(err.msg, "fatal"));
     sluice_producer_destroy(p);
     assert_int_equal(atomic_load(&g_never_called), 0);
     assert_int_equal(atomic_load(&c.ok) + atomic_load(&c.fail), 5);
-    sl_cfg_fini(&cfg);
+    sluice_config_destroy(cfg);
     drop_topic(topic);
 }
 
