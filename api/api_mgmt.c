@@ -62,7 +62,35 @@ static json_t *strv_json(char *const *v, size_t n)
     return a;
 }
 
-static json_t *ep_json(const struct sl_reg_ep *ep)
+/*
+ * The scheme of a sealed secret of endpoint id and, for Ed25519, its public key into pk
+ * (SL_PUBKEY_STR_MAX bytes, "" otherwise). Returns 1 (Ed25519), 0 (HMAC) or -1 (it does not
+ * open: another master key).
+ */
+static int secret_scheme(
+    const char *id, const uint8_t *enc, size_t enc_len, const struct sl_masterkey *mk, char *pk)
+{
+    uint8_t plain[SL_SECRET_ENC_MAX + 1];
+    size_t plen = 0;
+    struct sl_secret s;
+    sl_err_t err;
+    int kind = -1;
+    memset(&s, 0, sizeof(s));
+    pk[0] = '\0';
+    if (sl_secretbox_open(mk, id, enc, enc_len, plain, sizeof(plain) - 1, &plen, &err) == 0) {
+        plain[plen] = '\0';
+        if (sl_secret_parse(&s, (const char *)plain, &err) == 0) {
+            kind = s.kind == SL_SECRET_ED25519;
+            if (kind == 1 && sl_secret_public(&s, pk, SL_PUBKEY_STR_MAX, &err) != 0)
+                pk[0] = '\0';
+        }
+    }
+    sl_secret_fini(&s);
+    sl_secret_wipe(plain, sizeof(plain));
+    return kind;
+}
+
+static json_t *ep_json(const struct sl_reg_ep *ep, const struct sl_masterkey *mk)
 {
     json_t *hdr = json_object();
     for (size_t i = 0; i < ep->n_hdr; i++)
@@ -74,9 +102,17 @@ static json_t *ep_json(const struct sl_reg_ep *ep)
     for (size_t i = 0; i < ep->n_secrets; i++) {
         if (ep->secrets[i].expired)
             continue;
-        json_array_append_new(sec, json_pack("{s:i, s:o, s:o}", "seq", ep->secrets[i].seq,
-                                             "created_at", api_time_json(ep->secrets[i].created_ms),
-                                             "expires_at", api_time_json(ep->secrets[i].exp_ms)));
+        char pk[SL_PUBKEY_STR_MAX];
+        int kind = secret_scheme(ep->id, ep->secrets[i].enc, ep->secrets[i].enc_len, mk, pk);
+        json_t *one = json_pack("{s:i, s:o, s:o, s:o}", "seq", ep->secrets[i].seq, "created_at",
+                                api_time_json(ep->secrets[i].created_ms), "expires_at",
+                                api_time_json(ep->secrets[i].exp_ms), "signature",
+                                kind < 0   ? json_null()
+                                : kind > 0 ? json_string("ed25519")
+                                           : json_string("hmac"));
+        if (pk[0])
+            json_object_set_new(one, "public_key", json_string(pk));
+        json_array_append_new(sec, one);
     }
     json_t *j = json_object();
     json_object_set_new(j, "id", json_string(ep->id));
@@ -380,7 +416,7 @@ static enum api_hret changed(struct api_req *r,
                              const struct sl_reg_result *res,
                              json_t *x)
 {
-    json_t *j = ep ? ep_json(ep) : json_object();
+    json_t *j = ep ? ep_json(ep, &r->api->mk) : json_object();
     json_object_set_new(j, "published", json_boolean(res->published));
     if (x) {
         json_object_update(j, x);
@@ -418,7 +454,7 @@ enum api_hret api_endpoints_list(struct api_req *r)
             next = api_cursor_json(eps[i].id);
         }
         if (sees_row(r, &eps[i]))
-            json_array_append_new(data, ep_json(&eps[i]));
+            json_array_append_new(data, ep_json(&eps[i], &r->api->mk));
     }
     for (size_t i = 0; i < n; i++)
         sl_reg_ep_fini(&eps[i]);
@@ -441,7 +477,7 @@ enum api_hret api_endpoints_get(struct api_req *r)
     if (rc == 0 && !sees_row(r, &ep))
         rc = SL_ENOTFOUND; /* another tenant's endpoint does not exist for this key */
     if (rc == 0)
-        api_reply(r, 200, ep_json(&ep));
+        api_reply(r, 200, ep_json(&ep, &r->api->mk));
     else
         problem_for(r, rc, &err, id);
     sl_reg_ep_fini(&ep);
@@ -608,22 +644,12 @@ static enum sl_secret_kind current_kind(PGconn *pg, const struct sl_masterkey *m
 {
     struct sl_reg_ep cur;
     sl_err_t err;
+    char pk[SL_PUBKEY_STR_MAX];
     enum sl_secret_kind kind = SL_SECRET_HMAC;
     memset(&cur, 0, sizeof(cur));
-    if (sl_reg_db_load(pg, id, false, &cur, &err) == 0 && cur.n_secrets > 0) {
-        uint8_t plain[SL_SECRET_ENC_MAX + 1];
-        size_t plen = 0;
-        struct sl_secret s;
-        memset(&s, 0, sizeof(s));
-        if (sl_secretbox_open(mk, id, cur.secrets[0].enc, cur.secrets[0].enc_len, plain,
-                              sizeof(plain) - 1, &plen, &err) == 0) {
-            plain[plen] = '\0';
-            if (sl_secret_parse(&s, (const char *)plain, &err) == 0)
-                kind = s.kind;
-        }
-        sl_secret_fini(&s);
-        sl_secret_wipe(plain, sizeof(plain));
-    }
+    if (sl_reg_db_load(pg, id, false, &cur, &err) == 0 && cur.n_secrets > 0 &&
+        secret_scheme(id, cur.secrets[0].enc, cur.secrets[0].enc_len, mk, pk) == 1)
+        kind = SL_SECRET_ED25519;
     sl_reg_ep_fini(&cur);
     return kind;
 }

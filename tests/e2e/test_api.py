@@ -322,6 +322,10 @@ def test_ed25519_secrets_on_create_and_rotate(make_world):
                                                    "signature": "ed25519"}, admin)
     assert st == 201 and b["published"], b
     check_pair(b["secret"], b["public_key"])
+    # the public key is read back with the endpoint (GET) whenever a receiver needs it again
+    st, _, g = call(api, "GET", f"/v1/endpoints/{ep}", None, admin)
+    assert st == 200 and [(x["signature"], x.get("public_key")) for x in g["secrets"]] == \
+        [("ed25519", b["public_key"])], g["secrets"]
     # a receiver holding the new key; the endpoint moved to it (the scheme is not a PATCH field)
     rcv = w.receiver(secrets_list=[b["secret"]], extra=["--reject-bad-sig"])
     problem(*call(api, "PATCH", f"/v1/endpoints/{ep}", {"signature": "hmac"}, admin), 400,
@@ -347,6 +351,9 @@ def test_ed25519_secrets_on_create_and_rotate(make_world):
     assert st == 200 and r["secret"].startswith("whsec_") and "public_key" not in r, r
     st, _, r = call(api, "POST", f"/v1/endpoints/{ep}/rotate-secret", {"overlap_s": 0}, admin)
     assert st == 200 and r["secret"].startswith("whsec_") and "public_key" not in r, r
+    st, _, g = call(api, "GET", f"/v1/endpoints/{ep}", None, admin)
+    cur = [x for x in g["secrets"] if x["expires_at"] is None]  # the first key's overlap runs
+    assert [x["signature"] for x in cur] == ["hmac"] and "public_key" not in cur[0], g["secrets"]
     assert c.term() == 0
 
 
