@@ -17,20 +17,11 @@ import subprocess
 
 import pytest
 
-from sluice_e2e import need_env, rand_suffix
+from sluice_e2e import need_env, psql, rand_suffix
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SQL_DIR = os.path.join(REPO, "sql")
 KEY_RE = re.compile(r"^slk_([a-z0-9]{16})_([A-Za-z0-9_-]{43})$")
-
-
-def psql(dsn, sql, *args):
-    r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-At", dsn, *args,
-                        "-c", sql], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PGCONNECT_TIMEOUT": "5",
-                            "PGOPTIONS": "-c client_min_messages=warning"})
-    assert r.returncode == 0, f"psql failed: {r.stderr}"
-    return r.stdout.strip()
 
 
 def dsn_with_db(dsn, db):

@@ -140,6 +140,23 @@ def check_signed_headers(h, event_id):
     return entries
 
 
+
+def deliver_all(w, events):
+    """Produce events, run a consumer until every one is delivered, stop it (exit 0); the
+    stopped consumer (its logs)."""
+    r = w.produce(events)
+    assert r.returncode == 0, r.stderr
+    c = w.consumer()
+    want = {(e["id"], e["endpoint"]) for e in events}
+
+    def delivered():
+        fin = final_states(w.outcomes())
+        return all(k in fin and fin[k]["state"] == "delivered" for k in want)
+
+    wait_until(delivered, 90, 1.0, f"all {len(want)} delivered")
+    assert c.term() == 0, c.logs()[-3000:]
+    return c
+
 def test_requests_on_the_wire_verify_with_the_official_library(make_world, capture):
     w = make_world()
     tag = w.tag
@@ -170,17 +187,7 @@ def test_requests_on_the_wire_verify_with_the_official_library(make_world, captu
          "body": pb_body},
         {"id": f"evt_{tag}_rot", "endpoint": ep_rot, "type": "order.created", "body": rot_body},
     ]
-    r = w.produce(events)
-    assert r.returncode == 0, r.stderr
-    c = w.consumer()
-    want = {(e["id"], e["endpoint"]) for e in events}
-
-    def delivered():
-        fin = final_states(w.outcomes())
-        return all(k in fin and fin[k]["state"] == "delivered" for k in want)
-
-    wait_until(delivered, 90, 1.0, "all three delivered")
-    assert c.term() == 0, c.logs()[-3000:]
+    c = deliver_all(w, events)
     assert len(capture.requests) == 3, [(q["method"], q["target"]) for q in capture.requests]
 
     # ---- 1. POST with a binary body: the exact bytes, signed over them
@@ -354,17 +361,7 @@ def test_v1a_signatures_verify_with_the_printed_public_key(make_world, capture):
         {"id": f"evt_{tag}_b", "endpoint": ep_b, "type": "order.created", "body": rot_body},
         {"id": f"evt_{tag}_c", "endpoint": ep_c, "type": "order.created", "body": {"n": 3}},
     ]
-    r = w.produce(events)
-    assert r.returncode == 0, r.stderr
-    c = w.consumer()
-    want = {(e["id"], e["endpoint"]) for e in events}
-
-    def delivered():
-        fin = final_states(w.outcomes())
-        return all(k in fin and fin[k]["state"] == "delivered" for k in want)
-
-    wait_until(delivered, 90, 1.0, "all three delivered")
-    assert c.term() == 0, c.logs()[-3000:]
+    c = deliver_all(w, events)
     logs = c.logs()
     for whsk in (whsk_a1, whsk_a2, whsk_b, whsk_c):
         assert whsk[5:40] not in logs, "an Ed25519 private key reached the consumer's log"
