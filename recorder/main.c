@@ -128,7 +128,8 @@ int main(int argc, char **argv)
         _exit(run == 0 ? 0 : 1);
     }
     if (run != 0) {
-        sl_error("recorder", "start_failed", "%s", err.msg);
+        sl_error("recorder", run == SL_EVERSION ? "schema_mismatch" : "start_failed", "%s",
+                 err.msg);
         goto out;
     }
     rc = 0;

@@ -24,11 +24,12 @@ enum {
     C_TS = 7,
 };
 
-/* outcome_state labels in the enum's declaration order (sql/0002_history.sql): the rank is
- * PostgreSQL's sort order of the value. */
-static const char *const state_order[] = {"deferred",    "retry_scheduled", "disabled",
-                                          "quarantined", "dead_letter",     "duplicate",
-                                          "delivered"};
+/* The rank of a state is its index: PostgreSQL's sort order of the value (rec_agg.h). */
+const char *const rec_agg_states[REC_AGG_NSTATES] = {"deferred",    "retry_scheduled", "disabled",
+                                                     "quarantined", "dead_letter",     "duplicate",
+                                                     "delivered"};
+/* every state the recorder writes has a rank (test_rec_agg checks the names) */
+_Static_assert(SL_OUTCOME_STATE_COUNT == REC_AGG_NSTATES, "one rank per outcome state");
 #define RANK_RETRY     1
 #define RANK_DEAD      4
 #define RANK_DELIVERED 6
@@ -91,8 +92,9 @@ static int parse_row(const uint8_t *p, size_t len, struct rec_agg_row *r)
     r->ts = get_be64(r->field[C_TS] + 4);
     size_t sl = (size_t)get_be32(r->field[C_STATE]);
     r->rank = -1;
-    for (int i = 0; i < (int)(sizeof(state_order) / sizeof(state_order[0])); i++) {
-        if (strlen(state_order[i]) == sl && memcmp(state_order[i], r->field[C_STATE] + 4, sl) == 0)
+    for (int i = 0; i < REC_AGG_NSTATES; i++) {
+        if (strlen(rec_agg_states[i]) == sl &&
+            memcmp(rec_agg_states[i], r->field[C_STATE] + 4, sl) == 0)
             r->rank = i;
     }
     return r->rank < 0 ? SL_EDECODE : 0;
@@ -114,14 +116,17 @@ static int ep_cmp(const void *x, const void *y)
     return text_cmp(a->ep, a->ep_len, b->ep, b->ep_len);
 }
 
-/* Newer by (ts, state), ties by attempt (the hl CTE's order). */
+/* Newer by (ts, state, attempt, event id): the hl CTE's order, total over distinct rows of
+ * one endpoint (they are the rest of the delivery_attempts key). */
 static bool newer(const struct rec_agg_row *a, const struct rec_agg_row *b)
 {
     if (a->ts != b->ts)
         return a->ts > b->ts;
     if (a->rank != b->rank)
         return a->rank > b->rank;
-    return a->attempt > b->attempt;
+    if (a->attempt != b->attempt)
+        return a->attempt > b->attempt;
+    return text_cmp(a->ev, a->ev_len, b->ev, b->ev_len) > 0;
 }
 
 static bool failed_attempt(const struct rec_agg_row *r)
@@ -200,6 +205,28 @@ static int put_endpoint(struct rec_agg *a, const struct rec_agg_row *g, size_t n
         a->failures++;
     }
     return rc;
+}
+
+int rec_agg_check_states(const char *const *pg, size_t n, sl_err_t *err)
+{
+    for (size_t i = 0; i < n && i < REC_AGG_NSTATES; i++) {
+        if (strcmp(pg[i], rec_agg_states[i]) != 0)
+            return sl_err_set(err, SL_EVERSION,
+                              "cannot record outcomes: outcome_state in postgresql does not match "
+                              "sluice-recorder: label %zu in sort order is \"%s\", expected \"%s\"",
+                              i + 1, pg[i], rec_agg_states[i]);
+    }
+    if (n < REC_AGG_NSTATES)
+        return sl_err_set(err, SL_EVERSION,
+                          "cannot record outcomes: outcome_state in postgresql does not match "
+                          "sluice-recorder: %zu labels, expected %d (\"%s\" is missing)",
+                          n, REC_AGG_NSTATES, rec_agg_states[n]);
+    if (n > REC_AGG_NSTATES)
+        return sl_err_set(err, SL_EVERSION,
+                          "cannot record outcomes: outcome_state in postgresql does not match "
+                          "sluice-recorder: %zu labels, expected %d (\"%s\" is unknown)",
+                          n, REC_AGG_NSTATES, pg[REC_AGG_NSTATES]);
+    return 0;
 }
 
 /* Reset out for a new build with the hard limit max. */

@@ -10,13 +10,14 @@
  * be computed here from the encoded COPY tuples and sent with the stage rows as two small COPYs
  * (REC_HSTAGE_COLUMNS: one tuple per endpoint; REC_FSTAGE_COLUMNS: one per candidate failure).
  *
- * Equivalence with the SQL (HEALTH_SQL in rec_db.c; keep the two in step):
+ * The same rules as the SQL (HEALTH_SQL in rec_db.c); tests/integration/test_rec_paths.c
+ * writes randomized batches through both and compares the resulting tables row by row:
  *   - rows with endpoint id '' (quarantined without one) are left out;
  *   - ok_ts = max(ts) of delivered; fail_ts = max(ts) of retry_scheduled/dead_letter with
  *     attempt > 0 (a failed attempt);
- *   - the newest outcome by (ts, state), state in the outcome_state enum's declaration order
- *     (sql/0002_history.sql); exact ties (same ts and state) are broken by the greater attempt,
- *     where SQL picks either;
+ *   - the newest outcome by (ts, state, attempt, event id), state in the outcome_state enum's
+ *     sort order (rec_agg_states, checked against PostgreSQL's at connect), event ids as
+ *     bytes (collation "C"): a total order over an endpoint's rows, as hl's ORDER BY;
  *   - the failed attempts newer than ok_ts (all of them when the slice has no success): the
  *     statement counts those newer than the stored last_success_at, which is what hc counts.
  * The SQL drops rows older than the history retention before aggregating; rec_agg cannot see
@@ -37,6 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/sl_err.h"
 #include "common/sl_mem.h"
 #include "recorder/rec_batch.h"
 
@@ -51,6 +53,18 @@
  * newest success in the slice: the only ones consecutive_failures may count (the hc CTE). */
 #define REC_FSTAGE_COLUMNS "endpoint_id text, ts timestamptz"
 #define REC_FSTAGE_NCOLS   2
+
+/* The outcome_state labels in PostgreSQL's sort order (sql/0002_history.sql): rec_agg ranks
+ * states by their index here, and the recorder writes states by these names. */
+#define REC_AGG_NSTATES 7
+extern const char *const rec_agg_states[REC_AGG_NSTATES];
+
+/*
+ * Check the outcome_state labels of a database, pg (n labels in enumsortorder; borrowed),
+ * against rec_agg_states: same labels in the same order. Returns 0, or SL_EVERSION with err
+ * naming the first difference (a schema this binary cannot write correctly).
+ */
+int rec_agg_check_states(const char *const *pg, size_t n, sl_err_t *err);
 
 /* Scratch space reused across slices (caller-allocated; zero-initialise, then rec_agg_fini). */
 struct rec_agg {

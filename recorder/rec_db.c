@@ -20,23 +20,25 @@
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "recorder/rec_agg.h"
+#include "recorder/rec_db_int.h"
 
 #define COPY_CHUNK              ((size_t)1 << 20) /* bytes per PQputCopyData call */
 #define REC_DB_SAFE_WRITES      20 /* writes that use the safe apply after a duplicate */
 #define REC_DB_CONFLICT_RETRIES 3  /* immediate retries after a deadlock/serialization error */
 
 struct rec_db {
-    char *dsn;                /* libpq conninfo (owned) */
-    PGconn *pg;               /* NULL = not connected */
-    int64_t latency_window_h; /* samples older than this are not inserted, hours */
-    int64_t history_days;     /* attempts older than this are not inserted, days */
-    int safe_writes;          /* writes left that use the safe apply variant (after a
-                                 duplicate hit the fast one) */
-    bool last_class40;        /* the last error was SQLSTATE class 40 (deadlock, serialization) */
-    pthread_mutex_t mu;       /* guards cancel (rec_db_cancel comes from another thread) */
-    PGcancel *cancel;         /* cancel handle of pg; NULL = not connected */
-    bool has_pending;         /* pending_payloads exists (checked at connect) */
-    struct rec_agg agg;       /* health inputs of the slice being written (fast apply) */
+    char *dsn;                 /* libpq conninfo (owned) */
+    PGconn *pg;                /* NULL = not connected */
+    int64_t latency_window_h;  /* samples older than this are not inserted, hours */
+    int64_t history_days;      /* attempts older than this are not inserted, days */
+    int safe_writes;           /* writes left that use the safe apply variant (after a
+                                  duplicate hit the fast one) */
+    bool last_class40;         /* the last error was SQLSTATE class 40 (deadlock, serialization) */
+    pthread_mutex_t mu;        /* guards cancel (rec_db_cancel comes from another thread) */
+    PGcancel *cancel;          /* cancel handle of pg; NULL = not connected */
+    bool has_pending;          /* pending_payloads exists (checked at connect) */
+    struct rec_agg agg;        /* health inputs of the slice being written (fast apply) */
+    enum rec_db_health health; /* where the health inputs come from (tests pin it) */
 };
 
 /* ==== SQL ==== */
@@ -69,17 +71,8 @@ static const char SQL_COPY_AGG[] = "begin; copy rec_stage from stdin with (forma
  * half the time); rec_db_write falls back to the safe variant when the fast one hits a
  * duplicate (re-reads after a crash or rebalance, duplicate records on the topic).
  */
-/*
- * deliveries_replaces(d.state, d.last_update, excluded.state, excluded.last_update) of
- * sql/0002_history.sql, written out: PostgreSQL does not inline the SQL function inside ON
- * CONFLICT (a function call per column and conflicting row was ~4 % of the recorder's
- * PostgreSQL time). Keep the two in step.
- */
-#define REPLACES                                                                                   \
-    "(case when d.state = 'delivered'"                                                             \
-    "      then excluded.state = 'delivered' and excluded.last_update < d.last_update"             \
-    "      when excluded.state = 'delivered' then true"                                            \
-    "      else (excluded.last_update, excluded.state) > (d.last_update, d.state) end)"
+/* deliveries_replaces of sql/0002_history.sql, written out (rec_db_int.h). */
+#define REPLACES REC_DB_REPLACES_SQL
 
 /* The win CTE computed in SQL from the rows the attempt insert returned: per key the batch's
  * winner (deliveries_replaces order: earliest delivered, else the greatest (ts, state)) and the
@@ -101,9 +94,10 @@ static const char SQL_COPY_AGG[] = "begin; copy rec_stage from stdin with (forma
     "            case when state = 'delivered' then ts end asc, ts desc, state desc"
 
 /* The endpoint_health inputs computed in SQL from the new rows: per endpoint the newest
- * success and failure (hb), the newest outcome (hl), and the failures to count (hc: newer than
- * the newest success known after this batch). rec_agg.c computes hb and hl and the candidate
- * failures of hc in the recorder (keep the two in step). */
+ * success and failure (hb), the newest outcome (hl; ordered by (ts, state, attempt, event id),
+ * a total order), and the failures to count (hc: newer than the newest success known after
+ * this batch). rec_agg.c computes hb and hl and the candidate failures of hc in the recorder
+ * by the same rules; tests/integration/test_rec_paths.c compares the two paths' tables. */
 #define HEALTH_SQL                                                                                 \
     "), hb as ("                                                                                   \
     "  select endpoint_id,"                                                                        \
@@ -113,7 +107,7 @@ static const char SQL_COPY_AGG[] = "begin; copy rec_stage from stdin with (forma
     "    from known group by endpoint_id"                                                          \
     "), hl as ("                                                                                   \
     "  select distinct on (endpoint_id) endpoint_id, state, ts, http_status, err from known"       \
-    "   order by endpoint_id, ts desc, state desc"                                                 \
+    "   order by endpoint_id, ts desc, state desc, attempt desc, event_id collate \"C\" desc"      \
     "), hc as (" /* failures to count: newer than the newest success known after this batch */     \
     "  select k.endpoint_id,"                                                                      \
     "         count(*) filter (where k.state in ('retry_scheduled', 'dead_letter')"                \
@@ -301,6 +295,11 @@ static const char SQL_PENDING[] =
     "        recorded_at = now()"
     "  where excluded.ts > p.ts";
 
+/* The outcome_state labels in sort order, checked against rec_agg_states at connect. */
+static const char SQL_STATES[] =
+    "select enumlabel::text from pg_enum where enumtypid = 'outcome_state'::regtype"
+    " order by enumsortorder";
+
 /* Does this database have pending_payloads (sql/0003_analysis.sql)? */
 static const char SQL_HAS_PENDING[] =
     "select (to_regclass('pending_payloads') is not null"
@@ -357,6 +356,11 @@ void rec_db_destroy(rec_db_t *db)
     pthread_mutex_destroy(&db->mu);
     free(db->dsn);
     free(db);
+}
+
+void rec_db_set_health(rec_db_t *db, enum rec_db_health h)
+{
+    db->health = h;
 }
 
 bool rec_db_connected(const rec_db_t *db)
@@ -418,6 +422,25 @@ static int exec_cmd(rec_db_t *db, const char *what, const char *sql, sl_err_t *e
     return rc;
 }
 
+/* The database's outcome_state labels against rec_agg_states: 0, SL_EVERSION (mismatch) or
+ * SL_EPG (the query failed). */
+static int check_states(rec_db_t *db, sl_err_t *err)
+{
+    PGresult *res = PQexec(db->pg, SQL_STATES);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        int rc = result_error(db, res, "read the outcome_state labels", err);
+        PQclear(res);
+        return rc;
+    }
+    const char *labels[REC_AGG_NSTATES + 1];
+    int n = PQntuples(res);
+    for (int i = 0; i < n && i <= REC_AGG_NSTATES; i++)
+        labels[i] = PQgetvalue(res, i, 0);
+    int rc = rec_agg_check_states(labels, (size_t)n, err);
+    PQclear(res);
+    return rc;
+}
+
 int rec_db_connect(rec_db_t *db, sl_err_t *err)
 {
     if (rec_db_connected(db))
@@ -440,6 +463,8 @@ int rec_db_connect(rec_db_t *db, sl_err_t *err)
     db->cancel = PQgetCancel(db->pg);
     pthread_mutex_unlock(&db->mu);
     int rc = exec_cmd(db, "prepare the recorder session", SQL_SESSION, err);
+    if (rc == 0)
+        rc = check_states(db, err);
     if (rc == 0) {
         PGresult *res = PQexec(db->pg, SQL_HAS_PENDING);
         if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
@@ -456,11 +481,14 @@ int rec_db_connect(rec_db_t *db, sl_err_t *err)
      * once it is not (measured: dead letters from 0.07 to 2.5 s per batch within a minute).
      * Planning sees each table's current size even before autovacuum has analyzed it. */
     if (rc != 0) {
-        /* a missing schema is not a data problem: report it as retriable */
+        /* a missing schema is not a data problem: report it as retriable; an outcome_state
+         * this binary would write wrongly is final (SL_EVERSION) */
+        if (rc != SL_EVERSION)
+            rc = SL_EPG;
         if (err)
-            err->code = SL_EPG;
+            err->code = rc;
         rec_db_disconnect(db);
-        return SL_EPG;
+        return rc;
     }
     return 0;
 }
@@ -628,9 +656,11 @@ int rec_db_write(rec_db_t *db,
     const uint8_t *p = rec_batch_slice(b, lane, from, to, &len, &n_dead, &n_pending);
     struct rec_db_stats s = {0};
     bool duplicate = false;
+    if (db->health == REC_DB_HEALTH_AGG)
+        db->safe_writes = 0;
     bool safe = db->safe_writes > 0;
     bool agg = false;
-    if (!safe) {
+    if (!safe && db->health != REC_DB_HEALTH_SQL) {
         /* Per-delivery rows computed here instead of in SQL when the retention filter cannot
          * drop any row (a day's margin for the clocks): rec_agg.h. */
         int64_t limit_ms = sl_now_ms() - (db->history_days - 1) * 86400000LL;
@@ -658,6 +688,7 @@ int rec_db_write(rec_db_t *db,
         return rc;
     if (safe && db->safe_writes > 0)
         db->safe_writes--;
+    s.agg = agg && !safe;
     if (st)
         *st = s;
     return 0;

@@ -21,8 +21,10 @@
  * Errors are classified for the caller: SL_EINVAL = PostgreSQL rejected the data (SQLSTATE
  * class 22 or 23; the connection is fine and the transaction rolled back), so some row of the
  * slice is poison; SL_EPG = anything else (connection lost, server down, schema missing, ...),
- * worth retrying later. Messages carry the SQLSTATE and PostgreSQL's primary message only,
- * never DETAIL (which can quote a failing row).
+ * worth retrying later; SL_EVERSION = the database's outcome_state labels differ from the ones
+ * this binary writes and ranks (checked at every connect): final, retrying cannot help.
+ * Messages carry the SQLSTATE and PostgreSQL's primary message only, never DETAIL (which can
+ * quote a failing row).
  *
  * thread: one thread per handle (the recorder uses one handle per write lane and one for
  * maintenance); rec_db_cancel is the exception.
@@ -51,6 +53,7 @@ struct rec_db_stats {
     int64_t apply_us;   /* time in the apply statement, µs */
     int64_t dead_us;    /* time in the dead-letter and pending-payload statements, µs */
     int64_t commit_us;  /* time in COMMIT, µs */
+    bool agg;           /* the endpoint_health inputs came from rec_agg (else from SQL) */
 };
 
 /*
@@ -64,9 +67,11 @@ rec_db_t *rec_db_new(const char *dsn, int64_t latency_window_h, int64_t history_
 void rec_db_destroy(rec_db_t *db);
 
 /*
- * Connect (if not connected) and prepare the session: timeouts, staging table.
+ * Connect (if not connected) and prepare the session: timeouts, staging tables, and the
+ * check of the outcome_state labels (same names in the same sort order as rec_agg_states).
  * Connection attempts are bounded (connect_timeout 5 s unless the DSN sets one; TCP
- * keepalives and tcp_user_timeout bound a dead peer later). Returns 0 or SL_EPG with err.
+ * keepalives and tcp_user_timeout bound a dead peer later). Returns 0, SL_EPG (retry later)
+ * or SL_EVERSION (the labels differ: final), with err.
  */
 int rec_db_connect(rec_db_t *db, sl_err_t *err);
 /* True when a connection is open and was last seen healthy. */
@@ -81,7 +86,8 @@ void rec_db_cancel(rec_db_t *db);
  * Write rows [from, to) of lane of b (from < to <= b->lanes[lane].n) in one transaction;
  * connects first if needed. Deadlocks and serialization failures (SQLSTATE class 40) are
  * retried at once a few times. st: OUT (NULL allowed), filled on success. Returns 0, SL_EINVAL
- * (data rejected, see above) or SL_EPG (retry later; the connection is dropped if it broke).
+ * (data rejected, see above), SL_EPG (retry later; the connection is dropped if it broke) or
+ * SL_EVERSION (outcome_state mismatch at connect, see rec_db_connect).
  * thread: any, one thread per handle at a time (b is only read).
  */
 int rec_db_write(rec_db_t *db,

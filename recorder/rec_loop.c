@@ -112,7 +112,7 @@ struct lane_job {
     rec_db_t *db;              /* this lane's connection */
     size_t lane;               /* lane index */
     atomic_int *done;          /* incremented when the job has finished (borrowed) */
-    int rc;                    /* OUT: 0 or SL_EPG */
+    int rc;                    /* OUT: 0, SL_EPG or SL_EVERSION (see rec_db.h) */
     sl_err_t err;              /* OUT: reason when rc != 0 */
     int64_t rows;              /* OUT: rows written */
     int64_t attempts;          /* OUT: delivery_attempts rows new to the history */
@@ -150,6 +150,9 @@ struct rec_loop {
     int64_t retry_at_ms;                     /* mono ms of the next write attempt while blocked */
     int64_t backoff_ms;                      /* current retry delay, ms */
     bool db_down;             /* last PostgreSQL operation failed (for state-change logs) */
+    bool fatal;               /* the database cannot be written by this binary (SL_EVERSION):
+                                 the loop stops, rec_loop_run returns fatal_err */
+    sl_err_t fatal_err;       /* why, when fatal */
     int64_t next_stats_ms;    /* mono ms of the next recorder_stats line */
     int64_t bad_window_ms;    /* start of the current bad-record log window, mono ms */
     int bad_logged;           /* bad-record lines logged in the window */
@@ -314,7 +317,7 @@ static void lane_run(struct lane_job *job)
             continue;
         }
         if (rc != SL_EINVAL) {
-            job->rc = SL_EPG;
+            job->rc = rc == SL_EVERSION ? SL_EVERSION : SL_EPG;
             return;
         }
         if (to - from == 1) {
@@ -376,7 +379,7 @@ static bool write_done(rec_loop_t *l)
 }
 
 /* Wait for the lane jobs of l->wbatch and collect their results (stats, rejected rows).
- * Returns 0 or SL_EPG with err from a failed lane. */
+ * Returns 0, or SL_EPG / SL_EVERSION with err from a failed lane (SL_EVERSION first). */
 static int write_join(rec_loop_t *l, sl_err_t *err)
 {
     int rc = 0;
@@ -397,7 +400,7 @@ static int write_join(rec_loop_t *l, sl_err_t *err)
             sl_warn("recorder", "outcomes_rejected_by_db",
                     "%lld more rows rejected by postgresql in this batch",
                     (long long)(job->rejected - LANE_SKIPPED_KEPT));
-        if (job->rc != 0 && rc == 0) {
+        if (job->rc != 0 && (rc == 0 || job->rc == SL_EVERSION)) {
             rc = job->rc;
             if (err)
                 *err = job->err;
@@ -410,14 +413,21 @@ static int write_join(rec_loop_t *l, sl_err_t *err)
 /*
  * Finish the write of l->wbatch (waits for its lanes). On success: store its offsets, apply
  * the disable requests noted up to its last record, release it, resume intake if it was
- * blocked. On failure: keep it for a retry, pause intake, schedule the retry. Returns 0 or
- * SL_EPG.
+ * blocked. On failure: keep it for a retry, pause intake, schedule the retry; on SL_EVERSION
+ * (outcome_state mismatch): mark the loop fatal and stop it instead. Returns 0, SL_EPG or
+ * SL_EVERSION.
  */
 static int write_finish(rec_loop_t *l)
 {
     sl_err_t err;
     sl_err_clear(&err);
     int rc = write_join(l, &err);
+    if (rc == SL_EVERSION) { /* final: stop, the batch stays unstored (re-read by the next start) */
+        l->fatal = true;
+        l->fatal_err = err;
+        l->stop = 1;
+        return rc;
+    }
     if (rc != 0) {
         l->st.db_retries++;
         sl_counter_inc(rm.db_errors);
@@ -746,6 +756,25 @@ static int start_cancelled(rec_loop_t *l)
     return 0;
 }
 
+/* A connection found a database this binary cannot write (SL_EVERSION; the maintenance
+ * connection finds it right at start, a write lane at its next connect): drop what is held
+ * (unstored: the next start re-reads it), commit the offsets of the batches that did commit
+ * and leave the group, within shutdown_timeout_ms (REC_START_LEAVE_MS before the group was
+ * joined); return the error. */
+static int stop_fatal(rec_loop_t *l, sl_err_t *err)
+{
+    rec_maint_stop(l->maint);
+    l->maint = NULL;
+    drop_held(l);
+    resume_paused(l);
+    int64_t bound = l->joined ? l->cfg->shutdown_timeout_ms : REC_START_LEAVE_MS;
+    if (sl_run_bounded(l->joined ? close_consumer : leave_group, l, bound) == SL_ETIMEDOUT)
+        l->abandoned = true;
+    if (err)
+        *err = l->fatal_err;
+    return SL_EVERSION;
+}
+
 bool rec_loop_abandoned(const rec_loop_t *l)
 {
     return l->abandoned;
@@ -792,6 +821,10 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
         }
         if (l->writing && write_done(l))
             (void)write_finish(l); /* committed: store its offsets now (a failure blocks) */
+        if (rec_maint_fatal(l->maint, &l->fatal_err)) { /* found at the maintenance connect */
+            l->fatal = true;
+            break;
+        }
         now = sl_mono_ms();
         if (l->blocked) {
             if (now >= l->retry_at_ms)
@@ -810,6 +843,8 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
     /* Shutdown: write the last batches (bounded retries), store, commit, leave the group,
      * all within shutdown_timeout_ms whatever is down. */
     sl_probe_beat_release(beat);
+    if (l->fatal)
+        return stop_fatal(l, err);
     if (!l->joined)
         return start_cancelled(l);
     int64_t bound = sl_mono_ms() + cfg->shutdown_timeout_ms;
@@ -821,6 +856,8 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
     while (l->writing || l->wbatch || !rec_batch_empty(l->batch)) {
         if (flush_wait(l) == 0)
             break;
+        if (l->fatal)
+            return stop_fatal(l, err);
         if (sl_mono_ms() + l->backoff_ms > deadline) {
             sl_warn("recorder", "batch_not_written",
                     "shutting down with %zu records not written (not committed either: they are "

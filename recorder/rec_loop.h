@@ -18,6 +18,8 @@
  *     batches (the one waiting to be written and the one that was filling);
  *   - rebalance (revoke): the batch is written and its offsets stored before the unassign; if
  *     that fails the batch is dropped unstored and the partitions' next owner re-reads it;
+ *   - outcome_state labels in PostgreSQL that differ from the recorder's (rec_db_connect):
+ *     final; the loop stops at once, storing nothing for the batch it holds;
  *   - SIGTERM/SIGINT: stop polling, write and store the last batch (bounded retries), commit
  *     synchronously, close the consumer, return 0; before the group was ever joined
  *     (start_cancelled) there is nothing to write or commit: leave it and return 0 at once.
@@ -69,8 +71,10 @@ rec_loop_t *rec_loop_new(const struct sl_config *cfg, const struct sl_masterkey 
 
 /* Run until rec_loop_stop(); then flush, store, commit and close, all within
  * shutdown_timeout_ms. Returns 0 on a clean stop, SL_ETIMEDOUT when leaving the group was
- * abandoned at the bound (rec_loop_abandoned: then do not destroy the loop, exit), or a
- * negative SL_E* code if the consumer could not start.
+ * abandoned at the bound (rec_loop_abandoned: then do not destroy the loop, exit),
+ * SL_EVERSION with err when the database's outcome_state labels differ from the recorder's
+ * (checked at every connect, the maintenance thread's right at start: the batch held is
+ * dropped unstored and the group left), or a negative SL_E* code if the consumer could not start.
  * A stop before the group was ever joined (no assignment yet: Kafka unreachable, or a stop
  * right at start) took nothing: it logs start_cancelled, only leaves the group, within
  * REC_START_LEAVE_MS, and returns 0 (also when that leave was abandoned). */

@@ -23,10 +23,12 @@ struct rec_maint {
     const struct sl_config *cfg; /* borrowed */
     rec_db_t *db;                /* the maintenance connection */
     pthread_t th;                /* the thread */
-    pthread_mutex_t mu;          /* guards stop */
+    pthread_mutex_t mu;          /* guards stop, fatal and fatal_err */
     pthread_cond_t cv;           /* signalled on stop */
     bool stop;                   /* asked to stop */
     bool failing;                /* last task failed (for state-change logs) */
+    bool fatal;                  /* a connect returned SL_EVERSION (rec_maint_fatal) */
+    sl_err_t fatal_err;          /* its reason */
     int64_t next_parts_ms;       /* mono ms: next partition maintenance */
     int64_t next_purge_ms;       /* mono ms: next retention purge */
     int64_t next_health_ms;      /* mono ms: next statistics refresh */
@@ -44,6 +46,13 @@ static bool stopping(rec_maint_t *m)
 
 static void failed(rec_maint_t *m, const char *task, const sl_err_t *err)
 {
+    if (err->code == SL_EVERSION) {
+        pthread_mutex_lock(&m->mu);
+        m->fatal = true;
+        m->fatal_err = *err;
+        pthread_mutex_unlock(&m->mu);
+        return; /* the loop stops and logs it */
+    }
     if (stopping(m))
         return; /* a cancelled statement at shutdown is not news */
     if (!m->failing) {
@@ -218,6 +227,18 @@ rec_maint_t *rec_maint_start(const struct sl_config *cfg, sl_err_t *err)
         return NULL;
     }
     return m;
+}
+
+bool rec_maint_fatal(rec_maint_t *m, sl_err_t *err)
+{
+    if (!m)
+        return false;
+    pthread_mutex_lock(&m->mu);
+    bool fatal = m->fatal;
+    if (fatal && err)
+        *err = m->fatal_err;
+    pthread_mutex_unlock(&m->mu);
+    return fatal;
 }
 
 void rec_maint_stop(rec_maint_t *m)

@@ -14,13 +14,17 @@
  *   - the age of the oldest undelivered delivery (sluice_oldest_undelivered_age_seconds)
  *     every 15 s.
  * Failures are logged on state changes (maintenance_failed / maintenance_recovered) and retried
- * at the next tick. Writes and maintenance touch the same tables; their lock interplay is
+ * at the next tick; a database this binary cannot write (SL_EVERSION at connect, see rec_db.h)
+ * is reported to the loop through rec_maint_fatal. The thread connects at once, so that check
+ * runs right at start. Writes and maintenance touch the same tables; their lock interplay is
  * described in recorder/README.md.
  *
- * thread: rec_maint_start/stop on the main thread; the work runs on the thread it starts.
+ * thread: rec_maint_start/stop/fatal on the main thread; the work runs on the thread it starts.
  */
 #ifndef REC_MAINT_H
 #define REC_MAINT_H
+
+#include <stdbool.h>
 
 #include "common/sl_cfg.h"
 #include "common/sl_err.h"
@@ -42,6 +46,10 @@ typedef struct rec_maint rec_maint_t;
 /* Start the maintenance thread (its connection is made lazily). cfg is borrowed and must
  * outlive rec_maint_stop. NULL with err if the thread cannot start. */
 rec_maint_t *rec_maint_start(const struct sl_config *cfg, sl_err_t *err);
+
+/* True (with err, NULL allowed) once a connection found a database this binary cannot write
+ * (SL_EVERSION); the caller stops. */
+bool rec_maint_fatal(rec_maint_t *m, sl_err_t *err);
 
 /* Stop: cancel a running statement, join the thread, disconnect, free. NULL-safe. */
 void rec_maint_stop(rec_maint_t *m);

@@ -36,7 +36,8 @@
 -- The states of the outcome contract (schemas/README.md). Declared in precedence order: when two
 -- outcomes for one (event, endpoint) carry the same timestamp, the later label wins (so a
 -- dead_letter beats a retry_scheduled of the same millisecond). Comparisons with < and > on this
--- type follow this order.
+-- type follow this order. sluice-recorder ranks states in the same order in C (rec_agg_states in
+-- recorder/rec_agg.c) and refuses a database whose labels or order differ (checked at connect).
 do $$
 begin
     if not exists (select 1 from pg_type where typname = 'outcome_state') then
@@ -137,7 +138,9 @@ comment on table deliveries is
 
 -- Does an outcome (new_state at new_ts) replace the state set by (cur_state at cur_ts)?
 -- The single definition of "only move forward" for deliveries; the recorder's per-batch
--- DISTINCT ON uses the same order. Inlined by the planner (plain SQL expression).
+-- DISTINCT ON uses the same order. Inlined by the planner (plain SQL expression), but not inside
+-- ON CONFLICT: the recorder's upsert writes it out (REC_DB_REPLACES_SQL, recorder/rec_db_int.h),
+-- and tests/integration/test_rec_paths.c checks the two agree for every pair of states.
 create or replace function deliveries_replaces(cur_state outcome_state, cur_ts timestamptz,
                                                new_state outcome_state, new_ts timestamptz)
 returns boolean language sql immutable parallel safe as $$

@@ -17,5 +17,5 @@ update deliveries d
 
 comment on function deliveries_replaces(outcome_state, timestamptz, outcome_state, timestamptz) is
     'the "only move forward" rule of deliveries; sluice-recorder writes the same expression out '
-    'in its upsert (REPLACES in recorder/rec_db.c), as PostgreSQL does not inline it inside '
-    'ON CONFLICT: keep the two in step';
+    'in its upsert (REC_DB_REPLACES_SQL in recorder/rec_db_int.h), as PostgreSQL does not inline '
+    'it inside ON CONFLICT; tests/integration/test_rec_paths.c checks that the two agree';

@@ -8,7 +8,6 @@
  * scripts/stack.sh env) with every migration of sql/ applied, dropped at the end; each test
  * starts from empty history tables. A missing SLUICE_PG_DSN fails the test, it never skips.
  */
-#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,7 +21,7 @@
 #include <cmocka.h>
 #include <libpq-fe.h>
 
-#define SQL_MAX (1 << 20) /* bytes; largest migration file read */
+#include "sl_test_pg.h"
 
 static PGconn *g_pg;     /* the private database */
 static char g_db[64];    /* its name */
@@ -32,14 +31,7 @@ static char g_dsn[1024]; /* SLUICE_PG_DSN */
 
 static PGconn *connect_db(const char *dbname)
 {
-    const char *const keys[] = {"dbname", "dbname", "connect_timeout", NULL};
-    const char *const vals[] = {g_dsn, dbname, "10", NULL};
-    PGconn *pg = PQconnectdbParams(keys, vals, 1);
-    if (PQstatus(pg) != CONNECTION_OK) {
-        fprintf(stderr, "cannot connect to %s: %s", dbname, PQerrorMessage(pg));
-        exit(1);
-    }
-    return pg;
+    return sl_test_pg_connect(g_dsn, dbname);
 }
 
 static void exec_on(PGconn *pg, const char *sql)
@@ -99,47 +91,6 @@ static const char *sqlstate(const char *sql)
     return st;
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* Apply every sql/NNNN_*.sql in order, each in one transaction (as scripts/stack.sh does). */
-static void migrate(void)
-{
-    char dir[512];
-    snprintf(dir, sizeof(dir), "%s/sql", SL_SOURCE_DIR);
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    char *names[64];
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL && n < 64) {
-        size_t l = strlen(e->d_name);
-        if (l > 9 && e->d_name[0] >= '0' && e->d_name[0] <= '9' &&
-            strcmp(e->d_name + l - 4, ".sql") == 0)
-            names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    qsort(names, n, sizeof(names[0]), cmp_str);
-    for (size_t i = 0; i < n; i++) {
-        char path[1024];
-        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
-        FILE *f = fopen(path, "rb");
-        assert_non_null(f);
-        char *sql = calloc(1, SQL_MAX + 1);
-        size_t len = fread(sql, 1, SQL_MAX, f);
-        fclose(f);
-        assert_true(len < SQL_MAX);
-        exec_on(g_pg, "begin");
-        exec_on(g_pg, sql);
-        exec_on(g_pg, "commit");
-        free(sql);
-        free(names[i]);
-    }
-    assert_true(n >= 3);
-}
-
 static int group_setup(void **state)
 {
     (void)state;
@@ -150,20 +101,7 @@ static int group_setup(void **state)
     }
     snprintf(g_dsn, sizeof(g_dsn), "%s", dsn);
     snprintf(g_db, sizeof(g_db), "sluice_ta_%d_%ld", (int)getpid(), (long)time(NULL));
-    PGconn *admin = connect_db("postgres");
-    char sql[256];
-    snprintf(sql, sizeof(sql), "create database %s", g_db);
-    PGresult *r = PQexec(admin, sql);
-    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-    if (!ok)
-        fprintf(stderr, "cannot create database: %s", PQresultErrorMessage(r));
-    PQclear(r);
-    PQfinish(admin);
-    if (!ok)
-        return -1;
-    g_pg = connect_db(g_db);
-    exec_on(g_pg, "set client_min_messages = warning; set timezone = 'UTC'");
-    migrate();
+    g_pg = sl_test_pg_create(g_dsn, g_db, NULL);
     return 0;
 }
 
@@ -171,12 +109,7 @@ static int group_teardown(void **state)
 {
     (void)state;
     PQfinish(g_pg);
-    PGconn *admin = connect_db("postgres");
-    char sql[256];
-    snprintf(sql, sizeof(sql), "drop database if exists %s with (force)", g_db);
-    PGresult *r = PQexec(admin, sql);
-    PQclear(r);
-    PQfinish(admin);
+    sl_test_pg_drop(g_dsn, g_db);
     return 0;
 }
 

@@ -10,7 +10,6 @@
  * migration of sql/ applied, dropped at the end, and a deliveries topic of its own on the
  * shared broker (SLUICE_KAFKA_BROKERS), deleted at the end. A missing service fails the test.
  */
-#include <dirent.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -32,10 +31,10 @@
 #include "common/sl_record.h"
 #include "common/sl_replay.h"
 #include "sl_test_kafka.h"
+#include "sl_test_pg.h"
 #include "sl_testenv.h"
 
-#define SQL_MAX   (1 << 20) /* bytes; largest migration file read */
-#define N_LETTERS 40        /* dead letters of the concurrency test */
+#define N_LETTERS 40 /* dead letters of the concurrency test */
 #define N_THREADS 2
 
 static struct {
@@ -51,14 +50,7 @@ static struct {
 
 static PGconn *connect_db(const char *dbname)
 {
-    const char *const keys[] = {"dbname", "dbname", "connect_timeout", NULL};
-    const char *const vals[] = {T.dsn, dbname, "10", NULL};
-    PGconn *pg = PQconnectdbParams(keys, vals, 1);
-    if (PQstatus(pg) != CONNECTION_OK) {
-        fprintf(stderr, "cannot connect to %s: %s", dbname, PQerrorMessage(pg));
-        exit(1);
-    }
-    return pg;
+    return sl_test_pg_connect(T.dsn, dbname);
 }
 
 static void exec_on(PGconn *pg, const char *sql)
@@ -92,47 +84,6 @@ __attribute__((format(printf, 1, 2))) static const char *q1(const char *fmt, ...
     snprintf(out, sizeof(out), "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
     return out;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* Apply every sql/NNNN_*.sql in order, each in one transaction (as scripts/stack.sh does). */
-static void migrate(void)
-{
-    char dir[512];
-    snprintf(dir, sizeof(dir), "%s/sql", SL_SOURCE_DIR);
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    char *names[64];
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL && n < 64) {
-        size_t l = strlen(e->d_name);
-        if (l > 9 && e->d_name[0] >= '0' && e->d_name[0] <= '9' &&
-            strcmp(e->d_name + l - 4, ".sql") == 0)
-            names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    qsort(names, n, sizeof(names[0]), cmp_str);
-    for (size_t i = 0; i < n; i++) {
-        char path[1024];
-        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
-        FILE *f = fopen(path, "rb");
-        assert_non_null(f);
-        char *sql = calloc(1, SQL_MAX + 1);
-        size_t len = fread(sql, 1, SQL_MAX, f);
-        fclose(f);
-        assert_true(len < SQL_MAX);
-        exec_on(T.pg, "begin");
-        exec_on(T.pg, sql);
-        exec_on(T.pg, "commit");
-        free(sql);
-        free(names[i]);
-    }
-    assert_true(n >= 3);
 }
 
 /* Records in the private topic (sum of the partitions' high watermarks: nothing is deleted). */
@@ -209,20 +160,7 @@ static int group_setup(void **state)
     snprintf(T.dsn, sizeof(T.dsn), "%s", sl_test_env("SLUICE_PG_DSN"));
     T.brokers = sl_test_env("SLUICE_KAFKA_BROKERS");
     snprintf(T.db, sizeof(T.db), "sluice_tr_%d_%ld", (int)getpid(), (long)time(NULL));
-    PGconn *admin = connect_db("postgres");
-    char sql[256];
-    snprintf(sql, sizeof(sql), "create database %s", T.db);
-    PGresult *r = PQexec(admin, sql);
-    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-    if (!ok)
-        fprintf(stderr, "cannot create database: %s", PQresultErrorMessage(r));
-    PQclear(r);
-    PQfinish(admin);
-    if (!ok)
-        return -1;
-    T.pg = connect_db(T.db);
-    exec_on(T.pg, "set client_min_messages = warning; set timezone = 'UTC'");
-    migrate();
+    T.pg = sl_test_pg_create(T.dsn, T.db, NULL);
     sl_test_topic_name(T.topic, sizeof(T.topic), "test.replay");
     char errstr[512];
     if (sl_test_topic_create(T.brokers, T.topic, 2, errstr, sizeof(errstr)) != 0) {
@@ -244,11 +182,7 @@ static int group_teardown(void **state)
     (void)sl_test_topic_delete(T.brokers, T.topic, errstr, sizeof(errstr));
     sl_cfg_fini(&T.cfg);
     PQfinish(T.pg);
-    PGconn *admin = connect_db("postgres");
-    char sql[256];
-    snprintf(sql, sizeof(sql), "drop database if exists %s with (force)", T.db);
-    PQclear(PQexec(admin, sql));
-    PQfinish(admin);
+    sl_test_pg_drop(T.dsn, T.db);
     return 0;
 }
 

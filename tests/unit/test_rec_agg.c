@@ -1,8 +1,8 @@
 /*
  * recorder/rec_agg: endpoint_health inputs of a batch slice computed from the COPY tuples, by the
  * rules of the SQL they replace (newest success / failure / outcome, failures to count, endpoint
- * order, sub-slices, retention eligibility).
- * (Equality with the SQL on real data is covered by tests/integration/test_recorder.c.)
+ * order, sub-slices, retention eligibility), and the outcome_state labels check.
+ * (Equality with the SQL on real data: tests/integration/test_rec_paths.c.)
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "common/sl_err.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
 #include "recorder/rec_agg.h"
@@ -206,11 +207,73 @@ static void test_retention_not_eligible(void **state)
     rec_batch_fini(&b);
 }
 
+/* Exact ties of (ts, state, attempt) among an endpoint's rows go to the greater event id
+ * (bytes), as the SQL's ORDER BY ... event_id collate "C" desc. */
+static void test_newest_outcome_tie(void **state)
+{
+    (void)state;
+    struct rec_batch b;
+    rec_batch_init(&b, 1, 100, 1 << 20, 0);
+    struct sl_outcome o = outcome("b", "ep", SL_OUTCOME_RETRY_SCHEDULED, 1, T0);
+    o.http = 500;
+    add(&b, &o);
+    o = outcome("a", "ep", SL_OUTCOME_RETRY_SCHEDULED, 1, T0);
+    o.http = 502;
+    add(&b, &o);
+    o = outcome("B", "ep", SL_OUTCOME_RETRY_SCHEDULED, 1, T0);
+    o.http = 504;
+    add(&b, &o);
+    struct rec_agg a = {0};
+    bool eligible = false;
+    assert_int_equal(rec_agg_build(&a, &b, 0, 0, b.lanes[0].n, (int64_t)T0 - 86400000, &eligible),
+                     0);
+    assert_true(eligible);
+    int32_t len;
+    const uint8_t *v = hfield(a.hout.data, REC_HSTAGE_NCOLS, 5, &len);
+    assert_non_null(v);
+    assert_int_equal(len, 2);
+    assert_int_equal(v[0] << 8 | v[1], 500); /* "b" > "a" > "B" */
+    rec_agg_fini(&a);
+    rec_batch_fini(&b);
+}
+
+/* The labels the recorder writes are the ones it ranks; a database whose labels differ in
+ * name, order or number is refused with the first difference named. */
+static void test_states(void **state)
+{
+    (void)state;
+    for (int i = 0; i < SL_OUTCOME_STATE_COUNT; i++) {
+        const char *n = sl_outcome_state_name((enum sl_outcome_state)i);
+        int found = 0;
+        for (int j = 0; j < REC_AGG_NSTATES; j++)
+            found += strcmp(n, rec_agg_states[j]) == 0;
+        assert_int_equal(found, 1);
+    }
+    assert_int_equal(SL_OUTCOME_STATE_COUNT, REC_AGG_NSTATES);
+    const char *pg[REC_AGG_NSTATES + 1];
+    for (int i = 0; i < REC_AGG_NSTATES; i++)
+        pg[i] = rec_agg_states[i];
+    sl_err_t err;
+    assert_int_equal(rec_agg_check_states(pg, REC_AGG_NSTATES, &err), 0);
+    pg[2] = "quarantined";
+    pg[3] = "disabled";
+    assert_int_equal(rec_agg_check_states(pg, REC_AGG_NSTATES, &err), SL_EVERSION);
+    assert_non_null(strstr(err.msg, "label 3 in sort order is \"quarantined\", expected "
+                                    "\"disabled\""));
+    pg[2] = "disabled";
+    pg[3] = "quarantined";
+    assert_int_equal(rec_agg_check_states(pg, REC_AGG_NSTATES - 1, &err), SL_EVERSION);
+    assert_non_null(strstr(err.msg, "6 labels, expected 7 (\"delivered\" is missing)"));
+    pg[REC_AGG_NSTATES] = "bounced";
+    assert_int_equal(rec_agg_check_states(pg, REC_AGG_NSTATES + 1, &err), SL_EVERSION);
+    assert_non_null(strstr(err.msg, "8 labels, expected 7 (\"bounced\" is unknown)"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_retention_not_eligible),
-        cmocka_unit_test(test_health_inputs),
+        cmocka_unit_test(test_newest_outcome_tie),           cmocka_unit_test(test_states),
+        cmocka_unit_test(test_retention_not_eligible),       cmocka_unit_test(test_health_inputs),
         cmocka_unit_test(test_newest_outcome_and_sub_slice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
