@@ -48,19 +48,26 @@ static int parse_int(const char *flag, const char *s, long min, long max, long *
 static int topics_main(const struct sl_config *cfg, int argc, char **argv)
 {
     static const struct option longopts[] = {{"partitions", required_argument, NULL, 'p'},
+                                             {"replication-factor", required_argument, NULL, 'r'},
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     long partitions = 4;
+    long replication = -1; /* the brokers' default.replication.factor */
     optind = 1;
     if (argc < 2 || strcmp(argv[1], "ensure") != 0) {
-        fprintf(stderr, "usage: sluicectl topics ensure [--partitions N]\n");
+        fprintf(stderr,
+                "usage: sluicectl topics ensure [--partitions N] [--replication-factor R]\n");
         return 2;
     }
     int c;
-    while ((c = getopt_long(argc - 1, argv + 1, "p:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc - 1, argv + 1, "p:r:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'p':
             if (parse_int("--partitions", optarg, 1, 10000, &partitions) != 0)
+                return 2;
+            break;
+        case 'r':
+            if (parse_int("--replication-factor", optarg, 1, 32, &replication) != 0)
                 return 2;
             break;
         case 'h':
@@ -87,7 +94,8 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
     rd_kafka_NewTopic_t *nts[4];
     char errstr[256];
     for (int i = 0; i < 4; i++) {
-        nts[i] = rd_kafka_NewTopic_new(want[i].name, want[i].parts, 1, errstr, sizeof(errstr));
+        nts[i] = rd_kafka_NewTopic_new(want[i].name, want[i].parts, (int)replication, errstr,
+                                       sizeof(errstr));
         if (!nts[i]) {
             fprintf(stderr, "sluicectl: cannot describe topic %s: %s\n", want[i].name, errstr);
             return 1;
@@ -426,10 +434,13 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
 
 void ctl_topics_help(FILE *f)
 {
-    fprintf(f, "usage: sluicectl topics ensure [--partitions N]\n\n"
+    fprintf(f, "usage: sluicectl topics ensure [--partitions N] [--replication-factor R]\n\n"
                "Creates topic_deliveries and topic_outcomes with N partitions (default 4),\n"
                "topic_quarantine with 1 and the compacted topic_endpoints with 1, when\n"
-               "missing. Existing topics are left as they are.\n");
+               "missing. Existing topics are left as they are.\n"
+               "Each topic gets R replicas; without --replication-factor the brokers'\n"
+               "default.replication.factor (and their min.insync.replicas) apply, so on a\n"
+               "cluster configured for production (3 and 2) the topics are too.\n");
 }
 
 void ctl_dump_help(FILE *f)

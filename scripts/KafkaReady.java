@@ -3,14 +3,16 @@
 // /work/shared/reference/kafka/KafkaReady.java; extended with per-topic configs,
 // partition growth for existing topics and a wait for partition leaders.
 //
-//   java -cp '<classes>:<libs>/*' KafkaReady <bootstrap> <timeout-seconds> [spec ...]
+//   java -cp '<classes>:<libs>/*' KafkaReady <bootstrap> <timeout-seconds> [--replicas=N] [spec ...]
 //   spec = name[:partitions[:key=value[,key=value...]]]
 //   e.g.   sluice.deliveries:4  sluice.endpoints:1:cleanup.policy=compact
 //
-// Exit 0 once DescribeCluster returns >= 1 node, every requested topic exists with at least
-// the requested partitions and configs, and every partition has a leader. Exit 1 on timeout
-// or error (message on stderr). Existing topics are never deleted or shrunk; a topic with
-// more partitions than requested is left alone (a warning is printed).
+// Exit 0 once DescribeCluster returns >= N nodes (default 1), every requested topic exists
+// with at least the requested partitions and configs, and every partition has a leader and
+// N in-sync replicas. New topics get replication factor N. Exit 1 on timeout or error
+// (message on stderr). Existing topics are never deleted or shrunk; a topic with more
+// partitions than requested is left alone (a warning is printed), and so is one with fewer
+// replicas (a warning too: reassigning replicas is an operator's decision).
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.HashMap;
@@ -57,6 +59,7 @@ public class KafkaReady {
     }
 
     static long deadline;
+    static int replicas = 1;
 
     static long remainingMs() {
         return Math.max(1000L, deadline - System.currentTimeMillis());
@@ -71,7 +74,14 @@ public class KafkaReady {
         deadline = System.currentTimeMillis() + Long.parseLong(args[1]) * 1000L;
         List<Spec> specs = new ArrayList<>();
         for (int i = 2; i < args.length; i++) {
-            specs.add(new Spec(args[i]));
+            if (args[i].startsWith("--replicas=")) {
+                replicas = Integer.parseInt(args[i].substring("--replicas=".length()));
+                if (replicas < 1 || replicas > 32) {
+                    throw new IllegalArgumentException("--replicas must be 1..32, not " + replicas);
+                }
+            } else {
+                specs.add(new Spec(args[i]));
+            }
         }
 
         Properties p = new Properties();
@@ -99,9 +109,10 @@ public class KafkaReady {
         while (System.currentTimeMillis() < deadline) {
             try {
                 int nodes = admin.describeCluster().nodes().get(10, TimeUnit.SECONDS).size();
-                if (nodes > 0) {
+                if (nodes >= replicas) {
                     return;
                 }
+                last = new IllegalStateException(nodes + " of " + replicas + " brokers registered");
             } catch (Exception e) {
                 last = e;
             }
@@ -113,7 +124,7 @@ public class KafkaReady {
     static void ensureTopics(Admin admin, List<Spec> specs) throws Exception {
         List<NewTopic> create = new ArrayList<>();
         for (Spec s : specs) {
-            NewTopic nt = new NewTopic(s.name, s.partitions, (short) 1);
+            NewTopic nt = new NewTopic(s.name, s.partitions, (short) replicas);
             if (!s.configs.isEmpty()) {
                 nt.configs(s.configs);
             }
@@ -146,6 +157,11 @@ public class KafkaReady {
         Map<String, NewPartitions> grow = new HashMap<>();
         for (Spec s : existing.values()) {
             int have = desc.get(s.name).partitions().size();
+            int rf = desc.get(s.name).partitions().get(0).replicas().size();
+            if (rf < replicas) {
+                System.out.println("topic exists " + s.name + " replication factor " + rf
+                        + " (WARNING: fewer than the cluster's " + replicas + "; left as is)");
+            }
             if (have < s.partitions) {
                 grow.put(s.name, NewPartitions.increaseTo(s.partitions));
                 System.out.println("topic exists " + s.name + ": growing partitions " + have + " -> " + s.partitions);
@@ -214,6 +230,12 @@ public class KafkaReady {
                     for (TopicPartitionInfo tp : td.partitions()) {
                         if (tp.leader() == null || tp.leader().isEmpty()) {
                             problem = s.name + "-" + tp.partition() + " has no leader";
+                            break;
+                        }
+                        int want = Math.min(replicas, tp.replicas().size());
+                        if (tp.isr().size() < want) {
+                            problem = s.name + "-" + tp.partition() + " has " + tp.isr().size()
+                                    + " of " + want + " replicas in sync";
                             break;
                         }
                     }

@@ -30,6 +30,10 @@
 #   SLUICE_STACK_PROMETHEUS_READY_TIMEOUT  seconds (default 60)
 #   SLUICE_STACK_PROMETHEUS_RULES  rule file (default <repo>/ops/prometheus/sluice-alerts.yml)
 #   (Prometheus's variables are SLUICE_STACK_*: the processes refuse unknown SLUICE_* names)
+#   SLUICE_STACK_KAFKA_NODES=1|3  one Kafka node (default) or a three-node cluster with
+#                          replication factor 3 and min.insync.replicas 2 (also start
+#                          --kafka-nodes=3; recorded like the ports; nodes 2 and 3 listen on
+#                          SLUICE_PORT_BASE+5/+6 and +7/+8, or 19097/19098 and 19099/19100)
 #   SLUICE_PARTITIONS      partitions of sluice.deliveries and sluice.outcomes (default 4)
 #   SLUICE_CACHE_DIR       where setup.sh put the Kafka jars (default $HOME/.cache/sluice)
 #   SLUICE_KAFKA_HEAP      broker heap flags (default "-Xms512m -Xmx512m")
@@ -85,10 +89,13 @@ fail() {
       printf -- '-----\n' >&2
     fi
   fi
-  if [ -n "${FAIL_KILL_PID:-}" ] && kill -0 "$FAIL_KILL_PID" 2>/dev/null; then
-    printf '[stack] %s: stopping the half-started process (pid %s)\n' "$svc" "$FAIL_KILL_PID" >&2
-    stop_pid "$svc" "$FAIL_KILL_PID" 15
-  fi
+  local p
+  for p in ${FAIL_KILL_PID:-}; do
+    if kill -0 "$p" 2>/dev/null; then
+      printf '[stack] %s: stopping the half-started process (pid %s)\n' "$svc" "$p" >&2
+      stop_pid "$svc" "$p" 15
+    fi
+  done
   exit 1
 }
 
@@ -103,12 +110,12 @@ fail_pre() {
 valid_port() { [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le 65535 ]; }
 
 resolve_ports() {
-  local rk="" rc="" rr="" rp="" rm="" key val
+  local rk="" rc="" rr="" rp="" rm="" rn="" key val
   if [ -f "$PORTS_FILE" ]; then
     while IFS='=' read -r key val; do
       case "$key" in
         kafka) rk=$val ;; kafka_controller) rc=$val ;; redis) rr=$val ;; postgres) rp=$val ;;
-        prometheus) rm=$val ;;
+        prometheus) rm=$val ;; kafka_nodes) rn=$val ;;
       esac
     done < "$PORTS_FILE"
   fi
@@ -129,13 +136,19 @@ resolve_ports() {
   for p in "$KAFKA_PORT" "$KAFKA_CPORT" "$REDIS_PORT" "$PG_PORT" "$PROM_PORT"; do
     valid_port "$p" || die "invalid port '$p' (check SLUICE_*_PORT / SLUICE_PORT_BASE)"
   done
+  KAFKA_NODES="${KAFKA_NODES_ARG:-${SLUICE_STACK_KAFKA_NODES:-${rn:-1}}}"
+  case "$KAFKA_NODES" in 1|3) ;; *) die "Kafka nodes '$KAFKA_NODES': expected 1 or 3 (SLUICE_STACK_KAFKA_NODES / --kafka-nodes)" ;; esac
+  local n
+  for ((n = 2; n <= KAFKA_NODES; n++)); do
+    valid_port "$(kcport "$n")" || die "Kafka node $n's ports $(kport "$n")/$(kcport "$n") are out of range"
+  done
   # What the running services were started with (for mismatch detection).
   REC_KAFKA=$rk; REC_REDIS=$rr; REC_PG=$rp; REC_PROM=$rm
 }
 
 record_ports() {
-  printf 'kafka=%s\nkafka_controller=%s\nredis=%s\npostgres=%s\nprometheus=%s\n' \
-    "$KAFKA_PORT" "$KAFKA_CPORT" "$REDIS_PORT" "$PG_PORT" "$PROM_PORT" > "$PORTS_FILE.tmp"
+  printf 'kafka=%s\nkafka_controller=%s\nredis=%s\npostgres=%s\nprometheus=%s\nkafka_nodes=%s\n' \
+    "$KAFKA_PORT" "$KAFKA_CPORT" "$REDIS_PORT" "$PG_PORT" "$PROM_PORT" "$KAFKA_NODES" > "$PORTS_FILE.tmp"
   mv -f "$PORTS_FILE.tmp" "$PORTS_FILE"
 }
 
@@ -170,12 +183,15 @@ alive() {
 }
 read_pid() { local p=""; [ -f "$1" ] && read -r p < "$1" 2>/dev/null; [[ "$p" =~ ^[0-9]+$ ]] && echo "$p"; }
 
-kafka_pid() {
-  local pid; pid=$(read_pid "$K_PID") || return 1
+kafka_pid_of() { # I
+  local N_DIR N_CONF N_DATA N_LOG N_PID N_PORT N_CPORT pid
+  kafka_node_vars "$1"
+  pid=$(read_pid "$N_PID") || return 1
   alive "$pid" || return 1
-  [[ "$(proc_cmdline "$pid")" == *"kafka.Kafka $K_CONF/server.properties"* ]] || return 1
+  [[ "$(proc_cmdline "$pid")" == *"kafka.Kafka $N_CONF/server.properties"* ]] || return 1
   echo "$pid"
 }
+kafka_pid() { kafka_pid_of 1; }
 redis_pid() {
   local pid; pid=$(read_pid "$R_PID") || return 1
   alive "$pid" || return 1
@@ -210,6 +226,28 @@ stop_pid() {
 }
 
 # ------------------------------------------------------------------------- Kafka
+# Kafka runs as one node (the default) or as a cluster of SLUICE_STACK_KAFKA_NODES=3 nodes
+# (or `start --kafka-nodes=3`): every node a combined broker+controller, all nodes voters of
+# one static KRaft quorum. Node 1 lives in $K_DIR with the ports above; node i > 1 lives in
+# $K_DIR/node<i> with broker port KAFKA_PORT+2i+1 and controller port KAFKA_PORT+2i+2 (with
+# SLUICE_PORT_BASE=N: node 2 on N+5/N+6, node 3 on N+7/N+8). A cluster replicates every
+# topic three times and acknowledges a write once two replicas have it
+# (default.replication.factor=3, min.insync.replicas=2), as production clusters do.
+kport() { if [ "$1" = 1 ]; then echo "$KAFKA_PORT"; else echo $((KAFKA_PORT + 2 * $1 + 1)); fi; }
+kcport() { if [ "$1" = 1 ]; then echo "$KAFKA_CPORT"; else echo $((KAFKA_PORT + 2 * $1 + 2)); fi; }
+kname() { if [ "$1" = 1 ]; then echo kafka; else echo "kafka-$1"; fi; }
+# kafka_node_vars I: N_DIR N_CONF N_DATA N_LOG N_PID N_PORT N_CPORT of node I
+kafka_node_vars() {
+  if [ "$1" = 1 ]; then N_DIR=$K_DIR; else N_DIR="$K_DIR/node$1"; fi
+  N_CONF="$N_DIR/config"; N_DATA="$N_DIR/data"; N_LOG="$N_DIR/broker.out"; N_PID="$N_DIR/kafka.pid"
+  N_PORT=$(kport "$1"); N_CPORT=$(kcport "$1")
+}
+kafka_bootstrap() {
+  local i out=""
+  for ((i = 1; i <= KAFKA_NODES; i++)); do out="$out${out:+,}127.0.0.1:$(kport "$i")"; done
+  echo "$out"
+}
+
 java_tool() { # run a short-lived Kafka tool JVM (StorageTool, KafkaReady); extra classpath in $JT_CP
   java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
     -Dlog4j2.configurationFile="$K_CONF/log4j2-tools.properties" \
@@ -223,38 +261,44 @@ kafka_prereqs() {
   fi
 }
 
-kafka_write_config() {
-  mkdir -p "$K_CONF" "$K_DATA"
+kafka_write_config() { # I
+  local i=$1 j voters="" rf=1 isr=1
+  for ((j = 1; j <= KAFKA_NODES; j++)); do voters="$voters${voters:+,}$j@127.0.0.1:$(kcport "$j")"; done
+  if [ "$KAFKA_NODES" -ge 3 ]; then rf=3; isr=2; fi
+  kafka_node_vars "$i"
+  mkdir -p "$N_CONF" "$N_DATA"
   # Static quorum (controller.quorum.voters) rather than --standalone's dynamic quorum: the
-  # voter endpoint then lives in this file, not in the metadata log, so a later start with
-  # other ports still works on the same data dir.
-  cat > "$K_CONF/server.properties" <<EOF
-# Written by scripts/stack.sh on every start. Single combined broker+controller (KRaft),
-# loopback only. Based on Kafka 4.x config/server.properties.
+  # voter endpoints then live in this file, not in the metadata log, so a later start with
+  # other ports still works on the same data dirs.
+  cat > "$N_CONF/server.properties" <<EOF
+# Written by scripts/stack.sh on every start. Node $i of $KAFKA_NODES, combined
+# broker+controller (KRaft), loopback only. Based on Kafka 4.x config/server.properties.
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$KAFKA_CPORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CPORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+node.id=$i
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:$N_PORT,CONTROLLER://127.0.0.1:$N_CPORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$N_PORT
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
-log.dirs=$K_DATA
+log.dirs=$N_DATA
 num.partitions=1
 auto.create.topics.enable=false
-offsets.topic.replication.factor=1
+default.replication.factor=$rf
+min.insync.replicas=$isr
+offsets.topic.replication.factor=$rf
 offsets.topic.num.partitions=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
 transaction.state.log.num.partitions=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$isr
 share.coordinator.state.topic.num.partitions=1
 group.initial.rebalance.delay.ms=0
 # The log cleaner allocates this buffer on the heap at start-up (default 128 MiB).
 log.cleaner.dedupe.buffer.size=33554432
 EOF
-  cat > "$K_CONF/log4j2-server.properties" <<'EOF'
+  cat > "$N_CONF/log4j2-server.properties" <<'EOF'
 status = warn
 name = sluice-kafka-broker
 appender.out.type = Console
@@ -269,7 +313,7 @@ logger.request.level = WARN
 logger.reqchan.name = kafka.network.RequestChannel$
 logger.reqchan.level = WARN
 EOF
-  cat > "$K_CONF/log4j2-tools.properties" <<'EOF'
+  cat > "$N_CONF/log4j2-tools.properties" <<'EOF'
 status = warn
 name = sluice-kafka-tools
 appender.err.type = Console
@@ -282,13 +326,31 @@ rootLogger.appenderRef.err.ref = STDERR
 EOF
 }
 
+# kafka_format I...: format the data dir of every listed node that has none, all with the
+# cluster id kept in $K_DIR/cluster.id (made on the first format). Formats run in parallel.
 kafka_format() {
-  [ -f "$K_DATA/meta.properties" ] && return 0
-  local cid log="$K_DIR/format.log"
-  cid=$(java_tool kafka.tools.StorageTool random-uuid 2>"$log") || fail kafka "$log" "StorageTool random-uuid failed"
-  say "kafka: formatting $K_DATA (cluster id $cid)"
-  java_tool kafka.tools.StorageTool format -t "$cid" -c "$K_CONF/server.properties" >>"$log" 2>&1 \
-    || fail kafka "$log" "StorageTool format failed"
+  local i cid todo=() pids=() log="$K_DIR/format.log"
+  for i in "$@"; do
+    kafka_node_vars "$i"
+    [ -f "$N_DATA/meta.properties" ] || todo+=("$i")
+  done
+  [ "${#todo[@]}" -gt 0 ] || return 0
+  if [ -s "$K_DIR/cluster.id" ]; then
+    cid=$(cat "$K_DIR/cluster.id")
+  else
+    cid=$(java_tool kafka.tools.StorageTool random-uuid 2>"$log") || fail kafka "$log" "StorageTool random-uuid failed"
+    echo "$cid" > "$K_DIR/cluster.id"
+  fi
+  for i in "${todo[@]}"; do
+    kafka_node_vars "$i"
+    say "$(kname "$i"): formatting $N_DATA (cluster id $cid)"
+    java_tool kafka.tools.StorageTool format -t "$cid" -c "$N_CONF/server.properties" >"$N_DIR/format.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!todo[@]}"; do
+    kafka_node_vars "${todo[$i]}"
+    wait "${pids[$i]}" || fail "$(kname "${todo[$i]}")" "$N_DIR/format.log" "StorageTool format failed"
+  done
 }
 
 # Compile scripts/KafkaReady.java once per content hash into the cache (javac is part of the
@@ -314,73 +376,120 @@ kafka_ready_tool() {
   fi
 }
 
-kafka_launch() {
-  local pid
-  if pid=$(kafka_pid); then
-    if [ -n "$REC_KAFKA" ] && [ "$REC_KAFKA" != "$KAFKA_PORT" ]; then
-      fail_pre kafka "$K_LOG" "already running on port $REC_KAFKA (pid $pid), not $KAFKA_PORT: run stop first"
-    fi
-    say "kafka: already running (pid $pid, port $KAFKA_PORT)"
-    return 0
+# The node count a data dir was formatted for must not change under it (the quorum's voters
+# are part of every node's identity): refuse, and say how to get the other shape.
+kafka_check_shape() {
+  local had=""
+  if [ -s "$K_DIR/nodes" ]; then
+    had=$(cat "$K_DIR/nodes")
+  elif [ -f "$K_DATA/meta.properties" ]; then
+    had=1
   fi
-  kafka_prereqs
-  check_port_free kafka "$KAFKA_PORT" "$K_LOG"
-  check_port_free kafka "$KAFKA_CPORT" "$K_LOG"
-  kafka_write_config
-  kafka_format
-  [ -f "$K_LOG" ] && mv -f "$K_LOG" "$K_LOG.prev"
-  rm -f "$K_READY"
-  # shellcheck disable=SC2086  # KAFKA_HEAP is a list of JVM flags
-  setsid java $KAFKA_HEAP -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-    -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -XX:MaxInlineLevel=15 \
-    -Djava.awt.headless=true -Dkafka.logs.dir="$K_DIR" \
-    -Dlog4j2.configurationFile="$K_CONF/log4j2-server.properties" \
-    -cp "$KAFKA_LIBS/*" kafka.Kafka "$K_CONF/server.properties" \
-    >"$K_LOG" 2>&1 </dev/null 9>&- &
-  echo $! > "$K_PID"
-  KAFKA_LAUNCHED=1
-  FAIL_KILL_PID=$!   # if anything in this start fails, do not leave this broker behind
-  KAFKA_T0=$SECONDS
-  say "kafka: launched pid $(cat "$K_PID") (log $K_LOG)"
+  if [ -n "$had" ] && [ "$had" != "$KAFKA_NODES" ]; then
+    fail_pre kafka "$K_LOG" "the Kafka data in $K_DIR is for $had node(s), not $KAFKA_NODES: run '$0 reset' first, or start with SLUICE_STACK_KAFKA_NODES=$had"
+  fi
+  mkdir -p "$K_DIR"
+  echo "$KAFKA_NODES" > "$K_DIR/nodes"
 }
 
-# Readiness: the broker's own "Kafka Server started" line, then a real client round trip
-# (kcat metadata request), then topics (created idempotently, leaders elected).
+kafka_launch() {
+  local i pid down=() heap=$KAFKA_HEAP
+  for ((i = 1; i <= KAFKA_NODES; i++)); do
+    if pid=$(kafka_pid_of "$i"); then
+      if [ "$i" = 1 ] && [ -n "$REC_KAFKA" ] && [ "$REC_KAFKA" != "$KAFKA_PORT" ]; then
+        fail_pre kafka "$K_LOG" "already running on port $REC_KAFKA (pid $pid), not $KAFKA_PORT: run stop first"
+      fi
+      say "$(kname "$i"): already running (pid $pid, port $(kport "$i"))"
+    else
+      down+=("$i")
+    fi
+  done
+  [ "${#down[@]}" -gt 0 ] || return 0
+  kafka_prereqs
+  kafka_check_shape
+  for i in "${down[@]}"; do
+    kafka_node_vars "$i"
+    check_port_free "$(kname "$i")" "$N_PORT" "$N_LOG"
+    check_port_free "$(kname "$i")" "$N_CPORT" "$N_LOG"
+    kafka_write_config "$i"
+  done
+  kafka_format "${down[@]}"
+  # three JVMs share the machine: a smaller heap each unless one was asked for
+  if [ "$KAFKA_NODES" -gt 1 ] && [ -z "${SLUICE_KAFKA_HEAP:-}" ]; then heap="-Xms384m -Xmx384m"; fi
+  for i in "${down[@]}"; do
+    kafka_node_vars "$i"
+    [ -f "$N_LOG" ] && mv -f "$N_LOG" "$N_LOG.prev"
+    # shellcheck disable=SC2086  # heap is a list of JVM flags
+    setsid java $heap -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+      -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -XX:MaxInlineLevel=15 \
+      -Djava.awt.headless=true -Dkafka.logs.dir="$N_DIR" \
+      -Dlog4j2.configurationFile="$N_CONF/log4j2-server.properties" \
+      -cp "$KAFKA_LIBS/*" kafka.Kafka "$N_CONF/server.properties" \
+      >"$N_LOG" 2>&1 </dev/null 9>&- &
+    echo $! > "$N_PID"
+    # if anything in this start fails, do not leave the brokers it launched behind
+    FAIL_KILL_PID="${FAIL_KILL_PID:-}${FAIL_KILL_PID:+ }$!"
+    say "$(kname "$i"): launched pid $! (log $N_LOG)"
+  done
+  rm -f "$K_READY"
+  KAFKA_LAUNCHED_PIDS=$FAIL_KILL_PID
+  KAFKA_T0=$SECONDS
+}
+
+# Readiness: each node's own "Kafka Server started" line, then a real client round trip
+# (kcat metadata request listing every node), then topics (created idempotently, leaders
+# elected, replicas in sync).
 kafka_wait_ready() {
-  local pid t0=${KAFKA_T0:-$SECONDS}
+  local i pid pids="" t0=${KAFKA_T0:-$SECONDS} bootstrap
   local deadline=$((t0 + KAFKA_READY_TIMEOUT))
-  pid=$(read_pid "$K_PID") || fail kafka "$K_LOG" "no pid file"
-  if [ -f "$K_READY" ] && [ "$(cat "$K_READY")" = "$pid" ]; then
-    return 0   # readiness + topics already done for this broker process
+  bootstrap=$(kafka_bootstrap)
+  for ((i = 1; i <= KAFKA_NODES; i++)); do
+    kafka_node_vars "$i"
+    pid=$(read_pid "$N_PID") || fail "$(kname "$i")" "$N_LOG" "no pid file"
+    pids="$pids${pids:+ }$pid"
+  done
+  if [ -f "$K_READY" ] && [ "$(cat "$K_READY")" = "$pids" ]; then
+    return 0   # readiness + topics already done for these broker processes
   fi
-  # A broker launched by this run that does not get ready is stopped again on failure.
-  if [ "${KAFKA_LAUNCHED:-0}" = 1 ]; then FAIL_KILL_PID=$pid; fi
-  until grep -q 'Kafka Server started' "$K_LOG" 2>/dev/null; do
-    kafka_pid >/dev/null || fail kafka "$K_LOG" "broker process exited during start-up"
-    [ "$SECONDS" -lt "$deadline" ] || fail kafka "$K_LOG" "not started after ${KAFKA_READY_TIMEOUT}s"
-    sleep 0.25
+  # Brokers launched by this run that do not get ready are stopped again on failure.
+  FAIL_KILL_PID=${KAFKA_LAUNCHED_PIDS:-}
+  for ((i = 1; i <= KAFKA_NODES; i++)); do
+    kafka_node_vars "$i"
+    until grep -q 'Kafka Server started' "$N_LOG" 2>/dev/null; do
+      kafka_pid_of "$i" >/dev/null || fail "$(kname "$i")" "$N_LOG" "broker process exited during start-up"
+      [ "$SECONDS" -lt "$deadline" ] || fail "$(kname "$i")" "$N_LOG" "not started after ${KAFKA_READY_TIMEOUT}s"
+      sleep 0.25
+    done
   done
   local ver
   ver=$(grep -m1 'Kafka version' "$K_LOG" || true)
   say "kafka: broker log: ${ver:-<no 'Kafka version' line>}"
   if command -v kcat >/dev/null 2>&1; then
-    local md=""
+    local md="" ok
     while :; do
-      md=$(kcat -b "127.0.0.1:$KAFKA_PORT" -L -m 5 2>&1) && [[ "$md" == *"broker 1 at 127.0.0.1:$KAFKA_PORT"* ]] && break
-      [ "$SECONDS" -lt "$deadline" ] || fail kafka "$K_LOG" "kcat metadata request to 127.0.0.1:$KAFKA_PORT failed: $md"
+      ok=0
+      if md=$(kcat -b "$bootstrap" -L -m 5 2>&1); then
+        ok=1
+        for ((i = 1; i <= KAFKA_NODES; i++)); do
+          [[ "$md" == *"broker $i at 127.0.0.1:$(kport "$i")"* ]] || ok=0
+        done
+      fi
+      [ "$ok" = 1 ] && break
+      [ "$SECONDS" -lt "$deadline" ] || fail kafka "$K_LOG" "kcat metadata request to $bootstrap failed or lists fewer than $KAFKA_NODES brokers: $md"
       sleep 0.5
     done
-    say "kafka: kcat metadata ok ($(printf '%s\n' "$md" | grep -m1 'broker 1 at' | sed 's/^ *//'))"
+    say "kafka: kcat metadata ok ($(printf '%s\n' "$md" | grep -m1 'brokers:' | sed 's/^ *//') $(printf '%s\n' "$md" | grep -m1 'broker 1 at' | sed 's/^ *//'))"
   else
     warn "kcat not installed: skipping the kcat round trip (KafkaReady below still uses a real client)"
   fi
   local left=$((deadline - SECONDS)) out
   # records up to 20 MiB (common/sl_kafka.h SL_KAFKA_MAX_MESSAGE_BYTES): 1 MiB bodies plus
   # the record, and dead-letter outcomes that carry the whole delivery
-  local MAXMSG=max.message.bytes=20971520
+  local MAXMSG=max.message.bytes=20971520 rf=1
+  if [ "$KAFKA_NODES" -ge 3 ]; then rf=3; MAXMSG="$MAXMSG,min.insync.replicas=2"; fi
   [ "$left" -ge 15 ] || left=15
   kafka_ready_tool
-  if ! out=$(JT_CP=$KR_CP java_tool "$KR_MAIN" "127.0.0.1:$KAFKA_PORT" "$left" \
+  if ! out=$(JT_CP=$KR_CP java_tool "$KR_MAIN" "$bootstrap" "$left" "--replicas=$rf" \
         "sluice.deliveries:$PARTITIONS:$MAXMSG" "sluice.outcomes:$PARTITIONS:$MAXMSG" \
         "sluice.quarantine:1:$MAXMSG" "sluice.endpoints:1:cleanup.policy=compact,$MAXMSG" \
         2>&1); then
@@ -388,9 +497,32 @@ kafka_wait_ready() {
     fail kafka "$K_LOG" "topic creation / readiness check failed"
   fi
   printf '%s\n' "$out" | sed 's/^/[stack] kafka: /'
-  echo "$pid" > "$K_READY"
+  echo "$pids" > "$K_READY"
   FAIL_KILL_PID=""
-  say "kafka: ready on 127.0.0.1:$KAFKA_PORT in $((SECONDS - t0))s"
+  say "kafka: ready on $bootstrap in $((SECONDS - t0))s"
+}
+
+# Every node at once (SIGTERM, bounded wait, then SIGKILL). The nodes of a cluster stop in
+# parallel: stopped one after another, the last ones would wait for a quorum that is gone.
+kafka_stop() {
+  local i pid waits=() nodes=$KAFKA_NODES t=$STOP_TIMEOUT
+  # a node left alone without its quorum can wait long for it: bound that unless asked
+  if [ "$KAFKA_NODES" -gt 1 ] && [ -z "${SLUICE_STOP_TIMEOUT:-}" ]; then t=20; fi
+  # nodes of a cluster whose ports.env was lost still have their dirs: stop them too
+  for ((i = nodes + 1; i <= 3; i++)); do [ -d "$K_DIR/node$i" ] && nodes=$i; done
+  for ((i = 1; i <= nodes; i++)); do
+    kafka_node_vars "$i"
+    if pid=$(kafka_pid_of "$i"); then
+      say "$(kname "$i"): stopping pid $pid"
+      stop_pid "$(kname "$i")" "$pid" "$t" &
+      waits+=($!)
+    else
+      say "$(kname "$i"): not running"
+    fi
+    rm -f "$N_PID"
+  done
+  for pid in "${waits[@]}"; do wait "$pid" || true; done
+  rm -f "$K_READY"
 }
 
 # ------------------------------------------------------------------------- Redis
@@ -667,6 +799,7 @@ parse_services() {
   for a in "$@"; do
     case "$a" in
       --prometheus) [ "$cmd" = start ] || usage_exit; prom=1 ;;
+      --kafka-nodes=*) [ "$cmd" = start ] || usage_exit; KAFKA_NODES_ARG=${a#--kafka-nodes=} ;;
       kafka|redis|postgres|prometheus) named="$named $a" ;;
       *) usage_exit ;;
     esac
@@ -677,7 +810,7 @@ parse_services() {
 }
 want() { [[ "$SERVICES" == *" $1 "* ]]; }
 usage_exit() {
-  echo "usage: $0 start [--prometheus] [SERVICE...]|stop [SERVICE...]|status|reset|env" >&2
+  echo "usage: $0 start [--prometheus] [--kafka-nodes=1|3] [SERVICE...]|stop [SERVICE...]|status|reset|env" >&2
   echo "       SERVICE: kafka redis postgres prometheus" >&2
   exit 2
 }
@@ -694,7 +827,9 @@ cmd_start() {
   [ -w "$STACK_DIR" ] || die "stack dir not writable: $STACK_DIR"
   take_lock
   resolve_ports
-  say "stack dir $STACK_DIR (kafka $KAFKA_PORT/$KAFKA_CPORT, redis $REDIS_PORT, postgres $PG_PORT$(want prometheus && echo ", prometheus $PROM_PORT"))"
+  local nodes=""
+  if [ "$KAFKA_NODES" -gt 1 ]; then nodes=" and $((KAFKA_NODES - 1)) more nodes: $(kafka_bootstrap)"; fi
+  say "stack dir $STACK_DIR (kafka $KAFKA_PORT/$KAFKA_CPORT$nodes, redis $REDIS_PORT, postgres $PG_PORT$(want prometheus && echo ", prometheus $PROM_PORT"))"
   if want kafka; then kafka_launch; fi   # JVM boots in the background while Redis and PostgreSQL start
   if want redis; then redis_start; fi
   if want postgres; then pg_start; fi
@@ -707,18 +842,11 @@ cmd_start() {
 cmd_stop() {
   if [ ! -d "$STACK_DIR" ]; then say "nothing to stop ($STACK_DIR does not exist)"; return 0; fi
   take_lock
+  resolve_ports
   local pid
   # Prometheus first (it scrapes the others); quiet about it when this stack never ran one
   if want prometheus && { [ -d "$PR_DIR" ] || [[ "$SERVICES" != *" kafka "* ]]; }; then prom_stop; fi
-  if ! want kafka; then
-    :
-  elif pid=$(kafka_pid); then
-    say "kafka: stopping pid $pid"
-    stop_pid kafka "$pid" "$STOP_TIMEOUT"
-  else
-    say "kafka: not running"
-  fi
-  if want kafka; then rm -f "$K_PID" "$K_READY"; fi
+  if want kafka; then kafka_stop; fi
   if ! want redis; then
     :
   elif pid=$(redis_pid); then
@@ -760,7 +888,11 @@ status_line() { # NAME PORT PID-OR-EMPTY EXTRA
 cmd_status() {
   resolve_ports
   local down=0
-  status_line kafka "$KAFKA_PORT" "$(kafka_pid || true)" "controller $KAFKA_CPORT, log $K_LOG" || down=1
+  local i
+  for ((i = 1; i <= KAFKA_NODES; i++)); do
+    kafka_node_vars "$i"
+    status_line "$(kname "$i")" "$N_PORT" "$(kafka_pid_of "$i" || true)" "controller $N_CPORT, log $N_LOG" || down=1
+  done
   status_line redis "$REDIS_PORT" "$(redis_pid || true)" "log $R_LOG" || down=1
   status_line postgres "$PG_PORT" "$(pg_pid || true)" "log $P_LOG" || down=1
   # optional: down only when it was started and not stopped (its pid file is still there)
@@ -785,7 +917,7 @@ cmd_reset() {
 
 cmd_env() {
   resolve_ports
-  printf "export SLUICE_KAFKA_BROKERS=127.0.0.1:%s\n" "$KAFKA_PORT"
+  printf "export SLUICE_KAFKA_BROKERS=%s\n" "$(kafka_bootstrap)"
   printf "export SLUICE_REDIS_URL=redis://127.0.0.1:%s\n" "$REDIS_PORT"
   printf "export SLUICE_PG_DSN='host=127.0.0.1 port=%s dbname=sluice user=sluice'\n" "$PG_PORT"
   if prom_pid >/dev/null; then   # SLUICE_STACK_*: names the processes ignore

@@ -1,6 +1,7 @@
 """The chaos suite's own stack: real Kafka, Redis and PostgreSQL from scripts/stack.sh, in a
 private directory on private ports, so scenarios may kill and restart the services without
-touching anybody else's stack.
+touching anybody else's stack. A second kind, KafkaCluster, is a three-node Kafka cluster
+(stack.sh with SLUICE_STACK_KAFKA_NODES=3) for the scenarios that kill one broker of many.
 
 Faults on the services go through the stack's pid files (kafka/kafka.pid, redis/redis.pid,
 pg/data/postmaster.pid); `scripts/stack.sh start` then starts only what is down and waits
@@ -25,11 +26,12 @@ def port_in_use(port):
     return bool(r.stdout.strip())
 
 
-def pick_port_base(first, tries=20, step=10):
-    """The first base from `first` (stepping by `step`) whose four stack ports are unused."""
+def pick_port_base(first, tries=20, step=10, span=4):
+    """The first base from `first` (stepping by `step`) whose `span` stack ports are unused
+    (4 for a stack; 9 when Kafka has three nodes: base+5..base+8 are nodes 2 and 3)."""
     for k in range(tries):
         base = first + k * step
-        if not any(port_in_use(base + i) for i in range(4)):
+        if not any(port_in_use(base + i) for i in range(span)):
             return base
     raise RuntimeError(f"no free port base among {first}..{first + tries * step} "
                        f"(set CHAOS_PORT_BASE)")
@@ -59,6 +61,10 @@ def pid_alive(pid):
 class Stack:
     """One private stack. start() picks free ports; env() gives the client addresses."""
 
+    services = ()   # stack.sh's default: kafka redis postgres
+    kafka_nodes = 1
+    span = 4
+
     def __init__(self, stack_dir=None, port_base=None, keep=False):
         self.own_dir = stack_dir is None
         self.dir = stack_dir or tempfile.mkdtemp(prefix="sluice-chaos-stack-", dir="/tmp")
@@ -76,10 +82,12 @@ class Stack:
             env["SLUICE_CACHE_DIR"] = os.environ["SLUICE_CACHE_DIR"]
         env["SLUICE_STACK_DIR"] = self.dir
         env["SLUICE_PORT_BASE"] = str(self.base)
+        env["SLUICE_STACK_KAFKA_NODES"] = str(self.kafka_nodes)
         return env
 
     def sh(self, cmd, timeout=300, check=True):
-        r = subprocess.run(["bash", STACK_SH, cmd], env=self._env(), capture_output=True,
+        args = [cmd, *self.services] if cmd in ("start", "stop") else [cmd]
+        r = subprocess.run(["bash", STACK_SH, *args], env=self._env(), capture_output=True,
                            text=True, timeout=timeout)
         if check and r.returncode != 0:
             raise RuntimeError(f"stack.sh {cmd} failed ({r.returncode}):\n{r.stdout[-3000:]}\n"
@@ -98,7 +106,7 @@ class Stack:
         base = self.first_base
         last = None
         for _ in range(3):
-            self.base = pick_port_base(base)
+            self.base = pick_port_base(base, span=self.span)
             r = self.sh("start", check=False)
             if r.returncode == 0:
                 self._read_env()
@@ -259,3 +267,44 @@ class Stack:
         finally:
             if self.own_dir and not self.keep:
                 shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class KafkaCluster(Stack):
+    """Three Kafka nodes (combined broker+controller, replication factor 3,
+    min.insync.replicas 2) and nothing else: the scenarios use Redis and PostgreSQL of the
+    session stack. Node i's pid file is kafka/kafka.pid (i = 1) or kafka/node<i>/kafka.pid."""
+
+    services = ("kafka",)
+    kafka_nodes = 3
+    span = 9
+
+    def node_pid(self, i):
+        sub = "" if i == 1 else f"node{i}"
+        return read_pid(os.path.join(self.dir, "kafka", sub, "kafka.pid"))
+
+    def metadata(self, topic):
+        """kcat's metadata of topic (JSON): brokers, and per partition leader/replicas/isrs."""
+        r = subprocess.run(["kcat", "-b", self.addr["SLUICE_KAFKA_BROKERS"], "-L", "-J",
+                            "-t", topic, "-m", "5"], capture_output=True, text=True,
+                           timeout=30)
+        if r.returncode != 0:
+            raise AssertionError(f"kcat metadata of {topic} failed: {r.stderr}")
+        import json
+        return json.loads(r.stdout)
+
+    def leaders(self, topic):
+        """partition -> leader node id (-1: none)."""
+        md = self.metadata(topic)
+        t = [t for t in md["topics"] if t["topic"] == topic][0]
+        return {p["partition"]: p["leader"] for p in t["partitions"]}
+
+    def in_sync(self, topic):
+        """partition -> number of in-sync replicas."""
+        md = self.metadata(topic)
+        t = [t for t in md["topics"] if t["topic"] == topic][0]
+        return {p["partition"]: len(p["isrs"]) for p in t["partitions"]}
+
+    def kill_node(self, i, sig=signal.SIGKILL):
+        sub = "" if i == 1 else f"node{i}"
+        self._kill_wait(self.node_pid(i), sig, f"kafka node {i}",
+                        pid_file=os.path.join(self.dir, "kafka", sub, "kafka.pid"))

@@ -40,3 +40,38 @@ def test_a_zombie_daemon_is_not_running(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def stack_sh(stack_dir, *args, **env):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    e.update(SLUICE_STACK_DIR=str(stack_dir), SLUICE_PORT_BASE="29950", **env)
+    return subprocess.run(["bash", os.path.join(REPO, "scripts", "stack.sh"), *args], env=e,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_kafka_cluster_addresses_and_status_lines(tmp_path):
+    """A three-node stack lists every node in the clients' bootstrap list and in status, on
+    base+5 and base+7 (base+1..4 belong to the controller, Redis, PostgreSQL, Prometheus)."""
+    d = tmp_path / "stack"
+    d.mkdir()
+    (d / "ports.env").write_text("kafka_nodes=3\n")
+    env = stack_sh(d, "env").stdout
+    assert "export SLUICE_KAFKA_BROKERS=127.0.0.1:29950,127.0.0.1:29955,127.0.0.1:29957\n" \
+        in env, env
+    st = stack_sh(d, "status").stdout
+    assert "kafka-2   stopped  port 29955" in st and "kafka-3   stopped  port 29957" in st, st
+    one = stack_sh(tmp_path / "other", "env").stdout
+    assert "export SLUICE_KAFKA_BROKERS=127.0.0.1:29950\n" in one, one
+
+
+def test_kafka_node_count_cannot_change_under_existing_data(tmp_path):
+    """Data formatted for one node is refused for three (the quorum's voters are part of
+    every node's identity), with the way out in the message; and only 1 or 3 is accepted."""
+    d = tmp_path / "stack"
+    (d / "kafka" / "data").mkdir(parents=True)
+    (d / "kafka" / "data" / "meta.properties").write_text("node.id=1\n")
+    r = stack_sh(d, "start", "--kafka-nodes=3", "kafka")
+    assert r.returncode == 1, r
+    assert "is for 1 node(s), not 3" in r.stderr and "reset" in r.stderr, r.stderr
+    r = stack_sh(d, "start", "kafka", SLUICE_STACK_KAFKA_NODES="2")
+    assert r.returncode == 1 and "expected 1 or 3" in r.stderr, r.stderr
