@@ -14,7 +14,10 @@ consumer's alone. Two phases, each with its own endpoint, one consumer:
   retries  n events to an endpoint that answers 500, with a retry delay of an hour and no
            breaker: n retry jobs waiting in the schedule (job body string + sorted-set member).
 
-For each phase it prints the growth of INFO used_memory divided by n (everything the keys
+For each phase it prints the work Redis did per item (commands from INFO commandstats, the
+busiest of them, bytes received and sent from INFO stats, and Redis's own CPU from INFO cpu;
+the markers phase is the cost of a delivery that succeeds at once, the retries phase that of
+an attempt that fails and is scheduled), the growth of INFO used_memory divided by n (everything the keys
 cost: key, value, the keyspace and expires dictionaries, the sorted sets' members), MEMORY
 USAGE (SAMPLES 0) of sampled keys, and for the schedule the sorted sets' MEMORY USAGE divided
 by their members. Also the size of one breaker hash and one rate bucket (per endpoint). The
@@ -81,6 +84,36 @@ def used_memory(url):
     return sorted(xs)[2]
 
 
+def work(url):
+    """Counters of the work Redis has done: calls per command, bytes in and out, CPU s."""
+    calls = {}
+    for line in redis_cmd(url, "INFO", "commandstats").decode().splitlines():
+        if line.startswith("cmdstat_"):
+            name, _, rest = line[len("cmdstat_"):].partition(":")
+            calls[name] = int(rest.split("calls=", 1)[1].split(",", 1)[0])
+    text = redis_cmd(url, "INFO", "all").decode()
+    kv = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return {"calls": calls, "in": int(kv["total_net_input_bytes"]),
+            "out": int(kv["total_net_output_bytes"]),
+            "cpu": float(kv["used_cpu_sys"]) + float(kv["used_cpu_user"])}
+
+
+def work_delta(a, b):
+    calls = {k: v - a["calls"].get(k, 0) for k, v in b["calls"].items()
+             if v - a["calls"].get(k, 0) > 0}
+    return {"calls": calls, "in": b["in"] - a["in"], "out": b["out"] - a["out"],
+            "cpu": b["cpu"] - a["cpu"]}
+
+
+def print_work(label, d, n):
+    total = sum(d["calls"].values())
+    top = sorted(d["calls"].items(), key=lambda kv: -kv[1])[:6]
+    print(f"  commands / {label:<21}{total / n:8.2f}     "
+          + ", ".join(f"{k} {v / n:.2f}" for k, v in top))
+    print(f"  bytes in, out / {label:<16}{d['in'] / n:8.0f} B, {d['out'] / n:.0f} B")
+    print(f"  Redis CPU / {label:<20}{d['cpu'] / n * 1e6:8.1f} us")
+
+
 def hashtables(url, db):
     """(main, expires) hashtable overhead of database db, bytes (MEMORY STATS)."""
     st = redis_cmd(url, "MEMORY", "STATS")
@@ -114,18 +147,23 @@ def body_of(n_bytes, i):
 
 def phase(w, url, label, ep, n, body_bytes, done, timeout):
     """Produce n events to ep, run one consumer until done() >= n. Returns the growth of
-    used_memory and of the database's (main, expires) hashtables."""
+    used_memory and of the database's (main, expires) hashtables, and the work Redis did
+    while the consumer ran (work_delta; INFO calls of this function itself excluded)."""
     db = int(w.redis_url.rsplit("/", 1)[1])
     before, ht0 = used_memory(url), hashtables(url, db)
     events = [{"id": f"evt_{w.tag}_{label}_{i:07d}", "endpoint": ep, "type": "order.created",
                "body": body_of(body_bytes, i)} for i in range(n)]
     r = w.produce(events)
     assert r.returncode == 0, r.stderr
+    w0 = work(url)
     c = w.consumer(label)
     wait_until(lambda: done() >= n, timeout, 2, f"{n} {label}")
     assert c.term() == 0, c.logs()[-2000:]
+    d = work_delta(w0, work(url))
+    for k in ("info", "scan", "zcard", "memory", "ping"):  # this script's own polling
+        d["calls"].pop(k, None)
     after, ht1 = used_memory(url), hashtables(url, db)
-    return after - before, ht1[0] - ht0[0], ht1[1] - ht0[1]
+    return after - before, ht1[0] - ht0[0], ht1[1] - ht0[1], d
 
 
 def main():
@@ -159,7 +197,7 @@ def main():
         bad = w.add_endpoint("bad" + w.tag, rcv.url("status/500", "bad"))
 
         markers = lambda: len(scan(db, f"sluice:done:{{{ok}}}:*"))
-        grew_m, main_m, exp_m = phase(w, url, "markers", ok, n, a.body_bytes, markers, 600)
+        grew_m, main_m, exp_m, work_m = phase(w, url, "markers", ok, n, a.body_bytes, markers, 600)
         zsets = lambda: scan(db, "sluice:retry:*")
         left = sum(redis_cmd(db, "ZCARD", k) for k in zsets())
         assert left == 0 and redis_cmd(db, "DBSIZE") == n + 1, \
@@ -169,7 +207,7 @@ def main():
         ttl = redis_cmd(db, "TTL", mkeys[0])
 
         scheduled = lambda: sum(redis_cmd(db, "ZCARD", k) for k in zsets())
-        grew_r, main_r, _ = phase(w, url, "retries", bad, n, a.body_bytes, scheduled, 600)
+        grew_r, main_r, _, work_r = phase(w, url, "retries", bad, n, a.body_bytes, scheduled, 600)
         leased = sum(redis_cmd(db, "HLEN", k) for k in scan(db, "sluice:lease:*"))
         zs = zsets()
         z_members = sum(redis_cmd(db, "ZCARD", k) for k in zs)
@@ -182,6 +220,7 @@ def main():
 
         print()
         print(f"delivered markers ({n}, TTL {ttl} s):")
+        print_work("delivery", work_m, n)
         print(f"  used_memory growth / marker     {grew_m / n:8.0f} B")
         print(f"  MEMORY USAGE of a marker key    {m_usage:8.0f} B  (mean of {len(mkeys)}; key, "
               f"value, its keyspace entry)")
@@ -189,6 +228,7 @@ def main():
         print(f"  expires table growth / marker   {exp_m / n:8.0f} B")
         print(f"scheduled retries ({z_members} in {len(zs)} sorted sets, {leased} leased; "
               f"record {j_len:.0f} B with a {a.body_bytes}-byte body):")
+        print_work("failed attempt", work_r, n)
         print(f"  used_memory growth / retry      {grew_r / n:8.0f} B")
         print(f"  MEMORY USAGE of a job body key  {j_usage:8.0f} B  (mean of {len(jkeys)})")
         print(f"  keyspace table growth / retry   {main_r / n:8.0f} B  (entries counted above too)")
