@@ -17,22 +17,24 @@
 
 #include "api/api.h"
 
-static const char *const console_headers[] = {
-    "Content-Security-Policy",
+static const char console_csp[] =
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'none'; "
-    "frame-ancestors 'none'",
-    "X-Content-Type-Options",
-    "nosniff",
-    "Referrer-Policy",
-    "no-referrer",
-    "X-Frame-Options",
-    "DENY",
-    "Cross-Origin-Opener-Policy",
-    "same-origin",
-    "Cache-Control",
-    "no-cache",
-    NULL};
+    "frame-ancestors 'none'";
+
+static const char *const console_headers[] = {"Content-Security-Policy",
+                                              console_csp,
+                                              "X-Content-Type-Options",
+                                              "nosniff",
+                                              "Referrer-Policy",
+                                              "no-referrer",
+                                              "X-Frame-Options",
+                                              "DENY",
+                                              "Cross-Origin-Opener-Policy",
+                                              "same-origin",
+                                              "Cache-Control",
+                                              "no-cache",
+                                              NULL};
 
 #define NHEADERS (sizeof(console_headers) / sizeof(console_headers[0]) - 1)
 

@@ -93,7 +93,7 @@ api_fanout_idx_t *api_fanout_index(const struct sl_endpoint **eps, size_t n, uin
     x->eps = eps;
     x->n_eps = n;
     if (x->n_eps > 1)
-        qsort(x->eps, x->n_eps, sizeof(*x->eps), by_id);
+        qsort(x->eps, x->n_eps, sizeof(const struct sl_endpoint *), by_id);
     x->exact = sl_map_new(x->n_eps);
     x->prefix = sl_map_new(16);
     char key[SL_EVENT_TYPE_MAX + 1];
@@ -199,7 +199,7 @@ size_t api_fanout_match(const api_fanout_idx_t *x,
     if (total == 0)
         return 0;
     /* every list is in position (= id) order: merge them, dropping repeats */
-    const struct sl_endpoint **res = sl_xmalloc(total * sizeof(*res));
+    const struct sl_endpoint **res = sl_xmalloc(total * sizeof(const struct sl_endpoint *));
     size_t n = 0;
     uint32_t last = UINT32_MAX;
     for (;;) {

@@ -71,7 +71,7 @@ static struct route_m *route_slot(const char *name)
             slot = &g_routes[i];
         } else if (!n) {
             char labels[128];
-            snprintf(labels, sizeof(labels), "route=\"%s\"", name);
+            (void)snprintf(labels, sizeof(labels), "route=\"%s\"", name);
             atomic_store(&g_routes[i].duration,
                          sl_metric_histo("sluice_api_request_duration_seconds", DUR_HELP, labels));
             atomic_store_explicit(&g_routes[i].name, name, memory_order_release);
@@ -93,8 +93,8 @@ void api_metrics_answer(const char *route, int status, int64_t us)
     sl_counter_t *c = atomic_load_explicit(&s->code[status - 100], memory_order_acquire);
     if (!c) {
         char labels[160];
-        snprintf(labels, sizeof(labels), "route=\"%s\",code=\"%d\"", route ? route : "other",
-                 status);
+        (void)snprintf(labels, sizeof(labels), "route=\"%s\",code=\"%d\"", route ? route : "other",
+                       status);
         c = sl_metric_counter("sluice_api_requests_total", REQ_HELP, labels);
         atomic_store_explicit(&s->code[status - 100], c, memory_order_release);
     }

@@ -238,8 +238,9 @@ enum api_hret api_endpoint_stats(struct api_req *r)
     size_t neps = 0, np = 0;
     sl_endpoints_snapshot(r->api->eps, &eps, &neps);
     if (neps > 1)
-        qsort(eps, neps, sizeof(*eps), by_id);
-    const struct sl_endpoint **page = sl_xcalloc((size_t)o.limit + 1, sizeof(*page));
+        qsort(eps, neps, sizeof(const struct sl_endpoint *), by_id);
+    const struct sl_endpoint **page =
+        sl_xcalloc((size_t)o.limit + 1, sizeof(const struct sl_endpoint *));
     const char **ids = sl_xcalloc((size_t)o.limit + 1, sizeof(*ids));
     for (size_t i = 0; i < neps && np <= (size_t)o.limit; i++) {
         if (o.have_cur && strcmp(eps[i]->id, o.cur) <= 0)

@@ -49,20 +49,21 @@ static void *signal_main(void *arg)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: sluice-api [--config FILE] [--check-config] [--print-config]\n"
-               "                  [--help-config] [--version] [--help]\n"
-               "\n"
-               "Sluice's HTTP API (api/openapi.yaml): publish events over HTTP with\n"
-               "Idempotency-Key and fan-out to the endpoints subscribed to their type and\n"
-               "channels; manage endpoints; read the delivery log and dead letters.\n"
-               "Callers authenticate with API keys (sluicectl keys create). Listens on\n"
-               "api_listen; every publish is acknowledged by Kafka before it is answered.\n"
-               "Stateless: run any number behind a load balancer.\n"
-               "Configuration comes from SLUICE_* environment variables or a config file; see\n"
-               "--help-config. SIGTERM or SIGINT stops accepting, lets requests in flight\n"
-               "finish (api_shutdown_ms), flushes the producer and exits 0; during start-up\n"
-               "(the endpoint table still loading, e.g. Kafka unreachable) it ends the wait\n"
-               "and exits 0 at once.\n");
+    (void)fprintf(f,
+                  "usage: sluice-api [--config FILE] [--check-config] [--print-config]\n"
+                  "                  [--help-config] [--version] [--help]\n"
+                  "\n"
+                  "Sluice's HTTP API (api/openapi.yaml): publish events over HTTP with\n"
+                  "Idempotency-Key and fan-out to the endpoints subscribed to their type and\n"
+                  "channels; manage endpoints; read the delivery log and dead letters.\n"
+                  "Callers authenticate with API keys (sluicectl keys create). Listens on\n"
+                  "api_listen; every publish is acknowledged by Kafka before it is answered.\n"
+                  "Stateless: run any number behind a load balancer.\n"
+                  "Configuration comes from SLUICE_* environment variables or a config file; see\n"
+                  "--help-config. SIGTERM or SIGINT stops accepting, lets requests in flight\n"
+                  "finish (api_shutdown_ms), flushes the producer and exits 0; during start-up\n"
+                  "(the endpoint table still loading, e.g. Kafka unreachable) it ends the wait\n"
+                  "and exits 0 at once.\n");
 }
 
 struct poller {
@@ -104,13 +105,13 @@ int main(int argc, char **argv)
     memset(&a, 0, sizeof(a));
     a.cfg = &cfg;
     if (!cfg.master_key[0]) {
-        fprintf(stderr, "sluice-api: master_key (SLUICE_MASTER_KEY) is required to seal the "
-                        "signing secrets of endpoints it creates\n");
+        (void)fprintf(stderr, "sluice-api: master_key (SLUICE_MASTER_KEY) is required to seal the "
+                              "signing secrets of endpoints it creates\n");
         sl_cfg_fini(&cfg);
         return SL_CFG_EXIT;
     }
     if (sl_masterkey_parse(&a.mk, cfg.master_key, &err) != 0) {
-        fprintf(stderr, "sluice-api: invalid value for master_key: %s\n", err.msg);
+        (void)fprintf(stderr, "sluice-api: invalid value for master_key: %s\n", err.msg);
         sl_cfg_fini(&cfg);
         return SL_CFG_EXIT;
     }
@@ -187,7 +188,8 @@ int main(int argc, char **argv)
 out:
     if (sig_started) { /* no signal yet (a failed start): end the signal thread */
         if (!atomic_load(&g_stop))
-            (void)pthread_kill(sigthr, SIGTERM);
+            /* wakes the thread's sigwait(); the process does not end by it */
+            (void)pthread_kill(sigthr, SIGTERM); /* NOLINT(bugprone-bad-signal-to-kill-thread) */
         pthread_join(sigthr, NULL);
     }
     long left = api_server_quiesce(srv, cfg.api_shutdown_ms);

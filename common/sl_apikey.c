@@ -99,7 +99,7 @@ int sl_apikey_generate(char token[SL_APIKEY_TOKEN_MAX],
             b64[i] = '_';
     }
     b64[SL_APIKEY_SECRET_CHARS] = '\0'; /* drop the '=' */
-    snprintf(token, SL_APIKEY_TOKEN_MAX, "%s%s_%s", SL_APIKEY_PREFIX, id, b64);
+    (void)snprintf(token, SL_APIKEY_TOKEN_MAX, "%s%s_%s", SL_APIKEY_PREFIX, id, b64);
 out:
     sl_secret_wipe(secret, sizeof(secret));
     sl_secret_wipe(b64, sizeof(b64));
@@ -388,13 +388,14 @@ int sl_apikey_db_insert(PGconn *pg, const struct sl_apikey *k, sl_err_t *err)
     if (rc != 0)
         return rc;
     sl_buf_init(&chans, (size_t)SL_APIKEY_CHANNELS_MAX * (SL_APIKEY_CHANNEL_MAX + 3) + 8);
-    memcpy(hash_hex, "\\x", 2);
+    hash_hex[0] = '\\';
+    hash_hex[1] = 'x';
     for (size_t i = 0; i < SL_APIKEY_HASH_LEN; i++)
-        snprintf(hash_hex + 2 + 2 * i, 3, "%02x", k->hash[i]);
+        (void)snprintf(hash_hex + 2 + 2 * i, 3, "%02x", k->hash[i]);
     sl_apikey_scopes_format(k->scopes, sc, sizeof(sc));
-    snprintf(scopes, sizeof(scopes), "{%s}", sc); /* names need no quoting */
-    snprintf(rate, sizeof(rate), "%" PRId64, k->rate_per_s);
-    snprintf(burst, sizeof(burst), "%" PRId64, k->burst);
+    (void)snprintf(scopes, sizeof(scopes), "{%s}", sc); /* names need no quoting */
+    (void)snprintf(rate, sizeof(rate), "%" PRId64, k->rate_per_s);
+    (void)snprintf(burst, sizeof(burst), "%" PRId64, k->burst);
     if (array_literal(&chans, k->channels, k->n_channels) != 0) {
         sl_buf_fini(&chans);
         return sl_err_set(err, SL_ETOOBIG, "api key channel list is too long");

@@ -633,7 +633,7 @@ static const char *src_name(int src, const char *file, char *buf, size_t len, in
 {
     switch (src) {
     case SL_CFG_SRC_FILE:
-        snprintf(buf, len, "%s:%d", file ? file : "file", line);
+        (void)snprintf(buf, len, "%s:%d", file ? file : "file", line);
         return buf;
     case SL_CFG_SRC_ENV:
         return "env";
@@ -671,9 +671,10 @@ static int set_value(struct sl_config *cfg,
         errno = 0;
         long long v = strtoll(val, &end, 10);
         if (errno != 0 || end == val || *end != '\0' || v < o->min || v > o->max) {
-            fprintf(errf, "invalid value for %s (%s): \"%s\": expected an integer in %lld..%lld\n",
-                    key, src_name(src, file, sb, sizeof(sb), line), shown(o, val),
-                    (long long)o->min, (long long)o->max);
+            (void)fprintf(errf,
+                          "invalid value for %s (%s): \"%s\": expected an integer in %lld..%lld\n",
+                          key, src_name(src, file, sb, sizeof(sb), line), shown(o, val),
+                          (long long)o->min, (long long)o->max);
             return -1;
         }
         *int_field(cfg, o) = v;
@@ -685,8 +686,8 @@ static int set_value(struct sl_config *cfg,
         } else if (strcmp(val, "false") == 0) {
             *bool_field(cfg, o) = false;
         } else {
-            fprintf(errf, "invalid value for %s (%s): \"%s\": expected true or false\n", key,
-                    src_name(src, file, sb, sizeof(sb), line), shown(o, val));
+            (void)fprintf(errf, "invalid value for %s (%s): \"%s\": expected true or false\n", key,
+                          src_name(src, file, sb, sizeof(sb), line), shown(o, val));
             return -1;
         }
         break;
@@ -728,7 +729,7 @@ static int load_file(struct sl_config *cfg, const char *path, FILE *errf)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
-        fprintf(errf, "could not open config file %s: %s\n", path, strerror(errno));
+        (void)fprintf(errf, "could not open config file %s: %s\n", path, strerror(errno));
         return 1;
     }
     int nerr = 0;
@@ -739,7 +740,7 @@ static int load_file(struct sl_config *cfg, const char *path, FILE *errf)
     while ((n = getline(&linebuf, &cap, f)) >= 0) {
         lineno++;
         if (n > 8192) {
-            fprintf(errf, "%s:%d: line too long (%zd bytes, limit 8192)\n", path, lineno, n);
+            (void)fprintf(errf, "%s:%d: line too long (%zd bytes, limit 8192)\n", path, lineno, n);
             nerr++;
             continue;
         }
@@ -748,7 +749,7 @@ static int load_file(struct sl_config *cfg, const char *path, FILE *errf)
             continue;
         char *eq = strchr(s, '=');
         if (!eq) {
-            fprintf(errf, "%s:%d: expected `name = value`\n", path, lineno);
+            (void)fprintf(errf, "%s:%d: expected `name = value`\n", path, lineno);
             nerr++;
             continue;
         }
@@ -762,7 +763,7 @@ static int load_file(struct sl_config *cfg, const char *path, FILE *errf)
         }
         const struct opt *o = find_name(key);
         if (!o) {
-            fprintf(errf, "%s:%d: unknown option \"%s\"\n", path, lineno, key);
+            (void)fprintf(errf, "%s:%d: unknown option \"%s\"\n", path, lineno, key);
             nerr++;
             continue;
         }
@@ -773,7 +774,7 @@ static int load_file(struct sl_config *cfg, const char *path, FILE *errf)
         sl_secret_wipe(linebuf, cap);
         free(linebuf);
     }
-    fclose(f);
+    (void)fclose(f);
     return nerr;
 }
 
@@ -827,7 +828,7 @@ static int load_env(struct sl_config *cfg, char *const *envp, FILE *errf)
         if (!o) {
             if (script_var(name))
                 continue;
-            fprintf(errf, "unknown environment variable %s (see --help-config)\n", name);
+            (void)fprintf(errf, "unknown environment variable %s (see --help-config)\n", name);
             nerr++;
             continue;
         }
@@ -846,10 +847,10 @@ static int check_listen(FILE *errf, const char *name, const char *l)
     long port = colon ? strtol(colon + 1, &end, 10) : -1;
     if (!colon || colon == l || !end || *end != '\0' || colon[1] == '\0' || port < 1 ||
         port > 65535) {
-        fprintf(errf,
-                "invalid value for %s: \"%s\": expected host:port (port 1..65535; IPv6 as "
-                "[addr]:port)\n",
-                name, l);
+        (void)fprintf(errf,
+                      "invalid value for %s: \"%s\": expected host:port (port 1..65535; IPv6 as "
+                      "[addr]:port)\n",
+                      name, l);
         return 1;
     }
     return 0;
@@ -863,9 +864,10 @@ static const char *opt_key(const struct sl_config *cfg, const char *name, char *
     const struct opt *o = find_name(name);
     int src = cfg->sources[o - opts];
     if (src == SL_CFG_SRC_ENV)
-        snprintf(buf, len, "%s (env)", o->env);
+        (void)snprintf(buf, len, "%s (env)", o->env);
     else
-        snprintf(buf, len, "%s (%s)", o->name, src == SL_CFG_SRC_FILE ? "config file" : "default");
+        (void)snprintf(buf, len, "%s (%s)", o->name,
+                       src == SL_CFG_SRC_FILE ? "config file" : "default");
     return buf;
 }
 
@@ -903,8 +905,8 @@ check_readable(const struct sl_config *cfg, FILE *errf, const char *name, const 
         close(fd);
     if (!why)
         return 0;
-    fprintf(errf, "invalid value for %s: \"%s\": cannot read it: %s\n",
-            opt_key(cfg, name, kb, sizeof(kb)), path, why);
+    (void)fprintf(errf, "invalid value for %s: \"%s\": cannot read it: %s\n",
+                  opt_key(cfg, name, kb, sizeof(kb)), path, why);
     return 1;
 }
 
@@ -938,8 +940,9 @@ static int check_pem(const struct sl_config *cfg, FILE *errf)
         BIO *b = BIO_new_file(cfg->kafka_ssl_ca_file, "r");
         X509 *x = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
         if (!x) {
-            fprintf(errf, "invalid value for %s: \"%s\": no PEM certificate in it\n",
-                    opt_key(cfg, "kafka_ssl_ca_file", kb, sizeof(kb)), cfg->kafka_ssl_ca_file);
+            (void)fprintf(errf, "invalid value for %s: \"%s\": no PEM certificate in it\n",
+                          opt_key(cfg, "kafka_ssl_ca_file", kb, sizeof(kb)),
+                          cfg->kafka_ssl_ca_file);
             nerr++;
         }
         X509_free(x);
@@ -952,8 +955,9 @@ static int check_pem(const struct sl_config *cfg, FILE *errf)
         cert = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
         BIO_free(b);
         if (!cert) {
-            fprintf(errf, "invalid value for %s: \"%s\": no PEM certificate in it\n",
-                    opt_key(cfg, "kafka_ssl_cert_file", kb, sizeof(kb)), cfg->kafka_ssl_cert_file);
+            (void)fprintf(errf, "invalid value for %s: \"%s\": no PEM certificate in it\n",
+                          opt_key(cfg, "kafka_ssl_cert_file", kb, sizeof(kb)),
+                          cfg->kafka_ssl_cert_file);
             nerr++;
         }
     }
@@ -963,26 +967,30 @@ static int check_pem(const struct sl_config *cfg, FILE *errf)
         key = b ? PEM_read_bio_PrivateKey(b, NULL, key_pw_cb, &kp) : NULL;
         BIO_free(b);
         if (!key && kp.asked && !cfg->kafka_ssl_key_password[0]) {
-            fprintf(errf,
-                    "invalid value for %s: \"%s\": the key is encrypted and "
-                    "kafka_ssl_key_password (SLUICE_KAFKA_SSL_KEY_PASSWORD) is empty\n",
-                    opt_key(cfg, "kafka_ssl_key_file", kb, sizeof(kb)), cfg->kafka_ssl_key_file);
+            (void)fprintf(errf,
+                          "invalid value for %s: \"%s\": the key is encrypted and "
+                          "kafka_ssl_key_password (SLUICE_KAFKA_SSL_KEY_PASSWORD) is empty\n",
+                          opt_key(cfg, "kafka_ssl_key_file", kb, sizeof(kb)),
+                          cfg->kafka_ssl_key_file);
             nerr++;
         } else if (!key && kp.asked) {
-            fprintf(errf, "%s does not decrypt %s: \"%s\"\n",
-                    opt_key(cfg, "kafka_ssl_key_password", kb, sizeof(kb)),
-                    opt_key(cfg, "kafka_ssl_key_file", kb2, sizeof(kb2)), cfg->kafka_ssl_key_file);
+            (void)fprintf(errf, "%s does not decrypt %s: \"%s\"\n",
+                          opt_key(cfg, "kafka_ssl_key_password", kb, sizeof(kb)),
+                          opt_key(cfg, "kafka_ssl_key_file", kb2, sizeof(kb2)),
+                          cfg->kafka_ssl_key_file);
             nerr++;
         } else if (!key) {
-            fprintf(errf, "invalid value for %s: \"%s\": no PEM private key in it\n",
-                    opt_key(cfg, "kafka_ssl_key_file", kb, sizeof(kb)), cfg->kafka_ssl_key_file);
+            (void)fprintf(errf, "invalid value for %s: \"%s\": no PEM private key in it\n",
+                          opt_key(cfg, "kafka_ssl_key_file", kb, sizeof(kb)),
+                          cfg->kafka_ssl_key_file);
             nerr++;
         }
     }
     if (cert && key && X509_check_private_key(cert, key) != 1) {
-        fprintf(errf, "%s and %s do not belong together: the certificate is not for this key\n",
-                opt_key(cfg, "kafka_ssl_cert_file", kb, sizeof(kb)),
-                opt_key(cfg, "kafka_ssl_key_file", kb2, sizeof(kb2)));
+        (void)fprintf(errf,
+                      "%s and %s do not belong together: the certificate is not for this key\n",
+                      opt_key(cfg, "kafka_ssl_cert_file", kb, sizeof(kb)),
+                      opt_key(cfg, "kafka_ssl_key_file", kb2, sizeof(kb2)));
         nerr++;
     }
     X509_free(cert);
@@ -1004,17 +1012,17 @@ static int check_kafka_security(struct sl_config *cfg, FILE *errf)
     char kb[96];
     int nerr = 0;
     if (!canonical(cfg->kafka_security_protocol, protocols, 4)) {
-        fprintf(errf,
-                "invalid value for %s: \"%s\": expected PLAINTEXT, SSL, SASL_SSL or "
-                "SASL_PLAINTEXT\n",
-                opt_key(cfg, "kafka_security_protocol", kb, sizeof(kb)),
-                cfg->kafka_security_protocol);
+        (void)fprintf(errf,
+                      "invalid value for %s: \"%s\": expected PLAINTEXT, SSL, SASL_SSL or "
+                      "SASL_PLAINTEXT\n",
+                      opt_key(cfg, "kafka_security_protocol", kb, sizeof(kb)),
+                      cfg->kafka_security_protocol);
         return 1; /* the combinations below mean nothing without it */
     }
     if (!canonical(cfg->kafka_sasl_mechanism, mechanisms, 3)) {
-        fprintf(errf,
-                "invalid value for %s: \"%s\": expected SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN\n",
-                opt_key(cfg, "kafka_sasl_mechanism", kb, sizeof(kb)), cfg->kafka_sasl_mechanism);
+        (void)fprintf(
+            errf, "invalid value for %s: \"%s\": expected SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN\n",
+            opt_key(cfg, "kafka_sasl_mechanism", kb, sizeof(kb)), cfg->kafka_sasl_mechanism);
         nerr++;
     }
     const char *proto = cfg->kafka_security_protocol;
@@ -1032,14 +1040,14 @@ static int check_kafka_security(struct sl_config *cfg, FILE *errf)
     for (size_t i = 0; i < 2; i++) {
         const struct opt *o = find_name(sasl_opts[i].name);
         if (sasl && !sasl_opts[i].val[0]) {
-            fprintf(errf, "kafka_security_protocol is %s but %s (%s) is empty\n", proto, o->name,
-                    o->env);
+            (void)fprintf(errf, "kafka_security_protocol is %s but %s (%s) is empty\n", proto,
+                          o->name, o->env);
             nerr++;
         } else if (!sasl && sasl_opts[i].val[0]) {
-            fprintf(errf,
-                    "%s is set but kafka_security_protocol is %s: SASL credentials need "
-                    "SASL_SSL or SASL_PLAINTEXT\n",
-                    opt_key(cfg, o->name, kb, sizeof(kb)), proto);
+            (void)fprintf(errf,
+                          "%s is set but kafka_security_protocol is %s: SASL credentials need "
+                          "SASL_SSL or SASL_PLAINTEXT\n",
+                          opt_key(cfg, o->name, kb, sizeof(kb)), proto);
             nerr++;
         }
     }
@@ -1048,10 +1056,10 @@ static int check_kafka_security(struct sl_config *cfg, FILE *errf)
         if (!tls_opts[i].val[0])
             continue;
         if (!tls) {
-            fprintf(errf,
-                    "%s is set but kafka_security_protocol is %s: TLS settings need SSL or "
-                    "SASL_SSL\n",
-                    opt_key(cfg, tls_opts[i].name, kb, sizeof(kb)), proto);
+            (void)fprintf(errf,
+                          "%s is set but kafka_security_protocol is %s: TLS settings need SSL or "
+                          "SASL_SSL\n",
+                          opt_key(cfg, tls_opts[i].name, kb, sizeof(kb)), proto);
             nerr++;
         } else if (i < 3) {
             file_errs += check_readable(cfg, errf, tls_opts[i].name, tls_opts[i].val);
@@ -1060,16 +1068,19 @@ static int check_kafka_security(struct sl_config *cfg, FILE *errf)
     if (!tls)
         return nerr;
     if (cfg->kafka_ssl_cert_file[0] && !cfg->kafka_ssl_key_file[0]) {
-        fprintf(errf, "%s is set but kafka_ssl_key_file (SLUICE_KAFKA_SSL_KEY_FILE) is empty\n",
-                opt_key(cfg, "kafka_ssl_cert_file", kb, sizeof(kb)));
+        (void)fprintf(errf,
+                      "%s is set but kafka_ssl_key_file (SLUICE_KAFKA_SSL_KEY_FILE) is empty\n",
+                      opt_key(cfg, "kafka_ssl_cert_file", kb, sizeof(kb)));
         nerr++;
     } else if (cfg->kafka_ssl_key_file[0] && !cfg->kafka_ssl_cert_file[0]) {
-        fprintf(errf, "%s is set but kafka_ssl_cert_file (SLUICE_KAFKA_SSL_CERT_FILE) is empty\n",
-                opt_key(cfg, "kafka_ssl_key_file", kb, sizeof(kb)));
+        (void)fprintf(errf,
+                      "%s is set but kafka_ssl_cert_file (SLUICE_KAFKA_SSL_CERT_FILE) is empty\n",
+                      opt_key(cfg, "kafka_ssl_key_file", kb, sizeof(kb)));
         nerr++;
     } else if (cfg->kafka_ssl_key_password[0] && !cfg->kafka_ssl_key_file[0]) {
-        fprintf(errf, "%s is set but kafka_ssl_key_file (SLUICE_KAFKA_SSL_KEY_FILE) is empty\n",
-                opt_key(cfg, "kafka_ssl_key_password", kb, sizeof(kb)));
+        (void)fprintf(errf,
+                      "%s is set but kafka_ssl_key_file (SLUICE_KAFKA_SSL_KEY_FILE) is empty\n",
+                      opt_key(cfg, "kafka_ssl_key_password", kb, sizeof(kb)));
         nerr++;
     }
     nerr += file_errs;
@@ -1084,15 +1095,16 @@ static int finalize(struct sl_config *cfg, FILE *errf)
     enum sl_log_level lv;
     unsigned mask;
     if (sl_log_level_parse(cfg->log_level, &lv) != 0) {
-        fprintf(errf, "invalid value for log_level: \"%s\": expected error, warn, info or debug\n",
-                cfg->log_level);
+        (void)fprintf(errf,
+                      "invalid value for log_level: \"%s\": expected error, warn, info or debug\n",
+                      cfg->log_level);
         nerr++;
     }
     if (sl_log_debug_parse(cfg->debug, &mask) != 0) {
-        fprintf(errf,
-                "invalid value for debug: \"%s\": expected a list of kafka, http, redis, db, "
-                "cfg, all\n",
-                cfg->debug);
+        (void)fprintf(errf,
+                      "invalid value for debug: \"%s\": expected a list of kafka, http, redis, db, "
+                      "cfg, all\n",
+                      cfg->debug);
         nerr++;
     }
     if (cfg->instance_id[0]) {
@@ -1103,48 +1115,53 @@ static int finalize(struct sl_config *cfg, FILE *errf)
             bad = (unsigned char)cfg->instance_id[i] < 0x21 ||
                   (unsigned char)cfg->instance_id[i] > 0x7e;
         if (bad) {
-            fprintf(errf,
-                    "invalid value for instance_id: expected 1..%d visible ASCII characters (no "
-                    "spaces or control characters)\n",
-                    SL_POD_MAX);
+            (void)fprintf(
+                errf,
+                "invalid value for instance_id: expected 1..%d visible ASCII characters (no "
+                "spaces or control characters)\n",
+                SL_POD_MAX);
             nerr++;
         }
     }
     if (cfg->http_connect_timeout_ms > cfg->http_timeout_ms) {
-        fprintf(errf, "http_connect_timeout_ms (%lld) must not exceed http_timeout_ms (%lld)\n",
-                (long long)cfg->http_connect_timeout_ms, (long long)cfg->http_timeout_ms);
+        (void)fprintf(errf,
+                      "http_connect_timeout_ms (%lld) must not exceed http_timeout_ms (%lld)\n",
+                      (long long)cfg->http_connect_timeout_ms, (long long)cfg->http_timeout_ms);
         nerr++;
     }
     nerr += check_listen(errf, "api_listen", cfg->api_listen);
     if (cfg->metrics_listen[0])
         nerr += check_listen(errf, "metrics_listen", cfg->metrics_listen);
     if (cfg->shutdown_drain_ms > cfg->shutdown_timeout_ms - 5000) {
-        fprintf(errf,
-                "shutdown_drain_ms (%lld) must leave at least 5000 ms of shutdown_timeout_ms "
-                "(%lld) for flushing, committing and leaving the group\n",
-                (long long)cfg->shutdown_drain_ms, (long long)cfg->shutdown_timeout_ms);
+        (void)fprintf(errf,
+                      "shutdown_drain_ms (%lld) must leave at least 5000 ms of shutdown_timeout_ms "
+                      "(%lld) for flushing, committing and leaving the group\n",
+                      (long long)cfg->shutdown_drain_ms, (long long)cfg->shutdown_timeout_ms);
         nerr++;
     }
     if (cfg->lease_ms <= cfg->http_timeout_ms) {
-        fprintf(errf,
-                "lease_ms (%lld) must exceed http_timeout_ms (%lld) so a slow request's retry "
-                "job is never claimed twice\n",
-                (long long)cfg->lease_ms, (long long)cfg->http_timeout_ms);
+        (void)fprintf(
+            errf,
+            "lease_ms (%lld) must exceed http_timeout_ms (%lld) so a slow request's retry "
+            "job is never claimed twice\n",
+            (long long)cfg->lease_ms, (long long)cfg->http_timeout_ms);
         nerr++;
     }
     if (cfg->retry_base_ms > cfg->retry_cap_ms) {
-        fprintf(errf, "retry_base_ms (%lld) must not exceed retry_cap_ms (%lld)\n",
-                (long long)cfg->retry_base_ms, (long long)cfg->retry_cap_ms);
+        (void)fprintf(errf, "retry_base_ms (%lld) must not exceed retry_cap_ms (%lld)\n",
+                      (long long)cfg->retry_base_ms, (long long)cfg->retry_cap_ms);
         nerr++;
     }
     if (cfg->breaker_cooldown_ms > cfg->breaker_cooldown_max_ms) {
-        fprintf(errf, "breaker_cooldown_ms (%lld) must not exceed breaker_cooldown_max_ms (%lld)\n",
-                (long long)cfg->breaker_cooldown_ms, (long long)cfg->breaker_cooldown_max_ms);
+        (void)fprintf(errf,
+                      "breaker_cooldown_ms (%lld) must not exceed breaker_cooldown_max_ms (%lld)\n",
+                      (long long)cfg->breaker_cooldown_ms, (long long)cfg->breaker_cooldown_max_ms);
         nerr++;
     }
     if (cfg->response_keep_bytes > cfg->response_max_bytes) {
-        fprintf(errf, "response_keep_bytes (%lld) must not exceed response_max_bytes (%lld)\n",
-                (long long)cfg->response_keep_bytes, (long long)cfg->response_max_bytes);
+        (void)fprintf(errf,
+                      "response_keep_bytes (%lld) must not exceed response_max_bytes (%lld)\n",
+                      (long long)cfg->response_keep_bytes, (long long)cfg->response_max_bytes);
         nerr++;
     }
     const char *topics[] = {cfg->topic_deliveries, cfg->topic_outcomes, cfg->topic_quarantine,
@@ -1155,7 +1172,7 @@ static int finalize(struct sl_config *cfg, FILE *errf)
                             "recorder_group"};
     for (size_t i = 0; i < sizeof(topics) / sizeof(topics[0]); i++) {
         if (topics[i][0] == '\0') {
-            fprintf(errf, "%s must not be empty\n", tnames[i]);
+            (void)fprintf(errf, "%s must not be empty\n", tnames[i]);
             nerr++;
         }
     }
@@ -1163,7 +1180,7 @@ static int finalize(struct sl_config *cfg, FILE *errf)
     sl_err_t rerr;
     if (sl_redis_url_parse(cfg->redis_url, &ru, &rerr) != 0) {
         /* the message never echoes the URL: it may hold a password */
-        fprintf(errf, "invalid value for redis_url: %s\n", rerr.msg);
+        (void)fprintf(errf, "invalid value for redis_url: %s\n", rerr.msg);
         nerr++;
     }
     sl_redis_url_fini(&ru);
@@ -1217,14 +1234,14 @@ static const char *type_name(const struct opt *o)
 
 void sl_cfg_print_help(FILE *f)
 {
-    fprintf(f, "Configuration (default < config file < environment):\n\n");
+    (void)fprintf(f, "Configuration (default < config file < environment):\n\n");
     for (size_t i = 0; i < NOPTS; i++) {
         const struct opt *o = &opts[i];
-        fprintf(f, "  %-28s %-34s %s", o->name, o->env, type_name(o));
+        (void)fprintf(f, "  %-28s %-34s %s", o->name, o->env, type_name(o));
         if (o->type == T_INT)
-            fprintf(f, " %lld..%lld", (long long)o->min, (long long)o->max);
-        fprintf(f, "\n      %s (default: \"%s\")%s\n", o->help, o->def,
-                (o->flags & F_SECRET) ? " [secret]" : "");
+            (void)fprintf(f, " %lld..%lld", (long long)o->min, (long long)o->max);
+        (void)fprintf(f, "\n      %s (default: \"%s\")%s\n", o->help, o->def,
+                      (o->flags & F_SECRET) ? " [secret]" : "");
     }
 }
 
@@ -1240,7 +1257,7 @@ static void mask_conninfo(const char *val, char *out, size_t outlen)
     PQconninfoOption *ci = PQconninfoParse(val, &errmsg);
     PQfreemem(errmsg);
     if (!ci) {
-        snprintf(out, outlen, "[not shown: libpq cannot parse it]");
+        (void)snprintf(out, outlen, "[not shown: libpq cannot parse it]");
         return;
     }
     bool has_pw = false;
@@ -1275,10 +1292,10 @@ static void mask_conninfo(const char *val, char *out, size_t outlen)
 static void mask_value(const struct opt *o, const char *val, char *out, size_t outlen)
 {
     if (o->flags & F_SECRET) {
-        snprintf(out, outlen, "%s", val[0] ? "[redacted]" : "");
+        (void)snprintf(out, outlen, "%s", val[0] ? "[redacted]" : "");
         return;
     }
-    snprintf(out, outlen, "%s", val);
+    (void)snprintf(out, outlen, "%s", val);
     if ((o->flags & F_DSN) && val[0])
         mask_conninfo(val, out, outlen);
     if (o->flags & F_URL) {
@@ -1286,8 +1303,8 @@ static void mask_value(const struct opt *o, const char *val, char *out, size_t o
         char *at = scheme ? strrchr(scheme + 3, '@') : NULL; /* a password may hold '@' */
         if (scheme && at) {
             char tail[512];
-            snprintf(tail, sizeof(tail), "%s", at);
-            snprintf(scheme + 3, outlen - (size_t)(scheme + 3 - out), "[redacted]%s", tail);
+            (void)snprintf(tail, sizeof(tail), "%s", at);
+            (void)snprintf(scheme + 3, outlen - (size_t)(scheme + 3 - out), "[redacted]%s", tail);
         }
     }
 }
@@ -1303,34 +1320,38 @@ void sl_cfg_print(const struct sl_config *cfg, FILE *f)
             const char *s = *(char *const *)(const void *)((const char *)base + o->off);
             mask_value(o, s ? s : "", val, sizeof(val));
         } else if (o->type == T_INT) {
-            snprintf(val, sizeof(val), "%lld",
-                     (long long)*(const int64_t *)(const void *)((const char *)base + o->off));
+            (void)snprintf(
+                val, sizeof(val), "%lld",
+                (long long)*(const int64_t *)(const void *)((const char *)base + o->off));
         } else {
-            snprintf(val, sizeof(val), "%s",
-                     *(const bool *)(const void *)((const char *)base + o->off) ? "true" : "false");
+            (void)snprintf(val, sizeof(val), "%s",
+                           *(const bool *)(const void *)((const char *)base + o->off) ? "true"
+                                                                                      : "false");
         }
-        fprintf(f, "%s = \"%s\"  # %s\n", o->name, val, srcn[cfg->sources[i]]);
+        (void)fprintf(f, "%s = \"%s\"  # %s\n", o->name, val, srcn[cfg->sources[i]]);
     }
 }
 
 void sl_cfg_print_markdown(FILE *f)
 {
-    fprintf(f, "# Configuration reference\n\n"
-               "Generated from the option table in common/sl_cfg.c by `sluicectl config-doc`; do "
-               "not edit by hand.\n\n"
-               "Precedence: default < config file (`--config FILE` or `SLUICE_CONFIG_FILE`, "
-               "lines of `name = value`) < environment. Bad values fail start-up with exit code "
-               "78 and a message naming the key, its source and the value (secrets are never "
-               "echoed).\n\n"
-               "| name | environment | type | range | default | description |\n"
-               "|---|---|---|---|---|---|\n");
+    (void)fprintf(
+        f, "# Configuration reference\n\n"
+           "Generated from the option table in common/sl_cfg.c by `sluicectl config-doc`; do "
+           "not edit by hand.\n\n"
+           "Precedence: default < config file (`--config FILE` or `SLUICE_CONFIG_FILE`, "
+           "lines of `name = value`) < environment. Bad values fail start-up with exit code "
+           "78 and a message naming the key, its source and the value (secrets are never "
+           "echoed).\n\n"
+           "| name | environment | type | range | default | description |\n"
+           "|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < NOPTS; i++) {
         const struct opt *o = &opts[i];
         char range[64] = "";
         if (o->type == T_INT)
-            snprintf(range, sizeof(range), "%lld..%lld", (long long)o->min, (long long)o->max);
-        fprintf(f, "| `%s` | `%s` | %s | %s | `%s` | %s%s |\n", o->name, o->env, type_name(o),
-                range, o->def, o->help, (o->flags & F_SECRET) ? " **secret**" : "");
+            (void)snprintf(range, sizeof(range), "%lld..%lld", (long long)o->min,
+                           (long long)o->max);
+        (void)fprintf(f, "| `%s` | `%s` | %s | %s | `%s` | %s%s |\n", o->name, o->env, type_name(o),
+                      range, o->def, o->help, (o->flags & F_SECRET) ? " **secret**" : "");
     }
 }
 
@@ -1404,8 +1425,8 @@ void sl_cfg_main_load(struct sl_config *cfg, const char *proc, int *argc, char *
     }
     int nerr = sl_cfg_load(cfg, file, NULL, stderr);
     if (nerr > 0) {
-        fprintf(stderr, "%s: %d configuration error%s, not starting\n", proc, nerr,
-                nerr == 1 ? "" : "s");
+        (void)fprintf(stderr, "%s: %d configuration error%s, not starting\n", proc, nerr,
+                      nerr == 1 ? "" : "s");
         exit(SL_CFG_EXIT);
     }
     enum sl_log_level lv = SL_LOG_INFO;
@@ -1443,7 +1464,7 @@ int sl_cfg_main_daemon(struct sl_config *cfg,
     }
     sl_cfg_main_load(cfg, proc, argc, argv);
     if (*argc > 1) {
-        fprintf(stderr, "%s: unknown argument \"%s\"\n", proc, argv[1]);
+        (void)fprintf(stderr, "%s: unknown argument \"%s\"\n", proc, argv[1]);
         usage(stderr);
         sl_cfg_fini(cfg);
         return 2;
@@ -1453,6 +1474,6 @@ int sl_cfg_main_daemon(struct sl_config *cfg,
     sa.sa_handler = on_stop;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    (void)signal(SIGPIPE, SIG_IGN);
     return -1;
 }

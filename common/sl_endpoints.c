@@ -1127,7 +1127,7 @@ void sl_endpoints_snapshot(sl_endpoints_t *t, const struct sl_endpoint ***out, s
     pthread_rwlock_rdlock(&t->lock);
     size_t cnt = sl_map_count(t->map);
     if (cnt > 0) {
-        const struct sl_endpoint **arr = sl_xcalloc(cnt, sizeof(*arr));
+        const struct sl_endpoint **arr = sl_xcalloc(cnt, sizeof(const struct sl_endpoint *));
         size_t pos = 0, i = 0;
         void *v;
         while (i < cnt && sl_map_next(t->map, &pos, NULL, &v))

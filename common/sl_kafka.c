@@ -193,9 +193,9 @@ rd_kafka_conf_t *sl_kafka_conf_new(const struct sl_config *cfg, const char *role
     gethostname(host, sizeof(host) - 1);
     host[sizeof(host) - 1] = '\0';
     if (cfg->instance_id[0])
-        snprintf(client_id, sizeof(client_id), "%s-%s", role, cfg->instance_id);
+        (void)snprintf(client_id, sizeof(client_id), "%s-%s", role, cfg->instance_id);
     else
-        snprintf(client_id, sizeof(client_id), "%s-%s-%d", role, host, (int)getpid());
+        (void)snprintf(client_id, sizeof(client_id), "%s-%s-%d", role, host, (int)getpid());
     if (sl_kafka_conf_set(conf, "bootstrap.servers", cfg->kafka_brokers, err) != 0 ||
         sl_kafka_conf_set(conf, "client.id", client_id, err) != 0 ||
         sl_kafka_conf_set(conf, "socket.nagle.disable", "true", err) != 0 ||
@@ -240,7 +240,7 @@ sl_kafka_producer_new_linger(const struct sl_config *cfg,
             return NULL;
     }
     char linger[32];
-    snprintf(linger, sizeof(linger), "%lld", (long long)linger_ms);
+    (void)snprintf(linger, sizeof(linger), "%lld", (long long)linger_ms);
     if (sl_kafka_conf_set(conf, "enable.idempotence", "true", err) != 0 ||
         sl_kafka_conf_set(conf, "acks", "all", err) != 0 ||
         sl_kafka_conf_set(conf, "linger.ms", linger, err) != 0 ||
@@ -280,7 +280,7 @@ rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg,
         if (!conf)
             return NULL;
     }
-    snprintf(session, sizeof(session), "%lld", (long long)cfg->kafka_session_timeout_ms);
+    (void)snprintf(session, sizeof(session), "%lld", (long long)cfg->kafka_session_timeout_ms);
     /* Fetches wait for fetch_min bytes or fetch_wait ms: with librdkafka's fetch.min.bytes=1
      * a fetch returns as soon as any record arrives, so at a few thousand records/s from a
      * low-linger producer the broker answers one fetch per produced batch and spends a core
@@ -288,8 +288,8 @@ rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg,
      * (bench/README.md, "Kafka settings"). */
     char fetch_wait[32];
     char fetch_min[32];
-    snprintf(fetch_wait, sizeof(fetch_wait), "%lld", (long long)cfg->kafka_fetch_wait_ms);
-    snprintf(fetch_min, sizeof(fetch_min), "%lld", (long long)cfg->kafka_fetch_min_bytes);
+    (void)snprintf(fetch_wait, sizeof(fetch_wait), "%lld", (long long)cfg->kafka_fetch_wait_ms);
+    (void)snprintf(fetch_min, sizeof(fetch_min), "%lld", (long long)cfg->kafka_fetch_min_bytes);
     if (sl_kafka_conf_set(conf, "group.id", group_id, err) != 0 ||
         sl_kafka_conf_set(conf, "enable.auto.commit", "true", err) != 0 ||
         sl_kafka_conf_set(conf, "enable.auto.offset.store", "false", err) != 0 ||

@@ -134,7 +134,7 @@ static void collect(struct sl_buf *out, void *arg)
         while (i + 1 < g_nrows && cmp_row(&g_rows[i], &g_rows[i + 1]) == 0)
             lag = g_rows[++i].lag > lag ? g_rows[i].lag : lag;
         char part[16];
-        snprintf(part, sizeof(part), "%d", (int)g_rows[i].partition);
+        (void)snprintf(part, sizeof(part), "%d", (int)g_rows[i].partition);
         sl_buf_reset(&lb);
         sl_metrics_label(&lb, "topic", g_rows[i].topic);
         sl_metrics_label(&lb, "partition", part);
@@ -155,7 +155,7 @@ static int stats_cb(rd_kafka_t *rk, char *json, size_t len, void *opaque)
 int sl_kstats_enable(rd_kafka_conf_t *conf, int interval_ms, sl_err_t *err)
 {
     char v[24];
-    snprintf(v, sizeof(v), "%d", interval_ms);
+    (void)snprintf(v, sizeof(v), "%d", interval_ms);
     char errstr[256];
     if (rd_kafka_conf_set(conf, "statistics.interval.ms", v, errstr, sizeof(errstr)) !=
         RD_KAFKA_CONF_OK)

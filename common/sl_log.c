@@ -41,7 +41,7 @@ static const char *const level_names[] = {"error", "warn", "info", "debug"};
 void sl_log_init(const char *proc, enum sl_log_level level, unsigned debug_mask)
 {
     if (proc)
-        snprintf(g_proc, sizeof(g_proc), "%s", proc);
+        (void)snprintf(g_proc, sizeof(g_proc), "%s", proc);
     sl__log_level = (int)level;
     sl__log_debug_mask = debug_mask;
 }
@@ -150,16 +150,22 @@ size_t sl_json_escape(char *out, size_t outlen, const char *src, size_t n)
             esc[1] = (char)c;
             elen = 2;
         } else if (c == '\n') {
-            memcpy(esc, "\\n", 2);
+            esc[0] = '\\';
+            esc[1] = 'n';
             elen = 2;
         } else if (c == '\r') {
-            memcpy(esc, "\\r", 2);
+            esc[0] = '\\';
+            esc[1] = 'r';
             elen = 2;
         } else if (c == '\t') {
-            memcpy(esc, "\\t", 2);
+            esc[0] = '\\';
+            esc[1] = 't';
             elen = 2;
         } else if (c < 0x20 || c == 0x7f) {
-            memcpy(esc, "\\u00", 4);
+            esc[0] = '\\';
+            esc[1] = 'u';
+            esc[2] = '0';
+            esc[3] = '0';
             esc[4] = hex[c >> 4];
             esc[5] = hex[c & 15];
             elen = 6;
@@ -231,7 +237,8 @@ static void scrub_prefixed(struct line *l, const char *pfx, const char *red)
             /* shrink-only replacement keeps the line within its buffer */
             const char *rep = vlen >= red_len ? red : "***";
             size_t rlen = strlen(rep);
-            memcpy(v, rep, rlen);
+            /* the line is length-counted: no NUL belongs here */
+            memcpy(v, rep, rlen); /* NOLINT(bugprone-not-null-terminated-result) */
             memmove(v + rlen, e, (size_t)(end - e));
             l->len -= vlen - rlen;
             p = v + rlen;

@@ -125,8 +125,9 @@ sl_map_t *sl_map_new(size_t hint)
         if (n <= 0) {
             /* Linux >= 3.17 always has getrandom; without entropy the map would be
              * floodable, so refuse to run rather than degrade silently. */
-            fprintf(stderr, "{\"level\":\"error\",\"event\":\"no_entropy\",\"msg\":\"getrandom "
-                            "failed for the hash map seed\"}\n");
+            (void)fprintf(stderr,
+                          "{\"level\":\"error\",\"event\":\"no_entropy\",\"msg\":\"getrandom "
+                          "failed for the hash map seed\"}\n");
             abort();
         }
         got += (size_t)n;

@@ -13,7 +13,7 @@
 static void oom(size_t n)
 {
     /* The logger may itself need memory; write a fixed line straight to stderr. */
-    fprintf(stderr, "{\"level\":\"error\",\"event\":\"out_of_memory\",\"size\":%zu}\n", n);
+    (void)fprintf(stderr, "{\"level\":\"error\",\"event\":\"out_of_memory\",\"size\":%zu}\n", n);
     abort();
 }
 
@@ -107,7 +107,7 @@ int sl_buf_printf(struct sl_buf *b, const char *fmt, ...)
         return sl_buf_append(b, tmp, (size_t)n);
     char *big = sl_xmalloc((size_t)n + 1);
     va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    (void)vsnprintf(big, (size_t)n + 1, fmt, ap);
     va_end(ap);
     int rc = sl_buf_append(b, big, (size_t)n);
     free(big);

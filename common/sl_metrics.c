@@ -77,7 +77,7 @@ static struct series *reg(const char *name, const char *help, const char *labels
     while (f && strcmp(f->name, name) != 0)
         f = f->next;
     if (f && (f->type != t || strcmp(f->help, help) != 0)) {
-        fprintf(stderr, "sl_metrics: %s registered twice with another type or help\n", name);
+        (void)fprintf(stderr, "sl_metrics: %s registered twice with another type or help\n", name);
         abort();
     }
     if (!f) {
@@ -152,7 +152,7 @@ void sl_metrics_collector_remove(sl_metrics_collect_fn fn, void *arg)
 void sl_metrics_set_process(const char *process)
 {
     pthread_mutex_lock(&g_mu);
-    snprintf(g_process, sizeof(g_process), "%s", process);
+    (void)snprintf(g_process, sizeof(g_process), "%s", process);
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -186,7 +186,7 @@ __attribute__((format(printf, 2, 3))) static void outf(struct sl_buf *out, const
         outn(out, small, (size_t)n);
     } else {
         char *big = sl_xmalloc((size_t)n + 1);
-        vsnprintf(big, (size_t)n + 1, fmt, ap2);
+        (void)vsnprintf(big, (size_t)n + 1, fmt, ap2);
         outn(out, big, (size_t)n);
         free(big);
     }
@@ -213,9 +213,9 @@ static void write_value(struct sl_buf *out, double v)
         outf(out, "%" PRId64 "\n", (int64_t)v);
     else { /* the shortest of %.15g and %.17g that reads back as v */
         char t[40];
-        snprintf(t, sizeof(t), "%.15g", v);
+        (void)snprintf(t, sizeof(t), "%.15g", v);
         if (strtod(t, NULL) != v)
-            snprintf(t, sizeof(t), "%.17g", v);
+            (void)snprintf(t, sizeof(t), "%.17g", v);
         outf(out, "%s\n", t);
     }
 }
@@ -256,16 +256,16 @@ void sl_metrics_write_histo(struct sl_buf *out,
         cum += b[i];
         if (i < SL_HISTO_NB) {
             char le[32];
-            snprintf(le, sizeof(le), "%.7g", (double)BOUNDS_US[i] / 1e6);
+            (void)snprintf(le, sizeof(le), "%.7g", (double)BOUNDS_US[i] / 1e6);
             outf(out, "%s_bucket{%s%sle=\"%s\"} %" PRIu64 "\n", name, lb, sep, le, cum);
         } else {
             outf(out, "%s_bucket{%s%sle=\"+Inf\"} %" PRIu64 "\n", name, lb, sep, cum);
         }
     }
     char sname[256];
-    snprintf(sname, sizeof(sname), "%s_sum", name);
+    (void)snprintf(sname, sizeof(sname), "%s_sum", name);
     sl_metrics_write_sample(out, sname, labels, (double)sum_us / 1e6);
-    snprintf(sname, sizeof(sname), "%s_count", name);
+    (void)snprintf(sname, sizeof(sname), "%s_count", name);
     write_u64(out, sname, labels, count);
 }
 
@@ -295,7 +295,7 @@ static void write_process(struct sl_buf *out)
     if (f) {
         char line[2048];
         size_t n = fread(line, 1, sizeof(line) - 1, f);
-        fclose(f);
+        (void)fclose(f);
         line[n] = '\0';
         /* fields after the command name, which is in parentheses and may hold spaces */
         const char *p = strrchr(line, ')');
@@ -324,7 +324,7 @@ static void write_process(struct sl_buf *out)
                         break;
                 }
                 if (s)
-                    fclose(s);
+                    (void)fclose(s);
                 if (btime)
                     g_start_s = (double)btime + (double)start / (double)tick;
             }
@@ -402,6 +402,6 @@ void sl_metrics_reset_for_tests(void)
         g_coll = c->next;
         free(c);
     }
-    snprintf(g_process, sizeof(g_process), "sluice");
+    (void)snprintf(g_process, sizeof(g_process), "sluice");
     pthread_mutex_unlock(&g_mu);
 }

@@ -51,7 +51,7 @@ int sl_probe_beat_register(const char *name)
     int slot = -1;
     for (int i = 0; i < SL_PROBE_MAX_BEATS; i++) {
         if (atomic_load(&g_beats[i].at) == 0) {
-            snprintf(g_beats[i].name, sizeof(g_beats[i].name), "%s", name);
+            (void)snprintf(g_beats[i].name, sizeof(g_beats[i].name), "%s", name);
             atomic_store(&g_beats[i].at, sl_mono_ms());
             slot = i;
             break;
@@ -83,7 +83,7 @@ bool sl_probe_live(int64_t now_mono_ms, int64_t stall_ms, char *name, size_t nam
         if (at != 0 && now_mono_ms - at > stall_ms) {
             live = false;
             if (name && name_size)
-                snprintf(name, name_size, "%s", g_beats[i].name);
+                (void)snprintf(name, name_size, "%s", g_beats[i].name);
         }
     }
     pthread_mutex_unlock(&g_beats_mu);
@@ -202,7 +202,7 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
     char msg[256];
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    (void)vsnprintf(msg, sizeof(msg), fmt, ap);
     size_t n = strlen(msg);
     while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
         msg[--n] = '\0';

@@ -177,7 +177,8 @@ static int do_connect(sl_redis_t *r, sl_err_t *err)
 static int do_connect_now(sl_redis_t *r, sl_err_t *err)
 {
     const struct sl_redis_url *u = &r->url;
-    struct timeval tv = {.tv_sec = r->timeout_ms / 1000, .tv_usec = (r->timeout_ms % 1000) * 1000};
+    struct timeval tv = {.tv_sec = r->timeout_ms / 1000,
+                         .tv_usec = (suseconds_t)(r->timeout_ms % 1000) * 1000};
     if (r->c) {
         redisFree(r->c);
         r->c = NULL;
@@ -234,7 +235,7 @@ sl_redis_t *sl_redis_connect(const char *url, int timeout_ms, sl_err_t *err)
     if (sl_redis_url_parse(url, &r->url, err) != 0) {
         if (err) {
             char why[SL_ERR_MSG_MAX];
-            snprintf(why, sizeof(why), "%s", err->msg);
+            (void)snprintf(why, sizeof(why), "%s", err->msg);
             sl_err_set(err, SL_ECONFIG, "invalid redis url: %s", why);
         }
         sl_redis_close(r);
@@ -314,7 +315,7 @@ static void script_sha(struct sl_redis_script *s)
         char hex[sizeof(s->sha)];
         SHA1((const unsigned char *)s->lua, strlen(s->lua), md);
         for (int i = 0; i < SHA_DIGEST_LENGTH; i++)
-            snprintf(hex + 2 * i, 3, "%02x", md[i]);
+            (void)snprintf(hex + (size_t)2 * (size_t)i, 3, "%02x", md[i]);
         memcpy(s->sha, hex, sizeof(hex));
     }
     pthread_mutex_unlock(&g_sha_mu);
@@ -337,7 +338,7 @@ redisReply *sl_redis_eval(sl_redis_t *r,
     const char *av[MAXARGS];
     size_t al[MAXARGS];
     char nk[16];
-    snprintf(nk, sizeof(nk), "%d", nkeys);
+    (void)snprintf(nk, sizeof(nk), "%d", nkeys);
     av[0] = "EVALSHA";
     al[0] = 7;
     av[1] = s->sha;

@@ -621,7 +621,7 @@ int sl_reg_db_page(PGconn *pg,
     *n = 0;
     if (limit < 1 || limit > SL_REG_PAGE_MAX)
         return sl_err_set(err, SL_EINVAL, "page size must be 1..%d", SL_REG_PAGE_MAX);
-    snprintf(lim, sizeof(lim), "%zu", limit);
+    (void)snprintf(lim, sizeof(lim), "%zu", limit);
     const char *p[2] = {after_id, lim}; /* NULL = SQL null: from the start */
     /* the secrets query selects the same page again: an endpoint added in between is not
      * in the first result and its secrets are skipped by the merge */
@@ -669,7 +669,7 @@ static void ep_params_fill(struct ep_params *p, const struct sl_reg_ep *ep)
     p->v[5] = ep->ct;
     p->v[6] = p->headers;
     for (int i = 0; i < SL_REG_N__COUNT; i++) {
-        snprintf(p->num[i], sizeof(p->num[i]), "%" PRId64, ep->num[i]);
+        (void)snprintf(p->num[i], sizeof(p->num[i]), "%" PRId64, ep->num[i]);
         p->v[COL_NUM0 + i] = p->num[i];
     }
     p->v[COL_ENABLED] = ep->enabled ? "true" : "false";
@@ -773,7 +773,7 @@ int sl_reg_reseal(PGconn *pg,
             if (rc != 0)
                 break;
             char seq[16];
-            snprintf(seq, sizeof(seq), "%d", sec->seq);
+            (void)snprintf(seq, sizeof(seq), "%d", sec->seq);
             char *hex = tohex(box, blen);
             const char *p[3] = {eps[i].id, seq, hex};
             rc = sl_pg_cmd(pg, "store the re-sealed secret",
@@ -803,7 +803,7 @@ int sl_reg_db_rotate(PGconn *pg,
                      sl_err_t *err)
 {
     char overlap[24];
-    snprintf(overlap, sizeof(overlap), "%" PRId64, overlap_s);
+    (void)snprintf(overlap, sizeof(overlap), "%" PRId64, overlap_s);
     const char *p1[1] = {id};
     const char *p2[2] = {id, overlap};
     int rc = sl_pg_cmd(
@@ -856,7 +856,7 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
     if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
         return;
     if (p->failed++ == 0)
-        snprintf(p->first_err, sizeof(p->first_err), "%s", rd_kafka_err2str(m->err));
+        (void)snprintf(p->first_err, sizeof(p->first_err), "%s", rd_kafka_err2str(m->err));
 }
 
 void sl_reg_pub_init(struct sl_reg_pub *p,
@@ -953,7 +953,7 @@ static int codec_msg(int rc, sl_err_t *err)
         size_t l = strlen(names[i].rec);
         if (strncmp(err->msg, names[i].rec, l) == 0) {
             char rest[SL_ERR_MSG_MAX];
-            snprintf(rest, sizeof(rest), "%s", err->msg + l);
+            (void)snprintf(rest, sizeof(rest), "%s", err->msg + l);
             return sl_err_set(err, rc, "%s%s", names[i].col, rest);
         }
     }

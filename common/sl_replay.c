@@ -149,8 +149,8 @@ static void filter_params(const struct sl_replay_sel *sel,
                           char **ids_lit,
                           const char *params[5])
 {
-    snprintf(since, 24, "%" PRId64, sel->since_ms);
-    snprintf(until, 24, "%" PRId64, sel->until_ms);
+    (void)snprintf(since, 24, "%" PRId64, sel->since_ms);
+    (void)snprintf(until, 24, "%" PRId64, sel->until_ms);
     *ids_lit = sel->n_event_ids ? sl_pg_text_array(sel->event_ids, sel->n_event_ids) : NULL;
     params[0] = sel->endpoint;
     params[1] = sel->has_since ? since : NULL;
@@ -245,7 +245,7 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
         w->state = R_ACKED;
     } else {
         w->state = R_FAILED;
-        snprintf(w->error, sizeof(w->error), "kafka: %s", rd_kafka_err2str(m->err));
+        (void)snprintf(w->error, sizeof(w->error), "kafka: %s", rd_kafka_err2str(m->err));
     }
 }
 
@@ -258,13 +258,13 @@ static void prepare(struct run *r, struct row *w, const unsigned char *payload, 
     sl_err_clear(&err);
     if (sl_delivery_decode(payload, len, &lim, &d, &err) != 0) {
         w->state = R_INVALID;
-        snprintf(w->error, sizeof(w->error), "stored record does not decode: %s", err.msg);
+        (void)snprintf(w->error, sizeof(w->error), "stored record does not decode: %s", err.msg);
         sl_delivery_fini(&d);
         return;
     }
     if (strcmp(d.id, w->event_id) != 0 || strcmp(d.ep, w->endpoint_id) != 0) {
         w->state = R_INVALID;
-        snprintf(w->error, sizeof(w->error), "stored record belongs to another event");
+        (void)snprintf(w->error, sizeof(w->error), "stored record belongs to another event");
         sl_delivery_fini(&d);
         return;
     }
@@ -274,7 +274,8 @@ static void prepare(struct run *r, struct row *w, const unsigned char *payload, 
     sl_buf_init(&b, (size_t)r->cfg->max_body_bytes + SL_RECORD_OVERHEAD);
     if (sl_delivery_encode_lim(&d, &lim, &b, &err) != 0) {
         w->state = R_INVALID;
-        snprintf(w->error, sizeof(w->error), "stored record cannot be re-encoded: %s", err.msg);
+        (void)snprintf(w->error, sizeof(w->error), "stored record cannot be re-encoded: %s",
+                       err.msg);
         sl_buf_fini(&b);
     } else {
         w->rec = b.data; /* taken over from the buffer */
@@ -303,8 +304,8 @@ static int journal(struct run *r, struct row *rows, int n, bool insert, sl_err_t
         case R_SENT:
             s[k] = insert ? "sending" : "failed";
             if (!insert && rows[i].error[0] == '\0')
-                snprintf(rows[i].error, sizeof(rows[i].error), "not acknowledged within %d ms",
-                         SL_REPLAY_ACK_WAIT_MS);
+                (void)snprintf(rows[i].error, sizeof(rows[i].error),
+                               "not acknowledged within %d ms", SL_REPLAY_ACK_WAIT_MS);
             break;
         case R_NEW:
             s[k] = "sending";
@@ -391,7 +392,7 @@ static void publish(struct run *r, struct row *rows, int n)
                              ENQUEUE_WAIT_MS, &perr) != 0) {
             w->state = R_FAILED;
             r->outstanding--;
-            snprintf(w->error, sizeof(w->error), "%s", perr.msg);
+            (void)snprintf(w->error, sizeof(w->error), "%s", perr.msg);
         }
         free(w->rec); /* copied by the producer */
         w->rec = NULL;
@@ -451,7 +452,7 @@ static int batch(struct run *r, int64_t want, bool *done, sl_err_t *err)
     char *ids_lit = NULL;
     const char *params[7];
     filter_params(r->sel, since, until, &ids_lit, params);
-    snprintf(lim, sizeof(lim), "%" PRId64, want);
+    (void)snprintf(lim, sizeof(lim), "%" PRId64, want);
     params[5] = r->out->run_id;
     params[6] = lim;
     struct row *rows = NULL;
@@ -485,7 +486,7 @@ static int batch(struct run *r, int64_t want, bool *done, sl_err_t *err)
             PQunescapeBytea((const unsigned char *)sl_pg_str(res, i, "payload"), &len);
         if (!payload) {
             w->state = R_INVALID;
-            snprintf(w->error, sizeof(w->error), "stored record could not be read");
+            (void)snprintf(w->error, sizeof(w->error), "stored record could not be read");
         } else {
             prepare(r, w, payload, len);
             PQfreemem(payload);
@@ -590,7 +591,7 @@ int sl_replay_run(PGconn *pg,
     if (RAND_bytes(rnd, sizeof(rnd)) != 1)
         return sl_err_set(err, SL_ECRYPTO, "cannot generate a run id: no random bytes");
     for (size_t i = 0; i < sizeof(rnd); i++)
-        snprintf(out->run_id + 2 * i, 3, "%02x", rnd[i]);
+        (void)snprintf(out->run_id + 2 * i, 3, "%02x", rnd[i]);
     rc = count_without_payload(pg, sel, &out->without_payload, err);
     if (rc != 0)
         return rc;
@@ -630,7 +631,7 @@ int sl_replay_dry_run(PGconn *pg,
     char *ids_lit = NULL;
     const char *params[6];
     filter_params(sel, since, until, &ids_lit, params);
-    snprintf(lim, sizeof(lim), "%" PRId64, sel->limit > 0 ? sel->limit : (int64_t)INT64_MAX);
+    (void)snprintf(lim, sizeof(lim), "%" PRId64, sel->limit > 0 ? sel->limit : (int64_t)INT64_MAX);
     params[5] = lim;
     PGresult *res = sl_pg_exec(pg, "select dead letters", SQL_DRY, 6, params, err);
     free(ids_lit);

@@ -380,7 +380,7 @@ static int
 append_entry(char *out, size_t outlen, size_t *o, const char *ver, const uint8_t *raw, size_t n)
 {
     size_t vl = strlen(ver);
-    memcpy(out + *o, ver, vl);
+    memcpy(out + *o, ver, vl); /* NOLINT(bugprone-not-null-terminated-result): length-counted */
     out[*o + vl] = ',';
     *o += vl + 1;
     long b = sl_b64_encode(raw, n, out + *o, outlen - *o);

@@ -62,7 +62,7 @@
 #define SL_SIGN_V1A_ENTRY_LEN 92 /* Ed25519 entry: "v1a," + 88 base64 chars */
 /* Signature header value for the maximum number of secrets (all Ed25519, the longer entry),
  * plus separators and NUL. */
-#define SL_SIGN_HEADER_MAX    (SL_SIGNER_MAX_SECRETS * (SL_SIGN_V1A_ENTRY_LEN + 1))
+#define SL_SIGN_HEADER_MAX    ((size_t)SL_SIGNER_MAX_SECRETS * (SL_SIGN_V1A_ENTRY_LEN + 1))
 #define SL_SIGN_ID_MAX        255  /* bytes of a message id (webhook-id) */
 #define SL_SIGN_TS_MAX        20   /* decimal digits of a non-negative int64, + NUL */
 #define SL_VERIFY_HEADER_MAX  4096 /* longest webhook-signature value sl_verify will parse */

@@ -54,8 +54,8 @@ void cons_metrics_init(int64_t endpoint_top)
     for (int o = 0; o < CONS_M_NOUTCOME; o++) {
         for (int c = 0; c < CONS_M_NCLASS; c++) {
             char labels[64];
-            snprintf(labels, sizeof(labels), "outcome=\"%s\",status_class=\"%s\"", OUTCOME[o],
-                     CLASS[c]);
+            (void)snprintf(labels, sizeof(labels), "outcome=\"%s\",status_class=\"%s\"", OUTCOME[o],
+                           CLASS[c]);
             m->deliveries[o][c] = sl_metric_counter("sluice_deliveries_total", DHELP, labels);
         }
     }
@@ -165,7 +165,7 @@ void cons_metrics_producer_add(rd_kafka_t *rk)
     pthread_mutex_lock(&g_mu);
     if (g_nprod == g_cap_prod) {
         g_cap_prod = g_cap_prod ? g_cap_prod * 2 : 8;
-        g_prod = sl_xrealloc(g_prod, g_cap_prod * sizeof(*g_prod));
+        g_prod = sl_xrealloc(g_prod, g_cap_prod * sizeof(rd_kafka_t *));
     }
     g_prod[g_nprod++] = rk;
     pthread_mutex_unlock(&g_mu);
@@ -215,13 +215,13 @@ static void collect_endpoints(struct sl_buf *out, void *arg)
     (void)arg;
     pthread_mutex_lock(&g_mu);
     size_t n = sl_map_count(g_eps), k = 0, it = 0;
-    struct cons_ep_metrics **v = sl_xcalloc(n ? n : 1, sizeof(*v));
+    struct cons_ep_metrics **v = sl_xcalloc(n ? n : 1, sizeof(struct cons_ep_metrics *));
     const char *key;
     void *val;
     while (sl_map_next(g_eps, &it, &key, &val))
         v[k++] = val;
     pthread_mutex_unlock(&g_mu); /* the objects themselves are never freed */
-    qsort(v, k, sizeof(*v), cmp_attempts);
+    qsort(v, k, sizeof(struct cons_ep_metrics *), cmp_attempts);
     if (k > (size_t)g_top)
         k = (size_t)g_top;
     struct sl_buf lb;

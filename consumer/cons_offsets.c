@@ -1,12 +1,17 @@
 /*
  * cons_offsets: per-partition rings of (offset, done) in arrival order (see cons_offsets.h).
  * A slot is addressed by its arrival sequence: index = seq - head_seq within the ring.
+ *
+ * Invariants checked with SL_ASSERT (common/sl_assert.h): within one generation offsets are
+ * tracked in increasing order, a message is finished once, and the offset handed out for
+ * commit never goes back (invariant 1: a commit never un-does a durable fate's coverage).
  */
 #include "consumer/cons_offsets.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sl_assert.h"
 #include "common/sl_mem.h"
 
 struct slot {
@@ -15,14 +20,15 @@ struct slot {
 };
 
 struct part {
-    bool assigned;       /* currently ours */
-    uint64_t generation; /* bumps on every assign */
-    struct slot *ring;   /* capacity cap, power of two */
-    uint64_t cap;        /* slots allocated */
-    uint64_t head_seq;   /* seq of the oldest tracked slot */
-    uint64_t tail_seq;   /* seq the next message gets */
-    int64_t next_after;  /* offset after the last message popped (-1 = none yet) */
-    int64_t last_stored; /* last value returned by committable (-1 = none) */
+    bool assigned;        /* currently ours */
+    uint64_t generation;  /* bumps on every assign */
+    struct slot *ring;    /* capacity cap, power of two */
+    uint64_t cap;         /* slots allocated */
+    uint64_t head_seq;    /* seq of the oldest tracked slot */
+    uint64_t tail_seq;    /* seq the next message gets */
+    int64_t next_after;   /* offset after the last message popped (-1 = none yet) */
+    int64_t last_stored;  /* last value returned by committable (-1 = none) */
+    int64_t last_tracked; /* offset of the last message tracked (-1 = none) */
 };
 
 struct cons_offsets {
@@ -72,6 +78,7 @@ bool cons_offsets_assign(cons_offsets_t *o, int32_t partition)
     pt->generation = ++o->gen;
     pt->next_after = -1;
     pt->last_stored = -1;
+    pt->last_tracked = -1;
     return true;
 }
 
@@ -104,7 +111,12 @@ bool cons_offsets_track(cons_offsets_t *o,
     struct part *pt = get_part(o, partition, false);
     if (!pt || !pt->assigned)
         return false;
+    SL_ASSERT(offset > pt->last_tracked, "partition %d: offset %lld tracked after %lld",
+              (int)partition, (long long)offset, (long long)pt->last_tracked);
+    pt->last_tracked = offset;
     uint64_t used = pt->tail_seq - pt->head_seq;
+    SL_ASSERT(used <= pt->cap, "partition %d: %llu slots used of %llu", (int)partition,
+              (unsigned long long)used, (unsigned long long)pt->cap);
     if (used == pt->cap) {
         uint64_t ncap = pt->cap ? pt->cap * 2 : 1024;
         struct slot *nr = sl_xmalloc(ncap * sizeof(*nr));
@@ -130,6 +142,9 @@ void cons_offsets_finish(cons_offsets_t *o, const struct cons_offset_ref *ref)
     struct part *pt = &o->parts[ref->partition];
     if (ref->seq < pt->head_seq || ref->seq >= pt->tail_seq)
         return;
+    SL_ASSERT(!pt->ring[ref->seq & (pt->cap - 1)].done,
+              "partition %d: message seq %llu (offset %lld) finished twice", (int)ref->partition,
+              (unsigned long long)ref->seq, (long long)pt->ring[ref->seq & (pt->cap - 1)].offset);
     pt->ring[ref->seq & (pt->cap - 1)].done = true;
     while (pt->head_seq < pt->tail_seq && pt->ring[pt->head_seq & (pt->cap - 1)].done) {
         pt->next_after = pt->ring[pt->head_seq & (pt->cap - 1)].offset + 1;
@@ -153,6 +168,8 @@ int64_t cons_offsets_committable(cons_offsets_t *o, int32_t partition, uint64_t 
                                               : pt->next_after;
     if (off < 0 || off == pt->last_stored)
         return -1;
+    SL_ASSERT(off > pt->last_stored, "partition %d: commit offset %lld after %lld", (int)partition,
+              (long long)off, (long long)pt->last_stored);
     /* The head slot itself is unfinished: storing its offset means "resume here". */
     pt->last_stored = off;
     return off;

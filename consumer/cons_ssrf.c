@@ -37,7 +37,6 @@ static void set_v4(uint8_t out[16], uint32_t v4_host_order)
 static bool unwrap_v4(uint8_t a[16])
 {
     static const uint8_t nat64[12] = {0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0};
-    static const uint8_t nat64_local[6] = {0, 0x64, 0xff, 0x9b, 0, 1};
     static const uint8_t zero12[12] = {0};
     if (memcmp(a, v4mapped_prefix, 12) == 0)
         return true;
@@ -45,13 +44,12 @@ static bool unwrap_v4(uint8_t a[16])
     if (memcmp(a, nat64, 12) == 0 || (memcmp(a, zero12, 12) == 0 && (a[12] | a[13] | a[14]) != 0)) {
         /* 64:ff9b::/96 NAT64 and ::a.b.c.d IPv4-compatible (not :: or ::1) */
         memcpy(v4, a + 12, 4);
-    } else if (memcmp(a, nat64_local, 6) == 0) {
-        /* 64:ff9b:1::/48 local-use NAT64 (RFC 8215): treat as non-global outright */
-        return false;
     } else if (a[0] == 0x20 && a[1] == 0x02) {
         /* 6to4 2002:a.b.c.d::/48 */
         memcpy(v4, a + 2, 4);
     } else {
+        /* no IPv4 inside; 64:ff9b:1::/48 local-use NAT64 (RFC 8215) included: its mapping
+         * is site-local, so the address is treated as non-global outright */
         return false;
     }
     memcpy(a, v4mapped_prefix, 12);

@@ -103,18 +103,19 @@ static void *loop_main(void *arg)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: sluice-consumer [--config FILE] [--check-config] [--print-config]\n"
-               "                       [--help-config] [--version] [--help]\n"
-               "\n"
-               "Delivers webhook and postback records from Kafka (topic_deliveries) over HTTP,\n"
-               "signed with Standard Webhooks, with retries, circuit breakers and duplicate\n"
-               "protection kept in Redis. Run any number of them: they form one consumer group.\n"
-               "Each runs consumer_threads delivery loops (default 1; one per core it may use),\n"
-               "each a member of that group with its own share of the partitions.\n"
-               "Configuration comes from SLUICE_* environment variables or a config file; see\n"
-               "--help-config. SIGTERM or SIGINT drains in-flight requests and exits cleanly;\n"
-               "during start-up (the endpoint table still loading, e.g. Kafka unreachable) it\n"
-               "ends the wait and exits 0 at once.\n");
+    (void)fprintf(
+        f, "usage: sluice-consumer [--config FILE] [--check-config] [--print-config]\n"
+           "                       [--help-config] [--version] [--help]\n"
+           "\n"
+           "Delivers webhook and postback records from Kafka (topic_deliveries) over HTTP,\n"
+           "signed with Standard Webhooks, with retries, circuit breakers and duplicate\n"
+           "protection kept in Redis. Run any number of them: they form one consumer group.\n"
+           "Each runs consumer_threads delivery loops (default 1; one per core it may use),\n"
+           "each a member of that group with its own share of the partitions.\n"
+           "Configuration comes from SLUICE_* environment variables or a config file; see\n"
+           "--help-config. SIGTERM or SIGINT drains in-flight requests and exits cleanly;\n"
+           "during start-up (the endpoint table still loading, e.g. Kafka unreachable) it\n"
+           "ends the wait and exits 0 at once.\n");
 }
 
 /* A stop request came before anything was taken: one line, then exit 0. */
@@ -134,13 +135,14 @@ int main(int argc, char **argv)
     sl_err_t err;
     struct sl_masterkey mk;
     if (!cfg.master_key[0]) {
-        fprintf(stderr, "sluice-consumer: master_key (SLUICE_MASTER_KEY) is required to decrypt "
-                        "endpoint signing secrets\n");
+        (void)fprintf(stderr,
+                      "sluice-consumer: master_key (SLUICE_MASTER_KEY) is required to decrypt "
+                      "endpoint signing secrets\n");
         sl_cfg_fini(&cfg);
         return SL_CFG_EXIT;
     }
     if (sl_masterkey_parse(&mk, cfg.master_key, &err) != 0) {
-        fprintf(stderr, "sluice-consumer: invalid value for master_key: %s\n", err.msg);
+        (void)fprintf(stderr, "sluice-consumer: invalid value for master_key: %s\n", err.msg);
         sl_cfg_fini(&cfg);
         return SL_CFG_EXIT;
     }
@@ -219,7 +221,7 @@ int main(int argc, char **argv)
         if (cons_engine_abandoned(loops[i].engine)) {
             /* leaving the group outlived shutdown_timeout_ms and still runs on its own thread
              * with this loop's state: exit now, destroying nothing (see sl_bounded.h) */
-            fflush(stderr);
+            (void)fflush(stderr);
             _exit(1);
         }
     }

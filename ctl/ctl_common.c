@@ -27,9 +27,9 @@ const struct sl_config *ctl_config(struct ctl *c)
 __attribute__((format(printf, 2, 0))) static void
 vreport(const char *cmd, const char *fmt, va_list ap)
 {
-    fprintf(stderr, "%s%s%s: ", CTL_PROG, cmd ? " " : "", cmd ? cmd : "");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    (void)fprintf(stderr, "%s%s%s: ", CTL_PROG, cmd ? " " : "", cmd ? cmd : "");
+    (void)vfprintf(stderr, fmt, ap);
+    (void)fputc('\n', stderr);
 }
 
 int ctl_usage_error(const char *cmd, const char *fmt, ...)
@@ -38,7 +38,7 @@ int ctl_usage_error(const char *cmd, const char *fmt, ...)
     va_start(ap, fmt);
     vreport(cmd, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "Try '%s%s%s --help'.\n", CTL_PROG, cmd ? " " : "", cmd ? cmd : "");
+    (void)fprintf(stderr, "Try '%s%s%s --help'.\n", CTL_PROG, cmd ? " " : "", cmd ? cmd : "");
     return CTL_EXIT_USAGE;
 }
 
@@ -102,11 +102,11 @@ int ctl_parse_int(const char *cmd,
 void ctl_fmt_time(int64_t ms, char *out, size_t outlen)
 {
     if (ms <= 0) {
-        snprintf(out, outlen, "-");
+        (void)snprintf(out, outlen, "-");
         return;
     }
     time_t s = (time_t)(ms / 1000);
     struct tm tm;
     if (!gmtime_r(&s, &tm) || strftime(out, outlen, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
-        snprintf(out, outlen, "%lld", (long long)ms);
+        (void)snprintf(out, outlen, "%lld", (long long)ms);
 }

@@ -212,21 +212,21 @@ static void opts_fini(struct opts *o)
 static const char *cmd_name(enum sub s)
 {
     static char buf[S__N][48];
-    snprintf(buf[s], sizeof(buf[s]), "endpoints %s", subs[s].name);
+    (void)snprintf(buf[s], sizeof(buf[s]), "endpoints %s", subs[s].name);
     return buf[s];
 }
 
 static void print_flag_help(FILE *f, const char *name, const char *arg, const char *help)
 {
     char left[64];
-    snprintf(left, sizeof(left), "--%s%s%s", name, arg ? " " : "", arg ? arg : "");
-    fprintf(f, "    %-28s %s\n", left, help);
+    (void)snprintf(left, sizeof(left), "--%s%s%s", name, arg ? " " : "", arg ? arg : "");
+    (void)fprintf(f, "    %-28s %s\n", left, help);
 }
 
 static void sub_help(FILE *f, enum sub s)
 {
-    fprintf(f, "  %s endpoints %s %s\n      %s\n", CTL_PROG, subs[s].name, subs[s].synopsis,
-            subs[s].summary);
+    (void)fprintf(f, "  %s endpoints %s %s\n      %s\n", CTL_PROG, subs[s].name, subs[s].synopsis,
+                  subs[s].summary);
     for (size_t i = 0; i < N_OPTDEFS; i++) {
         const struct optdef *d = &optdefs[i];
         if (!(d->subs & M(s)) || d->val == O_HELP)
@@ -236,9 +236,9 @@ static void sub_help(FILE *f, enum sub s)
             /* the numeric policy flags follow the header flags */
             for (int n = 0; n < SL_REG_N__COUNT; n++) {
                 char help[160];
-                snprintf(help, sizeof(help), "%s: 0 = %s, else %" PRId64 "..%" PRId64,
-                         sl_reg_ep_nums[n].help, sl_reg_ep_nums[n].zero, sl_reg_ep_nums[n].min,
-                         sl_reg_ep_nums[n].max);
+                (void)snprintf(help, sizeof(help), "%s: 0 = %s, else %" PRId64 "..%" PRId64,
+                               sl_reg_ep_nums[n].help, sl_reg_ep_nums[n].zero,
+                               sl_reg_ep_nums[n].min, sl_reg_ep_nums[n].max);
                 print_flag_help(f, sl_reg_ep_nums[n].flag, "N", help);
             }
         }
@@ -247,17 +247,19 @@ static void sub_help(FILE *f, enum sub s)
 
 void ctl_endpoints_help(FILE *f)
 {
-    fprintf(f,
-            "%s endpoints <subcommand>: the endpoint registry (PostgreSQL), published to the\n"
-            "compacted endpoints topic that every consumer follows.\n\n",
-            CTL_PROG);
+    (void)fprintf(
+        f,
+        "%s endpoints <subcommand>: the endpoint registry (PostgreSQL), published to the\n"
+        "compacted endpoints topic that every consumer follows.\n\n",
+        CTL_PROG);
     for (int s = 0; s < S__N; s++) {
         sub_help(f, (enum sub)s);
-        fputc('\n', f);
+        (void)fputc('\n', f);
     }
-    fprintf(f, "  Postback templates: {name} placeholders ([A-Za-z0-9_], balanced braces) in the\n"
-               "  path or query, e.g. https://t.example/pb?click={click_id}&sum={payout}.\n"
-               "  Exit codes: 0 ok, 1 failed, 2 usage error, 78 bad configuration.\n");
+    (void)fprintf(
+        f, "  Postback templates: {name} placeholders ([A-Za-z0-9_], balanced braces) in the\n"
+           "  path or query, e.g. https://t.example/pb?click={click_id}&sum={payout}.\n"
+           "  Exit codes: 0 ok, 1 failed, 2 usage error, 78 bad configuration.\n");
 }
 
 /* ==== Parsing ==== */
@@ -597,7 +599,7 @@ static int parse(enum sub s, int argc, char **argv, struct opts *o)
             if (c >= O_NUM0 && c < O_NUM0 + SL_REG_N__COUNT) {
                 const struct sl_reg_ep_numdef *d = &sl_reg_ep_nums[c - O_NUM0];
                 char flag[40];
-                snprintf(flag, sizeof(flag), "--%s", d->flag);
+                (void)snprintf(flag, sizeof(flag), "--%s", d->flag);
                 rc = ctl_parse_int(cmd, flag, optarg, d->min, d->max, true, &o->num[c - O_NUM0]);
                 if (rc)
                     return rc;
@@ -849,9 +851,9 @@ static void print_ep_text(const struct sl_reg_ep *ep, const struct show_opts *so
         ctl_fmt_time(s->created_ms, t1, sizeof(t1));
         ctl_fmt_time(s->exp_ms, t2, sizeof(t2));
         if (s->exp_ms == 0)
-            snprintf(state, sizeof(state), "current");
+            (void)snprintf(state, sizeof(state), "current");
         else
-            snprintf(state, sizeof(state), "%s %s", s->expired ? "expired" : "expires", t2);
+            (void)snprintf(state, sizeof(state), "%s %s", s->expired ? "expired" : "expires", t2);
         char plain[SL_SECRET_ENC_MAX + 1] = "";
         sl_err_t err = {0, ""};
         if (so->show_secrets && !s->expired)
@@ -919,8 +921,8 @@ static int need_master_key(struct run *r, const char *why)
 {
     sl_err_t err;
     if (sl_masterkey_parse(&r->mk, r->cfg->master_key, &err) != 0) {
-        fprintf(stderr, "%s %s: master_key (SLUICE_MASTER_KEY) is needed %s: %s\n", CTL_PROG,
-                r->cmd, why, err.msg);
+        (void)fprintf(stderr, "%s %s: master_key (SLUICE_MASTER_KEY) is needed %s: %s\n", CTL_PROG,
+                      r->cmd, why, err.msg);
         return CTL_EXIT_CONFIG;
     }
     r->have_mk = true;
@@ -1356,8 +1358,8 @@ static int cmd_list(struct run *r, struct opts *o)
             char t[32], nt[8], nc[8];
             ctl_fmt_time(eps[i].updated_ms, t, sizeof(t));
             /* counts here (lists can be long); `show` prints them */
-            snprintf(nt, sizeof(nt), "%zu", eps[i].n_types);
-            snprintf(nc, sizeof(nc), "%zu", eps[i].n_channels);
+            (void)snprintf(nt, sizeof(nt), "%zu", eps[i].n_types);
+            (void)snprintf(nc, sizeof(nc), "%zu", eps[i].n_channels);
             printf("%-*s  %-*.*s  %-6s  %-8s  %-7zu  %-20s  %-5s  %-8s  %s%s\n", wid, eps[i].id,
                    wname, wname, eps[i].name[0] ? eps[i].name : "-",
                    sl_http_method_name(eps[i].method), eps[i].enabled ? "yes" : "no",

@@ -35,8 +35,8 @@ static int parse_int(const char *flag, const char *s, long min, long max, long *
     char *end;
     long v = strtol(s, &end, 10);
     if (*s == '\0' || *end != '\0' || v < min || v > max) {
-        fprintf(stderr, "sluicectl: %s expects an integer in %ld..%ld, got \"%s\"\n", flag, min,
-                max, s);
+        (void)fprintf(stderr, "sluicectl: %s expects an integer in %ld..%ld, got \"%s\"\n", flag,
+                      min, max, s);
         return -1;
     }
     *out = v;
@@ -55,8 +55,8 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
     long replication = -1; /* the brokers' default.replication.factor */
     optind = 1;
     if (argc < 2 || strcmp(argv[1], "ensure") != 0) {
-        fprintf(stderr,
-                "usage: sluicectl topics ensure [--partitions N] [--replication-factor R]\n");
+        (void)fprintf(stderr,
+                      "usage: sluicectl topics ensure [--partitions N] [--replication-factor R]\n");
         return 2;
     }
     int c;
@@ -80,7 +80,7 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
     sl_err_t err;
     rd_kafka_t *rk = sl_kafka_producer_new(cfg, "sluicectl", SL_KAFKA_LATENCY, NULL, NULL, &err);
     if (!rk) {
-        fprintf(stderr, "sluicectl: %s\n", err.msg);
+        (void)fprintf(stderr, "sluicectl: %s\n", err.msg);
         return 1;
     }
     struct {
@@ -97,7 +97,8 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
         nts[i] = rd_kafka_NewTopic_new(want[i].name, want[i].parts, (int)replication, errstr,
                                        sizeof(errstr));
         if (!nts[i]) {
-            fprintf(stderr, "sluicectl: cannot describe topic %s: %s\n", want[i].name, errstr);
+            (void)fprintf(stderr, "sluicectl: cannot describe topic %s: %s\n", want[i].name,
+                          errstr);
             return 1;
         }
         if (want[i].compact)
@@ -111,12 +112,12 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
     rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 60000);
     int rc = 0;
     if (!ev) {
-        fprintf(stderr, "sluicectl: could not create topics: no answer from %s in 60 s\n",
-                cfg->kafka_brokers);
+        (void)fprintf(stderr, "sluicectl: could not create topics: no answer from %s in 60 s\n",
+                      cfg->kafka_brokers);
         rc = 1;
     } else if (rd_kafka_event_error(ev)) {
-        fprintf(stderr, "sluicectl: could not create topics: %s\n",
-                rd_kafka_event_error_string(ev));
+        (void)fprintf(stderr, "sluicectl: could not create topics: %s\n",
+                      rd_kafka_event_error_string(ev));
         rc = 1;
     } else {
         size_t cnt = 0;
@@ -130,8 +131,8 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
             } else if (te == RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
                 printf("exists  %s\n", name);
             } else {
-                fprintf(stderr, "sluicectl: could not create topic %s: %s\n", name,
-                        rd_kafka_topic_result_error_string(tr[i]));
+                (void)fprintf(stderr, "sluicectl: could not create topic %s: %s\n", name,
+                              rd_kafka_topic_result_error_string(tr[i]));
                 rc = 1;
             }
         }
@@ -215,14 +216,15 @@ static json_t *endpoint_json(const struct sl_endpoint_rec *e)
 
 static void dump_usage(FILE *f)
 {
-    fprintf(f, "usage: sluicectl dump outcomes|deliveries|quarantine|endpoints [--topic T]\n"
-               "                      [--max N] [--idle-ms N] [--follow] [--show-payloads]\n"
-               "\n"
-               "Prints the topic's records from the beginning as JSON lines and stops at the\n"
-               "end each partition had when the dump started (or after --idle-ms without a\n"
-               "new record; --follow keeps waiting and prints new records too). Bodies,\n"
-               "header and macro values are shown only with --show-payloads; bytes that are\n"
-               "not UTF-8 are shown as {\"base64\": \"...\"}.\n");
+    (void)fprintf(f,
+                  "usage: sluicectl dump outcomes|deliveries|quarantine|endpoints [--topic T]\n"
+                  "                      [--max N] [--idle-ms N] [--follow] [--show-payloads]\n"
+                  "\n"
+                  "Prints the topic's records from the beginning as JSON lines and stops at the\n"
+                  "end each partition had when the dump started (or after --idle-ms without a\n"
+                  "new record; --follow keeps waiting and prints new records too). Bodies,\n"
+                  "header and macro values are shown only with --show-payloads; bytes that are\n"
+                  "not UTF-8 are shown as {\"base64\": \"...\"}.\n");
 }
 
 static int dump_main(const struct sl_config *cfg, int argc, char **argv)
@@ -249,7 +251,7 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
     else if (strcmp(kind, "endpoints") == 0)
         topic = cfg->topic_endpoints;
     else {
-        fprintf(stderr, "sluicectl: unknown dump kind \"%s\"\n", kind);
+        (void)fprintf(stderr, "sluicectl: unknown dump kind \"%s\"\n", kind);
         dump_usage(stderr);
         return 2;
     }
@@ -287,7 +289,7 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
     sl_err_t err = {0};
     rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "sluicectl-dump", &err);
     if (!conf) {
-        fprintf(stderr, "sluicectl: %s\n", err.msg);
+        (void)fprintf(stderr, "sluicectl: %s\n", err.msg);
         return 1;
     }
     char errstr[256];
@@ -296,7 +298,7 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
     rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, sizeof(errstr));
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
     if (!rk) {
-        fprintf(stderr, "sluicectl: could not create kafka consumer: %s\n", errstr);
+        (void)fprintf(stderr, "sluicectl: could not create kafka consumer: %s\n", errstr);
         return 1;
     }
     const struct rd_kafka_metadata *md = NULL;
@@ -304,10 +306,10 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
     rd_kafka_resp_err_t ke = rd_kafka_metadata(rk, 0, rkt, &md, 10000);
     rd_kafka_topic_destroy(rkt);
     if (ke != RD_KAFKA_RESP_ERR_NO_ERROR || md->topic_cnt != 1 || md->topics[0].err) {
-        fprintf(stderr, "sluicectl: could not read metadata of topic %s: %s\n", topic,
-                ke ? rd_kafka_err2str(ke)
-                   : rd_kafka_err2str(md->topic_cnt ? md->topics[0].err
-                                                    : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
+        (void)fprintf(stderr, "sluicectl: could not read metadata of topic %s: %s\n", topic,
+                      ke ? rd_kafka_err2str(ke)
+                         : rd_kafka_err2str(md->topic_cnt ? md->topics[0].err
+                                                          : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
         if (md)
             rd_kafka_metadata_destroy(md);
         rd_kafka_destroy(rk);
@@ -340,7 +342,7 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
     rd_kafka_metadata_destroy(md);
     rd_kafka_assign(rk, l);
     rd_kafka_topic_partition_list_destroy(l);
-    signal(SIGINT, on_sigint);
+    (void)signal(SIGINT, on_sigint);
     long printed = 0;
     int64_t last = sl_mono_ms();
     int rc = 0;
@@ -373,7 +375,7 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
             }
         }
         if (m->err) {
-            fprintf(stderr, "sluicectl: %s\n", rd_kafka_message_errstr(m));
+            (void)fprintf(stderr, "sluicectl: %s\n", rd_kafka_message_errstr(m));
             rd_kafka_message_destroy(m);
             rc = 1;
             break;
@@ -418,13 +420,13 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
         char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
         puts(s ? s : "{\"undecodable\":\"could not render the record\"}");
         if (follow)
-            fflush(stdout); /* a live tail: each record as it comes, also into a pipe */
+            (void)fflush(stdout); /* a live tail: each record as it comes, also into a pipe */
         free(s);
         json_decref(o);
         printed++;
         rd_kafka_message_destroy(m);
     }
-    fflush(stdout);
+    (void)fflush(stdout);
     free(end);
     free(done);
     rd_kafka_consumer_close(rk);
@@ -434,13 +436,13 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
 
 void ctl_topics_help(FILE *f)
 {
-    fprintf(f, "usage: sluicectl topics ensure [--partitions N] [--replication-factor R]\n\n"
-               "Creates topic_deliveries and topic_outcomes with N partitions (default 4),\n"
-               "topic_quarantine with 1 and the compacted topic_endpoints with 1, when\n"
-               "missing. Existing topics are left as they are.\n"
-               "Each topic gets R replicas; without --replication-factor the brokers'\n"
-               "default.replication.factor (and their min.insync.replicas) apply, so on a\n"
-               "cluster configured for production (3 and 2) the topics are too.\n");
+    (void)fprintf(f, "usage: sluicectl topics ensure [--partitions N] [--replication-factor R]\n\n"
+                     "Creates topic_deliveries and topic_outcomes with N partitions (default 4),\n"
+                     "topic_quarantine with 1 and the compacted topic_endpoints with 1, when\n"
+                     "missing. Existing topics are left as they are.\n"
+                     "Each topic gets R replicas; without --replication-factor the brokers'\n"
+                     "default.replication.factor (and their min.insync.replicas) apply, so on a\n"
+                     "cluster configured for production (3 and 2) the topics are too.\n");
 }
 
 void ctl_dump_help(FILE *f)

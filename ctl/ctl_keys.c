@@ -107,37 +107,40 @@ static void opts_fini(struct opts *o)
 static const char *cmd_name(enum sub s)
 {
     static char buf[S__N][32];
-    snprintf(buf[s], sizeof(buf[s]), "keys %s", subs[s].name);
+    (void)snprintf(buf[s], sizeof(buf[s]), "keys %s", subs[s].name);
     return buf[s];
 }
 
 static void sub_help(FILE *f, enum sub s)
 {
-    fprintf(f, "  %s keys %s %s\n      %s\n", CTL_PROG, subs[s].name, subs[s].synopsis,
-            subs[s].summary);
+    (void)fprintf(f, "  %s keys %s %s\n      %s\n", CTL_PROG, subs[s].name, subs[s].synopsis,
+                  subs[s].summary);
     for (size_t i = 0; i < N_OPTDEFS; i++) {
         const struct optdef *d = &optdefs[i];
         char left[64];
         if (!(d->subs & M(s)) || d->val == O_HELP)
             continue;
-        snprintf(left, sizeof(left), "--%s%s%s", d->name, d->arg ? " " : "", d->arg ? d->arg : "");
-        fprintf(f, "    %-28s %s\n", left, d->help);
+        (void)snprintf(left, sizeof(left), "--%s%s%s", d->name, d->arg ? " " : "",
+                       d->arg ? d->arg : "");
+        (void)fprintf(f, "    %-28s %s\n", left, d->help);
     }
 }
 
 void ctl_keys_help(FILE *f)
 {
-    fprintf(f,
-            "%s keys <subcommand>: API keys of the HTTP API server sluice-api (PostgreSQL table\n"
-            "api_keys). Only a SHA-256 of each key's 256-bit random secret is stored.\n\n",
-            CTL_PROG);
+    (void)fprintf(
+        f,
+        "%s keys <subcommand>: API keys of the HTTP API server sluice-api (PostgreSQL table\n"
+        "api_keys). Only a SHA-256 of each key's 256-bit random secret is stored.\n\n",
+        CTL_PROG);
     for (int s = 0; s < S__N; s++) {
         sub_help(f, (enum sub)s);
-        fputc('\n', f);
+        (void)fputc('\n', f);
     }
-    fprintf(f, "  Keys look like slk_<16-character id>_<43-character secret>. Channel names are\n"
-               "  1..64 characters [A-Za-z0-9_.:-].\n"
-               "  Exit codes: 0 ok, 1 failed, 2 usage error, 78 bad configuration.\n");
+    (void)fprintf(
+        f, "  Keys look like slk_<16-character id>_<43-character secret>. Channel names are\n"
+           "  1..64 characters [A-Za-z0-9_.:-].\n"
+           "  Exit codes: 0 ok, 1 failed, 2 usage error, 78 bad configuration.\n");
 }
 
 /* ==== Parsing ==== */
@@ -284,7 +287,7 @@ static json_t *scopes_json(unsigned scopes)
 static void channels_text(char *const *v, size_t n, char *buf, size_t cap)
 {
     size_t len = 0;
-    snprintf(buf, cap, "%s", n ? "" : "(every channel)");
+    (void)snprintf(buf, cap, "%s", n ? "" : "(every channel)");
     for (size_t i = 0; i < n && len < cap; i++) {
         int w = snprintf(buf + len, cap - len, "%s%s", i ? "," : "", v[i]);
         if (w < 0)
@@ -297,11 +300,11 @@ static void channels_text(char *const *v, size_t n, char *buf, size_t cap)
 static void rate_text(int64_t rate, int64_t burst, char *buf, size_t cap)
 {
     if (rate == 0)
-        snprintf(buf, cap, "unlimited");
+        (void)snprintf(buf, cap, "unlimited");
     else if (burst == 0)
-        snprintf(buf, cap, "%" PRId64 "/s", rate);
+        (void)snprintf(buf, cap, "%" PRId64 "/s", rate);
     else
-        snprintf(buf, cap, "%" PRId64 "/s, burst %" PRId64, rate, burst);
+        (void)snprintf(buf, cap, "%" PRId64 "/s, burst %" PRId64, rate, burst);
 }
 
 /* ==== Subcommands ==== */

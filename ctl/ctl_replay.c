@@ -60,39 +60,39 @@ static const struct option longopts[] = {{"endpoint", required_argument, NULL, O
 
 void ctl_replay_help(FILE *f)
 {
-    fprintf(f,
-            "usage: sluicectl replay [--endpoint ID] [--since T] [--until T] [--error CLASS]\n"
-            "                        [--ids ID,ID...] [--limit N] [--all] [--batch-size N]\n"
-            "                        [--dry-run] [--json]\n"
-            "\n"
-            "Re-publishes dead letters to topic_deliveries (their stored delivery record, with\n"
-            "attempt 0 and replay=true: a fresh delivery with a new attempt budget) and marks\n"
-            "them replayed. Only letters not replayed since their latest death and not\n"
-            "resolved are selected, oldest death first, so running it twice sends nothing the\n"
-            "second time; concurrent runs share the work (FOR UPDATE SKIP LOCKED). Fix the\n"
-            "endpoint first (sluicectl endpoints update): a replay to a broken endpoint just\n"
-            "dies again.\n"
-            "\n"
-            "Selection (at least one, or --all):\n"
-            "  --endpoint ID       dead letters of one endpoint\n"
-            "  --since T           died at or after T: RFC 3339 (2026-11-30T13:00:00Z) or a\n"
-            "                      duration ago (90m, 2h, 7d)\n"
-            "  --until T           died before T (same forms)\n"
-            "  --error CLASS       error class ([a-z0-9_]: http_4xx, timeout, http_5xx, ...)\n"
-            "  --ids ID,ID...      event ids (repeatable; an id containing a comma cannot be\n"
-            "                      given here)\n"
-            "  --limit N           at most N letters\n"
-            "  --all               every dead letter not yet replayed\n"
-            "Other flags:\n"
-            "  --batch-size N      letters per transaction (default 500): each batch's rows stay\n"
-            "                      locked while it is published\n"
-            "  --dry-run           list what would be replayed; send and change nothing\n"
-            "  --json              machine-readable output\n"
-            "\n"
-            "Letters without a stored record (the consumer kept none) cannot be replayed and\n"
-            "are counted separately. Exit: 0 every selected letter was published, acknowledged\n"
-            "and marked; 1 some failed (the rest are done; failed ones stay selectable); 2\n"
-            "usage; 78 configuration.\n");
+    (void)fprintf(
+        f, "usage: sluicectl replay [--endpoint ID] [--since T] [--until T] [--error CLASS]\n"
+           "                        [--ids ID,ID...] [--limit N] [--all] [--batch-size N]\n"
+           "                        [--dry-run] [--json]\n"
+           "\n"
+           "Re-publishes dead letters to topic_deliveries (their stored delivery record, with\n"
+           "attempt 0 and replay=true: a fresh delivery with a new attempt budget) and marks\n"
+           "them replayed. Only letters not replayed since their latest death and not\n"
+           "resolved are selected, oldest death first, so running it twice sends nothing the\n"
+           "second time; concurrent runs share the work (FOR UPDATE SKIP LOCKED). Fix the\n"
+           "endpoint first (sluicectl endpoints update): a replay to a broken endpoint just\n"
+           "dies again.\n"
+           "\n"
+           "Selection (at least one, or --all):\n"
+           "  --endpoint ID       dead letters of one endpoint\n"
+           "  --since T           died at or after T: RFC 3339 (2026-11-30T13:00:00Z) or a\n"
+           "                      duration ago (90m, 2h, 7d)\n"
+           "  --until T           died before T (same forms)\n"
+           "  --error CLASS       error class ([a-z0-9_]: http_4xx, timeout, http_5xx, ...)\n"
+           "  --ids ID,ID...      event ids (repeatable; an id containing a comma cannot be\n"
+           "                      given here)\n"
+           "  --limit N           at most N letters\n"
+           "  --all               every dead letter not yet replayed\n"
+           "Other flags:\n"
+           "  --batch-size N      letters per transaction (default 500): each batch's rows stay\n"
+           "                      locked while it is published\n"
+           "  --dry-run           list what would be replayed; send and change nothing\n"
+           "  --json              machine-readable output\n"
+           "\n"
+           "Letters without a stored record (the consumer kept none) cannot be replayed and\n"
+           "are counted separately. Exit: 0 every selected letter was published, acknowledged\n"
+           "and marked; 1 some failed (the rest are done; failed ones stay selectable); 2\n"
+           "usage; 78 configuration.\n");
 }
 
 static void opts_fini(struct opts *o)
@@ -245,7 +245,7 @@ static void on_letter(void *opaque, const struct sl_replay_letter *l)
 static void on_warning(void *opaque, const char *msg)
 {
     (void)opaque;
-    fprintf(stderr, "sluicectl replay: warning: %s\n", msg);
+    (void)fprintf(stderr, "sluicectl replay: warning: %s\n", msg);
 }
 
 static void print_run(const struct sl_config *cfg,

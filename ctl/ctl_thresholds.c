@@ -23,7 +23,7 @@ void ctl_thresholds_init(struct ctl_thresholds *t)
     t->breaker_open_for_s = SL_THR_BREAKER_OPEN_FOR_S;
     t->consumer_lag_max = SL_THR_CONSUMER_LAG_MAX;
     t->consumer_lag_for_s = SL_THR_CONSUMER_LAG_FOR_S;
-    snprintf(t->deliveries_topic, sizeof(t->deliveries_topic), "%s", SL_THR_DELIVERIES_TOPIC);
+    (void)snprintf(t->deliveries_topic, sizeof(t->deliveries_topic), "%s", SL_THR_DELIVERIES_TOPIC);
 }
 
 /* Strict non-negative decimal ("2", "1.5"; no sign, exponent or spaces) in [0, max]. */
@@ -102,11 +102,11 @@ int ctl_thresholds_opt(const char *cmd, struct ctl_thresholds *t, int val, const
 void ctl_thresholds_fmt_number(double v, char *out, size_t outlen)
 {
     for (int prec = 0; prec <= 17; prec++) { /* fixed point: no exponent in PromQL or prose */
-        snprintf(out, outlen, "%.*f", prec, v);
+        (void)snprintf(out, outlen, "%.*f", prec, v);
         if (strtod(out, NULL) == v)
             return;
     }
-    snprintf(out, outlen, "%.17g", v); /* tinier than 1e-17: exact, exponent and all */
+    (void)snprintf(out, outlen, "%.17g", v); /* tinier than 1e-17: exact, exponent and all */
 }
 
 void ctl_thresholds_help(FILE *f, bool metrics)
@@ -115,31 +115,33 @@ void ctl_thresholds_help(FILE *f, bool metrics)
     ctl_thresholds_fmt_number(SL_THR_DEAD_RISE_FACTOR, factor, sizeof(factor));
     ctl_ops_duration_format(SL_THR_OLDEST_MAX_S, oldest, sizeof(oldest));
     ctl_ops_duration_format(SL_THR_SLOW_WINDOW_S, window, sizeof(window));
-    fprintf(f,
-            "  --dead-rise-factor X        dead letters rising: the last hour's are more than X\n"
-            "                              x the hourly average of the 24 h before (default %s)\n"
-            "  --dead-rise-min N           ... and at least N (default %d)\n"
-            "  --oldest-max DURATION       oldest undelivered: a delivery not yet in a final\n"
-            "                              state is older than this (default %s)\n"
-            "  --slow-threshold-ms N       slow endpoint: P95 response time over N ms ...\n"
-            "                              (default %d)\n"
-            "  --slow-min-samples N        ... with at least N samples ... (default %d)\n"
-            "  --slow-window DURATION      ... in this window (default %s)\n",
-            factor, SL_THR_DEAD_RISE_MIN, oldest, SL_THR_SLOW_THRESHOLD_MS, SL_THR_SLOW_MIN_SAMPLES,
-            window);
+    (void)fprintf(
+        f,
+        "  --dead-rise-factor X        dead letters rising: the last hour's are more than X\n"
+        "                              x the hourly average of the 24 h before (default %s)\n"
+        "  --dead-rise-min N           ... and at least N (default %d)\n"
+        "  --oldest-max DURATION       oldest undelivered: a delivery not yet in a final\n"
+        "                              state is older than this (default %s)\n"
+        "  --slow-threshold-ms N       slow endpoint: P95 response time over N ms ...\n"
+        "                              (default %d)\n"
+        "  --slow-min-samples N        ... with at least N samples ... (default %d)\n"
+        "  --slow-window DURATION      ... in this window (default %s)\n",
+        factor, SL_THR_DEAD_RISE_MIN, oldest, SL_THR_SLOW_THRESHOLD_MS, SL_THR_SLOW_MIN_SAMPLES,
+        window);
     if (!metrics)
         return;
     char open_for[24], lag_for[24];
     ctl_ops_duration_format(SL_THR_BREAKER_OPEN_FOR_S, open_for, sizeof(open_for));
     ctl_ops_duration_format(SL_THR_CONSUMER_LAG_FOR_S, lag_for, sizeof(lag_for));
-    fprintf(f,
-            "  --breaker-open-for DURATION breaker open: some consumer has seen an open breaker\n"
-            "                              for this long (default %s)\n"
-            "  --consumer-lag-max N        consumer lag: the consumer group's lag on the\n"
-            "                              deliveries topic, summed over its partitions, above N\n"
-            "                              records ... (default %d)\n"
-            "  --consumer-lag-for DURATION ... for this long (default %s)\n"
-            "  --deliveries-topic NAME     the topic of that lag, as topic_deliveries\n"
-            "                              (default %s)\n",
-            open_for, SL_THR_CONSUMER_LAG_MAX, lag_for, SL_THR_DELIVERIES_TOPIC);
+    (void)fprintf(
+        f,
+        "  --breaker-open-for DURATION breaker open: some consumer has seen an open breaker\n"
+        "                              for this long (default %s)\n"
+        "  --consumer-lag-max N        consumer lag: the consumer group's lag on the\n"
+        "                              deliveries topic, summed over its partitions, above N\n"
+        "                              records ... (default %d)\n"
+        "  --consumer-lag-for DURATION ... for this long (default %s)\n"
+        "  --deliveries-topic NAME     the topic of that lag, as topic_deliveries\n"
+        "                              (default %s)\n",
+        open_for, SL_THR_CONSUMER_LAG_MAX, lag_for, SL_THR_DELIVERIES_TOPIC);
 }

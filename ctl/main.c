@@ -55,31 +55,32 @@ static const struct ctl_command commands[] = {
 
 static void usage(FILE *f, bool full)
 {
-    fprintf(f,
-            "usage: %s [config flags] <command> <subcommand> [flags]\n"
-            "\n"
-            "Commands:\n",
-            CTL_PROG);
+    (void)fprintf(f,
+                  "usage: %s [config flags] <command> <subcommand> [flags]\n"
+                  "\n"
+                  "Commands:\n",
+                  CTL_PROG);
     for (size_t i = 0; i < N_COMMANDS; i++)
-        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\n"
-               "Config flags (anywhere on the line):\n"
-               "  --config FILE    read settings from FILE (else SLUICE_CONFIG_FILE); SLUICE_*\n"
-               "                   environment variables override the file\n"
-               "  --print-config   print the effective configuration (secrets redacted), exit\n"
-               "  --check-config   validate the configuration, exit\n"
-               "  --help-config    list every configuration key, exit\n"
-               "\n"
-               "Other flags:\n"
-               "  -h, --help       this help (with every command's subcommands)\n"
-               "  --version        print the version\n"
-               "\n"
-               "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 alerts firing (alerts),\n"
-               "78 bad configuration.\n");
+        (void)fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    (void)fprintf(f,
+                  "\n"
+                  "Config flags (anywhere on the line):\n"
+                  "  --config FILE    read settings from FILE (else SLUICE_CONFIG_FILE); SLUICE_*\n"
+                  "                   environment variables override the file\n"
+                  "  --print-config   print the effective configuration (secrets redacted), exit\n"
+                  "  --check-config   validate the configuration, exit\n"
+                  "  --help-config    list every configuration key, exit\n"
+                  "\n"
+                  "Other flags:\n"
+                  "  -h, --help       this help (with every command's subcommands)\n"
+                  "  --version        print the version\n"
+                  "\n"
+                  "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 alerts firing (alerts),\n"
+                  "78 bad configuration.\n");
     if (!full)
         return;
     for (size_t i = 0; i < N_COMMANDS; i++) {
-        fputc('\n', f);
+        (void)fputc('\n', f);
         commands[i].help(f);
     }
 }

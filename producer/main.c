@@ -89,46 +89,47 @@ static void on_signal(int sig)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: " PROG " [options] [--file FILE]\n"
-            "       " PROG " --generate N [--endpoints K] [--body-bytes B] [options]\n"
-            "\n"
-            "Publish deliveries to Kafka (topic_deliveries, key = endpoint id) and wait until\n"
-            "Kafka acknowledged each one. Input: one JSON object per line (fields id, endpoint,\n"
-            "type, created_at_ms, content_type, body | body_base64, headers, macros; see\n"
-            "producer/README.md). Summary on stdout:\n"
-            "  published=N rejected=N failed=N elapsed_s=S records_per_s=R\n"
-            "\n"
-            "input:\n"
-            "  -f, --file FILE        read JSON lines from FILE ('-' = stdin, the default)\n"
-            "      --strict           stop at the first invalid line (nothing after it is sent)\n"
-            "generator (no JSON parsing; for benchmarks and demos):\n"
-            "      --generate N       publish N synthetic deliveries (ids evt_<run>_<n>)\n"
-            "      --endpoints K      endpoints <prefix>0..K-1, round robin (default 1)\n"
-            "      --body-bytes B     body size in bytes (default 512)\n"
-            "      --endpoint-prefix P  endpoint id prefix (default ep_)\n"
-            "      --type T           event type (default sluice.generated)\n"
-            "      --run-id R         run id used in event ids (default: from clock and pid)\n"
-            "general:\n"
-            "  -t, --timeout-ms MS    how long Kafka may take to acknowledge a record, retries\n"
-            "                         included; the wait for reports is bounded by it\n"
-            "                         (default %d, range %d..%d)\n"
-            "  -q, --quiet            no progress line on stderr\n"
-            "      --config FILE      config file (also SLUICE_CONFIG_FILE; SLUICE_* env wins)\n"
-            "      --help-config, --print-config, --check-config\n"
-            "  -h, --help             this text\n"
-            "  -V, --version          print the version\n"
-            "\n"
-            "exit status: 0 all published, 1 some rejected or failed, 2 usage, 78 bad config\n",
-            TIMEOUT_DEFAULT_MS, SLUICE_PRODUCER_MESSAGE_TIMEOUT_MIN_MS,
-            SLUICE_PRODUCER_MESSAGE_TIMEOUT_MAX_MS);
+    (void)fprintf(
+        f,
+        "usage: " PROG " [options] [--file FILE]\n"
+        "       " PROG " --generate N [--endpoints K] [--body-bytes B] [options]\n"
+        "\n"
+        "Publish deliveries to Kafka (topic_deliveries, key = endpoint id) and wait until\n"
+        "Kafka acknowledged each one. Input: one JSON object per line (fields id, endpoint,\n"
+        "type, created_at_ms, content_type, body | body_base64, headers, macros; see\n"
+        "producer/README.md). Summary on stdout:\n"
+        "  published=N rejected=N failed=N elapsed_s=S records_per_s=R\n"
+        "\n"
+        "input:\n"
+        "  -f, --file FILE        read JSON lines from FILE ('-' = stdin, the default)\n"
+        "      --strict           stop at the first invalid line (nothing after it is sent)\n"
+        "generator (no JSON parsing; for benchmarks and demos):\n"
+        "      --generate N       publish N synthetic deliveries (ids evt_<run>_<n>)\n"
+        "      --endpoints K      endpoints <prefix>0..K-1, round robin (default 1)\n"
+        "      --body-bytes B     body size in bytes (default 512)\n"
+        "      --endpoint-prefix P  endpoint id prefix (default ep_)\n"
+        "      --type T           event type (default sluice.generated)\n"
+        "      --run-id R         run id used in event ids (default: from clock and pid)\n"
+        "general:\n"
+        "  -t, --timeout-ms MS    how long Kafka may take to acknowledge a record, retries\n"
+        "                         included; the wait for reports is bounded by it\n"
+        "                         (default %d, range %d..%d)\n"
+        "  -q, --quiet            no progress line on stderr\n"
+        "      --config FILE      config file (also SLUICE_CONFIG_FILE; SLUICE_* env wins)\n"
+        "      --help-config, --print-config, --check-config\n"
+        "  -h, --help             this text\n"
+        "  -V, --version          print the version\n"
+        "\n"
+        "exit status: 0 all published, 1 some rejected or failed, 2 usage, 78 bad config\n",
+        TIMEOUT_DEFAULT_MS, SLUICE_PRODUCER_MESSAGE_TIMEOUT_MIN_MS,
+        SLUICE_PRODUCER_MESSAGE_TIMEOUT_MAX_MS);
 }
 
 /* After a usage message: point at --help and exit 2. */
 static void usage_exit(void) __attribute__((noreturn));
 static void usage_exit(void)
 {
-    fprintf(stderr, " (see --help)\n");
+    (void)fprintf(stderr, " (see --help)\n");
     exit(EXIT_USAGE);
 }
 
@@ -139,10 +140,10 @@ static int64_t parse_int(const char *name, const char *s, int64_t min, int64_t m
     errno = 0;
     long long v = strtoll(s, &end, 10);
     if (errno != 0 || end == s || *end != '\0' || v < min || v > max) {
-        fprintf(stderr,
-                PROG ": invalid value for %s: \"%s\": expected an integer in %" PRId64 "..%" PRId64
-                     " (see --help)\n",
-                name, s, min, max);
+        (void)fprintf(stderr,
+                      PROG ": invalid value for %s: \"%s\": expected an integer in %" PRId64
+                           "..%" PRId64 " (see --help)\n",
+                      name, s, min, max);
         exit(EXIT_USAGE);
     }
     return v;
@@ -175,7 +176,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
     };
     char **args = calloc((size_t)argc + 1, sizeof(*args));
     if (!args) {
-        fprintf(stderr, PROG ": out of memory\n");
+        (void)fprintf(stderr, PROG ": out of memory\n");
         exit(1);
     }
     memcpy(args, argv, (size_t)argc * sizeof(*args));
@@ -228,23 +229,23 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             printf(PROG " %s\n", SL_VERSION);
             exit(0);
         default: /* getopt printed the problem */
-            fprintf(stderr, "see " PROG " --help\n");
+            (void)fprintf(stderr, "see " PROG " --help\n");
             exit(EXIT_USAGE);
         }
     }
     if (optind < argc) {
-        fprintf(stderr, PROG ": unexpected argument \"%s\"", args[optind]);
+        (void)fprintf(stderr, PROG ": unexpected argument \"%s\"", args[optind]);
         usage_exit();
     }
     free(args);
     if (o->generate && (file_given || o->strict)) {
-        fprintf(stderr, PROG ": %s cannot be combined with --generate",
-                file_given ? "--file" : "--strict");
+        (void)fprintf(stderr, PROG ": %s cannot be combined with --generate",
+                      file_given ? "--file" : "--strict");
         usage_exit();
     }
     if (!o->generate && (o->endpoints || o->body_bytes >= 0 || o->prefix || o->type || o->run_id)) {
-        fprintf(stderr, PROG ": --endpoints, --body-bytes, --endpoint-prefix, --type and "
-                             "--run-id need --generate");
+        (void)fprintf(stderr, PROG ": --endpoints, --body-bytes, --endpoint-prefix, --type and "
+                                   "--run-id need --generate");
         usage_exit();
     }
 }
@@ -262,8 +263,8 @@ static void on_done(void *opaque, int status, const char *reason)
     if (status == SL_ETIMEDOUT)
         st->failed_timeout++;
     if (!st->first_fail[0])
-        snprintf(st->first_fail, sizeof(st->first_fail), "%s",
-                 reason ? reason : sl_strerror(status));
+        (void)snprintf(st->first_fail, sizeof(st->first_fail), "%s",
+                       reason ? reason : sl_strerror(status));
 }
 
 static void progress(struct stats *st, sluice_producer_t *p, bool quiet)
@@ -273,11 +274,11 @@ static void progress(struct stats *st, sluice_producer_t *p, bool quiet)
         return;
     st->progress_ms = now;
     double secs = (double)(now - st->t0_ms) / 1000.0;
-    fprintf(stderr,
-            PROG ": %" PRIu64 " sent, %" PRIu64 " acknowledged, %" PRIu64 " rejected, %" PRIu64
-                 " failed, %zu pending, %.0f records/s\n",
-            st->sent, st->published, st->rejected, st->failed, sluice_producer_outstanding(p),
-            secs > 0 ? (double)st->published / secs : 0.0);
+    (void)fprintf(stderr,
+                  PROG ": %" PRIu64 " sent, %" PRIu64 " acknowledged, %" PRIu64
+                       " rejected, %" PRIu64 " failed, %zu pending, %.0f records/s\n",
+                  st->sent, st->published, st->rejected, st->failed, sluice_producer_outstanding(p),
+                  secs > 0 ? (double)st->published / secs : 0.0);
 }
 
 /* Codec errors mean a bad record (rejected); anything else is the producer failing. */
@@ -302,10 +303,10 @@ static bool publish_one(sluice_producer_t *p,
     sl_err_t err = {0};
     if (st->failed_timeout > 0) {
         /* Kafka already let records time out: the rest would only wait and fail too. */
-        fprintf(stderr,
-                PROG ": stopped before %s %" PRIu64 ": kafka did not acknowledge "
-                     "records within %" PRId64 " ms\n",
-                what, lineno, o->timeout_ms);
+        (void)fprintf(stderr,
+                      PROG ": stopped before %s %" PRIu64 ": kafka did not acknowledge "
+                           "records within %" PRId64 " ms\n",
+                      what, lineno, o->timeout_ms);
         return false;
     }
     int rc = prod_lib_publish(p, d, on_done, st, &err);
@@ -319,13 +320,13 @@ static bool publish_one(sluice_producer_t *p,
     }
     if (is_record_error(rc)) {
         st->rejected++;
-        fprintf(stderr, "%s %" PRIu64 ": %s\n", what, lineno, err.msg);
+        (void)fprintf(stderr, "%s %" PRIu64 ": %s\n", what, lineno, err.msg);
         return !o->strict;
     }
     st->failed++;
     if (!st->first_fail[0])
-        snprintf(st->first_fail, sizeof(st->first_fail), "%s", err.msg);
-    fprintf(stderr, PROG ": stopped at %s %" PRIu64 ": %s\n", what, lineno, err.msg);
+        (void)snprintf(st->first_fail, sizeof(st->first_fail), "%s", err.msg);
+    (void)fprintf(stderr, PROG ": stopped at %s %" PRIu64 ": %s\n", what, lineno, err.msg);
     return false;
 }
 
@@ -352,7 +353,7 @@ static bool run_lines(sluice_producer_t *p,
         size_t len = 0;
         sl_err_t err = {0};
         if (g_stop) {
-            fprintf(stderr, PROG ": interrupted after line %" PRIu64 "\n", lr->lineno);
+            (void)fprintf(stderr, PROG ": interrupted after line %" PRIu64 "\n", lr->lineno);
             return false;
         }
         int rc = prod_lines_next(lr, &line, &len, &err);
@@ -361,14 +362,14 @@ static bool run_lines(sluice_producer_t *p,
         if (rc == SL_ETOOBIG) {
             st->lines++;
             st->rejected++;
-            fprintf(stderr, "line %" PRIu64 ": line longer than %zu bytes\n", lr->lineno,
-                    lr->max_line);
+            (void)fprintf(stderr, "line %" PRIu64 ": line longer than %zu bytes\n", lr->lineno,
+                          lr->max_line);
             if (o->strict)
                 return false;
             continue;
         }
         if (rc < 0) {
-            fprintf(stderr, PROG ": %s\n", err.msg);
+            (void)fprintf(stderr, PROG ": %s\n", err.msg);
             return false;
         }
         st->lines++;
@@ -378,7 +379,7 @@ static bool run_lines(sluice_producer_t *p,
         rc = sl_jsonl_parse(line, len, &jopts, &d, &err);
         if (rc != 0) {
             st->rejected++;
-            fprintf(stderr, "line %" PRIu64 ": %s\n", lr->lineno, err.msg);
+            (void)fprintf(stderr, "line %" PRIu64 ": %s\n", lr->lineno, err.msg);
             if (o->strict)
                 return false;
             continue;
@@ -396,7 +397,7 @@ run_generate(sluice_producer_t *p, struct prod_gen *g, const struct opts *o, str
     const struct sl_delivery *d;
     while ((d = prod_gen_next(g)) != NULL) {
         if (g_stop) {
-            fprintf(stderr, PROG ": interrupted after %" PRIu64 " records\n", st->lines);
+            (void)fprintf(stderr, PROG ": interrupted after %" PRIu64 " records\n", st->lines);
             return false;
         }
         st->lines++;
@@ -424,21 +425,21 @@ static void explain_failures(const struct stats *st,
                              const char *last)
 {
     char secs[32];
-    snprintf(secs, sizeof(secs), "%g", (double)o->timeout_ms / 1000.0);
+    (void)snprintf(secs, sizeof(secs), "%g", (double)o->timeout_ms / 1000.0);
     if (st->failed_timeout == st->failed && brokers_down)
-        fprintf(stderr,
-                PROG ": could not publish %" PRIu64 " records: broker unreachable at %s "
-                     "after %s s (last kafka error: %s)\n",
-                st->failed, cfg->kafka_brokers, secs, last);
+        (void)fprintf(stderr,
+                      PROG ": could not publish %" PRIu64 " records: broker unreachable at %s "
+                           "after %s s (last kafka error: %s)\n",
+                      st->failed, cfg->kafka_brokers, secs, last);
     else if (st->failed_timeout == st->failed)
-        fprintf(stderr,
-                PROG ": could not publish %" PRIu64 " records: not acknowledged by kafka "
-                     "at %s within %s s%s%s%s\n",
-                st->failed, cfg->kafka_brokers, secs, last[0] ? " (last kafka error: " : "", last,
-                last[0] ? ")" : "");
+        (void)fprintf(stderr,
+                      PROG ": could not publish %" PRIu64 " records: not acknowledged by kafka "
+                           "at %s within %s s%s%s%s\n",
+                      st->failed, cfg->kafka_brokers, secs, last[0] ? " (last kafka error: " : "",
+                      last, last[0] ? ")" : "");
     else
-        fprintf(stderr, PROG ": could not publish %" PRIu64 " records: %s\n", st->failed,
-                st->first_fail);
+        (void)fprintf(stderr, PROG ": could not publish %" PRIu64 " records: %s\n", st->failed,
+                      st->first_fail);
 }
 
 int main(int argc, char **argv)
@@ -460,7 +461,7 @@ int main(int argc, char **argv)
         if (prod_gen_init(&gen, o.gen_count, (uint32_t)(o.endpoints ? o.endpoints : 1),
                           (size_t)body, (size_t)cfg.max_body_bytes, o.prefix ? o.prefix : "ep_",
                           o.type ? o.type : "sluice.generated", o.run_id, &err) != 0) {
-            fprintf(stderr, PROG ": %s (see --help)\n", err.msg);
+            (void)fprintf(stderr, PROG ": %s (see --help)\n", err.msg);
             rc = EXIT_USAGE;
             goto out;
         }
@@ -470,7 +471,7 @@ int main(int argc, char **argv)
         if (max_line < (size_t)SL_JSONL_MAX_LINE_DEFAULT)
             max_line = (size_t)SL_JSONL_MAX_LINE_DEFAULT;
         if (prod_lines_open(&lr, o.file, max_line, &err) != 0) {
-            fprintf(stderr, PROG ": %s\n", err.msg);
+            (void)fprintf(stderr, PROG ": %s\n", err.msg);
             goto out;
         }
     }
@@ -483,7 +484,7 @@ int main(int argc, char **argv)
     };
     p = prod_lib_new(&cfg, &popts, &err);
     if (!p) {
-        fprintf(stderr, PROG ": %s\n", err.msg);
+        (void)fprintf(stderr, PROG ": %s\n", err.msg);
         goto out;
     }
 
@@ -509,7 +510,7 @@ int main(int argc, char **argv)
            st.published, st.rejected, st.failed, secs,
            secs > 0 ? (double)st.published / secs : 0.0);
     if (fflush(stdout) != 0)
-        fprintf(stderr, PROG ": could not write the summary: %s\n", strerror(errno));
+        (void)fprintf(stderr, PROG ": could not write the summary: %s\n", strerror(errno));
     if (st.failed > 0)
         explain_failures(&st, &o, &cfg, down, last.msg);
     rc = complete && st.rejected == 0 && st.failed == 0 ? 0 : 1;

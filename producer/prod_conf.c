@@ -223,7 +223,7 @@ int prod_conf_load_env(struct sluice_config *c, char *const *envp, sl_err_t *err
         if (!val)
             continue;
         char key[96];
-        snprintf(key, sizeof(key), "%s (env)", opts[i].env);
+        (void)snprintf(key, sizeof(key), "%s (env)", opts[i].env);
         int rc = set_value(c, &opts[i], val, key, err);
         if (rc != 0)
             return rc;

@@ -82,9 +82,9 @@ int prod_gen_init(struct prod_gen *g,
     } else {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        snprintf(g->run, sizeof(g->run), "%" PRIx64 "%04x",
-                 (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000,
-                 (unsigned)getpid() & 0xffffu);
+        (void)snprintf(g->run, sizeof(g->run), "%" PRIx64 "%04x",
+                       (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000,
+                       (unsigned)getpid() & 0xffffu);
     }
     /* "evt_" + run + "_" + 20 digits always fits SL_EVENT_ID_MAX (4+32+1+20 < 128). */
 

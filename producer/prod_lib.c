@@ -115,7 +115,7 @@ static void append_last_error(sluice_producer_t *p, char *buf, size_t cap)
     size_t len = strlen(buf);
     pthread_mutex_lock(&p->mu);
     if (p->last_err != 0 && len < cap)
-        snprintf(buf + len, cap - len, "; last kafka error: %s", p->last_reason);
+        (void)snprintf(buf + len, cap - len, "; last kafka error: %s", p->last_reason);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -128,24 +128,24 @@ static int report_status(sluice_producer_t *p, rd_kafka_resp_err_t e, char *buf,
         buf[0] = '\0';
         return 0;
     case RD_KAFKA_RESP_ERR__MSG_TIMED_OUT:
-        snprintf(buf, cap,
-                 "not acknowledged by kafka at %s within %" PRId64 " ms (message timeout)",
-                 p->brokers, p->message_timeout_ms);
+        (void)snprintf(buf, cap,
+                       "not acknowledged by kafka at %s within %" PRId64 " ms (message timeout)",
+                       p->brokers, p->message_timeout_ms);
         append_last_error(p, buf, cap);
         return SL_ETIMEDOUT;
     case RD_KAFKA_RESP_ERR__PURGE_QUEUE:
     case RD_KAFKA_RESP_ERR__PURGE_INFLIGHT:
-        snprintf(buf, cap, "producer closed before kafka at %s acknowledged the record",
-                 p->brokers);
+        (void)snprintf(buf, cap, "producer closed before kafka at %s acknowledged the record",
+                       p->brokers);
         append_last_error(p, buf, cap);
         return SL_ETIMEDOUT;
     case RD_KAFKA_RESP_ERR__FATAL:
         rd_kafka_fatal_error(p->rk, fatal, sizeof(fatal));
-        snprintf(buf, cap, "kafka producer fatal error: %s; recreate the producer", fatal);
+        (void)snprintf(buf, cap, "kafka producer fatal error: %s; recreate the producer", fatal);
         return SL_EKAFKA;
     default:
-        snprintf(buf, cap, "kafka refused the record for topic %s: %s", p->topic,
-                 rd_kafka_err2str(e));
+        (void)snprintf(buf, cap, "kafka refused the record for topic %s: %s", p->topic,
+                       rd_kafka_err2str(e));
         return SL_EKAFKA;
     }
 }
@@ -209,7 +209,7 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
     p->last_err = err;
     p->last_down = e == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || e == RD_KAFKA_RESP_ERR__TRANSPORT ||
                    e == RD_KAFKA_RESP_ERR__RESOLVE;
-    snprintf(p->last_reason, sizeof(p->last_reason), "%s", reason);
+    (void)snprintf(p->last_reason, sizeof(p->last_reason), "%s", reason);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -293,7 +293,7 @@ prod_lib_new(const struct sl_config *cfg, const struct sluice_producer_opts *opt
         goto fail;
 
     tconf = rd_kafka_default_topic_conf_dup(p->rk);
-    snprintf(val, sizeof(val), "%" PRId64, p->message_timeout_ms);
+    (void)snprintf(val, sizeof(val), "%" PRId64, p->message_timeout_ms);
     if (rd_kafka_topic_conf_set(tconf, "message.timeout.ms", val, errstr, sizeof(errstr)) !=
         RD_KAFKA_CONF_OK) {
         sl_err_set(err, SL_EKAFKA, "cannot set kafka property message.timeout.ms: %s", errstr);

@@ -62,19 +62,20 @@ static void on_signal(int sig)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: sluice-recorder [--config FILE] [--check-config] [--print-config]\n"
-               "                       [--help-config] [--version] [--help]\n"
-               "\n"
-               "Records every delivery outcome (topic_outcomes) in PostgreSQL: attempts history,\n"
-               "latest state per delivery, latency samples, endpoint health and dead letters\n"
-               "(schema: sql/0002_history.sql). Writes are batched (recorder_batch rows or\n"
-               "recorder_flush_ms) and idempotent; Kafka offsets are committed only after the\n"
-               "batch's transaction commits. A PostgreSQL outage pauses intake until it is back.\n"
-               "Also maintains partitions, retention and endpoint latency percentiles.\n"
-               "Run one per consumer group (recorder_group); more share the partitions.\n"
-               "Configuration comes from SLUICE_* environment variables or a config file; see\n"
-               "--help-config. SIGTERM or SIGINT writes the last batch, commits and exits 0;\n"
-               "before the group was joined (e.g. Kafka unreachable) it exits 0 at once.\n");
+    (void)fprintf(
+        f, "usage: sluice-recorder [--config FILE] [--check-config] [--print-config]\n"
+           "                       [--help-config] [--version] [--help]\n"
+           "\n"
+           "Records every delivery outcome (topic_outcomes) in PostgreSQL: attempts history,\n"
+           "latest state per delivery, latency samples, endpoint health and dead letters\n"
+           "(schema: sql/0002_history.sql). Writes are batched (recorder_batch rows or\n"
+           "recorder_flush_ms) and idempotent; Kafka offsets are committed only after the\n"
+           "batch's transaction commits. A PostgreSQL outage pauses intake until it is back.\n"
+           "Also maintains partitions, retention and endpoint latency percentiles.\n"
+           "Run one per consumer group (recorder_group); more share the partitions.\n"
+           "Configuration comes from SLUICE_* environment variables or a config file; see\n"
+           "--help-config. SIGTERM or SIGINT writes the last batch, commits and exits 0;\n"
+           "before the group was joined (e.g. Kafka unreachable) it exits 0 at once.\n");
 }
 
 int main(int argc, char **argv)
@@ -94,13 +95,14 @@ int main(int argc, char **argv)
     struct sl_masterkey mk;
     memset(&mk, 0, sizeof(mk));
     if (!cfg.master_key[0]) {
-        fprintf(stderr, "sluice-recorder: master_key (SLUICE_MASTER_KEY) is required to sign the "
-                        "endpoint records of the endpoints it disables\n");
+        (void)fprintf(stderr,
+                      "sluice-recorder: master_key (SLUICE_MASTER_KEY) is required to sign the "
+                      "endpoint records of the endpoints it disables\n");
         sl_cfg_fini(&cfg);
         return SL_CFG_EXIT;
     }
     if (sl_masterkey_parse(&mk, cfg.master_key, &err) != 0) {
-        fprintf(stderr, "sluice-recorder: invalid value for master_key: %s\n", err.msg);
+        (void)fprintf(stderr, "sluice-recorder: invalid value for master_key: %s\n", err.msg);
         sl_cfg_fini(&cfg);
         return SL_CFG_EXIT;
     }
@@ -124,7 +126,7 @@ int main(int argc, char **argv)
         /* leaving the group outlived its bound and is still running on its own thread: exit
          * now, destroying nothing it uses (see sl_bounded.h); 0 when the stop came before
          * the group was ever joined (nothing was taken) */
-        fflush(stderr);
+        (void)fflush(stderr);
         _exit(run == 0 ? 0 : 1);
     }
     if (run != 0) {

@@ -588,8 +588,8 @@ static int write_once(rec_db_t *db,
     if (rc == 0) {
         char hours[24];
         char days[24];
-        snprintf(hours, sizeof(hours), "%lld", (long long)db->latency_window_h);
-        snprintf(days, sizeof(days), "%lld", (long long)db->history_days);
+        (void)snprintf(hours, sizeof(hours), "%lld", (long long)db->latency_window_h);
+        (void)snprintf(days, sizeof(days), "%lld", (long long)db->history_days);
         const char *params[2] = {hours, days};
         const char *sql = safe ? SQL_APPLY_SAFE : agg ? SQL_APPLY_FAST_AGG : SQL_APPLY_FAST;
         res = PQexecParams(db->pg, sql, 2, NULL, params, NULL, NULL, 0);
@@ -711,7 +711,7 @@ static int query_int(rec_db_t *db,
     char buf[4][24];
     const char *pv[4];
     for (int i = 0; i < nparams && i < 4; i++) {
-        snprintf(buf[i], sizeof(buf[i]), "%lld", (long long)params[i]);
+        (void)snprintf(buf[i], sizeof(buf[i]), "%lld", (long long)params[i]);
         pv[i] = buf[i];
     }
     PGresult *res = PQexecParams(db->pg, sql, nparams, NULL, pv, NULL, NULL, 0);

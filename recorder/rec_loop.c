@@ -324,7 +324,7 @@ static void lane_run(struct lane_job *job)
             if (job->rejected < LANE_SKIPPED_KEPT) {
                 job->skipped[job->rejected].partition = ln->idx[from].partition;
                 job->skipped[job->rejected].offset = ln->idx[from].offset;
-                snprintf(job->skipped[job->rejected].why, SL_ERR_MSG_MAX, "%s", job->err.msg);
+                (void)snprintf(job->skipped[job->rejected].why, SL_ERR_MSG_MAX, "%s", job->err.msg);
             }
             job->rejected++;
             continue;
@@ -534,9 +534,9 @@ static void note_disable(rec_loop_t *l, const void *payload, size_t len)
     if (sl_outcome_decode(payload, len, NULL, &o, NULL) == 0 && o.state == SL_OUTCOME_DISABLED &&
         o.ep && l->n_disable < DISABLE_MAX) {
         struct disable_req *d = &l->disable[l->n_disable++];
-        snprintf(d->id, sizeof(d->id), "%s", o.ep);
-        snprintf(d->reason, sizeof(d->reason), "disabled by sluice: %s",
-                 o.msg ? o.msg : (o.err ? o.err : "requested by a consumer"));
+        (void)snprintf(d->id, sizeof(d->id), "%s", o.ep);
+        (void)snprintf(d->reason, sizeof(d->reason), "disabled by sluice: %s",
+                       o.msg ? o.msg : (o.err ? o.err : "requested by a consumer"));
         d->ts_ms = (int64_t)o.ts_ms;
     }
     sl_outcome_fini(&o);

@@ -35,13 +35,13 @@ static void on_done(void *opaque, int status, const char *reason)
     o->reported = 1;
     o->status = status;
     if (reason)
-        snprintf(o->reason, sizeof(o->reason), "%s", reason);
+        (void)snprintf(o->reason, sizeof(o->reason), "%s", reason);
 }
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: sluice-publish [-c NAME=VALUE]... ENDPOINT TYPE BODY\n"
-                    "       sluice-publish --version\n");
+    (void)fprintf(stderr, "usage: sluice-publish [-c NAME=VALUE]... ENDPOINT TYPE BODY\n"
+                          "       sluice-publish --version\n");
     return EXIT_USAGE;
 }
 

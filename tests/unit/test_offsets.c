@@ -1,13 +1,19 @@
 /*
  * Contiguous offsets (invariant 1): out-of-order completion never skips a message, stale
  * references from a revoked generation never move the new owner's offsets, growth of the ring
- * keeps positions, and gaps in offsets (compaction) are handled.
+ * keeps positions, and gaps in offsets (compaction) are handled. In builds with assertions
+ * (no NDEBUG: debug and sanitizer builds), breaking the tracker's invariants aborts.
  */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -123,6 +129,68 @@ static void test_many_partitions(void **state)
     cons_offsets_destroy(o);
 }
 
+#ifndef NDEBUG
+/* Run fn in a child; true when it died of SIGABRT (a failed SL_ASSERT). */
+static bool aborts(void (*fn)(void))
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        (void)freopen("/dev/null", "w", stderr); /* the expected assertion message */
+        fn();
+        _exit(0);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    return WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT;
+}
+
+static void finish_twice(void)
+{
+    cons_offsets_t *o = cons_offsets_new();
+    cons_offsets_assign(o, 0);
+    struct cons_offset_ref a, b;
+    cons_offsets_track(o, 0, 10, &a);
+    cons_offsets_track(o, 0, 11, &b);
+    cons_offsets_finish(o, &b);
+    cons_offsets_finish(o, &b); /* b is still in the ring (a holds the head) */
+}
+
+static void offsets_backwards(void)
+{
+    cons_offsets_t *o = cons_offsets_new();
+    cons_offsets_assign(o, 0);
+    struct cons_offset_ref a, b;
+    cons_offsets_track(o, 0, 10, &a);
+    cons_offsets_track(o, 0, 10, &b);
+}
+
+static void well_behaved(void)
+{
+    cons_offsets_t *o = cons_offsets_new();
+    cons_offsets_assign(o, 0);
+    struct cons_offset_ref a, b;
+    cons_offsets_track(o, 0, 10, &a);
+    cons_offsets_track(o, 0, 12, &b);
+    cons_offsets_finish(o, &b);
+    cons_offsets_finish(o, &a);
+    cons_offsets_finish(o, &a); /* stale (below the head): ignored, not a breach */
+    (void)cons_offsets_committable(o, 0, NULL);
+    cons_offsets_revoke(o, 0);
+    cons_offsets_assign(o, 0);
+    cons_offsets_track(o, 0, 5, &a); /* a new generation may start lower */
+    cons_offsets_destroy(o);
+}
+
+static void test_invariant_breaches_abort(void **state)
+{
+    (void)state;
+    assert_true(aborts(finish_twice));
+    assert_true(aborts(offsets_backwards));
+    assert_false(aborts(well_behaved));
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -131,6 +199,9 @@ int main(void)
         cmocka_unit_test(test_unassigned_partition),
         cmocka_unit_test(test_growth_and_gaps),
         cmocka_unit_test(test_many_partitions),
+#ifndef NDEBUG
+        cmocka_unit_test(test_invariant_breaches_abort),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
