@@ -9,6 +9,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,7 +228,17 @@ static void dump_usage(FILE *f)
                   "not UTF-8 are shown as {\"base64\": \"...\"}.\n");
 }
 
-static int dump_main(const struct sl_config *cfg, int argc, char **argv)
+struct dump_opts {
+    const char *kind;  /* outcomes|deliveries|quarantine|endpoints */
+    const char *topic; /* the kind's topic unless --topic */
+    long max;          /* records to print (-1 = all) */
+    long idle_ms;      /* stop after this long without a record (not with --follow) */
+    bool follow;       /* keep waiting for new records */
+    bool payloads;     /* show bodies, header and macro values */
+};
+
+/* Parse `dump KIND [options]`. Returns -1 to go on, else the exit code. */
+static int dump_parse(const struct sl_config *cfg, int argc, char **argv, struct dump_opts *o)
 {
     static const struct option longopts[] = {{"topic", required_argument, NULL, 't'},
                                              {"max", required_argument, NULL, 'm'},
@@ -237,46 +248,47 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     if (argc < 2 || argv[1][0] == '-') {
-        dump_usage(argc >= 2 && strcmp(argv[1], "--help") == 0 ? stdout : stderr);
-        return argc >= 2 && strcmp(argv[1], "--help") == 0 ? 0 : 2;
+        bool help = argc >= 2 && strcmp(argv[1], "--help") == 0;
+        dump_usage(help ? stdout : stderr);
+        return help ? 0 : 2;
     }
-    const char *kind = argv[1];
-    const char *topic = NULL;
-    if (strcmp(kind, "outcomes") == 0)
-        topic = cfg->topic_outcomes;
-    else if (strcmp(kind, "deliveries") == 0)
-        topic = cfg->topic_deliveries;
-    else if (strcmp(kind, "quarantine") == 0)
-        topic = cfg->topic_quarantine;
-    else if (strcmp(kind, "endpoints") == 0)
-        topic = cfg->topic_endpoints;
-    else {
-        (void)fprintf(stderr, "sluicectl: unknown dump kind \"%s\"\n", kind);
+    static const struct {
+        const char *kind;
+        size_t topic_off;
+    } kinds[] = {{"outcomes", offsetof(struct sl_config, topic_outcomes)},
+                 {"deliveries", offsetof(struct sl_config, topic_deliveries)},
+                 {"quarantine", offsetof(struct sl_config, topic_quarantine)},
+                 {"endpoints", offsetof(struct sl_config, topic_endpoints)}};
+    *o = (struct dump_opts){.kind = argv[1], .max = -1, .idle_ms = 3000};
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+        if (strcmp(o->kind, kinds[i].kind) == 0)
+            o->topic = *(const char *const *)((const char *)cfg + kinds[i].topic_off);
+    }
+    if (!o->topic) {
+        (void)fprintf(stderr, "sluicectl: unknown dump kind \"%s\"\n", o->kind);
         dump_usage(stderr);
         return 2;
     }
-    long max = -1, idle_ms = 3000;
-    bool follow = false, payloads = false;
     optind = 1;
     int c;
     while ((c = getopt_long(argc - 1, argv + 1, "t:m:i:fPh", longopts, NULL)) != -1) {
         switch (c) {
         case 't':
-            topic = optarg;
+            o->topic = optarg;
             break;
         case 'm':
-            if (parse_int("--max", optarg, 1, 1000000000L, &max) != 0)
+            if (parse_int("--max", optarg, 1, 1000000000L, &o->max) != 0)
                 return 2;
             break;
         case 'i':
-            if (parse_int("--idle-ms", optarg, 1, 3600000L, &idle_ms) != 0)
+            if (parse_int("--idle-ms", optarg, 1, 3600000L, &o->idle_ms) != 0)
                 return 2;
             break;
         case 'f':
-            follow = true;
+            o->follow = true;
             break;
         case 'P':
-            payloads = true;
+            o->payloads = true;
             break;
         case 'h':
             dump_usage(stdout);
@@ -286,6 +298,43 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
             return 2;
         }
     }
+    return -1;
+}
+
+/* The consumer, assigned to every partition of the topic from the beginning, and where each
+ * partition's dump ends. Without --follow the dump ends at each partition's end as it was at
+ * the start (its high watermark then), so a partition that keeps growing cannot keep it going;
+ * the partition EOF event ends a partition too (compaction can remove its last offsets). */
+struct dump_state {
+    rd_kafka_t *rk;
+    int nparts;   /* partitions of the topic */
+    int64_t *end; /* per partition: offset the dump stops at (INT64_MAX: EOF or idle) */
+    bool *done;   /* per partition: finished */
+    int ndone;    /* partitions finished */
+};
+
+static void dump_close(struct dump_state *st)
+{
+    free(st->end);
+    free(st->done);
+    if (st->rk) {
+        rd_kafka_consumer_close(st->rk);
+        rd_kafka_destroy(st->rk);
+    }
+}
+
+static void dump_finish_partition(struct dump_state *st, int32_t p)
+{
+    if (!st->done[p]) {
+        st->done[p] = true;
+        st->ndone++;
+    }
+}
+
+/* Returns 0, or 1 with the reason printed. */
+static int dump_open(const struct sl_config *cfg, const struct dump_opts *o, struct dump_state *st)
+{
+    memset(st, 0, sizeof(*st));
     sl_err_t err = {0};
     rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "sluicectl-dump", &err);
     if (!conf) {
@@ -296,141 +345,166 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
     rd_kafka_conf_set(conf, "enable.partition.eof", "true", errstr, sizeof(errstr));
     rd_kafka_conf_set(conf, "group.id", "sluicectl-dump", errstr, sizeof(errstr));
     rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, sizeof(errstr));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
-    if (!rk) {
+    st->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+    if (!st->rk) {
         (void)fprintf(stderr, "sluicectl: could not create kafka consumer: %s\n", errstr);
         return 1;
     }
     const struct rd_kafka_metadata *md = NULL;
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
-    rd_kafka_resp_err_t ke = rd_kafka_metadata(rk, 0, rkt, &md, 10000);
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(st->rk, o->topic, NULL);
+    rd_kafka_resp_err_t ke = rd_kafka_metadata(st->rk, 0, rkt, &md, 10000);
     rd_kafka_topic_destroy(rkt);
     if (ke != RD_KAFKA_RESP_ERR_NO_ERROR || md->topic_cnt != 1 || md->topics[0].err) {
-        (void)fprintf(stderr, "sluicectl: could not read metadata of topic %s: %s\n", topic,
-                      ke ? rd_kafka_err2str(ke)
-                         : rd_kafka_err2str(md->topic_cnt ? md->topics[0].err
-                                                          : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
+        rd_kafka_resp_err_t why = ke              ? ke
+                                  : md->topic_cnt ? md->topics[0].err
+                                                  : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
+        (void)fprintf(stderr, "sluicectl: could not read metadata of topic %s: %s\n", o->topic,
+                      rd_kafka_err2str(why));
         if (md)
             rd_kafka_metadata_destroy(md);
-        rd_kafka_destroy(rk);
         return 1;
     }
-    int nparts = md->topics[0].partition_cnt;
-    /* Without --follow the dump ends at each partition's end as it was at the start (its
-     * high watermark then), so a partition that keeps growing cannot keep it going; the
-     * partition EOF event ends a partition too (compaction can remove its last offsets). */
-    int64_t *end = sl_xcalloc(nparts > 0 ? (size_t)nparts : 1, sizeof(*end));
-    bool *done = sl_xcalloc(nparts > 0 ? (size_t)nparts : 1, sizeof(*done));
-    int ndone = 0;
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(nparts);
-    for (int i = 0; i < nparts; i++) {
+    st->nparts = md->topics[0].partition_cnt;
+    size_t n = st->nparts > 0 ? (size_t)st->nparts : 1;
+    st->end = sl_xcalloc(n, sizeof(*st->end));
+    st->done = sl_xcalloc(n, sizeof(*st->done));
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(st->nparts);
+    for (int i = 0; i < st->nparts; i++) {
         int32_t id = md->topics[0].partitions[i].id;
-        rd_kafka_topic_partition_list_add(l, topic, id)->offset = RD_KAFKA_OFFSET_BEGINNING;
+        rd_kafka_topic_partition_list_add(l, o->topic, id)->offset = RD_KAFKA_OFFSET_BEGINNING;
+        if (id < 0 || id >= st->nparts)
+            continue;
         int64_t lo = 0, hi = -1;
-        if (!follow && id >= 0 && id < nparts &&
-            rd_kafka_query_watermark_offsets(rk, topic, id, &lo, &hi, 10000) ==
-                RD_KAFKA_RESP_ERR_NO_ERROR) {
-            end[id] = hi;
-            if (hi <= lo) { /* empty */
-                done[id] = true;
-                ndone++;
-            }
-        } else if (id >= 0 && id < nparts) {
-            end[id] = INT64_MAX; /* unknown: EOF or --idle-ms ends it */
+        st->end[id] = INT64_MAX; /* unknown: EOF or --idle-ms ends it */
+        if (!o->follow && rd_kafka_query_watermark_offsets(st->rk, o->topic, id, &lo, &hi, 10000) ==
+                              RD_KAFKA_RESP_ERR_NO_ERROR) {
+            st->end[id] = hi;
+            if (hi <= lo) /* empty */
+                dump_finish_partition(st, id);
         }
     }
     rd_kafka_metadata_destroy(md);
-    rd_kafka_assign(rk, l);
+    rd_kafka_assign(st->rk, l);
     rd_kafka_topic_partition_list_destroy(l);
+    return 0;
+}
+
+/* A quarantined record: the delivery as far as it decodes, its reason and size. */
+static json_t *quarantine_json(const rd_kafka_message_t *m, json_t *o)
+{
+    rd_kafka_headers_t *hdrs = NULL;
+    const void *val = NULL;
+    size_t vlen = 0;
+    if (!o)
+        o = json_object();
+    if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+        rd_kafka_header_get_last(hdrs, "sluice-reason", &val, &vlen) == RD_KAFKA_RESP_ERR_NO_ERROR)
+        json_object_set_new(o, "reason", bytes_json(val, vlen));
+    json_object_set_new(o, "bytes", json_integer((json_int_t)m->len));
+    return o;
+}
+
+/* One record as a JSON object of its kind, or {"undecodable": ...}. */
+static json_t *record_json(const struct dump_opts *o, const rd_kafka_message_t *m)
+{
+    sl_err_t err = {0};
+    json_t *j = NULL;
+    if (strcmp(o->kind, "outcomes") == 0) {
+        struct sl_outcome oc;
+        if (sl_outcome_decode(m->payload, m->len, NULL, &oc, &err) == 0)
+            j = outcome_json(&oc, o->payloads);
+        sl_outcome_fini(&oc);
+    } else if (strcmp(o->kind, "endpoints") == 0) {
+        struct sl_endpoint_rec er;
+        if (!m->payload) {
+            j = json_pack("{s:o, s:b}", "id", bytes_json(m->key, m->key_len), "deleted", 1);
+            memset(&er, 0, sizeof(er));
+        } else if (sl_endpoint_rec_decode(m->payload, m->len, NULL, &er, &err) == 0) {
+            j = endpoint_json(&er);
+        }
+        sl_endpoint_rec_fini(&er);
+    } else {
+        struct sl_delivery d;
+        if (sl_delivery_decode(m->payload, m->len, NULL, &d, &err) == 0)
+            j = delivery_json(&d, o->payloads);
+        sl_delivery_fini(&d);
+        if (strcmp(o->kind, "quarantine") == 0)
+            j = quarantine_json(m, j);
+    }
+    if (!j)
+        j = json_pack("{s:s, s:s}", "undecodable", err.msg, "error", sl_err_name(err.code));
+    return j;
+}
+
+/* Without --follow: true when m lies past its partition's end at the start (skip it); marks
+ * the partition finished at its last record. */
+static bool dump_past_end(struct dump_state *st, const rd_kafka_message_t *m)
+{
+    int64_t end = st->end[m->partition];
+    if (m->offset + 1 >= end)
+        dump_finish_partition(st, m->partition);
+    return m->offset >= end; /* produced after the start */
+}
+
+static void dump_print(const rd_kafka_message_t *m, json_t *o, bool follow)
+{
+    json_object_set_new(o, "partition", json_integer(m->partition));
+    json_object_set_new(o, "offset", json_integer((json_int_t)m->offset));
+    char *s = json_dumps(o, JSON_COMPACT);
+    puts(s ? s : "{\"undecodable\":\"could not render the record\"}");
+    if (follow)
+        (void)fflush(stdout); /* a live tail: each record as it comes, also into a pipe */
+    free(s);
+}
+
+static int dump_main(const struct sl_config *cfg, int argc, char **argv)
+{
+    struct dump_opts o;
+    int rc = dump_parse(cfg, argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    struct dump_state st;
+    if (dump_open(cfg, &o, &st) != 0) {
+        dump_close(&st);
+        return 1;
+    }
     (void)signal(SIGINT, on_sigint);
     long printed = 0;
     int64_t last = sl_mono_ms();
-    int rc = 0;
-    while (!g_stop && (max < 0 || printed < max) && (follow || ndone < nparts)) {
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+    rc = 0;
+    while (!g_stop && (o.max < 0 || printed < o.max) && (o.follow || st.ndone < st.nparts)) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(st.rk, 100);
         if (!m) {
-            if (!follow && sl_mono_ms() - last > idle_ms)
+            if (!o.follow && sl_mono_ms() - last > o.idle_ms)
                 break;
             continue;
         }
-        bool known = m->partition >= 0 && m->partition < nparts;
+        bool known = m->partition >= 0 && m->partition < st.nparts;
         if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-            if (known && !done[m->partition]) {
-                done[m->partition] = true;
-                ndone++;
-            }
+            if (known)
+                dump_finish_partition(&st, m->partition);
             rd_kafka_message_destroy(m);
             continue;
         }
         last = sl_mono_ms();
-        if (!m->err && known && !follow) {
-            bool past = m->offset >= end[m->partition]; /* produced after the start */
-            if (m->offset + 1 >= end[m->partition] && !done[m->partition]) {
-                done[m->partition] = true;
-                ndone++;
-            }
-            if (past) {
-                rd_kafka_message_destroy(m);
-                continue;
-            }
-        }
         if (m->err) {
             (void)fprintf(stderr, "sluicectl: %s\n", rd_kafka_message_errstr(m));
             rd_kafka_message_destroy(m);
             rc = 1;
             break;
         }
-        json_t *o = NULL;
-        if (strcmp(kind, "outcomes") == 0) {
-            struct sl_outcome oc;
-            if (sl_outcome_decode(m->payload, m->len, NULL, &oc, &err) == 0)
-                o = outcome_json(&oc, payloads);
-            sl_outcome_fini(&oc);
-        } else if (strcmp(kind, "endpoints") == 0) {
-            struct sl_endpoint_rec er;
-            if (!m->payload) {
-                o = json_pack("{s:o, s:b}", "id", bytes_json(m->key, m->key_len), "deleted", 1);
-                memset(&er, 0, sizeof(er));
-            } else if (sl_endpoint_rec_decode(m->payload, m->len, NULL, &er, &err) == 0) {
-                o = endpoint_json(&er);
-            }
-            sl_endpoint_rec_fini(&er);
-        } else {
-            struct sl_delivery d;
-            if (sl_delivery_decode(m->payload, m->len, NULL, &d, &err) == 0)
-                o = delivery_json(&d, payloads);
-            sl_delivery_fini(&d);
-            if (strcmp(kind, "quarantine") == 0) {
-                rd_kafka_headers_t *hdrs = NULL;
-                const void *val = NULL;
-                size_t vlen = 0;
-                if (!o)
-                    o = json_object();
-                if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
-                    rd_kafka_header_get_last(hdrs, "sluice-reason", &val, &vlen) ==
-                        RD_KAFKA_RESP_ERR_NO_ERROR)
-                    json_object_set_new(o, "reason", bytes_json(val, vlen));
-                json_object_set_new(o, "bytes", json_integer((json_int_t)m->len));
-            }
+        if (known && !o.follow && dump_past_end(&st, m)) {
+            rd_kafka_message_destroy(m);
+            continue;
         }
-        if (!o)
-            o = json_pack("{s:s, s:s}", "undecodable", err.msg, "error", sl_err_name(err.code));
-        json_object_set_new(o, "partition", json_integer(m->partition));
-        json_object_set_new(o, "offset", json_integer((json_int_t)m->offset));
-        char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-        puts(s ? s : "{\"undecodable\":\"could not render the record\"}");
-        if (follow)
-            (void)fflush(stdout); /* a live tail: each record as it comes, also into a pipe */
-        free(s);
-        json_decref(o);
+        json_t *j = record_json(&o, m);
+        dump_print(m, j, o.follow);
+        json_decref(j);
         printed++;
         rd_kafka_message_destroy(m);
     }
     (void)fflush(stdout);
-    free(end);
-    free(done);
-    rd_kafka_consumer_close(rk);
-    rd_kafka_destroy(rk);
+    dump_close(&st);
     return rc;
 }
 
