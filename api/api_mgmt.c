@@ -204,11 +204,172 @@ static void set_str(char **dst, const char *v)
     *dst = sl_xstrdup(v);
 }
 
+/* One field of an endpoint body. A handler returns 0 (applied), -1 (answered with a problem)
+ * or FIELD_BAD_TYPE (the caller answers "wrong JSON type" naming the field). */
+#define FIELD_BAD_TYPE 1
+typedef int (*field_fn)(
+    struct api_req *r, const char *k, json_t *v, struct sl_reg_ep *ep, const char *field);
+
+static bool is_plain_string(const json_t *v)
+{
+    return json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v);
+}
+
+static int
+field_id(struct api_req *r, const char *k, json_t *v, struct sl_reg_ep *ep, const char *field)
+{
+    (void)r, (void)k, (void)ep, (void)field;
+    return json_is_string(v) ? 0 : FIELD_BAD_TYPE; /* read by the caller */
+}
+
+static int field_signature(
+    struct api_req *r, const char *k, json_t *v, struct sl_reg_ep *ep, const char *field)
+{
+    (void)k, (void)ep, (void)field;
+    enum sl_secret_kind kind;
+    /* read by the caller (a scheme changes only by rotation) */
+    return get_signature(r, v, &kind) != 0 ? -1 : 0;
+}
+
+static int
+field_string(struct api_req *r, const char *k, json_t *v, struct sl_reg_ep *ep, const char *field)
+{
+    (void)r, (void)field;
+    if (json_is_null(v) && strcmp(k, "content_type") == 0) {
+        set_str(&ep->ct, "");
+        return 0;
+    }
+    if (!is_plain_string(v))
+        return FIELD_BAD_TYPE;
+    set_str(k[0] == 'u' ? &ep->url : k[0] == 'n' ? &ep->name : &ep->ct, json_string_value(v));
+    return 0;
+}
+
+static int
+field_template(struct api_req *r, const char *k, json_t *v, struct sl_reg_ep *ep, const char *field)
+{
+    (void)r, (void)k, (void)field;
+    if (!json_is_boolean(v))
+        return FIELD_BAD_TYPE;
+    ep->tpl = json_is_true(v);
+    return 0;
+}
+
+static int
+field_method(struct api_req *r, const char *k, json_t *v, struct sl_reg_ep *ep, const char *field)
+{
+    (void)k;
+    enum sl_http_method m;
+    if (!json_is_string(v) ||
+        sl_http_method_parse(json_string_value(v), json_string_length(v), &m) != 0) {
+        api_problem(r, 400, "invalid-field", field,
+                    "field \"method\" must be POST, PUT, PATCH or GET");
+        return -1;
+    }
+    ep->method = m;
+    return 0;
+}
+
+static int
+field_headers(struct api_req *r, const char *k, json_t *v, struct sl_reg_ep *ep, const char *field)
+{
+    (void)k;
+    if (!json_is_object(v) || json_object_size(v) > SL_HDR_MAX) {
+        api_problem(r, 400, "invalid-field", field,
+                    "field \"headers\" must be an object of at most %d strings", SL_HDR_MAX);
+        return -1;
+    }
+    struct sl_kv kv[SL_HDR_MAX];
+    size_t n = 0;
+    const char *hk;
+    json_t *hv;
+    json_object_foreach(v, hk, hv)
+    {
+        if (!is_plain_string(hv)) {
+            api_problem(r, 400, "invalid-field", field,
+                        "field \"headers\": every value must be a string");
+            return -1;
+        }
+        kv[n].name = hk;
+        kv[n++].value = json_string_value(hv);
+    }
+    sl_reg_ep_set_headers(ep, kv, n);
+    return 0;
+}
+
+static int
+field_names(struct api_req *r, const char *k, json_t *v, struct sl_reg_ep *ep, const char *field)
+{
+    (void)field;
+    const char *sv[SL_EP_TYPES_MAX > SL_EP_CHANNELS_MAX ? SL_EP_TYPES_MAX : SL_EP_CHANNELS_MAX];
+    size_t n = 0;
+    bool types = k[0] == 't';
+    if (get_strv(r, v, k, types ? SL_EP_TYPES_MAX : SL_EP_CHANNELS_MAX, sv, &n) != 0)
+        return -1;
+    if (types)
+        sl_reg_ep_set_types(ep, sv, n);
+    else
+        sl_reg_ep_set_channels(ep, sv, n);
+    return 0;
+}
+
+static int
+field_policy(struct api_req *r, const char *k, json_t *v, struct sl_reg_ep *ep, const char *field)
+{
+    (void)k;
+    if (!json_is_object(v)) {
+        api_problem(r, 400, "invalid-field", field, "field \"policy\" must be an object");
+        return -1;
+    }
+    const char *pk;
+    json_t *pv;
+    char sub[80];
+    json_object_foreach(v, pk, pv)
+    {
+        int i = 0;
+        while (i < SL_REG_N__COUNT && strcmp(sl_reg_ep_nums[i].column, pk) != 0)
+            i++;
+        (void)snprintf(sub, sizeof(sub), "/policy/%.60s", pk);
+        if (i == SL_REG_N__COUNT) {
+            api_problem(r, 400, "invalid-field", sub, "unknown policy field");
+            return -1;
+        }
+        json_int_t x = json_is_integer(pv) ? json_integer_value(pv) : -1;
+        if (x < 0 || (x != 0 && (x < sl_reg_ep_nums[i].min || x > sl_reg_ep_nums[i].max))) {
+            api_problem(r, 400, "invalid-field", sub,
+                        "policy field \"%s\" must be 0 (global default) or an integer "
+                        "%" PRId64 "..%" PRId64,
+                        pk, sl_reg_ep_nums[i].min, sl_reg_ep_nums[i].max);
+            return -1;
+        }
+        ep->num[i] = x;
+    }
+    return 0;
+}
+
+static const struct {
+    const char *name;
+    field_fn fn;
+    bool create_only; /* accepted only where allow_id (creation) */
+} ep_fields[] = {
+    {"id", field_id, true},
+    {"signature", field_signature, true},
+    {"url", field_string, false},
+    {"name", field_string, false},
+    {"content_type", field_string, false},
+    {"template", field_template, false},
+    {"method", field_method, false},
+    {"headers", field_headers, false},
+    {"types", field_names, false},
+    {"channels", field_names, false},
+    {"policy", field_policy, false},
+};
+
 /*
- * Apply the fields of body j to ep. allow_id: "id" and "signature" accepted (create; both
- * read by the caller). Returns 0, or -1 with
- * the problem answered. Rule checks beyond JSON types are sl_reg_ep_check's (in the change
- * operation), reported by problem_for().
+ * Apply the fields of body j to ep, each by its ep_fields handler. allow_id: "id" and
+ * "signature" accepted (create; both read by the caller). Returns 0, or -1 with the problem
+ * answered. Rule checks beyond JSON types are sl_reg_ep_check's (in the change operation),
+ * reported by problem_for().
  */
 static int apply_fields(struct api_req *r, json_t *j, struct sl_reg_ep *ep, bool allow_id)
 {
@@ -218,112 +379,19 @@ static int apply_fields(struct api_req *r, json_t *j, struct sl_reg_ep *ep, bool
     json_object_foreach(j, k, v)
     {
         (void)snprintf(field, sizeof(field), "/%.70s", k);
-        if (strcmp(k, "id") == 0 && allow_id) {
-            if (!json_is_string(v))
-                goto bad_type;
-            continue; /* read by the caller */
-        }
-        if (strcmp(k, "signature") == 0 && allow_id) {
-            enum sl_secret_kind kind;
-            if (get_signature(r, v, &kind) != 0)
-                return -1;
-            continue; /* read by the caller (a scheme changes only by rotation) */
-        }
-        if (strcmp(k, "url") == 0 || strcmp(k, "name") == 0 || strcmp(k, "content_type") == 0) {
-            if (json_is_null(v) && strcmp(k, "content_type") == 0) {
-                set_str(&ep->ct, "");
-                continue;
-            }
-            if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
-                goto bad_type;
-            set_str(k[0] == 'u'   ? &ep->url
-                    : k[0] == 'n' ? &ep->name
-                                  : &ep->ct,
-                    json_string_value(v));
-        } else if (strcmp(k, "template") == 0) {
-            if (!json_is_boolean(v))
-                goto bad_type;
-            ep->tpl = json_is_true(v);
-        } else if (strcmp(k, "method") == 0) {
-            enum sl_http_method m;
-            if (!json_is_string(v) ||
-                sl_http_method_parse(json_string_value(v), json_string_length(v), &m) != 0) {
-                api_problem(r, 400, "invalid-field", field,
-                            "field \"method\" must be POST, PUT, PATCH or GET");
-                return -1;
-            }
-            ep->method = m;
-        } else if (strcmp(k, "headers") == 0) {
-            if (!json_is_object(v) || json_object_size(v) > SL_HDR_MAX) {
-                api_problem(r, 400, "invalid-field", field,
-                            "field \"headers\" must be an object of at most %d strings",
-                            SL_HDR_MAX);
-                return -1;
-            }
-            struct sl_kv kv[SL_HDR_MAX];
-            size_t n = 0;
-            const char *hk;
-            json_t *hv;
-            json_object_foreach(v, hk, hv)
-            {
-                if (!json_is_string(hv) ||
-                    strlen(json_string_value(hv)) != json_string_length(hv)) {
-                    api_problem(r, 400, "invalid-field", field,
-                                "field \"headers\": every value must be a string");
-                    return -1;
-                }
-                kv[n].name = hk;
-                kv[n++].value = json_string_value(hv);
-            }
-            sl_reg_ep_set_headers(ep, kv, n);
-        } else if (strcmp(k, "types") == 0 || strcmp(k, "channels") == 0) {
-            const char
-                *sv[SL_EP_TYPES_MAX > SL_EP_CHANNELS_MAX ? SL_EP_TYPES_MAX : SL_EP_CHANNELS_MAX];
-            size_t n = 0;
-            bool types = k[0] == 't';
-            if (get_strv(r, v, k, types ? SL_EP_TYPES_MAX : SL_EP_CHANNELS_MAX, sv, &n) != 0)
-                return -1;
-            if (types)
-                sl_reg_ep_set_types(ep, sv, n);
-            else
-                sl_reg_ep_set_channels(ep, sv, n);
-        } else if (strcmp(k, "policy") == 0) {
-            if (!json_is_object(v)) {
-                api_problem(r, 400, "invalid-field", field, "field \"policy\" must be an object");
-                return -1;
-            }
-            const char *pk;
-            json_t *pv;
-            json_object_foreach(v, pk, pv)
-            {
-                int i = 0;
-                while (i < SL_REG_N__COUNT && strcmp(sl_reg_ep_nums[i].column, pk) != 0)
-                    i++;
-                (void)snprintf(field, sizeof(field), "/policy/%.60s", pk);
-                if (i == SL_REG_N__COUNT) {
-                    api_problem(r, 400, "invalid-field", field, "unknown policy field");
-                    return -1;
-                }
-                if (!json_is_integer(pv) || json_integer_value(pv) < 0 ||
-                    (json_integer_value(pv) != 0 &&
-                     (json_integer_value(pv) < sl_reg_ep_nums[i].min ||
-                      json_integer_value(pv) > sl_reg_ep_nums[i].max))) {
-                    api_problem(r, 400, "invalid-field", field,
-                                "policy field \"%s\" must be 0 (global default) or an integer "
-                                "%" PRId64 "..%" PRId64,
-                                pk, sl_reg_ep_nums[i].min, sl_reg_ep_nums[i].max);
-                    return -1;
-                }
-                ep->num[i] = json_integer_value(pv);
-            }
-        } else {
+        size_t i = 0;
+        while (i < sizeof(ep_fields) / sizeof(ep_fields[0]) &&
+               (strcmp(ep_fields[i].name, k) != 0 || (ep_fields[i].create_only && !allow_id)))
+            i++;
+        if (i == sizeof(ep_fields) / sizeof(ep_fields[0])) {
             api_problem(r, 400, "invalid-field", field, "unknown field");
             return -1;
         }
-        continue;
-bad_type:
-        api_problem(r, 400, "invalid-field", field, "field has the wrong JSON type");
-        return -1;
+        int rc = ep_fields[i].fn(r, k, v, ep, field);
+        if (rc == FIELD_BAD_TYPE)
+            api_problem(r, 400, "invalid-field", field, "field has the wrong JSON type");
+        if (rc != 0)
+            return -1;
     }
     return 0;
 }
