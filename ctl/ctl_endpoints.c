@@ -803,9 +803,9 @@ static void print_json(json_t *j)
         putchar('\n');                                                                             \
     } while (0)
 
-static void print_ep_text(const struct sl_reg_ep *ep, const struct show_opts *so)
+/* `endpoints show` in text: what the endpoint is and where it sends. */
+static void print_ep_target(const struct sl_reg_ep *ep, const struct show_opts *so)
 {
-    char t1[32], t2[32];
     ROW("id", "%s", ep->id);
     ROW("name", "%s", ep->name[0] ? ep->name : "-");
     ROW("url", "%s", ep->url);
@@ -826,57 +826,61 @@ static void print_ep_text(const struct sl_reg_ep *ep, const struct show_opts *so
     ROW("enabled", "%s", ep->enabled ? "yes" : "no");
     if (!ep->enabled)
         ROW("disabled reason", "%s", ep->reason);
-    int64_t ev[SL_REG_N__COUNT];
-    sl_reg_ep_effective(ep, so->defs, ev);
-    for (int i = 0; i < SL_REG_N__COUNT; i++) {
-        int64_t eff = ev[i];
-        if ((i == SL_REG_N_RATE || i == SL_REG_N_BURST) && eff == 0)
-            ROW(sl_reg_ep_nums[i].flag, "0 (unlimited)");
-        else if (ep->num[i] == 0 && i == SL_REG_N_BURST)
-            ROW(sl_reg_ep_nums[i].flag, "%" PRId64 " (same as rate)", eff);
-        else if (ep->num[i] == 0 && i == SL_REG_N_CONN_TIMEOUT && eff < so->defs->conn_timeout_ms)
-            ROW(sl_reg_ep_nums[i].flag, "%" PRId64 " (default, limited to timeout-ms)", eff);
-        else if (ep->num[i] == 0 && i == SL_REG_N_RETRY_CAP && eff > so->defs->retry_cap_ms)
-            ROW(sl_reg_ep_nums[i].flag, "%" PRId64 " (default, raised to retry-base-ms)", eff);
-        else if (ep->num[i] == 0)
-            ROW(sl_reg_ep_nums[i].flag, "%" PRId64 " (default)", eff);
-        else if (eff != ep->num[i])
-            ROW(sl_reg_ep_nums[i].flag, "%" PRId64 " (effective %" PRId64 ")", ep->num[i], eff);
-        else
-            ROW(sl_reg_ep_nums[i].flag, "%" PRId64, ep->num[i]);
-    }
-    for (size_t i = 0; i < ep->n_secrets; i++) {
-        const struct sl_reg_ep_secret *s = &ep->secrets[i];
-        char state[64];
-        ctl_fmt_time(s->created_ms, t1, sizeof(t1));
-        ctl_fmt_time(s->exp_ms, t2, sizeof(t2));
-        if (s->exp_ms == 0)
-            (void)snprintf(state, sizeof(state), "current");
-        else
-            (void)snprintf(state, sizeof(state), "%s %s", s->expired ? "expired" : "expires", t2);
-        char plain[SL_SECRET_ENC_MAX + 1] = "";
-        sl_err_t err = {0, ""};
-        if (so->show_secrets && !s->expired)
-            open_secret_text(ep, i, so->mk, plain, sizeof(plain), &err);
-        ROW(i == 0 ? "secrets" : "", "#%d %-32s created %s%s%s", s->seq, state, t1,
-            so->show_secrets && !s->expired ? "  " : "",
-            so->show_secrets && !s->expired ? (plain[0] ? plain : err.msg) : "");
-        sl_secret_wipe(plain, sizeof(plain));
-        if (so->mk && !s->expired) {
-            char pk[SL_PUBKEY_STR_MAX];
-            int kind = secret_public(ep, i, so->mk, pk, &err);
-            if (kind == 1)
-                ROW("", "  public key: %s", pk);
-            else if (kind < 0 && !so->show_secrets) /* --show-secrets printed err already */
-                ROW("", "  public key: (cannot open the secret: %s)", err.msg);
-        }
-    }
-    if (!so->mk && so->no_mk)
-        ROW("public key", "%s", so->no_mk);
-    ctl_fmt_time(ep->created_ms, t1, sizeof(t1));
-    ctl_fmt_time(ep->updated_ms, t2, sizeof(t2));
-    ROW("created", "%s", t1);
-    ROW("updated", "%s", t2);
+}
+
+/* One policy number: its own value, or the default it falls back to and why. */
+static void
+print_ep_policy_row(const struct sl_reg_ep *ep, const struct show_opts *so, int i, int64_t eff)
+{
+    const char *flag = sl_reg_ep_nums[i].flag;
+    if ((i == SL_REG_N_RATE || i == SL_REG_N_BURST) && eff == 0)
+        ROW(flag, "0 (unlimited)");
+    else if (ep->num[i] == 0 && i == SL_REG_N_BURST)
+        ROW(flag, "%" PRId64 " (same as rate)", eff);
+    else if (ep->num[i] == 0 && i == SL_REG_N_CONN_TIMEOUT && eff < so->defs->conn_timeout_ms)
+        ROW(flag, "%" PRId64 " (default, limited to timeout-ms)", eff);
+    else if (ep->num[i] == 0 && i == SL_REG_N_RETRY_CAP && eff > so->defs->retry_cap_ms)
+        ROW(flag, "%" PRId64 " (default, raised to retry-base-ms)", eff);
+    else if (ep->num[i] == 0)
+        ROW(flag, "%" PRId64 " (default)", eff);
+    else if (eff != ep->num[i])
+        ROW(flag, "%" PRId64 " (effective %" PRId64 ")", ep->num[i], eff);
+    else
+        ROW(flag, "%" PRId64, ep->num[i]);
+}
+
+/* One secret: state, creation, the plaintext with --show-secrets, an Ed25519 public key. */
+static void print_ep_secret(const struct sl_reg_ep *ep, const struct show_opts *so, size_t i)
+{
+    const struct sl_reg_ep_secret *s = &ep->secrets[i];
+    char t1[32], t2[32], state[64];
+    ctl_fmt_time(s->created_ms, t1, sizeof(t1));
+    ctl_fmt_time(s->exp_ms, t2, sizeof(t2));
+    if (s->exp_ms == 0)
+        (void)snprintf(state, sizeof(state), "current");
+    else
+        (void)snprintf(state, sizeof(state), "%s %s", s->expired ? "expired" : "expires", t2);
+    bool show = so->show_secrets && !s->expired;
+    char plain[SL_SECRET_ENC_MAX + 1] = "";
+    sl_err_t err = {0, ""};
+    if (show)
+        open_secret_text(ep, i, so->mk, plain, sizeof(plain), &err);
+    ROW(i == 0 ? "secrets" : "", "#%d %-32s created %s%s%s", s->seq, state, t1, show ? "  " : "",
+        show ? (plain[0] ? plain : err.msg) : "");
+    sl_secret_wipe(plain, sizeof(plain));
+    if (!so->mk || s->expired)
+        return;
+    char pk[SL_PUBKEY_STR_MAX];
+    int kind = secret_public(ep, i, so->mk, pk, &err);
+    if (kind == 1)
+        ROW("", "  public key: %s", pk);
+    else if (kind < 0 && !so->show_secrets) /* --show-secrets printed err already */
+        ROW("", "  public key: (cannot open the secret: %s)", err.msg);
+}
+
+/* After create or rotate: the new secret (and public key), shown this once. */
+static void print_ep_new_secret(const struct sl_reg_ep *ep, const struct show_opts *so)
+{
     if (so->new_secret && so->new_public) {
         ROW("signing secret", "%s", so->new_secret);
         ROW("public key", "%s", so->new_public);
@@ -892,6 +896,25 @@ static void print_ep_text(const struct sl_reg_ep *ep, const struct show_opts *so
                "(`%s endpoints rotate-secret %s` replaces it.)\n",
                CTL_PROG, ep->id);
     }
+}
+
+static void print_ep_text(const struct sl_reg_ep *ep, const struct show_opts *so)
+{
+    char t1[32], t2[32];
+    print_ep_target(ep, so);
+    int64_t ev[SL_REG_N__COUNT];
+    sl_reg_ep_effective(ep, so->defs, ev);
+    for (int i = 0; i < SL_REG_N__COUNT; i++)
+        print_ep_policy_row(ep, so, i, ev[i]);
+    for (size_t i = 0; i < ep->n_secrets; i++)
+        print_ep_secret(ep, so, i);
+    if (!so->mk && so->no_mk)
+        ROW("public key", "%s", so->no_mk);
+    ctl_fmt_time(ep->created_ms, t1, sizeof(t1));
+    ctl_fmt_time(ep->updated_ms, t2, sizeof(t2));
+    ROW("created", "%s", t1);
+    ROW("updated", "%s", t2);
+    print_ep_new_secret(ep, so);
 }
 
 /* ==== Shared steps ==== */
