@@ -18,6 +18,9 @@ Phases, side by side in one run on this machine:
   api        sluice-api publishing over HTTP (wrk), against wrk's rate on its /healthz
   scrape     the e2e drain with /metrics scraped every second vs no metrics listener, runs
              interleaved none/scrape/scrape/none; the ratio of the scraped to the plain rate
+  peers      opt-in (--only peers), not in CI: the same HTTP workload through a peer (Convoy,
+             a built binary in SLUICE_BENCH_CONVOY) and through sluice-api + consumer,
+             deliveries/s and whole-stack CPU per delivery side by side (bench/peers.py)
 
 Every process's CPU comes from /proc/<pid>/stat (utime+stime) and its peak RSS from VmHWM
 (VmRSS samples for the long-lived broker). Nothing here asserts a timing: figures are
@@ -47,7 +50,8 @@ import urllib.request
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PHASES = ["wrk", "produce", "e2e", "rss", "latency", "recorder", "scaling", "endpoints", "api",
-          "scrape"]
+          "scrape", "peers"]
+OPT_IN = ("peers",)   # run only when named in --only
 API_CONNS = 256       # api phase: wrk connections (keep-alive); each publish holds its
                       # connection until Kafka acknowledges, so the concurrency is the batch
 API_FANOUT = 10       # api phase: endpoints subscribed to the fan-out type
@@ -168,6 +172,7 @@ class Bench:
         self.registered = {}      # what later repetitions reuse: rss endpoints, many, api
         self.latency_max_rate = None  # the rate whose half every repetition's latency paces
         self.results = {"phases": {}}
+        self.receiver = None      # the peers phase's receiver (bench/peers.py)
         self.work = a.work
         self.port = a.receiver_port
         self.stack_dir = a.stack_dir
@@ -1102,7 +1107,7 @@ class Bench:
 
     def main(self):
         a = self.a
-        phases = PHASES if not a.only else a.only.split(",")
+        phases = [p for p in PHASES if p not in OPT_IN] if not a.only else a.only.split(",")
         for p in phases:
             if p not in PHASES:
                 raise SystemExit(f"unknown phase {p}; known: {','.join(PHASES)}")
@@ -1130,7 +1135,8 @@ class Bench:
         })
         log(f"machine: {self.results['machine']['nproc']} x {self.results['machine']['model_name']}, "
             f"load average {self.results['machine']['loadavg_start']}")
-        need_eps = any(p in phases for p in ("e2e", "latency", "scaling", "scrape"))
+        need_eps = any(p in phases for p in ("e2e", "latency", "scaling", "scrape")) or (
+            "peers" in phases and os.environ.get("SLUICE_BENCH_CONVOY"))
         if need_eps:
             self.register_endpoints()
         ph = self.results["phases"]
@@ -1200,6 +1206,9 @@ class Bench:
                     ph[p] = self.phase_api()
                 elif p == "scrape":
                     ph[p] = self.phase_scrape()
+                elif p == "peers":
+                    import peers  # bench/peers.py
+                    ph[p] = peers.phase(self)
             except Exception as ex:  # a failed phase is reported; the others still run
                 import traceback
                 traceback.print_exc()

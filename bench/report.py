@@ -260,7 +260,59 @@ def phase_rows(r, ph):
             f"{sc.get('scrape_bytes_median')} B")
     elif "scrape" in ph:
         add("scrape cost", "FAILED: " + ph["scrape"].get("failed", "?"))
+    peers_rows(ph.get("peers"), add)
     return rows
+
+
+def peers_rows(pe, add):
+    """The peers phase's rows (through add): Convoy and Sluice under the same HTTP workload
+    (bench/peers.py)."""
+    if pe is None:
+        return
+    if "failed" in pe:
+        add("peers", "FAILED: " + pe["failed"])
+    if pe.get("skipped"):
+        add("peers", pe["skipped"].replace("peers: ", ""))
+    for name, label, procs in (
+            ("convoy", "Convoy", ("server", "agent", "postgres", "redis")),
+            ("sluice", "Sluice", ("api", "consumer", "broker", "redis", "recorder",
+                                  "postgres"))):
+        run = pe.get(name)
+        if not run:
+            continue
+        if "failed" in run:
+            add(f"peers: {label}", "FAILED: " + run["failed"])
+            continue
+        api = "its POST /api/v1/projects/{id}/events" if name == "convoy" else "sluice-api"
+        ver = ""
+        v = run.get("version") or {}
+        if v.get("build_info"):
+            ver = " " + v["build_info"][0].split()[-1][:9]
+        if v.get("reports"):
+            ver += f" ({v['reports'].replace('Convoy version ', '')})"
+        add(f"peers: {label}{ver}, {run['accepted']:,} events via {api}, "
+            f"{pe['connections']} conns",
+            f"{run['deliveries_per_s']:,.1f} deliv/s (median of 1-s {fmt(run.get('rate_median_1s'))}"
+            f"; published at {run['publisher']['accepted_per_s']:,.0f}/s)",
+            run["deliveries_per_s"])
+        c = run.get("cpu_ms_per_delivery") or {}
+        add(f"  {label} whole-stack CPU per delivery",
+            f"{run['stack_cpu_ms_per_delivery']:.3f} ms ("
+            + ", ".join(f"{k} {c[k]:.3f}" for k in procs if k in c) + ")"
+            + (f"; delivery path without recorder and PostgreSQL "
+               f"{run['delivery_path_cpu_ms_per_delivery']:.3f} ms"
+               if run.get("delivery_path_cpu_ms_per_delivery") else ""))
+        add(f"  {label} run", f"{run['window_s']:.1f} s, of which publishing {run['publish_s']:.1f} s;"
+            f" receiver {fmt(run.get('receiver_cpu_ms_per_delivery'), '', 3)} ms, publisher "
+            f"{fmt(run.get('publisher_cpu_ms_per_event'), '', 3)} ms CPU per event; "
+            f"{run.get('others_cores', 0):.2f} cores of other people's work; "
+            f"{run['publisher']['throttled']} throttled, {run.get('extra_2xx', 0)} extra 2xx")
+    if pe.get("rate_ratio"):
+        add("peers: Sluice / Convoy", f"x{pe['rate_ratio']} the deliveries/s at "
+            f"1/{pe.get('cpu_ratio')} of the CPU per delivery")
+    sv = pe.get("svix")
+    if sv and not sv.get("run"):
+        add("peers: Svix", sv.get("reason", "not run").replace("Svix not run", "not run"))
 
 
 def targets(r):
@@ -497,6 +549,18 @@ def figures(ph):
             "s", 2, scr.get("cpu_s_per_10k_none"))
         add("scrape.cpu_s_per_10k_scrape", "  consumer CPU s per 10,000 deliveries, scraped",
             "s", 2, scr.get("cpu_s_per_10k_scrape"))
+    pe = ph.get("peers") or {}
+    for name, label in (("convoy", "Convoy"), ("sluice", "Sluice")):
+        run = pe.get(name) or {}
+        if run.get("deliveries_per_s"):
+            add(f"peers.{name}.deliveries_per_s", f"peers: {label} deliveries/s (same run)",
+                "deliv/s", 1, run["deliveries_per_s"])
+            add(f"peers.{name}.cpu_ms_per_delivery", "  whole-stack CPU per delivery",
+                "ms", 3, run.get("stack_cpu_ms_per_delivery"), ctx=f"peers: {label}")
+    add("peers.rate_ratio", "peers: Sluice / Convoy deliveries/s", "ratio", 1,
+        pe.get("rate_ratio"))
+    add("peers.cpu_ratio", "peers: Convoy / Sluice CPU per delivery", "ratio", 1,
+        pe.get("cpu_ratio"))
     return out
 
 

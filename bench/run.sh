@@ -6,6 +6,10 @@
 #   bench/run.sh            full run (1,000,000 deliveries end to end; 10 to 14 minutes)
 #   bench/run.sh --quick    100,000 deliveries and shorter phases, for iteration (about 5 min)
 #   bench/run.sh --only wrk,produce,e2e,rss,latency,recorder,scaling,endpoints,api,scrape   a subset
+#   SLUICE_BENCH_CONVOY=/path/to/convoy bench/run.sh --only peers
+#                           opt-in, not in CI: the same HTTP workload through Convoy (built by
+#                           bench/peers/build-convoy.sh) and through Sluice, side by side;
+#                           without SLUICE_BENCH_CONVOY the phase is skipped with one line
 #   bench/run.sh --repeat N runs the phases N times (wrk first in each repetition, added when
 #                           --only leaves it out) and reports the median and min..max of each
 #                           headline figure: throughput as a ratio to the same repetition's
@@ -33,6 +37,11 @@
 #   BENCH_KEEP_TMP=1          keep the work dir (logs, raw series) under $TMPDIR
 #   BENCH_KEEP_TOPICS=1       keep each phase's topics (with BENCH_STACK_DIR, read them after:
 #                             sluicectl dump outcomes --topic bench.<run>.<phase>.outcomes)
+#   SLUICE_BENCH_CONVOY       peers phase: path of a built convoy binary (its PostgreSQL and
+#                             Redis run on BENCH_PORT_BASE+42/+43, Convoy on +50..+53)
+#   BENCH_PEERS_CONNS (64)    peers phase: publisher connections (one request in flight each)
+#   BENCH_PEERS_CONVOY_EVENTS (10000; 3000 --quick), BENCH_PEERS_SLUICE_EVENTS (200000;
+#                             50000 --quick): events published to each system
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -78,12 +87,19 @@ bins_of() {
     e2e|rss|scaling|endpoints|scrape|latency) echo "$CONSUMING" ;;
     recorder) echo "recorder/sluice-recorder tests/integration/sl-test-outcomes tests/integration/sl-test-topic" ;;
     api) echo "api/sluice-api ctl/sluicectl tests/integration/sl-test-topic" ;;
-    *) die "unknown phase $1; known: $ALL_PHASES" ;;
+    peers) echo "api/sluice-api $CONSUMING recorder/sluice-recorder" ;;
+    *) die "unknown phase $1; known: $ALL_PHASES,peers" ;;
   esac
 }
 # always: the libraries sl-bench links, sluicectl and sl-test-topic (endpoint registration,
 # topics), and wrk's receiver (--repeat adds the wrk phase to every repetition)
 BINS="producer/sluice-produce api/sluice-api ctl/sluicectl tests/integration/sl-test-topic tests/receiver/sluice-receiver"
+if [ "$ONLY" = peers ] && [ -z "${SLUICE_BENCH_CONVOY:-}" ]; then
+  # the same line bench/peers.py prints, without building and starting a stack for nothing
+  say "peers: Svix not run: the phase has no Svix runner (see bench/README.md, \"peers\")"
+  say "peers: skipped: no peer given (SLUICE_BENCH_CONVOY is not set; bench/peers/build-convoy.sh builds Convoy and prints the line to set)"
+  exit 0
+fi
 IFS=, read -r -a SELECTED <<<"${ONLY:-$ALL_PHASES}"
 for p in "${SELECTED[@]}"; do
   [ -n "$p" ] && BINS="$BINS $(bins_of "$p")"
@@ -159,7 +175,9 @@ export SLUICE_KAFKA_BROKERS SLUICE_REDIS_URL SLUICE_PG_DSN
 # ---- the phases --------------------------------------------------------------------------
 # the knobs that change what is measured go into the reproduce line too
 KNOBS=""
-for v in BENCH_INFLIGHT BENCH_LATENCY_INFLIGHT BENCH_CONSUMER_THREADS BENCH_PORT_BASE; do
+for v in BENCH_INFLIGHT BENCH_LATENCY_INFLIGHT BENCH_CONSUMER_THREADS BENCH_PORT_BASE \
+  SLUICE_BENCH_CONVOY BENCH_PEERS_CONNS BENCH_PEERS_CONVOY_EVENTS BENCH_PEERS_SLUICE_EVENTS \
+  BENCH_PEERS_CONVOY_TUNING; do
   [ -n "${!v:-}" ] && KNOBS="$KNOBS$v=${!v} "
 done
 CMDLINE="${KNOBS}bench/run.sh${ARGS[*]:+ ${ARGS[*]}}"

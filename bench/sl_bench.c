@@ -48,6 +48,18 @@
  *       exact type of its own; indexes them and looks "bench.match.created" up K times
  *       (100,000). Prints one JSON object: build_ms, matched, examined, lookup_us_mean.
  *
+ *   sl-bench publish --url URL --count N --body TEMPLATE --endpoints-file F [--inflight C]
+ *                    [--header 'K: V']...
+ *       Publishes N events through an HTTP API (the peers phase: sluice-api's POST /v1/events
+ *       and Convoy's POST /api/v1/projects/{id}/events), C requests in flight over C
+ *       keep-alive connections (32), libcurl multi on epoll. Event i's body is TEMPLATE with
+ *       %EP% replaced by line i % K of F (K endpoint ids) and %SEQ% by i as 8 digits. An
+ *       answer 429 or 503 (a throttled request) is sent again 100 ms later; every other
+ *       answer is final. Prints one JSON object: accepted (2xx), throttled, non2xx, errors,
+ *       answers by class, start_ms/end_ms (wall clock), elapsed_s, accepted_per_s, this
+ *       process's CPU seconds, and the request time of the accepted ones (ms percentiles).
+ *       Exits 0 when all N were accepted.
+ *
  * Configuration comes from SLUICE_* variables through the common loader (brokers, topics,
  * master key), as for every Sluice process (sl-bench http reads none).
  */
@@ -939,6 +951,324 @@ static int cmd_http(int argc, char **argv)
     return b.errors || b.non2xx ? 1 : 0;
 }
 
+/* ==== publish: N events through an HTTP API, keep-alive, every answer counted ==== */
+
+struct px {
+    CURL *easy;
+    struct px *next; /* free list */
+    char *body;      /* this request's body, rendered from the template */
+    size_t body_cap;
+    int64_t seq;    /* event number, 0..count-1 */
+    int64_t t0_us;  /* when the request was started */
+    int64_t due_us; /* retry list: not before this time */
+};
+
+struct pbench {
+    struct hbench h; /* first: hb_sock and hb_timer take it (multi, epoll set, timer) */
+    const char *url;
+    struct curl_slist *hdr;
+    const char *tmpl; /* body template: %EP% -> endpoint id, %SEQ% -> 8-digit seq */
+    char **eps;       /* endpoint ids, event seq goes to eps[seq % n_eps] */
+    size_t n_eps;
+    int64_t count, next_seq;
+    struct px *free;
+    struct px **retry; /* throttled requests waiting to be sent again */
+    size_t n_retry, cap_retry;
+    uint64_t attempts, accepted, throttled, non2xx, errors;
+    uint64_t by_status[6]; /* final answers by class: 0 = none (error), 1xx..5xx */
+    struct hist lat;       /* request time of the accepted ones, ms */
+};
+
+static void pb_render(struct px *x, const struct pbench *p)
+{
+    const char *ep = p->eps[(size_t)x->seq % p->n_eps];
+    char seq[24];
+    snprintf(seq, sizeof(seq), "%08" PRId64, x->seq);
+    size_t need = strlen(p->tmpl) + 1;
+    for (const char *s = p->tmpl; (s = strchr(s, '%')) != NULL; s++) {
+        if (strncmp(s, "%EP%", 4) == 0)
+            need += strlen(ep);
+        else if (strncmp(s, "%SEQ%", 5) == 0)
+            need += strlen(seq);
+    }
+    if (need > x->body_cap) {
+        x->body = sl_xrealloc(x->body, need);
+        x->body_cap = need;
+    }
+    size_t o = 0;
+    for (const char *s = p->tmpl; *s;) {
+        const char *put = NULL;
+        size_t skip = 1;
+        if (strncmp(s, "%EP%", 4) == 0) {
+            put = ep;
+            skip = 4;
+        } else if (strncmp(s, "%SEQ%", 5) == 0) {
+            put = seq;
+            skip = 5;
+        }
+        if (put) {
+            size_t n = strlen(put);
+            memcpy(x->body + o, put, n);
+            o += n;
+        } else {
+            x->body[o++] = *s;
+        }
+        s += skip;
+    }
+    x->body[o] = '\0';
+}
+
+static void pb_send(struct pbench *p, struct px *x)
+{
+    pb_render(x, p);
+    curl_easy_setopt(x->easy, CURLOPT_POSTFIELDS, x->body);
+    curl_easy_setopt(x->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(x->body));
+    x->t0_us = mono_us();
+    p->attempts++;
+    if (curl_multi_add_handle(p->h.multi, x->easy) != CURLM_OK)
+        die("curl_multi_add_handle failed");
+}
+
+static struct px *pb_handle(struct pbench *p)
+{
+    struct px *x = p->free;
+    if (x) {
+        p->free = x->next;
+        return x;
+    }
+    x = sl_xcalloc(1, sizeof(*x));
+    x->easy = curl_easy_init();
+    if (!x->easy)
+        die("curl_easy_init failed");
+    CURL *e = x->easy;
+    curl_easy_setopt(e, CURLOPT_PRIVATE, x);
+    curl_easy_setopt(e, CURLOPT_URL, p->url);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_PROXY, "");
+    curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(e, CURLOPT_USERAGENT, "sl-bench publish");
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, hb_discard);
+    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, p->hdr);
+    curl_easy_setopt(e, CURLOPT_POST, 1L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 60000L);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+    return x;
+}
+
+/* Start what may start: due retries first, then new events while any are left. */
+static void pb_fill(struct pbench *p, int64_t inflight, int64_t *running)
+{
+    int64_t now = mono_us();
+    for (size_t i = 0; i < p->n_retry && *running < inflight;) {
+        if (p->retry[i]->due_us <= now) {
+            struct px *x = p->retry[i];
+            p->retry[i] = p->retry[--p->n_retry];
+            pb_send(p, x);
+            (*running)++;
+        } else {
+            i++;
+        }
+    }
+    while (*running < inflight && p->next_seq < p->count) {
+        struct px *x = pb_handle(p);
+        x->seq = p->next_seq++;
+        pb_send(p, x);
+        (*running)++;
+    }
+}
+
+static void pb_reap(struct pbench *p, int64_t *running)
+{
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(p->h.multi, &left)) != NULL) {
+        if (m->msg != CURLMSG_DONE)
+            continue;
+        CURL *e = m->easy_handle;
+        struct px *x = NULL;
+        curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&x);
+        long status = 0;
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+        curl_multi_remove_handle(p->h.multi, e);
+        (*running)--;
+        if (m->data.result == CURLE_OK && (status == 429 || status == 503)) {
+            /* throttled (Convoy's ingest limit answers 429): the same event again in 100 ms */
+            p->throttled++;
+            x->due_us = mono_us() + 100000;
+            if (p->n_retry == p->cap_retry) {
+                p->cap_retry = p->cap_retry ? p->cap_retry * 2 : 64;
+                p->retry = sl_xrealloc(p->retry, p->cap_retry * sizeof(*p->retry));
+            }
+            p->retry[p->n_retry++] = x;
+            continue;
+        }
+        if (m->data.result != CURLE_OK) {
+            p->errors++;
+            p->by_status[0]++;
+        } else {
+            p->by_status[status >= 100 && status < 600 ? status / 100 : 0]++;
+            if (status >= 200 && status <= 299) {
+                p->accepted++;
+                hist_add(&p->lat, (double)(mono_us() - x->t0_us) / 1000.0);
+            } else {
+                p->non2xx++;
+            }
+        }
+        x->next = p->free;
+        p->free = x;
+    }
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int cmd_publish(int argc, char **argv)
+{
+    static const struct option lo[] = {{"url", required_argument, NULL, 'u'},
+                                       {"count", required_argument, NULL, 'n'},
+                                       {"inflight", required_argument, NULL, 'c'},
+                                       {"header", required_argument, NULL, 'H'},
+                                       {"body", required_argument, NULL, 'b'},
+                                       {"endpoints-file", required_argument, NULL, 'f'},
+                                       {NULL, 0, NULL, 0}};
+    struct pbench p = {.h = {.timeout_ms = -1}};
+    int64_t inflight = 32;
+    const char *epfile = NULL;
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'u':
+            p.url = optarg;
+            break;
+        case 'n':
+            p.count = num_arg("--count", optarg, 1, 100000000);
+            break;
+        case 'c':
+            inflight = num_arg("--inflight", optarg, 1, 10000);
+            break;
+        case 'H':
+            p.hdr = curl_slist_append(p.hdr, optarg);
+            break;
+        case 'b':
+            p.tmpl = optarg;
+            break;
+        case 'f':
+            epfile = optarg;
+            break;
+        default:
+            die("usage: " PROG " publish --url URL --count N --body TEMPLATE --endpoints-file F "
+                "[--inflight C] [--header 'K: V']...");
+        }
+    }
+    if (!p.url || !p.count || !p.tmpl || !epfile)
+        die("publish: --url, --count, --body and --endpoints-file are required");
+    FILE *f = fopen(epfile, "r");
+    if (!f)
+        die("publish: %s: %s", epfile, strerror(errno));
+    char line[512];
+    size_t cap = 0;
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        if (!line[0])
+            continue;
+        if (p.n_eps == cap) {
+            cap = cap ? cap * 2 : 128;
+            p.eps = sl_xrealloc(p.eps, cap * sizeof(*p.eps));
+        }
+        p.eps[p.n_eps++] = sl_xstrdup(line);
+    }
+    fclose(f);
+    if (!p.n_eps)
+        die("publish: no endpoint ids in %s", epfile);
+    p.hdr = curl_slist_append(p.hdr, "Content-Type: application/json");
+    p.hdr = curl_slist_append(p.hdr, "Expect:");
+    hist_init(&p.lat, 60000, 0.1); /* 0.1 ms buckets up to 6 s */
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        die("curl_global_init failed");
+    p.h.multi = curl_multi_init();
+    p.h.ep = epoll_create1(EPOLL_CLOEXEC);
+    if (!p.h.multi || p.h.ep < 0)
+        die("could not create the multi handle or the epoll set");
+    curl_multi_setopt(p.h.multi, CURLMOPT_SOCKETFUNCTION, hb_sock);
+    curl_multi_setopt(p.h.multi, CURLMOPT_SOCKETDATA, &p.h);
+    curl_multi_setopt(p.h.multi, CURLMOPT_TIMERFUNCTION, hb_timer);
+    curl_multi_setopt(p.h.multi, CURLMOPT_TIMERDATA, &p.h);
+    curl_multi_setopt(p.h.multi, CURLMOPT_PIPELINING, (long)CURLPIPE_NOTHING);
+    curl_multi_setopt(p.h.multi, CURLMOPT_MAXCONNECTS, (long)inflight);
+    curl_multi_setopt(p.h.multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)inflight);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
+    int64_t t0 = mono_us(), w0 = wall_ms(), running = 0;
+    int still = 0;
+    pb_fill(&p, inflight, &running);
+    curl_multi_socket_action(p.h.multi, CURL_SOCKET_TIMEOUT, 0, &still);
+    struct epoll_event evs[256];
+    while (!g_stop && (running > 0 || p.n_retry > 0 || p.next_seq < p.count)) {
+        int wait = p.h.timeout_ms < 0 || p.h.timeout_ms > 20 ? 20 : (int)p.h.timeout_ms;
+        int n = epoll_wait(p.h.ep, evs, 256, wait);
+        if (n < 0 && errno != EINTR)
+            die("epoll_wait: %s", strerror(errno));
+        for (int i = 0; i < n; i++) {
+            int ev = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
+                     (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
+                     (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
+            curl_multi_socket_action(p.h.multi, evs[i].data.fd, ev, &still);
+        }
+        if (n <= 0)
+            curl_multi_socket_action(p.h.multi, CURL_SOCKET_TIMEOUT, 0, &still);
+        pb_reap(&p, &running);
+        int64_t before = running;
+        pb_fill(&p, inflight, &running);
+        if (running != before)
+            curl_multi_socket_action(p.h.multi, CURL_SOCKET_TIMEOUT, 0, &still);
+    }
+    int64_t t1 = mono_us(), w1 = wall_ms();
+    getrusage(RUSAGE_SELF, &ru1);
+    double el = (double)(t1 - t0) / 1e6;
+    printf("{\"count\":%" PRId64 ",\"attempts\":%" PRIu64 ",\"accepted\":%" PRIu64
+           ",\"throttled\":%" PRIu64 ",\"non2xx\":%" PRIu64 ",\"errors\":%" PRIu64
+           ",\"by_class\":{\"none\":%" PRIu64 ",\"1xx\":%" PRIu64 ",\"2xx\":%" PRIu64
+           ",\"3xx\":%" PRIu64 ",\"4xx\":%" PRIu64 ",\"5xx\":%" PRIu64 "},\"inflight\":%" PRId64
+           ",\"endpoints\":%zu,\"start_ms\":%" PRId64 ",\"end_ms\":%" PRId64
+           ",\"elapsed_s\":%.3f,\"accepted_per_s\":%.1f,\"cpu_user_s\":%.3f,\"cpu_sys_s\":%.3f,",
+           p.count, p.attempts, p.accepted, p.throttled, p.non2xx, p.errors, p.by_status[0],
+           p.by_status[1], p.by_status[2], p.by_status[3], p.by_status[4], p.by_status[5], inflight,
+           p.n_eps, w0, w1, el, el > 0 ? (double)p.accepted / el : 0.0,
+           cpu_s(&ru1.ru_utime) - cpu_s(&ru0.ru_utime),
+           cpu_s(&ru1.ru_stime) - cpu_s(&ru0.ru_stime));
+    hist_json(stdout, "request_ms", &p.lat);
+    printf("}\n");
+    while (p.free) {
+        struct px *x = p.free;
+        p.free = x->next;
+        curl_easy_cleanup(x->easy);
+        free(x->body);
+        free(x);
+    }
+    for (size_t i = 0; i < p.n_retry; i++) {
+        curl_easy_cleanup(p.retry[i]->easy);
+        free(p.retry[i]->body);
+        free(p.retry[i]);
+    }
+    free(p.retry);
+    curl_multi_cleanup(p.h.multi);
+    curl_slist_free_all(p.hdr);
+    for (size_t i = 0; i < p.n_eps; i++)
+        free(p.eps[i]);
+    free(p.eps);
+    hist_fini(&p.lat);
+    close(p.h.ep);
+    curl_global_cleanup();
+    return p.accepted == (uint64_t)p.count ? 0 : 1;
+}
+
 /* ==== fanout: the subscription lookup of sluice-api ==== */
 
 static int cmd_fanout(int argc, char **argv)
@@ -1026,7 +1356,8 @@ int main(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr,
-                "usage: " PROG " pace|outcomes|endpoints-sql|http|fanout [options] (see the source "
+                "usage: " PROG
+                " pace|outcomes|endpoints-sql|http|fanout|publish [options] (see the source "
                 "header or bench/README.md)\n");
         return 2;
     }
@@ -1042,6 +1373,8 @@ int main(int argc, char **argv)
         return cmd_http(argc - 1, argv + 1);
     if (strcmp(cmd, "fanout") == 0)
         return cmd_fanout(argc - 1, argv + 1);
+    if (strcmp(cmd, "publish") == 0)
+        return cmd_publish(argc - 1, argv + 1);
     fprintf(stderr, PROG ": unknown command %s\n", cmd);
     return 2;
 }
