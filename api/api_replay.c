@@ -44,6 +44,88 @@ static void job_free(struct job *j)
 }
 
 /* The selection from the body; 0, or -1 after answering 400/403. */
+/* "event_ids": an array of at most SL_REPLAY_IDS_MAX valid event ids. */
+static bool sel_event_ids(struct job *j, json_t *v)
+{
+    size_t n = json_is_array(v) ? json_array_size(v) : 0;
+    bool ok = json_is_array(v) && n <= SL_REPLAY_IDS_MAX;
+    if (!ok || n == 0)
+        return ok;
+    j->ids = sl_xcalloc(n, sizeof(*j->ids));
+    for (size_t i = 0; i < n && ok; i++) {
+        json_t *e = json_array_get(v, i);
+        ok = json_is_string(e) && sl_valid_event_id(json_string_value(e), json_string_length(e));
+        j->ids[i] = ok ? json_string_value(e) : NULL;
+    }
+    j->sel.event_ids = j->ids;
+    j->sel.n_event_ids = n;
+    return ok;
+}
+
+static bool in_range(const json_t *v, json_int_t max)
+{
+    return json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= max;
+}
+
+/* "endpoint" (an endpoint id) or "error" (an error class). */
+static bool sel_string(struct job *j, const char *k, const json_t *v)
+{
+    if (!json_is_string(v))
+        return false;
+    const char *s = json_string_value(v);
+    if (k[1] == 'n') {
+        if (!sl_valid_endpoint_id(s, json_string_length(v)))
+            return false;
+        j->sel.endpoint = s;
+    } else {
+        if (!sl_replay_error_class_valid(s))
+            return false;
+        j->sel.error_class = s;
+    }
+    return true;
+}
+
+/* One known field of the selection into j->sel (or *dry). False: wrong type, form or range. */
+static bool sel_field(struct job *j, const char *k, json_t *v, bool *dry)
+{
+    if (strcmp(k, "endpoint") == 0 || strcmp(k, "error") == 0) {
+        return sel_string(j, k, v);
+    } else if (strcmp(k, "since_ms") == 0 || strcmp(k, "until_ms") == 0) {
+        if (!in_range(v, SL_REPLAY_TIME_MAX_MS))
+            return false;
+        bool since = k[0] == 's';
+        *(since ? &j->sel.has_since : &j->sel.has_until) = true;
+        *(since ? &j->sel.since_ms : &j->sel.until_ms) = json_integer_value(v);
+    } else if (strcmp(k, "limit") == 0) {
+        if (!in_range(v, SL_REPLAY_LIMIT_MAX))
+            return false;
+        j->sel.limit = json_integer_value(v);
+    } else if (strcmp(k, "all") == 0 || strcmp(k, "dry_run") == 0) {
+        if (!json_is_boolean(v))
+            return false;
+        *(k[0] == 'a' ? &j->sel.all : dry) = json_is_true(v);
+    } else { /* event_ids */
+        return sel_event_ids(j, v);
+    }
+    return true;
+}
+
+/* A key limited to channels replays only an endpoint of its channels, named in the
+ * selection. True when r's key may replay j's selection. */
+static bool sel_channels_allowed(const struct api_req *r, const struct job *j)
+{
+    const struct sl_apikey *key = r->auth.key;
+    if (!key || key->n_channels == 0)
+        return true;
+    const struct sl_endpoint *e =
+        j->sel.endpoint ? sl_endpoints_get(r->api->eps, j->sel.endpoint) : NULL;
+    bool ok = false;
+    for (size_t i = 0; e && i < e->n_channels && !ok; i++)
+        ok = sl_apikey_channel_allowed(key, e->channels[i]);
+    sl_endpoint_release(e);
+    return ok;
+}
+
 static int parse_sel(struct api_req *r, struct job *j, bool *dry)
 {
     static const char *const fields[] = {"endpoint",  "error", "since_ms", "until_ms",
@@ -62,52 +144,7 @@ static int parse_sel(struct api_req *r, struct job *j, bool *dry)
             api_problem(r, 400, "invalid-field", field, "unknown field");
             return -1;
         }
-        bool ok = true;
-        if (strcmp(k, "endpoint") == 0 || strcmp(k, "error") == 0) {
-            ok = json_is_string(v) &&
-                 (k[1] == 'n' ? sl_valid_endpoint_id(json_string_value(v), json_string_length(v))
-                              : sl_replay_error_class_valid(json_string_value(v)));
-            if (ok && k[0] == 'e' && k[1] == 'n')
-                j->sel.endpoint = json_string_value(v);
-            else if (ok)
-                j->sel.error_class = json_string_value(v);
-        } else if (strcmp(k, "since_ms") == 0 || strcmp(k, "until_ms") == 0) {
-            ok = json_is_integer(v) && json_integer_value(v) >= 0 &&
-                 json_integer_value(v) <= SL_REPLAY_TIME_MAX_MS;
-            if (ok && k[0] == 's') {
-                j->sel.has_since = true;
-                j->sel.since_ms = json_integer_value(v);
-            } else if (ok) {
-                j->sel.has_until = true;
-                j->sel.until_ms = json_integer_value(v);
-            }
-        } else if (strcmp(k, "limit") == 0) {
-            ok = json_is_integer(v) && json_integer_value(v) >= 0 &&
-                 json_integer_value(v) <= SL_REPLAY_LIMIT_MAX;
-            if (ok)
-                j->sel.limit = json_integer_value(v);
-        } else if (strcmp(k, "all") == 0 || strcmp(k, "dry_run") == 0) {
-            ok = json_is_boolean(v);
-            if (ok && k[0] == 'a')
-                j->sel.all = json_is_true(v);
-            else if (ok)
-                *dry = json_is_true(v);
-        } else { /* event_ids */
-            size_t n = json_is_array(v) ? json_array_size(v) : 0;
-            ok = json_is_array(v) && n <= SL_REPLAY_IDS_MAX;
-            if (ok && n > 0) {
-                j->ids = sl_xcalloc(n, sizeof(*j->ids));
-                for (size_t i = 0; i < n && ok; i++) {
-                    json_t *e = json_array_get(v, i);
-                    ok = json_is_string(e) &&
-                         sl_valid_event_id(json_string_value(e), json_string_length(e));
-                    j->ids[i] = ok ? json_string_value(e) : NULL;
-                }
-                j->sel.event_ids = j->ids;
-                j->sel.n_event_ids = n;
-            }
-        }
-        if (!ok) {
+        if (!sel_field(j, k, v, dry)) {
             api_problem(r, 400, "invalid-field", field,
                         "field has the wrong type, form or range (see the API's contract)");
             return -1;
@@ -122,20 +159,11 @@ static int parse_sel(struct api_req *r, struct job *j, bool *dry)
         api_problem(r, 400, "missing-field", "/", "%s", err.msg);
         return -1;
     }
-    const struct sl_apikey *key = r->auth.key;
-    if (key && key->n_channels > 0) {
-        const struct sl_endpoint *e =
-            j->sel.endpoint ? sl_endpoints_get(r->api->eps, j->sel.endpoint) : NULL;
-        bool ok = false;
-        for (size_t i = 0; e && i < e->n_channels && !ok; i++)
-            ok = sl_apikey_channel_allowed(key, e->channels[i]);
-        sl_endpoint_release(e);
-        if (!ok) {
-            api_problem(r, 403, "forbidden", "/endpoint",
-                        "a key limited to channels replays only an endpoint of its channels, "
-                        "named in \"endpoint\"");
-            return -1;
-        }
+    if (!sel_channels_allowed(r, j)) {
+        api_problem(r, 403, "forbidden", "/endpoint",
+                    "a key limited to channels replays only an endpoint of its channels, "
+                    "named in \"endpoint\"");
+        return -1;
     }
     return 0;
 }
