@@ -20,6 +20,7 @@
 #include "common/sl_map.h"
 #include "common/sl_mem.h"
 #include "common/sl_registry.h"
+#include "common/sl_rstate.h"
 
 #define API_KEYS_STOP_MS 1000 /* api_keys_stop's wait for the reload thread, ms */
 
@@ -282,57 +283,16 @@ int api_keys_check(api_keys_t *k,
     return 0;
 }
 
-/*
- * Token bucket on Redis's clock. KEYS[1] the bucket hash. ARGV: rate per second, burst.
- * Returns {1, 0} when a token was taken, {0, ms until one is there} otherwise. The key
- * expires once a full bucket would have refilled, so idle keys cost nothing.
- */
-static struct sl_redis_script take_script = {
-    "api_rate",
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-    "local rate = tonumber(ARGV[1])\n"
-    "local burst = tonumber(ARGV[2])\n"
-    "local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')\n"
-    "local tokens = tonumber(b[1]) or burst\n"
-    "local ts = tonumber(b[2]) or now\n"
-    "if now > ts then\n"
-    "  tokens = math.min(burst, tokens + (now - ts) * rate / 1000)\n"
-    "  ts = now\n"
-    "end\n"
-    "local ok, wait = 0, 0\n"
-    "if tokens >= 1 then\n"
-    "  tokens = tokens - 1\n"
-    "  ok = 1\n"
-    "else\n"
-    "  wait = math.ceil((1 - tokens) * 1000 / rate)\n"
-    "end\n"
-    "redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(ts))\n"
-    "redis.call('PEXPIRE', KEYS[1], math.ceil(burst * 1000 / rate) + 1000)\n"
-    "return {ok, wait}\n",
-    ""};
-
 int64_t api_keys_take(sl_redis_t *r, const struct sl_apikey *key, sl_err_t *err)
 {
     if (key->rate_per_s <= 0)
         return 0;
     if (!r)
         return 0;
-    char k[64], rate[24], burst[24];
-    (void)snprintf(k, sizeof(k), "sluice:apirate:{%s}", key->id);
-    (void)snprintf(rate, sizeof(rate), "%lld", (long long)key->rate_per_s);
-    (void)snprintf(burst, sizeof(burst), "%lld",
-                   (long long)(key->burst > 0 ? key->burst : key->rate_per_s));
-    const char *argv[] = {k, rate, burst};
-    redisReply *rep = sl_redis_eval(r, &take_script, 1, 3, argv, NULL, err);
-    if (!rep)
-        return 0;
-    int64_t wait = 0;
-    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
-        rep->element[0]->type == REDIS_REPLY_INTEGER && rep->element[0]->integer == 0)
-        wait = rep->element[1]->integer > 0 ? rep->element[1]->integer : 1;
-    else if (rep->type == REDIS_REPLY_ERROR)
-        sl_err_set(err, SL_EREDIS, "rate limit script failed: %s", rep->str);
-    freeReplyObject(rep);
+    /* the bucket's key and script are common/sl_rstate's */
+    int64_t wait = sl_rstate_apirate_take(r, key->id, key->rate_per_s,
+                                          key->burst > 0 ? key->burst : key->rate_per_s, err);
+    if (wait < 0)
+        wait = 0; /* Redis unavailable: err says why, and the request is allowed */
     return wait;
 }

@@ -9,7 +9,7 @@
  * endpoint as always. A 2xx answer means Kafka acknowledged every record of the event.
  *
  * Idempotency-Key (optional header, 1..255 visible ASCII characters) makes a publish safe to
- * retry. Its state lives in Redis under sluice:idem:{<api key id>}:<SHA-256 of the key>:
+ * retry. Its state lives in Redis under sl_rstate_key_idem(<api key id>, <SHA-256 of the key>):
  *   absent            -> SET "p:<fingerprint>" NX with a lock TTL; this request publishes
  *   "p:<same fp>"     -> 409, a request with this key is still in flight
  *   "d:<same fp>:..." -> the stored answer again (Idempotent-Replayed: true), nothing published
@@ -34,6 +34,7 @@
 #include "api/api.h"
 #include "common/sl_jsonl.h"
 #include "common/sl_log.h"
+#include "common/sl_rstate.h"
 
 #define IDEM_KEY_MAX 255
 
@@ -155,7 +156,7 @@ static enum idem_state idem_begin(struct api_req *r, struct api_pub *p, const ch
     size_t lens[] = {strlen(key)};
     sha256_parts(parts, lens, 1, h);
     hex(h, 32, hk);
-    (void)snprintf(p->idem_rkey, sizeof(p->idem_rkey), "sluice:idem:{%s}:%s", r->auth.key->id, hk);
+    (void)sl_rstate_key_idem(p->idem_rkey, sizeof(p->idem_rkey), r->auth.key->id, hk);
     const void *fparts[] = {r->method, "\n", r->url, "\n",
                             r->body.data ? (void *)r->body.data : ""};
     size_t flens[] = {strlen(r->method), 1, strlen(r->url), 1, r->body.len};

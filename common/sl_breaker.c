@@ -1,8 +1,8 @@
 /*
- * sl_breaker: read the consumers' breaker hashes (contract in sl_breaker.h). One HMGET per
- * endpoint, all pipelined: a page of 500 endpoints costs one round trip. Every appended
- * command's reply is read, even after a failure, so the connection's reply stream stays in
- * step for the next caller.
+ * sl_breaker: read the consumers' breaker hashes (key: sl_rstate_key_breaker; fields in
+ * sl_breaker.h). One HMGET per endpoint, all pipelined: a page of 500 endpoints costs one
+ * round trip. Every appended command's reply is read, even after a failure, so the
+ * connection's reply stream stays in step for the next caller.
  */
 #include "common/sl_breaker.h"
 
@@ -10,23 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/sl_record.h"
+#include "common/sl_rstate.h"
 
 #define FIELDS 6 /* HMGET fields below */
-
-_Static_assert(SL_BREAKER_KEY_MAX >= sizeof("sluice:breaker:{}") + SL_ENDPOINT_ID_MAX,
-               "a breaker key of the longest endpoint id must fit");
-
-int sl_breaker_key(char *buf, size_t cap, const char *endpoint_id)
-{
-    int n = snprintf(buf, cap, "sluice:breaker:{%s}", endpoint_id);
-    if (n < 0 || (size_t)n >= cap) {
-        if (cap > 0)
-            buf[0] = '\0';
-        return -1;
-    }
-    return 0;
-}
 
 const char *sl_breaker_state_name(enum sl_breaker_state s)
 {
@@ -73,7 +59,7 @@ static int parse(const redisReply *rep, struct sl_breaker_view *v)
         v->state = SL_BREAKER_UNKNOWN;
     v->failures = field_i64(rep->element[1]);
     v->cooldown_ms = field_i64(rep->element[3]);
-    /* the same reopen time as the consumers' own view (cons_store.c BRK_PRELUDE) */
+    /* the same reopen time as the breaker scripts' own view (sl_rstate.c BRK_PRELUDE) */
     if (v->state == SL_BREAKER_OPEN)
         v->reopen_at_ms = field_i64(rep->element[2]) + v->cooldown_ms;
     else if (v->state == SL_BREAKER_HALF_OPEN)
@@ -87,8 +73,8 @@ int sl_breaker_read(
     size_t appended = 0;
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
-        char key[SL_BREAKER_KEY_MAX];
-        if (sl_breaker_key(key, sizeof(key), ids[i]) != 0) {
+        char key[SL_RSTATE_EPKEY_MAX];
+        if (sl_rstate_key_breaker(key, sizeof(key), ids[i]) < 0) {
             rc = sl_err_set(err, SL_EINVAL, "cannot read breaker: endpoint id too long");
             goto out;
         }

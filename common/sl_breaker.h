@@ -1,9 +1,10 @@
 /*
  * sl_breaker: the read side of the per-endpoint circuit breakers that the consumers keep in
- * Redis (consumer/cons_store.c owns the state machine and is the only writer, through Lua).
+ * Redis (the scripts that write them are common/sl_rstate's, run only by consumer/cons_store.c,
+ * which owns the state machine's policy).
  *
  * Storage contract (one hash per endpoint, hash-tagged so a cluster keeps it on one slot):
- *   key     sluice:breaker:{<endpoint id>}
+ *   key     sl_rstate_key_breaker (common/sl_rstate.h, the whole Redis layout)
  *   fields  state          closed | open | half_open (absent hash = closed, no failures)
  *           failures       consecutive failures counted
  *           opened_at_ms   unix ms the breaker last opened
@@ -24,9 +25,6 @@
 #include "common/sl_err.h"
 #include "common/sl_redis.h"
 
-/* Bytes of a breaker key with its NUL, for the longest endpoint id. */
-#define SL_BREAKER_KEY_MAX 96
-
 enum sl_breaker_state {
     SL_BREAKER_CLOSED = 0,
     SL_BREAKER_OPEN = 1,
@@ -41,12 +39,6 @@ struct sl_breaker_view {
                                     half_open: unix ms the probe's lease ends; closed: 0 */
     int64_t cooldown_ms;         /* current cooldown, ms; 0 when never opened */
 };
-
-/*
- * Write endpoint_id's breaker key into buf (cap bytes). Returns 0, or -1 when it does not fit
- * (buf is then "").
- */
-int sl_breaker_key(char *buf, size_t cap, const char *endpoint_id);
 
 /* "closed", "open", "half_open" or "unknown" (static). */
 const char *sl_breaker_state_name(enum sl_breaker_state s);

@@ -6,7 +6,7 @@
  * probe. So every Lua script that compares or computes a time reads "now" from Redis's TIME
  * inside the script (SL_RCLOCK_LUA_NOW; Redis 7 replicates a script's effects, so TIME
  * before a write is allowed), and a caller that needs Redis's "now" outside a script reads
- * it with sl_rclock_now_ms. The rule per script is stated in consumer/cons_store.c.
+ * it with sl_rclock_now_ms. The rule per script is stated in common/sl_rstate.c.
  *
  * thread: any; one sl_redis_t per thread as always.
  */

@@ -1,35 +1,23 @@
 /*
- * cons_store: the consumer's shared, durable state in Redis. Everything here is shared by all
- * consumer pods and every multi-key change is one Lua script (atomic). Keys are Redis-Cluster
- * safe: one hash tag per shard ({s}) or per endpoint ({ep}), and every key a script touches
- * shares the tag of its KEYS[].
+ * cons_store: the consumer's shared, durable state in Redis: the retry schedule and its
+ * leases, the dedup markers, the circuit breakers and the rate buckets, shared by all
+ * consumer pods. The keys, the Lua scripts (every multi-key change is one, so it is atomic)
+ * and their running are common/sl_rstate's, the one statement of the layout that sluicectl
+ * and sluice-api use too; this module is the consumer's policy over it (lease tokens, caps,
+ * breaker key expiry, marker values) and its API.
  *
- *   sluice:retry:{s}        ZSET  member = job id, score = due time (unix ms on Redis's
- *                                 clock). A claimed job stays in the set with score = lease
- *                                 expiry, so a crashed consumer's jobs come back by
- *                                 themselves (invariant 6).
- *   sluice:job:{s}:<jobid>  STRING the job body: a delivery record (schemas/delivery.v1)
- *                                 whose "attempt" field counts attempts already spent.
- *   sluice:lease:{s}        HASH  job id -> lease token of the current claim; completion and
- *                                 reschedule check it, so a consumer whose lease expired and
- *                                 was re-claimed by another pod cannot complete the job twice.
- *   sluice:breaker:{ep}     HASH  state (closed|open|half_open), failures, opened_at_ms,
- *                                 cooldown_ms, probe_owner, probe_until_ms. No key = closed
- *                                 with no failures. Expires when idle (see brk_record).
- *   sluice:rate:{ep}        HASH  token bucket: mt (milli-tokens), ts (last refill). No key
- *                                 = a full bucket. Expires when idle (see rate_take).
- *   sluice:done:{ep}:<id>   STRING final-state marker, TTL = dedup window: "1" delivered
- *                                 (invariant 2), "d" dead-lettered (a record read again is
- *                                 not sent again; replays bypass it).
- *
- * Times: every time stored here, and every comparison with "now", is on Redis's clock (TIME
- * read inside the script that compares; cons_store.c states the rule per script). No
- * function takes a "now": callers pass durations (a delay, a lease), and breaker views come
- * with Redis's now_ms so a caller can turn their times into distances.
+ * Times: every time stored in Redis, and every comparison with "now", is on Redis's clock
+ * (TIME read inside the script that compares; common/sl_rstate.c states the rule per
+ * script). No function takes a "now": callers pass durations (a delay, a lease), and breaker
+ * views come with Redis's now_ms so a caller can turn their times into distances.
  *
  * Job id = hex SHA-1 of "<endpoint id>\n<event id>": one retry chain per (event, endpoint),
  * so a Kafka redelivery of a message whose retry is already scheduled finds the job and does
  * not start a second chain. Shard = first 4 hex digits of the job id modulo the shard count.
+ * A claimed job stays in its retry set with score = lease expiry, so a crashed consumer's
+ * jobs come back by themselves (invariant 6). Markers: "1 <attempt> <ts_ms> <status>
+ * <lat_us>" delivered (invariant 2), "d" dead-lettered (a record read again is not sent
+ * again; replays bypass it), both with TTL = the dedup window.
  *
  * Lease tokens are 128 random bits (OpenSSL RAND_bytes) as 32 lowercase hex characters,
  * generated here and passed to the scripts; one claim call uses one fresh token for every job
@@ -57,19 +45,20 @@
 
 #include "common/sl_err.h"
 #include "common/sl_redis.h"
+#include "common/sl_rstate.h"
 
-#define CONS_JOBID_LEN        40                 /* hex SHA-1 */
-#define CONS_TOKEN_LEN        32                 /* hex lease token (128 bits) */
-#define CONS_STORE_SHARDS_MAX 65536              /* shard count cap (4 hex digits of the id) */
-#define CONS_STORE_CLAIM_MAX  1000               /* jobs per claim call */
-#define CONS_STORE_BODY_MAX   ((size_t)64 << 20) /* bytes; sanity cap on a job body */
-#define CONS_STORE_PIPE_MAX   1000               /* commands per pipelined round trip */
-#define CONS_STORE_OWNER_MAX  128                /* bytes; breaker probe owner id */
-#define CONS_STORE_RENEW_MAX  29                 /* jobs per renew call (64 script args) */
+#define CONS_JOBID_LEN        SL_RSTATE_ID_LEN     /* hex SHA-1 */
+#define CONS_TOKEN_LEN        SL_RSTATE_TOKEN_LEN  /* hex lease token (128 bits) */
+#define CONS_STORE_SHARDS_MAX SL_RSTATE_SHARDS_MAX /* shard count cap (4 hex digits of the id) */
+#define CONS_STORE_CLAIM_MAX  SL_RSTATE_CLAIM_MAX  /* jobs per claim call */
+#define CONS_STORE_BODY_MAX   ((size_t)64 << 20)   /* bytes; sanity cap on a job body */
+#define CONS_STORE_PIPE_MAX   SL_RSTATE_PIPE_MAX   /* commands per pipelined round trip */
+#define CONS_STORE_OWNER_MAX  128                  /* bytes; breaker probe owner id */
+#define CONS_STORE_RENEW_MAX  SL_RSTATE_RENEW_MAX  /* jobs per renew call (64 script args) */
 /* ms; a breaker key untouched this long after its longest cooldown expires (brk_record) */
 #define CONS_STORE_BRK_IDLE_MS (INT64_C(3600) * 1000)
 /* ms; cap on every time or duration argument, so sums stay exact in Lua's doubles */
-#define CONS_STORE_MS_MAX (INT64_C(1) << 50)
+#define CONS_STORE_MS_MAX SL_RSTATE_MS_MAX
 
 /* Compute the job id (41 bytes incl. NUL, lowercase hex) of an (endpoint, event) pair.
  * Both strings are borrowed. Aborts only if OpenSSL cannot compute SHA-1 at all. */
@@ -84,7 +73,7 @@ uint32_t cons_store_shard(const char *job_id, uint32_t nshards);
  * Schedule (or reschedule) a job: SET body, ZADD it due delay_ms after Redis's clock (TIME
  * in the script; delay_ms <= 0 = due now; |delay_ms| <= CONS_STORE_MS_MAX). A pod that wants
  * a job due at a time on its own clock passes that time minus its own now: its skew cancels
- * out. The script is common/sl_jobkey's (sluicectl uses the same). When lease_token is
+ * out. The script is common/sl_rstate's (sluicectl uses the same). When lease_token is
  * non-NULL the call is a reschedule of a claimed job and succeeds only while that lease is
  * still ours (returns SL_ESTATE otherwise: another pod owns the job now, drop it); on success
  * the lease is released (the job is no longer claimed by anyone). When NULL, it is a new job
@@ -303,7 +292,7 @@ int cons_store_brk_get(sl_redis_t *r,
 /* ==== Rate limit (token bucket shared by all pods) ==== */
 
 /*
- * Take up to want tokens from the endpoint's bucket sluice:rate:{ep}, refilled at rate tokens
+ * Take up to want tokens from the endpoint's bucket (sl_rstate_key_rate), refilled at rate tokens
  * per period_ms up to burst (all >= 1) by Redis's clock, atomically. *granted (OUT) receives
  * 0..want; when it is less than want, *wait_ms (OUT) is how long until the next token.
  * Pods take small leases (several tokens at once) so a high-rate endpoint does not cost a

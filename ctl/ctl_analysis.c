@@ -23,6 +23,7 @@
 #include "common/sl_pg.h"
 #include "common/sl_record.h"
 #include "common/sl_redis.h"
+#include "common/sl_rstate.h"
 #include "ctl/ctl_ops.h"
 #include "ctl/ctl_thresholds.h"
 
@@ -174,7 +175,7 @@ static void health_text(const struct sl_config *cfg,
                         const struct health_opts *o,
                         const struct ctl_ops_lag *lag,
                         const sl_err_t *kerr,
-                        const struct ctl_ops_sched *sc,
+                        const struct sl_rstate_counts *sc,
                         const sl_err_t *rerr,
                         const PGresult *res,
                         const sl_err_t *perr,
@@ -281,7 +282,7 @@ static json_t *health_json(const struct sl_config *cfg,
                            const struct health_opts *o,
                            const struct ctl_ops_lag *lag,
                            const sl_err_t *kerr,
-                           const struct ctl_ops_sched *sc,
+                           const struct sl_rstate_counts *sc,
                            const sl_err_t *rerr,
                            const PGresult *res,
                            const sl_err_t *perr,
@@ -487,11 +488,11 @@ int ctl_health_main(struct ctl *c, int argc, char **argv)
     sl_err_clear(&perr);
     int krc = ctl_ops_kafka_lag(cfg, cfg->consumer_group, cfg->topic_deliveries, KAFKA_TIMEOUT_MS,
                                 &lag, &kerr);
-    struct ctl_ops_sched sc = {0};
+    struct sl_rstate_counts sc = {0};
     int rrc = SL_EREDIS;
     sl_redis_t *r = sl_redis_connect(cfg->redis_url, (int)cfg->redis_timeout_ms, &rerr);
     if (r)
-        rrc = ctl_ops_sched_counts(r, (uint32_t)cfg->retry_shards, &sc, &rerr);
+        rrc = sl_rstate_counts(r, (uint32_t)cfg->retry_shards, 1, &sc, &rerr);
     sl_redis_close(r);
     char secs[24];
     snprintf(secs, sizeof(secs), "%" PRId64, o.window_s);

@@ -11,15 +11,10 @@
 
 #include <librdkafka/rdkafka.h>
 
-#include "common/sl_jobkey.h"
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
-#include "common/sl_rclock.h"
 #include "ctl/ctl.h"
-
-#define PIPE_CHUNK 300 /* commands per pipelined round trip (3 per shard) */
-#define KEY_MAX    128 /* bytes; longest schedule key built here */
 
 /* ==== Durations and times ==== */
 
@@ -343,99 +338,6 @@ void ctl_ops_lag_fini(struct ctl_ops_lag *l)
 {
     free(l->part);
     memset(l, 0, sizeof(*l));
-}
-
-/* ==== Redis retry schedule ==== */
-
-/* Append count command i of the pipeline: per shard ZCARD retry, HLEN lease, ZCOUNT due. */
-static int append_count(sl_redis_t *r, size_t i, const char *now)
-{
-    uint32_t shard = (uint32_t)(i / 3);
-    char key[KEY_MAX];
-    const char *argv[4] = {NULL, key, "-inf", now};
-    int argc = 2;
-    if (i % 3 == 1) {
-        snprintf(key, sizeof(key), SL_JOBKEY_LEASE, shard);
-        argv[0] = "HLEN";
-    } else {
-        snprintf(key, sizeof(key), SL_JOBKEY_RETRY, shard);
-        argv[0] = i % 3 == 0 ? "ZCARD" : "ZCOUNT";
-        argc = i % 3 == 0 ? 2 : 4;
-    }
-    return sl_redis_append(r, argc, argv, NULL);
-}
-
-/* Read the replies of pipeline commands [from, to) into out. */
-static int
-read_counts(sl_redis_t *r, size_t from, size_t to, struct ctl_ops_sched *out, sl_err_t *err)
-{
-    for (size_t i = from; i < to; i++) {
-        redisReply *rep = sl_redis_get_reply(r, err);
-        if (!rep)
-            return SL_EREDIS;
-        bool ok = rep->type == REDIS_REPLY_INTEGER && rep->integer >= 0;
-        int64_t v = ok ? rep->integer : 0;
-        freeReplyObject(rep);
-        if (!ok) {
-            /* drain what was sent so the connection stays usable */
-            for (size_t k = i + 1; k < to; k++) {
-                redisReply *rest = sl_redis_get_reply(r, NULL);
-                if (!rest)
-                    break;
-                freeReplyObject(rest);
-            }
-            return sl_err_set(err, SL_EREDIS, "unexpected redis reply to a schedule count");
-        }
-        if (i % 3 == 0)
-            out->scheduled += v;
-        else if (i % 3 == 1)
-            out->leased += v;
-        else
-            out->due += v;
-    }
-    return 0;
-}
-
-int ctl_ops_sched_counts(sl_redis_t *r, uint32_t nshards, struct ctl_ops_sched *out, sl_err_t *err)
-{
-    memset(out, 0, sizeof(*out));
-    /* "due" is judged on the clock the claims use, Redis's, not this host's */
-    int64_t now_ms = 0;
-    int rc = sl_rclock_now_ms(r, &now_ms, err);
-    if (rc != 0)
-        return rc;
-    char now[24];
-    snprintf(now, sizeof(now), "%" PRId64, now_ms);
-    size_t total = (size_t)nshards * 3;
-    for (size_t from = 0; from < total; from += PIPE_CHUNK) {
-        size_t to = total - from > PIPE_CHUNK ? from + PIPE_CHUNK : total;
-        for (size_t i = from; i < to; i++) {
-            if (append_count(r, i, now) != 0)
-                return sl_err_set(err, SL_EREDIS, "could not send the schedule counts to redis");
-        }
-        rc = read_counts(r, from, to, out, err);
-        if (rc != 0)
-            return rc;
-    }
-    return 0;
-}
-
-int ctl_ops_sched_put(sl_redis_t *r,
-                      uint32_t nshards,
-                      const char *job_id,
-                      const void *body,
-                      size_t body_len,
-                      int64_t delay_ms,
-                      int *existed,
-                      sl_err_t *err)
-{
-    *existed = 0;
-    int rc = sl_jobkey_put(r, nshards, job_id, body, body_len, delay_ms, NULL, err);
-    if (rc == SL_JOBKEY_PUT_EXISTED)
-        *existed = 1;
-    else if (rc == SL_JOBKEY_PUT_LOST) /* not for a new job; a reply we cannot explain */
-        rc = sl_err_set(err, SL_EREDIS, "unexpected redis reply to schedule a job");
-    return rc < 0 ? rc : 0;
 }
 
 /* ==== Text tables ==== */

@@ -6,10 +6,10 @@
  *     a duration ago), with a pure form for unit tests and a form that reports usage errors;
  *   - the PostgreSQL session of these commands (bounded connect, UTC, statement timeout);
  *   - Kafka consumer-group lag (committed offsets against high watermarks);
- *   - the Redis retry-schedule counts and the rebuild's writes, with the layout and the
- *     schedule script of common/sl_jobkey.h (the consumer's own) and Redis's clock
- *     (common/sl_rclock.h);
  *   - aligned text tables and small formatting helpers.
+ *
+ * Their Redis state (the retry schedule's counts, the rebuild's writes, breakers) is read and
+ * written through common/sl_rstate.h, the layout and scripts the consumer uses too.
  *
  * thread: single-threaded tool.
  */
@@ -26,7 +26,6 @@
 
 #include "common/sl_cfg.h"
 #include "common/sl_err.h"
-#include "common/sl_redis.h"
 
 #define CTL_OPS_DUR_MAX_S   (366LL * 86400) /* s; longest accepted window (= SQL's check) */
 #define CTL_OPS_EXIT_ALERTS 3               /* `alerts`: at least one alert fires */
@@ -102,34 +101,6 @@ int ctl_ops_kafka_lag(const struct sl_config *cfg,
                       struct ctl_ops_lag *out,
                       sl_err_t *err);
 void ctl_ops_lag_fini(struct ctl_ops_lag *l);
-
-/* ==== Redis retry schedule (layout: common/sl_jobkey.h) ==== */
-
-struct ctl_ops_sched {
-    int64_t scheduled; /* jobs in the retry zsets (ZCARD; leased ones included) */
-    int64_t leased;    /* jobs holding a lease (HLEN of the lease hashes): in flight */
-    int64_t due;       /* jobs whose score is <= Redis's clock (TIME, read first): due and
-                          not claimed (a claimed job's score is its lease expiry, so an
-                          expired lease counts here) */
-};
-
-/* Count the schedule over nshards shards (pipelined). Returns 0 or SL_EREDIS with err. */
-int ctl_ops_sched_counts(sl_redis_t *r, uint32_t nshards, struct ctl_ops_sched *out, sl_err_t *err);
-
-/*
- * Schedule a job unless one with that id exists (its body key), with the consumer's own
- * script (sl_jobkey_put for a new job): SET the body, ZADD it due delay_ms after Redis's
- * clock (<= 0: due now), drop any stale lease entry. *existed (OUT) = 1 when it was already
- * there (nothing changed), else 0. body borrowed. Returns 0 or SL_EREDIS / SL_EINVAL.
- */
-int ctl_ops_sched_put(sl_redis_t *r,
-                      uint32_t nshards,
-                      const char *job_id,
-                      const void *body,
-                      size_t body_len,
-                      int64_t delay_ms,
-                      int *existed,
-                      sl_err_t *err);
 
 /* ==== Text tables ==== */
 

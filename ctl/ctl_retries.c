@@ -26,13 +26,13 @@
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
 
-#include "common/sl_jobkey.h"
 #include "common/sl_kafka.h"
 #include "common/sl_map.h"
 #include "common/sl_mem.h"
 #include "common/sl_pg.h"
 #include "common/sl_record.h"
 #include "common/sl_redis.h"
+#include "common/sl_rstate.h"
 #include "ctl/ctl_ops.h"
 
 #define FETCH_ROWS        500 /* rows per cursor fetch (and per EXISTS pipeline) */
@@ -152,40 +152,33 @@ static int put_job(struct rebuild *rb,
         return 0;
     }
     char job[41];
-    sl_jobkey_id(d->ep, d->id, job);
-    int existed = 0;
-    /* due_ms is on the clocks that wrote the history: Redis gets the distance from now */
-    rc = ctl_ops_sched_put(rb->redis, (uint32_t)rb->cfg->retry_shards, job, rb->enc.data,
-                           rb->enc.len, due_ms - sl_now_ms(), &existed, err);
-    if (rc == 0 && existed)
+    sl_rstate_job_id(d->ep, d->id, job);
+    /* the consumer's own schedule script, for a new job: written unless the job exists; due_ms
+     * is on the clocks that wrote the history, so Redis gets the distance from now */
+    rc = sl_rstate_put(rb->redis, (uint32_t)rb->cfg->retry_shards, job, rb->enc.data, rb->enc.len,
+                       due_ms - sl_now_ms(), NULL, err);
+    if (rc == SL_RSTATE_PUT_EXISTED)
         rb->raced++;
-    *scheduled = rc == 0 && !existed;
-    return rc;
+    else if (rc == SL_RSTATE_PUT_LOST) /* not for a new job; a reply we cannot explain */
+        rc = sl_err_set(err, SL_EREDIS, "unexpected redis reply to schedule a job");
+    *scheduled = rc == SL_RSTATE_PUT_OK;
+    return rc < 0 ? rc : 0;
 }
 
-/* Pipelined EXISTS of the job keys of rows [0, n) of res into present[]. */
-static int jobs_exist(struct rebuild *rb, const PGresult *res, int n, bool *present, sl_err_t *err)
+/* Do the retry jobs of rows [0, n) of res exist? present[] (n bytes), pipelined. */
+static int
+jobs_exist(struct rebuild *rb, const PGresult *res, int n, unsigned char *present, sl_err_t *err)
 {
+    char(*jobs)[SL_RSTATE_ID_LEN + 1] = sl_xcalloc((size_t)n + 1, sizeof(*jobs));
+    const char **ids = sl_xcalloc((size_t)n + 1, sizeof(*ids));
     for (int i = 0; i < n; i++) {
-        char job[41], key[128];
-        sl_jobkey_id(sl_pg_str(res, i, "endpoint_id"), sl_pg_str(res, i, "event_id"), job);
-        snprintf(key, sizeof(key), SL_JOBKEY_JOB,
-                 sl_jobkey_shard(job, (uint32_t)rb->cfg->retry_shards), job);
-        const char *argv[2] = {"EXISTS", key};
-        if (sl_redis_append(rb->redis, 2, argv, NULL) != 0)
-            return sl_err_set(err, SL_EREDIS, "could not send EXISTS to redis");
+        sl_rstate_job_id(sl_pg_str(res, i, "endpoint_id"), sl_pg_str(res, i, "event_id"), jobs[i]);
+        ids[i] = jobs[i];
     }
-    int rc = 0;
-    for (int i = 0; i < n; i++) {
-        redisReply *rep = sl_redis_get_reply(rb->redis, err);
-        if (!rep)
-            return SL_EREDIS;
-        if (rep->type != REDIS_REPLY_INTEGER)
-            rc = sl_err_set(err, SL_EREDIS, "unexpected redis reply to EXISTS");
-        else
-            present[i] = rep->integer > 0;
-        freeReplyObject(rep);
-    }
+    int rc = sl_rstate_jobs_exist(rb->redis, (uint32_t)rb->cfg->retry_shards, (size_t)n, ids,
+                                  present, err);
+    free(ids);
+    free(jobs);
     return rc;
 }
 
@@ -193,7 +186,7 @@ static int jobs_exist(struct rebuild *rb, const PGresult *res, int n, bool *pres
 static int pass1_rows(struct rebuild *rb, const PGresult *res, sl_err_t *err)
 {
     int n = PQntuples(res);
-    bool *present = sl_xcalloc((size_t)n + 1, sizeof(bool));
+    unsigned char *present = sl_xcalloc((size_t)n + 1, 1);
     int rc = jobs_exist(rb, res, n, present, err);
     for (int i = 0; rc == 0 && i < n; i++) {
         const char *id = sl_pg_str(res, i, "event_id");

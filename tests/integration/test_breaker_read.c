@@ -1,6 +1,6 @@
 /*
  * common/sl_breaker (the read side of the breakers, used by sluice-api's endpoint statistics)
- * against the consumer's own writer (consumer/cons_store's Lua scripts) on a private
+ * against the consumer's own writer (cons_store over common/sl_rstate's scripts) on a private
  * redis-server: every state the writer produces reads back as the writer's own view (state,
  * failures, reopen time), many endpoints come back in order from one pipelined round trip,
  * a state this reader does not know is "unknown", and a bad reply fails the read without
@@ -20,6 +20,7 @@
 
 #include "common/sl_breaker.h"
 #include "common/sl_record.h"
+#include "common/sl_rstate.h"
 #include "consumer/cons_store.h"
 #include "sl_testenv.h"
 
@@ -88,17 +89,17 @@ static void assert_same(const struct sl_breaker_view *got, const struct cons_brk
 static void test_key_and_names(void **state)
 {
     (void)state;
-    char k[SL_BREAKER_KEY_MAX];
-    assert_int_equal(sl_breaker_key(k, sizeof(k), "shop_eu"), 0);
+    char k[SL_RSTATE_EPKEY_MAX];
+    assert_int_equal(sl_rstate_key_breaker(k, sizeof(k), "shop_eu"), 24);
     assert_string_equal(k, "sluice:breaker:{shop_eu}");
     char small[8];
-    assert_int_equal(sl_breaker_key(small, sizeof(small), "shop_eu"), -1);
+    assert_int_equal(sl_rstate_key_breaker(small, sizeof(small), "shop_eu"), -1);
     assert_string_equal(small, "");
     /* the longest endpoint id fits */
     char id[SL_ENDPOINT_ID_MAX + 1];
     memset(id, 'a', SL_ENDPOINT_ID_MAX);
     id[SL_ENDPOINT_ID_MAX] = '\0';
-    assert_int_equal(sl_breaker_key(k, sizeof(k), id), 0);
+    assert_true(sl_rstate_key_breaker(k, sizeof(k), id) > 0);
     assert_string_equal(sl_breaker_state_name(SL_BREAKER_CLOSED), "closed");
     assert_string_equal(sl_breaker_state_name(SL_BREAKER_OPEN), "open");
     assert_string_equal(sl_breaker_state_name(SL_BREAKER_HALF_OPEN), "half_open");

@@ -1,7 +1,7 @@
 /*
  * Unit tests for ctl/ctl_ops: strict duration and time parsing (every rejected form named in
  * the header), formatting, PostgreSQL array literals and text tables. (The retry-schedule
- * layout sluicectl shares with the consumer is common/sl_jobkey: tests/unit/test_jobkey.c.)
+ * layout sluicectl shares with the consumer is common/sl_rstate: tests/unit/test_rstate.c.)
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,0 +1,241 @@
+/*
+ * common/sl_rstate against a private redis-server: the scripts write the keys that the key
+ * functions name (a script and a key format that drifted apart would strand state); the
+ * schedule script's three answers (written, existed, lease lost) for sluicectl's rebuild and
+ * the consumer alike; the counts sluicectl's health reads (scheduled, leased, due on Redis's
+ * clock), agreeing with the consumer's; pipelined job lookups across round trips; and
+ * sluice-api's key bucket. The consumer's full use of the scripts is test_cons_store.c.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/sl_rstate.h"
+#include "consumer/cons_store.h"
+#include "sl_testenv.h"
+
+#define TOKEN  "0123456789abcdef0123456789abcdef"
+#define TOKEN2 "fedcba9876543210fedcba9876543210"
+
+struct fx {
+    sl_redis_t *r;     /* the connection under test */
+    redisContext *adm; /* admin connection for raw reads */
+};
+
+static struct sl_test_redis g_redis;
+static struct fx g_fx;
+
+/* An integer reply of an admin command (key text passed as %s, never formatted into it). */
+static long long adm_int(struct fx *f, const char *cmd, const char *key)
+{
+    redisReply *rep = redisCommand(f->adm, cmd, key);
+    assert_non_null(rep);
+    assert_int_equal(rep->type, REDIS_REPLY_INTEGER);
+    long long v = rep->integer;
+    freeReplyObject(rep);
+    return v;
+}
+
+static void job_id(int i, char out[SL_RSTATE_ID_LEN + 1])
+{
+    char ev[32];
+    (void)snprintf(ev, sizeof(ev), "evt_%d", i);
+    sl_rstate_job_id("ep_r", ev, out);
+}
+
+static void put_ok(struct fx *f, uint32_t nshards, const char *id, int64_t delay_ms)
+{
+    sl_err_t err = {0};
+    int rc = sl_rstate_put(f->r, nshards, id, "body", 4, delay_ms, NULL, &err);
+    if (rc != SL_RSTATE_PUT_OK)
+        fail_msg("put: %d %s", rc, err.msg);
+}
+
+static void test_schedule_writes_the_named_keys(void **state)
+{
+    struct fx *f = *state;
+    char id[SL_RSTATE_ID_LEN + 1], k[SL_RSTATE_KEY_MAX];
+    job_id(1, id);
+    uint32_t shard = sl_rstate_shard(id, 16);
+    put_ok(f, 16, id, 0);
+    (void)sl_rstate_key_job(k, sizeof(k), shard, id);
+    assert_int_equal(adm_int(f, "EXISTS %s", k), 1);
+    (void)sl_rstate_key_retry(k, sizeof(k), shard);
+    assert_int_equal(adm_int(f, "ZCARD %s", k), 1);
+    (void)sl_rstate_key_lease(k, sizeof(k), shard);
+    assert_int_equal(adm_int(f, "HLEN %s", k), 0);
+
+    /* a second new job of that id changes nothing; a reschedule needs the lease */
+    sl_err_t err = {0};
+    assert_int_equal(sl_rstate_put(f->r, 16, id, "other", 5, 0, NULL, &err), SL_RSTATE_PUT_EXISTED);
+    assert_int_equal(sl_rstate_put(f->r, 16, id, "other", 5, 0, TOKEN, &err), SL_RSTATE_PUT_LOST);
+
+    /* claimed: the lease hash holds the token; the lease's reschedule releases it */
+    redisReply *rep = NULL;
+    assert_int_equal(sl_rstate_claim(f->r, shard, 60000, 10, TOKEN, &rep, &err), 0);
+    assert_non_null(rep);
+    assert_int_equal(rep->elements, 3);
+    assert_string_equal(rep->element[0]->str, id);
+    assert_string_equal(rep->element[1]->str, TOKEN);
+    assert_string_equal(rep->element[2]->str, "body");
+    freeReplyObject(rep);
+    assert_int_equal(adm_int(f, "HLEN %s", k), 1);
+    assert_int_equal(sl_rstate_complete(f->r, 16, id, TOKEN2, &err), 1); /* not the lease's */
+    assert_int_equal(sl_rstate_put(f->r, 16, id, "b2", 2, 0, TOKEN, &err), SL_RSTATE_PUT_OK);
+    assert_int_equal(adm_int(f, "HLEN %s", k), 0);
+
+    /* claimed again and completed: every key of the job is gone */
+    assert_int_equal(sl_rstate_claim(f->r, shard, 60000, 10, TOKEN2, &rep, &err), 0);
+    freeReplyObject(rep);
+    assert_int_equal(sl_rstate_complete(f->r, 16, id, TOKEN2, &err), 0);
+    assert_int_equal(adm_int(f, "HLEN %s", k), 0);
+    (void)sl_rstate_key_retry(k, sizeof(k), shard);
+    assert_int_equal(adm_int(f, "ZCARD %s", k), 0);
+    (void)sl_rstate_key_job(k, sizeof(k), shard, id);
+    assert_int_equal(adm_int(f, "EXISTS %s", k), 0);
+}
+
+static void test_counts_on_redis_clock(void **state)
+{
+    struct fx *f = *state;
+    const uint32_t nsh = 4;
+    char ids[5][SL_RSTATE_ID_LEN + 1];
+    for (int i = 0; i < 5; i++) {
+        job_id(100 + i, ids[i]);
+        put_ok(f, nsh, ids[i], i < 3 ? 0 : 3600000); /* three due now, two in an hour */
+    }
+    sl_err_t err = {0};
+    redisReply *rep = NULL;
+    assert_int_equal(
+        sl_rstate_claim(f->r, sl_rstate_shard(ids[0], nsh), 60000, 1, TOKEN, &rep, &err), 0);
+    assert_non_null(rep);
+    freeReplyObject(rep);
+
+    struct sl_rstate_counts c;
+    assert_int_equal(sl_rstate_counts(f->r, nsh, 1, &c, &err), 0);
+    assert_int_equal(c.scheduled, 5);
+    assert_int_equal(c.leased, 1);
+    assert_int_equal(c.due, 2); /* the claimed one is due when its lease ends */
+    assert_int_equal(sl_rstate_counts(f->r, nsh, 0, &c, &err), 0);
+    assert_int_equal(c.scheduled, 5);
+    assert_int_equal(c.leased, 1);
+    assert_int_equal(c.due, 0);
+    int64_t sched = 0, leased = 0;
+    assert_int_equal(cons_store_counts(f->r, nsh, &sched, &leased, &err), 0);
+    assert_int_equal(sched, c.scheduled);
+    assert_int_equal(leased, c.leased);
+    assert_int_equal(sl_rstate_counts(f->r, 0, 1, &c, &err), SL_EINVAL);
+}
+
+static void test_jobs_exist_across_round_trips(void **state)
+{
+    struct fx *f = *state;
+    enum { N = SL_RSTATE_PIPE_MAX + 200 };
+    static char ids[N][SL_RSTATE_ID_LEN + 1];
+    const char *p[N];
+    unsigned char present[N];
+    for (int i = 0; i < N; i++) {
+        job_id(1000 + i, ids[i]);
+        p[i] = ids[i];
+        if (i % 7 == 0)
+            put_ok(f, 8, ids[i], 0);
+    }
+    sl_err_t err = {0};
+    memset(present, 2, sizeof(present));
+    assert_int_equal(sl_rstate_jobs_exist(f->r, 8, N, p, present, &err), 0);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(present[i], i % 7 == 0);
+    /* the consumer's single lookup agrees */
+    assert_int_equal(cons_store_job_exists(f->r, 8, ids[7], &err), 1);
+    assert_int_equal(cons_store_job_exists(f->r, 8, ids[8], &err), 0);
+    p[3] = "not-an-id";
+    assert_int_equal(sl_rstate_jobs_exist(f->r, 8, N, p, present, &err), SL_EINVAL);
+}
+
+static void test_endpoint_scripts_write_the_named_keys(void **state)
+{
+    struct fx *f = *state;
+    sl_err_t err = {0};
+    char k[SL_RSTATE_EPKEY_MAX];
+    struct sl_rstate_brk b;
+    assert_int_equal(sl_rstate_brk_record(f->r, "ep_k", 0, 1, 1000, 5000, "pod0", 60000, &b, &err),
+                     0);
+    assert_int_equal(b.state, 1);
+    (void)sl_rstate_key_breaker(k, sizeof(k), "ep_k");
+    assert_int_equal(adm_int(f, "EXISTS %s", k), 1);
+    assert_true(adm_int(f, "PTTL %s", k) > 0);
+    int64_t granted = 0, wait = 0;
+    assert_int_equal(sl_rstate_rate_take(f->r, "ep_k", 1, 1000, 2, 3, &granted, &wait, &err), 0);
+    assert_int_equal(granted, 2);
+    assert_true(wait > 0 && wait <= 1000);
+    (void)sl_rstate_key_rate(k, sizeof(k), "ep_k");
+    assert_int_equal(adm_int(f, "EXISTS %s", k), 1);
+}
+
+static void test_api_key_bucket(void **state)
+{
+    struct fx *f = *state;
+    sl_err_t err = {0};
+    assert_int_equal(sl_rstate_apirate_take(f->r, "k1", 1, 2, &err), 0);
+    assert_int_equal(sl_rstate_apirate_take(f->r, "k1", 1, 2, &err), 0);
+    int64_t wait = sl_rstate_apirate_take(f->r, "k1", 1, 2, &err);
+    assert_true(wait >= 1 && wait <= 1000);
+    char k[64];
+    (void)sl_rstate_key_apirate(k, sizeof(k), "k1");
+    assert_true(adm_int(f, "PTTL %s", k) > 0);
+    /* another key has a bucket of its own */
+    assert_int_equal(sl_rstate_apirate_take(f->r, "k2", 1, 2, &err), 0);
+}
+
+/* Each test starts from an empty Redis, on the group's two connections. */
+static int flush(void **state)
+{
+    *state = &g_fx;
+    freeReplyObject(redisCommand(g_fx.adm, "FLUSHALL"));
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    sl_test_redis_start(&g_redis);
+    struct timeval tv = {2, 0};
+    g_fx.adm = redisConnectWithTimeout("127.0.0.1", g_redis.port, tv);
+    sl_err_t err = {0};
+    g_fx.r = sl_redis_connect(g_redis.url, 2000, &err);
+    if (!g_fx.adm || g_fx.adm->err || !g_fx.r) {
+        fprintf(stderr, "cannot connect to the test redis-server: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    sl_redis_close(g_fx.r);
+    if (g_fx.adm)
+        redisFree(g_fx.adm);
+    sl_test_redis_stop(&g_redis);
+    return 0;
+}
+
+int main(void)
+{
+    (void)signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_schedule_writes_the_named_keys, flush),
+        cmocka_unit_test_setup(test_counts_on_redis_clock, flush),
+        cmocka_unit_test_setup(test_jobs_exist_across_round_trips, flush),
+        cmocka_unit_test_setup(test_endpoint_scripts_write_the_named_keys, flush),
+        cmocka_unit_test_setup(test_api_key_bucket, flush),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
