@@ -172,8 +172,7 @@ static enum idem_state idem_begin(struct api_req *r, struct api_pub *p, const ch
     }
     char val[2 + 64 + 1], ttl[24];
     (void)snprintf(val, sizeof(val), "p:%s", p->fp);
-    (void)snprintf(ttl, sizeof(ttl), "%lld",
-                   (long long)(2 * a->cfg->api_publish_timeout_ms + 5000));
+    (void)snprintf(ttl, sizeof(ttl), "%lld", 2LL * a->cfg->api_publish_timeout_ms + 5000);
     for (int tries = 0; tries < 3; tries++) {
         const char *set[] = {"SET", p->idem_rkey, val, "NX", "PX", ttl};
         redisReply *rep = sl_redis_cmd(rd, 0, 6, set, NULL, &err);
@@ -382,7 +381,7 @@ static void prepare(struct api_req *r,
                                  "the API key may not publish to endpoint %s (channels)", it->d.ep);
             return;
         }
-        p->held = sl_xrealloc(p->held, (p->n_held + 1) * sizeof(*p->held));
+        p->held = sl_xrealloc(p->held, (p->n_held + 1) * sizeof(const struct sl_endpoint *));
         p->held[p->n_held++] = e;
         it->eps = sl_xmalloc(sizeof(*it->eps));
         it->eps[0] = e->id;

@@ -6,6 +6,7 @@
  */
 #include "common/sl_breaker.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,11 +46,10 @@ static int parse(const redisReply *rep, struct sl_breaker_view *v)
         return -1;
     const redisReply *st = rep->element[0];
     memset(v, 0, sizeof(*v));
-    if (!st || st->type == REDIS_REPLY_NIL)
-        v->state = SL_BREAKER_CLOSED; /* no hash: never failed */
-    else if (st->type != REDIS_REPLY_STRING)
+    bool absent = !st || st->type == REDIS_REPLY_NIL; /* no hash: never failed */
+    if (!absent && st->type != REDIS_REPLY_STRING)
         return -1;
-    else if (strcmp(st->str, "closed") == 0)
+    if (absent || strcmp(st->str, "closed") == 0)
         v->state = SL_BREAKER_CLOSED;
     else if (strcmp(st->str, "open") == 0)
         v->state = SL_BREAKER_OPEN;

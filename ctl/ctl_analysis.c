@@ -73,9 +73,9 @@ static int no_positional(const char *cmd, int argc, char **argv, int first)
 static void fmt_ms_val(double ms, char *out, size_t n)
 {
     if (ms >= 1000)
-        snprintf(out, n, "%.0f", ms);
+        (void)snprintf(out, n, "%.0f", ms);
     else
-        snprintf(out, n, "%.1f", ms);
+        (void)snprintf(out, n, "%.1f", ms);
 }
 
 static json_t *json_time(int64_t ms, bool present)
@@ -91,13 +91,13 @@ static void fmt_age(double secs, char *out, size_t n)
 {
     int64_t s = (int64_t)secs;
     if (s >= 86400)
-        snprintf(out, n, "%" PRId64 "d%" PRId64 "h", s / 86400, s % 86400 / 3600);
+        (void)snprintf(out, n, "%" PRId64 "d%" PRId64 "h", s / 86400, s % 86400 / 3600);
     else if (s >= 3600)
-        snprintf(out, n, "%" PRId64 "h%" PRId64 "m", s / 3600, s % 3600 / 60);
+        (void)snprintf(out, n, "%" PRId64 "h%" PRId64 "m", s / 3600, s % 3600 / 60);
     else if (s >= 60)
-        snprintf(out, n, "%" PRId64 "m%" PRId64 "s", s / 60, s % 60);
+        (void)snprintf(out, n, "%" PRId64 "m%" PRId64 "s", s / 60, s % 60);
     else
-        snprintf(out, n, "%" PRId64 "s", s);
+        (void)snprintf(out, n, "%" PRId64 "s", s);
 }
 
 /* Open PostgreSQL, run one query, close; the result (caller PQclear) or NULL with err. */
@@ -137,30 +137,30 @@ static int health_opt(void *ctx, int val, const char *arg)
 
 void ctl_health_help(FILE *f)
 {
-    fprintf(f,
-            "usage: sluicectl health [--window DURATION] [--json]\n"
-            "\n"
-            "What is pending right now and how deliveries went over the window, each figure\n"
-            "labelled with where it comes from:\n"
-            "  kafka       records of topic_deliveries the consumer group has not committed yet\n"
-            "              (committed offsets vs high watermarks): queued in Kafka\n"
-            "  redis       jobs in the retry schedule (awaiting retry or deferred), of which\n"
-            "              leased = in flight, and due but not yet claimed\n"
-            "  postgresql  the history (sluice_health_summary): awaiting retry, deferred, oldest\n"
-            "              undelivered, dead letters, delivered and failed attempts in the\n"
-            "              window, average and P95 latency\n"
-            "pending total = queued in Kafka + the retry schedule.\n"
-            "  endpoint records  the latest record of every endpoint on topic_endpoints checked\n"
-            "              as consumers check it (signed with a configured master key, MAC\n"
-            "              intact): the ones consumers refuse are listed with the reason (needs\n"
-            "              master_key; skipped without it)\n"
-            "\n"
-            "  --window DURATION   e.g. 90m, 1h (default), 7d\n"
-            "  --json              machine-readable output\n"
-            "\n"
-            "Exit: 0 all sources answered and no endpoint record is refused; 1 one or more\n"
-            "failed or a record is refused (the rest is still printed, and the failure named);\n"
-            "2 usage; 78 configuration.\n");
+    (void)fprintf(
+        f, "usage: sluicectl health [--window DURATION] [--json]\n"
+           "\n"
+           "What is pending right now and how deliveries went over the window, each figure\n"
+           "labelled with where it comes from:\n"
+           "  kafka       records of topic_deliveries the consumer group has not committed yet\n"
+           "              (committed offsets vs high watermarks): queued in Kafka\n"
+           "  redis       jobs in the retry schedule (awaiting retry or deferred), of which\n"
+           "              leased = in flight, and due but not yet claimed\n"
+           "  postgresql  the history (sluice_health_summary): awaiting retry, deferred, oldest\n"
+           "              undelivered, dead letters, delivered and failed attempts in the\n"
+           "              window, average and P95 latency\n"
+           "pending total = queued in Kafka + the retry schedule.\n"
+           "  endpoint records  the latest record of every endpoint on topic_endpoints checked\n"
+           "              as consumers check it (signed with a configured master key, MAC\n"
+           "              intact): the ones consumers refuse are listed with the reason (needs\n"
+           "              master_key; skipped without it)\n"
+           "\n"
+           "  --window DURATION   e.g. 90m, 1h (default), 7d\n"
+           "  --json              machine-readable output\n"
+           "\n"
+           "Exit: 0 all sources answered and no endpoint record is refused; 1 one or more\n"
+           "failed or a record is refused (the rest is still printed, and the failure named);\n"
+           "2 usage; 78 configuration.\n");
 }
 
 static const char SQL_HEALTH[] =
@@ -191,9 +191,9 @@ static void health_text(const struct sl_config *cfg,
     if (!kerr) {
         ctl_table_add(&tb, "queued in Kafka (not yet consumed)");
         ctl_table_add(&tb, "%" PRId64, lag->total);
-        snprintf(src, sizeof(src), "kafka: lag of group %s on %s, %d partitions%s",
-                 cfg->consumer_group, cfg->topic_deliveries, lag->n,
-                 lag->uncommitted ? " (some never committed: counted from the oldest)" : "");
+        (void)snprintf(src, sizeof(src), "kafka: lag of group %s on %s, %d partitions%s",
+                       cfg->consumer_group, cfg->topic_deliveries, lag->n,
+                       lag->uncommitted ? " (some never committed: counted from the oldest)" : "");
         ctl_table_add(&tb, "%s", src);
     } else {
         ctl_table_add(&tb, "queued in Kafka (not yet consumed)");
@@ -495,7 +495,7 @@ int ctl_health_main(struct ctl *c, int argc, char **argv)
         rrc = sl_rstate_counts(r, (uint32_t)cfg->retry_shards, 1, &sc, &rerr);
     sl_redis_close(r);
     char secs[24];
-    snprintf(secs, sizeof(secs), "%" PRId64, o.window_s);
+    (void)snprintf(secs, sizeof(secs), "%" PRId64, o.window_s);
     const char *params[1] = {secs};
     PGresult *res = query(cfg, "read the health summary", SQL_HEALTH, 1, params, &perr);
 
@@ -562,22 +562,22 @@ void ctl_slow_help(FILE *f)
 {
     char win[24];
     ctl_ops_duration_format(SL_THR_SLOW_WINDOW_S, win, sizeof(win));
-    fprintf(f,
-            "usage: sluicectl slow [--threshold-ms N] [--min-samples N] [--window DURATION]\n"
-            "                      [--json]\n"
-            "\n"
-            "Endpoints whose P95 response latency over the window is above the threshold,\n"
-            "among those with at least --min-samples samples (sluice_slow_endpoints):\n"
-            "samples, P50/P95/P99, average, maximum, and the last outcome's status. The\n"
-            "defaults are the slow_endpoint alert's (common/sl_thresholds.h).\n"
-            "\n"
-            "  --threshold-ms N    P95 limit, ms (default %d)\n"
-            "  --min-samples N     fewest samples for a verdict (default %d)\n"
-            "  --window DURATION   e.g. 90m, 24h, 7d (default %s)\n"
-            "  --json              machine-readable output\n"
-            "\n"
-            "Exit: 0 (whether or not any endpoint is slow), 1 database error, 2 usage.\n",
-            SL_THR_SLOW_THRESHOLD_MS, SL_THR_SLOW_MIN_SAMPLES, win);
+    (void)fprintf(f,
+                  "usage: sluicectl slow [--threshold-ms N] [--min-samples N] [--window DURATION]\n"
+                  "                      [--json]\n"
+                  "\n"
+                  "Endpoints whose P95 response latency over the window is above the threshold,\n"
+                  "among those with at least --min-samples samples (sluice_slow_endpoints):\n"
+                  "samples, P50/P95/P99, average, maximum, and the last outcome's status. The\n"
+                  "defaults are the slow_endpoint alert's (common/sl_thresholds.h).\n"
+                  "\n"
+                  "  --threshold-ms N    P95 limit, ms (default %d)\n"
+                  "  --min-samples N     fewest samples for a verdict (default %d)\n"
+                  "  --window DURATION   e.g. 90m, 24h, 7d (default %s)\n"
+                  "  --json              machine-readable output\n"
+                  "\n"
+                  "Exit: 0 (whether or not any endpoint is slow), 1 database error, 2 usage.\n",
+                  SL_THR_SLOW_THRESHOLD_MS, SL_THR_SLOW_MIN_SAMPLES, win);
 }
 
 static const char SQL_SLOW[] =
@@ -675,9 +675,9 @@ int ctl_slow_main(struct ctl *c, int argc, char **argv)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
     char p1[24], p2[24], p3[24];
-    snprintf(p1, sizeof(p1), "%" PRId64, o.threshold_ms);
-    snprintf(p2, sizeof(p2), "%" PRId64, o.min_samples);
-    snprintf(p3, sizeof(p3), "%" PRId64, o.window_s);
+    (void)snprintf(p1, sizeof(p1), "%" PRId64, o.threshold_ms);
+    (void)snprintf(p2, sizeof(p2), "%" PRId64, o.min_samples);
+    (void)snprintf(p3, sizeof(p3), "%" PRId64, o.window_s);
     const char *params[3] = {p1, p2, p3};
     sl_err_t err;
     sl_err_clear(&err);
@@ -722,22 +722,23 @@ static int dl_opt(void *ctx, int val, const char *arg)
 
 void ctl_dead_letters_help(FILE *f)
 {
-    fprintf(f, "usage: sluicectl dead-letters [--window DURATION] [--endpoint ID] [--json]\n"
-               "\n"
-               "Dead letters whose latest death is in the window, per endpoint\n"
-               "(sluice_dead_letter_analysis): count, not yet replayed, commonest error class and\n"
-               "status, first and last, average attempts; then the patterns found:\n"
-               "  clustered outage       >= 80%% of the endpoint's dead letters, and at least 10,\n"
-               "                         inside one 15-minute span\n"
-               "  auth/permission spike  401/403 are more than half of them, and at least 5\n"
-               "  rate-limit spike       429 is more than half of them, and at least 5\n"
-               "  gradual accumulation   present in >= 6 distinct hours of the window\n"
-               "\n"
-               "  --window DURATION   e.g. 90m, 24h (default), 7d\n"
-               "  --endpoint ID       one endpoint only\n"
-               "  --json              machine-readable output\n"
-               "\n"
-               "Exit: 0, 1 database error, 2 usage.\n");
+    (void)fprintf(
+        f, "usage: sluicectl dead-letters [--window DURATION] [--endpoint ID] [--json]\n"
+           "\n"
+           "Dead letters whose latest death is in the window, per endpoint\n"
+           "(sluice_dead_letter_analysis): count, not yet replayed, commonest error class and\n"
+           "status, first and last, average attempts; then the patterns found:\n"
+           "  clustered outage       >= 80%% of the endpoint's dead letters, and at least 10,\n"
+           "                         inside one 15-minute span\n"
+           "  auth/permission spike  401/403 are more than half of them, and at least 5\n"
+           "  rate-limit spike       429 is more than half of them, and at least 5\n"
+           "  gradual accumulation   present in >= 6 distinct hours of the window\n"
+           "\n"
+           "  --window DURATION   e.g. 90m, 24h (default), 7d\n"
+           "  --endpoint ID       one endpoint only\n"
+           "  --json              machine-readable output\n"
+           "\n"
+           "Exit: 0, 1 database error, 2 usage.\n");
 }
 
 static const char SQL_DL[] =
@@ -823,7 +824,7 @@ int ctl_dead_letters_main(struct ctl *c, int argc, char **argv)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
     char p1[24];
-    snprintf(p1, sizeof(p1), "%" PRId64, o.window_s);
+    (void)snprintf(p1, sizeof(p1), "%" PRId64, o.window_s);
     const char *params[2] = {p1, o.endpoint};
     sl_err_t err;
     sl_err_clear(&err);
@@ -919,27 +920,29 @@ static int alert_opt(void *ctx, int val, const char *arg)
 
 void ctl_alerts_help(FILE *f)
 {
-    fprintf(f, "usage: sluicectl alerts [--dead-rise-factor X] [--dead-rise-min N]\n"
-               "                        [--oldest-max DURATION] [--slow-threshold-ms N]\n"
-               "                        [--slow-min-samples N] [--slow-window DURATION] [--json]\n"
-               "\n"
-               "Prints the alerts that fire now on the history (sluice_alerts), for cron and\n"
-               "monitoring:\n"
-               "  dead_letters_rising   dead letters of the last hour >= --dead-rise-min and\n"
-               "                        > --dead-rise-factor x the hourly average of the 24 h\n"
-               "                        before\n"
-               "  oldest_undelivered    an undelivered delivery older than --oldest-max\n"
-               "  slow_endpoint         P95 over --slow-threshold-ms with at least\n"
-               "                        --slow-min-samples samples in --slow-window; one per\n"
-               "                        endpoint\n"
-               "\n");
+    (void)fprintf(
+        f, "usage: sluicectl alerts [--dead-rise-factor X] [--dead-rise-min N]\n"
+           "                        [--oldest-max DURATION] [--slow-threshold-ms N]\n"
+           "                        [--slow-min-samples N] [--slow-window DURATION] [--json]\n"
+           "\n"
+           "Prints the alerts that fire now on the history (sluice_alerts), for cron and\n"
+           "monitoring:\n"
+           "  dead_letters_rising   dead letters of the last hour >= --dead-rise-min and\n"
+           "                        > --dead-rise-factor x the hourly average of the 24 h\n"
+           "                        before\n"
+           "  oldest_undelivered    an undelivered delivery older than --oldest-max\n"
+           "  slow_endpoint         P95 over --slow-threshold-ms with at least\n"
+           "                        --slow-min-samples samples in --slow-window; one per\n"
+           "                        endpoint\n"
+           "\n");
     ctl_thresholds_help(f, false);
-    fprintf(f, "  --json                      machine-readable output\n"
-               "\n"
-               "The defaults are those of the Prometheus rules too (sluicectl alert-rules).\n"
-               "\n"
-               "Exit: 0 no alert fires; 3 at least one fires; 1 the check itself failed (database\n"
-               "unreachable: treat as an alert too); 2 usage; 78 configuration.\n");
+    (void)fprintf(
+        f, "  --json                      machine-readable output\n"
+           "\n"
+           "The defaults are those of the Prometheus rules too (sluicectl alert-rules).\n"
+           "\n"
+           "Exit: 0 no alert fires; 3 at least one fires; 1 the check itself failed (database\n"
+           "unreachable: treat as an alert too); 2 usage; 78 configuration.\n");
 }
 
 static const char SQL_ALERTS[] =
@@ -965,12 +968,12 @@ int ctl_alerts_main(struct ctl *c, int argc, char **argv)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
     char p[6][32];
-    snprintf(p[0], sizeof(p[0]), "%.17g", o.thr.dead_rise_factor);
-    snprintf(p[1], sizeof(p[1]), "%" PRId64, o.thr.dead_rise_min);
-    snprintf(p[2], sizeof(p[2]), "%" PRId64, o.thr.oldest_max_s);
-    snprintf(p[3], sizeof(p[3]), "%" PRId64, o.thr.slow_threshold_ms);
-    snprintf(p[4], sizeof(p[4]), "%" PRId64, o.thr.slow_min_samples);
-    snprintf(p[5], sizeof(p[5]), "%" PRId64, o.thr.slow_window_s);
+    (void)snprintf(p[0], sizeof(p[0]), "%.17g", o.thr.dead_rise_factor);
+    (void)snprintf(p[1], sizeof(p[1]), "%" PRId64, o.thr.dead_rise_min);
+    (void)snprintf(p[2], sizeof(p[2]), "%" PRId64, o.thr.oldest_max_s);
+    (void)snprintf(p[3], sizeof(p[3]), "%" PRId64, o.thr.slow_threshold_ms);
+    (void)snprintf(p[4], sizeof(p[4]), "%" PRId64, o.thr.slow_min_samples);
+    (void)snprintf(p[5], sizeof(p[5]), "%" PRId64, o.thr.slow_window_s);
     const char *params[6] = {p[0], p[1], p[2], p[3], p[4], p[5]};
     sl_err_t err;
     sl_err_clear(&err);
@@ -1020,18 +1023,19 @@ static int lat_opt(void *ctx, int val, const char *arg)
 
 void ctl_latency_help(FILE *f)
 {
-    fprintf(f, "usage: sluicectl latency ENDPOINT [--window DURATION] [--json]\n"
-               "\n"
-               "Response latency of one endpoint over the window (sluice_latency): samples,\n"
-               "P50/P95/P99, average, min, max, and a histogram with the buckets <10ms, <50ms,\n"
-               "<100ms, <250ms, <500ms, <1s, <2s, <5s, <10s, >=10s. A sample is an attempt that\n"
-               "got an HTTP response (any status).\n"
-               "\n"
-               "  --window DURATION   e.g. 90m, 24h (default), 7d (samples are kept for\n"
-               "                      latency_window_h only)\n"
-               "  --json              machine-readable output\n"
-               "\n"
-               "Exit: 0, 1 database error, 2 usage.\n");
+    (void)fprintf(
+        f, "usage: sluicectl latency ENDPOINT [--window DURATION] [--json]\n"
+           "\n"
+           "Response latency of one endpoint over the window (sluice_latency): samples,\n"
+           "P50/P95/P99, average, min, max, and a histogram with the buckets <10ms, <50ms,\n"
+           "<100ms, <250ms, <500ms, <1s, <2s, <5s, <10s, >=10s. A sample is an attempt that\n"
+           "got an HTTP response (any status).\n"
+           "\n"
+           "  --window DURATION   e.g. 90m, 24h (default), 7d (samples are kept for\n"
+           "                      latency_window_h only)\n"
+           "  --json              machine-readable output\n"
+           "\n"
+           "Exit: 0, 1 database error, 2 usage.\n");
 }
 
 static const char SQL_LAT[] = "select samples, p50_ms, p95_ms, p99_ms, avg_ms, min_ms, max_ms,"
@@ -1082,7 +1086,7 @@ int ctl_latency_main(struct ctl *c, int argc, char **argv)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
     char p2[24];
-    snprintf(p2, sizeof(p2), "%" PRId64, o.window_s);
+    (void)snprintf(p2, sizeof(p2), "%" PRId64, o.window_s);
     const char *params[2] = {ep, p2};
     sl_err_t err;
     sl_err_clear(&err);

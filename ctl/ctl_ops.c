@@ -72,13 +72,13 @@ int ctl_ops_parse_duration(
 void ctl_ops_duration_format(int64_t secs, char *out, size_t outlen)
 {
     if (secs > 0 && secs % 86400 == 0)
-        snprintf(out, outlen, "%" PRId64 "d", secs / 86400);
+        (void)snprintf(out, outlen, "%" PRId64 "d", secs / 86400);
     else if (secs > 0 && secs % 3600 == 0)
-        snprintf(out, outlen, "%" PRId64 "h", secs / 3600);
+        (void)snprintf(out, outlen, "%" PRId64 "h", secs / 3600);
     else if (secs > 0 && secs % 60 == 0)
-        snprintf(out, outlen, "%" PRId64 "m", secs / 60);
+        (void)snprintf(out, outlen, "%" PRId64 "m", secs / 60);
     else
-        snprintf(out, outlen, "%" PRId64 "s", secs);
+        (void)snprintf(out, outlen, "%" PRId64 "s", secs);
 }
 
 /* n decimal digits at s into *out; false unless all n are digits. */
@@ -177,9 +177,9 @@ void ctl_ops_fmt_ms(int64_t ms, char *out, size_t outlen)
     struct tm tm;
     char base[24];
     if (ms < 0 || !gmtime_r(&s, &tm) || strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm) == 0)
-        snprintf(out, outlen, "%" PRId64, ms);
+        (void)snprintf(out, outlen, "%" PRId64, ms);
     else
-        snprintf(out, outlen, "%s.%03dZ", base, (int)(ms % 1000));
+        (void)snprintf(out, outlen, "%s.%03dZ", base, (int)(ms % 1000));
 }
 
 /* ==== PostgreSQL ==== */
@@ -384,15 +384,15 @@ void ctl_table_print(const struct ctl_table *t, FILE *f, int indent)
         size_t c = i % t->ncols;
         const char *s = i < t->ncols ? t->head[c] : t->cells[i - t->ncols];
         if (c == 0)
-            fprintf(f, "%*s", indent, "");
+            (void)fprintf(f, "%*s", indent, "");
         bool last = c + 1 == t->ncols || i + 1 == t->ncells + t->ncols;
         if (t->align[c] == 'r')
-            fprintf(f, "%*s", (int)w[c], s);
+            (void)fprintf(f, "%*s", (int)w[c], s);
         else if (last)
-            fputs(s, f);
+            (void)fputs(s, f);
         else
-            fprintf(f, "%-*s", (int)w[c], s);
-        fputs(last ? "\n" : "  ", f);
+            (void)fprintf(f, "%-*s", (int)w[c], s);
+        (void)fputs(last ? "\n" : "  ", f);
     }
     free(w);
 }

@@ -86,28 +86,28 @@ struct rebuild {
 
 void ctl_retries_help(FILE *f)
 {
-    fprintf(f,
-            "usage: sluicectl retries rebuild [--dry-run] [--lookback DURATION] [--no-kafka]\n"
-            "                                 [--scan-timeout DURATION] [--json]\n"
-            "\n"
-            "Rebuilds the Redis retry schedule from the history after Redis lost its data: every\n"
-            "delivery whose latest state is retry_scheduled or deferred becomes a retry job\n"
-            "again (due at its next attempt, or now if that is past), unless its job exists.\n"
-            "The delivery record comes from pending_payloads when the recorder keeps it, else\n"
-            "from topic_deliveries, read from the oldest open delivery minus --lookback to the\n"
-            "end. Deliveries whose record is in neither are listed as not recoverable.\n"
-            "Safe to run twice or while consumers run: a job is only ever added, atomically,\n"
-            "when absent.\n"
-            "\n"
-            "  --dry-run                 report what would be restored; write nothing\n"
-            "  --lookback DURATION       read the topic from this long before the oldest open\n"
-            "                            delivery (default 1h)\n"
-            "  --no-kafka                do not read the topic (pending_payloads only)\n"
-            "  --scan-timeout DURATION   give up reading the topic after this (default 10m)\n"
-            "  --json                    machine-readable output\n"
-            "\n"
-            "Exit: 0 every open delivery is in the schedule (or would be, with --dry-run); 1 some\n"
-            "are not recoverable, or a service failed; 2 usage; 78 configuration.\n");
+    (void)fprintf(
+        f, "usage: sluicectl retries rebuild [--dry-run] [--lookback DURATION] [--no-kafka]\n"
+           "                                 [--scan-timeout DURATION] [--json]\n"
+           "\n"
+           "Rebuilds the Redis retry schedule from the history after Redis lost its data: every\n"
+           "delivery whose latest state is retry_scheduled or deferred becomes a retry job\n"
+           "again (due at its next attempt, or now if that is past), unless its job exists.\n"
+           "The delivery record comes from pending_payloads when the recorder keeps it, else\n"
+           "from topic_deliveries, read from the oldest open delivery minus --lookback to the\n"
+           "end. Deliveries whose record is in neither are listed as not recoverable.\n"
+           "Safe to run twice or while consumers run: a job is only ever added, atomically,\n"
+           "when absent.\n"
+           "\n"
+           "  --dry-run                 report what would be restored; write nothing\n"
+           "  --lookback DURATION       read the topic from this long before the oldest open\n"
+           "                            delivery (default 1h)\n"
+           "  --no-kafka                do not read the topic (pending_payloads only)\n"
+           "  --scan-timeout DURATION   give up reading the topic after this (default 10m)\n"
+           "  --json                    machine-readable output\n"
+           "\n"
+           "Exit: 0 every open delivery is in the schedule (or would be, with --dry-run); 1 some\n"
+           "are not recoverable, or a service failed; 2 usage; 78 configuration.\n");
 }
 
 static void want_free(void *v)
@@ -124,7 +124,7 @@ static char *want_key(const char *ep, const char *id)
 {
     size_t a = strlen(ep), b = strlen(id);
     char *k = sl_xmalloc(a + b + 2);
-    snprintf(k, a + b + 2, "%s\n%s", ep, id);
+    (void)snprintf(k, a + b + 2, "%s\n%s", ep, id);
     return k;
 }
 

@@ -57,9 +57,11 @@ static void percentiles(const struct ep_stat *s, double *p50, double *p95, doubl
     uint32_t tmp[RING];
     memcpy(tmp, s->lat_us, s->nlat * sizeof(uint32_t));
     qsort(tmp, s->nlat, sizeof(uint32_t), cmp_u32);
-    *p50 = tmp[(s->nlat - 1) * 50 / 100] / 1000.0;
-    *p95 = tmp[(s->nlat - 1) * 95 / 100] / 1000.0;
-    *p99 = tmp[(s->nlat - 1) * 99 / 100] / 1000.0;
+    size_t i50 = (s->nlat - 1) * 50 / 100, i95 = (s->nlat - 1) * 95 / 100,
+           i99 = (s->nlat - 1) * 99 / 100; /* nearest-rank indexes */
+    *p50 = tmp[i50] / 1000.0;
+    *p95 = tmp[i95] / 1000.0;
+    *p99 = tmp[i99] / 1000.0;
 }
 
 static void take(sl_map_t *m, const struct sl_outcome *o)
@@ -69,7 +71,7 @@ static void take(sl_map_t *m, const struct sl_outcome *o)
     struct ep_stat *s = sl_map_get(m, o->ep);
     if (!s) {
         s = sl_xcalloc(1, sizeof(*s));
-        snprintf(s->id, sizeof(s->id), "%s", o->ep);
+        (void)snprintf(s->id, sizeof(s->id), "%s", o->ep);
         sl_map_put(m, o->ep, s, NULL);
     }
     switch (o->state) {
@@ -97,7 +99,7 @@ static void take(sl_map_t *m, const struct sl_outcome *o)
     if (o->http)
         s->last_http = o->http;
     if (o->err)
-        snprintf(s->last_err, sizeof(s->last_err), "%s", o->err);
+        (void)snprintf(s->last_err, sizeof(s->last_err), "%s", o->err);
     else if (o->state == SL_OUTCOME_DELIVERED)
         s->last_err[0] = '\0';
     if (o->http && o->lat_us) {
@@ -131,7 +133,7 @@ static const char *breaker_state(sl_redis_t *r, const char *ep)
 static void frame(sl_map_t *m, sl_redis_t *r, double secs, bool tty, uint64_t frame_no)
 {
     size_t n = sl_map_count(m);
-    struct ep_stat **rows = sl_xcalloc(n ? n : 1, sizeof(*rows));
+    struct ep_stat **rows = sl_xcalloc(n ? n : 1, sizeof(struct ep_stat *));
     size_t pos = 0, i = 0;
     const char *key;
     void *val;
@@ -145,7 +147,7 @@ static void frame(sl_map_t *m, sl_redis_t *r, double secs, bool tty, uint64_t fr
         df += rows[i]->deferred;
         i++;
     }
-    qsort(rows, n, sizeof(*rows), by_activity);
+    qsort(rows, n, sizeof(struct ep_stat *), by_activity);
     if (tty)
         printf("\033[H\033[2J");
     printf("sluice top  frame %llu  window %.1fs  delivered/s %.0f  retries %llu  dead %llu  "
@@ -160,9 +162,9 @@ static void frame(sl_map_t *m, sl_redis_t *r, double secs, bool tty, uint64_t fr
         percentiles(s, &p50, &p95, &p99);
         char last[48];
         if (s->last_err[0])
-            snprintf(last, sizeof(last), "%s %u", s->last_err, s->last_http);
+            (void)snprintf(last, sizeof(last), "%s %u", s->last_err, s->last_http);
         else
-            snprintf(last, sizeof(last), "%u", s->last_http);
+            (void)snprintf(last, sizeof(last), "%u", s->last_http);
         printf("%-24.24s %9.1f %7llu %6llu %8.1f %8.1f %8.1f %8llu %-9s %s\n", s->id,
                (double)s->delivered / secs, (unsigned long long)s->retried,
                (unsigned long long)s->dead, p50, p95, p99, (unsigned long long)s->total_delivered,
@@ -170,7 +172,7 @@ static void frame(sl_map_t *m, sl_redis_t *r, double secs, bool tty, uint64_t fr
     }
     if (n > MAX_ROWS)
         printf("(%zu more endpoints)\n", n - MAX_ROWS);
-    fflush(stdout);
+    (void)fflush(stdout);
     for (i = 0; i < n; i++)
         rows[i]->delivered = rows[i]->retried = rows[i]->dead = rows[i]->dup = rows[i]->deferred =
             rows[i]->other = 0;
@@ -179,12 +181,13 @@ static void frame(sl_map_t *m, sl_redis_t *r, double secs, bool tty, uint64_t fr
 
 void ctl_top_help(FILE *f)
 {
-    fprintf(f, "usage: sluicectl top [--interval-ms N] [--duration-s N] [--from-beginning]\n"
-               "\n"
-               "Live view of deliveries from topic_outcomes: delivered per second, retries,\n"
-               "dead letters, P50/P95/P99 latency and breaker state per endpoint. Redraws in\n"
-               "place on a terminal, prints one frame per interval otherwise. Stops after\n"
-               "--duration-s (default: at Ctrl-C).\n");
+    (void)fprintf(f,
+                  "usage: sluicectl top [--interval-ms N] [--duration-s N] [--from-beginning]\n"
+                  "\n"
+                  "Live view of deliveries from topic_outcomes: delivered per second, retries,\n"
+                  "dead letters, P50/P95/P99 latency and breaker state per endpoint. Redraws in\n"
+                  "place on a terminal, prints one frame per interval otherwise. Stops after\n"
+                  "--duration-s (default: at Ctrl-C).\n");
 }
 
 int ctl_top_main(struct ctl *c, int argc, char **argv)
@@ -204,14 +207,14 @@ int ctl_top_main(struct ctl *c, int argc, char **argv)
         case 'i':
             interval = strtol(optarg, &end, 10);
             if (!*optarg || *end || interval < 100 || interval > 600000) {
-                fprintf(stderr, "sluicectl top: --interval-ms expects 100..600000\n");
+                (void)fprintf(stderr, "sluicectl top: --interval-ms expects 100..600000\n");
                 return CTL_EXIT_USAGE;
             }
             break;
         case 'd':
             duration = strtol(optarg, &end, 10);
-            if (!*optarg || *end || duration < 1 || duration > 86400 * 365) {
-                fprintf(stderr, "sluicectl top: --duration-s expects a positive integer\n");
+            if (!*optarg || *end || duration < 1 || duration > 86400L * 365) {
+                (void)fprintf(stderr, "sluicectl top: --duration-s expects a positive integer\n");
                 return CTL_EXIT_USAGE;
             }
             break;
@@ -230,7 +233,7 @@ int ctl_top_main(struct ctl *c, int argc, char **argv)
     sl_err_t err;
     rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "sluicectl-top", &err);
     if (!conf) {
-        fprintf(stderr, "sluicectl top: %s\n", err.msg);
+        (void)fprintf(stderr, "sluicectl top: %s\n", err.msg);
         return CTL_EXIT_FAIL;
     }
     sl_kafka_conf_set(conf, "group.id", "sluicectl-top", NULL);
@@ -238,7 +241,7 @@ int ctl_top_main(struct ctl *c, int argc, char **argv)
     char errstr[256];
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
     if (!rk) {
-        fprintf(stderr, "sluicectl top: could not create kafka consumer: %s\n", errstr);
+        (void)fprintf(stderr, "sluicectl top: could not create kafka consumer: %s\n", errstr);
         return CTL_EXIT_FAIL;
     }
     const struct rd_kafka_metadata *md = NULL;
@@ -246,7 +249,8 @@ int ctl_top_main(struct ctl *c, int argc, char **argv)
     rd_kafka_resp_err_t ke = rd_kafka_metadata(rk, 0, rkt, &md, 10000);
     rd_kafka_topic_destroy(rkt);
     if (ke || md->topic_cnt != 1 || md->topics[0].err) {
-        fprintf(stderr, "sluicectl top: could not read metadata of %s\n", cfg->topic_outcomes);
+        (void)fprintf(stderr, "sluicectl top: could not read metadata of %s\n",
+                      cfg->topic_outcomes);
         if (md)
             rd_kafka_metadata_destroy(md);
         rd_kafka_destroy(rk);
@@ -262,9 +266,9 @@ int ctl_top_main(struct ctl *c, int argc, char **argv)
     rd_kafka_topic_partition_list_destroy(l);
     sl_redis_t *r = sl_redis_connect(cfg->redis_url, (int)cfg->redis_timeout_ms, &err);
     if (!r)
-        fprintf(stderr, "sluicectl top: breaker states unavailable: %s\n", err.msg);
-    signal(SIGINT, on_sig);
-    signal(SIGTERM, on_sig);
+        (void)fprintf(stderr, "sluicectl top: breaker states unavailable: %s\n", err.msg);
+    (void)signal(SIGINT, on_sig);
+    (void)signal(SIGTERM, on_sig);
     sl_map_t *m = sl_map_new(64);
     bool tty = isatty(1);
     int64_t start = sl_mono_ms(), last = start;
@@ -302,9 +306,10 @@ int ctl_top_main(struct ctl *c, int argc, char **argv)
 
 void ctl_config_doc_help(FILE *f)
 {
-    fprintf(f, "usage: sluicectl config-doc\n\n"
-               "Prints the configuration reference (Markdown) generated from the option table;\n"
-               "docs/CONFIG.md is this output.\n");
+    (void)fprintf(f,
+                  "usage: sluicectl config-doc\n\n"
+                  "Prints the configuration reference (Markdown) generated from the option table;\n"
+                  "docs/CONFIG.md is this output.\n");
 }
 
 int ctl_config_doc_main(struct ctl *c, int argc, char **argv)
