@@ -160,6 +160,19 @@ def phase_rows(r, ph):
         add(f"scaling: {c} consumer(s) of {sc.get('loops_per_process', 1)} loop, 8 partitions, "
             f"{sc['deliveries']:,} deliveries",
             fmt(rate, " deliv/s") + per + x, rate)
+        # box or design: how busy the machine was, and what a delivery cost the consumers
+        # (their CPU over the deliveries: growing with the processes means contention)
+        busy = run.get("machine_busy_fraction")
+        cons = (run.get("cpu_s_per_10k") or {}).get("consumers_total")
+        if busy is not None or cons is not None:
+            bits = []
+            if busy is not None:
+                bits.append(f"machine {busy * 100:.0f}% busy"
+                            + (f" ({run['others_cores']:.2f} cores other people's)"
+                               if run.get("others_cores") is not None else ""))
+            if cons is not None:
+                bits.append(f"consumers' CPU {cons * 100:.0f} us per delivery")
+            add("  CPU in that run", ", ".join(bits))
     eps = ph.get("endpoints", {})
     if "rate_median_1s" in eps:
         rate = run_rate(eps)
@@ -503,9 +516,12 @@ def figures(ph):
         if c != "1" and one:
             add(f"scaling.{c}.x_of_1", "  x of 1 consumer", "", 2, rate / one,
                 ctx=f"scaling: {c} consumers")
+        add(f"scaling.{c}.machine_busy", f"  machine CPU busy during the {c}-consumer run", "",
+            3, run.get("machine_busy_fraction"))
+        cons = (run.get("cpu_s_per_10k") or {}).get("consumers_total")
+        add(f"scaling.{c}.consumer_us", f"  consumers' CPU per delivery, {c} consumer(s)", "us",
+            0, cons * 100 if cons is not None else None)
         if c == "2":
-            add("scaling.2.machine_busy", "machine CPU busy during the 2-consumer run", "", 3,
-                run.get("machine_busy_fraction"), False)
             add("scaling.2.others_cores", "other people's processes during the 2-consumer run",
                 "cores", 2, run.get("others_cores"), False)
     eps = ph.get("endpoints") or {}
