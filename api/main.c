@@ -90,10 +90,135 @@ static void *poll_main(void *arg)
     return NULL;
 }
 
+/* What main starts, in order, and stops in reverse. */
+struct run {
+    struct sl_config cfg;
+    struct api a;
+    struct poller pl;
+    api_server_t *srv;
+    sl_probe_t *probe;
+    pthread_t sigthr;
+    bool sig_started; /* the signal thread runs and has not been joined */
+};
+
+/* The producer (the publish path) and the thread that serves its delivery reports. */
+static int start_producer(struct run *r, sl_err_t *err)
+{
+    struct sluice_producer_opts po = {0};
+    po.message_timeout_ms = r->cfg.api_publish_timeout_ms;
+    po.enqueue_timeout_ms = 1000;
+    po.close_timeout_ms = 1000; /* requests in flight already had api_shutdown_ms */
+    po.role = "sluice-api";
+    r->a.prod = prod_lib_new(&r->cfg, &po, err);
+    if (!r->a.prod) {
+        sl_error("api", "producer_failed", "%s", err->msg);
+        return -1;
+    }
+    r->pl.prod = r->a.prod;
+    r->pl.beat = sl_probe_beat_register("producer reports");
+    if (pthread_create(&r->pl.thr, NULL, poll_main, &r->pl) != 0) {
+        sl_error("api", "start_failed", "could not start the producer's report thread");
+        return -1;
+    }
+    r->pl.started = true;
+    return 0;
+}
+
+/* The probe listener (when metrics_listen is set) and the API server. */
+static int start_listeners(struct run *r, sl_err_t *err)
+{
+    if (r->cfg.metrics_listen[0]) {
+        r->probe = sl_probe_start(r->cfg.metrics_listen, "metrics_listen", r->cfg.live_stall_ms,
+                                  ready_cb, &r->a, err);
+        if (!r->probe) {
+            sl_error("api", "listen_failed", "%s", err->msg);
+            return -1;
+        }
+    }
+    r->srv = api_server_start(&r->a, err);
+    if (!r->srv) {
+        sl_error("api", "listen_failed", "%s", err->msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Start everything. Returns 0 serving, 1 failed (logged), START_CANCELLED when a stop signal
+ * came while the endpoint table loaded. */
+#define START_CANCELLED 2
+static int start(struct run *r)
+{
+    sl_err_t err;
+    r->sig_started = pthread_create(&r->sigthr, NULL, signal_main, NULL) == 0;
+    if (!r->sig_started) {
+        sl_error("api", "start_failed", "could not start the signal thread");
+        return 1;
+    }
+    sl_info("api", "endpoints_loading", "loading the endpoint table from %s",
+            r->cfg.topic_endpoints);
+    int erc = sl_endpoints_open_cancellable(&r->cfg, &r->a.mk, 60000, &g_stop, &r->a.eps, &err);
+    if (erc == -ECANCELED || (erc == 0 && atomic_load(&g_stop))) {
+        SL_LOGKV(SL_LOG_INFO, "api", "start_cancelled",
+                 ((struct sl_log_kv[]){SL_KV_S("phase", "endpoints")}),
+                 "stop requested while loading the endpoint table: exiting before serving");
+        return START_CANCELLED;
+    }
+    if (erc != 0) {
+        sl_error("api", "endpoints_unavailable", "%s", err.msg);
+        return 1;
+    }
+    r->a.fanout = api_fanout_new(r->a.eps);
+    if (start_producer(r, &err) != 0)
+        return 1;
+    r->a.keys = api_keys_start(&r->cfg);
+    api_metrics_init(&r->a);
+    if (start_listeners(r, &err) != 0)
+        return 1;
+    SL_LOGKV(SL_LOG_INFO, "api", "listening",
+             ((struct sl_log_kv[]){SL_KV_S("listen", r->cfg.api_listen),
+                                   SL_KV_I("threads", r->cfg.api_threads),
+                                   SL_KV_I("endpoints", (int64_t)sl_endpoints_count(r->a.eps))}),
+             "sluice-api listening on %s", r->cfg.api_listen);
+    return 0;
+}
+
+/* Stop what start started (any part of it): the signal thread, requests in flight within
+ * api_shutdown_ms, the producer's report thread, the producer (its flush), the listeners. */
+static void stop(struct run *r)
+{
+    if (r->sig_started) { /* no signal yet (a failed start): end the signal thread */
+        if (!atomic_load(&g_stop))
+            /* wakes the thread's sigwait(); the process does not end by it */
+            (void)pthread_kill(r->sigthr, SIGTERM); /* NOLINT(bugprone-bad-signal-to-kill-thread) */
+        pthread_join(r->sigthr, NULL);
+    }
+    long left = api_server_quiesce(r->srv, r->cfg.api_shutdown_ms);
+    if (left > 0)
+        sl_warn("api", "shutdown_timeout",
+                "%ld requests still in flight after api_shutdown_ms: their unacknowledged "
+                "records are purged and answered 503",
+                left);
+    if (r->pl.started) {
+        atomic_store(&r->pl.stop, true);
+        pthread_join(r->pl.thr, NULL);
+    }
+    sl_probe_beat_release(r->pl.beat);
+    /* flushes within close_timeout_ms, then reports what is left as failed: that resumes
+     * every request still waiting, so none is suspended when the server stops */
+    sluice_producer_destroy(r->a.prod);
+    r->a.prod = NULL;
+    (void)api_server_quiesce(r->srv, 2000);
+    api_server_stop(r->srv);
+    sl_probe_stop(r->probe);
+    api_keys_stop(r->a.keys);
+    api_fanout_destroy(r->a.fanout);
+    sl_endpoints_close(r->a.eps);
+}
+
 int main(int argc, char **argv)
 {
-    struct sl_config cfg;
-    int early = sl_cfg_main_daemon(&cfg, "sluice-api", usage, on_signal, &argc, argv);
+    static struct run r; /* zeroed */
+    int early = sl_cfg_main_daemon(&r.cfg, "sluice-api", usage, on_signal, &argc, argv);
     if (early >= 0)
         return early;
     sigemptyset(&g_stopsigs);
@@ -101,121 +226,30 @@ int main(int argc, char **argv)
     sigaddset(&g_stopsigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &g_stopsigs, NULL); /* before any thread exists */
     sl_err_t err;
-    struct api a;
-    memset(&a, 0, sizeof(a));
-    a.cfg = &cfg;
-    if (!cfg.master_key[0]) {
+    r.a.cfg = &r.cfg;
+    r.pl.beat = -1;
+    if (!r.cfg.master_key[0]) {
         (void)fprintf(stderr, "sluice-api: master_key (SLUICE_MASTER_KEY) is required to seal the "
                               "signing secrets of endpoints it creates\n");
-        sl_cfg_fini(&cfg);
+        sl_cfg_fini(&r.cfg);
         return SL_CFG_EXIT;
     }
-    if (sl_masterkey_parse(&a.mk, cfg.master_key, &err) != 0) {
+    if (sl_masterkey_parse(&r.a.mk, r.cfg.master_key, &err) != 0) {
         (void)fprintf(stderr, "sluice-api: invalid value for master_key: %s\n", err.msg);
-        sl_cfg_fini(&cfg);
+        sl_cfg_fini(&r.cfg);
         return SL_CFG_EXIT;
     }
-    int rc = 1;
-    bool cancelled = false;
-    struct poller pl;
-    memset(&pl, 0, sizeof(pl));
-    pl.beat = -1;
-    api_server_t *srv = NULL;
-    sl_probe_t *probe = NULL;
-    pthread_t sigthr;
-    bool sig_started = pthread_create(&sigthr, NULL, signal_main, NULL) == 0;
-    if (!sig_started) {
-        sl_error("api", "start_failed", "could not start the signal thread");
-        goto out;
+    int rc = start(&r);
+    if (rc == 0) {
+        pthread_join(r.sigthr, NULL); /* until SIGTERM or SIGINT */
+        r.sig_started = false;
+        sl_info("api", "stopping", "stopping: no new connections, requests in flight may finish");
+        atomic_store(&r.a.stopping, true);
     }
-    sl_info("api", "endpoints_loading", "loading the endpoint table from %s", cfg.topic_endpoints);
-    int erc = sl_endpoints_open_cancellable(&cfg, &a.mk, 60000, &g_stop, &a.eps, &err);
-    if (erc == -ECANCELED || (erc == 0 && atomic_load(&g_stop))) {
-        SL_LOGKV(SL_LOG_INFO, "api", "start_cancelled",
-                 ((struct sl_log_kv[]){SL_KV_S("phase", "endpoints")}),
-                 "stop requested while loading the endpoint table: exiting before serving");
-        cancelled = true;
-        rc = 0;
-        goto out;
-    }
-    if (erc != 0) {
-        sl_error("api", "endpoints_unavailable", "%s", err.msg);
-        goto out;
-    }
-    a.fanout = api_fanout_new(a.eps);
-    struct sluice_producer_opts po = {0};
-    po.message_timeout_ms = cfg.api_publish_timeout_ms;
-    po.enqueue_timeout_ms = 1000;
-    po.close_timeout_ms = 1000; /* requests in flight already had api_shutdown_ms */
-    po.role = "sluice-api";
-    a.prod = prod_lib_new(&cfg, &po, &err);
-    if (!a.prod) {
-        sl_error("api", "producer_failed", "%s", err.msg);
-        goto out;
-    }
-    pl.prod = a.prod;
-    pl.beat = sl_probe_beat_register("producer reports");
-    if (pthread_create(&pl.thr, NULL, poll_main, &pl) != 0) {
-        sl_error("api", "start_failed", "could not start the producer's report thread");
-        goto out;
-    }
-    pl.started = true;
-    a.keys = api_keys_start(&cfg);
-    api_metrics_init(&a);
-    if (cfg.metrics_listen[0]) {
-        probe = sl_probe_start(cfg.metrics_listen, "metrics_listen", cfg.live_stall_ms, ready_cb,
-                               &a, &err);
-        if (!probe) {
-            sl_error("api", "listen_failed", "%s", err.msg);
-            goto out;
-        }
-    }
-    srv = api_server_start(&a, &err);
-    if (!srv) {
-        sl_error("api", "listen_failed", "%s", err.msg);
-        goto out;
-    }
-    SL_LOGKV(SL_LOG_INFO, "api", "listening",
-             ((struct sl_log_kv[]){SL_KV_S("listen", cfg.api_listen),
-                                   SL_KV_I("threads", cfg.api_threads),
-                                   SL_KV_I("endpoints", (int64_t)sl_endpoints_count(a.eps))}),
-             "sluice-api listening on %s", cfg.api_listen);
-    pthread_join(sigthr, NULL); /* until SIGTERM or SIGINT */
-    sig_started = false;
-    sl_info("api", "stopping", "stopping: no new connections, requests in flight may finish");
-    atomic_store(&a.stopping, true);
-    rc = 0;
-out:
-    if (sig_started) { /* no signal yet (a failed start): end the signal thread */
-        if (!atomic_load(&g_stop))
-            /* wakes the thread's sigwait(); the process does not end by it */
-            (void)pthread_kill(sigthr, SIGTERM); /* NOLINT(bugprone-bad-signal-to-kill-thread) */
-        pthread_join(sigthr, NULL);
-    }
-    long left = api_server_quiesce(srv, cfg.api_shutdown_ms);
-    if (left > 0)
-        sl_warn("api", "shutdown_timeout",
-                "%ld requests still in flight after api_shutdown_ms: their unacknowledged "
-                "records are purged and answered 503",
-                left);
-    if (pl.started) {
-        atomic_store(&pl.stop, true);
-        pthread_join(pl.thr, NULL);
-    }
-    sl_probe_beat_release(pl.beat);
-    /* flushes within close_timeout_ms, then reports what is left as failed: that resumes
-     * every request still waiting, so none is suspended when the server stops */
-    sluice_producer_destroy(a.prod);
-    a.prod = NULL;
-    (void)api_server_quiesce(srv, 2000);
-    api_server_stop(srv);
-    sl_probe_stop(probe);
-    api_keys_stop(a.keys);
-    api_fanout_destroy(a.fanout);
-    sl_endpoints_close(a.eps);
-    sl_masterkey_fini(&a.mk);
-    sl_cfg_fini(&cfg);
-    if (rc == 0 && !cancelled)
+    stop(&r);
+    sl_masterkey_fini(&r.a.mk);
+    sl_cfg_fini(&r.cfg);
+    if (rc == 0)
         sl_info("api", "stopped", "stopped cleanly");
-    return rc;
+    return rc == START_CANCELLED ? 0 : rc;
 }
