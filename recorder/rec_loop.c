@@ -780,7 +780,7 @@ bool rec_loop_abandoned(const rec_loop_t *l)
     return l->abandoned;
 }
 
-int rec_loop_run(rec_loop_t *l, sl_err_t *err)
+static int subscribe(rec_loop_t *l, sl_err_t *err)
 {
     const struct sl_config *cfg = l->cfg;
     rd_kafka_topic_partition_list_t *topics = rd_kafka_topic_partition_list_new(1);
@@ -798,55 +798,47 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
                                    SL_KV_I("flush_ms", cfg->recorder_flush_ms),
                                    SL_KV_I("lanes", (int64_t)l->nlanes)}),
              "recording outcomes");
-    l->maint = rec_maint_start(cfg, err);
-    if (!l->maint)
-        return err ? err->code : SL_ESTATE;
-    int64_t now = sl_mono_ms();
-    l->next_stats_ms = now + REC_STATS_EVERY_MS;
-    int beat = sl_probe_beat_register("recorder loop");
-    while (!l->stop) {
-        now = sl_mono_ms();
-        sl_probe_beat(beat, now);
-        int timeout = POLL_MAX_MS;
-        if (!l->blocked && !rec_batch_empty(l->batch)) {
-            int64_t left = l->batch->first_mono_ms + cfg->recorder_flush_ms - now;
-            timeout = left <= 0 ? 0 : left < POLL_MAX_MS ? (int)left : POLL_MAX_MS;
-        }
-        if (l->writing && timeout > WRITE_CHECK_MS) /* notice the commit soon when idle */
-            timeout = WRITE_CHECK_MS;
-        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(l->rk, timeout);
-        if (rkm) {
-            handle_message(l, rkm);
-            rd_kafka_message_destroy(rkm);
-        }
-        if (l->writing && write_done(l))
-            (void)write_finish(l); /* committed: store its offsets now (a failure blocks) */
-        if (rec_maint_fatal(l->maint, &l->fatal_err)) { /* found at the maintenance connect */
-            l->fatal = true;
-            break;
-        }
-        now = sl_mono_ms();
-        if (l->blocked) {
-            if (now >= l->retry_at_ms)
-                (void)write_retry(l);
-        } else if (!rec_batch_empty(l->batch) &&
-                   (rec_batch_full(l->batch) ||
-                    now - l->batch->first_mono_ms >= cfg->recorder_flush_ms)) {
-            (void)flush(l);
-        }
-        if (now >= l->next_stats_ms) {
-            l->next_stats_ms = now + REC_STATS_EVERY_MS;
-            log_stats(l, "recorder_stats", "progress");
-        }
-    }
+    return 0;
+}
 
-    /* Shutdown: write the last batches (bounded retries), store, commit, leave the group,
-     * all within shutdown_timeout_ms whatever is down. */
-    sl_probe_beat_release(beat);
-    if (l->fatal)
-        return stop_fatal(l, err);
-    if (!l->joined)
-        return start_cancelled(l);
+/* How long the next poll may wait: until the open batch is due, shorter while a write is in
+ * flight (to notice its commit soon when idle). */
+static int poll_timeout(const rec_loop_t *l, int64_t now)
+{
+    int timeout = POLL_MAX_MS;
+    if (!l->blocked && !rec_batch_empty(l->batch)) {
+        int64_t left = l->batch->first_mono_ms + l->cfg->recorder_flush_ms - now;
+        timeout = left <= 0 ? 0 : left < POLL_MAX_MS ? (int)left : POLL_MAX_MS;
+    }
+    if (l->writing && timeout > WRITE_CHECK_MS)
+        timeout = WRITE_CHECK_MS;
+    return timeout;
+}
+
+/* After a poll: retry a blocked write when due, or flush the batch when full or due; the
+ * periodic stats line. */
+static void tick(rec_loop_t *l)
+{
+    int64_t now = sl_mono_ms();
+    if (l->blocked) {
+        if (now >= l->retry_at_ms)
+            (void)write_retry(l);
+    } else if (!rec_batch_empty(l->batch) &&
+               (rec_batch_full(l->batch) ||
+                now - l->batch->first_mono_ms >= l->cfg->recorder_flush_ms)) {
+        (void)flush(l);
+    }
+    if (now >= l->next_stats_ms) {
+        l->next_stats_ms = now + REC_STATS_EVERY_MS;
+        log_stats(l, "recorder_stats", "progress");
+    }
+}
+
+/* Shutdown: write the last batches (bounded retries), store, commit, leave the group, all
+ * within shutdown_timeout_ms whatever is down. */
+static int shutdown_bounded(rec_loop_t *l, sl_err_t *err)
+{
+    const struct sl_config *cfg = l->cfg;
     int64_t bound = sl_mono_ms() + cfg->shutdown_timeout_ms;
     rec_maint_stop(l->maint);
     l->maint = NULL;
@@ -880,6 +872,40 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
     }
     log_stats(l, "recorder_stopped", "stopped");
     return 0;
+}
+
+int rec_loop_run(rec_loop_t *l, sl_err_t *err)
+{
+    int rc = subscribe(l, err);
+    if (rc != 0)
+        return rc;
+    l->maint = rec_maint_start(l->cfg, err);
+    if (!l->maint)
+        return err ? err->code : SL_ESTATE;
+    l->next_stats_ms = sl_mono_ms() + REC_STATS_EVERY_MS;
+    int beat = sl_probe_beat_register("recorder loop");
+    while (!l->stop) {
+        int64_t now = sl_mono_ms();
+        sl_probe_beat(beat, now);
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(l->rk, poll_timeout(l, now));
+        if (rkm) {
+            handle_message(l, rkm);
+            rd_kafka_message_destroy(rkm);
+        }
+        if (l->writing && write_done(l))
+            (void)write_finish(l); /* committed: store its offsets now (a failure blocks) */
+        if (rec_maint_fatal(l->maint, &l->fatal_err)) { /* found at the maintenance connect */
+            l->fatal = true;
+            break;
+        }
+        tick(l);
+    }
+    sl_probe_beat_release(beat);
+    if (l->fatal)
+        return stop_fatal(l, err);
+    if (!l->joined)
+        return start_cancelled(l);
+    return shutdown_bounded(l, err);
 }
 
 void rec_loop_destroy(rec_loop_t *l)
