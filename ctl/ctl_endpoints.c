@@ -415,53 +415,38 @@ static int codec_text_check(enum sub s, const char *flag, const char *name, cons
 }
 
 /* Validate what can be validated without the registry. */
-static int check_values(enum sub s, struct opts *o)
+/* --method, case-insensitive, into o->method. */
+static int check_method(const char *cmd, struct opts *o)
 {
-    const char *cmd = cmd_name(s);
-    sl_err_t err;
-    int rc;
-    if (o->id && !sl_valid_endpoint_id(o->id, strlen(o->id)))
-        return ctl_usage_error(cmd,
-                               "invalid endpoint id: expected 1..%d characters "
-                               "[A-Za-z0-9_-]",
-                               SL_ENDPOINT_ID_MAX);
-    if (o->method_s) {
-        char up[8];
-        size_t n = strlen(o->method_s);
-        for (size_t i = 0; i < n && i < sizeof(up); i++)
-            up[i] = (char)(o->method_s[i] >= 'a' && o->method_s[i] <= 'z' ? o->method_s[i] - 32
-                                                                          : o->method_s[i]);
-        if (n >= sizeof(up) || sl_http_method_parse(up, n, &o->method) != 0)
-            return ctl_usage_error(cmd, "invalid value for --method: expected POST, PUT, PATCH "
-                                        "or GET");
-    }
-    if (o->ct && o->ct[0] && !sl_valid_content_type(o->ct, strlen(o->ct)))
-        return ctl_usage_error(cmd,
-                               "invalid value for --content-type: expected 1..%d printable "
-                               "ASCII characters",
-                               SL_CT_MAX);
-    if (o->name && o->name[0]) {
+    char up[8];
+    size_t n = strlen(o->method_s);
+    for (size_t i = 0; i < n && i < sizeof(up); i++)
+        up[i] = (char)(o->method_s[i] >= 'a' && o->method_s[i] <= 'z' ? o->method_s[i] - 32
+                                                                      : o->method_s[i]);
+    if (n >= sizeof(up) || sl_http_method_parse(up, n, &o->method) != 0)
+        return ctl_usage_error(cmd, "invalid value for --method: expected POST, PUT, PATCH "
+                                    "or GET");
+    return 0;
+}
+
+/* --name and --reason: texts the record's codec can carry. */
+static int check_texts(enum sub s, const char *cmd, const struct opts *o)
+{
+    int rc = 0;
+    if (o->name && o->name[0])
         rc = codec_text_check(s, "--name", o->name, NULL);
-        if (rc)
-            return rc;
-    }
-    if (o->reason) {
+    if (rc == 0 && o->reason) {
         if (!o->reason[0])
             return ctl_usage_error(cmd, "--reason must not be empty");
         rc = codec_text_check(s, "--reason", NULL, o->reason);
-        if (rc)
-            return rc;
     }
-    if (o->url) {
-        /* for update without --template/--no-template the final mode is known only after
-         * reading the row; check_merged() repeats the check then */
-        bool tpl = o->tpl == 1;
-        if (s == S_ADD || o->tpl >= 0) {
-            rc = sl_endpoint_url_check(o->url, tpl, &err);
-            if (rc != 0)
-                return ctl_usage_error(cmd, "invalid value for --url: %s", err.msg);
-        }
-    }
+    return rc;
+}
+
+/* --signature and --secret: the scheme named, the secret parsed, and the two agreeing. */
+static int check_signing(const char *cmd, struct opts *o)
+{
+    sl_err_t err;
     if (o->signature_s) {
         if (strcmp(o->signature_s, "hmac") == 0)
             o->signature = SL_SECRET_HMAC;
@@ -470,15 +455,21 @@ static int check_values(enum sub s, struct opts *o)
         else
             return ctl_usage_error(cmd, "invalid value for --signature: expected hmac or ed25519");
     }
-    if (o->secret_s) {
-        if (sl_secret_parse(&o->secret, o->secret_s, &err) != 0)
-            return ctl_usage_error(cmd, "invalid value for --secret: %s", err.msg);
-        o->have_secret = true;
-        if (o->signature_s && o->secret.kind != o->signature)
-            return ctl_usage_error(cmd, "--signature %s does not fit --secret (a %s secret)",
-                                   o->signature_s,
-                                   o->secret.kind == SL_SECRET_ED25519 ? "whsk_" : "whsec_");
-    }
+    if (!o->secret_s)
+        return 0;
+    if (sl_secret_parse(&o->secret, o->secret_s, &err) != 0)
+        return ctl_usage_error(cmd, "invalid value for --secret: %s", err.msg);
+    o->have_secret = true;
+    if (o->signature_s && o->secret.kind != o->signature)
+        return ctl_usage_error(cmd, "--signature %s does not fit --secret (a %s secret)",
+                               o->signature_s,
+                               o->secret.kind == SL_SECRET_ED25519 ? "whsk_" : "whsec_");
+    return 0;
+}
+
+/* What each subcommand requires or excludes. */
+static int check_required(enum sub s, const char *cmd, const struct opts *o)
+{
     if (s == S_ADD) {
         if (!o->id)
             return ctl_usage_error(cmd, "--id is required");
@@ -495,6 +486,35 @@ static int check_values(enum sub s, struct opts *o)
     if (s == S_DISABLE && !o->reason)
         return ctl_usage_error(cmd, "--reason is required");
     return 0;
+}
+
+static int check_values(enum sub s, struct opts *o)
+{
+    const char *cmd = cmd_name(s);
+    sl_err_t err;
+    int rc;
+    if (o->id && !sl_valid_endpoint_id(o->id, strlen(o->id)))
+        return ctl_usage_error(cmd,
+                               "invalid endpoint id: expected 1..%d characters "
+                               "[A-Za-z0-9_-]",
+                               SL_ENDPOINT_ID_MAX);
+    if (o->method_s && (rc = check_method(cmd, o)) != 0)
+        return rc;
+    if (o->ct && o->ct[0] && !sl_valid_content_type(o->ct, strlen(o->ct)))
+        return ctl_usage_error(cmd,
+                               "invalid value for --content-type: expected 1..%d printable "
+                               "ASCII characters",
+                               SL_CT_MAX);
+    if ((rc = check_texts(s, cmd, o)) != 0)
+        return rc;
+    /* for update without --template/--no-template the final mode is known only after reading
+     * the row; check_merged() repeats the check then */
+    if (o->url && (s == S_ADD || o->tpl >= 0) &&
+        sl_endpoint_url_check(o->url, o->tpl == 1, &err) != 0)
+        return ctl_usage_error(cmd, "invalid value for --url: %s", err.msg);
+    if ((rc = check_signing(cmd, o)) != 0)
+        return rc;
+    return check_required(s, cmd, o);
 }
 
 static int parse(enum sub s, int argc, char **argv, struct opts *o)
