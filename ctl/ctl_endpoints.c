@@ -729,6 +729,58 @@ static char *strs_join(char *const *v, size_t n, const char *sep, const char *df
     return out;
 }
 
+/* One secret of `endpoints show --json`: state, times, scheme and public key (with the master
+ * key), the plaintext with --show-secrets. */
+static json_t *secret_json(const struct sl_reg_ep *ep, const struct show_opts *so, size_t i)
+{
+    const struct sl_reg_ep_secret *s = &ep->secrets[i];
+    char t[32];
+    json_t *j = json_object();
+    json_object_set_new(j, "seq", json_integer(s->seq));
+    json_object_set_new(j, "state", json_string(secret_state(s)));
+    ctl_fmt_time(s->created_ms, t, sizeof(t));
+    json_object_set_new(j, "created", json_string(t));
+    json_object_set_new(j, "expires_ms", s->exp_ms ? json_integer(s->exp_ms) : json_null());
+    if (s->expired)
+        return j;
+    if (so->mk) {
+        char pk[SL_PUBKEY_STR_MAX];
+        sl_err_t err;
+        int kind = secret_public(ep, i, so->mk, pk, &err);
+        json_object_set_new(j, "signature",
+                            kind < 0 ? json_null() : json_string(kind ? "ed25519" : "hmac"));
+        json_object_set_new(j, "public_key", kind == 1 ? json_string(pk) : json_null());
+        if (kind < 0 && !so->show_secrets)
+            json_object_set_new(j, "error", json_string(err.msg));
+    } else if (so->no_mk) {
+        json_object_set_new(j, "signature", json_null()); /* unknown without master_key */
+        json_object_set_new(j, "public_key", json_null());
+    }
+    if (so->show_secrets) {
+        char plain[SL_SECRET_ENC_MAX + 1];
+        sl_err_t err;
+        open_secret_text(ep, i, so->mk, plain, sizeof(plain), &err);
+        json_object_set_new(j, "secret", plain[0] ? json_string(plain) : json_null());
+        if (!plain[0])
+            json_object_set_new(j, "error", json_string(err.msg));
+        sl_secret_wipe(plain, sizeof(plain));
+    }
+    return j;
+}
+
+static json_t *headers_json(const struct sl_reg_ep *ep, bool values)
+{
+    json_t *hs = json_array();
+    for (size_t i = 0; i < ep->n_hdr; i++) {
+        json_t *h = json_object();
+        json_object_set_new(h, "name", json_string(ep->hdr[i].name));
+        if (values)
+            json_object_set_new(h, "value", json_string(ep->hdr[i].value));
+        json_array_append_new(hs, h);
+    }
+    return hs;
+}
+
 static json_t *ep_json(const struct sl_reg_ep *ep, const struct show_opts *so)
 {
     char t[32];
@@ -739,15 +791,7 @@ static json_t *ep_json(const struct sl_reg_ep *ep, const struct show_opts *so)
     json_object_set_new(o, "template", json_boolean(ep->tpl));
     json_object_set_new(o, "method", json_string(sl_http_method_name(ep->method)));
     json_object_set_new(o, "content_type", ep->ct[0] ? json_string(ep->ct) : json_null());
-    json_t *hs = json_array();
-    for (size_t i = 0; i < ep->n_hdr; i++) {
-        json_t *h = json_object();
-        json_object_set_new(h, "name", json_string(ep->hdr[i].name));
-        if (so->show_secrets)
-            json_object_set_new(h, "value", json_string(ep->hdr[i].value));
-        json_array_append_new(hs, h);
-    }
-    json_object_set_new(o, "headers", hs);
+    json_object_set_new(o, "headers", headers_json(ep, so->show_secrets));
     json_object_set_new(o, "types", strs_json(ep->types, ep->n_types));
     json_object_set_new(o, "channels", strs_json(ep->channels, ep->n_channels));
     json_object_set_new(o, "enabled", json_boolean(ep->enabled));
@@ -761,38 +805,8 @@ static json_t *ep_json(const struct sl_reg_ep *ep, const struct show_opts *so)
     }
     json_object_set_new(o, "effective", eff);
     json_t *ss = json_array();
-    for (size_t i = 0; i < ep->n_secrets; i++) {
-        const struct sl_reg_ep_secret *s = &ep->secrets[i];
-        json_t *j = json_object();
-        json_object_set_new(j, "seq", json_integer(s->seq));
-        json_object_set_new(j, "state", json_string(secret_state(s)));
-        ctl_fmt_time(s->created_ms, t, sizeof(t));
-        json_object_set_new(j, "created", json_string(t));
-        json_object_set_new(j, "expires_ms", s->exp_ms ? json_integer(s->exp_ms) : json_null());
-        if (so->mk && !s->expired) {
-            char pk[SL_PUBKEY_STR_MAX];
-            sl_err_t err;
-            int kind = secret_public(ep, i, so->mk, pk, &err);
-            json_object_set_new(j, "signature",
-                                kind < 0 ? json_null() : json_string(kind ? "ed25519" : "hmac"));
-            json_object_set_new(j, "public_key", kind == 1 ? json_string(pk) : json_null());
-            if (kind < 0 && !so->show_secrets)
-                json_object_set_new(j, "error", json_string(err.msg));
-        } else if (so->no_mk && !s->expired) {
-            json_object_set_new(j, "signature", json_null()); /* unknown without master_key */
-            json_object_set_new(j, "public_key", json_null());
-        }
-        if (so->show_secrets && !s->expired) {
-            char plain[SL_SECRET_ENC_MAX + 1];
-            sl_err_t err;
-            open_secret_text(ep, i, so->mk, plain, sizeof(plain), &err);
-            json_object_set_new(j, "secret", plain[0] ? json_string(plain) : json_null());
-            if (!plain[0])
-                json_object_set_new(j, "error", json_string(err.msg));
-            sl_secret_wipe(plain, sizeof(plain));
-        }
-        json_array_append_new(ss, j);
-    }
+    for (size_t i = 0; i < ep->n_secrets; i++)
+        json_array_append_new(ss, secret_json(ep, so, i));
     json_object_set_new(o, "secrets", ss);
     if (so->new_secret)
         json_object_set_new(o, "secret", json_string(so->new_secret));
