@@ -1368,6 +1368,53 @@ out:
     return rc;
 }
 
+/* `endpoints list --json`: one object per endpoint, URLs redacted (red). */
+static void list_json(const struct sl_reg_ep *eps, size_t n, char **red)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) {
+        char t[32];
+        ctl_fmt_time(eps[i].updated_ms, t, sizeof(t));
+        json_t *row = json_pack("{s:s, s:s, s:s, s:b, s:s, s:o, s:o, s:b, s:s, s:I, s:s}", "id",
+                                eps[i].id, "name", eps[i].name, "url", red[i], "template",
+                                eps[i].tpl, "method", sl_http_method_name(eps[i].method), "types",
+                                strs_json(eps[i].types, eps[i].n_types), "channels",
+                                strs_json(eps[i].channels, eps[i].n_channels), "enabled",
+                                eps[i].enabled, "disabled_reason", eps[i].reason, "active_secrets",
+                                (json_int_t)sl_reg_ep_active_secrets(&eps[i]), "updated", t);
+        json_array_append_new(arr, row);
+    }
+    print_json(arr);
+}
+
+/* `endpoints list`: a table sized to the ids and names (names cut at 32), URLs redacted. */
+static void list_text(const struct sl_reg_ep *eps, size_t n, char **red)
+{
+    int wid = 2, wname = 4;
+    for (size_t i = 0; i < n; i++) {
+        int a = (int)strlen(eps[i].id), b = (int)strlen(eps[i].name);
+        wid = a > wid ? a : wid;
+        wname = b > wname ? b : wname;
+    }
+    if (wname > 32)
+        wname = 32;
+    printf("%-*s  %-*s  %-6s  %-8s  %-7s  %-20s  %-5s  %-8s  %s\n", wid, "ID", wname, "NAME",
+           "METHOD", "ENABLED", "SECRETS", "UPDATED", "TYPES", "CHANNELS", "URL");
+    for (size_t i = 0; i < n; i++) {
+        char t[32], nt[8], nc[8];
+        ctl_fmt_time(eps[i].updated_ms, t, sizeof(t));
+        /* counts here (lists can be long); `show` prints them */
+        (void)snprintf(nt, sizeof(nt), "%zu", eps[i].n_types);
+        (void)snprintf(nc, sizeof(nc), "%zu", eps[i].n_channels);
+        printf("%-*s  %-*.*s  %-6s  %-8s  %-7zu  %-20s  %-5s  %-8s  %s%s\n", wid, eps[i].id, wname,
+               wname, eps[i].name[0] ? eps[i].name : "-", sl_http_method_name(eps[i].method),
+               eps[i].enabled ? "yes" : "no", sl_reg_ep_active_secrets(&eps[i]), t,
+               eps[i].n_types ? nt : "all", eps[i].n_channels ? nc : "-", red[i],
+               eps[i].tpl ? " (template)" : "");
+    }
+    printf("%zu endpoint%s\n", n, n == 1 ? "" : "s");
+}
+
 static int cmd_list(struct run *r, struct opts *o)
 {
     sl_err_t err;
@@ -1378,53 +1425,16 @@ static int cmd_list(struct run *r, struct opts *o)
         return rc;
     if (sl_reg_db_list(r->pg, &eps, &n, &err) != 0)
         return ctl_fail(r->cmd, "%s", err.msg);
-    char **red = sl_xcalloc(n ? n : 1, sizeof(*red));
+    char **red = sl_xcalloc(n ? n : 1, sizeof(char *));
     for (size_t i = 0; i < n; i++) {
         char buf[SL_URL_MAX + 1];
         (void)sl_url_redact(eps[i].url, buf, sizeof(buf)); /* placeholder or prefix on error */
         red[i] = sl_xstrdup(buf);
     }
-    if (o->json) {
-        json_t *arr = json_array();
-        for (size_t i = 0; i < n; i++) {
-            char t[32];
-            ctl_fmt_time(eps[i].updated_ms, t, sizeof(t));
-            json_t *row =
-                json_pack("{s:s, s:s, s:s, s:b, s:s, s:o, s:o, s:b, s:s, s:I, s:s}", "id",
-                          eps[i].id, "name", eps[i].name, "url", red[i], "template", eps[i].tpl,
-                          "method", sl_http_method_name(eps[i].method), "types",
-                          strs_json(eps[i].types, eps[i].n_types), "channels",
-                          strs_json(eps[i].channels, eps[i].n_channels), "enabled", eps[i].enabled,
-                          "disabled_reason", eps[i].reason, "active_secrets",
-                          (json_int_t)sl_reg_ep_active_secrets(&eps[i]), "updated", t);
-            json_array_append_new(arr, row);
-        }
-        print_json(arr);
-    } else {
-        int wid = 2, wname = 4;
-        for (size_t i = 0; i < n; i++) {
-            int a = (int)strlen(eps[i].id), b = (int)strlen(eps[i].name);
-            wid = a > wid ? a : wid;
-            wname = b > wname ? b : wname;
-        }
-        if (wname > 32)
-            wname = 32;
-        printf("%-*s  %-*s  %-6s  %-8s  %-7s  %-20s  %-5s  %-8s  %s\n", wid, "ID", wname, "NAME",
-               "METHOD", "ENABLED", "SECRETS", "UPDATED", "TYPES", "CHANNELS", "URL");
-        for (size_t i = 0; i < n; i++) {
-            char t[32], nt[8], nc[8];
-            ctl_fmt_time(eps[i].updated_ms, t, sizeof(t));
-            /* counts here (lists can be long); `show` prints them */
-            (void)snprintf(nt, sizeof(nt), "%zu", eps[i].n_types);
-            (void)snprintf(nc, sizeof(nc), "%zu", eps[i].n_channels);
-            printf("%-*s  %-*.*s  %-6s  %-8s  %-7zu  %-20s  %-5s  %-8s  %s%s\n", wid, eps[i].id,
-                   wname, wname, eps[i].name[0] ? eps[i].name : "-",
-                   sl_http_method_name(eps[i].method), eps[i].enabled ? "yes" : "no",
-                   sl_reg_ep_active_secrets(&eps[i]), t, eps[i].n_types ? nt : "all",
-                   eps[i].n_channels ? nc : "-", red[i], eps[i].tpl ? " (template)" : "");
-        }
-        printf("%zu endpoint%s\n", n, n == 1 ? "" : "s");
-    }
+    if (o->json)
+        list_json(eps, n, red);
+    else
+        list_text(eps, n, red);
     for (size_t i = 0; i < n; i++) {
         free(red[i]);
         sl_reg_ep_fini(&eps[i]);
