@@ -1251,6 +1251,26 @@ void sl_cfg_print_help(FILE *f)
  * otherwise out keeps val. One it cannot parse is not shown at all (it may hold a password in
  * a form we cannot find).
  */
+/* Append " keyword=value" to out (at *n, NUL-terminated, cut at outlen): the value quoted
+ * and escaped as libpq reads it when it needs quotes, "[redacted]" for a password. */
+static void
+append_conninfo_kv(char *out, size_t outlen, size_t *n, const char *keyword, const char *val)
+{
+    bool pw = strcmp(keyword, "password") == 0;
+    bool quote = !pw && (!val[0] || strpbrk(val, " '\\") != NULL);
+    int w = snprintf(out + *n, outlen - *n, "%s%s=%s", *n ? " " : "", keyword, quote ? "'" : "");
+    *n += w > 0 ? (size_t)w : 0;
+    for (const char *v = pw ? "[redacted]" : val; *v && *n + 2 < outlen; v++) {
+        if (quote && (*v == '\'' || *v == '\\'))
+            out[(*n)++] = '\\';
+        out[(*n)++] = *v;
+    }
+    if (quote && *n + 1 < outlen)
+        out[(*n)++] = '\'';
+    if (*n < outlen)
+        out[*n] = '\0';
+}
+
 static void mask_conninfo(const char *val, char *out, size_t outlen)
 {
     char *errmsg = NULL;
@@ -1267,22 +1287,8 @@ static void mask_conninfo(const char *val, char *out, size_t outlen)
         size_t n = 0;
         out[0] = '\0';
         for (PQconninfoOption *c = ci; c->keyword && n < outlen; c++) {
-            if (!c->val)
-                continue;
-            bool pw = strcmp(c->keyword, "password") == 0;
-            bool quote = !pw && (!c->val[0] || strpbrk(c->val, " '\\") != NULL);
-            int w = snprintf(out + n, outlen - n, "%s%s=%s", n ? " " : "", c->keyword,
-                             quote ? "'" : "");
-            n += w > 0 ? (size_t)w : 0;
-            for (const char *v = pw ? "[redacted]" : c->val; *v && n + 2 < outlen; v++) {
-                if (quote && (*v == '\'' || *v == '\\'))
-                    out[n++] = '\\';
-                out[n++] = *v;
-            }
-            if (quote && n + 1 < outlen)
-                out[n++] = '\'';
-            if (n < outlen)
-                out[n] = '\0';
+            if (c->val)
+                append_conninfo_kv(out, outlen, &n, c->keyword, c->val);
         }
     }
     PQconninfoFree(ci);
