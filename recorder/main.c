@@ -78,31 +78,59 @@ static void usage(FILE *f)
            "before the group was joined (e.g. Kafka unreachable) it exits 0 at once.\n");
 }
 
+/* The master key: disabling an endpoint (410 Gone, disable_after_ms) publishes its record,
+ * which is signed with it. Returns 0, or -1 with the reason on stderr. */
+static int load_master_key(const struct sl_config *cfg, struct sl_masterkey *mk)
+{
+    sl_err_t err;
+    if (!cfg->master_key[0]) {
+        (void)fprintf(stderr,
+                      "sluice-recorder: master_key (SLUICE_MASTER_KEY) is required to sign the "
+                      "endpoint records of the endpoints it disables\n");
+        return -1;
+    }
+    if (sl_masterkey_parse(mk, cfg->master_key, &err) != 0) {
+        (void)fprintf(stderr, "sluice-recorder: invalid value for master_key: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Run the loop of g_loop to its end; returns the exit code. Exits at once (never returns)
+ * when leaving the group outlived its bound and still runs on its own thread: destroying
+ * anything it uses would be unsafe (sl_bounded.h). */
+static int run_loop(void)
+{
+    sl_err_t err;
+    sl_err_clear(&err);
+    int run = rec_loop_run(g_loop, &err);
+    if (rec_loop_abandoned(g_loop)) {
+        /* 0 when the stop came before the group was ever joined (nothing was taken) */
+        (void)fflush(stderr);
+        _exit(run == 0 ? 0 : 1);
+    }
+    if (run != 0) {
+        sl_error("recorder", run == SL_EVERSION ? "schema_mismatch" : "start_failed", "%s",
+                 err.msg);
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct sl_config cfg;
     int early = sl_cfg_main_daemon(&cfg, "sluice-recorder", usage, on_signal, &argc, argv);
     if (early >= 0)
         return early;
-
     int rc = 1;
     sl_err_t err;
     sl_err_clear(&err);
     struct readiness rd = {.cfg = &cfg};
     sl_probe_t *probe = NULL;
-    /* disabling an endpoint (410 Gone, disable_after_ms) publishes its record, which is
-     * signed with the master key */
     struct sl_masterkey mk;
     memset(&mk, 0, sizeof(mk));
-    if (!cfg.master_key[0]) {
-        (void)fprintf(stderr,
-                      "sluice-recorder: master_key (SLUICE_MASTER_KEY) is required to sign the "
-                      "endpoint records of the endpoints it disables\n");
-        sl_cfg_fini(&cfg);
-        return SL_CFG_EXIT;
-    }
-    if (sl_masterkey_parse(&mk, cfg.master_key, &err) != 0) {
-        (void)fprintf(stderr, "sluice-recorder: invalid value for master_key: %s\n", err.msg);
+    if (load_master_key(&cfg, &mk) != 0) {
         sl_cfg_fini(&cfg);
         return SL_CFG_EXIT;
     }
@@ -112,37 +140,19 @@ int main(int argc, char **argv)
     if (g_loop && cfg.metrics_listen[0]) {
         probe = sl_probe_start(cfg.metrics_listen, "metrics_listen", cfg.live_stall_ms, ready_cb,
                                &rd, &err);
-        if (!probe) {
+        if (!probe)
             sl_error("recorder", "start_failed", "%s", err.msg);
-            goto out;
-        }
     }
-    if (!g_loop) {
+    if (!g_loop)
         sl_error("recorder", "start_failed", "%s", err.msg);
-        goto out;
-    }
-    int run = rec_loop_run(g_loop, &err);
-    if (rec_loop_abandoned(g_loop)) {
-        /* leaving the group outlived its bound and is still running on its own thread: exit
-         * now, destroying nothing it uses (see sl_bounded.h); 0 when the stop came before
-         * the group was ever joined (nothing was taken) */
-        (void)fflush(stderr);
-        _exit(run == 0 ? 0 : 1);
-    }
-    if (run != 0) {
-        sl_error("recorder", run == SL_EVERSION ? "schema_mismatch" : "start_failed", "%s",
-                 err.msg);
-        goto out;
-    }
-    rc = 0;
-out : {
+    else if (probe || !cfg.metrics_listen[0])
+        rc = run_loop();
     sl_probe_stop(probe);
     if (rd.pg)
         PQfinish(rd.pg);
     rec_loop_t *l = g_loop;
     g_loop = NULL;
     rec_loop_destroy(l);
-}
     sl_masterkey_fini(&mk);
     sl_cfg_fini(&cfg);
     return rc;
