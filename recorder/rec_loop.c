@@ -545,42 +545,59 @@ static void note_disable(rec_loop_t *l, const void *payload, size_t len)
 /* Apply the first upto waiting disable requests (those of committed batches) to the registry
  * (PostgreSQL, then the endpoints topic, so every consumer stops). Requests that fail stay
  * queued for the next batch, ahead of the requests of batches not committed yet. */
-static void apply_disables(rec_loop_t *l, size_t upto)
+/* The registry's database and publisher, opened when missing. False (logged) when either
+ * cannot be had now: the disables wait for the next attempt. */
+static bool registry_open(rec_loop_t *l)
 {
-    if (upto > l->n_disable)
-        upto = l->n_disable;
-    if (upto == 0)
-        return;
     sl_err_t err;
     if (!l->reg_pg)
         l->reg_pg = sl_reg_db_open(l->cfg, &err);
     if (l->reg_pg && !l->reg_pub.rk && sl_reg_pub_open(l->cfg, &l->reg_pub, &err) != 0) {
         sl_warn("registry", "disable_deferred", "could not open the registry publisher: %s",
                 err.msg);
-        return;
+        return false;
     }
     if (!l->reg_pg) {
         sl_warn("registry", "disable_deferred", "could not reach the registry: %s", err.msg);
-        return;
+        return false;
     }
+    return true;
+}
+
+/* Disable one endpoint as a consumer asked. True when done (or the endpoint is gone); false
+ * to keep the request for the next attempt (a lost connection is dropped for a new one). */
+static bool disable_one(rec_loop_t *l, const struct disable_req *d)
+{
+    sl_err_t err;
+    bool changed = false;
+    int rc = sl_reg_disable(l->reg_pg, &l->reg_pub, d->id, d->reason, d->ts_ms, &changed, &err);
+    if (rc == 0 || rc == SL_ENOTFOUND) {
+        if (changed)
+            SL_LOGKV(SL_LOG_WARN, "registry", "endpoint_disabled",
+                     ((struct sl_log_kv[]){SL_KV_S("endpoint_id", d->id)}),
+                     "endpoint disabled at a consumer's request: %s", d->reason);
+        return true;
+    }
+    sl_warn("registry", "disable_failed", "could not disable endpoint %s: %s", d->id, err.msg);
+    if (PQstatus(l->reg_pg) != CONNECTION_OK) {
+        PQfinish(l->reg_pg);
+        l->reg_pg = NULL;
+    }
+    return false;
+}
+
+static void apply_disables(rec_loop_t *l, size_t upto)
+{
+    if (upto > l->n_disable)
+        upto = l->n_disable;
+    if (upto == 0)
+        return;
+    if (!registry_open(l))
+        return;
     size_t kept = 0;
     for (size_t i = 0; i < upto; i++) {
-        struct disable_req *d = &l->disable[i];
-        bool changed = false;
-        int rc = sl_reg_disable(l->reg_pg, &l->reg_pub, d->id, d->reason, d->ts_ms, &changed, &err);
-        if (rc == 0 || rc == SL_ENOTFOUND) {
-            if (changed)
-                SL_LOGKV(SL_LOG_WARN, "registry", "endpoint_disabled",
-                         ((struct sl_log_kv[]){SL_KV_S("endpoint_id", d->id)}),
-                         "endpoint disabled at a consumer's request: %s", d->reason);
-            continue;
-        }
-        sl_warn("registry", "disable_failed", "could not disable endpoint %s: %s", d->id, err.msg);
-        if (PQstatus(l->reg_pg) != CONNECTION_OK) {
-            PQfinish(l->reg_pg);
-            l->reg_pg = NULL;
-        }
-        l->disable[kept++] = *d;
+        if (!disable_one(l, &l->disable[i]))
+            l->disable[kept++] = l->disable[i];
     }
     for (size_t i = upto; i < l->n_disable; i++) /* not committed yet */
         l->disable[kept++] = l->disable[i];
@@ -588,6 +605,20 @@ static void apply_disables(rec_loop_t *l, size_t upto)
 }
 
 /* ==== Kafka ==== */
+
+/* On revoke: write the records held while the partitions are still ours (none when the
+ * assignment is lost); what cannot be written is dropped for the next owner to re-read. */
+static void revoke_write_held(rec_loop_t *l, rd_kafka_t *rk)
+{
+    if (!rd_kafka_assignment_lost(rk) && flush_wait(l) == 0) {
+        sl_info("kafka", "batch_flushed_on_revoke", "batch written before giving up partitions");
+        return;
+    }
+    sl_info("kafka", "batch_dropped_on_revoke",
+            "batch of %zu records not written: the partitions' next owner re-reads them",
+            held_records(l));
+    drop_held(l);
+}
 
 static void rebalance_cb(rd_kafka_t *rk,
                          rd_kafka_resp_err_t err,
@@ -603,17 +634,8 @@ static void rebalance_cb(rd_kafka_t *rk,
         return;
     }
     /* Revoke (eager: the whole assignment). Write what we hold while we still own it. */
-    if (l->writing || l->wbatch || !rec_batch_empty(l->batch)) {
-        if (!rd_kafka_assignment_lost(rk) && flush_wait(l) == 0) {
-            sl_info("kafka", "batch_flushed_on_revoke",
-                    "batch written before giving up partitions");
-        } else {
-            sl_info("kafka", "batch_dropped_on_revoke",
-                    "batch of %zu records not written: the partitions' next owner re-reads them",
-                    held_records(l));
-            drop_held(l);
-        }
-    }
+    if (l->writing || l->wbatch || !rec_batch_empty(l->batch))
+        revoke_write_held(l, rk);
     resume_paused(l); /* our pause would otherwise stick to the partition objects */
     l->blocked = false;
     rd_kafka_assign(rk, NULL);
