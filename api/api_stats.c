@@ -227,23 +227,18 @@ static int stats_opts_parse(struct api_req *r, struct stats_opts *o)
     return 0;
 }
 
-enum api_hret api_endpoint_stats(struct api_req *r)
+/* The page: the next `limit` endpoints this key sees, after the cursor, by id, into page and
+ * ids (room for limit + 1: one more than fits says there is a next page). Returns the count. */
+static size_t stats_page(struct api_req *r,
+                         const struct stats_opts *o,
+                         const struct sl_endpoint **eps,
+                         size_t neps,
+                         const struct sl_endpoint **page,
+                         const char **ids)
 {
-    struct stats_opts o;
-    memset(&o, 0, sizeof(o));
-    if (stats_opts_parse(r, &o) != 0)
-        return API_DONE;
-    /* the page: the next `limit` endpoints this key sees, after the cursor, by id */
-    const struct sl_endpoint **eps = NULL;
-    size_t neps = 0, np = 0;
-    sl_endpoints_snapshot(r->api->eps, &eps, &neps);
-    if (neps > 1)
-        qsort(eps, neps, sizeof(const struct sl_endpoint *), by_id);
-    const struct sl_endpoint **page =
-        sl_xcalloc((size_t)o.limit + 1, sizeof(const struct sl_endpoint *));
-    const char **ids = sl_xcalloc((size_t)o.limit + 1, sizeof(*ids));
-    for (size_t i = 0; i < neps && np <= (size_t)o.limit; i++) {
-        if (o.have_cur && strcmp(eps[i]->id, o.cur) <= 0)
+    size_t np = 0;
+    for (size_t i = 0; i < neps && np <= (size_t)o->limit; i++) {
+        if (o->have_cur && strcmp(eps[i]->id, o->cur) <= 0)
             continue;
         if (!api_key_sees(r, eps[i]->id))
             continue;
@@ -251,6 +246,61 @@ enum api_hret api_endpoint_stats(struct api_req *r)
         ids[np] = eps[i]->id;
         np++;
     }
+    return np;
+}
+
+/* The breakers of the page's endpoints, or NULL when Redis cannot tell (shown as unknown,
+ * not a failed answer). */
+static struct sl_breaker_view *stats_breakers(struct api_req *r, const char **ids, size_t np)
+{
+    sl_err_t err;
+    sl_redis_t *rd = api_redis(r->api, &err);
+    struct sl_breaker_view *brk = sl_xcalloc(np ? np : 1, sizeof(*brk));
+    if (!rd || sl_breaker_read(rd, ids, np, brk, &err) != 0) {
+        sl_warn("stats", "breakers_unavailable", "could not read breakers: %s", err.msg);
+        free(brk);
+        return NULL;
+    }
+    return brk;
+}
+
+/* Answer the page from SQL_STATS' rows (one per id, in the order of the array: checked). */
+static void stats_answer(struct api_req *r,
+                         const struct stats_opts *o,
+                         PGresult *res,
+                         const struct sl_endpoint **page,
+                         size_t np,
+                         bool more,
+                         const struct sl_breaker_view *brk)
+{
+    json_t *data = json_array();
+    for (size_t i = 0; i < np && (int)i < PQntuples(res); i++) {
+        const char *id = sl_pg_str(res, (int)i, "endpoint_id");
+        if (id && strcmp(id, page[i]->id) == 0)
+            json_array_append_new(data, stats_item(page[i], res, (int)i, brk ? &brk[i] : NULL, o));
+    }
+    json_t *next = more ? api_cursor_json(page[np - 1]->id) : json_null();
+    api_reply(r, 200,
+              json_pack("{s:I, s:I, s:I, s:o, s:o}", "window_s", (json_int_t)o->window_s,
+                        "slow_threshold_ms", (json_int_t)o->slow_ms, "slow_min_samples",
+                        (json_int_t)o->slow_min, "data", data, "next_cursor", next));
+}
+
+enum api_hret api_endpoint_stats(struct api_req *r)
+{
+    struct stats_opts o;
+    memset(&o, 0, sizeof(o));
+    if (stats_opts_parse(r, &o) != 0)
+        return API_DONE;
+    const struct sl_endpoint **eps = NULL;
+    size_t neps = 0;
+    sl_endpoints_snapshot(r->api->eps, &eps, &neps);
+    if (neps > 1)
+        qsort(eps, neps, sizeof(const struct sl_endpoint *), by_id);
+    const struct sl_endpoint **page =
+        sl_xcalloc((size_t)o.limit + 1, sizeof(const struct sl_endpoint *));
+    const char **ids = sl_xcalloc((size_t)o.limit + 1, sizeof(*ids));
+    size_t np = stats_page(r, &o, eps, neps, page, ids);
     bool more = np > (size_t)o.limit;
     if (more)
         np--;
@@ -260,33 +310,12 @@ enum api_hret api_endpoint_stats(struct api_req *r)
     const char *params[] = {arr, win};
     PGresult *res = history(r, "read endpoint statistics", SQL_STATS, 2, params);
     free(arr);
-    struct sl_breaker_view *brk = NULL;
     if (res) {
-        /* breakers: Redis unreachable is "unknown", not a failed answer */
-        sl_err_t err;
-        sl_redis_t *rd = api_redis(r->api, &err);
-        brk = sl_xcalloc(np ? np : 1, sizeof(*brk));
-        if (!rd || sl_breaker_read(rd, ids, np, brk, &err) != 0) {
-            sl_warn("stats", "breakers_unavailable", "could not read breakers: %s", err.msg);
-            free(brk);
-            brk = NULL;
-        }
-        /* SQL_STATS has one row per id, in the order of the array (checked) */
-        json_t *data = json_array();
-        for (size_t i = 0; i < np && (int)i < PQntuples(res); i++) {
-            const char *id = sl_pg_str(res, (int)i, "endpoint_id");
-            if (id && strcmp(id, page[i]->id) == 0)
-                json_array_append_new(data,
-                                      stats_item(page[i], res, (int)i, brk ? &brk[i] : NULL, &o));
-        }
-        json_t *next = more ? api_cursor_json(page[np - 1]->id) : json_null();
-        api_reply(r, 200,
-                  json_pack("{s:I, s:I, s:I, s:o, s:o}", "window_s", (json_int_t)o.window_s,
-                            "slow_threshold_ms", (json_int_t)o.slow_ms, "slow_min_samples",
-                            (json_int_t)o.slow_min, "data", data, "next_cursor", next));
+        struct sl_breaker_view *brk = stats_breakers(r, ids, np);
+        stats_answer(r, &o, res, page, np, more, brk);
+        free(brk);
     }
     PQclear(res);
-    free(brk);
     free(ids);
     free(page);
     for (size_t i = 0; i < neps; i++)
