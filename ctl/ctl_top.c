@@ -190,36 +190,42 @@ void ctl_top_help(FILE *f)
                   "--duration-s (default: at Ctrl-C).\n");
 }
 
-int ctl_top_main(struct ctl *c, int argc, char **argv)
+struct top_opts {
+    long interval;  /* ms between frames */
+    long duration;  /* s to run (0 = until a signal) */
+    bool beginning; /* read the outcomes topic from its start */
+};
+
+/* Returns -1 to go on, else the exit code. */
+static int top_parse(int argc, char **argv, struct top_opts *o)
 {
     static const struct option longopts[] = {{"interval-ms", required_argument, NULL, 'i'},
                                              {"duration-s", required_argument, NULL, 'd'},
                                              {"from-beginning", no_argument, NULL, 'b'},
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
-    long interval = 1000, duration = 0;
-    bool beginning = false;
+    *o = (struct top_opts){.interval = 1000};
     optind = 1;
     int ch;
     while ((ch = getopt_long(argc, argv, "i:d:bh", longopts, NULL)) != -1) {
         char *end = NULL;
         switch (ch) {
         case 'i':
-            interval = strtol(optarg, &end, 10);
-            if (!*optarg || *end || interval < 100 || interval > 600000) {
+            o->interval = strtol(optarg, &end, 10);
+            if (!*optarg || *end || o->interval < 100 || o->interval > 600000) {
                 (void)fprintf(stderr, "sluicectl top: --interval-ms expects 100..600000\n");
                 return CTL_EXIT_USAGE;
             }
             break;
         case 'd':
-            duration = strtol(optarg, &end, 10);
-            if (!*optarg || *end || duration < 1 || duration > 86400L * 365) {
+            o->duration = strtol(optarg, &end, 10);
+            if (!*optarg || *end || o->duration < 1 || o->duration > 86400L * 365) {
                 (void)fprintf(stderr, "sluicectl top: --duration-s expects a positive integer\n");
                 return CTL_EXIT_USAGE;
             }
             break;
         case 'b':
-            beginning = true;
+            o->beginning = true;
             break;
         case 'h':
             ctl_top_help(stdout);
@@ -229,12 +235,18 @@ int ctl_top_main(struct ctl *c, int argc, char **argv)
             return CTL_EXIT_USAGE;
         }
     }
-    const struct sl_config *cfg = ctl_config(c);
+    return -1;
+}
+
+/* A consumer outside any group's commits, assigned to every partition of the outcomes topic
+ * at its end (or start). NULL with the reason on stderr. */
+static rd_kafka_t *top_consumer(const struct sl_config *cfg, bool beginning)
+{
     sl_err_t err;
     rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "sluicectl-top", &err);
     if (!conf) {
         (void)fprintf(stderr, "sluicectl top: %s\n", err.msg);
-        return CTL_EXIT_FAIL;
+        return NULL;
     }
     sl_kafka_conf_set(conf, "group.id", "sluicectl-top", NULL);
     sl_kafka_conf_set(conf, "enable.auto.commit", "false", NULL);
@@ -242,7 +254,7 @@ int ctl_top_main(struct ctl *c, int argc, char **argv)
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
     if (!rk) {
         (void)fprintf(stderr, "sluicectl top: could not create kafka consumer: %s\n", errstr);
-        return CTL_EXIT_FAIL;
+        return NULL;
     }
     const struct rd_kafka_metadata *md = NULL;
     rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, cfg->topic_outcomes, NULL);
@@ -254,7 +266,7 @@ int ctl_top_main(struct ctl *c, int argc, char **argv)
         if (md)
             rd_kafka_metadata_destroy(md);
         rd_kafka_destroy(rk);
-        return CTL_EXIT_FAIL;
+        return NULL;
     }
     rd_kafka_topic_partition_list_t *l =
         rd_kafka_topic_partition_list_new(md->topics[0].partition_cnt);
@@ -264,34 +276,54 @@ int ctl_top_main(struct ctl *c, int argc, char **argv)
     rd_kafka_metadata_destroy(md);
     rd_kafka_assign(rk, l);
     rd_kafka_topic_partition_list_destroy(l);
-    sl_redis_t *r = sl_redis_connect(cfg->redis_url, (int)cfg->redis_timeout_ms, &err);
-    if (!r)
-        (void)fprintf(stderr, "sluicectl top: breaker states unavailable: %s\n", err.msg);
-    (void)signal(SIGINT, on_sig);
-    (void)signal(SIGTERM, on_sig);
-    sl_map_t *m = sl_map_new(64);
+    return rk;
+}
+
+/* Read outcomes into m and draw a frame every interval until a signal or the duration. */
+static void top_loop(rd_kafka_t *rk, sl_redis_t *r, sl_map_t *m, const struct top_opts *o)
+{
     bool tty = isatty(1);
     int64_t start = sl_mono_ms(), last = start;
     uint64_t frames = 0;
     while (!g_stop) {
         rd_kafka_message_t *msg = rd_kafka_consumer_poll(rk, 50);
         if (msg) {
+            struct sl_outcome oc;
             if (!msg->err && msg->payload) {
-                struct sl_outcome o;
-                if (sl_outcome_decode(msg->payload, msg->len, NULL, &o, NULL) == 0)
-                    take(m, &o);
-                sl_outcome_fini(&o);
+                if (sl_outcome_decode(msg->payload, msg->len, NULL, &oc, NULL) == 0)
+                    take(m, &oc);
+                sl_outcome_fini(&oc);
             }
             rd_kafka_message_destroy(msg);
         }
         int64_t now = sl_mono_ms();
-        if (now - last >= interval) {
+        if (now - last >= o->interval) {
             frame(m, r, (double)(now - last) / 1000.0, tty, ++frames);
             last = now;
         }
-        if (duration && now - start >= duration * 1000)
+        if (o->duration && now - start >= o->duration * 1000)
             break;
     }
+}
+
+int ctl_top_main(struct ctl *c, int argc, char **argv)
+{
+    struct top_opts o;
+    int rc = top_parse(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    const struct sl_config *cfg = ctl_config(c);
+    rd_kafka_t *rk = top_consumer(cfg, o.beginning);
+    if (!rk)
+        return CTL_EXIT_FAIL;
+    sl_err_t err;
+    sl_redis_t *r = sl_redis_connect(cfg->redis_url, (int)cfg->redis_timeout_ms, &err);
+    if (!r)
+        (void)fprintf(stderr, "sluicectl top: breaker states unavailable: %s\n", err.msg);
+    (void)signal(SIGINT, on_sig);
+    (void)signal(SIGTERM, on_sig);
+    sl_map_t *m = sl_map_new(64);
+    top_loop(rk, r, m, &o);
     size_t pos = 0;
     const char *key;
     void *val;
