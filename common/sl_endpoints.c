@@ -776,15 +776,73 @@ static void register_secrets(const struct sl_endpoint *e)
     }
 }
 
+/* A record's endpoint: decoded, its id the key's, its MAC verified, built. NULL when refused
+ * or invalid (logged; during the initial load the id is kept in t->failed for its end). */
+static struct sl_endpoint *rec_endpoint(sl_endpoints_t *t,
+                                        const char *id,
+                                        const rd_kafka_message_t *m,
+                                        struct sl_endpoint_rec *rec)
+{
+    sl_err_t err;
+    struct sl_endpoint *e = NULL;
+    if (sl_endpoint_rec_decode(m->payload, m->len, NULL, rec, &err) != 0) {
+        log_invalid(t, id, m, err.msg);
+        return NULL;
+    }
+    if (strcmp(rec->id, id) != 0) {
+        log_invalid(t, id, m, "the record's id differs from its key");
+        return NULL;
+    }
+    bool loading = t->initial && t->failed;
+    int rc = sl_endpoint_rec_verify(&t->mk, rec, &err);
+    if (rc != 0) {
+        if (loading)
+            sl_map_put(t->failed, id, NULL, NULL);
+        log_refused(t, id, m, rc, err.msg);
+        return NULL;
+    }
+    set_refused(t, id, NULL);
+    rc = sl_endpoint_build(rec, &t->mk, &t->defs, (uint64_t)sl_now_ms(), &e, &err);
+    if (rc != 0) {
+        if (rc == SL_ECRYPTO && loading)
+            sl_map_put(t->failed, id, NULL, NULL);
+        log_invalid(t, id, m, err.msg);
+        return NULL;
+    }
+    if (loading)
+        sl_map_del(t->failed, id, NULL);
+    return e;
+}
+
+/* Make e the endpoint of id (its record hashing to digest); after the initial load, log it
+ * and tell the listeners. */
+static void install(sl_endpoints_t *t, const char *id, struct sl_endpoint *e, const uint8_t *digest)
+{
+    e->version = ++t->next_version;
+    register_secrets(e);
+    struct slot *s = sl_xmalloc(sizeof(*s));
+    s->e = e;
+    memcpy(s->digest, digest, DIGEST_LEN);
+    void *old = NULL;
+    pthread_rwlock_wrlock(&t->lock);
+    sl_map_put(t->map, id, s, &old);
+    pthread_rwlock_unlock(&t->lock);
+    slot_free(old);
+    atomic_fetch_add(&t->generation, 1);
+    atomic_fetch_add(&t->st_applied, 1);
+    if (!t->initial) {
+        struct sl_log_kv kv[] = {SL_KV_S("endpoint_id", id), SL_KV_I("version", e->version)};
+        SL_LOGKV(SL_LOG_INFO, "endpoints", old ? "endpoint_changed" : "endpoint_added", kv,
+                 "endpoint %s %s", id, old ? "changed" : "added");
+        notify(t, id, e);
+    }
+}
+
 static void apply(sl_endpoints_t *t, const rd_kafka_message_t *m)
 {
     char id[SL_ENDPOINT_ID_MAX + 1];
-    struct sl_endpoint_rec rec;
-    struct sl_endpoint *e = NULL;
     uint8_t digest[DIGEST_LEN];
     unsigned dlen = 0;
-    sl_err_t err;
-    memset(&rec, 0, sizeof(rec));
     atomic_fetch_add(&t->st_records, 1);
     if (!m->key || !sl_valid_endpoint_id(m->key, m->key_len)) {
         log_invalid(t, "", m, "record key is not a valid endpoint id");
@@ -806,50 +864,11 @@ static void apply(sl_endpoints_t *t, const rd_kafka_message_t *m)
         atomic_fetch_add(&t->st_unchanged, 1);
         return;
     }
-    if (sl_endpoint_rec_decode(m->payload, m->len, NULL, &rec, &err) != 0) {
-        log_invalid(t, id, m, err.msg);
-        goto out;
-    }
-    if (strcmp(rec.id, id) != 0) {
-        log_invalid(t, id, m, "the record's id differs from its key");
-        goto out;
-    }
-    int rc = sl_endpoint_rec_verify(&t->mk, &rec, &err);
-    if (rc != 0) {
-        if (t->initial && t->failed)
-            sl_map_put(t->failed, id, NULL, NULL);
-        log_refused(t, id, m, rc, err.msg);
-        goto out;
-    }
-    set_refused(t, id, NULL);
-    rc = sl_endpoint_build(&rec, &t->mk, &t->defs, (uint64_t)sl_now_ms(), &e, &err);
-    if (rc != 0) {
-        if (rc == SL_ECRYPTO && t->initial && t->failed)
-            sl_map_put(t->failed, id, NULL, NULL);
-        log_invalid(t, id, m, err.msg);
-        goto out;
-    }
-    if (t->initial && t->failed)
-        sl_map_del(t->failed, id, NULL);
-    e->version = ++t->next_version;
-    register_secrets(e);
-    struct slot *s = sl_xmalloc(sizeof(*s));
-    s->e = e;
-    memcpy(s->digest, digest, DIGEST_LEN);
-    void *old = NULL;
-    pthread_rwlock_wrlock(&t->lock);
-    sl_map_put(t->map, id, s, &old);
-    pthread_rwlock_unlock(&t->lock);
-    slot_free(old);
-    atomic_fetch_add(&t->generation, 1);
-    atomic_fetch_add(&t->st_applied, 1);
-    if (!t->initial) {
-        struct sl_log_kv kv[] = {SL_KV_S("endpoint_id", id), SL_KV_I("version", e->version)};
-        SL_LOGKV(SL_LOG_INFO, "endpoints", old ? "endpoint_changed" : "endpoint_added", kv,
-                 "endpoint %s %s", id, old ? "changed" : "added");
-        notify(t, id, e);
-    }
-out:
+    struct sl_endpoint_rec rec;
+    memset(&rec, 0, sizeof(rec));
+    struct sl_endpoint *e = rec_endpoint(t, id, m, &rec);
+    if (e)
+        install(t, id, e, digest);
     sl_endpoint_rec_fini(&rec);
 }
 
