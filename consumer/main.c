@@ -126,6 +126,103 @@ static void log_start_cancelled(const char *phase, const char *what)
              "stop requested while %s: exiting before any record was taken", what);
 }
 
+/* The master key that opens the endpoints' signing secrets. Returns 0, or -1 with the reason
+ * on stderr. */
+static int load_master_key(const struct sl_config *cfg, struct sl_masterkey *mk)
+{
+    sl_err_t err;
+    if (!cfg->master_key[0]) {
+        (void)fprintf(stderr,
+                      "sluice-consumer: master_key (SLUICE_MASTER_KEY) is required to decrypt "
+                      "endpoint signing secrets\n");
+        return -1;
+    }
+    if (sl_masterkey_parse(mk, cfg->master_key, &err) != 0) {
+        (void)fprintf(stderr, "sluice-consumer: invalid value for master_key: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* The endpoint table (from the compacted topic). Returns 0, 1 (logged) when it could not be
+ * had, LOAD_CANCELLED when a stop signal came while it loaded. */
+#define LOAD_CANCELLED 2
+static int
+load_endpoints(const struct sl_config *cfg, const struct sl_masterkey *mk, sl_endpoints_t **eps)
+{
+    sl_err_t err;
+    sl_info("consumer", "endpoints_loading", "loading the endpoint table from %s",
+            cfg->topic_endpoints);
+    int erc = sl_endpoints_open_cancellable(cfg, mk, 60000, &g_stop, eps, &err);
+    if (erc == -ECANCELED || (erc == 0 && atomic_load(&g_stop))) {
+        log_start_cancelled("endpoints", "loading the endpoint table");
+        return LOAD_CANCELLED;
+    }
+    if (erc != 0) {
+        sl_error("consumer", "endpoints_unavailable", "%s", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+/* One engine per loop. Returns 0, or -1 (logged) when one could not be made. */
+static int new_engines(struct loop *loops, int n, const struct sl_config *cfg, sl_endpoints_t *eps)
+{
+    sl_err_t err;
+    for (int i = 0; i < n; i++) {
+        loops[i].engine = cons_engine_new(cfg, eps, i, n, &err);
+        if (!loops[i].engine) {
+            sl_error("consumer", "start_failed", "%s", err.msg);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Loops 1..n-1 on threads of their own (signals blocked there: the handler runs on the main
+ * thread, which runs loop 0). Returns 0, or 1 when one could not start. */
+static int start_threads(struct loop *loops, int n)
+{
+    int rc = 0;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    for (int i = 1; i < n; i++) {
+        int pe = pthread_create(&loops[i].thr, NULL, loop_main, &loops[i]);
+        if (pe != 0) {
+            sl_error("consumer", "start_failed", "could not start delivery loop %d: %s", i,
+                     strerror(pe));
+            rc = 1;
+            break;
+        }
+        loops[i].started = true;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
+/* Run loop 0 on this thread until it ends, then wait for the others. Returns 1 when rc was
+ * or any loop failed, else 0. Exits at once when a loop's leaving the group outlived
+ * shutdown_timeout_ms and still runs on its own thread with the loop's state: destroying
+ * anything it uses would be unsafe (sl_bounded.h). */
+static int run_loops(struct loop *loops, int n, int rc)
+{
+    loop_main(&loops[0]);
+    for (int i = 1; i < n; i++) {
+        if (loops[i].started)
+            pthread_join(loops[i].thr, NULL);
+    }
+    for (int i = 0; i < n; i++) {
+        if (loops[i].rc != 0)
+            rc = 1;
+        if (cons_engine_abandoned(loops[i].engine)) {
+            (void)fflush(stderr);
+            _exit(1);
+        }
+    }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     struct sl_config cfg;
@@ -134,15 +231,7 @@ int main(int argc, char **argv)
         return early;
     sl_err_t err;
     struct sl_masterkey mk;
-    if (!cfg.master_key[0]) {
-        (void)fprintf(stderr,
-                      "sluice-consumer: master_key (SLUICE_MASTER_KEY) is required to decrypt "
-                      "endpoint signing secrets\n");
-        sl_cfg_fini(&cfg);
-        return SL_CFG_EXIT;
-    }
-    if (sl_masterkey_parse(&mk, cfg.master_key, &err) != 0) {
-        (void)fprintf(stderr, "sluice-consumer: invalid value for master_key: %s\n", err.msg);
+    if (load_master_key(&cfg, &mk) != 0) {
         sl_cfg_fini(&cfg);
         return SL_CFG_EXIT;
     }
@@ -163,69 +252,26 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    sl_info("consumer", "endpoints_loading", "loading the endpoint table from %s",
-            cfg.topic_endpoints);
-    int erc = sl_endpoints_open_cancellable(&cfg, &mk, 60000, &g_stop, &eps, &err);
-    if (erc == -ECANCELED || (erc == 0 && atomic_load(&g_stop))) {
-        log_start_cancelled("endpoints", "loading the endpoint table");
-        rc = 0;
-        goto out;
-    }
+    int erc = load_endpoints(&cfg, &mk, &eps);
     if (erc != 0) {
-        sl_error("consumer", "endpoints_unavailable", "%s", err.msg);
+        rc = erc == LOAD_CANCELLED ? 0 : 1;
         goto out;
     }
     atomic_store(&rd.endpoints_loaded, true);
     sl_info("consumer", "endpoints_loaded", "%zu endpoints loaded", sl_endpoints_count(eps));
     loops = sl_xcalloc((size_t)n, sizeof(*loops));
-    for (int i = 0; i < n; i++) {
-        loops[i].engine = cons_engine_new(&cfg, eps, i, n, &err);
-        if (!loops[i].engine) {
-            sl_error("consumer", "start_failed", "%s", err.msg);
-            goto stop;
-        }
+    if (new_engines(loops, n, &cfg, eps) == 0) {
+        g_loops = loops;
+        g_nloops = n;
+        atomic_store(&rd.nloops, n);
+        atomic_store(&rd.loops, loops);
+        if (atomic_load(&g_stop)) /* asked to stop while starting: the loops drain and commit */
+            on_signal(0);
+        rc = start_threads(loops, n);
+        if (rc != 0)
+            on_signal(0); /* stop the loops already started; they drain and commit */
+        rc = run_loops(loops, n, rc);
     }
-    g_loops = loops;
-    g_nloops = n;
-    atomic_store(&rd.nloops, n);
-    atomic_store(&rd.loops, loops);
-    if (atomic_load(&g_stop)) /* asked to stop while starting: the loops drain and commit */
-        on_signal(0);
-    rc = 0;
-    /* Loops 1..n-1 on threads of their own (signals blocked there: the handler runs on the
-     * main thread, which runs loop 0). */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
-    for (int i = 1; i < n; i++) {
-        int pe = pthread_create(&loops[i].thr, NULL, loop_main, &loops[i]);
-        if (pe != 0) {
-            sl_error("consumer", "start_failed", "could not start delivery loop %d: %s", i,
-                     strerror(pe));
-            rc = 1;
-            break;
-        }
-        loops[i].started = true;
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0)
-        on_signal(0); /* stop the loops already started; they drain and commit */
-    loop_main(&loops[0]);
-    for (int i = 1; i < n; i++) {
-        if (loops[i].started)
-            pthread_join(loops[i].thr, NULL);
-    }
-    for (int i = 0; i < n; i++) {
-        if (loops[i].rc != 0)
-            rc = 1;
-        if (cons_engine_abandoned(loops[i].engine)) {
-            /* leaving the group outlived shutdown_timeout_ms and still runs on its own thread
-             * with this loop's state: exit now, destroying nothing (see sl_bounded.h) */
-            (void)fflush(stderr);
-            _exit(1);
-        }
-    }
-stop:
     sl_probe_stop(probe); /* before the loops go: readiness reads them */
     probe = NULL;
     g_nloops = 0;
