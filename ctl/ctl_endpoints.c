@@ -1463,15 +1463,69 @@ collect_live_key(void *opaque, const char *key, size_t keylen, const void *val, 
 }
 
 /* sync, and reseal (reseal: the secrets are re-sealed in the same locked transaction). */
+/* Publish every endpoint's signed record, then a tombstone for each id the topic has that
+ * the registry does not (live: the topic's ids). Counts the tombstones. Returns 0 or the
+ * failure's exit code (reported). */
+static int sync_publish(
+    struct run *r, const struct sl_reg_ep *eps, size_t n, sl_map_t *live, size_t *tombstones)
+{
+    sl_err_t err;
+    struct sl_buf rec;
+    int rc = 0;
+    sl_buf_init(&rec, SL_ENDPOINT_RECORD_MAX);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        sl_buf_reset(&rec);
+        sl_map_del(live, eps[i].id, NULL);
+        if (sl_reg_ep_encode(&eps[i], &r->mk, &rec, &err) != 0 ||
+            sl_reg_pub_send(&r->pub, eps[i].id, rec.data, rec.len, &err) != 0)
+            rc = ctl_fail(r->cmd, "endpoint %s: %s", eps[i].id, err.msg);
+    }
+    sl_buf_fini(&rec);
+    size_t pos = 0;
+    const char *key;
+    while (rc == 0 && sl_map_next(live, &pos, &key, NULL)) {
+        if (sl_reg_pub_send(&r->pub, key, NULL, 0, &err) != 0)
+            rc = ctl_fail(r->cmd, "tombstone for %s: %s", key, err.msg);
+        else
+            (*tombstones)++;
+    }
+    if (rc == 0 && sl_reg_pub_flush(&r->pub, FLUSH_TIMEOUT_MS, &err) != 0)
+        rc = ctl_fail(r->cmd, "%s", err.msg);
+    return rc;
+}
+
+static void sync_report(const struct run *r,
+                        const struct opts *o,
+                        bool reseal,
+                        size_t n,
+                        size_t tombstones,
+                        size_t resealed)
+{
+    if (o->json) {
+        json_t *j =
+            json_pack("{s:s, s:I, s:I, s:s}", "topic", r->cfg->topic_endpoints, "published",
+                      (json_int_t)n, "tombstones", (json_int_t)tombstones, "key_id", r->mk.k[0].id);
+        if (reseal)
+            json_object_set_new(j, "resealed_secrets", json_integer((json_int_t)resealed));
+        print_json(j);
+        return;
+    }
+    if (reseal)
+        printf("re-sealed %zu secret%s with master key '%s'\n", resealed, resealed == 1 ? "" : "s",
+               r->mk.k[0].id);
+    printf("published %zu endpoint%s signed with master key '%s' and %zu tombstone%s to "
+           "%s\n",
+           n, n == 1 ? "" : "s", r->mk.k[0].id, tombstones, tombstones == 1 ? "" : "s",
+           r->cfg->topic_endpoints);
+}
+
 static int cmd_sync(struct run *r, struct opts *o, bool reseal)
 {
     sl_err_t err;
     struct sl_reg_ep *eps = NULL;
     size_t n = 0, tombstones = 0;
-    struct sl_buf rec;
     sl_map_t *live = sl_map_new(0);
     size_t resealed = 0;
-    sl_buf_init(&rec, SL_ENDPOINT_RECORD_MAX);
     int rc = need_master_key(r, "to sign the endpoint records");
     if (rc == 0)
         rc = open_db(r);
@@ -1482,68 +1536,27 @@ static int cmd_sync(struct run *r, struct opts *o, bool reseal)
         rc = ctl_fail(r->cmd, "%s", err.msg);
         goto out;
     }
-    if (reseal) {
-        /* new boxes in PostgreSQL first, in one transaction: a failed publish below leaves
-         * the registry consistent, and running reseal (or sync) again republishes */
-        if (sl_reg_db_begin(r->pg, &err) != 0 ||
-            sl_reg_reseal(r->pg, &r->mk, eps, n, &resealed, &err) != 0 ||
-            sl_reg_db_commit(r->pg, &err) != 0) {
-            sl_reg_db_rollback(r->pg);
-            rc = ctl_fail(r->cmd, "nothing changed: %s", err.msg);
-            goto out;
-        }
+    /* reseal: new boxes in PostgreSQL first, in one transaction: a failed publish below leaves
+     * the registry consistent, and running reseal (or sync) again republishes */
+    if (reseal && (sl_reg_db_begin(r->pg, &err) != 0 ||
+                   sl_reg_reseal(r->pg, &r->mk, eps, n, &resealed, &err) != 0 ||
+                   sl_reg_db_commit(r->pg, &err) != 0)) {
+        sl_reg_db_rollback(r->pg);
+        rc = ctl_fail(r->cmd, "nothing changed: %s", err.msg);
+        goto out;
     }
-    if (sl_endpoints_scan(r->cfg, SCAN_TIMEOUT_MS, collect_live_key, live, &err) != 0) {
+    if (sl_endpoints_scan(r->cfg, SCAN_TIMEOUT_MS, collect_live_key, live, &err) != 0 ||
+        sl_reg_pub_open(r->cfg, &r->pub, &err) != 0) {
         rc = ctl_fail(r->cmd, "nothing published: %s", err.msg);
         goto out;
     }
-    if (sl_reg_pub_open(r->cfg, &r->pub, &err) != 0) {
-        rc = ctl_fail(r->cmd, "nothing published: %s", err.msg);
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++) {
-        sl_buf_reset(&rec);
-        sl_map_del(live, eps[i].id, NULL);
-        if (sl_reg_ep_encode(&eps[i], &r->mk, &rec, &err) != 0 ||
-            sl_reg_pub_send(&r->pub, eps[i].id, rec.data, rec.len, &err) != 0) {
-            rc = ctl_fail(r->cmd, "endpoint %s: %s", eps[i].id, err.msg);
-            goto out;
-        }
-    }
-    size_t pos = 0;
-    const char *key;
-    while (sl_map_next(live, &pos, &key, NULL)) {
-        if (sl_reg_pub_send(&r->pub, key, NULL, 0, &err) != 0) {
-            rc = ctl_fail(r->cmd, "tombstone for %s: %s", key, err.msg);
-            goto out;
-        }
-        tombstones++;
-    }
-    if (sl_reg_pub_flush(&r->pub, FLUSH_TIMEOUT_MS, &err) != 0) {
-        rc = ctl_fail(r->cmd, "%s", err.msg);
-        goto out;
-    }
-    if (o->json) {
-        json_t *j =
-            json_pack("{s:s, s:I, s:I, s:s}", "topic", r->cfg->topic_endpoints, "published",
-                      (json_int_t)n, "tombstones", (json_int_t)tombstones, "key_id", r->mk.k[0].id);
-        if (reseal)
-            json_object_set_new(j, "resealed_secrets", json_integer((json_int_t)resealed));
-        print_json(j);
-    } else {
-        if (reseal)
-            printf("re-sealed %zu secret%s with master key '%s'\n", resealed,
-                   resealed == 1 ? "" : "s", r->mk.k[0].id);
-        printf("published %zu endpoint%s signed with master key '%s' and %zu tombstone%s to "
-               "%s\n",
-               n, n == 1 ? "" : "s", r->mk.k[0].id, tombstones, tombstones == 1 ? "" : "s",
-               r->cfg->topic_endpoints);
-    }
+    rc = sync_publish(r, eps, n, live, &tombstones);
+    if (rc == 0)
+        sync_report(r, o, reseal, n, tombstones, resealed);
 out:
     for (size_t i = 0; i < n; i++)
         sl_reg_ep_fini(&eps[i]);
     free(eps);
-    sl_buf_fini(&rec);
     sl_map_destroy(live, NULL);
     return rc;
 }
