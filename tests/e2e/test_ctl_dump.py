@@ -1,8 +1,10 @@
-"""`sluicectl dump` against the real broker: it ends at the end each partition had when it
-started, even while one partition keeps growing (the chaos suite found it running forever
-when a breaker's deferrals kept one outcome partition busy), and prints nothing produced
-after its start; --follow keeps printing new records."""
+"""`sluicectl dump` and `sluicectl top` against the real broker. dump ends at the end each
+partition had when it started, even while one partition keeps growing (the chaos suite found
+it running forever when a breaker's deferrals kept one outcome partition busy), and prints
+nothing produced after its start; --follow keeps printing new records. top shows each
+endpoint's deliveries, dead letters and breaker from the outcomes topic and Redis."""
 
+import collections
 import json
 import queue
 import subprocess
@@ -102,3 +104,47 @@ def test_dump_shows_bytes_that_are_not_utf8(make_world):
     assert r.returncode == 0, r.stderr
     recs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
     assert {"base64": "/w=="} in [x.get("id") for x in recs if x.get("deleted")], recs
+
+
+def test_top_shows_each_endpoints_deliveries_dead_letters_and_breaker(make_world):
+    """`sluicectl top --from-beginning` reads the outcomes topic: one row per endpoint with
+    its delivered total and dead letters, the frame's totals, and each endpoint's breaker
+    from Redis; it stops after --duration-s."""
+    w = make_world(max_attempts=1)
+    rcv = w.receiver()
+    ok = w.add_endpoint("topok" + w.tag, rcv.url("ok", "topok"))
+    bad = w.add_endpoint("topbad" + w.tag, rcv.url("status/400", "topbad"))
+    r = w.produce([event(ok, i, w.tag) for i in range(30)] +
+                  [event(bad, i, w.tag) for i in range(5)])
+    assert r.returncode == 0, r.stderr
+    c = w.consumer()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        states = [o["state"] for o in w.outcomes()]
+        if states.count("delivered") >= 30 and states.count("dead_letter") >= 5:
+            break
+        time.sleep(0.5)
+    assert c.term() == 0, c.logs()[-3000:]
+    t0 = time.monotonic()
+    r = w.ctl("top", "--from-beginning", "--duration-s", "3", "--interval-ms", "1000",
+              timeout=60)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert 2.5 <= took < 30, took
+    frames = r.stdout.split("sluice top  frame ")[1:]
+    assert len(frames) >= 2, r.stdout
+    dead = collections.Counter()  # per frame; summed over the frames
+    last = {}
+    for f in frames:
+        for line in f.splitlines()[2:]:
+            cols = line.split()
+            if cols and cols[0] in (ok[:24], bad[:24]):
+                dead[cols[0]] += int(cols[3])
+                last[cols[0]] = cols
+    assert int(last[ok[:24]][7]) == 30 and last[ok[:24]][9:] == ["204"], last  # total, last
+    assert last[bad[:24]][7] == "0" and last[bad[:24]][9:] == ["http_4xx", "400"], last
+    assert dead == {ok[:24]: 0, bad[:24]: 5}, dead
+    assert sum(int(f.split("dead ", 1)[1].split()[0]) for f in frames) == 5, r.stdout
+    assert last[ok[:24]][8] == "closed" and last[bad[:24]][8] == "closed", last  # from Redis
+    r = w.ctl("top", "--interval-ms", "5")
+    assert r.returncode == 2 and "--interval-ms expects 100..600000" in r.stderr, r
