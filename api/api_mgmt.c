@@ -722,6 +722,61 @@ static enum sl_secret_kind current_kind(PGconn *pg, const struct sl_masterkey *m
     return kind;
 }
 
+/* The rotate body (optional): "overlap_s" (0..SL_REG_OVERLAP_MAX_S) and "signature". Returns
+ * 0, or -1 with the problem answered. *sig_given: a scheme was named. */
+static int
+rotate_body(struct api_req *r, int64_t *overlap, enum sl_secret_kind *kind, bool *sig_given)
+{
+    if (r->body.len == 0)
+        return 0;
+    json_t *j = api_body_json(r);
+    if (!j)
+        return -1;
+    json_t *o = json_object_get(j, "overlap_s");
+    json_t *sig = json_object_get(j, "signature");
+    *sig_given = sig != NULL;
+    int rc = 0;
+    if (json_object_size(j) > (o ? 1u : 0u) + (sig ? 1u : 0u) ||
+        (o && (!json_is_integer(o) || json_integer_value(o) < 0 ||
+               json_integer_value(o) > SL_REG_OVERLAP_MAX_S))) {
+        api_problem(r, 400, "invalid-field", "/overlap_s",
+                    "the body may hold only \"overlap_s\", an integer 0..%lld, and "
+                    "\"signature\"",
+                    (long long)SL_REG_OVERLAP_MAX_S);
+        rc = -1;
+    } else if (get_signature(r, sig, kind) != 0) {
+        rc = -1;
+    } else if (o) {
+        *overlap = json_integer_value(o);
+    }
+    json_decref(j);
+    return rc;
+}
+
+/* 200 for a rotation: the new secret (and public key), its seq, when the previous one
+ * expires (the newest expiring secret), and whether the record reached the topic. */
+static void rotate_answer(struct api_req *r,
+                          const struct sl_reg_ep *out,
+                          const char *whsec,
+                          const char *pk,
+                          bool published)
+{
+    int prev_seq = 0;
+    int64_t prev_exp = 0;
+    for (size_t i = 0; i < out->n_secrets; i++) {
+        if (out->secrets[i].exp_ms != 0 && out->secrets[i].seq > prev_seq) {
+            prev_seq = out->secrets[i].seq;
+            prev_exp = out->secrets[i].exp_ms;
+        }
+    }
+    json_t *x = json_pack("{s:s, s:s, s:i, s:o, s:b}", "id", out->id, "secret", whsec, "seq",
+                          out->n_secrets ? out->secrets[0].seq : 0, "previous_expires_at",
+                          api_time_json(prev_exp), "published", published);
+    if (pk[0])
+        json_object_set_new(x, "public_key", json_string(pk));
+    api_reply(r, 200, x);
+}
+
 enum api_hret api_endpoints_rotate(struct api_req *r)
 {
     const char *id = r->params[0];
@@ -730,31 +785,8 @@ enum api_hret api_endpoints_rotate(struct api_req *r)
     int64_t overlap = OVERLAP_DEFAULT_S;
     enum sl_secret_kind kind = SL_SECRET_HMAC;
     bool sig_given = false;
-    json_t *j = NULL;
-    if (r->body.len > 0) {
-        j = api_body_json(r);
-        if (!j)
-            return API_DONE;
-        json_t *o = json_object_get(j, "overlap_s");
-        json_t *sig = json_object_get(j, "signature");
-        sig_given = sig != NULL;
-        if (json_object_size(j) > (o ? 1u : 0u) + (sig ? 1u : 0u) ||
-            (o && (!json_is_integer(o) || json_integer_value(o) < 0 ||
-                   json_integer_value(o) > SL_REG_OVERLAP_MAX_S))) {
-            json_decref(j);
-            return api_problem(r, 400, "invalid-field", "/overlap_s",
-                               "the body may hold only \"overlap_s\", an integer 0..%lld, and "
-                               "\"signature\"",
-                               (long long)SL_REG_OVERLAP_MAX_S);
-        }
-        if (get_signature(r, sig, &kind) != 0) {
-            json_decref(j);
-            return API_DONE;
-        }
-        if (o)
-            overlap = json_integer_value(o);
-        json_decref(j);
-    }
+    if (rotate_body(r, &overlap, &kind, &sig_given) != 0)
+        return API_DONE;
     PGconn *pg = reg_pg(r);
     if (!pg || !visible(r, pg, id))
         return API_DONE;
@@ -771,24 +803,10 @@ enum api_hret api_endpoints_rotate(struct api_req *r)
     if (rc == 0)
         rc = sl_reg_rotate(pg, thread_pub(r->api), &r->api->mk, id, overlap, &secret, whsec, &out,
                            &res, &err);
-    if (rc == 0 || (rc == SL_EKAFKA && res.committed)) {
-        int prev_seq = 0;
-        int64_t prev_exp = 0;
-        for (size_t i = 0; i < out.n_secrets; i++) {
-            if (out.secrets[i].exp_ms != 0 && out.secrets[i].seq > prev_seq) {
-                prev_seq = out.secrets[i].seq;
-                prev_exp = out.secrets[i].exp_ms;
-            }
-        }
-        json_t *x = json_pack("{s:s, s:s, s:i, s:o, s:b}", "id", out.id, "secret", whsec, "seq",
-                              out.n_secrets ? out.secrets[0].seq : 0, "previous_expires_at",
-                              api_time_json(prev_exp), "published", res.published);
-        if (pk[0])
-            json_object_set_new(x, "public_key", json_string(pk));
-        api_reply(r, 200, x);
-    } else {
+    if (rc == 0 || (rc == SL_EKAFKA && res.committed))
+        rotate_answer(r, &out, whsec, pk, res.published);
+    else
         problem_for(r, rc, &err, id);
-    }
     sl_secret_wipe(whsec, sizeof(whsec));
     sl_secret_fini(&secret);
     sl_reg_ep_fini(&out);
