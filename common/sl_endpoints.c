@@ -443,6 +443,30 @@ static void reader_close(struct reader *r)
 }
 
 /* Partition count of topic, retrying transient errors until deadline (or *cancel). */
+/* One metadata request for rkt: RD_KAFKA_RESP_ERR_NO_ERROR with *out = its partitions once
+ * the topic exists and every partition has a leader (LEADER_NOT_AVAILABLE while one has
+ * none), else the error. */
+static rd_kafka_resp_err_t
+topic_metadata(rd_kafka_t *rk, rd_kafka_topic_t *rkt, int timeout_ms, int32_t *out)
+{
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_resp_err_t e = rd_kafka_metadata(rk, 0, rkt, &md, timeout_ms);
+    if (e == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1) {
+        const struct rd_kafka_metadata_topic *mt = &md->topics[0];
+        e = mt->err;
+        bool leaders = mt->partition_cnt > 0;
+        for (int i = 0; i < mt->partition_cnt; i++)
+            leaders = leaders && mt->partitions[i].leader >= 0;
+        if (e == RD_KAFKA_RESP_ERR_NO_ERROR && leaders)
+            *out = mt->partition_cnt;
+        else if (e == RD_KAFKA_RESP_ERR_NO_ERROR)
+            e = RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE;
+    }
+    if (md)
+        rd_kafka_metadata_destroy(md);
+    return e;
+}
+
 static int topic_partitions(rd_kafka_t *rk,
                             const char *topic,
                             int64_t deadline,
@@ -450,7 +474,6 @@ static int topic_partitions(rd_kafka_t *rk,
                             int32_t *out,
                             sl_err_t *err)
 {
-    int rc = 0;
     rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
     const char *last = "no answer";
     int64_t unknown_since = -1;
@@ -458,36 +481,22 @@ static int topic_partitions(rd_kafka_t *rk,
     if (!rkt)
         return sl_err_set(err, SL_EKAFKA, "cannot create a handle for topic %s: %s", topic,
                           rd_kafka_err2str(rd_kafka_last_error()));
+    int rc = 0;
     for (;;) {
         if (cancelled(cancel)) {
             rc = sl_err_set(err, -ECANCELED, "cancelled while getting metadata of topic %s: %s",
                             topic, last);
-            goto out;
+            break;
         }
         if (remaining_ms(deadline) == 0) {
             rc = sl_err_set(err, SL_ETIMEDOUT, "could not get metadata of topic %s: %s", topic,
                             last);
-            goto out;
+            break;
         }
-        const struct rd_kafka_metadata *md = NULL;
-        rd_kafka_resp_err_t e = rd_kafka_metadata(rk, 0, rkt, &md, step_timeout(deadline, step));
+        rd_kafka_resp_err_t e = topic_metadata(rk, rkt, step_timeout(deadline, step), out);
         step_grow(&step, e);
-        if (e == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1) {
-            const struct rd_kafka_metadata_topic *mt = &md->topics[0];
-            e = mt->err;
-            bool leaders = mt->partition_cnt > 0;
-            for (int i = 0; i < mt->partition_cnt; i++)
-                leaders = leaders && mt->partitions[i].leader >= 0;
-            if (e == RD_KAFKA_RESP_ERR_NO_ERROR && leaders) {
-                *out = mt->partition_cnt;
-                rd_kafka_metadata_destroy(md);
-                goto out;
-            }
-            if (e == RD_KAFKA_RESP_ERR_NO_ERROR)
-                e = RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE;
-        }
-        if (md)
-            rd_kafka_metadata_destroy(md);
+        if (e == RD_KAFKA_RESP_ERR_NO_ERROR)
+            break;
         last = rd_kafka_err2str(e);
         if (e == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) {
             /* a just-created topic may take a moment to reach every broker */
@@ -495,13 +504,12 @@ static int topic_partitions(rd_kafka_t *rk,
                 unknown_since = sl_mono_ms();
             if (sl_mono_ms() - unknown_since >= UNKNOWN_TOPIC_MS) {
                 rc = sl_err_set(err, SL_ENOTFOUND, "topic %s does not exist", topic);
-                goto out;
+                break;
             }
         }
         struct timespec ts = {0, 100 * 1000000L};
         nanosleep(&ts, NULL);
     }
-out:
     rd_kafka_topic_destroy(rkt);
     return rc;
 }
