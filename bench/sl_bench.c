@@ -684,9 +684,11 @@ static int cmd_endpoints_sql(int argc, char **argv)
     struct sl_masterkey mk;
     if (sl_masterkey_parse(&mk, cfg.master_key, &err) != 0)
         die("master_key: %s", err.msg);
-    printf("begin;\ncopy endpoints (id, url) from stdin;\n");
+    /* subscribed to "bench.many" only: an event fanned out to another type (the api phase's
+     * bench.fan.*) must not reach these (an empty list would be every type) */
+    printf("begin;\ncopy endpoints (id, url, event_types) from stdin;\n");
     for (int64_t i = 0; i < count; i++)
-        printf("%s%" PRId64 "\t%s%s%" PRId64 "\n", prefix, i, url, prefix, i);
+        printf("%s%" PRId64 "\t%s%s%" PRId64 "\t{bench.many}\n", prefix, i, url, prefix, i);
     printf("\\.\ncopy endpoint_secrets (endpoint_id, seq, secret_enc) from stdin;\n");
     for (int64_t i = 0; i < count; i++) {
         char id[SL_ENDPOINT_ID_MAX + 1], whsec[SL_SECRET_STR_MAX];
