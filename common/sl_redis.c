@@ -1,5 +1,7 @@
 /*
- * sl_redis: blocking hiredis wrapper (see sl_redis.h).
+ * sl_redis: blocking hiredis wrapper (see sl_redis.h): URL parsing, one connection with its
+ * reconnect backoff, commands, scripts and pipelines. In cluster mode every call hands over
+ * to the router in sl_rcluster.c.
  */
 #include "common/sl_redis.h"
 
@@ -16,14 +18,7 @@
 
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
-
-struct sl_redis {
-    struct sl_redis_url url; /* host, port, db, ACL user and password (wiped on close) */
-    redisContext *c;         /* NULL while disconnected */
-    int timeout_ms;          /* connect and command timeout */
-    int64_t retry_at;        /* after a failed connection: none tried before (mono ms) */
-    int64_t backoff_ms;      /* wait after the next failed connection, ms */
-};
+#include "common/sl_redis_int.h"
 
 /* After a failed connection, calls fail at once (no new connection) for a wait: an
  * unreachable or frozen Redis costs a caller one timeout per wait instead of one per call, so
@@ -36,7 +31,7 @@ struct sl_redis {
 #define CONNECT_BACKOFF_MAX_MS 2000
 #define CONNECT_SLOW_MS        100
 
-static int64_t mono_ms(void)
+int64_t sl_redis_mono_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -78,50 +73,92 @@ static char *pct_decode(const char *s, size_t n)
     return out;
 }
 
+/* Parse "host[:port]" in [p, end) into a. */
+static int parse_addr(const char *p, const char *end, struct sl_redis_addr *a, sl_err_t *err)
+{
+    const char *colon = memchr(p, ':', (size_t)(end - p));
+    size_t hl = (size_t)((colon ? colon : end) - p);
+    if (hl == 0 || hl >= sizeof(a->host))
+        return sl_err_set(err, SL_ECONFIG, "bad host");
+    memcpy(a->host, p, hl);
+    a->host[hl] = '\0';
+    a->port = 6379;
+    if (colon) {
+        char *e;
+        long port = strtol(colon + 1, &e, 10);
+        if (e != end || colon + 1 == end || port < 1 || port > 65535)
+            return sl_err_set(err, SL_ECONFIG, "bad port");
+        a->port = (int)port;
+    }
+    return 0;
+}
+
+/* The userinfo before the last '@' of p, into u; *rest = the text after it. */
+static int parse_userinfo(const char *p, struct sl_redis_url *u, const char **rest, sl_err_t *err)
+{
+    /* the userinfo ends at the last '@': a password may hold one unencoded */
+    const char *at = strrchr(p, '@');
+    *rest = p;
+    if (!at)
+        return 0;
+    const char *colon = memchr(p, ':', (size_t)(at - p));
+    if (!colon)
+        return sl_err_set(err, SL_ECONFIG,
+                          "the user name needs a password (redis://user:password@host)");
+    if (colon > p && !(u->user = pct_decode(p, (size_t)(colon - p))))
+        return sl_err_set(err, SL_ECONFIG, "bad percent-encoding in the user name");
+    if (!(u->password = pct_decode(colon + 1, (size_t)(at - colon - 1))))
+        return sl_err_set(err, SL_ECONFIG, "bad percent-encoding in the password");
+    if (u->password[0] == '\0')
+        return sl_err_set(err, SL_ECONFIG, "empty password before '@'");
+    *rest = at + 1;
+    return 0;
+}
+
 int sl_redis_url_parse(const char *url, struct sl_redis_url *u, sl_err_t *err)
 {
     memset(u, 0, sizeof(*u));
-    if (strncmp(url, "redis://", 8) != 0)
+    const char *p;
+    if (strncmp(url, "redis://", 8) == 0) {
+        p = url + 8;
+    } else if (strncmp(url, "redis-cluster://", 16) == 0) {
+        p = url + 16;
+        u->cluster = 1;
+    } else {
         return sl_err_set(err, SL_ECONFIG,
-                          "expected redis://[[user]:password@]host:port[/db] (rediss:// and unix "
-                          "sockets are not supported)");
-    const char *p = url + 8;
-    /* the userinfo ends at the last '@': a password may hold one unencoded */
-    const char *at = strrchr(p, '@');
-    if (at) {
-        const char *colon = memchr(p, ':', (size_t)(at - p));
-        if (!colon)
-            return sl_err_set(err, SL_ECONFIG,
-                              "the user name needs a password (redis://user:password@host)");
-        if (colon > p && !(u->user = pct_decode(p, (size_t)(colon - p))))
-            return sl_err_set(err, SL_ECONFIG, "bad percent-encoding in the user name");
-        if (!(u->password = pct_decode(colon + 1, (size_t)(at - colon - 1))))
-            return sl_err_set(err, SL_ECONFIG, "bad percent-encoding in the password");
-        if (u->password[0] == '\0')
-            return sl_err_set(err, SL_ECONFIG, "empty password before '@'");
-        p = at + 1;
+                          "expected redis://[[user]:password@]host:port[/db] or "
+                          "redis-cluster://[[user]:password@]host:port[,host:port...] "
+                          "(rediss:// and unix sockets are not supported)");
     }
+    int rc = parse_userinfo(p, u, &p, err);
+    if (rc != 0)
+        return rc;
     const char *slash = strchr(p, '/');
     const char *hostend = slash ? slash : p + strlen(p);
-    const char *colon = memchr(p, ':', (size_t)(hostend - p));
-    size_t hl = (size_t)((colon ? colon : hostend) - p);
-    if (hl == 0 || hl >= sizeof(u->host))
-        return sl_err_set(err, SL_ECONFIG, "bad host");
-    memcpy(u->host, p, hl);
-    u->host[hl] = '\0';
-    u->port = 6379;
-    if (colon) {
-        char *end;
-        long port = strtol(colon + 1, &end, 10);
-        if (end != hostend || colon + 1 == hostend || port < 1 || port > 65535)
-            return sl_err_set(err, SL_ECONFIG, "bad port");
-        u->port = (int)port;
+    while (p <= hostend) {
+        const char *comma = memchr(p, ',', (size_t)(hostend - p));
+        const char *end = comma ? comma : hostend;
+        if (u->nseeds == SL_REDIS_SEEDS_MAX)
+            return sl_err_set(err, SL_ECONFIG, "more than %d seed nodes", SL_REDIS_SEEDS_MAX);
+        if ((rc = parse_addr(p, end, &u->seeds[u->nseeds], err)) != 0)
+            return rc;
+        u->nseeds++;
+        if (!comma)
+            break;
+        if (!u->cluster)
+            return sl_err_set(err, SL_ECONFIG,
+                              "a list of hosts needs redis-cluster:// (redis:// takes one)");
+        p = comma + 1;
     }
+    memcpy(u->host, u->seeds[0].host, sizeof(u->host));
+    u->port = u->seeds[0].port;
     if (slash && slash[1]) {
         char *end;
         long db = strtol(slash + 1, &end, 10);
         if (*end || db < 0 || db > 1000)
             return sl_err_set(err, SL_ECONFIG, "bad database number");
+        if (u->cluster && db != 0)
+            return sl_err_set(err, SL_ECONFIG, "a Redis Cluster has database 0 only");
         u->db = (int)db;
     }
     return 0;
@@ -149,70 +186,85 @@ static const char *reply_error(const redisReply *rep, const redisContext *c)
     return rep->type == REDIS_REPLY_ERROR && rep->str ? rep->str : "unexpected reply";
 }
 
-static int do_connect_now(sl_redis_t *r, sl_err_t *err);
+static int conn_connect_now(sl_redis_t *r, struct sl_rconn *conn, sl_err_t *err);
 
 /* Connect unless a recent connection failed (see CONNECT_BACKOFF_MIN_MS). */
-static int do_connect(sl_redis_t *r, sl_err_t *err)
+int sl_rconn_connect(sl_redis_t *r, struct sl_rconn *conn, sl_err_t *err)
 {
-    int64_t now = mono_ms();
-    if (r->retry_at && now < r->retry_at)
+    int64_t now = sl_redis_mono_ms();
+    if (conn->retry_at && now < conn->retry_at)
         return sl_err_set(err, SL_EREDIS,
                           "redis at %s:%d unavailable (the last connection failed; next try in "
                           "%lld ms)",
-                          r->url.host, r->url.port, (long long)(r->retry_at - now));
-    int rc = do_connect_now(r, err);
+                          conn->host, conn->port, (long long)(conn->retry_at - now));
+    int rc = conn_connect_now(r, conn, err);
     if (rc != 0) {
-        bool slow = mono_ms() - now >= CONNECT_SLOW_MS;
-        r->backoff_ms = r->backoff_ms && slow ? r->backoff_ms * 2 : CONNECT_BACKOFF_MIN_MS;
-        if (r->backoff_ms > CONNECT_BACKOFF_MAX_MS)
-            r->backoff_ms = CONNECT_BACKOFF_MAX_MS;
-        r->retry_at = mono_ms() + r->backoff_ms;
+        bool slow = sl_redis_mono_ms() - now >= CONNECT_SLOW_MS;
+        conn->backoff_ms =
+            conn->backoff_ms && slow ? conn->backoff_ms * 2 : CONNECT_BACKOFF_MIN_MS;
+        if (conn->backoff_ms > CONNECT_BACKOFF_MAX_MS)
+            conn->backoff_ms = CONNECT_BACKOFF_MAX_MS;
+        conn->retry_at = sl_redis_mono_ms() + conn->backoff_ms;
     } else {
-        r->retry_at = 0;
-        r->backoff_ms = 0;
+        conn->retry_at = 0;
+        conn->backoff_ms = 0;
     }
     return rc;
 }
 
-static int do_connect_now(sl_redis_t *r, sl_err_t *err)
+void sl_rconn_drop(struct sl_rconn *conn)
+{
+    if (conn->c) {
+        redisFree(conn->c);
+        conn->c = NULL;
+    }
+}
+
+/* AUTH with the URL's credentials. 0 or SL_EREDIS with err filled. */
+static int conn_auth(const struct sl_redis_url *u,
+                     redisContext *c,
+                     const struct sl_rconn *conn,
+                     sl_err_t *err)
+{
+    /* AUTH user password is Redis 6's ACL form; AUTH password is the default user */
+    redisReply *rep = u->user ? redisCommand(c, "AUTH %s %s", u->user, u->password)
+                              : redisCommand(c, "AUTH %s", u->password);
+    if (rep && rep->type != REDIS_REPLY_ERROR) {
+        freeReplyObject(rep);
+        return 0;
+    }
+    if (u->user)
+        sl_err_set(err, SL_EREDIS, "could not authenticate to redis at %s:%d as user %s: %s",
+                   conn->host, conn->port, u->user, reply_error(rep, c));
+    else
+        sl_err_set(err, SL_EREDIS, "could not authenticate to redis at %s:%d: %s", conn->host,
+                   conn->port, reply_error(rep, c));
+    if (rep)
+        freeReplyObject(rep);
+    return SL_EREDIS;
+}
+
+static int conn_connect_now(sl_redis_t *r, struct sl_rconn *conn, sl_err_t *err)
 {
     const struct sl_redis_url *u = &r->url;
     struct timeval tv = {.tv_sec = r->timeout_ms / 1000,
                          .tv_usec = (suseconds_t)(r->timeout_ms % 1000) * 1000};
-    if (r->c) {
-        redisFree(r->c);
-        r->c = NULL;
-    }
-    redisContext *c = redisConnectWithTimeout(u->host, u->port, tv);
+    sl_rconn_drop(conn);
+    redisContext *c = redisConnectWithTimeout(conn->host, conn->port, tv);
     if (!c || c->err) {
-        sl_err_set(err, SL_EREDIS, "could not connect to redis at %s:%d: %s", u->host, u->port,
-                   c ? c->errstr : "out of memory");
+        sl_err_set(err, SL_EREDIS, "could not connect to redis at %s:%d: %s", conn->host,
+                   conn->port, c ? c->errstr : "out of memory");
         if (c)
             redisFree(c);
         return SL_EREDIS;
     }
     redisSetTimeout(c, tv);
     redisEnableKeepAlive(c);
-    if (u->password) {
-        /* AUTH user password is Redis 6's ACL form; AUTH password is the default user */
-        redisReply *rep = u->user ? redisCommand(c, "AUTH %s %s", u->user, u->password)
-                                  : redisCommand(c, "AUTH %s", u->password);
-        if (!rep || rep->type == REDIS_REPLY_ERROR) {
-            if (u->user)
-                sl_err_set(err, SL_EREDIS,
-                           "could not authenticate to redis at %s:%d as user %s: %s", u->host,
-                           u->port, u->user, reply_error(rep, c));
-            else
-                sl_err_set(err, SL_EREDIS, "could not authenticate to redis at %s:%d: %s", u->host,
-                           u->port, reply_error(rep, c));
-            if (rep)
-                freeReplyObject(rep);
-            redisFree(c);
-            return SL_EREDIS;
-        }
-        freeReplyObject(rep);
+    if (u->password && conn_auth(u, c, conn, err) != 0) {
+        redisFree(c);
+        return SL_EREDIS;
     }
-    if (u->db) {
+    if (u->db && !u->cluster) {
         redisReply *rep = redisCommand(c, "SELECT %d", u->db);
         if (!rep || rep->type == REDIS_REPLY_ERROR) {
             sl_err_set(err, SL_EREDIS, "could not select redis database %d: %s", u->db,
@@ -224,7 +276,7 @@ static int do_connect_now(sl_redis_t *r, sl_err_t *err)
         }
         freeReplyObject(rep);
     }
-    r->c = c;
+    conn->c = c;
     return 0;
 }
 
@@ -241,7 +293,10 @@ sl_redis_t *sl_redis_connect(const char *url, int timeout_ms, sl_err_t *err)
         sl_redis_close(r);
         return NULL;
     }
-    if (do_connect(r, err) != 0) {
+    memcpy(r->one.host, r->url.host, sizeof(r->one.host));
+    r->one.port = r->url.port;
+    int rc = r->url.cluster ? sl_rcluster_open(r, err) : sl_rconn_connect(r, &r->one, err);
+    if (rc != 0) {
         sl_redis_close(r);
         return NULL;
     }
@@ -252,15 +307,34 @@ void sl_redis_close(sl_redis_t *r)
 {
     if (!r)
         return;
-    if (r->c)
-        redisFree(r->c);
+    sl_rconn_drop(&r->one);
+    sl_rcluster_close(r);
     sl_redis_url_fini(&r->url);
     free(r);
 }
 
 redisContext *sl_redis_ctx(sl_redis_t *r)
 {
-    return r->c;
+    return r->one.c;
+}
+
+/* Cluster mode: format argv and hand it to the router. */
+static redisReply *cluster_cmd(sl_redis_t *r,
+                               int idempotent,
+                               int argc,
+                               const char **argv,
+                               const size_t *argvlen,
+                               sl_err_t *err)
+{
+    char *cmd = NULL;
+    int len = redisFormatCommandArgv(&cmd, argc, argv, argvlen);
+    if (len < 0) {
+        sl_err_set(err, SL_ENOMEM, "could not format redis %s", argv[0]);
+        return NULL;
+    }
+    redisReply *rep = sl_rcluster_exec(r, cmd, (size_t)len, idempotent, err);
+    redisFreeCommand(cmd);
+    return rep;
 }
 
 redisReply *sl_redis_cmd(sl_redis_t *r,
@@ -270,15 +344,17 @@ redisReply *sl_redis_cmd(sl_redis_t *r,
                          const size_t *argvlen,
                          sl_err_t *err)
 {
+    if (r->cl)
+        return cluster_cmd(r, idempotent, argc, argv, argvlen, err);
+    struct sl_rconn *conn = &r->one;
     for (int tries = 0; tries < 2; tries++) {
-        if (!r->c && do_connect(r, err) != 0)
+        if (!conn->c && sl_rconn_connect(r, conn, err) != 0)
             return NULL;
-        redisReply *rep = redisCommandArgv(r->c, argc, argv, argvlen);
+        redisReply *rep = redisCommandArgv(conn->c, argc, argv, argvlen);
         if (rep)
             return rep;
-        sl_err_set(err, SL_EREDIS, "could not run redis %s: %s", argv[0], r->c->errstr);
-        redisFree(r->c);
-        r->c = NULL;
+        sl_err_set(err, SL_EREDIS, "could not run redis %s: %s", argv[0], conn->c->errstr);
+        sl_rconn_drop(conn);
         if (!idempotent)
             return NULL;
     }
@@ -287,18 +363,32 @@ redisReply *sl_redis_cmd(sl_redis_t *r,
 
 redisReply *sl_redis_cmdf(sl_redis_t *r, sl_err_t *err, const char *fmt, ...)
 {
+    if (r->cl) {
+        char *cmd = NULL;
+        va_list ap;
+        va_start(ap, fmt);
+        int len = redisvFormatCommand(&cmd, fmt, ap);
+        va_end(ap);
+        if (len < 0) {
+            sl_err_set(err, SL_ENOMEM, "could not format a redis command");
+            return NULL;
+        }
+        redisReply *rep = sl_rcluster_exec(r, cmd, (size_t)len, 1, err);
+        redisFreeCommand(cmd);
+        return rep;
+    }
+    struct sl_rconn *conn = &r->one;
     for (int tries = 0; tries < 2; tries++) {
-        if (!r->c && do_connect(r, err) != 0)
+        if (!conn->c && sl_rconn_connect(r, conn, err) != 0)
             return NULL;
         va_list ap;
         va_start(ap, fmt);
-        redisReply *rep = redisvCommand(r->c, fmt, ap);
+        redisReply *rep = redisvCommand(conn->c, fmt, ap);
         va_end(ap);
         if (rep)
             return rep;
-        sl_err_set(err, SL_EREDIS, "could not run redis command: %s", r->c->errstr);
-        redisFree(r->c);
-        r->c = NULL;
+        sl_err_set(err, SL_EREDIS, "could not run redis command: %s", conn->c->errstr);
+        sl_rconn_drop(conn);
     }
     return NULL;
 }
@@ -331,12 +421,18 @@ redisReply *sl_redis_eval(sl_redis_t *r,
 {
     script_sha(s);
     enum { MAXARGS = 64 };
-    if (argc + 3 > MAXARGS) {
+    const char *av_small[MAXARGS];
+    size_t al_small[MAXARGS];
+    const char **av = av_small;
+    size_t *al = al_small;
+    if (argc < 0 || argc > 1000000) {
         sl_err_set(err, SL_EINVAL, "too many arguments for redis script %s", s->name);
         return NULL;
     }
-    const char *av[MAXARGS];
-    size_t al[MAXARGS];
+    if (argc + 3 > MAXARGS) { /* claim_bodies: a key and an argument per job */
+        av = sl_xmalloc(((size_t)argc + 3) * sizeof(*av));
+        al = sl_xmalloc(((size_t)argc + 3) * sizeof(*al));
+    }
     char nk[16];
     (void)snprintf(nk, sizeof(nk), "%d", nkeys);
     av[0] = "EVALSHA";
@@ -360,27 +456,39 @@ redisReply *sl_redis_eval(sl_redis_t *r,
         al[1] = strlen(s->lua);
         rep = sl_redis_cmd(r, 0, argc + 3, av, al, err);
     }
+    if (av != av_small) {
+        free(av);
+        free(al);
+    }
     return rep;
 }
 
 int sl_redis_append(sl_redis_t *r, int argc, const char **argv, const size_t *argvlen)
 {
-    if (!r->c && do_connect(r, NULL) != 0)
+    if (r->cl) {
+        char *cmd = NULL;
+        int len = redisFormatCommandArgv(&cmd, argc, argv, argvlen);
+        if (len < 0)
+            return SL_ENOMEM;
+        return sl_rcluster_append(r, cmd, (size_t)len); /* takes cmd */
+    }
+    if (!r->one.c && sl_rconn_connect(r, &r->one, NULL) != 0)
         return SL_EREDIS;
-    return redisAppendCommandArgv(r->c, argc, argv, argvlen) == REDIS_OK ? 0 : SL_EREDIS;
+    return redisAppendCommandArgv(r->one.c, argc, argv, argvlen) == REDIS_OK ? 0 : SL_EREDIS;
 }
 
 redisReply *sl_redis_get_reply(sl_redis_t *r, sl_err_t *err)
 {
+    if (r->cl)
+        return sl_rcluster_get_reply(r, err);
     void *rep = NULL;
-    if (!r->c) {
+    if (!r->one.c) {
         sl_err_set(err, SL_EREDIS, "redis connection lost");
         return NULL;
     }
-    if (redisGetReply(r->c, &rep) != REDIS_OK) {
-        sl_err_set(err, SL_EREDIS, "could not read redis reply: %s", r->c->errstr);
-        redisFree(r->c);
-        r->c = NULL;
+    if (redisGetReply(r->one.c, &rep) != REDIS_OK) {
+        sl_err_set(err, SL_EREDIS, "could not read redis reply: %s", r->one.c->errstr);
+        sl_rconn_drop(&r->one);
         return NULL;
     }
     return rep;

@@ -6,6 +6,16 @@
  * fallback to EVAL when the server answers NOSCRIPT (after a restart or SCRIPT FLUSH).
  * hiredis 0.14 has no RESP3 and no TLS: never send HELLO 3.
  *
+ * Redis Cluster (redis-cluster://[[user]:password@]host:port[,host:port...]): the same calls
+ * route each command to the master serving its key's hash slot (common/sl_rcluster.c): the
+ * slot map comes from CLUSTER SLOTS on any reachable node (seeds first), MOVED updates it and
+ * resends, ASK resends once behind ASKING, TRYAGAIN waits and resends, and a lost node or a
+ * CLUSTERDOWN makes the next command refresh the map (so a promoted replica is found after
+ * a failover). A command's key is its first argument, or EVAL/EVALSHA's first key; keyless
+ * commands (PING, TIME, ...) go to any reachable node. Every key of one command (and of one
+ * script) must share a hash slot: sl_rstate's keys carry {hash tags} for that. Pipelines
+ * spread over the nodes and return replies in the order the commands were appended.
+ *
  * thread: one sl_redis_t per thread.
  */
 #ifndef SL_REDIS_H
@@ -19,20 +29,31 @@
 
 typedef struct sl_redis sl_redis_t;
 
-/* A parsed redis:// URL: redis://[[user]:password@]host[:port][/db]. */
-struct sl_redis_url {
+#define SL_REDIS_SEEDS_MAX 16 /* seed nodes in a redis-cluster:// URL */
+
+struct sl_redis_addr {
     char host[256]; /* server host */
     int port;       /* server port; 6379 when the URL has none */
-    int db;         /* database to SELECT, 0..1000; 0 when the URL has none */
-    char *user;     /* ACL user (percent-decoded), or NULL: AUTH with the password alone */
-    char *password; /* percent-decoded, or NULL: no AUTH */
+};
+
+/* A parsed URL: redis://[[user]:password@]host[:port][/db], or
+ * redis-cluster://[[user]:password@]host[:port][,host[:port]...][/0]. */
+struct sl_redis_url {
+    char host[256];  /* server host (cluster: the first seed's) */
+    int port;        /* server port; 6379 when the URL has none */
+    int db;          /* database to SELECT, 0..1000; 0 when the URL has none (cluster: 0) */
+    char *user;      /* ACL user (percent-decoded), or NULL: AUTH with the password alone */
+    char *password;  /* percent-decoded, or NULL: no AUTH */
+    int cluster;     /* 1 for redis-cluster:// */
+    size_t nseeds;   /* cluster: seed nodes (1..SL_REDIS_SEEDS_MAX); standalone: 1 */
+    struct sl_redis_addr seeds[SL_REDIS_SEEDS_MAX];
 };
 
 /*
  * Parse url into u (always initialised: call sl_redis_url_fini). User and password may be
  * percent-encoded (%40 for '@'); the userinfo ends at the last '@'. A user without a
- * password is refused. Returns 0 or SL_ECONFIG with err naming what is wrong (never
- * echoing the URL, which may hold a password).
+ * password is refused; a cluster URL takes database 0 only. Returns 0 or SL_ECONFIG with
+ * err naming what is wrong (never echoing the URL, which may hold a password).
  */
 int sl_redis_url_parse(const char *url, struct sl_redis_url *u, sl_err_t *err);
 /* Wipe and free the user and password of u. */
@@ -45,7 +66,7 @@ struct sl_redis_script {
     char sha[41];     /* hex SHA1; "" until first use */
 };
 
-/* Connect; returns NULL and fills err (the password is never in messages). After a failed
+/* Connect (cluster: to a seed, and read the slot map); returns NULL and fills err (the password is never in messages). After a failed
  * (re)connection, calls fail at once without connecting for a growing wait (250 ms doubling
  * to 2 s; reset by a connection that works), so a frozen Redis costs one timeout per wait. */
 sl_redis_t *sl_redis_connect(const char *url, int timeout_ms, sl_err_t *err);
@@ -75,11 +96,13 @@ redisReply *sl_redis_eval(sl_redis_t *r,
                           const size_t *argvlen,
                           sl_err_t *err);
 
-/* Pipelining: append commands, then read replies in order. */
+/* Pipelining: append commands, then read every reply in order (a cluster pipeline spreads
+ * over nodes: read all before the next command). */
 int sl_redis_append(sl_redis_t *r, int argc, const char **argv, const size_t *argvlen);
 redisReply *sl_redis_get_reply(sl_redis_t *r, sl_err_t *err);
 
-/* The underlying context (borrowed), e.g. for redisAppendCommand. */
+/* The underlying context (borrowed), e.g. for redisAppendCommand; NULL while disconnected
+ * and always in cluster mode (use sl_redis_append there). */
 redisContext *sl_redis_ctx(sl_redis_t *r);
 
 #endif /* SL_REDIS_H */

@@ -3,11 +3,11 @@
  * in sl_rstate.h).
  *
  * Every state change that touches more than one key, or that reads before it writes, is one
- * Lua script, so it is atomic across pods. Each script gets its keys in KEYS[]; the claim
- * script also derives job body keys from KEYS[3], the job key prefix of the same shard,
- * because it cannot know the due job ids in advance; those keys share the {s} hash tag, so
- * the script stays in one Cluster slot. Bodies are binary: every argument goes through
- * argv/argvlen, never a %s format.
+ * Lua script, so it is atomic across pods. Every key a script touches is in its KEYS[] (Redis
+ * Cluster routes a script by them), and all of one script's keys share a hash tag, so each
+ * script runs in one slot. Claiming is therefore two scripts: claim leases the due job ids
+ * (it cannot know them in advance), claim_bodies reads the bodies of those ids, declared as
+ * keys. Bodies are binary: every argument goes through argv/argvlen, never a %s format.
  *
  * One clock: Redis's. Every script that compares or computes a time reads "now" from TIME
  * inside the script (SL_RCLOCK_LUA_NOW, common/sl_rclock.h):
@@ -67,10 +67,9 @@ static struct sl_redis_script lua_put = {
 };
 
 /*
- * claim. KEYS: retry zset, lease hash, job key prefix. ARGV: lease ms, max, token. Due jobs
- * (score <= TIME; an expired lease too: its score is the lease expiry) in score order, each
- * leased until TIME + lease ms; orphans without a body are removed. Returns a flat array
- * [id, token, body, ...].
+ * claim. KEYS: retry zset, lease hash. ARGV: lease ms, max, token. Due jobs (score <= TIME;
+ * an expired lease too: its score is the lease expiry), oldest first, each leased to token
+ * until TIME + lease ms. Returns their ids; claim_bodies reads the bodies.
  */
 static struct sl_redis_script lua_claim = {
     .name = "claim",
@@ -78,22 +77,37 @@ static struct sl_redis_script lua_claim = {
     "local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now), "
     "'LIMIT', 0, ARGV[2])\n"
     "local until_ms = string.format('%d', now + tonumber(ARGV[1]))\n"
-    "local out = {}\n"
     "for i = 1, #ids do\n"
-    "  local id = ids[i]\n"
-    "  local body = redis.call('GET', KEYS[3] .. id)\n"
-    "  if body then\n"
-    "    redis.call('ZADD', KEYS[1], until_ms, id)\n"
-    "    redis.call('HSET', KEYS[2], id, ARGV[3])\n"
-    "    out[#out + 1] = id\n"
-    "    out[#out + 1] = ARGV[3]\n"
-    "    out[#out + 1] = body\n"
-    "  else\n"
-    "    redis.call('ZREM', KEYS[1], id)\n"
-    "    redis.call('HDEL', KEYS[2], id)\n"
-    "  end\n"
+    "  redis.call('ZADD', KEYS[1], until_ms, ids[i])\n"
+    "  redis.call('HSET', KEYS[2], ids[i], ARGV[3])\n"
     "end\n"
-    "return out\n",
+    "return ids\n",
+};
+
+/*
+ * claim_bodies. KEYS: retry zset, lease hash, then the body key of each job. ARGV: token,
+ * then the job ids (in KEYS order). A job whose lease still holds token gives [id, token,
+ * body]; one whose body is gone (an orphan) is removed from the schedule; a job leased to
+ * someone else since (its lease ran out) is skipped. Returns the flat array of triples.
+ */
+static struct sl_redis_script lua_claim_bodies = {
+    .name = "claim_bodies",
+    .lua = "local out = {}\n"
+           "for i = 2, #ARGV do\n"
+           "  local id = ARGV[i]\n"
+           "  if redis.call('HGET', KEYS[2], id) == ARGV[1] then\n"
+           "    local body = redis.call('GET', KEYS[i + 1])\n"
+           "    if body then\n"
+           "      out[#out + 1] = id\n"
+           "      out[#out + 1] = ARGV[1]\n"
+           "      out[#out + 1] = body\n"
+           "    else\n"
+           "      redis.call('ZREM', KEYS[1], id)\n"
+           "      redis.call('HDEL', KEYS[2], id)\n"
+           "    end\n"
+           "  end\n"
+           "end\n"
+           "return out\n",
 };
 
 /* complete. KEYS: retry zset, job body, lease hash. ARGV: job id, token. */
@@ -550,6 +564,44 @@ static int claimed_ok(redisReply *const *e)
            e[1]->len == SL_RSTATE_TOKEN_LEN && is_hex(e[1]->str, SL_RSTATE_TOKEN_LEN);
 }
 
+/* Run claim_bodies for the ids just leased (ids: the claim script's reply), keys k of their
+ * shard (k->job is its job key prefix). */
+static int claim_bodies(sl_redis_t *r,
+                        const struct job_keys *k,
+                        const char *token,
+                        const redisReply *ids,
+                        const char *op,
+                        redisReply **repp,
+                        sl_err_t *err)
+{
+    size_t n = ids->elements, plen = strlen(k->job);
+    size_t argc = 2 + n + 1 + n;
+    const char **argv = sl_xmalloc(argc * sizeof(*argv));
+    size_t *argvlen = sl_xmalloc(argc * sizeof(*argvlen));
+    char *keys = sl_xmalloc(n * (plen + SL_RSTATE_ID_LEN));
+    argv[0] = k->retry;
+    argvlen[0] = strlen(k->retry);
+    argv[1] = k->lease;
+    argvlen[1] = strlen(k->lease);
+    argv[2 + n] = token;
+    argvlen[2 + n] = SL_RSTATE_TOKEN_LEN;
+    for (size_t i = 0; i < n; i++) {
+        char *key = keys + i * (plen + SL_RSTATE_ID_LEN);
+        memcpy(key, k->job, plen);
+        memcpy(key + plen, ids->element[i]->str, SL_RSTATE_ID_LEN);
+        argv[2 + i] = key;
+        argvlen[2 + i] = plen + SL_RSTATE_ID_LEN;
+        argv[3 + n + i] = ids->element[i]->str;
+        argvlen[3 + n + i] = SL_RSTATE_ID_LEN;
+    }
+    int rc = run_script(r, &lua_claim_bodies, (int)(2 + n), (int)argc, argv, argvlen, 0, op,
+                        repp, err);
+    free(keys);
+    free(argvlen);
+    free(argv);
+    return rc;
+}
+
 int sl_rstate_claim(sl_redis_t *r,
                     uint32_t shard,
                     int64_t lease_ms,
@@ -574,19 +626,33 @@ int sl_rstate_claim(sl_redis_t *r,
     if (max == 0)
         return 0;
     struct job_keys k;
-    job_keys(&k, shard, ""); /* k.job is the shard's job key prefix */
+    job_keys(&k, shard, "");
     char lease[24], smax[16];
     (void)snprintf(lease, sizeof(lease), "%" PRId64, lease_ms);
     (void)snprintf(smax, sizeof(smax), "%d", max);
-    const char *argv[] = {k.retry, k.lease, k.job, lease, smax, token};
-    redisReply *rep;
-    int rc = run_script(r, &lua_claim, 3, 6, argv, NULL, 0, op, &rep, err);
+    const char *argv[] = {k.retry, k.lease, lease, smax, token};
+    redisReply *ids;
+    int rc = run_script(r, &lua_claim, 2, 5, argv, NULL, 0, op, &ids, err);
     if (rc != 0)
         return rc;
-    /* From here on the jobs are leased in Redis; if the reply is unusable they come back
-     * when the lease expires. */
-    int ok = rep->type == REDIS_REPLY_ARRAY && rep->elements % 3 == 0 &&
-             rep->elements / 3 <= (size_t)max;
+    /* From here on the jobs are leased in Redis; if a reply is unusable, or the bodies
+     * cannot be read, they come back when the lease expires. */
+    int ok = ids->type == REDIS_REPLY_ARRAY && ids->elements <= (size_t)max;
+    for (size_t i = 0; ok && i < ids->elements; i++)
+        ok = ids->element[i]->type == REDIS_REPLY_STRING && ids->element[i]->len ==
+                 SL_RSTATE_ID_LEN && sl_rstate_valid_id(ids->element[i]->str);
+    if (!ok) {
+        rc = fail_reply(err, op, ids);
+        freeReplyObject(ids);
+        return rc;
+    }
+    redisReply *rep = NULL;
+    rc = ids->elements ? claim_bodies(r, &k, token, ids, op, &rep, err) : 0;
+    freeReplyObject(ids);
+    if (rc != 0 || !rep)
+        return rc;
+    ok = rep->type == REDIS_REPLY_ARRAY && rep->elements % 3 == 0 &&
+         rep->elements / 3 <= (size_t)max;
     for (size_t i = 0; ok && i < rep->elements; i += 3)
         ok = claimed_ok(rep->element + i);
     if (!ok) {

@@ -34,6 +34,15 @@
 #                          replication factor 3 and min.insync.replicas 2 (also start
 #                          --kafka-nodes=3; recorded like the ports; nodes 2 and 3 listen on
 #                          SLUICE_PORT_BASE+5/+6 and +7/+8, or 19097/19098 and 19099/19100)
+#   SLUICE_STACK_REDIS_CLUSTER=0|1  one Redis (default) or a Redis Cluster of six
+#                          redis-server processes, 3 masters + 3 replicas (also start
+#                          --redis-cluster; recorded like the ports). Node 1 listens on the
+#                          Redis port (SLUICE_PORT_BASE+2), nodes 2..6 on SLUICE_PORT_BASE+9..+13
+#                          (without a base: Redis port+7..+11, 16386..16390); each node's
+#                          cluster bus on its port+10000. Nodes 1-3 start as the masters and
+#                          are the seeds in `env`'s SLUICE_REDIS_URL=redis-cluster://...
+#   SLUICE_STACK_REDIS_READY_TIMEOUT  seconds for a Redis Cluster to reach cluster_state:ok
+#                          on every node (default 60)
 #   SLUICE_PARTITIONS      partitions of sluice.deliveries and sluice.outcomes (default 4)
 #   SLUICE_CACHE_DIR       where setup.sh put the Kafka jars (default $HOME/.cache/sluice)
 #   SLUICE_KAFKA_HEAP      broker heap flags (default "-Xms512m -Xmx512m")
@@ -110,12 +119,12 @@ fail_pre() {
 valid_port() { [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le 65535 ]; }
 
 resolve_ports() {
-  local rk="" rc="" rr="" rp="" rm="" rn="" key val
+  local rk="" rc="" rr="" rp="" rm="" rn="" rrc="" key val
   if [ -f "$PORTS_FILE" ]; then
     while IFS='=' read -r key val; do
       case "$key" in
         kafka) rk=$val ;; kafka_controller) rc=$val ;; redis) rr=$val ;; postgres) rp=$val ;;
-        prometheus) rm=$val ;; kafka_nodes) rn=$val ;;
+        prometheus) rm=$val ;; kafka_nodes) rn=$val ;; redis_cluster) rrc=$val ;;
       esac
     done < "$PORTS_FILE"
   fi
@@ -142,13 +151,20 @@ resolve_ports() {
   for ((n = 2; n <= KAFKA_NODES; n++)); do
     valid_port "$(kcport "$n")" || die "Kafka node $n's ports $(kport "$n")/$(kcport "$n") are out of range"
   done
+  REDIS_CLUSTER="${REDIS_CLUSTER_ARG:-${SLUICE_STACK_REDIS_CLUSTER:-${rrc:-0}}}"
+  case "$REDIS_CLUSTER" in 0|1) ;; *) die "Redis cluster '$REDIS_CLUSTER': expected 0 or 1 (SLUICE_STACK_REDIS_CLUSTER / --redis-cluster)" ;; esac
+  if [ "$REDIS_CLUSTER" = 1 ]; then
+    for ((n = 1; n <= REDIS_CLUSTER_NODES; n++)); do
+      valid_port "$(($(rport "$n") + 10000))" || die "Redis Cluster node $n's port $(rport "$n") leaves no room for its cluster bus port (+10000): pick a lower SLUICE_PORT_BASE"
+    done
+  fi
   # What the running services were started with (for mismatch detection).
   REC_KAFKA=$rk; REC_REDIS=$rr; REC_PG=$rp; REC_PROM=$rm
 }
 
 record_ports() {
-  printf 'kafka=%s\nkafka_controller=%s\nredis=%s\npostgres=%s\nprometheus=%s\nkafka_nodes=%s\n' \
-    "$KAFKA_PORT" "$KAFKA_CPORT" "$REDIS_PORT" "$PG_PORT" "$PROM_PORT" "$KAFKA_NODES" > "$PORTS_FILE.tmp"
+  printf 'kafka=%s\nkafka_controller=%s\nredis=%s\npostgres=%s\nprometheus=%s\nkafka_nodes=%s\nredis_cluster=%s\n' \
+    "$KAFKA_PORT" "$KAFKA_CPORT" "$REDIS_PORT" "$PG_PORT" "$PROM_PORT" "$KAFKA_NODES" "$REDIS_CLUSTER" > "$PORTS_FILE.tmp"
   mv -f "$PORTS_FILE.tmp" "$PORTS_FILE"
 }
 
@@ -566,6 +582,237 @@ EOF
   say "redis: ready on 127.0.0.1:$REDIS_PORT (pid $(read_pid "$R_PID" || echo '?'), appendonly yes)"
 }
 
+# ------------------------------------------------------------------------- Redis Cluster
+# With SLUICE_STACK_REDIS_CLUSTER=1 (or `start --redis-cluster`) Redis runs as a cluster of
+# six redis-server processes instead of the single one: node i lives in $R_DIR/node<i>
+# (redis.conf, redis.pid, redis.log, data/ with its AOF and nodes.conf). Node 1 listens on
+# REDIS_PORT, node i > 1 on REDIS_PORT+5+i (with SLUICE_PORT_BASE=N: N+2, then N+9..N+13),
+# each with its cluster bus on port+10000. The first start creates the cluster
+# (redis-cli --cluster create, one replica per master: nodes 1-3 masters, 4-6 replicas) and
+# writes $R_DIR/cluster.created; later starts reuse nodes.conf and the AOF, as the single
+# Redis reuses its AOF. Failovers may move the master role; the seeds in `env` stay nodes 1-3.
+REDIS_CLUSTER_NODES=6
+REDIS_READY_TIMEOUT="${SLUICE_STACK_REDIS_READY_TIMEOUT:-60}"
+rport() { if [ "$1" = 1 ]; then echo "$REDIS_PORT"; else echo $((REDIS_PORT + 5 + $1)); fi; }
+# redis_node_vars I: RN_DIR RN_CONF RN_LOG RN_PID RN_PORT of cluster node I
+redis_node_vars() {
+  RN_DIR="$R_DIR/node$1"; RN_CONF="$RN_DIR/redis.conf"; RN_LOG="$RN_DIR/redis.log"
+  RN_PID="$RN_DIR/redis.pid"; RN_PORT=$(rport "$1")
+}
+redis_node_pid() { # I
+  local RN_DIR RN_CONF RN_LOG RN_PID RN_PORT pid
+  redis_node_vars "$1"
+  pid=$(read_pid "$RN_PID") || return 1
+  alive "$pid" || return 1
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = redis-server ] || return 1
+  echo "$pid"
+}
+redis_cluster_seeds() {
+  local i out=""
+  for ((i = 1; i <= 3; i++)); do out="$out${out:+,}127.0.0.1:$(rport "$i")"; done
+  echo "$out"
+}
+redis_cluster_ports() {
+  local i out=""
+  for ((i = 1; i <= REDIS_CLUSTER_NODES; i++)); do out="$out${out:+ }$(rport "$i")"; done
+  echo "$out"
+}
+rcli() { # PORT ARGS...: one redis-cli command against a node, bounded
+  local port=$1; shift
+  timeout 5 redis-cli -h 127.0.0.1 -p "$port" "$@" 2>/dev/null
+}
+# "master" or "replica of 127.0.0.1:PORT" (nothing when the node does not answer)
+redis_node_role() {
+  local role
+  role=$(rcli "$1" ROLE) || return 0
+  case "$role" in
+    master*) echo master ;;
+    slave*) printf 'replica of %s:%s\n' "$(sed -n 2p <<<"$role")" "$(sed -n 3p <<<"$role")" ;;
+  esac
+}
+
+# The Redis data dir's shape (one Redis or a cluster) must not change under it: refuse, and
+# say how to get the other shape.
+redis_check_shape() {
+  local had="" want=single log=$R_LOG other=0
+  if [ "$REDIS_CLUSTER" = 1 ]; then want=cluster; fi
+  if [ -s "$R_DIR/shape" ]; then
+    had=$(cat "$R_DIR/shape")
+  elif [ -d "$R_DIR/node1" ]; then
+    had=cluster
+  elif [ -d "$R_DIR/data" ]; then
+    had=single
+  fi
+  if [ -n "$had" ] && [ "$had" != "$want" ]; then
+    local what="one Redis, not a Redis Cluster"
+    if [ "$had" = cluster ]; then log="$R_DIR/node1/redis.log"; other=1; what="a Redis Cluster, not one Redis"; fi
+    fail_pre redis "$log" "the Redis data in $R_DIR is for $what: run '$0 reset' first, or start with SLUICE_STACK_REDIS_CLUSTER=$other"
+  fi
+  mkdir -p "$R_DIR"
+  echo "$want" > "$R_DIR/shape"
+}
+
+redis_cluster_write_config() { # I
+  local RN_DIR RN_CONF RN_LOG RN_PID RN_PORT
+  redis_node_vars "$1"
+  mkdir -p "$RN_DIR/data"
+  cat > "$RN_CONF" <<EOF
+# Written by scripts/stack.sh on every start. Redis Cluster node $1 of $REDIS_CLUSTER_NODES.
+bind 127.0.0.1
+port $RN_PORT
+protected-mode yes
+daemonize no
+supervised no
+logfile $RN_LOG
+dir $RN_DIR/data
+cluster-enabled yes
+cluster-config-file nodes.conf
+cluster-node-timeout 2000
+appendonly yes
+appendfsync everysec
+appenddirname appendonlydir
+# AOF is the persistence; no RDB snapshots on a timer (a replica's full sync still makes one).
+save ""
+always-show-logo no
+EOF
+}
+
+# Wait until every node says cluster_state:ok, knows all six nodes and sees all 16384 slots
+# assigned, sees three masters and three replicas none of them failing, and every replica's
+# link to its master is up.
+redis_cluster_wait_ok() { # DEADLINE (in $SECONDS)
+  local deadline=$1 i port info nodes repl bad RN_DIR RN_CONF RN_LOG RN_PID RN_PORT
+  while :; do
+    bad=""
+    for ((i = 1; i <= REDIS_CLUSTER_NODES; i++)); do
+      port=$(rport "$i")
+      if ! redis_node_pid "$i" >/dev/null; then
+        redis_node_vars "$i"
+        fail "redis-$i" "$RN_LOG" "redis-server exited while the cluster was getting ready"
+      fi
+      info=$(rcli "$port" CLUSTER INFO | tr -d '\r') || info=""
+      if [[ "$info" != *"cluster_state:ok"* ]] || [[ "$info" != *"cluster_slots_assigned:16384"* ]] \
+        || [[ "$info" != *"cluster_known_nodes:$REDIS_CLUSTER_NODES"* ]]; then
+        bad="node $i (port $port) says $(grep -E '^cluster_(state|slots_assigned|known_nodes):' <<<"$info" | tr '\n' ' ')"
+        break
+      fi
+      nodes=$(rcli "$port" CLUSTER NODES | awk '{ print $3 }' | tr ',' ' ') || nodes=""
+      if [ "$(grep -cw master <<<"$nodes")" != 3 ] || [ "$(grep -cw slave <<<"$nodes")" != 3 ] \
+        || grep -qwE 'fail\??|handshake|noaddr' <<<"$nodes"; then
+        bad="node $i (port $port) sees nodes with the flags $(tr '\n' ';' <<<"$nodes")"
+        break
+      fi
+      repl=$(rcli "$port" INFO replication | tr -d '\r') || repl=""
+      if [[ "$repl" == *"role:slave"* ]] && [[ "$repl" != *"master_link_status:up"* ]]; then
+        bad="node $i (port $port): the replica's link to its master is not up"
+        break
+      fi
+    done
+    [ -z "$bad" ] && return 0
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      redis_node_vars "$i"
+      fail "redis-$i" "$RN_LOG" "the Redis Cluster is not ready after ${REDIS_READY_TIMEOUT}s: $bad"
+    fi
+    sleep 0.2
+  done
+}
+
+redis_cluster_start() {
+  local i pid down=() t0=$SECONDS RN_DIR RN_CONF RN_LOG RN_PID RN_PORT
+  [[ "$REDIS_READY_TIMEOUT" =~ ^[0-9]+$ ]] || die "SLUICE_STACK_REDIS_READY_TIMEOUT=$REDIS_READY_TIMEOUT is not a number of seconds"
+  for ((i = 1; i <= REDIS_CLUSTER_NODES; i++)); do
+    if pid=$(redis_node_pid "$i"); then
+      if [ "$i" = 1 ] && [ -n "$REC_REDIS" ] && [ "$REC_REDIS" != "$REDIS_PORT" ]; then
+        redis_node_vars 1
+        fail_pre redis "$RN_LOG" "already running on port $REC_REDIS (pid $pid), not $REDIS_PORT: run stop first"
+      fi
+      say "redis-$i: already running (pid $pid, port $(rport "$i"))"
+    else
+      down+=("$i")
+    fi
+  done
+  if [ "${#down[@]}" -gt 0 ]; then
+    redis_node_vars 1
+    command -v redis-server >/dev/null 2>&1 || fail_pre redis "$RN_LOG" "redis-server not found (apt package redis-server; run scripts/setup.sh)"
+    command -v redis-cli >/dev/null 2>&1 || fail_pre redis "$RN_LOG" "redis-cli not found (apt package redis-tools; run scripts/setup.sh)"
+    redis_check_shape
+    # nodes.conf names every node by its address: a cluster made on other ports cannot run here
+    if [ -s "$R_DIR/cluster.created" ] && [ "$(cat "$R_DIR/cluster.created")" != "$(redis_cluster_ports)" ]; then
+      fail_pre redis "$RN_LOG" "the Redis Cluster in $R_DIR was created on ports $(cat "$R_DIR/cluster.created"), not $(redis_cluster_ports): run '$0 reset' first, or start it on its ports"
+    fi
+    for i in "${down[@]}"; do
+      redis_node_vars "$i"
+      check_port_free "redis-$i" "$RN_PORT" "$RN_LOG"
+      check_port_free "redis-$i" "$((RN_PORT + 10000))" "$RN_LOG"
+    done
+    for i in "${down[@]}"; do
+      redis_cluster_write_config "$i"
+      redis_node_vars "$i"
+      [ -f "$RN_LOG" ] && mv -f "$RN_LOG" "$RN_LOG.prev"
+      setsid redis-server "$RN_CONF" >>"$RN_LOG" 2>&1 </dev/null 9>&- &
+      echo $! > "$RN_PID"
+      # if anything in this start fails, do not leave the nodes it launched behind
+      FAIL_KILL_PID="${FAIL_KILL_PID:-}${FAIL_KILL_PID:+ }$!"
+    done
+    say "redis: launched cluster node(s) ${down[*]} (logs $R_DIR/node<i>/redis.log)"
+    for i in "${down[@]}"; do
+      redis_node_vars "$i"
+      until [ "$(rcli "$RN_PORT" PING)" = PONG ]; do
+        redis_node_pid "$i" >/dev/null || fail "redis-$i" "$RN_LOG" "redis-server exited during start-up"
+        [ "$((SECONDS - t0))" -lt 10 ] || fail "redis-$i" "$RN_LOG" "no PONG from 127.0.0.1:$RN_PORT after 10s"
+        sleep 0.1
+      done
+    done
+  fi
+  if [ ! -s "$R_DIR/cluster.created" ]; then
+    # First start, or a creation that did not finish: empty every node, then create.
+    local addrs=()
+    for ((i = 1; i <= REDIS_CLUSTER_NODES; i++)); do
+      redis_node_vars "$i"
+      rcli "$RN_PORT" FLUSHALL >/dev/null || true   # a replica refuses; the reset makes it a master
+      if [ "$(rcli "$RN_PORT" CLUSTER RESET HARD)" != OK ]; then
+        rcli "$RN_PORT" FLUSHALL >/dev/null || true
+        [ "$(rcli "$RN_PORT" CLUSTER RESET HARD)" = OK ] || fail "redis-$i" "$RN_LOG" "CLUSTER RESET HARD failed before the cluster's creation"
+      fi
+      addrs+=("127.0.0.1:$RN_PORT")
+    done
+    say "redis: creating the cluster: redis-cli --cluster create ${addrs[*]} --cluster-replicas 1"
+    timeout 120 redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes \
+      >"$R_DIR/create.log" 2>&1 </dev/null || fail redis "$R_DIR/create.log" "redis-cli --cluster create failed"
+    redis_cluster_ports > "$R_DIR/cluster.created"
+  fi
+  redis_cluster_wait_ok "$((SECONDS + REDIS_READY_TIMEOUT))"
+  FAIL_KILL_PID=""
+  local masters="" replicas=""
+  for ((i = 1; i <= REDIS_CLUSTER_NODES; i++)); do
+    if [ "$(redis_node_role "$(rport "$i")")" = master ]; then
+      masters="$masters${masters:+,}$(rport "$i")"
+    else
+      replicas="$replicas${replicas:+,}$(rport "$i")"
+    fi
+  done
+  say "redis: cluster ready in $((SECONDS - t0))s: cluster_state:ok on all $REDIS_CLUSTER_NODES nodes, masters on $masters, replicas on $replicas (appendonly yes)"
+}
+
+# Every node at once (SIGTERM, bounded wait, then SIGKILL), also the nodes of a cluster whose
+# ports.env was lost (their dirs are there).
+redis_cluster_stop() {
+  local i pid waits=() RN_DIR RN_CONF RN_LOG RN_PID RN_PORT
+  for ((i = 1; i <= REDIS_CLUSTER_NODES; i++)); do
+    redis_node_vars "$i"
+    [ -d "$RN_DIR" ] || continue
+    if pid=$(redis_node_pid "$i"); then
+      say "redis-$i: stopping pid $pid"
+      stop_pid "redis-$i" "$pid" 20 &
+      waits+=($!)
+    else
+      say "redis-$i: not running"
+    fi
+    rm -f "$RN_PID"
+  done
+  for pid in "${waits[@]}"; do wait "$pid" || true; done
+}
+
 # ------------------------------------------------------------------------- PostgreSQL
 PG_OS_USER=""
 PG_CAP=0
@@ -800,6 +1047,7 @@ parse_services() {
     case "$a" in
       --prometheus) [ "$cmd" = start ] || usage_exit; prom=1 ;;
       --kafka-nodes=*) [ "$cmd" = start ] || usage_exit; KAFKA_NODES_ARG=${a#--kafka-nodes=} ;;
+      --redis-cluster) [ "$cmd" = start ] || usage_exit; REDIS_CLUSTER_ARG=1 ;;
       kafka|redis|postgres|prometheus) named="$named $a" ;;
       *) usage_exit ;;
     esac
@@ -810,7 +1058,7 @@ parse_services() {
 }
 want() { [[ "$SERVICES" == *" $1 "* ]]; }
 usage_exit() {
-  echo "usage: $0 start [--prometheus] [--kafka-nodes=1|3] [SERVICE...]|stop [SERVICE...]|status|reset|env" >&2
+  echo "usage: $0 start [--prometheus] [--kafka-nodes=1|3] [--redis-cluster] [SERVICE...]|stop [SERVICE...]|status|reset|env" >&2
   echo "       SERVICE: kafka redis postgres prometheus" >&2
   exit 2
 }
@@ -829,9 +1077,16 @@ cmd_start() {
   resolve_ports
   local nodes=""
   if [ "$KAFKA_NODES" -gt 1 ]; then nodes=" and $((KAFKA_NODES - 1)) more nodes: $(kafka_bootstrap)"; fi
-  say "stack dir $STACK_DIR (kafka $KAFKA_PORT/$KAFKA_CPORT$nodes, redis $REDIS_PORT, postgres $PG_PORT$(want prometheus && echo ", prometheus $PROM_PORT"))"
+  local redis="redis $REDIS_PORT"
+  if [ "$REDIS_CLUSTER" = 1 ]; then redis="redis cluster on $(redis_cluster_ports | tr ' ' ',')"; fi
+  say "stack dir $STACK_DIR (kafka $KAFKA_PORT/$KAFKA_CPORT$nodes, $redis, postgres $PG_PORT$(want prometheus && echo ", prometheus $PROM_PORT"))"
   if want kafka; then kafka_launch; fi   # JVM boots in the background while Redis and PostgreSQL start
-  if want redis; then redis_start; fi
+  if want redis && [ "$REDIS_CLUSTER" = 1 ]; then
+    redis_cluster_start
+  elif want redis; then
+    redis_check_shape
+    redis_start
+  fi
   if want postgres; then pg_start; fi
   record_ports
   if want kafka; then kafka_wait_ready; fi
@@ -852,10 +1107,12 @@ cmd_stop() {
   elif pid=$(redis_pid); then
     say "redis: stopping pid $pid"
     stop_pid redis "$pid" 20
-  else
+  elif [ "$REDIS_CLUSTER" != 1 ]; then
     say "redis: not running"
   fi
   if want redis; then rm -f "$R_PID"; fi
+  # a cluster's nodes (also when ports.env says one Redis: its dirs are there)
+  if want redis && { [ "$REDIS_CLUSTER" = 1 ] || [ -d "$R_DIR/node1" ]; }; then redis_cluster_stop; fi
   if ! want postgres; then
     :
   elif pid=$(pg_pid); then
@@ -893,7 +1150,22 @@ cmd_status() {
     kafka_node_vars "$i"
     status_line "$(kname "$i")" "$N_PORT" "$(kafka_pid_of "$i" || true)" "controller $N_CPORT, log $N_LOG" || down=1
   done
-  status_line redis "$REDIS_PORT" "$(redis_pid || true)" "log $R_LOG" || down=1
+  if [ "$REDIS_CLUSTER" = 1 ]; then
+    local pid state="" role
+    for ((i = 1; i <= REDIS_CLUSTER_NODES; i++)); do
+      redis_node_vars "$i"
+      role=""; state=""
+      if pid=$(redis_node_pid "$i"); then
+        role=$(redis_node_role "$RN_PORT")
+        state=$(rcli "$RN_PORT" CLUSTER INFO | tr -d '\r' | grep -m1 '^cluster_state:') || state=""
+      fi
+      status_line "redis-$i" "$RN_PORT" "${pid:-}" "${role:+$role, }${state:+$state, }log $RN_LOG" || down=1
+      if [ -n "$pid" ] && [ "$state" != cluster_state:ok ]; then down=1; fi
+      pid=""
+    done
+  else
+    status_line redis "$REDIS_PORT" "$(redis_pid || true)" "log $R_LOG" || down=1
+  fi
   status_line postgres "$PG_PORT" "$(pg_pid || true)" "log $P_LOG" || down=1
   # optional: down only when it was started and not stopped (its pid file is still there)
   if [ -f "$PR_PID" ] || prom_pid >/dev/null; then
@@ -918,7 +1190,11 @@ cmd_reset() {
 cmd_env() {
   resolve_ports
   printf "export SLUICE_KAFKA_BROKERS=%s\n" "$(kafka_bootstrap)"
-  printf "export SLUICE_REDIS_URL=redis://127.0.0.1:%s\n" "$REDIS_PORT"
+  if [ "$REDIS_CLUSTER" = 1 ]; then
+    printf "export SLUICE_REDIS_URL=redis-cluster://%s\n" "$(redis_cluster_seeds)"
+  else
+    printf "export SLUICE_REDIS_URL=redis://127.0.0.1:%s\n" "$REDIS_PORT"
+  fi
   printf "export SLUICE_PG_DSN='host=127.0.0.1 port=%s dbname=sluice user=sluice'\n" "$PG_PORT"
   if prom_pid >/dev/null; then   # SLUICE_STACK_*: names the processes ignore
     printf "export SLUICE_STACK_PROMETHEUS_URL=http://127.0.0.1:%s\n" "$PROM_PORT"

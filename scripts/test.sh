@@ -7,8 +7,12 @@
 #  2. an isolated stack (real Kafka, Redis, PostgreSQL) under .stack/test on private ports
 #  3. gcc build, warnings as errors, with the test-only fault points (-DSL_FAULT_INJECTION=ON:
 #     sluice-api's SL_FAULT, used by tests/e2e/test_api.py); every ctest label: unit, component, fuzz (corpus
-#     replay), integration, e2e; then the chaos suite's CI profile (tests/chaos/run.sh ci:
-#     its own stack, one fault per scenario, figures printed per scenario)
+#     replay), integration, e2e; then the e2e delivery suite (test_delivery.py,
+#     test_policies.py, test_replay.py) again against a Redis Cluster (a second stack.sh
+#     stack under .stack/test-redis-cluster with only Redis, in cluster mode: 3 masters + 3
+#     replicas; Kafka and PostgreSQL are the test stack's); then the chaos suite's CI
+#     profile (tests/chaos/run.sh ci: its own stack, one fault per scenario, figures printed
+#     per scenario)
 #  4. clang build with ASan + UBSan; the whole suite again (except the chaos suite)
 #  5. clang libFuzzer build; every fuzzer replays its corpus
 #  6. source checks (clang-format, banned functions)
@@ -20,6 +24,10 @@
 #      SLUICE_TEST_KEEP_STACK=1      leave the stack running afterwards
 #      SLUICE_TEST_LABELS=regex      ctest -L filter (default: everything)
 #      SLUICE_TEST_CHAOS=0           skip the chaos suite (gcc stage; default 1)
+#      SLUICE_TEST_REDIS_CLUSTER=0   skip the e2e delivery suite against a Redis Cluster (gcc
+#                                    stage; default 1; about 4 min)
+#      SLUICE_TEST_REDIS_CLUSTER_PORT_BASE (29200)  its stack's ports: Redis Cluster nodes
+#                                    on base+2 and base+9..+13, cluster bus ports +10000
 #      CHAOS_PORT_BASE (28000)       ports of the chaos suite's own stack
 set -euo pipefail
 
@@ -52,9 +60,15 @@ bash scripts/setup.sh
 export SLUICE_STACK_DIR="$REPO/.stack/test"
 export SLUICE_PORT_BASE="${SLUICE_TEST_PORT_BASE:-29100}"
 say "stack on ports ${SLUICE_PORT_BASE}.. (data in $SLUICE_STACK_DIR)"
+RC_STACK_DIR="$REPO/.stack/test-redis-cluster"
+rc_stack() { # stack.sh on the Redis Cluster stack (Redis only)
+  SLUICE_STACK_DIR="$RC_STACK_DIR" SLUICE_PORT_BASE="${SLUICE_TEST_REDIS_CLUSTER_PORT_BASE:-29200}" \
+    SLUICE_STACK_REDIS_CLUSTER=1 bash scripts/stack.sh "$@"
+}
 stop_stack() {
   if [ "${SLUICE_TEST_KEEP_STACK:-0}" != 1 ]; then
     bash scripts/stack.sh stop >/dev/null 2>&1 || true
+    if [ -d "$RC_STACK_DIR" ]; then rc_stack stop redis >/dev/null 2>&1 || true; fi
   fi
 }
 trap stop_stack EXIT
@@ -90,6 +104,21 @@ if stage gcc; then
   )
   say "gcc: all tests"
   LABELS_EXCLUDE=chaos ctest_run build/test-gcc 1
+  # The e2e delivery suite once more with Redis as a cluster (issue 21): Kafka and PostgreSQL
+  # stay the test stack's, Redis is a second stack's six nodes, created afresh each run.
+  # One pytest process: worlds on a cluster take turns (one database, flushed per world).
+  if [ "${SLUICE_TEST_REDIS_CLUSTER:-1}" = 1 ] && { [ -z "$LABELS" ] || [[ e2e =~ $LABELS ]]; }; then
+    say "gcc: e2e delivery suite against a Redis Cluster (3 masters + 3 replicas)"
+    rc_stack reset >/dev/null
+    rc_stack start redis
+    rc_url=$(rc_stack env | sed -n 's/^export SLUICE_REDIS_URL=//p')
+    case "$rc_url" in redis-cluster://*) ;; *) echo "no redis-cluster:// URL from stack.sh env: '$rc_url'" >&2; exit 1 ;; esac
+    py="${SLUICE_PYTHON_TESTS:-${SLUICE_CACHE_DIR:-$HOME/.cache/sluice}/venv/bin/python}"
+    SLUICE_REDIS_URL="$rc_url" SL_BINARY_DIR="$REPO/build/test-gcc" SL_TEST_TIMEOUT_MULT=1 \
+      "$py" -m pytest -x -q -p no:cacheprovider tests/e2e/test_delivery.py \
+      tests/e2e/test_policies.py tests/e2e/test_replay.py
+    if [ "${SLUICE_TEST_KEEP_STACK:-0}" != 1 ]; then rc_stack stop redis; fi
+  fi
   # The chaos suite starts, kills and restarts its own stack (Kafka, Redis, PostgreSQL) and
   # wants both cores, so it runs alone, after the rest; it prints its figures per scenario.
   if [ "${SLUICE_TEST_CHAOS:-1}" = 1 ] && [ -z "$LABELS" ]; then

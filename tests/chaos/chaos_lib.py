@@ -287,12 +287,21 @@ def flag_value(flags, name, default):
 
 class ChaosWorld(World):
     """A World (isolated topics, groups, Redis db) with the chaos defaults, a timeline of
-    marks, the produced events, and recorder processes."""
+    marks, the produced events, and recorder processes. With redis_cluster (a
+    chaos_stack.RedisCluster) the pods use that cluster instead of the stack's Redis: it has
+    database 0 only, so it is flushed here and serves one world at a time, and the Redis
+    oracles below read it through the cluster's own routing."""
 
-    def __init__(self, tmpdir, name, partitions=4, **cfg):
+    def __init__(self, tmpdir, name, partitions=4, redis_cluster=None, **cfg):
         merged = dict(DEFAULT_CFG)
+        if redis_cluster is not None:
+            merged["redis_url"] = redis_cluster.url()
         merged.update(cfg)
         super().__init__(tmpdir, partitions=partitions, **merged)
+        self.cluster = redis_cluster
+        if redis_cluster is not None:
+            self.redis_url = redis_cluster.url()
+            redis_cluster.on_masters("FLUSHALL")
         self.name = name
         self.events = []
         self.recorders = []
@@ -445,14 +454,20 @@ class ChaosWorld(World):
             time.sleep(1.0)
         return len(left)
 
+    def redis(self, *args):
+        """One command on the world's Redis (a cluster routes it by its key, args[1])."""
+        if self.cluster is not None:
+            return self.cluster.cmd(*args)
+        return redis_cmd(self.redis_url, *args)
+
     def redis_state(self):
         """(leases, jobs for our events, all jobs) in the world's Redis database."""
         nshards = int(self.env.get("SLUICE_RETRY_SHARDS", "16"))
         ours = {job_id(e["endpoint"], e["id"]) for e in self.events}
         leases = jobs = ours_left = 0
         for s in range(nshards):
-            leases += redis_cmd(self.redis_url, "HLEN", f"sluice:lease:{{{s}}}")
-            members = redis_cmd(self.redis_url, "ZRANGE", f"sluice:retry:{{{s}}}", 0, -1) or []
+            leases += self.redis("HLEN", f"sluice:lease:{{{s}}}")
+            members = self.redis("ZRANGE", f"sluice:retry:{{{s}}}", 0, -1) or []
             jobs += len(members)
             ours_left += sum(1 for m in members if m.decode() in ours)
         return leases, ours_left, jobs
@@ -463,7 +478,7 @@ class ChaosWorld(World):
         out = set()
         for s in range(nshards):
             out.update(m.decode() for m in
-                       redis_cmd(self.redis_url, "ZRANGE", f"sluice:retry:{{{s}}}", 0, -1) or [])
+                       self.redis("ZRANGE", f"sluice:retry:{{{s}}}", 0, -1) or [])
         return out
 
     def leftover_jobs(self, states, limit=5):
@@ -473,8 +488,8 @@ class ChaosWorld(World):
         out = []
         now = now_ms()
         for s in range(nshards):
-            members = redis_cmd(self.redis_url, "ZRANGE", f"sluice:retry:{{{s}}}", 0, -1,
-                                "WITHSCORES") or []
+            members = self.redis("ZRANGE", f"sluice:retry:{{{s}}}", 0, -1,
+                                 "WITHSCORES") or []
             for m, score in zip(members[::2], members[1::2]):
                 k = by_job.get(m.decode(), ("?", "?"))
                 out.append((k, int(float(score)) - now, sorted(states.get(k, ()))))

@@ -1,7 +1,9 @@
 """The chaos suite's own stack: real Kafka, Redis and PostgreSQL from scripts/stack.sh, in a
 private directory on private ports, so scenarios may kill and restart the services without
 touching anybody else's stack. A second kind, KafkaCluster, is a three-node Kafka cluster
-(stack.sh with SLUICE_STACK_KAFKA_NODES=3) for the scenarios that kill one broker of many.
+(stack.sh with SLUICE_STACK_KAFKA_NODES=3) for the scenarios that kill one broker of many; a
+third, RedisCluster, is a Redis Cluster of six redis-server (three masters, three replicas)
+for the scenario that kills a master.
 
 Faults on the services go through the stack's pid files (kafka/kafka.pid, redis/redis.pid,
 pg/data/postmaster.pid); `scripts/stack.sh start` then starts only what is down and waits
@@ -11,6 +13,7 @@ until it is ready again.
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -308,3 +311,479 @@ class KafkaCluster(Stack):
         sub = "" if i == 1 else f"node{i}"
         self._kill_wait(self.node_pid(i), sig, f"kafka node {i}",
                         pid_file=os.path.join(self.dir, "kafka", sub, "kafka.pid"))
+
+
+# ---------------------------------------------------------------------------- Redis Cluster
+
+
+def _comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+class RedisError(Exception):
+    """An error reply from Redis (ERR, MOVED, ASK, CLUSTERDOWN, TRYAGAIN, ...)."""
+
+
+def _read_reply(f):
+    line = f.readline()
+    if not line.endswith(b"\r\n"):
+        raise OSError("connection closed in the middle of a reply")
+    t, body = line[:1], line[1:-2]
+    if t == b"+":
+        return body.decode()
+    if t == b"-":
+        return RedisError(body.decode())
+    if t == b":":
+        return int(body)
+    if t == b"$":
+        n = int(body)
+        return None if n < 0 else f.read(n + 2)[:-2]
+    if t == b"*":
+        n = int(body)
+        return None if n < 0 else [_read_reply(f) for _ in range(n)]
+    raise OSError(f"bad reply {line!r}")
+
+
+def redis_pipeline(port, cmds, timeout=5.0):
+    """Commands to one Redis node on 127.0.0.1 over one connection (a stdlib RESP2 client):
+    their replies in order, bulk strings as bytes, error replies as RedisError objects
+    (returned, not raised). A node that does not answer raises OSError."""
+    out = b""
+    for args in cmds:
+        out += b"*%d\r\n" % len(args)
+        for a in args:
+            b = a if isinstance(a, bytes) else str(a).encode()
+            out += b"$%d\r\n%s\r\n" % (len(b), b)
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(out)
+        with s.makefile("rb") as f:
+            return [_read_reply(f) for _ in cmds]
+
+
+def redis_at(port, *args, timeout=5.0):
+    """One command to one node; an error reply raises RedisError."""
+    rep = redis_pipeline(port, [args], timeout)[0]
+    if isinstance(rep, RedisError):
+        raise rep
+    return rep
+
+
+def _crc16(data):
+    """CRC16-CCITT (XMODEM), Redis Cluster's key hash."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def key_slot(key):
+    """The hash slot of key: CRC16 of its hash tag (the text between the first '{' and the
+    next '}', when not empty), else of the whole key, modulo 16384."""
+    k = key.encode() if isinstance(key, str) else key
+    i = k.find(b"{")
+    if i >= 0:
+        j = k.find(b"}", i + 1)
+        if j > i + 1:
+            k = k[i + 1:j]
+    return _crc16(k) % RedisCluster.SLOTS
+
+
+def _info(text):
+    """INFO / CLUSTER INFO text -> dict of its key:value lines."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+class RedisCluster(Stack):
+    """A Redis Cluster of six redis-server on 127.0.0.1: three masters with one replica each
+    (`redis-cli --cluster create --cluster-replicas 1`), cluster-node-timeout 2000 ms, the
+    stack's persistence (appendonly yes, appendfsync everysec, no RDB snapshots), and nothing
+    else: the scenarios use Kafka and PostgreSQL of the session stack. Client ports
+    base..base+5; cluster bus ports base+6..base+11, set with cluster-port (the default, port
+    + 10000, would fall into the ephemeral range: F4 in docs/CHAOS.md). Node i (0..5) keeps
+    redis.conf, nodes.conf, its AOF, redis.log and redis.pid in <dir>/node<i>.
+
+    Faults go by pid (kill_node). restart_node starts a node again from its config: it rejoins
+    with its nodes.conf, and a master that was failed over comes back as a replica of the
+    replica that took its place. Nodes are named by index; `cmd` routes a command by its key
+    (the first argument) and follows MOVED and ASK, for inspecting a world's Redis state."""
+
+    SLOTS = 16384
+    NODES = 6
+    NODE_TIMEOUT_MS = 2000
+    span = 12
+
+    def __init__(self, stack_dir=None, port_base=None, keep=False):
+        super().__init__(stack_dir=stack_dir, port_base=port_base, keep=keep)
+        os.makedirs(self.dir, exist_ok=True)
+
+    # ---- layout
+
+    def port(self, i):
+        return self.base + i
+
+    def index(self, port):
+        return port - self.base
+
+    def node_dir(self, i):
+        return os.path.join(self.dir, f"node{i}")
+
+    def node_pid(self, i):
+        return read_pid(os.path.join(self.node_dir(i), "redis.pid"))
+
+    def url(self):
+        """The Sluice URL: every node as a seed (database 0 is the only one)."""
+        return "redis-cluster://" + ",".join(f"127.0.0.1:{self.port(i)}"
+                                             for i in range(self.NODES))
+
+    def env(self):
+        return {"SLUICE_REDIS_URL": self.url()}
+
+    def alive(self, i):
+        return pid_alive(self.node_pid(i))
+
+    # ---- start and stop
+
+    def start(self, timeout=90):
+        """Six fresh nodes, the cluster created, every slot served with a replica behind
+        every master. Retried on another port base when a port was taken meanwhile."""
+        self.stop_nodes()  # a cluster left running in this dir (CHAOS_KEEP=1)
+        base = self.first_base
+        last = None
+        for _ in range(3):
+            self.base = pick_port_base(base, step=20, span=self.span)
+            try:
+                self._create(timeout)
+                self.addr = self.env()
+                return self
+            except (AssertionError, RuntimeError, OSError) as ex:
+                last = ex
+                self.stop_nodes()
+                base = self.base + 20
+        raise RuntimeError(f"could not start the redis cluster: {last}")
+
+    def _write_conf(self, i):
+        d = self.node_dir(i)
+        with open(os.path.join(d, "redis.conf"), "w") as f:
+            f.write(f"""# Written by tests/chaos/chaos_stack.py (RedisCluster).
+bind 127.0.0.1
+port {self.port(i)}
+cluster-port {self.port(i) + self.NODES}
+protected-mode yes
+daemonize yes
+pidfile {d}/redis.pid
+logfile {d}/redis.log
+dir {d}
+cluster-enabled yes
+cluster-config-file nodes.conf
+cluster-node-timeout {self.NODE_TIMEOUT_MS}
+appendonly yes
+appendfsync everysec
+appenddirname appendonlydir
+save ""
+# a replica's full sync starts at once (the default waits 5 s for more replicas to share it)
+repl-diskless-sync-delay 0
+always-show-logo no
+""")
+
+    def _launch(self, i, timeout=30):
+        """redis-server with node i's config (it daemonizes); wait for PONG (its AOF loaded)."""
+        conf = os.path.join(self.node_dir(i), "redis.conf")
+        r = subprocess.run(["redis-server", conf], capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise RuntimeError(f"redis-server node {i} failed: {r.stdout}{r.stderr}")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if redis_at(self.port(i), "PING", timeout=1) == "PONG":
+                    return
+            except (OSError, RedisError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis node {i} (port {self.port(i)}) did not answer PING "
+                                   f"within {timeout}s:\n{self.log_tail(i)}")
+            time.sleep(0.05)
+
+    def log_tail(self, i, n=2000):
+        try:
+            with open(os.path.join(self.node_dir(i), "redis.log"), errors="replace") as f:
+                return f.read()[-n:]
+        except FileNotFoundError:
+            return "(no log)"
+
+    def _create(self, timeout):
+        for i in range(self.NODES):
+            shutil.rmtree(self.node_dir(i), ignore_errors=True)
+            os.makedirs(self.node_dir(i))
+            self._write_conf(i)
+        for i in range(self.NODES):
+            self._launch(i)
+        # the first three nodes become the masters, the others their replicas
+        r = subprocess.run(["redis-cli", "--cluster", "create",
+                            *(f"127.0.0.1:{self.port(i)}" for i in range(self.NODES)),
+                            "--cluster-replicas", "1", "--cluster-yes"],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0 or f"All {self.SLOTS} slots covered" not in r.stdout:
+            raise RuntimeError(f"redis-cli --cluster create failed ({r.returncode}):\n"
+                               f"{r.stdout[-3000:]}\n{r.stderr[-2000:]}")
+        self.wait_healthy(timeout)
+
+    def stop_nodes(self, timeout=20):
+        """SIGTERM to every running node (a clean shutdown: the AOF is flushed), repeated
+        every second (a node refuses one while it writes its first AOF after a full sync,
+        "Writing initial AOF, can't exit"), SIGKILL to one still there after timeout s."""
+        pids = [p for p in (self.node_pid(i) for i in range(self.NODES))
+                if pid_alive(p) and _comm(p) == "redis-server"]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            left = [p for p in pids if pid_alive(p)]
+            if not left:
+                return
+            for p in left:
+                try:
+                    os.kill(p, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            again = time.monotonic() + 1
+            while time.monotonic() < again and any(pid_alive(p) for p in left):
+                time.sleep(0.05)
+        for p in pids:
+            if pid_alive(p):
+                os.kill(p, signal.SIGKILL)
+
+    def stop(self):
+        """Stop every node and delete the dir (keep=True: leave both for a post-mortem)."""
+        if self.keep:
+            return
+        try:
+            self.stop_nodes()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ---- what the cluster says
+
+    def cluster_info(self, i):
+        return _info(redis_at(self.port(i), "CLUSTER", "INFO"))
+
+    def info(self, i, section="replication"):
+        return _info(redis_at(self.port(i), "INFO", section))
+
+    def nodes_view(self, i):
+        """CLUSTER NODES as node i sees it: one dict per node (index, id, flags, master:
+        the index of its master or None, slots: [(first, last), ...], link)."""
+        text = redis_at(self.port(i), "CLUSTER", "NODES").decode()
+        rows, ids = [], {}
+        for line in text.splitlines():
+            f = line.split()
+            if len(f) < 8:
+                continue
+            port = int(f[1].split("@")[0].rsplit(":", 1)[1])
+            slots = []
+            for s in f[8:]:
+                if s.startswith("["):
+                    continue  # a slot being migrated or imported
+                a, _, b = s.partition("-")
+                slots.append((int(a), int(b or a)))
+            ids[f[0]] = self.index(port)
+            rows.append({"index": self.index(port), "id": f[0], "flags": set(f[2].split(",")),
+                         "master": f[3], "slots": sorted(slots), "link": f[7]})
+        for r in rows:
+            r["master"] = ids.get(r["master"]) if r["master"] != "-" else None
+        return sorted(rows, key=lambda r: r["index"])
+
+    @staticmethod
+    def _shape(view):
+        """What every node must agree on: each node's role, master and slots."""
+        return [(r["index"], "master" in r["flags"], r["master"], tuple(r["slots"]))
+                for r in view]
+
+    def masters(self, i=None):
+        """master index -> its slot ranges, for the masters that serve slots (as node i, or
+        the first live node, sees it)."""
+        i = self._live() if i is None else i
+        return {r["index"]: r["slots"] for r in self.nodes_view(i)
+                if "master" in r["flags"] and "fail" not in r["flags"] and r["slots"]}
+
+    def replicas_of(self, m, i=None):
+        i = self._live() if i is None else i
+        return [r["index"] for r in self.nodes_view(i)
+                if r["master"] == m and "fail" not in r["flags"]]
+
+    def owner(self, slot, i=None):
+        """Index of the master serving slot."""
+        for m, ranges in self.masters(i).items():
+            if any(a <= slot <= b for a, b in ranges):
+                return m
+        return None
+
+    def _live(self):
+        for i in range(self.NODES):
+            if self.alive(i):
+                return i
+        raise AssertionError("no redis cluster node is running")
+
+    def health(self, down=()):
+        """Problems with the cluster as the running nodes (except `down`) see it, [] when
+        none: cluster_state ok with every slot served, one view of roles and slots on every
+        node, three masters serving all 16384 slots, and each master with one replica whose
+        replication link is up."""
+        nodes = [i for i in range(self.NODES) if i not in down]
+        problems, shapes = [], {}
+        for i in nodes:
+            try:
+                ci = self.cluster_info(i)
+                view = self.nodes_view(i)
+            except (OSError, RedisError) as ex:
+                problems.append(f"node {i}: {ex}")
+                continue
+            if ci.get("cluster_state") != "ok" or ci.get("cluster_slots_ok") != str(self.SLOTS):
+                problems.append(f"node {i}: cluster_state {ci.get('cluster_state')}, "
+                                f"{ci.get('cluster_slots_ok')} slots ok")
+            shapes[i] = self._shape(view)
+        if len(set(map(tuple, shapes.values()))) > 1:
+            problems.append(f"the nodes disagree about roles or slots: {shapes}")
+        if problems or not shapes:
+            return problems or ["no node answered"]
+        view = self.nodes_view(nodes[0])
+        masters = [r for r in view if "master" in r["flags"] and r["slots"]]
+        covered = sum(b - a + 1 for r in masters for a, b in r["slots"])
+        if len(masters) != 3 or covered != self.SLOTS:
+            problems.append(f"{len(masters)} masters serve {covered} slots")
+        for m in masters:
+            if "fail" in m["flags"] or "fail?" in m["flags"]:
+                problems.append(f"master {m['index']} is flagged {m['flags']}")
+            reps = [r for r in view if r["master"] == m["index"] and not
+                    ({"fail", "fail?"} & r["flags"])]
+            if not reps:
+                problems.append(f"master {m['index']} has no replica")
+            for r in reps:
+                if r["index"] in down:
+                    continue
+                link = self.info(r["index"]).get("master_link_status")
+                if link != "up":
+                    problems.append(f"replica {r['index']} of {m['index']}: link {link}")
+        return problems
+
+    def wait_healthy(self, timeout=60, down=()):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                problems = self.health(down)
+            except (OSError, RedisError) as ex:
+                problems = [str(ex)]
+            if not problems:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"redis cluster not healthy after {timeout}s: "
+                                     f"{problems}")
+            time.sleep(0.1)
+
+    # ---- faults
+
+    def kill_node(self, i, sig=signal.SIGKILL):
+        self._kill_wait(self.node_pid(i), sig, f"redis node {i} (port {self.port(i)})",
+                        pid_file=os.path.join(self.node_dir(i), "redis.pid"))
+
+    def wait_failover(self, dead, slots, timeout=60):
+        """After master `dead` was killed: until every other node reports cluster_state ok
+        and serves `slots` (its ranges) from another master. Returns that master's index."""
+        others = [i for i in range(self.NODES) if i != dead]
+        deadline = time.monotonic() + timeout
+        last = None
+        while True:
+            try:
+                owners = set()
+                ok = True
+                for i in others:
+                    if self.cluster_info(i).get("cluster_state") != "ok":
+                        ok = False
+                        break
+                    owners.add(self.owner(slots[0][0], i))
+                if ok and len(owners) == 1 and None not in owners and dead not in owners:
+                    new = owners.pop()
+                    if all(self.owner(a, new) == new and self.owner(b, new) == new
+                           for a, b in slots):
+                        return new
+                last = owners
+            except (OSError, RedisError) as ex:
+                last = ex
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no failover of redis node {dead} within {timeout}s "
+                                     f"(last: {last})")
+            time.sleep(0.05)
+
+    def restart_node(self, i, timeout=60):
+        """Start node i again from its config and wait until the cluster is whole again (it
+        rejoins; a failed-over master as a replica, its link up)."""
+        self._launch(i, timeout=timeout)
+        self.wait_healthy(timeout)
+
+    # ---- reading a world's state
+
+    def slot_map(self):
+        """slot -> master port, from CLUSTER SLOTS of the first node that answers."""
+        for i in range(self.NODES):
+            if not self.alive(i):
+                continue
+            try:
+                rows = redis_at(self.port(i), "CLUSTER", "SLOTS", timeout=2)
+            except (OSError, RedisError):
+                continue
+            m = {}
+            for row in rows:
+                for s in range(row[0], row[1] + 1):
+                    m[s] = int(row[2][1])
+            return m
+        raise AssertionError("no redis cluster node answered CLUSTER SLOTS")
+
+    def cmd(self, *args, timeout=30.0):
+        """One command routed by its key (args[1]) to the master serving the key's slot,
+        following MOVED and ASK; while a failover is under way (CLUSTERDOWN, TRYAGAIN, a
+        dead node) it retries with a fresh slot map, for up to timeout seconds."""
+        slot = key_slot(args[1])
+        port = self.slot_map().get(slot)
+        deadline = time.monotonic() + timeout
+        asking = False
+        while True:
+            try:
+                cmds = [("ASKING",), args] if asking else [args]
+                rep = redis_pipeline(port, cmds)[-1] if port else RedisError("CLUSTERDOWN")
+            except OSError as ex:
+                rep = RedisError(f"CLUSTERDOWN node at {port} unreachable: {ex}")
+            asking = False
+            if not isinstance(rep, RedisError):
+                return rep
+            kind = str(rep).split(" ", 1)[0]
+            if kind in ("MOVED", "ASK"):
+                port = int(str(rep).split()[2].rsplit(":", 1)[1])
+                asking = kind == "ASK"
+                continue
+            if kind not in ("CLUSTERDOWN", "TRYAGAIN") or time.monotonic() > deadline:
+                raise rep
+            time.sleep(0.1)
+            port = self.slot_map().get(slot)
+
+    def on_masters(self, *args):
+        """A keyless command (FLUSHALL, DBSIZE, ...) on every master: {index: reply}."""
+        return {m: redis_at(self.port(m), *args) for m in self.masters()}
+
+    def scan_keys(self, pattern):
+        """Every key matching pattern, from every master."""
+        out = []
+        for m in self.masters():
+            cursor = b"0"
+            while True:
+                cursor, keys = redis_at(self.port(m), "SCAN", cursor, "MATCH", pattern,
+                                        "COUNT", 1000)
+                out.extend(keys)
+                if cursor in (b"0", 0, "0"):
+                    break
+        return out

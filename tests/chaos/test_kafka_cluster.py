@@ -55,8 +55,8 @@ def test_kafka_partition_leader_killed_and_restarted(make_world, kafka_cluster):
     w.notes["killed_node"] = victim
     w.notes["partitions_led_by_it"] = led[victim]
     w.mark("fault_start")
+    t_kill = time.monotonic()   # before kill_node, which also waits for the reaping
     kafka_cluster.kill_node(victim)
-    t_kill = time.monotonic()
     # The controller fences the dead node after broker.session.timeout.ms (9 s by default)
     # and moves its partitions to the in-sync followers.
     wait_until(lambda: victim not in kafka_cluster.leaders(topic).values()

@@ -3,7 +3,9 @@ in SLUICE_* variables exported by scripts/test.sh), real Sluice binaries, and th
 sluice-receiver as the endpoints.
 
 Each World gets its own topics, consumer groups, Redis database and endpoint ids, so tests
-never see each other's records. A missing service or binary fails the test with a reason;
+never see each other's records. On a Redis Cluster (SLUICE_REDIS_URL=redis-cluster://...,
+database 0 only) a World has the whole cluster instead: worlds wait for each other, and each
+flushes every master at its start. A missing service or binary fails the test with a reason;
 nothing is skipped.
 """
 
@@ -47,30 +49,34 @@ def rand_suffix(n=8):
     return "".join(random.choice(string.ascii_lowercase + string.digits) for _ in range(n))
 
 
-def redis_cmd(url, *args):
-    """Tiny RESP client (stdlib only) for test set-up: FLUSHDB, ZCARD, HGETALL..."""
-    import socket
-    rest = url[len("redis://"):]
-    hostport, _, db = rest.partition("/")
-    host, _, port = hostport.rpartition(":")
-    s = socket.create_connection((host, int(port)), timeout=5)
-    f = s.makefile("rb")
+class RedisError(RuntimeError):
+    """An error reply (-ERR ..., -MOVED ...): its text without the leading '-'."""
 
-    def send(parts):
+
+class _Resp:
+    """One RESP2 connection (stdlib only)."""
+
+    def __init__(self, host, port, timeout=5):
+        import socket
+        self.s = socket.create_connection((host, int(port)), timeout=timeout)
+        self.f = self.s.makefile("rb")
+
+    def call(self, *parts):
         out = f"*{len(parts)}\r\n".encode()
         for p in parts:
             b = p if isinstance(p, bytes) else str(p).encode()
             out += b"$%d\r\n%s\r\n" % (len(b), b)
-        s.sendall(out)
-        return read()
+        self.s.sendall(out)
+        return self._read()
 
-    def read():
+    def _read(self):
+        f = self.f
         line = f.readline().rstrip(b"\r\n")
         t, body = line[:1], line[1:]
         if t == b"+":
             return body.decode()
         if t == b"-":
-            raise RuntimeError(body.decode())
+            raise RedisError(body.decode())
         if t == b":":
             return int(body)
         if t == b"$":
@@ -81,15 +87,243 @@ def redis_cmd(url, *args):
             return data
         if t == b"*":
             n = int(body)
-            return None if n < 0 else [read() for _ in range(n)]
+            return None if n < 0 else [self._read() for _ in range(n)]
         raise RuntimeError(f"bad reply {line!r}")
 
+    def close(self):
+        try:
+            self.f.close()
+        finally:
+            self.s.close()
+
+
+CLUSTER_SCHEME = "redis-cluster://"
+
+
+def is_cluster_url(url):
+    return url.startswith(CLUSTER_SCHEME)
+
+
+def parse_redis_url(url):
+    """redis://[user:password@]host:port[/db] or
+    redis-cluster://[user:password@]host:port[,host:port...] (the formats sluice accepts):
+    {"cluster": bool, "nodes": [(host, port)...], "user", "password", "db"}."""
+    from urllib.parse import unquote
+    cluster = is_cluster_url(url)
+    scheme = CLUSTER_SCHEME if cluster else "redis://"
+    if not url.startswith(scheme):
+        raise ValueError(f"not a Redis URL: {url!r}")
+    rest = url[len(scheme):]
+    hosts, _, db = rest.partition("/")
+    user = password = None
+    if "@" in hosts:
+        cred, _, hosts = hosts.rpartition("@")
+        if ":" in cred:
+            u, _, pw = cred.partition(":")
+            user, password = unquote(u) or None, unquote(pw)
+        else:
+            password = unquote(cred)
+    nodes = []
+    for hp in hosts.split(","):
+        host, _, port = hp.rpartition(":")
+        nodes.append((host, int(port)))
+    if cluster and db:
+        raise ValueError(f"a Redis Cluster URL has no /db part: {url!r}")
+    return {"cluster": cluster, "nodes": nodes, "user": user, "password": password,
+            "db": db}
+
+
+def _connect(u, host, port):
+    c = _Resp(host, port)
     try:
-        if db:
-            send(["SELECT", db])
-        return send(list(args))
+        if u["password"] is not None:
+            c.call(*(["AUTH", u["user"]] if u["user"] else ["AUTH"]), u["password"])
+        if u["db"]:
+            c.call("SELECT", u["db"])
+    except BaseException:
+        c.close()
+        raise
+    return c
+
+
+def _node_call(u, host, port, *args, asking=False):
+    c = _connect(u, host, port)
+    try:
+        if asking:
+            c.call("ASKING")
+        return c.call(*args)
     finally:
-        s.close()
+        c.close()
+
+
+def crc16_xmodem(data):
+    """CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), Redis Cluster's key hash."""
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else (crc << 1)
+            crc &= 0xFFFF
+    return crc
+
+
+def key_slot(key):
+    """The cluster slot of key (str or bytes): CRC16 of the hash tag ({...}, the first '{' up
+    to the first '}' after it, when not empty) or of the whole key, modulo 16384."""
+    k = key if isinstance(key, bytes) else str(key).encode()
+    s = k.find(b"{")
+    if s >= 0:
+        e = k.find(b"}", s + 1)
+        if e > s + 1:
+            k = k[s + 1:e]
+    return crc16_xmodem(k) % 16384
+
+
+# Commands without a key that redis_cmd runs on every master of a cluster, combining the
+# replies (redis_all): what the tests ask of "the database".
+CLUSTER_ALL_MASTERS = {"FLUSHALL", "FLUSHDB", "DBSIZE", "KEYS", "SCAN"}
+# Commands whose first key is not argv[1]: the index of the key, or of numkeys (EVAL...).
+_KEY_AT = {"MEMORY": 2, "OBJECT": 2, "XINFO": 2, "XGROUP": 2}
+_NUMKEYS_AT = {"EVAL": 2, "EVALSHA": 2, "EVAL_RO": 2, "EVALSHA_RO": 2, "FCALL": 2,
+               "FCALL_RO": 2}
+# Commands without a key: on a cluster they concern one node, so redis_cmd refuses them there
+# (use redis_all or redis_node_cmd).
+_KEYLESS = {"PING", "INFO", "TIME", "ECHO", "CLUSTER", "CLIENT", "ACL", "CONFIG", "SCRIPT",
+            "FUNCTION", "DEBUG", "COMMAND", "LATENCY", "SLOWLOG", "SAVE", "BGSAVE",
+            "BGREWRITEAOF", "LASTSAVE", "WAIT", "RANDOMKEY", "SELECT", "SWAPDB", "ROLE",
+            "REPLICAOF", "SLAVEOF", "FAILOVER", "SHUTDOWN", "MULTI", "EXEC", "PUBLISH", "HELLO",
+            "AUTH", "READONLY", "READWRITE", "MONITOR", "MODULE", "LOLWUT"}
+
+_slot_maps = {}  # cluster URL -> [(first slot, last slot, (host, port))]
+
+
+def cluster_slots(url, refresh=False):
+    """The slot map of the cluster behind a redis-cluster:// URL, from CLUSTER SLOTS asked of
+    the first seed that answers: [(first, last, (host, port) of the master)], cached per URL
+    until refresh (redis_cmd refreshes it on MOVED)."""
+    if not refresh and url in _slot_maps:
+        return _slot_maps[url]
+    u = parse_redis_url(url)
+    errors = []
+    for host, port in u["nodes"]:
+        try:
+            reply = _node_call(u, host, port, "CLUSTER", "SLOTS")
+        except (OSError, RuntimeError) as e:
+            errors.append(f"{host}:{port}: {e}")
+            continue
+        m = []
+        for r in reply:
+            h = r[2][0].decode() if r[2][0] else host   # an empty host: the node asked
+            m.append((int(r[0]), int(r[1]), (h, int(r[2][1]))))
+        m.sort()
+        _slot_maps[url] = m
+        return m
+    raise RuntimeError(f"no seed of {url} answered CLUSTER SLOTS: {'; '.join(errors)}")
+
+
+def cluster_masters(url):
+    """(host, port) of every master that owns slots, in slot order."""
+    out = []
+    for _, _, addr in cluster_slots(url, refresh=True):
+        if addr not in out:
+            out.append(addr)
+    return out
+
+
+def _master_of(url, slot):
+    for first, last, addr in cluster_slots(url):
+        if first <= slot <= last:
+            return addr
+    m = cluster_slots(url, refresh=True)
+    for first, last, addr in m:
+        if first <= slot <= last:
+            return addr
+    raise RuntimeError(f"slot {slot} is not served by any node of {url}: {m}")
+
+
+def _cmd_name(arg):
+    return (arg.decode() if isinstance(arg, bytes) else str(arg)).upper()
+
+
+def _key_of(args):
+    """The key that routes args on a cluster, or None when the command has none."""
+    name = _cmd_name(args[0])
+    if name in _NUMKEYS_AT:
+        i = _NUMKEYS_AT[name]
+        if len(args) > i + 1 and int(args[i]) > 0:
+            return args[i + 1]
+        return None
+    i = _KEY_AT.get(name, 1)
+    if name in _KEYLESS or name in CLUSTER_ALL_MASTERS or len(args) <= i:
+        return None
+    return args[i]
+
+
+def redis_node_cmd(url, host, port, *args):
+    """One command on one node (host:port) with the credentials of url."""
+    return _node_call(parse_redis_url(url), host, port, *args)
+
+
+def redis_all(url, *args):
+    """Run a keyless command on every master (a redis:// URL: on its one server, its db) and
+    combine the replies as one server would answer: integers summed (DBSIZE), lists
+    concatenated (KEYS), equal status replies once ("OK" of FLUSHALL); SCAN runs a whole
+    iteration on each node and answers [b"0", every key] (its cursor argument is ignored)."""
+    u = parse_redis_url(url)
+    nodes = cluster_masters(url) if u["cluster"] else u["nodes"][:1]
+    name = _cmd_name(args[0])
+    replies = []
+    for host, port in nodes:
+        if name == "SCAN":
+            keys, cursor = [], "0"
+            while True:
+                cursor, batch = _node_call(u, host, port, "SCAN", cursor, *args[2:])
+                keys += batch
+                if cursor in (b"0", "0"):
+                    break
+            replies.append([b"0", keys])
+        else:
+            replies.append(_node_call(u, host, port, *args))
+    if name == "SCAN":
+        return [b"0", [k for r in replies for k in r[1]]]
+    if all(isinstance(r, int) for r in replies):
+        return sum(replies)
+    if all(isinstance(r, list) for r in replies):
+        return [x for r in replies for x in r]
+    if len(set(map(repr, replies))) == 1:
+        return replies[0]
+    return replies
+
+
+def redis_cmd(url, *args):
+    """Tiny RESP client (stdlib only) for test set-up: FLUSHDB, ZCARD, HGETALL...
+
+    url is a redis:// URL (its /db is SELECTed) or a redis-cluster:// URL: then a command
+    goes to the master of its key's slot (CRC16 of the hash tag, following MOVED once and
+    ASK), the keyless FLUSHALL, FLUSHDB, DBSIZE, KEYS and SCAN run on every master, combined
+    (redis_all), and other keyless commands are refused (redis_node_cmd runs one on a node)."""
+    u = parse_redis_url(url)
+    if not u["cluster"]:
+        host, port = u["nodes"][0]
+        return _node_call(u, host, port, *args)
+    name = _cmd_name(args[0])
+    if name in CLUSTER_ALL_MASTERS:
+        return redis_all(url, *args)
+    key = _key_of(args)
+    if key is None:
+        raise ValueError(f"redis_cmd: {name} has no key to route it on the Redis Cluster "
+                         f"{url}: use redis_all (every master) or redis_node_cmd (one node)")
+    addr = _master_of(url, key_slot(key))
+    try:
+        return _node_call(u, *addr, *args)
+    except RedisError as e:
+        kind, _, rest = str(e).partition(" ")
+        if kind not in ("MOVED", "ASK"):
+            raise
+        host, _, port = rest.split(" ")[1].rpartition(":")
+        if kind == "MOVED":
+            cluster_slots(url, refresh=True)
+        return _node_call(u, host or addr[0], int(port), *args, asking=kind == "ASK")
 
 
 class Proc:
@@ -241,9 +475,15 @@ class World:
         self.bindir = os.environ["SL_BINARY_DIR"]
         self.tag = rand_suffix()
         self.secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
-        base_redis = os.environ["SLUICE_REDIS_URL"].split("/")[0:3]
-        db = self._lock_redis_db(base_redis)
-        self.redis_url = "/".join(base_redis) + f"/{db}"
+        stack_redis = os.environ["SLUICE_REDIS_URL"]
+        if is_cluster_url(stack_redis):
+            # a cluster has database 0 only: one World at a time has it, flushed
+            self._lock_redis_cluster(stack_redis)
+            self.redis_url = stack_redis
+        else:
+            base_redis = stack_redis.split("/")[0:3]
+            db = self._lock_redis_db(base_redis)
+            self.redis_url = "/".join(base_redis) + f"/{db}"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         self.env.update({
             "SLUICE_KAFKA_BROKERS": os.environ["SLUICE_KAFKA_BROKERS"],
@@ -262,12 +502,19 @@ class World:
         })
         for k, v in cfg.items():
             self.env["SLUICE_" + k.upper()] = str(v)
-        redis_cmd(self.redis_url, "FLUSHDB")
-        r = self.ctl("topics", "ensure", "--partitions", str(partitions))
-        assert r.returncode == 0, r.stderr
         self.consumers = []
         self.receivers = []
         self.apis = []
+        try:
+            if is_cluster_url(self.redis_url):
+                redis_all(self.redis_url, "FLUSHALL")   # every master (its replicas follow)
+            else:
+                redis_cmd(self.redis_url, "FLUSHDB")
+            r = self.ctl("topics", "ensure", "--partitions", str(partitions))
+            assert r.returncode == 0, r.stderr
+        except BaseException:
+            World.close(self)   # nobody else will (a subclass's close may need more)
+            raise
 
     def _lock_redis_db(self, base):
         """A Redis database of our own: retry schedules of two worlds must never mix (tests
@@ -286,6 +533,38 @@ class World:
                 return db
             time.sleep(0.1)
         pytest.fail("no free Redis database for the test world", pytrace=False)
+
+    _cluster_lock_held = set()  # cluster lock files this process holds (one World each)
+
+    def _lock_redis_cluster(self, url):
+        """The whole Redis Cluster for this World: it has database 0 only, so worlds on a
+        cluster run one after another (ctest -j runs e2e files in parallel), each waiting
+        for the exclusive lock file of the cluster (named after its seeds) until close().
+        A second World of the same process while one is open would wait for itself: that
+        fails at once."""
+        import fcntl
+        seeds = ",".join(sorted(f"{h}:{p}" for h, p in parse_redis_url(url)["nodes"]))
+        path = "/tmp/sluice-e2e-cluster-" + "".join(c if c.isalnum() else "_" for c in seeds) \
+            + ".lock"
+        if path in World._cluster_lock_held:
+            pytest.fail(f"a second World on the Redis Cluster {url} while one is open: worlds "
+                        f"on a cluster cannot run side by side (one database, flushed at the "
+                        f"start of each)", pytrace=False)
+        f = open(path, "w")
+        deadline = time.monotonic() + 1800
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    f.close()
+                    pytest.fail(f"the Redis Cluster {url} stayed in use by another World for "
+                                f"30 min ({path})", pytrace=False)
+                time.sleep(0.2)
+        self._db_lock = f
+        self._cluster_lock = path
+        World._cluster_lock_held.add(path)
 
     def bin(self, rel):
         p = os.path.join(self.bindir, rel)
@@ -394,6 +673,8 @@ class World:
         if lock:
             lock.close()
             self._db_lock = None
+        World._cluster_lock_held.discard(getattr(self, "_cluster_lock", None))
+        self._cluster_lock = None
 
 
 def event(ep, i, tag, body=None, **extra):
