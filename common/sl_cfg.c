@@ -198,7 +198,9 @@ static const struct opt opts[] = {
       redis_url,
       "redis://127.0.0.1:16379",
       F_URL,
-      "Redis URL redis://[[user]:password@]host:port[/db]: with a user, AUTH user password "
+      "Redis URL redis://[[user]:password@]host:port[/db], or for a Redis Cluster "
+      "redis-cluster://[[user]:password@]host:port[,host:port...] (seed nodes, at most 16; "
+      "the slot map is read from them, database 0 only): with a user, AUTH user password "
       "(a Redis 6+ ACL user), otherwise AUTH password; user and password may be "
       "percent-encoded; no TLS (docs/OPERATIONS.md, \"Security\"); the password is redacted "
       "in output"),

@@ -205,8 +205,8 @@ static int refresh_from(sl_redis_t *r, int i, int16_t *map, sl_err_t *err)
         return -1;
     redisReply *rep = redisCommand(n->c, "CLUSTER SLOTS");
     if (!rep) {
-        sl_err_set(err, SL_EREDIS, "could not read the slot map from redis at %s:%d: %s",
-                   n->host, n->port, n->c->errstr);
+        sl_err_set(err, SL_EREDIS, "could not read the slot map from redis at %s:%d: %s", n->host,
+                   n->port, n->c->errstr);
         sl_rconn_drop(n);
         return -1;
     }
@@ -374,8 +374,8 @@ void sl_rcluster_close(sl_redis_t *r)
 
 /* Send cmd to node i (behind ASKING when asking) and read its reply; NULL with err filled
  * when the connection failed (then dropped). */
-static redisReply *send_one(
-    sl_redis_t *r, int i, const char *cmd, size_t len, int asking, sl_err_t *err)
+static redisReply *
+send_one(sl_redis_t *r, int i, const char *cmd, size_t len, int asking, sl_err_t *err)
 {
     struct sl_rconn *n = r->cl->nodes[i];
     void *rep = NULL;
@@ -564,8 +564,8 @@ static void flush_all(struct sl_rcluster *cl)
         while (!done) {
             if (redisBufferWrite(n->c, &done) != REDIS_OK) {
                 sl_err_t e = {0};
-                sl_err_set(&e, SL_EREDIS, "could not send to redis at %s:%d: %s", n->host,
-                           n->port, n->c->errstr);
+                sl_err_set(&e, SL_EREDIS, "could not send to redis at %s:%d: %s", n->host, n->port,
+                           n->c->errstr);
                 node_fail(cl, i, e.msg);
                 break;
             }

@@ -200,8 +200,7 @@ int sl_rconn_connect(sl_redis_t *r, struct sl_rconn *conn, sl_err_t *err)
     int rc = conn_connect_now(r, conn, err);
     if (rc != 0) {
         bool slow = sl_redis_mono_ms() - now >= CONNECT_SLOW_MS;
-        conn->backoff_ms =
-            conn->backoff_ms && slow ? conn->backoff_ms * 2 : CONNECT_BACKOFF_MIN_MS;
+        conn->backoff_ms = conn->backoff_ms && slow ? conn->backoff_ms * 2 : CONNECT_BACKOFF_MIN_MS;
         if (conn->backoff_ms > CONNECT_BACKOFF_MAX_MS)
             conn->backoff_ms = CONNECT_BACKOFF_MAX_MS;
         conn->retry_at = sl_redis_mono_ms() + conn->backoff_ms;
@@ -221,10 +220,8 @@ void sl_rconn_drop(struct sl_rconn *conn)
 }
 
 /* AUTH with the URL's credentials. 0 or SL_EREDIS with err filled. */
-static int conn_auth(const struct sl_redis_url *u,
-                     redisContext *c,
-                     const struct sl_rconn *conn,
-                     sl_err_t *err)
+static int
+conn_auth(const struct sl_redis_url *u, redisContext *c, const struct sl_rconn *conn, sl_err_t *err)
 {
     /* AUTH user password is Redis 6's ACL form; AUTH password is the default user */
     redisReply *rep = u->user ? redisCommand(c, "AUTH %s %s", u->user, u->password)

@@ -39,13 +39,13 @@ struct sl_redis_addr {
 /* A parsed URL: redis://[[user]:password@]host[:port][/db], or
  * redis-cluster://[[user]:password@]host[:port][,host[:port]...][/0]. */
 struct sl_redis_url {
-    char host[256];  /* server host (cluster: the first seed's) */
-    int port;        /* server port; 6379 when the URL has none */
-    int db;          /* database to SELECT, 0..1000; 0 when the URL has none (cluster: 0) */
-    char *user;      /* ACL user (percent-decoded), or NULL: AUTH with the password alone */
-    char *password;  /* percent-decoded, or NULL: no AUTH */
-    int cluster;     /* 1 for redis-cluster:// */
-    size_t nseeds;   /* cluster: seed nodes (1..SL_REDIS_SEEDS_MAX); standalone: 1 */
+    char host[256]; /* server host (cluster: the first seed's) */
+    int port;       /* server port; 6379 when the URL has none */
+    int db;         /* database to SELECT, 0..1000; 0 when the URL has none (cluster: 0) */
+    char *user;     /* ACL user (percent-decoded), or NULL: AUTH with the password alone */
+    char *password; /* percent-decoded, or NULL: no AUTH */
+    int cluster;    /* 1 for redis-cluster:// */
+    size_t nseeds;  /* cluster: seed nodes (1..SL_REDIS_SEEDS_MAX); standalone: 1 */
     struct sl_redis_addr seeds[SL_REDIS_SEEDS_MAX];
 };
 
@@ -66,9 +66,10 @@ struct sl_redis_script {
     char sha[41];     /* hex SHA1; "" until first use */
 };
 
-/* Connect (cluster: to a seed, and read the slot map); returns NULL and fills err (the password is never in messages). After a failed
- * (re)connection, calls fail at once without connecting for a growing wait (250 ms doubling
- * to 2 s; reset by a connection that works), so a frozen Redis costs one timeout per wait. */
+/* Connect (cluster: to a seed, and read the slot map); returns NULL and fills err (the password is
+ * never in messages). After a failed (re)connection, calls fail at once without connecting for a
+ * growing wait (250 ms doubling to 2 s; reset by a connection that works), so a frozen Redis costs
+ * one timeout per wait. */
 sl_redis_t *sl_redis_connect(const char *url, int timeout_ms, sl_err_t *err);
 void sl_redis_close(sl_redis_t *r);
 

@@ -39,12 +39,12 @@ enum sl_rpend_state { PEND_WAITING, PEND_DONE, PEND_FAILED };
 struct sl_rpend {
     char *cmd; /* RESP-formatted (redisFormatCommandArgv; redisFreeCommand) */
     size_t len;
-    int slot;         /* key slot, or -1 (a keyless command) */
-    int node;         /* index in the router's nodes: where it was last sent */
-    int internal;     /* an ASKING sent before a redirected command: its reply is dropped */
-    int redirects;    /* MOVED/ASK followed so far */
+    int slot;      /* key slot, or -1 (a keyless command) */
+    int node;      /* index in the router's nodes: where it was last sent */
+    int internal;  /* an ASKING sent before a redirected command: its reply is dropped */
+    int redirects; /* MOVED/ASK followed so far */
     enum sl_rpend_state state;
-    redisReply *rep;  /* PEND_DONE: the reply, until handed to the caller */
+    redisReply *rep;          /* PEND_DONE: the reply, until handed to the caller */
     char why[SL_ERR_MSG_MAX]; /* PEND_FAILED: what went wrong */
 };
 

@@ -594,8 +594,8 @@ static int claim_bodies(sl_redis_t *r,
         argv[3 + n + i] = ids->element[i]->str;
         argvlen[3 + n + i] = SL_RSTATE_ID_LEN;
     }
-    int rc = run_script(r, &lua_claim_bodies, (int)(2 + n), (int)argc, argv, argvlen, 0, op,
-                        repp, err);
+    int rc =
+        run_script(r, &lua_claim_bodies, (int)(2 + n), (int)argc, argv, argvlen, 0, op, repp, err);
     free(keys);
     free(argvlen);
     free(argv);
@@ -639,8 +639,8 @@ int sl_rstate_claim(sl_redis_t *r,
      * cannot be read, they come back when the lease expires. */
     int ok = ids->type == REDIS_REPLY_ARRAY && ids->elements <= (size_t)max;
     for (size_t i = 0; ok && i < ids->elements; i++)
-        ok = ids->element[i]->type == REDIS_REPLY_STRING && ids->element[i]->len ==
-                 SL_RSTATE_ID_LEN && sl_rstate_valid_id(ids->element[i]->str);
+        ok = ids->element[i]->type == REDIS_REPLY_STRING &&
+             ids->element[i]->len == SL_RSTATE_ID_LEN && sl_rstate_valid_id(ids->element[i]->str);
     if (!ok) {
         rc = fail_reply(err, op, ids);
         freeReplyObject(ids);

@@ -15,6 +15,7 @@
 struct sl_test_rcluster {
     pid_t pid[SL_TEST_RC_NODES];
     int port[SL_TEST_RC_NODES];
+    int bus[SL_TEST_RC_NODES]; /* cluster bus port, given explicitly: port+10000 may pass 65535 */
     char dir[128];
     char url[512]; /* redis-cluster://127.0.0.1:p0,127.0.0.1:p1,127.0.0.1:p2 */
 };
@@ -48,18 +49,19 @@ static inline int sl_test_rc_node_ok(int port)
 
 static inline pid_t sl_test_rc_spawn(struct sl_test_rcluster *t, int i)
 {
-    char port[16], dir[160];
+    char port[16], bus[16], dir[160];
     snprintf(port, sizeof(port), "%d", t->port[i]);
+    snprintf(bus, sizeof(bus), "%d", t->bus[i]);
     snprintf(dir, sizeof(dir), "%s/n%d", t->dir, i);
     (void)mkdir(dir, 0700);
     pid_t pid = fork();
     if (pid == 0) {
         int devnull = open("/dev/null", O_WRONLY);
         dup2(devnull, 1);
-        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--dir",
-               dir, "--appendonly", "yes", "--save", "", "--cluster-enabled", "yes",
+        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--dir", dir,
+               "--appendonly", "yes", "--save", "", "--cluster-enabled", "yes",
                "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
-               (char *)NULL);
+               "--cluster-port", bus, (char *)NULL);
         _exit(127);
     }
     return pid;
@@ -76,6 +78,7 @@ static inline void sl_test_rcluster_start(struct sl_test_rcluster *t)
     int off = snprintf(create, sizeof(create), "redis-cli --cluster create");
     for (int i = 0; i < SL_TEST_RC_NODES; i++) {
         t->port[i] = sl_test_free_port();
+        t->bus[i] = sl_test_free_port();
         t->pid[i] = sl_test_rc_spawn(t, i);
         off += snprintf(create + off, sizeof(create) - (size_t)off, " 127.0.0.1:%d", t->port[i]);
     }

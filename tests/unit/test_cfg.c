@@ -323,6 +323,17 @@ static void test_print_redacts(void **state)
     assert_non_null(strstr(out, "redis://[redacted]@127.0.0.1:6379/0"));
     free(out);
     sl_cfg_fini(&cfg);
+    /* a cluster's seed list keeps its hosts, loses its password */
+    char *cenv[] = {"SLUICE_REDIS_URL=redis-cluster://svc:PLANTED%40c@10.0.0.1:7000,10.0.0.2:7001",
+                    NULL};
+    errs = load_errs(&cfg, NULL, cenv, &nerr);
+    assert_int_equal(nerr, 0);
+    free(errs);
+    out = printed(&cfg);
+    assert_null(strstr(out, "PLANTED"));
+    assert_non_null(strstr(out, "redis-cluster://[redacted]@10.0.0.1:7000,10.0.0.2:7001"));
+    free(out);
+    sl_cfg_fini(&cfg);
 }
 
 static void test_bad_secret_value_not_echoed(void **state)
