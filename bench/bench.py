@@ -14,6 +14,9 @@ Phases, side by side in one run on this machine:
   recorder   bench/recorder.sh (sl-test-outcomes publishes outcome records, sluice-recorder
              writes them into PostgreSQL)
   scaling    1, 2 and 4 consumers against 8 partitions
+  rcluster   the scaling phase again with Redis as a cluster (3 masters + 3 replicas on this
+             machine, started by run.sh), beside the scaling phase's one Redis: what the
+             slot routing costs per delivery, and that throughput holds on a cluster
   endpoints  10,000 distinct endpoints, one consumer (compared with the 1-consumer scaling run)
   api        sluice-api publishing over HTTP (wrk), against wrk's rate on its /healthz
   scrape     the e2e drain with /metrics scraped every second vs no metrics listener, runs
@@ -34,6 +37,7 @@ min..max of each headline figure over the repetitions and judges the targets on 
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import platform
@@ -49,8 +53,8 @@ import time
 import urllib.request
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-PHASES = ["wrk", "produce", "e2e", "rss", "latency", "recorder", "scaling", "endpoints", "api",
-          "scrape", "peers"]
+PHASES = ["wrk", "produce", "e2e", "rss", "latency", "recorder", "scaling", "rcluster",
+          "endpoints", "api", "scrape", "peers"]
 OPT_IN = ("peers",)   # run only when named in --only
 API_CONNS = 256       # api phase: wrk connections (keep-alive); each publish holds its
                       # connection until Kafka acknowledges, so the concurrency is the batch
@@ -469,19 +473,28 @@ class Bench:
         return float(statistics.median(inner)) if inner else float(sum(vals))
 
     # -------------------------------------------------------------------- one drain
-    def drain(self, name, n, prefix, endpoints, consumers, produce_first, cfg=None):
+    def drain(self, name, n, prefix, endpoints, consumers, produce_first, cfg=None,
+              rcluster=False):
         """Deliver n records over `endpoints` endpoints with `consumers` consumer processes.
 
         produce_first: pre-produce everything, then start the consumers (one consumer);
         otherwise start the consumers, wait until they share the partitions, then produce
         (several consumers: no rebalance inside the measured window).
+        rcluster: the consumers use the Redis Cluster run.sh started (emptied first), and its
+        six nodes are measured in place of the one Redis.
         """
         cfg = dict(cfg or {})
         cfg.setdefault("max_inflight", self.inflight)
         cfg.setdefault("max_inflight_per_endpoint", self.per_ep)
         cfg.setdefault("consumer_threads", self.threads)
         env = self.env(name, **cfg)
-        self.new_redis_db(env)
+        if rcluster:
+            env["SLUICE_REDIS_URL"] = self.a.redis_cluster_url
+            self.rc_reset()
+            redis_pids = {f"redis-n{i + 1}": pid for i, (_, pid) in enumerate(self.rc_nodes())}
+        else:
+            self.new_redis_db(env)
+            redis_pids = {"redis": self.redis_pid}
         self.topics(env)
         run_id = f"{name}{self.rep_id}"
         res = {"deliveries": n, "endpoints": endpoints, "consumers": consumers,
@@ -491,7 +504,7 @@ class Bench:
             log(f"{name}: producing {n} deliveries over {endpoints} endpoints")
             res["produce"] = self.produce(env, n, prefix, endpoints, run_id)
         recv = self.start_receiver(name)
-        mon = Monitor({"receiver": recv.pid, "broker": self.broker_pid, "redis": self.redis_pid})
+        mon = Monitor({"receiver": recv.pid, "broker": self.broker_pid, **redis_pids})
         mon.start()
         cpu0 = {k: proc_cpu_s(v) for k, v in mon.pids.items()}
         m0 = proc_stat_totals()
@@ -547,6 +560,8 @@ class Bench:
         res["cpu_s_per_10k"] = cpu
         res["cpu_s_per_10k"]["consumers_total"] = round(
             sum(v for k, v in cpu.items() if k.startswith(name + "-c")), 3)
+        res["cpu_s_per_10k"]["redis_total"] = round(
+            sum(v for k, v in cpu.items() if k == "redis" or k.startswith("redis-n")), 3)
         res["peak_rss_kb"] = {k: v for k, v in hwm.items()}
         res["peak_rss_kb"]["broker_sampled"] = mon.peak_rss.get("broker")
         res["peak_rss_kb"]["redis_sampled"] = mon.peak_rss.get("redis")
@@ -870,6 +885,55 @@ class Bench:
                                              c, produce_first=False, cfg={"consumer_threads": 1})
         return res
 
+    def rc_nodes(self):
+        """(port, pid) of each node of the Redis Cluster run.sh started (scripts/stack.sh's
+        layout: <dir>/redis/node<i>/redis.conf and redis.pid)."""
+        out = []
+        confs = glob.glob(os.path.join(self.a.redis_cluster_dir, "redis", "node*", "redis.conf"))
+        for conf in sorted(confs, key=lambda c: int(re.sub(r"\D", "", os.path.basename(
+                os.path.dirname(c))))):
+            with open(conf) as f:
+                port = int(re.search(r"^port (\d+)", f.read(), re.M).group(1))
+            out.append((port, read_pid(os.path.join(os.path.dirname(conf), "redis.pid"))))
+        if not out:
+            raise RuntimeError(f"no Redis Cluster node in {self.a.redis_cluster_dir}")
+        return out
+
+    def rc_reset(self):
+        """Every master emptied (FLUSHALL; replicas follow), automatic AOF rewrites off and
+        the AOF rewritten on every node: the cluster's counterpart of new_redis_db."""
+        nodes = [f"redis://127.0.0.1:{port}" for port, _ in self.rc_nodes()]
+        for url in nodes:
+            if b"master" in self.redis(url, "ROLE")[:40]:
+                self.redis(url, "FLUSHALL")
+        for url in nodes:
+            self.redis(url, "CONFIG", "SET", "auto-aof-rewrite-percentage", "0")
+            self.redis(url, "BGREWRITEAOF")
+        deadline = time.time() + 300
+        for url in nodes:
+            while time.time() < deadline:
+                info = self.redis(url, "INFO", "persistence").decode(errors="replace")
+                if "aof_rewrite_in_progress:0" in info and "aof_rewrite_scheduled:0" in info:
+                    break
+                time.sleep(0.2)
+
+    def phase_rcluster(self):
+        """The scaling phase's drains (1, 2, 4 processes of one loop) with Redis as a
+        cluster: compared run by run with the scaling phase of the same repetition."""
+        if not getattr(self.a, "redis_cluster_url", ""):
+            return {"available": False,
+                    "reason": "no Redis Cluster given (bench/run.sh starts one when the phase "
+                              "is selected)"}
+        res = {"deliveries": self.n_scale, "partitions": PARTITIONS, "loops_per_process": 1,
+               "redis": "cluster: 3 masters + 3 replicas on this machine "
+                        f"({self.a.redis_cluster_url})", "runs": {}}
+        for c in (1, 2, 4):
+            log(f"rcluster: {c} consumer(s) on the Redis Cluster")
+            res["runs"][str(c)] = self.drain(f"rcl{c}", self.n_scale, self.ep_prefix, ENDPOINTS,
+                                             c, produce_first=False,
+                                             cfg={"consumer_threads": 1}, rcluster=True)
+        return res
+
     def phase_endpoints(self):
         if "many" not in self.registered:  # once per run: later repetitions reuse them
             self.registered["many"] = self.register_many()
@@ -1135,7 +1199,8 @@ class Bench:
         })
         log(f"machine: {self.results['machine']['nproc']} x {self.results['machine']['model_name']}, "
             f"load average {self.results['machine']['loadavg_start']}")
-        need_eps = any(p in phases for p in ("e2e", "latency", "scaling", "scrape")) or (
+        need_eps = any(p in phases
+                       for p in ("e2e", "latency", "scaling", "rcluster", "scrape")) or (
             "peers" in phases and os.environ.get("SLUICE_BENCH_CONVOY"))
         if need_eps:
             self.register_endpoints()
@@ -1200,6 +1265,8 @@ class Bench:
                     ph[p] = self.phase_recorder()
                 elif p == "scaling":
                     ph[p] = self.phase_scaling()
+                elif p == "rcluster":
+                    ph[p] = self.phase_rcluster()
                 elif p == "endpoints":
                     ph[p] = self.phase_endpoints()
                 elif p == "api":
@@ -1238,6 +1305,10 @@ def main():
                     help="max rate assumed by --only latency without e2e (half is paced)")
     ap.add_argument("--command", default="bench/run.sh")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--redis-cluster-url", default="",
+                    help="rcluster phase: redis-cluster:// URL of the cluster run.sh started")
+    ap.add_argument("--redis-cluster-dir", default="",
+                    help="rcluster phase: that cluster's stack dir (node pids and ports)")
     ap.add_argument("--only", default="")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the phases N times (wrk first in each); report the median and "

@@ -173,6 +173,35 @@ def phase_rows(r, ph):
             if cons is not None:
                 bits.append(f"consumers' CPU {cons * 100:.0f} us per delivery")
             add("  CPU in that run", ", ".join(bits))
+    rc = ph.get("rcluster", {})
+    if rc.get("available") is False:
+        add("Redis Cluster", "not run: " + rc.get("reason", "?"))
+    elif "failed" in rc:
+        add("Redis Cluster", "FAILED: " + rc["failed"])
+    for c, run in sorted(rc.get("runs", {}).items(), key=lambda kv: int(kv[0])):
+        if "failed" in run:
+            add(f"Redis Cluster: {c} consumer(s)", "FAILED: " + run["failed"])
+            continue
+        rate = run_rate(run)
+        single = (sc.get("runs") or {}).get(c) or {}
+        srate = run_rate(single) if "failed" not in single else None
+        x = f", x{rate / srate:.2f} of one Redis" if srate else ""
+        add(f"Redis Cluster (3+3 nodes): {c} consumer(s) of 1 loop, "
+            f"{rc['deliveries']:,} deliveries", fmt(rate, " deliv/s") + x, rate)
+        cpu, scpu = run.get("cpu_s_per_10k") or {}, single.get("cpu_s_per_10k") or {}
+        bits = []
+        if cpu.get("redis_total") is not None:
+            bits.append(f"Redis {cpu['redis_total'] * 100:.0f} us per delivery (6 nodes)"
+                        + (f" vs {scpu['redis_total'] * 100:.0f} (one Redis)"
+                           if scpu.get("redis_total") is not None else ""))
+        if cpu.get("consumers_total") is not None:
+            bits.append(f"consumers {cpu['consumers_total'] * 100:.0f} us"
+                        + (f" vs {scpu['consumers_total'] * 100:.0f}"
+                           if scpu.get("consumers_total") is not None else ""))
+        if run.get("machine_busy_fraction") is not None:
+            bits.append(f"machine {run['machine_busy_fraction'] * 100:.0f}% busy")
+        if bits:
+            add("  CPU in that run", ", ".join(bits))
     eps = ph.get("endpoints", {})
     if "rate_median_1s" in eps:
         rate = run_rate(eps)
@@ -524,6 +553,25 @@ def figures(ph):
         if c == "2":
             add("scaling.2.others_cores", "other people's processes during the 2-consumer run",
                 "cores", 2, run.get("others_cores"), False)
+    rc = ph.get("rcluster") or {}
+    for c, run in sorted((rc.get("runs") or {}).items(), key=lambda kv: int(kv[0])):
+        rate = run_rate(run) if "failed" not in run else None
+        if not rate:
+            continue
+        single = (sc.get("runs") or {}).get(c) or {}
+        srate = run_rate(single) if "failed" not in single else None
+        add(f"rcluster.{c}.ratio", f"Redis Cluster: {c} consumer(s) of 1 loop / raw HTTP",
+            "ratio", 2, rat(rate))
+        if srate:
+            add(f"rcluster.{c}.x_of_single", "  x of one Redis (scaling phase, same consumers)",
+                "", 2, rate / srate, ctx=f"Redis Cluster: {c} consumers")
+        red = (run.get("cpu_s_per_10k") or {}).get("redis_total")
+        add(f"rcluster.{c}.redis_us", "  Redis CPU per delivery, 6 nodes", "us", 0,
+            red * 100 if red is not None else None, ctx=f"Redis Cluster: {c} consumers")
+        sred = (single.get("cpu_s_per_10k") or {}).get("redis_total")
+        add(f"rcluster.{c}.single_redis_us", "  Redis CPU per delivery, one Redis (scaling)",
+            "us", 0, sred * 100 if sred is not None else None,
+            ctx=f"Redis Cluster: {c} consumers")
     eps = ph.get("endpoints") or {}
     if eps.get("rate_median_1s"):
         rate = run_rate(eps)

@@ -5,7 +5,8 @@
 #
 #   bench/run.sh            full run (1,000,000 deliveries end to end; 10 to 14 minutes)
 #   bench/run.sh --quick    100,000 deliveries and shorter phases, for iteration (about 5 min)
-#   bench/run.sh --only wrk,produce,e2e,rss,latency,recorder,scaling,endpoints,api,scrape   a subset
+#   bench/run.sh --only wrk,produce,e2e,rss,latency,recorder,scaling,rcluster,endpoints,api,scrape
+#                           a subset
 #   SLUICE_BENCH_CONVOY=/path/to/convoy bench/run.sh --only peers
 #                           opt-in, not in CI: the same HTTP workload through Convoy (built by
 #                           bench/peers/build-convoy.sh) and through Sluice, side by side;
@@ -17,7 +18,8 @@
 #
 # Steps: Release build into build/bench (cmake, -j2) of every binary the selected phases use
 # -> sl-bench helper tool compiled against it -> private stack (scripts/stack.sh,
-# SLUICE_STACK_DIR=<tmp>, SLUICE_PORT_BASE) -> bench/bench.py runs the phases and writes
+# SLUICE_STACK_DIR=<tmp>, SLUICE_PORT_BASE), and for the rcluster phase a Redis Cluster in a
+# second private stack -> bench/bench.py runs the phases and writes
 # bench/results/<date>-<host>[-quick].{json,txt} and the PNG plots -> stack stopped and its
 # directory removed.
 #
@@ -25,6 +27,10 @@
 #   BENCH_PORT_BASE (24000)   SLUICE_PORT_BASE of the private stack; the receiver listens on
 #                             BENCH_PORT_BASE+10. Keep it below the ephemeral port range
 #                             (32768-60999 here), where any client socket may hold a port
+#   BENCH_RC_PORT_BASE (22000) SLUICE_PORT_BASE of the rcluster phase's Redis Cluster (a
+#                             second stack.sh stack with only Redis, 3 masters + 3 replicas:
+#                             nodes on base+2 and base+9..+13, cluster bus on port+10000,
+#                             below the ephemeral range at this base)
 #   BENCH_STACK_DIR           reuse this stack dir and leave the stack running afterwards
 #                             (default: a fresh mktemp dir, stopped and removed at the end)
 #   BENCH_BUILD_DIR           build dir (default <repo>/build/bench); BENCH_SKIP_BUILD=1 to
@@ -78,13 +84,13 @@ for a in "$@"; do
   [ "$prev" = --only ] && ONLY=$a
   prev=$a
 done
-ALL_PHASES="wrk,produce,e2e,rss,latency,recorder,scaling,endpoints,api,scrape"
+ALL_PHASES="wrk,produce,e2e,rss,latency,recorder,scaling,rcluster,endpoints,api,scrape"
 CONSUMING="consumer/sluice-consumer producer/sluice-produce ctl/sluicectl tests/receiver/sluice-receiver tests/integration/sl-test-topic"
 bins_of() {
   case "$1" in
     wrk) echo "tests/receiver/sluice-receiver" ;;
     produce) echo "producer/sluice-produce tests/integration/sl-test-topic" ;;
-    e2e|rss|scaling|endpoints|scrape|latency) echo "$CONSUMING" ;;
+    e2e|rss|scaling|rcluster|endpoints|scrape|latency) echo "$CONSUMING" ;;
     recorder) echo "recorder/sluice-recorder tests/integration/sl-test-outcomes tests/integration/sl-test-topic" ;;
     api) echo "api/sluice-api ctl/sluicectl tests/integration/sl-test-topic" ;;
     peers) echo "api/sluice-api $CONSUMING recorder/sluice-recorder" ;;
@@ -150,12 +156,22 @@ else
 fi
 WORK_DIR=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench-work.XXXXXX")
 stack() { SLUICE_STACK_DIR="$STACK_DIR" SLUICE_PORT_BASE="$PORT_BASE" "$REPO_DIR/scripts/stack.sh" "$@"; }
+RC_DIR=""
+rc_stack() {
+  SLUICE_STACK_DIR="$RC_DIR" SLUICE_PORT_BASE="${BENCH_RC_PORT_BASE:-22000}" \
+    SLUICE_STACK_REDIS_CLUSTER=1 "$REPO_DIR/scripts/stack.sh" "$@"
+}
 cleanup() {
   local rc=$?
   if [ "$OWN_STACK" = 1 ]; then
     say "stopping the private stack ($STACK_DIR)"
     stack stop >/dev/null 2>&1 || true
     rm -rf "$STACK_DIR"
+  fi
+  if [ -n "$RC_DIR" ]; then
+    say "stopping the Redis Cluster ($RC_DIR)"
+    rc_stack stop >/dev/null 2>&1 || true
+    rm -rf "$RC_DIR"
   fi
   if [ "${BENCH_KEEP_TMP:-0}" = 1 ] || [ "$rc" -ne 0 ]; then
     say "work dir kept: $WORK_DIR"
@@ -171,11 +187,19 @@ say "starting a private stack in $STACK_DIR (port base $PORT_BASE)"
 stack start >"$WORK_DIR/stack.log" 2>&1 || { tail -n 30 "$WORK_DIR/stack.log" >&2; die "could not start the stack"; }
 eval "$(stack env)"
 export SLUICE_KAFKA_BROKERS SLUICE_REDIS_URL SLUICE_PG_DSN
+RC_URL=""
+if [[ ",${ONLY:-$ALL_PHASES}," == *,rcluster,* ]]; then
+  RC_DIR=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench-rcluster.XXXXXX")
+  say "starting a Redis Cluster (3 masters + 3 replicas) in $RC_DIR for the rcluster phase"
+  rc_stack start redis >"$WORK_DIR/rcluster-stack.log" 2>&1 || {
+    tail -n 30 "$WORK_DIR/rcluster-stack.log" >&2; die "could not start the Redis Cluster"; }
+  RC_URL=$(rc_stack env | sed -n 's/^export SLUICE_REDIS_URL=//p')
+fi
 
 # ---- the phases --------------------------------------------------------------------------
 # the knobs that change what is measured go into the reproduce line too
 KNOBS=""
-for v in BENCH_INFLIGHT BENCH_LATENCY_INFLIGHT BENCH_CONSUMER_THREADS BENCH_PORT_BASE \
+for v in BENCH_INFLIGHT BENCH_LATENCY_INFLIGHT BENCH_CONSUMER_THREADS BENCH_PORT_BASE BENCH_RC_PORT_BASE \
   SLUICE_BENCH_CONVOY BENCH_PEERS_CONNS BENCH_PEERS_CONVOY_EVENTS BENCH_PEERS_SLUICE_EVENTS \
   BENCH_PEERS_CONVOY_TUNING; do
   [ -n "${!v:-}" ] && KNOBS="$KNOBS$v=${!v} "
@@ -187,4 +211,5 @@ PYTHONDONTWRITEBYTECODE=1 python3 "$SCRIPT_DIR/bench.py" \
   --receiver-port $((PORT_BASE + 10)) --inflight "${BENCH_INFLIGHT:-10000}" \
   --consumer-threads "${BENCH_CONSUMER_THREADS:-2}" \
   --latency-inflight "${BENCH_LATENCY_INFLIGHT:-1000}" \
+  --redis-cluster-url "$RC_URL" --redis-cluster-dir "$RC_DIR" \
   --command "$CMDLINE" "$@"

@@ -26,7 +26,7 @@
 #      SLUICE_TEST_CHAOS=0           skip the chaos suite (gcc stage; default 1)
 #      SLUICE_TEST_REDIS_CLUSTER=0   skip the e2e delivery suite against a Redis Cluster (gcc
 #                                    stage; default 1; about 4 min)
-#      SLUICE_TEST_REDIS_CLUSTER_PORT_BASE (29200)  its stack's ports: Redis Cluster nodes
+#      SLUICE_TEST_REDIS_CLUSTER_PORT_BASE (21200)  its stack's ports: Redis Cluster nodes
 #                                    on base+2 and base+9..+13, cluster bus ports +10000
 #      CHAOS_PORT_BASE (28000)       ports of the chaos suite's own stack
 set -euo pipefail
@@ -62,7 +62,7 @@ export SLUICE_PORT_BASE="${SLUICE_TEST_PORT_BASE:-29100}"
 say "stack on ports ${SLUICE_PORT_BASE}.. (data in $SLUICE_STACK_DIR)"
 RC_STACK_DIR="$REPO/.stack/test-redis-cluster"
 rc_stack() { # stack.sh on the Redis Cluster stack (Redis only)
-  SLUICE_STACK_DIR="$RC_STACK_DIR" SLUICE_PORT_BASE="${SLUICE_TEST_REDIS_CLUSTER_PORT_BASE:-29200}" \
+  SLUICE_STACK_DIR="$RC_STACK_DIR" SLUICE_PORT_BASE="${SLUICE_TEST_REDIS_CLUSTER_PORT_BASE:-21200}" \
     SLUICE_STACK_REDIS_CLUSTER=1 bash scripts/stack.sh "$@"
 }
 stop_stack() {
@@ -107,6 +107,8 @@ if stage gcc; then
   # The e2e delivery suite once more with Redis as a cluster (issue 21): Kafka and PostgreSQL
   # stay the test stack's, Redis is a second stack's six nodes, created afresh each run.
   # One pytest process: worlds on a cluster take turns (one database, flushed per world).
+  # Left out there (about 1 min): three tests of Kafka intake and of loops within a process,
+  # which touch Redis as the other tests do and run against one Redis above.
   if [ "${SLUICE_TEST_REDIS_CLUSTER:-1}" = 1 ] && { [ -z "$LABELS" ] || [[ e2e =~ $LABELS ]]; }; then
     say "gcc: e2e delivery suite against a Redis Cluster (3 masters + 3 replicas)"
     rc_stack reset >/dev/null
@@ -116,7 +118,8 @@ if stage gcc; then
     py="${SLUICE_PYTHON_TESTS:-${SLUICE_CACHE_DIR:-$HOME/.cache/sluice}/venv/bin/python}"
     SLUICE_REDIS_URL="$rc_url" SL_BINARY_DIR="$REPO/build/test-gcc" SL_TEST_TIMEOUT_MULT=1 \
       "$py" -m pytest -x -q -p no:cacheprovider tests/e2e/test_delivery.py \
-      tests/e2e/test_policies.py tests/e2e/test_replay.py
+      tests/e2e/test_policies.py tests/e2e/test_replay.py \
+      -k "not stuck_intake and not loops_of_one_process and not records_kafka_did_not_take"
     if [ "${SLUICE_TEST_KEEP_STACK:-0}" != 1 ]; then rc_stack stop redis; fi
   fi
   # The chaos suite starts, kills and restarts its own stack (Kafka, Redis, PostgreSQL) and

@@ -13,10 +13,14 @@ until it is ready again.
 import os
 import shutil
 import signal
-import socket
 import subprocess
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+# the one Redis client of the tests (RESP2, cluster routing, MOVED/ASK): tests/e2e/sluice_e2e.py
+from sluice_e2e import RedisError, _Resp, cluster_slots, redis_all, redis_cmd  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 STACK_SH = os.path.join(REPO, "scripts", "stack.sh")
@@ -324,75 +328,14 @@ def _comm(pid):
         return None
 
 
-class RedisError(Exception):
-    """An error reply from Redis (ERR, MOVED, ASK, CLUSTERDOWN, TRYAGAIN, ...)."""
-
-
-def _read_reply(f):
-    line = f.readline()
-    if not line.endswith(b"\r\n"):
-        raise OSError("connection closed in the middle of a reply")
-    t, body = line[:1], line[1:-2]
-    if t == b"+":
-        return body.decode()
-    if t == b"-":
-        return RedisError(body.decode())
-    if t == b":":
-        return int(body)
-    if t == b"$":
-        n = int(body)
-        return None if n < 0 else f.read(n + 2)[:-2]
-    if t == b"*":
-        n = int(body)
-        return None if n < 0 else [_read_reply(f) for _ in range(n)]
-    raise OSError(f"bad reply {line!r}")
-
-
-def redis_pipeline(port, cmds, timeout=5.0):
-    """Commands to one Redis node on 127.0.0.1 over one connection (a stdlib RESP2 client):
-    their replies in order, bulk strings as bytes, error replies as RedisError objects
-    (returned, not raised). A node that does not answer raises OSError."""
-    out = b""
-    for args in cmds:
-        out += b"*%d\r\n" % len(args)
-        for a in args:
-            b = a if isinstance(a, bytes) else str(a).encode()
-            out += b"$%d\r\n%s\r\n" % (len(b), b)
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(out)
-        with s.makefile("rb") as f:
-            return [_read_reply(f) for _ in cmds]
-
-
 def redis_at(port, *args, timeout=5.0):
-    """One command to one node; an error reply raises RedisError."""
-    rep = redis_pipeline(port, [args], timeout)[0]
-    if isinstance(rep, RedisError):
-        raise rep
-    return rep
-
-
-def _crc16(data):
-    """CRC16-CCITT (XMODEM), Redis Cluster's key hash."""
-    crc = 0
-    for byte in data:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return crc
-
-
-def key_slot(key):
-    """The hash slot of key: CRC16 of its hash tag (the text between the first '{' and the
-    next '}', when not empty), else of the whole key, modulo 16384."""
-    k = key.encode() if isinstance(key, str) else key
-    i = k.find(b"{")
-    if i >= 0:
-        j = k.find(b"}", i + 1)
-        if j > i + 1:
-            k = k[i + 1:j]
-    return _crc16(k) % RedisCluster.SLOTS
+    """One command to one node on 127.0.0.1 (an admin command: CLUSTER, INFO, PING...); an
+    error reply raises RedisError, a node that does not answer OSError."""
+    c = _Resp("127.0.0.1", port, timeout=timeout)
+    try:
+        return c.call(*args)
+    finally:
+        c.close()
 
 
 def _info(text):
@@ -728,48 +671,21 @@ always-show-logo no
 
     # ---- reading a world's state
 
-    def slot_map(self):
-        """slot -> master port, from CLUSTER SLOTS of the first node that answers."""
-        for i in range(self.NODES):
-            if not self.alive(i):
-                continue
-            try:
-                rows = redis_at(self.port(i), "CLUSTER", "SLOTS", timeout=2)
-            except (OSError, RedisError):
-                continue
-            m = {}
-            for row in rows:
-                for s in range(row[0], row[1] + 1):
-                    m[s] = int(row[2][1])
-            return m
-        raise AssertionError("no redis cluster node answered CLUSTER SLOTS")
-
     def cmd(self, *args, timeout=30.0):
-        """One command routed by its key (args[1]) to the master serving the key's slot,
-        following MOVED and ASK; while a failover is under way (CLUSTERDOWN, TRYAGAIN, a
-        dead node) it retries with a fresh slot map, for up to timeout seconds."""
-        slot = key_slot(args[1])
-        port = self.slot_map().get(slot)
+        """One command routed by its key (redis_cmd of sluice_e2e: the master of the key's
+        slot, MOVED and ASK followed); while a failover is under way (CLUSTERDOWN,
+        TRYAGAIN, a dead node) it retries with a fresh slot map for up to timeout seconds."""
         deadline = time.monotonic() + timeout
-        asking = False
         while True:
             try:
-                cmds = [("ASKING",), args] if asking else [args]
-                rep = redis_pipeline(port, cmds)[-1] if port else RedisError("CLUSTERDOWN")
-            except OSError as ex:
-                rep = RedisError(f"CLUSTERDOWN node at {port} unreachable: {ex}")
-            asking = False
-            if not isinstance(rep, RedisError):
-                return rep
-            kind = str(rep).split(" ", 1)[0]
-            if kind in ("MOVED", "ASK"):
-                port = int(str(rep).split()[2].rsplit(":", 1)[1])
-                asking = kind == "ASK"
-                continue
-            if kind not in ("CLUSTERDOWN", "TRYAGAIN") or time.monotonic() > deadline:
-                raise rep
+                return redis_cmd(self.url(), *args)
+            except (OSError, RedisError) as ex:
+                kind = str(ex).split(" ", 1)[0]
+                retry = isinstance(ex, OSError) or kind in ("CLUSTERDOWN", "TRYAGAIN")
+                if not retry or time.monotonic() > deadline:
+                    raise
             time.sleep(0.1)
-            port = self.slot_map().get(slot)
+            cluster_slots(self.url(), refresh=True)
 
     def on_masters(self, *args):
         """A keyless command (FLUSHALL, DBSIZE, ...) on every master: {index: reply}."""
@@ -777,13 +693,4 @@ always-show-logo no
 
     def scan_keys(self, pattern):
         """Every key matching pattern, from every master."""
-        out = []
-        for m in self.masters():
-            cursor = b"0"
-            while True:
-                cursor, keys = redis_at(self.port(m), "SCAN", cursor, "MATCH", pattern,
-                                        "COUNT", 1000)
-                out.extend(keys)
-                if cursor in (b"0", 0, "0"):
-                    break
-        return out
+        return redis_all(self.url(), "SCAN", "0", "MATCH", pattern, "COUNT", 1000)[1]

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from chaos_lib import PROFILE, verify, wait_until
-from chaos_stack import RedisCluster, key_slot
+from chaos_stack import RedisCluster
+from sluice_e2e import key_slot
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,10 @@ class _Resp:
 
     def _read(self):
         f = self.f
-        line = f.readline().rstrip(b"\r\n")
+        raw = f.readline()
+        if not raw.endswith(b"\r\n"):
+            raise ConnectionError("the Redis connection closed in the middle of a reply")
+        line = raw[:-2]
         t, body = line[:1], line[1:]
         if t == b"+":
             return body.decode()
