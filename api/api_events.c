@@ -622,7 +622,8 @@ static enum idem_state begin(struct api_req *r, struct api_pub *p)
 
 enum api_hret api_events_publish(struct api_req *r)
 {
-    json_t *j = api_body_json(r);
+    bool elided;
+    json_t *j = api_body_json_events(r, SL_JSON_EVENT, &elided);
     if (!j)
         return API_DONE;
     struct api_pub *p = pub_new(1, false);
@@ -639,7 +640,8 @@ enum api_hret api_events_publish(struct api_req *r)
 enum api_hret api_events_publish_batch(struct api_req *r)
 {
     struct api *a = r->api;
-    json_t *j = api_body_json(r);
+    bool elided;
+    json_t *j = api_body_json_events(r, SL_JSON_BATCH, &elided);
     if (!j)
         return API_DONE;
     json_t *evs = json_object_get(j, "events");
@@ -665,20 +667,35 @@ enum api_hret api_events_publish_batch(struct api_req *r)
                            "a batch holds at most %lld events (api_batch_max), this one %zu",
                            (long long)a->cfg->api_batch_max, n);
     }
-    struct api_pub *p = pub_new(json_array_size(evs), true);
+    /* each event's own text, so its body goes out byte for byte (else: re-serialised) */
+    const char *text = (const char *)r->body.data;
+    size_t n_items = json_array_size(evs);
+    size_t aoff = 0, alen = 0, n = 0;
+    size_t *offs = sl_xcalloc(n_items, sizeof(*offs));
+    size_t *lens = sl_xcalloc(n_items, sizeof(*lens));
+    bool spans = sl_json_member_span(text, r->body.len, "events", &aoff, &alen) == 0 &&
+                 sl_json_array_spans(text + aoff, alen, n_items, offs, lens, &n) == 0 &&
+                 n == n_items;
+    if (!spans && elided) {
+        /* the bodies must come from the text, which did not split: take the whole tree
+         * (the same document, so the checks above hold for it) */
+        json_decref(j);
+        j = api_body_json(r);
+        if (!j) {
+            free(offs);
+            free(lens);
+            return API_DONE;
+        }
+        evs = json_object_get(j, "events");
+    }
+    struct api_pub *p = pub_new(n_items, true);
     if (begin(r, p) != IDEM_OWNER) {
+        free(offs);
+        free(lens);
         json_decref(j);
         pub_free(p);
         return API_DONE;
     }
-    /* each event's own text, so its body goes out byte for byte (else: re-serialised) */
-    const char *text = (const char *)r->body.data;
-    size_t aoff = 0, alen = 0, n = 0;
-    size_t *offs = sl_xcalloc(p->n_items, sizeof(*offs));
-    size_t *lens = sl_xcalloc(p->n_items, sizeof(*lens));
-    bool spans = sl_json_member_span(text, r->body.len, "events", &aoff, &alen) == 0 &&
-                 sl_json_array_spans(text + aoff, alen, p->n_items, offs, lens, &n) == 0 &&
-                 n == p->n_items;
     char ptr[48];
     for (size_t i = 0; i < p->n_items; i++) {
         (void)snprintf(ptr, sizeof(ptr), "/events/%zu", i);

@@ -243,7 +243,7 @@ const char *api_query(struct api_req *r, const char *name)
     return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
 }
 
-json_t *api_body_json(struct api_req *r)
+static json_t *body_json(struct api_req *r, const enum sl_json_shape *shape, bool *elided)
 {
     json_error_t jerr;
     const char *ct = api_header(r, "Content-Type");
@@ -257,6 +257,21 @@ json_t *api_body_json(struct api_req *r)
                     "the request body is empty: a JSON object is "
                     "expected");
         return NULL;
+    }
+    if (shape) {
+        /* the events' bodies are sent as they stand in the text: do not build their trees */
+        char *env = sl_xmalloc(r->body.len);
+        size_t env_len;
+        json_t *j = NULL;
+        if (sl_json_elide_bodies((const char *)r->body.data, r->body.len, *shape, env, &env_len) ==
+            0)
+            j = json_loadb(env, env_len, JSON_REJECT_DUPLICATES, &jerr);
+        free(env);
+        if (j && json_is_object(j)) {
+            *elided = true;
+            return j;
+        }
+        json_decref(j); /* not expected: the full parse below decides */
     }
     json_t *j = json_loadb((const char *)r->body.data, r->body.len, JSON_REJECT_DUPLICATES, &jerr);
     if (!j) {
@@ -272,6 +287,17 @@ json_t *api_body_json(struct api_req *r)
         return NULL;
     }
     return j;
+}
+
+json_t *api_body_json(struct api_req *r)
+{
+    return body_json(r, NULL, NULL);
+}
+
+json_t *api_body_json_events(struct api_req *r, enum sl_json_shape shape, bool *elided)
+{
+    *elided = false;
+    return body_json(r, &shape, elided);
 }
 
 /* ?limit=: 1..API_LIMIT_MAX (default API_LIMIT_DEFAULT); -1 after answering 400. */

@@ -109,6 +109,8 @@ static int start_producer(struct run *r, sl_err_t *err)
     po.enqueue_timeout_ms = 1000;
     po.close_timeout_ms = 1000; /* requests in flight already had api_shutdown_ms */
     po.role = "sluice-api";
+    /* each request waits for its acknowledgement: the library's 5 ms would be latency */
+    po.linger_ms = r->cfg.api_linger_ms;
     r->a.prod = prod_lib_new(&r->cfg, &po, err);
     if (!r->a.prod) {
         sl_error("api", "producer_failed", "%s", err->msg);

@@ -56,8 +56,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PHASES = ["wrk", "produce", "e2e", "rss", "latency", "recorder", "scaling", "rcluster",
           "endpoints", "api", "scrape", "peers"]
 OPT_IN = ("peers",)   # run only when named in --only
-API_CONNS = 256       # api phase: wrk connections (keep-alive); each publish holds its
-                      # connection until Kafka acknowledges, so the concurrency is the batch
+API_CONNS = int(os.environ.get("BENCH_API_CONNS", "256"))  # api phase: wrk connections
+                      # (keep-alive); each publish holds its connection until Kafka
+                      # acknowledges, so the concurrency is the batch
 API_FANOUT = 10       # api phase: endpoints subscribed to the fan-out type
 RSS_DELAY_MS = 4000   # rss phase: every endpoint answers after this long
 RSS_INFLIGHT = 10000  # rss phase: the window the memory target is stated for
@@ -1019,10 +1020,15 @@ class Bench:
 
     def wrk(self, lua, url, conns, secs, pids=()):
         cpu0 = {p: proc_cpu_s(p) for p in pids}
+        m0 = proc_stat_totals()
         cmd = ["wrk", "-t2", f"-c{conns}", f"-d{secs}s", "--timeout", "10s", "--latency", "-s",
                lua, url]
         r = self.run(cmd, self.base_env, timeout=secs + 120)
-        out = {"command": " ".join(cmd)}
+        m1 = proc_stat_totals()
+        # the whole machine's busy share: near 1 the route is CPU-bound, well below it the
+        # rate is the connections' count over the request time (Little's law)
+        out = {"command": " ".join(cmd),
+               "machine_busy_fraction": round((m1[0] - m0[0]) / max(1, m1[1] - m0[1]), 3)}
         m = re.search(r"Requests/sec:\s+([\d.]+)", r.stdout)
         tot = re.search(r"(\d+) requests in ([\d.]+)(\w+)", r.stdout)
         out["requests_per_s"] = float(m.group(1)) if m else None

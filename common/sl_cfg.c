@@ -560,6 +560,15 @@ static const struct opt opts[] = {
       300000,
       "10000",
       "sluice-api: how long a publish waits for Kafka's acknowledgement (ms; 503 past it)"),
+    I("api_linger_ms",
+      "SLUICE_API_LINGER_MS",
+      api_linger_ms,
+      1,
+      900,
+      "1",
+      "sluice-api: how long a published record may wait in the producer for others to share "
+      "its Kafka batch (linger.ms); every publish answers only once Kafka acknowledged it, so "
+      "this adds to each request's time: more batches per second the shorter it is"),
     I("api_idempotency_ttl_s",
       "SLUICE_API_IDEMPOTENCY_TTL_S",
       api_idempotency_ttl_s,

@@ -114,6 +114,7 @@ struct sl_config {
     int64_t api_batch_max;          /* events in one POST /v1/events/batch */
     int64_t api_fanout_max;         /* endpoints one event may fan out to */
     int64_t api_publish_timeout_ms; /* Kafka acknowledgement wait per publish, ms (503 past it) */
+    int64_t api_linger_ms;          /* producer linger.ms for publishes, ms */
     int64_t api_idempotency_ttl_s;  /* how long an Idempotency-Key's answer is kept, s */
     int64_t api_key_refresh_ms;     /* API keys reloaded from PostgreSQL this often, ms */
     int64_t api_shutdown_ms;        /* SIGTERM: time allowed for requests in flight, ms */

@@ -92,6 +92,24 @@ int sl_json_member_span(const char *text, size_t len, const char *name, size_t *
 int sl_json_array_spans(
     const char *text, size_t len, size_t max, size_t *offs, size_t *lens, size_t *n);
 
+/* The request shapes sl_json_elide_bodies knows. */
+enum sl_json_shape {
+    SL_JSON_EVENT, /* one event object: its "body" */
+    SL_JSON_BATCH, /* {"events": [event, ...]}: each event's "body" */
+};
+
+/*
+ * The publish path's shortcut past jansson (common/sl_jsonfast.c says what "plain" means):
+ * check text[0..len) in one pass and, when it is a plain JSON object, write into out (room
+ * for len bytes, not NUL-terminated) the same text with every event's object or array
+ * "body" replaced by {} or [], and its length into *out_len. Parsing out with jansson
+ * (JSON_REJECT_DUPLICATES) then gives the tree of text with those bodies emptied; take the
+ * bodies' bytes from text (sl_json_member_span). Returns 0, or SL_ENOTFOUND when the text
+ * is not plain (invalid JSON included): parse text itself, which gives jansson's answer.
+ */
+int sl_json_elide_bodies(
+    const char *text, size_t len, enum sl_json_shape shape, char *out, size_t *out_len);
+
 /*
  * Write a fresh event id "evt_" + 26 base32 characters (130 random bits) and a NUL into out.
  * Returns 0 or SL_ECRYPTO.

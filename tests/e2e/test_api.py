@@ -218,6 +218,13 @@ def test_bad_input_gets_a_problem_naming_the_field_and_publishes_nothing(make_wo
     P = "/v1/events"
     problem(*call(api, "POST", P, None, key, raw="{\"type\": "), 400, "/")
     problem(*call(api, "POST", P, None, key, raw="[1,2]"), 400, "/")
+    # invalid inside the body (which the API sends on without parsing it into a tree):
+    # still refused as invalid JSON
+    for bad in ('{"type":"a","endpoint":"%s","body":{"k":1,"k":2}}',
+                '{"type":"a","endpoint":"%s","body":{"k":"\xff"}}',
+                '{"type":"a","endpoint":"%s","body":{"k":01}}',
+                '{"type":"a","endpoint":"%s","body":{"k":[1,]}}'):
+        problem(*call(api, "POST", P, None, key, raw=(bad % ep).encode("latin-1")), 400, "/")
     problem(*call(api, "POST", P, None, key, raw="x" * 5000), 413, "/")
     # the same without a declared length (chunked): read, dropped past the cap, then 413
     host, port = api.base.split("//")[1].split(":")
@@ -251,16 +258,22 @@ def test_bad_input_gets_a_problem_naming_the_field_and_publishes_nothing(make_wo
     st, hdrs, b = call(api, "DELETE", P, None, key)
     problem(st, hdrs, b, 405)
     assert hdrs["allow"] == "POST"
-    # a batch answers per event: one accepted, one refused naming its field
-    st, _, b = call(api, "POST", P + "/batch",
-                    {"events": [{"type": "ok", "endpoint": ep, "body": 1},
-                                {"type": "ok", "endpoint": ep, "body": 1, "macros": 5}]}, key)
+    # a batch answers per event: one accepted, one refused naming its field; the accepted
+    # event's body goes out byte for byte as it stands in the text (spacing, an exponent,
+    # an escaped character, a nested "body" member)
+    body0 = '{ "a" : [1, 2.5e3, "\\u00e9"], "body": {"x": null} }'
+    raw = ('{"events": [{"type": "ok", "endpoint": "%s", "body": %s},'
+           ' {"type": "ok", "endpoint": "%s", "body": 1, "macros": 5}]}' % (ep, body0, ep))
+    st, _, b = call(api, "POST", P + "/batch", None, key, raw=raw)
     assert st == 200 and b["accepted"] == 1 and b["refused"] == 1, b
     assert b["results"][0]["status"] == 202
     assert b["results"][1]["problem"]["field"] == "/events/1/macros", b
     # nothing refused reached Kafka: exactly the accepted event's record is there
     recs = w.dump("deliveries")
     assert [r["id"] for r in recs] == [b["results"][0]["id"]], recs
+    r = w.ctl("dump", "deliveries", "--idle-ms", "1500", "--show-payloads")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(l)["body"] for l in r.stdout.splitlines() if l.strip()] == [body0]
 
     # a stalled client (headers never finished) is disconnected after api_idle_timeout_s
     s = socket.create_connection(("127.0.0.1", int(api.base.rsplit(":", 1)[1])))

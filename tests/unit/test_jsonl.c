@@ -440,6 +440,85 @@ static void test_degenerate_input(void **state)
     free(deep);
 }
 
+/* sl_json_elide_bodies: the envelope of plain text, and SL_ENOTFOUND for each kind of text it
+ * leaves to jansson (tests/fuzz/fuzz_jsonfast.c checks it against jansson on any bytes). */
+static void check_elide(const char *text, enum sl_json_shape shape, const char *want)
+{
+    size_t len = strlen(text), out_len = 0;
+    char *out = sl_xmalloc(len + 1);
+    int rc = sl_json_elide_bodies(text, len, shape, out, &out_len);
+    if (!want) {
+        if (rc != SL_ENOTFOUND)
+            fail_msg("plain, want not: %s", text);
+    } else {
+        if (rc != 0)
+            fail_msg("not plain, want plain: %s", text);
+        out[out_len] = '\0';
+        if (strcmp(out, want) != 0)
+            fail_msg("%s -> %s, want %s", text, out, want);
+    }
+    free(out);
+}
+
+static void test_elide_bodies(void **state)
+{
+    (void)state;
+    const enum sl_json_shape E = SL_JSON_EVENT, B = SL_JSON_BATCH;
+    /* plain: object and array bodies emptied, everything else as it stands */
+    check_elide(
+        " {\"type\":\"a.b\", \"body\" : {\"x\":[1,2,{\"body\":3}],\"y\":\"\\u00e9\\n\"} }\n", E,
+        " {\"type\":\"a.b\", \"body\" : {} }\n");
+    check_elide("{\"body\":[true,false,null,-0.5,0,123456789012345678]}", E, "{\"body\":[]}");
+    check_elide("{\"body\":\"a string body\",\"macros\":{\"body\":{}}}", E,
+                "{\"body\":\"a string body\",\"macros\":{\"body\":{}}}");
+    check_elide("{\"headers\":{\"body\":{\"k\":1}},\"body\":{}}", E,
+                "{\"headers\":{\"body\":{\"k\":1}},\"body\":{}}");
+    check_elide("{\"body\":{\"caf\xc3\xa9\":\"\xe2\x82\xac \xf0\x9f\x98\x80\"}}", E,
+                "{\"body\":{}}");
+    check_elide(
+        "{\"events\":[{\"type\":\"t\",\"body\":{\"a\":1}},{\"body\":[1]},{\"body\":\"s\"},7]}", B,
+        "{\"events\":[{\"type\":\"t\",\"body\":{}},{\"body\":[]},{\"body\":\"s\"},7]}");
+    /* a batch's top-level "body" is not an event's */
+    check_elide("{\"body\":{\"a\":1}}", B, "{\"body\":{\"a\":1}}");
+    /* not plain: invalid JSON */
+    check_elide("", E, NULL);
+    check_elide("[]", E, NULL);
+    check_elide("{\"body\":{}} x", E, NULL);
+    check_elide("{\"body\":{\"a\":1,}}", E, NULL);
+    check_elide("{\"body\":{\"a\":01}}", E, NULL);
+    check_elide("{\"body\":{\"a\":1.}}", E, NULL);
+    check_elide("{\"body\":{\"a\":tru}}", E, NULL);
+    check_elide("{\"body\":\"\x01\"}", E, NULL);
+    check_elide("{\"body\":\"\\x\"}", E, NULL);
+    check_elide("{\"body\":\"\xc0\xaf\"}", E, NULL);     /* overlong */
+    check_elide("{\"body\":\"\xed\xa0\x80\"}", E, NULL); /* a surrogate in UTF-8 */
+    check_elide("{\"body\":\"\xf4\x90\x80\x80\"}", E, NULL);
+    check_elide("{\"body\":{\"a\":1}", E, NULL);
+    /* not plain: left to jansson's rules */
+    check_elide("{\"body\":{\"a\":1,\"a\":2}}", E, NULL); /* duplicate */
+    check_elide("{\"type\":\"t\",\"type\":\"u\",\"body\":{}}", E, NULL);
+    check_elide("{\"b\\u006fdy\":{}}", E, NULL); /* escaped name */
+    check_elide("{\"body\":\"\\u0000\"}", E, NULL);
+    check_elide("{\"body\":\"\\ud83d\\ude00\"}", E, NULL);
+    check_elide("{\"body\":{\"a\":1e3}}", E, NULL);
+    check_elide("{\"body\":{\"a\":1234567890123456789}}", E, NULL);
+    char deep[200] = "{\"body\":";
+    size_t off = strlen(deep);
+    memset(deep + off, '[', 70);
+    memset(deep + off + 70, ']', 70);
+    deep[off + 140] = '}';
+    deep[off + 141] = '\0';
+    check_elide(deep, E, NULL);
+    struct sl_buf many;
+    sl_buf_init(&many, 4096);
+    (void)sl_buf_append_str(&many, "{\"body\":{");
+    for (int i = 0; i < 33; i++)
+        (void)sl_buf_printf(&many, "%s\"k%d\":%d", i ? "," : "", i, i);
+    (void)sl_buf_append_str(&many, "}}");
+    check_elide((const char *)many.data, E, NULL);
+    sl_buf_fini(&many);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -450,6 +529,7 @@ int main(void)
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_invalid_lines),
         cmocka_unit_test(test_degenerate_input),
+        cmocka_unit_test(test_elide_bodies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
