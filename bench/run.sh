@@ -45,6 +45,7 @@
 #                             sluicectl dump outcomes --topic bench.<run>.<phase>.outcomes)
 #   SLUICE_BENCH_CONVOY       peers phase: path of a built convoy binary (its PostgreSQL and
 #                             Redis run on BENCH_PORT_BASE+42/+43, Convoy on +50..+53)
+#   BENCH_API_CONNS (256)     api phase: wrk connections (keep-alive, one request in flight each)
 #   BENCH_PEERS_CONNS (64)    peers phase: publisher connections (one request in flight each)
 #   BENCH_PEERS_CONVOY_EVENTS (10000; 3000 --quick), BENCH_PEERS_SLUICE_EVENTS (200000;
 #                             50000 --quick): events published to each system
