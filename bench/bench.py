@@ -42,7 +42,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import signal
 import socket
 import statistics
@@ -714,8 +713,10 @@ class Bench:
         t = time.time()
         for i in range(ENDPOINTS):
             ep = f"{self.ep_prefix}{i}"
+            # a type filter of their own: an endpoint without one is subscribed to every
+            # type, and would join the api phase's fan-out (sluice-produce names the endpoint)
             self.ctl(env, "endpoints", "add", "--id", ep, "--url",
-                     f"http://127.0.0.1:{self.port}/ok/{ep}")
+                     f"http://127.0.0.1:{self.port}/ok/{ep}", "--types", "bench.e2e")
         self.results["setup"] = {"endpoints_add_s": round(time.time() - t, 1)}
 
     def register_many(self):
@@ -1069,7 +1070,7 @@ class Bench:
         if "api" not in self.registered:
             # once per run: a second set subscribed to bench.fan.* would double the fan-out
             self.ctl(env, "endpoints", "add", "--id", one, "--url",
-                     f"http://127.0.0.1:{self.port}/ok/{one}")
+                     f"http://127.0.0.1:{self.port}/ok/{one}", "--types", "bench.one")
             for i in range(API_FANOUT):
                 ep = f"a{self.run_id}_fan{i}"
                 self.ctl(env, "endpoints", "add", "--id", ep, "--url",
@@ -1100,6 +1101,15 @@ class Bench:
             pad = "x" * (BODY_BYTES - 20)
             one_ev = {"type": "bench.one", "endpoint": one, "body": {"seq": 1, "data": pad}}
             fan_ev = {"type": "bench.fan.created", "body": {"seq": 1, "data": pad}}
+            # the fan-out must reach exactly the API_FANOUT subscribed endpoints: ask once
+            req = urllib.request.Request(base + "/v1/events", data=json.dumps(fan_ev).encode(),
+                                         headers=dict(hdrs), method="POST")
+            with urllib.request.urlopen(req, timeout=30) as r:
+                fan_n = json.loads(r.read())["deliveries"]
+            if fan_n != API_FANOUT:
+                raise RuntimeError(f"the fan-out event reached {fan_n} endpoints, not "
+                                   f"{API_FANOUT}: an endpoint without a type filter is "
+                                   "subscribed to every type")
             raw = self.wrk(self.wrk_lua("api-raw", "GET", "/healthz"), base + "/healthz",
                            API_CONNS, self.wrk_s, [api.pid])
             # warm-up: a fresh broker JIT-compiles its produce path in the first ~15 s of load
@@ -1127,7 +1137,8 @@ class Bench:
             lookup = json.loads(fo.stdout.strip().splitlines()[-1])
         finally:
             self.stop_proc(api)
-        res.update({"raw_healthz": raw, "publish_one": pub, "publish_fanout10": fan,
+        res.update({"fanout_endpoints": fan_n,
+                    "raw_healthz": raw, "publish_one": pub, "publish_fanout10": fan,
                     "latency_at_half": lat, "fanout_lookup": lookup})
         if raw.get("requests_per_s") and pub.get("accepted_per_s"):
             res["ratio_one"] = round(pub["accepted_per_s"] / raw["requests_per_s"], 3)

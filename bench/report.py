@@ -60,7 +60,8 @@ def table(r):
         return summary_table(r)
     ph = r["phases"]
     rows = phase_rows(r, ph)
-    out = [f"Sluice benchmark {r['date']} ({r['mode']} run, {r.get('duration_s', '?')} s)", ""]
+    out = [f"Sluice benchmark {r['date']} ({r['mode']} run of {', '.join(r.get('phases') or {})}; "
+           f"{r.get('duration_s', '?')} s)", ""]
     out += rows_text(rows)
     out.append("")
     out += targets(r)
@@ -277,7 +278,7 @@ def phase_rows(r, ph):
             add(f"sluice-api: POST /v1/events, {api['body_bytes']} B, {label}, Kafka-acked 202s",
                 fmt(acc, " events/s") + extra + f" (non-2xx {run.get('non_2xx')})", acc)
             if key == "publish_one" and acc:
-                add(f"  ratio accepted/raw", f"{api.get('ratio_one')}", None)
+                add("  ratio accepted/raw", f"{api.get('ratio_one')}", None)
         lat = api.get("latency_at_half") or {}
         if lat:
             q = lat.get("latency", {})
@@ -667,8 +668,8 @@ def summary_table(r):
         got = sum(v is not None for v in e["values"])
         rows.append((labels.get(k, e["label"]), f(e["median"]) + unit,
                      f"{f(e['min'])}..{f(e['max'])}" + (f" ({got} of {n})" if got < n else "")))
-    out = [f"Sluice benchmark {r['date']} ({r['mode']} run, {n} repetitions, "
-           f"{r.get('duration_s', '?')} s)", "",
+    out = [f"Sluice benchmark {r['date']} ({r['mode']} run of {', '.join(r.get('phases') or {})}; "
+           f"{n} repetitions, {r.get('duration_s', '?')} s)", "",
            f"Medians over {n} repetitions (with an even count, the mean of the middle two).",
            "Throughput: a ratio to the raw HTTP rate wrk measured at the start of the same",
            "repetition (sluice-api's ratios: to its own GET /healthz rate, as its target);",

@@ -5,6 +5,7 @@
 # 30 per function except the functions in scripts/complexity-baseline.txt, which may not get
 # more complex). clang-tidy reads the compile commands of a configure-only build dir,
 # build/lint (nothing is compiled). SL_CHECK_SRC_TIDY=0 skips clang-tidy (quick local runs).
+# pyflakes (from scripts/setup.sh's venv) over every Python file in git.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mapfile -t files < <(git ls-files '*.c' '*.h')
@@ -24,6 +25,17 @@ if command -v clang-format >/dev/null 2>&1; then
   rm -f /tmp/clang-format.$$
 else
   echo "check-src: clang-format missing (run scripts/setup.sh)" >&2
+  status=1
+fi
+PY="${SLUICE_CACHE_DIR:-${HOME:-/root}/.cache/sluice}/venv/bin/python"
+if [ -x "$PY" ] && "$PY" -c 'import pyflakes' 2>/dev/null; then
+  mapfile -t pyfiles < <(git ls-files '*.py')
+  if ! "$PY" -m pyflakes "${pyfiles[@]}" >&2; then
+    echo "check-src: pyflakes findings in Python files (see above)" >&2
+    status=1
+  fi
+else
+  echo "check-src: pyflakes missing (run scripts/setup.sh)" >&2
   status=1
 fi
 if [ "${SL_CHECK_SRC_TIDY:-1}" = 1 ]; then

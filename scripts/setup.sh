@@ -29,7 +29,7 @@ DEP_PLUGINS=(org.apache.maven.plugins:maven-dependency-plugin:3.8.1
 # test-only Python packages (docs/DEPENDENCIES.md); kubernetes-validate bundles Kubernetes' JSON
 # schemas (nothing is downloaded at test time) for tests/ops/test_k8s.py
 PIP_REQUIREMENTS=(standardwebhooks==1.1.0 pytest==9.2.0 schemathesis==4.32.5 playwright==1.65.2
-  cryptography==46.0.3 kubernetes-validate==1.37.0)
+  cryptography==46.0.3 kubernetes-validate==1.37.0 pyflakes==4.1.0)
 # The kustomize that `kubectl apply -k` embeds from kubectl 1.27 on; it builds with Debian 12's
 # Go 1.19 as well as with newer ones (later kustomize releases need a newer Go).
 KUSTOMIZE_VERSION=v5.0.1

@@ -146,7 +146,7 @@ def test_exit_bound_with_postgres_gone(make_world, stack):
     rcv = w.receiver()
     eps = w.endpoints(rcv, "ok", 4, "ok", "?delay_ms=20")
     w.produce_for(eps, PROFILE.n(150))
-    pods = start_pods(w, ["a"])
+    start_pods(w, ["a"])
     rec = w.recorder()
     w.wait_progress(rcv, 0.2)
     w.mark("fault_start")

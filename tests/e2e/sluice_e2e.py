@@ -18,7 +18,6 @@ import secrets
 import signal
 import string
 import subprocess
-import tempfile
 import time
 
 import pytest

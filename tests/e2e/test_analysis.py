@@ -15,14 +15,12 @@ sluice-recorder (the World does not start one; this file's Recorder helper does)
 
 import json
 import os
-import re
 import subprocess
 import time
 
 import pytest
 
-from sluice_e2e import (PrivateDb, Proc, World, dsn_with_db, event, final_states, psql,
-                        rand_suffix, redis_cmd, wait_until)
+from sluice_e2e import PrivateDb, Proc, World, event, final_states, redis_cmd, wait_until
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))

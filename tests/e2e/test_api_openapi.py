@@ -32,8 +32,7 @@ import sys
 
 import pytest
 
-from sluice_e2e import (PrivateDb, Proc, World, dsn_with_db, need_env, psql, rand_suffix,
-                        wait_until)
+from sluice_e2e import PrivateDb, Proc, World, wait_until
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SPEC = os.path.join(REPO, "api", "openapi.yaml")

@@ -19,12 +19,11 @@ import http.client
 import json
 import os
 import re
-import subprocess
 
 import pytest
 
-from sluice_e2e import (PrivateDb, Proc, World, dsn_with_db, final_states, free_port, psql,
-                        rand_suffix, redis_cmd, wait_until)
+from sluice_e2e import (PrivateDb, Proc, World, final_states, free_port, redis_cmd,
+                        wait_until)
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CONSOLE_DIR = os.path.join(REPO, "api", "console")

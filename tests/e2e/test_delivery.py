@@ -7,13 +7,12 @@ records on Kafka are the oracles.
 
 import collections
 import os
-import signal
 import subprocess
 import time
 
 import pytest
 
-from sluice_e2e import event, final_states, rand_suffix, wait_until
+from sluice_e2e import event, final_states, wait_until
 
 
 def delivered_ids(outcomes):

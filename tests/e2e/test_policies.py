@@ -2,7 +2,6 @@
 postbacks, SSRF refusals, header injection, and a log scan for sensitive values.
 """
 
-import collections
 import glob
 import json
 import struct

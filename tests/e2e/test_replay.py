@@ -11,7 +11,6 @@ Isolation: the World's own topics, groups and Redis db, and a private PostgreSQL
 every migration applied (test_analysis.PrivateDb), with its own recorder.
 """
 
-import json
 import re
 
 import pytest

@@ -187,7 +187,7 @@ def test_requests_on_the_wire_verify_with_the_official_library(make_world, captu
          "body": pb_body},
         {"id": f"evt_{tag}_rot", "endpoint": ep_rot, "type": "order.created", "body": rot_body},
     ]
-    c = deliver_all(w, events)
+    deliver_all(w, events)
     assert len(capture.requests) == 3, [(q["method"], q["target"]) for q in capture.requests]
 
     # ---- 1. POST with a binary body: the exact bytes, signed over them
