@@ -32,6 +32,7 @@
 #include <openssl/evp.h>
 
 #include "api/api.h"
+#include "common/sl_hex.h"
 #include "common/sl_jsonl.h"
 #include "common/sl_log.h"
 #include "common/sl_rstate.h"
@@ -86,16 +87,6 @@ static void pub_free(struct api_pub *p)
     free(p->held);
     api_fanout_idx_release(p->idx);
     free(p);
-}
-
-static void hex(const uint8_t *b, size_t n, char *out)
-{
-    static const char d[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = d[b[i] >> 4];
-        out[2 * i + 1] = d[b[i] & 15];
-    }
-    out[2 * n] = '\0';
 }
 
 static void sha256_parts(const void *const *parts, const size_t *lens, size_t n, uint8_t out[32])
@@ -155,13 +146,13 @@ static enum idem_state idem_begin(struct api_req *r, struct api_pub *p, const ch
     const void *parts[] = {key};
     size_t lens[] = {strlen(key)};
     sha256_parts(parts, lens, 1, h);
-    hex(h, 32, hk);
+    sl_hex_encode(h, 32, hk);
     (void)sl_rstate_key_idem(p->idem_rkey, sizeof(p->idem_rkey), r->auth.key->id, hk);
     const void *fparts[] = {r->method, "\n", r->url, "\n",
                             r->body.data ? (void *)r->body.data : ""};
     size_t flens[] = {strlen(r->method), 1, strlen(r->url), 1, r->body.len};
     sha256_parts(fparts, flens, 5, h);
-    hex(h, 32, p->fp);
+    sl_hex_encode(h, 32, p->fp);
     sl_redis_t *rd = api_redis(a, &err);
     if (!rd) {
         r->retry_after_s = 1;
@@ -339,7 +330,7 @@ static void prepare(struct api_req *r,
         const void *parts[] = {p->idem_rkey, "\n", idx};
         size_t lens[] = {strlen(p->idem_rkey), 1, strlen(idx)};
         sha256_parts(parts, lens, 3, h);
-        hex(h, 16, hx);
+        sl_hex_encode(h, 16, hx);
         (void)snprintf(gen_id, sizeof(gen_id), "evt_%.26s", hx);
         o.id_if_absent = gen_id;
     }

@@ -26,6 +26,7 @@
 #include <microhttpd.h>
 
 #include "api/api.h"
+#include "common/sl_hex.h"
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_probe.h"
@@ -326,9 +327,10 @@ static int query_cursor(struct api_req *r, char *buf, size_t cap, bool *have)
     size_t n = strlen(c);
     bool ok = n % 2 == 0 && n / 2 < cap && n > 0;
     for (size_t i = 0; ok && i < n / 2; i++) {
-        unsigned v;
-        ok = sscanf(c + 2 * i, "%2x", &v) == 1 && v >= 0x20 && v < 0x7f &&
-             strchr("0123456789abcdef", c[2 * i]) && strchr("0123456789abcdef", c[2 * i + 1]);
+        int hi = sl_hex_digit_lower((unsigned char)c[2 * i]);
+        int lo = sl_hex_digit_lower((unsigned char)c[2 * i + 1]);
+        int v = hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+        ok = v >= 0x20 && v < 0x7f;
         buf[i] = (char)v;
     }
     if (!ok) {
@@ -368,9 +370,7 @@ json_t *api_cursor_json(const char *pos)
     size_t n = strlen(pos);
     if (2 * n + 1 > sizeof(out))
         return json_null();
-    for (size_t i = 0; i < n; i++)
-        (void)snprintf(out + 2 * i, 3, "%02x", (unsigned char)pos[i]);
-    out[2 * n] = '\0';
+    sl_hex_encode(pos, n, out);
     return json_string(out);
 }
 

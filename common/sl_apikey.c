@@ -22,6 +22,7 @@
 #include <openssl/rand.h>
 
 #include "common/sl_b64.h"
+#include "common/sl_hex.h"
 #include "common/sl_mem.h"
 #include "common/sl_pg.h"
 
@@ -390,8 +391,7 @@ int sl_apikey_db_insert(PGconn *pg, const struct sl_apikey *k, sl_err_t *err)
     sl_buf_init(&chans, (size_t)SL_APIKEY_CHANNELS_MAX * (SL_APIKEY_CHANNEL_MAX + 3) + 8);
     hash_hex[0] = '\\';
     hash_hex[1] = 'x';
-    for (size_t i = 0; i < SL_APIKEY_HASH_LEN; i++)
-        (void)snprintf(hash_hex + 2 + 2 * i, 3, "%02x", k->hash[i]);
+    sl_hex_encode(k->hash, SL_APIKEY_HASH_LEN, hash_hex + 2);
     sl_apikey_scopes_format(k->scopes, sc, sizeof(sc));
     (void)snprintf(scopes, sizeof(scopes), "{%s}", sc); /* names need no quoting */
     (void)snprintf(rate, sizeof(rate), "%" PRId64, k->rate_per_s);
@@ -430,15 +430,6 @@ int sl_apikey_db_insert(PGconn *pg, const struct sl_apikey *k, sl_err_t *err)
     return rc;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /* Fill k from row i of a list result; SL_EDECODE when a column breaks the rules. */
 static int row_to_key(PGresult *res, int i, struct sl_apikey *k, sl_err_t *err)
 {
@@ -452,7 +443,7 @@ static int row_to_key(PGresult *res, int i, struct sl_apikey *k, sl_err_t *err)
     if (strlen(hex) != (size_t)2 * SL_APIKEY_HASH_LEN)
         return sl_err_set(err, SL_EDECODE, "api key %s: stored hash is not 32 bytes", k->id);
     for (size_t j = 0; j < SL_APIKEY_HASH_LEN; j++) {
-        int hi = hexval(hex[2 * j]), lo = hexval(hex[2 * j + 1]);
+        int hi = sl_hex_digit_lower(hex[2 * j]), lo = sl_hex_digit_lower(hex[2 * j + 1]);
         if (hi < 0 || lo < 0)
             return sl_err_set(err, SL_EDECODE, "api key %s: stored hash is not hex", k->id);
         k->hash[j] = (uint8_t)(hi << 4 | lo);

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "common/sl_err.h"
+#include "common/sl_hex.h"
 #include "common/sl_jsonl.h"
 
 #define ELIDE_MAX_DEPTH      64
@@ -58,17 +59,6 @@ static void skip_ws(struct scan *c)
     while (c->i < c->n &&
            (c->s[c->i] == ' ' || c->s[c->i] == '\n' || c->s[c->i] == '\r' || c->s[c->i] == '\t'))
         c->i++;
-}
-
-static int hexval(unsigned char h)
-{
-    if (h >= '0' && h <= '9')
-        return h - '0';
-    if (h >= 'a' && h <= 'f')
-        return h - 'a' + 10;
-    if (h >= 'A' && h <= 'F')
-        return h - 'A' + 10;
-    return -1;
 }
 
 /* One UTF-8 sequence starting at c->i (a byte >= 0x80), strictly (no overlongs, no
@@ -109,52 +99,58 @@ static bool utf8_seq(struct scan *c)
     return true;
 }
 
+/* A backslash escape at c->i; \u0000 and \u escapes of surrogates are left to jansson. */
+static bool escape(struct scan *c)
+{
+    if (c->n - c->i < 2)
+        return false;
+    unsigned char e = c->s[c->i + 1];
+    if (e != 'u') {
+        if (e == 0 || !strchr("\"\\/bfnrt", e))
+            return false;
+        c->i += 2;
+        return true;
+    }
+    if (c->n - c->i < 6)
+        return false;
+    unsigned v = 0;
+    for (size_t k = 2; k < 6; k++) {
+        int h = sl_hex_digit(c->s[c->i + k]);
+        if (h < 0)
+            return false;
+        v = v << 4 | (unsigned)h;
+    }
+    if (v == 0 || (v >= 0xD800 && v <= 0xDFFF))
+        return false;
+    c->i += 6;
+    return true;
+}
+
 /* A string at c->i (the opening quote). *escaped: it held a backslash. */
 static bool str(struct scan *c, bool *escaped)
 {
-    const unsigned char *s = c->s;
     *escaped = false;
     c->i++;
     while (c->i < c->n) {
-        unsigned char b = s[c->i];
+        unsigned char b = c->s[c->i];
         if (b == '"') {
             c->i++;
             return true;
         }
-        if (b < 0x20)
-            return false;
-        if (b < 0x80 && b != '\\') {
-            c->i++;
-            continue;
-        }
-        if (b >= 0x80) {
-            if (!utf8_seq(c))
-                return false;
-            continue;
-        }
-        *escaped = true;
-        if (c->n - c->i < 2)
-            return false;
-        unsigned char e = s[c->i + 1];
-        if (e == 'u') {
-            if (c->n - c->i < 6)
-                return false;
-            unsigned v = 0;
-            for (size_t k = 2; k < 6; k++) {
-                int h = hexval(s[c->i + k]);
-                if (h < 0)
-                    return false;
-                v = v << 4 | (unsigned)h;
-            }
-            if (v == 0 || (v >= 0xD800 && v <= 0xDFFF))
-                return false;
-            c->i += 6;
-        } else if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' ||
-                   e == 'r' || e == 't') {
-            c->i += 2;
+        bool ok;
+        if (b < 0x20) {
+            ok = false;
+        } else if (b >= 0x80) {
+            ok = utf8_seq(c);
+        } else if (b == '\\') {
+            *escaped = true;
+            ok = escape(c);
         } else {
-            return false;
+            c->i++;
+            ok = true;
         }
+        if (!ok)
+            return false;
     }
     return false;
 }
@@ -211,10 +207,59 @@ static void elide(struct scan *c, size_t from, size_t to)
 
 static bool value(struct scan *c, enum role role, int depth);
 
+/* After a member or an element: 1 past the closing bracket, 0 past a comma, -1 otherwise. */
+static int next_item(struct scan *c, unsigned char close)
+{
+    skip_ws(c);
+    if (c->i >= c->n)
+        return -1;
+    if (c->s[c->i] == close) {
+        c->i++;
+        return 1;
+    }
+    if (c->s[c->i] != ',')
+        return -1;
+    c->i++;
+    skip_ws(c);
+    return 0;
+}
+
+/* The names of one object's members so far (offsets into the text). */
+struct names {
+    size_t off[ELIDE_MAX_MEMBERS];
+    size_t len[ELIDE_MAX_MEMBERS];
+    size_t n;
+};
+
+/* A member's name at c->i, unescaped and new in its object, and the colon after it; c->i
+ * then at the value. *k0 and *klen (OUT): the name's bytes. */
+static bool member_name(struct scan *c, struct names *seen, size_t *k0, size_t *klen)
+{
+    bool escaped;
+    if (c->i >= c->n || c->s[c->i] != '"' || seen->n == ELIDE_MAX_MEMBERS)
+        return false;
+    *k0 = c->i + 1;
+    if (!str(c, &escaped) || escaped)
+        return false;
+    *klen = c->i - 1 - *k0;
+    for (size_t m = 0; m < seen->n; m++) {
+        if (seen->len[m] == *klen && memcmp(c->s + seen->off[m], c->s + *k0, *klen) == 0)
+            return false; /* a duplicate: jansson says so */
+    }
+    seen->off[seen->n] = *k0;
+    seen->len[seen->n++] = *klen;
+    skip_ws(c);
+    if (c->i >= c->n || c->s[c->i] != ':')
+        return false;
+    c->i++;
+    skip_ws(c);
+    return c->i < c->n;
+}
+
 static bool object(struct scan *c, enum role role, int depth)
 {
-    size_t key_off[ELIDE_MAX_MEMBERS], key_len[ELIDE_MAX_MEMBERS];
-    size_t members = 0;
+    struct names seen;
+    seen.n = 0;
     c->i++;
     skip_ws(c);
     if (c->i < c->n && c->s[c->i] == '}') {
@@ -222,25 +267,8 @@ static bool object(struct scan *c, enum role role, int depth)
         return true;
     }
     for (;;) {
-        if (c->i >= c->n || c->s[c->i] != '"' || members == ELIDE_MAX_MEMBERS)
-            return false;
-        size_t k0 = c->i + 1;
-        bool escaped;
-        if (!str(c, &escaped) || escaped)
-            return false;
-        size_t klen = c->i - 1 - k0;
-        for (size_t m = 0; m < members; m++) {
-            if (key_len[m] == klen && memcmp(c->s + key_off[m], c->s + k0, klen) == 0)
-                return false; /* a duplicate: jansson says so */
-        }
-        key_off[members] = k0;
-        key_len[members++] = klen;
-        skip_ws(c);
-        if (c->i >= c->n || c->s[c->i] != ':')
-            return false;
-        c->i++;
-        skip_ws(c);
-        if (c->i >= c->n)
+        size_t k0, klen;
+        if (!member_name(c, &seen, &k0, &klen))
             return false;
         enum role sub = ROLE_OTHER;
         if (role == ROLE_BATCH && klen == 6 && memcmp(c->s + k0, "events", 6) == 0)
@@ -252,17 +280,9 @@ static bool object(struct scan *c, enum role role, int depth)
             return false;
         if (body)
             elide(c, v0, c->i);
-        skip_ws(c);
-        if (c->i >= c->n)
-            return false;
-        if (c->s[c->i] == '}') {
-            c->i++;
-            return true;
-        }
-        if (c->s[c->i] != ',')
-            return false;
-        c->i++;
-        skip_ws(c);
+        int next = next_item(c, '}');
+        if (next != 0)
+            return next > 0;
     }
 }
 
@@ -278,17 +298,9 @@ static bool array(struct scan *c, enum role role, int depth)
     for (;;) {
         if (!value(c, sub, depth + 1))
             return false;
-        skip_ws(c);
-        if (c->i >= c->n)
-            return false;
-        if (c->s[c->i] == ']') {
-            c->i++;
-            return true;
-        }
-        if (c->s[c->i] != ',')
-            return false;
-        c->i++;
-        skip_ws(c);
+        int next = next_item(c, ']');
+        if (next != 0)
+            return next > 0;
     }
 }
 

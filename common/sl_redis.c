@@ -16,6 +16,7 @@
 
 #include <openssl/sha.h>
 
+#include "common/sl_hex.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_redis_int.h"
@@ -38,17 +39,6 @@ int64_t sl_redis_mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Percent-decode [s, s+n) into a new string; NULL on a bad %XX or an encoded NUL. */
 static char *pct_decode(const char *s, size_t n)
 {
@@ -59,8 +49,8 @@ static char *pct_decode(const char *s, size_t n)
             out[o++] = s[i];
             continue;
         }
-        int hi = i + 2 < n ? hexval(s[i + 1]) : -1;
-        int lo = i + 2 < n ? hexval(s[i + 2]) : -1;
+        int hi = i + 2 < n ? sl_hex_digit(s[i + 1]) : -1;
+        int lo = i + 2 < n ? sl_hex_digit(s[i + 2]) : -1;
         if (hi < 0 || lo < 0 || (hi | lo) == 0) {
             sl_secret_wipe(out, n + 1);
             free(out);
@@ -401,8 +391,7 @@ static void script_sha(struct sl_redis_script *s)
         unsigned char md[SHA_DIGEST_LENGTH];
         char hex[sizeof(s->sha)];
         SHA1((const unsigned char *)s->lua, strlen(s->lua), md);
-        for (int i = 0; i < SHA_DIGEST_LENGTH; i++)
-            (void)snprintf(hex + (size_t)2 * (size_t)i, 3, "%02x", md[i]);
+        sl_hex_encode(md, SHA_DIGEST_LENGTH, hex);
         memcpy(s->sha, hex, sizeof(hex));
     }
     pthread_mutex_unlock(&g_sha_mu);

@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "common/sl_endpoints.h"
+#include "common/sl_hex.h"
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_pg.h"
@@ -259,15 +260,6 @@ int sl_reg_ep_encode(const struct sl_reg_ep *ep,
 
 /* ==== Conversions ==== */
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /* Decode lowercase hex (as PostgreSQL's encode(..., 'hex') writes it). NULL on bad input. */
 static uint8_t *unhex(const char *s, size_t *len)
 {
@@ -276,7 +268,7 @@ static uint8_t *unhex(const char *s, size_t *len)
         return NULL;
     uint8_t *out = sl_xmalloc(n / 2);
     for (size_t i = 0; i < n / 2; i++) {
-        int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
+        int hi = sl_hex_digit_lower(s[2 * i]), lo = sl_hex_digit_lower(s[2 * i + 1]);
         if (hi < 0 || lo < 0) {
             free(out);
             return NULL;
@@ -289,13 +281,8 @@ static uint8_t *unhex(const char *s, size_t *len)
 
 static char *tohex(const uint8_t *p, size_t n)
 {
-    static const char digits[] = "0123456789abcdef";
     char *s = sl_xmalloc(2 * n + 1);
-    for (size_t i = 0; i < n; i++) {
-        s[2 * i] = digits[p[i] >> 4];
-        s[2 * i + 1] = digits[p[i] & 15];
-    }
-    s[2 * n] = '\0';
+    sl_hex_encode(p, n, s);
     return s;
 }
 

@@ -25,6 +25,7 @@
 #include <librdkafka/rdkafka.h>
 #include <openssl/rand.h>
 
+#include "common/sl_hex.h"
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
@@ -590,8 +591,7 @@ int sl_replay_run(PGconn *pg,
     unsigned char rnd[SL_REPLAY_RUN_ID_LEN / 2];
     if (RAND_bytes(rnd, sizeof(rnd)) != 1)
         return sl_err_set(err, SL_ECRYPTO, "cannot generate a run id: no random bytes");
-    for (size_t i = 0; i < sizeof(rnd); i++)
-        (void)snprintf(out->run_id + 2 * i, 3, "%02x", rnd[i]);
+    sl_hex_encode(rnd, sizeof(rnd), out->run_id);
     rc = count_without_payload(pg, sel, &out->without_payload, err);
     if (rc != 0)
         return rc;

@@ -36,6 +36,7 @@
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 
+#include "common/sl_hex.h"
 #include "common/sl_mem.h"
 #include "common/sl_rclock.h"
 #include "common/sl_record.h"
@@ -386,12 +387,7 @@ void sl_rstate_job_id(const char *endpoint_id, const char *event_id, char out[SL
         (void)fputs("sl_rstate: cannot compute sha-1\n", stderr);
         abort();
     }
-    static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < SHA_DIGEST_LENGTH; i++) {
-        out[2 * i] = hex[md[i] >> 4];
-        out[2 * i + 1] = hex[md[i] & 0x0f];
-    }
-    out[SL_RSTATE_ID_LEN] = '\0';
+    sl_hex_encode(md, SHA_DIGEST_LENGTH, out);
 }
 
 uint32_t sl_rstate_shard(const char *job_id, uint32_t nshards)

@@ -18,27 +18,17 @@
 #include <openssl/rand.h>
 
 #include "common/sl_b64.h"
+#include "common/sl_hex.h"
 #include "common/sl_mem.h"
 
 #define HEX_LEN ((size_t)2 * SL_MASTERKEY_LEN)
-
-static int hex_val(unsigned char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
 
 /* 64 hex characters (checked printable) into key. Returns 0 or SL_EINVAL. */
 static int parse_hex(uint8_t key[SL_MASTERKEY_LEN], const char *str, sl_err_t *err)
 {
     for (size_t i = 0; i < SL_MASTERKEY_LEN; i++) {
-        int hi = hex_val((unsigned char)str[2 * i]);
-        int lo = hex_val((unsigned char)str[2 * i + 1]);
+        int hi = sl_hex_digit((unsigned char)str[2 * i]);
+        int lo = sl_hex_digit((unsigned char)str[2 * i + 1]);
         if (hi < 0 || lo < 0)
             return sl_err_set(err, SL_EINVAL,
                               "master key has 64 characters but is not hex (offset %zu)",

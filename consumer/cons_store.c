@@ -30,6 +30,7 @@
 
 #include <openssl/rand.h>
 
+#include "common/sl_hex.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
 #include "common/sl_rstate.h"
@@ -60,12 +61,7 @@ static int new_token(char out[CONS_TOKEN_LEN + 1])
     unsigned char raw[CONS_TOKEN_LEN / 2];
     if (RAND_bytes(raw, (int)sizeof(raw)) != 1)
         return SL_ECRYPTO;
-    static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < sizeof(raw); i++) {
-        out[2 * i] = hex[raw[i] >> 4];
-        out[2 * i + 1] = hex[raw[i] & 0x0f];
-    }
-    out[CONS_TOKEN_LEN] = '\0';
+    sl_hex_encode(raw, sizeof(raw), out);
     return 0;
 }
 
