@@ -150,8 +150,9 @@ const char *api_query(struct api_req *r, const char *name);
 /* Parse the body as one JSON value (object required): NULL after answering 400. */
 json_t *api_body_json(struct api_req *r);
 /* The same for a publish request of that shape, with each event's object or array "body"
- * parsed as {} or [] when the text is plain JSON (sl_json_elide_bodies; *elided says so):
- * the caller takes the bodies' bytes from the request text. Same answers as api_body_json. */
+ * parsed as {} or [] when the text is plain JSON (sl_json_elide_bodies; *elided, unless NULL,
+ * says so): the caller takes the bodies' bytes from the request text. Same answers as
+ * api_body_json. */
 json_t *api_body_json_events(struct api_req *r, enum sl_json_shape shape, bool *elided);
 
 #define API_LIMIT_DEFAULT 50  /* list entries per page when ?limit= is absent */

@@ -613,8 +613,8 @@ static enum idem_state begin(struct api_req *r, struct api_pub *p)
 
 enum api_hret api_events_publish(struct api_req *r)
 {
-    bool elided;
-    json_t *j = api_body_json_events(r, SL_JSON_EVENT, &elided);
+    /* a single event's body is always taken from the text, elided or not */
+    json_t *j = api_body_json_events(r, SL_JSON_EVENT, NULL);
     if (!j)
         return API_DONE;
     struct api_pub *p = pub_new(1, false);

@@ -37,6 +37,10 @@
  * whose headers do not fit is answered 431 by libmicrohttpd). */
 #define API_CONN_MEMORY (16 * 1024)
 
+/* Publish requests up to this size have their envelope (sl_json_elide_bodies) built on the
+ * worker's stack instead of the heap: a single event with its body is a few KiB at most. */
+#define API_ENVELOPE_STACK (8 * 1024)
+
 struct api_server {
     struct api *api;
     struct MHD_Daemon *d;
@@ -260,16 +264,20 @@ static json_t *body_json(struct api_req *r, const enum sl_json_shape *shape, boo
         return NULL;
     }
     if (shape) {
-        /* the events' bodies are sent as they stand in the text: do not build their trees */
-        char *env = sl_xmalloc(r->body.len);
+        /* the events' bodies are sent as they stand in the text: do not build their trees.
+         * The envelope is never longer than the request; an ordinary one fits on the stack. */
+        char stack_env[API_ENVELOPE_STACK];
+        char *env = r->body.len <= sizeof(stack_env) ? stack_env : sl_xmalloc(r->body.len);
         size_t env_len;
         json_t *j = NULL;
         if (sl_json_elide_bodies((const char *)r->body.data, r->body.len, *shape, env, &env_len) ==
             0)
             j = json_loadb(env, env_len, JSON_REJECT_DUPLICATES, &jerr);
-        free(env);
+        if (env != stack_env)
+            free(env);
         if (j && json_is_object(j)) {
-            *elided = true;
+            if (elided)
+                *elided = true;
             return j;
         }
         json_decref(j); /* not expected: the full parse below decides */
@@ -297,7 +305,8 @@ json_t *api_body_json(struct api_req *r)
 
 json_t *api_body_json_events(struct api_req *r, enum sl_json_shape shape, bool *elided)
 {
-    *elided = false;
+    if (elided)
+        *elided = false;
     return body_json(r, &shape, elided);
 }
 

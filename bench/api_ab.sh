@@ -22,6 +22,9 @@
 #   BENCH_PORT (18080)     sluice-api's listen port
 #   BENCH_DELAY_MS (0)     pacing: each connection waits uniformly 0..2x this many ms between
 #                          requests (a moderate load instead of as fast as Kafka answers)
+#   BENCH_RAW (0)          1: each run also measures GET /healthz (the api phase's raw rate)
+#                          for BENCH_SECONDS right after the publishes, on the same server,
+#                          and prints the publish rate's ratio to it
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -31,6 +34,7 @@ CONNS="${BENCH_CONNS:-256}"
 SECS="${BENCH_SECONDS:-15}"
 PORT="${BENCH_PORT:-18080}"
 DELAY="${BENCH_DELAY_MS:-0}"
+RAW="${BENCH_RAW:-0}"
 
 die() { printf 'bench/api_ab.sh: %s\n' "$*" >&2; exit 1; }
 
@@ -83,7 +87,9 @@ kport=${SLUICE_KAFKA_BROKERS%%,*}
 kport=${kport##*:}
 BROKER=$(ss -ltnpH "sport = :$kport" 2>/dev/null | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1)
 url="http://127.0.0.1:$PORT/v1/events"
-echo "candidate | publishes/s | non-2xx | sluice-api CPU us per request | broker CPU us per request"
+hdr="candidate | publishes/s | non-2xx | sluice-api CPU us per request | broker CPU us per request"
+[ "$RAW" = 1 ] && hdr="$hdr | /healthz req/s | publish / healthz"
+echo "$hdr"
 for r in $(seq 1 "$ROUNDS"); do
   for cand in "$@"; do
     # shellcheck disable=SC2086 # a candidate is settings then a path, split on purpose
@@ -100,6 +106,11 @@ for r in $(seq 1 "$ROUNDS"); do
     out=$(wrk -t2 -c"$CONNS" -d"${SECS}s" -s "$WORK/one.lua" "$url")
     t1=$(ticks "$API_PID")
     b1=$(ticks "$BROKER")
+    raw=""
+    if [ "$RAW" = 1 ]; then
+      raw=$(wrk -t2 -c"$CONNS" -d"${SECS}s" "http://127.0.0.1:$PORT/healthz" |
+        awk '/Requests\/sec/ { print $2 }')
+    fi
     kill "$API_PID"
     wait "$API_PID" 2>/dev/null || true
     API_PID=""
@@ -108,8 +119,10 @@ for r in $(seq 1 "$ROUNDS"); do
     bad=$(awk '/Non-2xx/ { print $5 }' <<<"$out")
     broker="-"
     [ -n "$BROKER" ] && broker=$(per_req "$((b1 - b0))" "$n")
-    echo "$cand | $rps | ${bad:-0} | $(per_req "$((t1 - t0))" "$n") | $broker"
+    line="$cand | $rps | ${bad:-0} | $(per_req "$((t1 - t0))" "$n") | $broker"
+    [ "$RAW" = 1 ] && line="$line | $raw | $(awk -v a="$rps" -v b="$raw" 'BEGIN { printf "%.3f", a / b }')"
+    echo "$line"
   done
 done
 echo "machine: $(nproc) x $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "reproduce: BENCH_ROUNDS=$ROUNDS BENCH_CONNS=$CONNS BENCH_SECONDS=$SECS BENCH_DELAY_MS=$DELAY bench/api_ab.sh $(printf "%q " "$@")"
+echo "reproduce: BENCH_ROUNDS=$ROUNDS BENCH_CONNS=$CONNS BENCH_SECONDS=$SECS BENCH_DELAY_MS=$DELAY BENCH_RAW=$RAW bench/api_ab.sh $(printf "%q " "$@")"

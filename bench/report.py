@@ -269,6 +269,11 @@ def phase_rows(r, ph):
         raw = api["raw_healthz"].get("requests_per_s")
         add(f"sluice-api raw: wrk -t2 -c{api['connections']} GET /healthz (the same server)",
             fmt(raw, " req/s"), raw)
+        warm = api.get("warmup") or {}
+        if warm:
+            slices = ", ".join("-" if v is None else f"{v}" for v in warm["broker_cpu_us_per_publish"])
+            add(f"sluice-api warm-up: broker CPU us per publish by {warm['slice_s']}-s slice",
+                f"{slices} ({warm['seconds']} s, {'settled' if warm['settled'] else 'NOT settled'})")
         for key, label in (("publish_one", "1 explicit endpoint"),
                            ("publish_fanout10", "fan-out to 10 endpoints")):
             run = api.get(key, {})

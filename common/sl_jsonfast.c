@@ -56,9 +56,7 @@ struct scan {
 
 static void skip_ws(struct scan *c)
 {
-    while (c->i < c->n &&
-           (c->s[c->i] == ' ' || c->s[c->i] == '\n' || c->s[c->i] == '\r' || c->s[c->i] == '\t'))
-        c->i++;
+    c->i = sl_json_ws_end((const char *)c->s, c->n, c->i);
 }
 
 /* One UTF-8 sequence starting at c->i (a byte >= 0x80), strictly (no overlongs, no

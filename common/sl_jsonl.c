@@ -480,13 +480,6 @@ int sl_jsonl_event(json_t *root,
 
 /* ==== spans of values in accepted JSON text ==== */
 
-static size_t skip_ws(const char *s, size_t n, size_t i)
-{
-    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
-        i++;
-    return i;
-}
-
 /* i at the opening quote; returns the index after the closing one (n when unterminated). */
 static size_t skip_string(const char *s, size_t n, size_t i)
 {
@@ -529,10 +522,10 @@ static size_t skip_value(const char *s, size_t n, size_t i)
 int sl_json_member_span(const char *text, size_t len, const char *name, size_t *off, size_t *vlen)
 {
     size_t nlen = strlen(name);
-    size_t i = skip_ws(text, len, 0);
+    size_t i = sl_json_ws_end(text, len, 0);
     if (i >= len || text[i] != '{')
         return SL_ENOTFOUND;
-    i = skip_ws(text, len, i + 1);
+    i = sl_json_ws_end(text, len, i + 1);
     while (i < len && text[i] == '"') {
         size_t kend = skip_string(text, len, i);
         if (kend >= len)
@@ -540,10 +533,10 @@ int sl_json_member_span(const char *text, size_t len, const char *name, size_t *
         if (memchr(text + i + 1, '\\', kend - i - 2))
             return SL_ENOTFOUND; /* an escaped name could spell name */
         bool hit = kend - i - 2 == nlen && memcmp(text + i + 1, name, nlen) == 0;
-        i = skip_ws(text, len, kend);
+        i = sl_json_ws_end(text, len, kend);
         if (i >= len || text[i] != ':')
             return SL_ENOTFOUND;
-        size_t v = skip_ws(text, len, i + 1);
+        size_t v = sl_json_ws_end(text, len, i + 1);
         size_t vend = skip_value(text, len, v);
         if (vend >= len || vend == v)
             return SL_ENOTFOUND;
@@ -552,9 +545,9 @@ int sl_json_member_span(const char *text, size_t len, const char *name, size_t *
             *vlen = vend - v;
             return 0;
         }
-        i = skip_ws(text, len, vend);
+        i = sl_json_ws_end(text, len, vend);
         if (i < len && text[i] == ',')
-            i = skip_ws(text, len, i + 1);
+            i = sl_json_ws_end(text, len, i + 1);
         else
             break;
     }
@@ -564,11 +557,11 @@ int sl_json_member_span(const char *text, size_t len, const char *name, size_t *
 int sl_json_array_spans(
     const char *text, size_t len, size_t max, size_t *offs, size_t *lens, size_t *n)
 {
-    size_t i = skip_ws(text, len, 0);
+    size_t i = sl_json_ws_end(text, len, 0);
     *n = 0;
     if (i >= len || text[i] != '[')
         return SL_EDECODE;
-    i = skip_ws(text, len, i + 1);
+    i = sl_json_ws_end(text, len, i + 1);
     if (i < len && text[i] == ']')
         return 0;
     while (i < len) {
@@ -580,9 +573,9 @@ int sl_json_array_spans(
         offs[*n] = i;
         lens[*n] = vend - i;
         (*n)++;
-        i = skip_ws(text, len, vend);
+        i = sl_json_ws_end(text, len, vend);
         if (i < len && text[i] == ',')
-            i = skip_ws(text, len, i + 1);
+            i = sl_json_ws_end(text, len, i + 1);
         else
             break;
     }

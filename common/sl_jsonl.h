@@ -92,6 +92,15 @@ int sl_json_member_span(const char *text, size_t len, const char *name, size_t *
 int sl_json_array_spans(
     const char *text, size_t len, size_t max, size_t *offs, size_t *lens, size_t *n);
 
+/* The index of the first byte at or after i of s[0..n) that is not JSON whitespace (n when
+ * none): the one whitespace rule of the span finders and the publish scanner. */
+static inline size_t sl_json_ws_end(const char *s, size_t n, size_t i)
+{
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+        i++;
+    return i;
+}
+
 /* The request shapes sl_json_elide_bodies knows. */
 enum sl_json_shape {
     SL_JSON_EVENT, /* one event object: its "body" */
