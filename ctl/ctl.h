@@ -64,6 +64,20 @@ const struct sl_config *ctl_config(struct ctl *c);
 /* Print "sluicectl <cmd>: <msg>" and a pointer to --help on stderr; returns CTL_EXIT_USAGE. */
 int ctl_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/*
+ * Pick the subcommand of group (argv[0]) named by argv[1] among n, whose names name_of(0..n-1)
+ * gives. Returns -1 with *sub set when one is named; otherwise the exit code to return: help
+ * printed (help(stdout) for -h/--help/help, help(stderr) when argv[1] is missing) or a usage
+ * error for an unknown word (quoted up to any '=', which may start a value).
+ */
+int ctl_pick_sub(const char *group,
+                 int argc,
+                 char **argv,
+                 const char *(*name_of)(int s),
+                 int n,
+                 void (*help)(FILE *f),
+                 int *sub);
+
 /* Print "sluicectl <cmd>: <msg>" on stderr; returns CTL_EXIT_FAIL. */
 int ctl_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -42,6 +42,33 @@ int ctl_usage_error(const char *cmd, const char *fmt, ...)
     return CTL_EXIT_USAGE;
 }
 
+int ctl_pick_sub(const char *group,
+                 int argc,
+                 char **argv,
+                 const char *(*name_of)(int s),
+                 int n,
+                 void (*help)(FILE *f),
+                 int *sub)
+{
+    if (argc < 2) {
+        help(stderr);
+        return CTL_EXIT_USAGE;
+    }
+    const char *word = argv[1];
+    if (strcmp(word, "-h") == 0 || strcmp(word, "--help") == 0 || strcmp(word, "help") == 0) {
+        help(stdout);
+        return CTL_EXIT_OK;
+    }
+    for (int s = 0; s < n; s++) {
+        if (strcmp(word, name_of(s)) == 0) {
+            *sub = s;
+            return -1;
+        }
+    }
+    size_t len = strcspn(word, "=");
+    return ctl_usage_error(group, "unknown subcommand '%.*s'", (int)len, word);
+}
+
 int ctl_fail(const char *cmd, const char *fmt, ...)
 {
     va_list ap;

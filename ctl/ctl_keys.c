@@ -472,30 +472,21 @@ static int cmd_revoke(struct run *r, struct opts *o)
 
 /* ==== Entry point ==== */
 
+static const char *sub_name(int s)
+{
+    return subs[s].name;
+}
+
 int ctl_keys_main(struct ctl *c, int argc, char **argv)
 {
-    if (argc < 2) {
-        ctl_keys_help(stderr);
-        return CTL_EXIT_USAGE;
-    }
-    const char *word = argv[1];
-    if (strcmp(word, "-h") == 0 || strcmp(word, "--help") == 0 || strcmp(word, "help") == 0) {
-        ctl_keys_help(stdout);
-        return CTL_EXIT_OK;
-    }
     int s;
-    for (s = 0; s < S__N; s++) {
-        if (strcmp(word, subs[s].name) == 0)
-            break;
-    }
-    if (s == S__N) {
-        size_t n = strcspn(word, "=");
-        return ctl_usage_error("keys", "unknown subcommand '%.*s'", (int)n, word);
-    }
+    int rc = ctl_pick_sub("keys", argc, argv, sub_name, S__N, ctl_keys_help, &s);
+    if (rc >= 0)
+        return rc;
     struct opts o;
     struct run r;
     memset(&r, 0, sizeof(r));
-    int rc = parse((enum sub)s, argc - 1, argv + 1, &o);
+    rc = parse((enum sub)s, argc - 1, argv + 1, &o);
     if (rc != 0) {
         opts_fini(&o);
         return rc == HELP_SHOWN ? CTL_EXIT_OK : rc;
