@@ -6,7 +6,8 @@ Phases, side by side in one run on this machine:
   wrk        raw HTTP rate of sluice-receiver /ok (POST, 512-byte body, Sluice's headers)
              with the connection count the consumer uses; then the libcurl ceiling against
              the same receiver (sl-bench http: libcurl alone, driven as the consumer drives
-             it, at 100 and 1,000 in flight)
+             it, with its 64 connection caches, at 100 and 1,000 in flight and at the e2e
+             consumer's window, --inflight)
   produce    bench/produce.sh (sluice-produce --generate, 512-byte bodies)
   e2e        pre-produce N deliveries over 100 endpoints, one consumer drains them
   latency    a consumer fed at half the e2e rate by sl-bench pace (the producer library, and
@@ -649,7 +650,9 @@ class Bench:
             res["receiver_hwm_kb"] = proc_status_kb(recv.pid, "VmHWM")
             # the libcurl ceiling: what a client that did nothing but libcurl gets from the
             # same receiver (the consumer's HTTP library, without Kafka, Redis or signing)
-            for n in (100, 1000):
+            # at the e2e consumer's window too: libcurl's CPU per request grows with the
+            # connections open to one host, so that is the floor to set the consumer beside
+            for n in sorted({100, 1000, self.inflight}):
                 c0 = proc_cpu_s(recv.pid)
                 cc = [self.a.tool, "http", "--url", f"http://127.0.0.1:{self.port}/ok/curl",
                       "--inflight", str(n), "--seconds", str(self.wrk_s), "--body-bytes",

@@ -31,10 +31,12 @@
  *       endpoints one `sluicectl endpoints add` at a time takes about 20 minutes here.
  *
  *   sl-bench http --url URL [--inflight N] [--seconds S] [--body-bytes B] [--endpoints K]
+ *                 [--caches C]
  *       The libcurl ceiling: libcurl 7.88 as the consumer drives it (one multi handle with
- *       curl_multi_socket_action on epoll, pooled easy handles keeping their options, HTTP/1.1,
- *       TCP_NODELAY, 1 KiB receive buffer) POSTing a B-byte body (512) with the consumer's
- *       header set (static values: no signing, no Kafka, no Redis) to URL<i> for i in 0..K-1
+ *       curl_multi_socket_action on epoll, pooled easy handles keeping their options and
+ *       spread over C connection caches (64, the consumer's CONN_CACHES; 1 = the multi's
+ *       own), HTTP/1.1, TCP_NODELAY, 1 KiB receive buffer) POSTing a B-byte body (512) with the
+ * consumer's header set (static values: no signing, no Kafka, no Redis) to URL<i> for i in 0..K-1
  *       (K = 100; URL typically http://127.0.0.1:PORT/ok/), N requests in flight (1000), for
  *       S seconds (10). Prints one JSON object: requests, non-2xx, errors, elapsed_s, rate,
  *       and this process's CPU seconds (user, system) per 10,000 requests. The rate a consumer
@@ -721,8 +723,12 @@ struct hx {
     struct hx *next; /* free list */
 };
 
+#define HB_CACHES_MAX 1024
+
 struct hbench {
     CURLM *multi;
+    CURLSH *shares[HB_CACHES_MAX]; /* connection caches; none: the multi's own */
+    size_t n_shares, n_handles;
     int ep;                 /* epoll fd */
     int64_t timeout_ms;     /* libcurl's timer: -1 none */
     struct hx *free;        /* idle handles */
@@ -776,6 +782,8 @@ static void hb_start(struct hbench *b)
         if (!x->easy)
             die("curl_easy_init failed");
         CURL *e = x->easy;
+        if (b->n_shares)
+            curl_easy_setopt(e, CURLOPT_SHARE, b->shares[b->n_handles++ % b->n_shares]);
         curl_easy_setopt(e, CURLOPT_PRIVATE, x);
         curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
@@ -832,11 +840,14 @@ static double cpu_s(const struct timeval *tv)
 static int cmd_http(int argc, char **argv)
 {
     const char *url = NULL;
-    int64_t inflight = 1000, seconds = 10, body_bytes = 512, endpoints = 100;
-    static const struct option lo[] = {
-        {"url", required_argument, NULL, 'u'},       {"inflight", required_argument, NULL, 'n'},
-        {"seconds", required_argument, NULL, 's'},   {"body-bytes", required_argument, NULL, 'b'},
-        {"endpoints", required_argument, NULL, 'k'}, {NULL, 0, NULL, 0}};
+    int64_t inflight = 1000, seconds = 10, body_bytes = 512, endpoints = 100, caches = 64;
+    static const struct option lo[] = {{"url", required_argument, NULL, 'u'},
+                                       {"inflight", required_argument, NULL, 'n'},
+                                       {"seconds", required_argument, NULL, 's'},
+                                       {"body-bytes", required_argument, NULL, 'b'},
+                                       {"endpoints", required_argument, NULL, 'k'},
+                                       {"caches", required_argument, NULL, 'c'},
+                                       {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
@@ -855,9 +866,12 @@ static int cmd_http(int argc, char **argv)
         case 'k':
             endpoints = num_arg("--endpoints", optarg, 1, 1000000);
             break;
+        case 'c':
+            caches = num_arg("--caches", optarg, 1, HB_CACHES_MAX);
+            break;
         default:
             die("usage: " PROG " http --url URL [--inflight N] [--seconds S] "
-                "[--body-bytes B] [--endpoints K]");
+                "[--body-bytes B] [--endpoints K] [--caches C]");
         }
     }
     if (!url)
@@ -875,6 +889,16 @@ static int cmd_http(int argc, char **argv)
     curl_multi_setopt(b.multi, CURLMOPT_TIMERDATA, &b);
     curl_multi_setopt(b.multi, CURLMOPT_PIPELINING, (long)CURLPIPE_NOTHING);
     curl_multi_setopt(b.multi, CURLMOPT_MAXCONNECTS, (long)inflight * 2);
+    /* as the consumer (consumer/cons_http.c, CONN_CACHES): handles spread over share objects
+     * with a connection cache each, so libcurl's per-request cache walks cover 1/C of the
+     * connections; --caches 1 leaves every connection in the multi's one cache */
+    for (int64_t i = 0; caches > 1 && i < caches; i++) {
+        b.shares[i] = curl_share_init();
+        if (!b.shares[i] ||
+            curl_share_setopt(b.shares[i], CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT) != CURLSHE_OK)
+            die("could not create libcurl connection-cache share %lld", (long long)i);
+        b.n_shares++;
+    }
     /* the header lines the consumer sends (values of the usual length) */
     static const char *const hdrs[] = {
         "Content-Type: application/json",
@@ -932,9 +956,9 @@ static int cmd_http(int argc, char **argv)
     double per = b.done ? 10000.0 / (double)b.done : 0;
     printf("{\"requests\":%" PRIu64 ",\"non2xx\":%" PRIu64 ",\"errors\":%" PRIu64
            ",\"elapsed_s\":%.3f,\"rate\":%.1f,\"inflight\":%" PRId64 ",\"endpoints\":%zu,"
-           "\"cpu_user_s_per_10k\":%.3f,\"cpu_sys_s_per_10k\":%.3f}\n",
+           "\"caches\":%zu,\"cpu_user_s_per_10k\":%.3f,\"cpu_sys_s_per_10k\":%.3f}\n",
            b.done, b.non2xx, b.errors, el, el > 0 ? (double)b.done / el : 0.0, inflight, b.n_urls,
-           (cpu_s(&ru1.ru_utime) - cpu_s(&ru0.ru_utime)) * per,
+           b.n_shares ? b.n_shares : (size_t)1, (cpu_s(&ru1.ru_utime) - cpu_s(&ru0.ru_utime)) * per,
            (cpu_s(&ru1.ru_stime) - cpu_s(&ru0.ru_stime)) * per);
     while (b.free) {
         struct hx *x = b.free;
@@ -943,6 +967,8 @@ static int cmd_http(int argc, char **argv)
         free(x);
     }
     curl_multi_cleanup(b.multi);
+    for (size_t i = 0; i < b.n_shares; i++)
+        curl_share_cleanup(b.shares[i]);
     curl_slist_free_all(b.hdr);
     for (size_t i = 0; i < b.n_urls; i++)
         free(b.urls[i]);
