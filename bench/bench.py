@@ -797,7 +797,6 @@ class Bench:
 
     def phase_latency(self, max_rate):
         rate = max(100, int(max_rate / 2))
-        count = rate * self.pace_s
         # A moderate window, as docs/OPERATIONS.md advises for endpoints that answer
         # quickly: with 10,000 a hiccup upstream lets thousands of requests start at once,
         # each on a new connection, and the tail grows to seconds (bench/README.md,
@@ -830,18 +829,22 @@ class Bench:
             base += warm
             self.wait_delivered(base, [cons], timeout=300)
             t0_ms = int(time.time() * 1000)
-            # the library as shipped (linger_ms 5), common/sl_kafka's latency profile
-            # (linger 2 ms), and the library at linger_ms 50 (fewer produce requests; the
-            # linger alone takes up to 50 ms, so it is shown, not judged)
-            for prof, extra in (("lib", ["--profile", "lib"]),
-                                ("latency", ["--profile", "latency"]),
-                                ("lib50", ["--profile", "lib", "--linger-ms", "50"])):
-                run_id = f"lat{prof}{self.rep_id}"
-                log(f"latency: pacing {count} deliveries at {rate}/s ({' '.join(extra)})")
-                pace = self.pace(env, rate, count, run_id, extra)
-                base += count
+            # at half the drain's rate: the library as shipped (linger_ms 5), common/sl_kafka's
+            # latency profile (linger 2 ms), and the library at linger_ms 50 (fewer produce
+            # requests; the linger alone takes up to 50 ms, so it is shown, not judged); then
+            # the library as shipped at a quarter of the drain's rate
+            quarter = max(50, rate // 2)
+            for prof, r, extra in (("lib", rate, ["--profile", "lib"]),
+                                   ("latency", rate, ["--profile", "latency"]),
+                                   ("lib50", rate, ["--profile", "lib", "--linger-ms", "50"]),
+                                   ("lib_quarter", quarter, ["--profile", "lib"])):
+                run_id = f"lat{prof.replace('_', '')}{self.rep_id}"
+                n = r * self.pace_s
+                log(f"latency: pacing {n} deliveries at {r}/s ({' '.join(extra)})")
+                pace = self.pace(env, r, n, run_id, extra)
+                base += n
                 self.wait_delivered(base, [cons], timeout=300)
-                res["runs"][prof] = {"pace": pace, "run_id": run_id}
+                res["runs"][prof] = {"pace": pace, "run_id": run_id, "rate": r, "count": n}
             cpu = proc_cpu_s(cons.pid)
             res["consumer_hwm_kb"] = proc_status_kb(cons.pid, "VmHWM")
         finally:
@@ -851,7 +854,7 @@ class Bench:
         res["consumer_cpu_s"] = cpu
         res["cpu_series"] = self.cpu_series(mon)
         for prof, rr in res["runs"].items():
-            o = self.outcomes(env, count, f"evt_{rr['run_id']}_", t0_ms, f"latency-{prof}")
+            o = self.outcomes(env, rr["count"], f"evt_{rr['run_id']}_", t0_ms, f"latency-{prof}")
             rr["delivered"] = o["delivered"]
             rr["e2e_ms"] = o["e2e_ms"]
             rr["http_ms"] = o["http_ms"]
