@@ -19,7 +19,7 @@
 #   SLUICE_RECORDER_LANES  parallel write lanes (the recorder's own option; default 2)
 #   BENCH_LOG=FILE         keep the recorder's log (debug, db context) in FILE
 #   BENCH_RECORDS (1000000) BENCH_ENDPOINTS (1000) BENCH_PARTITIONS (4)
-#   BENCH_TARGET (50000)   outcomes/s the report compares against
+#   BENCH_TARGET (100000)  outcomes/s the report compares against
 #   BENCH_KEEP_ROWS=1      keep the benchmark's rows in PostgreSQL (default: deleted afterwards,
 #                          then the tables vacuumed so the next run starts from the same state)
 #   BENCH_KEEP_TOPIC=1     keep the topic
@@ -31,7 +31,7 @@ BUILD_DIR="${SLUICE_BUILD_DIR:-$REPO_DIR/build}"
 N="${BENCH_RECORDS:-1000000}"
 ENDPOINTS="${BENCH_ENDPOINTS:-1000}"
 PARTITIONS="${BENCH_PARTITIONS:-4}"
-TARGET="${BENCH_TARGET:-50000}"
+TARGET="${BENCH_TARGET:-100000}"
 RECORDER="$BUILD_DIR/recorder/sluice-recorder"
 GEN="$BUILD_DIR/tests/integration/sl-test-outcomes"
 TOPIC_TOOL="$BUILD_DIR/tests/integration/sl-test-topic"
