@@ -35,12 +35,13 @@
  *       The libcurl ceiling: libcurl 7.88 as the consumer drives it (one multi handle with
  *       curl_multi_socket_action on epoll, pooled easy handles keeping their options and
  *       spread over C connection caches (64, the consumer's CONN_CACHES; 1 = the multi's
- *       own), HTTP/1.1, TCP_NODELAY, 1 KiB receive buffer) POSTing a B-byte body (512) with the
- * consumer's header set (static values: no signing, no Kafka, no Redis) to URL<i> for i in 0..K-1
- *       (K = 100; URL typically http://127.0.0.1:PORT/ok/), N requests in flight (1000), for
- *       S seconds (10). Prints one JSON object: requests, non-2xx, errors, elapsed_s, rate,
- *       and this process's CPU seconds (user, system) per 10,000 requests. The rate a consumer
- *       that did nothing but its HTTP could reach with libcurl on this machine.
+ *       own), HTTP/1.1, TCP_NODELAY, 1 KiB receive buffer) POSTing a B-byte body (512)
+ *       with the consumer's header set (static values: no signing, no Kafka, no Redis) to
+ *       URL<i> for i in 0..K-1 (K = 100; URL typically http://127.0.0.1:PORT/ok/), N
+ *       requests in flight (1000), for S seconds (10). Prints one JSON object: requests,
+ *       non-2xx, errors, elapsed_s, rate, caches, and this process's CPU seconds (user,
+ *       system) per 10,000 requests. The rate a consumer that did nothing but its HTTP could
+ *       reach with libcurl on this machine.
  *
  *   sl-bench fanout [--endpoints N] [--match M] [--lookups K]
  *       The fan-out lookup of sluice-api (api/api_fanout.c) on its own: builds N endpoint
