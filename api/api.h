@@ -2,19 +2,19 @@
  * api.h: what the modules of sluice-api share: the process state (struct api), one HTTP
  * request (struct api_req), the route table's handler type and the reply helpers.
  *
- * Request life: libmicrohttpd calls api_http's access handler on one of its worker threads
+ * Request life: libmicrohttpd calls api_http's access handler on one of the HTTP loop threads
  * (each connection stays on one thread); the body is gathered up to api_max_request_bytes;
  * then the route's handler runs on that thread. A handler either sets the answer
  * (api_reply / api_problem) and returns API_DONE, or returns API_SUSPENDED after it handed
  * work to Kafka: the connection is suspended, and api_req_resume() (called from the producer's
  * delivery-report thread when the last record is acknowledged) wakes it, after which the
- * handler's `finish` function builds the answer on the worker thread again.
+ * handler's `finish` function builds the answer on the loop thread again.
  *
- * Per-thread connections: each worker thread lazily opens its own Redis connection
+ * Per-thread connections: each loop thread lazily opens its own Redis connection
  * (api_redis) and PostgreSQL connection (api_pg), reconnecting after failures.
  *
  * thread: struct api is read-only after start-up except the atomics; an api_req belongs to
- * its worker thread except the fields marked for the report thread.
+ * its loop thread except the fields marked for the report thread.
  */
 #ifndef API_H
 #define API_H
@@ -69,9 +69,12 @@ enum api_hret { API_DONE = 0, API_SUSPENDED = 1 };
 
 struct api_pub; /* api_events.c: a publish waiting for Kafka */
 
+struct api_loop;
+
 struct api_req {
     struct api *api;               /* process state */
     struct MHD_Connection *conn;   /* libmicrohttpd connection */
+    struct api_loop *loop;         /* the HTTP loop serving it (api_http.c) */
     char *url;                     /* path without the query (owned) */
     const char *method;            /* "GET", ... (libmicrohttpd's, valid for the request) */
     struct sl_buf body;            /* request body, capped at api_max_request_bytes */
@@ -99,7 +102,7 @@ struct api_req {
     struct api_pub *pub;                        /* the publish in flight, or NULL */
     void *job;                                  /* the replay in flight (api_replay.c), or NULL */
     enum api_hret (*finish)(struct api_req *r); /* set while suspended: builds the answer on
-                                                   the worker after api_req_resume */
+                                                   the loop after api_req_resume */
     atomic_bool resumed; /* set by the waking thread before it resumes the connection */
 };
 
@@ -183,7 +186,7 @@ bool api_key_may_assign(struct api_req *r, char *const *channels, size_t n);
 /* Wake a suspended request (any thread). */
 void api_req_resume(struct api_req *r);
 
-/* This worker thread's Redis / PostgreSQL connection; NULL and err when unreachable. */
+/* This loop thread's Redis / PostgreSQL connection; NULL and err when unreachable. */
 sl_redis_t *api_redis(struct api *a, sl_err_t *err);
 PGconn *api_pg(struct api *a, sl_err_t *err);
 /* Drop this thread's PostgreSQL connection after an error that may have broken it. */

@@ -9,7 +9,7 @@
  * committed endpoint and "published": false (consumers do not see it until `sluicectl
  * endpoints sync`); every change answer carries "published".
  *
- * Each worker thread keeps its own registry publisher (a Kafka producer, opened lazily).
+ * Each loop thread keeps its own registry publisher (a Kafka producer, opened lazily).
  * Signing secrets are shown once, in the answer to create and rotate-secret, and never logged.
  * Both take "signature": "hmac" (a whsec_ secret, the default) or "ed25519" (a whsk_ key pair,
  * made here; the answer adds its public key, "public_key": "whpk_...", for receivers).

@@ -3,7 +3,7 @@
  * HTTP, on the same engine (common/sl_replay: each letter re-published once, marked, journalled,
  * concurrent runs never sending a letter twice).
  *
- * A dry run ("dry_run": true) is a read: it runs on the worker and answers what a run would
+ * A dry run ("dry_run": true) is a read: it runs on the loop thread and answers what a run would
  * select. A real run can wait on Kafka for minutes, so it runs on a thread of its own with its
  * two PostgreSQL connections (the engine needs a second one for its journal); the connection
  * is suspended meanwhile and resumed with the result. A key limited to channels may replay

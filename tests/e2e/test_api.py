@@ -507,3 +507,57 @@ def test_sigterm_answers_what_is_in_flight_and_exits_within_the_bound(make_world
         raise AssertionError("a stopped server answered")
     except (ConnectionError, OSError):
         pass
+
+
+def read_answer(s):
+    """One HTTP/1.1 answer from socket s: (status, body bytes)."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(4096)
+        assert chunk, "the connection closed before an answer"
+        buf += chunk
+    head, body = buf.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    length = next(int(l.split(":", 1)[1]) for l in lines if l.lower().startswith("content-length:"))
+    while len(body) < length:
+        chunk = s.recv(4096)
+        assert chunk, "the connection closed inside an answer"
+        body += chunk
+    return int(lines[0].split()[1]), body
+
+
+def test_a_loop_holding_exactly_128_ready_connections_answers_them_at_once(make_world):
+    """libmicrohttpd 0.9.75's own event loop, handed exactly 128 ready connections (one
+    epoll_wait's worth), waits again with the full timeout before serving any of them: every
+    request sat until some other event came. sluice-api runs the loop itself. The 128
+    requests arrive while sluice-api is stopped (SIGSTOP), so on SIGCONT all are ready at
+    once; each must be answered long before the idle timeout."""
+    w = make_world()
+    api = w.api(api_threads=1, api_idle_timeout_s=300)
+    req = b"GET /healthz HTTP/1.1\r\nHost: sluice\r\n\r\n"
+    conns = [socket.create_connection(("127.0.0.1", api.port), timeout=30 * MULT)
+             for _ in range(128)]
+    try:
+        for s in conns:  # every connection accepted and served once: all in the loop's set
+            s.sendall(req)
+        for s in conns:
+            assert read_answer(s)[0] == 200
+        pid = api.proc.p.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for s in conns:
+                s.sendall(req)
+            time.sleep(0.3)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for i, s in enumerate(conns):
+            try:
+                st, body = read_answer(s)
+            except socket.timeout:
+                raise AssertionError(f"connection {i} of 128 unanswered after {30 * MULT} s: "
+                                     "the loop waited with every request unread") from None
+            assert st == 200 and json.loads(body) == {"status": "ok"}
+    finally:
+        for s in conns:
+            s.close()
+    assert api.proc.term() == 0
