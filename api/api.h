@@ -69,12 +69,12 @@ enum api_hret { API_DONE = 0, API_SUSPENDED = 1 };
 
 struct api_pub; /* api_events.c: a publish waiting for Kafka */
 
-struct api_loop;
+struct sl_httpd_loop;
 
 struct api_req {
     struct api *api;               /* process state */
     struct MHD_Connection *conn;   /* libmicrohttpd connection */
-    struct api_loop *loop;         /* the HTTP loop serving it (api_http.c) */
+    struct sl_httpd_loop *loop;    /* the HTTP loop serving it (common/sl_httpd) */
     char *url;                     /* path without the query (owned) */
     const char *method;            /* "GET", ... (libmicrohttpd's, valid for the request) */
     struct sl_buf body;            /* request body, capped at api_max_request_bytes */

@@ -1,14 +1,9 @@
 /*
  * api_http: sluice-api's HTTP server on libmicrohttpd (see api.h for a request's life).
  *
- * api_threads loop threads ("api-http"), each running its own libmicrohttpd daemon (epoll,
- * many keep-alive connections) on one listening socket they share, as libmicrohttpd's thread
- * pool does. The loops are ours, not libmicrohttpd's internal threads: its internal loop in
- * 0.9.75 (and upstream still) calls epoll_wait again, with the full timeout, whenever one
- * call returned exactly its 128-event maximum, so a thread holding 128 ready connections sat
- * until some other event came (up to api_idle_timeout_s) with every request unread. Our loop
- * waits itself (poll on the daemon's epoll fd, with MHD_get_timeout) and runs MHD_run, whose
- * epoll_waits never block. Each loop beats the liveness probe.
+ * api_threads HTTP loop threads ("api-http"), each running a libmicrohttpd daemon on one
+ * shared listening socket (common/sl_httpd: our loops, not libmicrohttpd's internal threads,
+ * whose loop stalls with exactly 128 connections ready). Each loop beats the liveness probe.
  *
  * Connections past api_max_connections are refused, and one idle or stalled for
  * api_idle_timeout_s is closed (slow clients cannot pin a loop). A handler must never wait
@@ -23,16 +18,13 @@
  * daemons stop.
  */
 #include <arpa/inet.h>
-#include <errno.h>
 #include <netdb.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,6 +32,7 @@
 
 #include "api/api.h"
 #include "common/sl_hex.h"
+#include "common/sl_httpd.h"
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_probe.h"
@@ -48,32 +41,15 @@
  * bodies stream to the handler). It zeroes the whole pool between requests, so its default
  * of 32 KiB costs a 32 KiB memset per request; 16 KiB holds any sane header set (a request
  * whose headers do not fit is answered 431 by libmicrohttpd). */
-#define API_CONN_MEMORY (16 * 1024)
+#define API_CONN_MEMORY ((size_t)16 * 1024)
 
 /* Publish requests up to this size have their envelope (sl_json_elide_bodies) built on the
  * loop thread's stack instead of the heap: a single event with its body is a few KiB at most. */
 #define API_ENVELOPE_STACK (8 * 1024)
 
-/* What the loops are asked to do; only ever moves forward. */
-enum api_loop_cmd { LOOP_RUN, LOOP_QUIESCE, LOOP_STOP };
-
-struct api_loop {
-    struct api_server *s;
-    struct MHD_Daemon *d;
-    pthread_t thr;
-    bool started;
-    int wake;             /* eventfd: a new command, or a resumed request */
-    atomic_bool wake_set; /* wake written and not yet consumed: resumes need not write */
-    atomic_bool quiesced; /* this loop's daemon no longer accepts */
-    int beat;             /* liveness slot, -1 when none */
-};
-
 struct api_server {
     struct api *api;
-    int lsock;      /* the listening socket every daemon accepts from; ours, closed last */
-    atomic_int cmd; /* enum api_loop_cmd */
-    size_t n;
-    struct api_loop *loops;
+    sl_httpd_t *h;
 };
 
 /* ==== per-thread connections ==== */
@@ -440,27 +416,13 @@ bool api_key_may_assign(struct api_req *r, char *const *channels, size_t n)
     return true;
 }
 
-/* The loop of the thread running now (NULL on other threads). */
-static _Thread_local struct api_loop *tl_loop;
-
-/* Wake l's thread; writes the eventfd only when no earlier wake is still pending. */
-static void loop_wake(struct api_loop *l)
-{
-    if (!atomic_exchange(&l->wake_set, true)) {
-        uint64_t one = 1;
-        (void)!write(l->wake, &one, sizeof(one));
-    }
-}
-
 void api_req_resume(struct api_req *r)
 {
     /* r may be answered and freed by its loop as soon as the resume lands: read first */
     struct MHD_Connection *conn = r->conn;
-    struct api_loop *l = r->loop;
+    sl_httpd_loop_t *l = r->loop;
     atomic_store(&r->resumed, true);
-    MHD_resume_connection(conn);
-    /* libmicrohttpd run by our loop has no wake-up of its own (it drops MHD_USE_ITC) */
-    loop_wake(l);
+    sl_httpd_resume(l, conn);
 }
 
 /* ==== routes ==== */
@@ -710,7 +672,7 @@ static enum MHD_Result on_request(void *cls,
         r = sl_xcalloc(1, sizeof(*r));
         r->api = a;
         r->conn = conn;
-        r->loop = tl_loop;
+        r->loop = sl_httpd_loop_current();
         r->method = method;
         r->t0_us = sl_mono_us();
         const char *q = strchr(url, '?');
@@ -807,120 +769,34 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     sl_debug(SL_DBG_HTTP, "http", "mhd", "%s", msg);
 }
 
-/* One loop thread: wait for the daemon's epoll set (or a command), then run the daemon. */
-static void *loop_main(void *arg)
-{
-    struct api_loop *l = arg;
-    tl_loop = l;
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(l->d, MHD_DAEMON_INFO_EPOLL_FD);
-    int efd = di ? di->epoll_fd : -1;
-    for (;;) {
-        int cmd = atomic_load(&l->s->cmd);
-        if (cmd >= LOOP_QUIESCE && !atomic_load(&l->quiesced)) {
-            (void)MHD_quiesce_daemon(l->d); /* the socket stays ours: the server closes it */
-            atomic_store(&l->quiesced, true);
-        }
-        if (cmd == LOOP_STOP)
-            break;
-        sl_probe_beat(l->beat, sl_mono_ms());
-        MHD_UNSIGNED_LONG_LONG to = 1000;
-        int ms = 1000; /* at least once a second: the liveness beat */
-        if (MHD_get_timeout(l->d, &to) == MHD_YES && to < 1000)
-            ms = (int)to;
-        struct pollfd p[2] = {{efd, POLLIN, 0}, {l->wake, POLLIN, 0}};
-        if (poll(p, 2, ms) > 0 && (p[1].revents & POLLIN)) {
-            uint64_t v;
-            (void)!read(l->wake, &v, sizeof(v));
-            /* before MHD_run: a resume after this point writes again (see loop_wake) */
-            atomic_store(&l->wake_set, false);
-        }
-        (void)MHD_run(l->d);
-    }
-    return NULL;
-}
-
-static void loops_command(struct api_server *s, enum api_loop_cmd cmd)
-{
-    atomic_store(&s->cmd, (int)cmd);
-    for (size_t i = 0; i < s->n; i++) {
-        uint64_t one = 1;
-        if (s->loops[i].wake >= 0) /* always written: a pending wake may be consumed already */
-            (void)!write(s->loops[i].wake, &one, sizeof(one));
-    }
-}
-
-/* The listening socket the daemons share (non-blocking: a connection another loop took
- * leaves accept() with EAGAIN, not blocked). */
-static int listen_socket(const char *listen_s, const struct sockaddr_storage *ss, sl_err_t *err)
-{
-    socklen_t len = ss->ss_family == AF_INET6 ? (socklen_t)sizeof(struct sockaddr_in6)
-                                              : (socklen_t)sizeof(struct sockaddr_in);
-    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int on = 1;
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
-        (ss->ss_family == AF_INET6 &&
-         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof(on)) != 0) ||
-        bind(fd, (const struct sockaddr *)ss, len) != 0 || listen(fd, SOMAXCONN) != 0) {
-        sl_err_set(err, SL_EIO, "could not listen on %s: %s (api_listen)", listen_s,
-                   strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 api_server_t *api_server_start(struct api *a, sl_err_t *err)
 {
     struct sockaddr_storage ss;
     if (sl_listen_addr(a->cfg->api_listen, "api_listen", &ss, err) != 0)
         return NULL;
-    /* no MHD_USE_INTERNAL_POLLING_THREAD: loop_main runs each daemon (see the top) */
-    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_ITC;
-    if (ss.ss_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
+    char what[300];
+    (void)snprintf(what, sizeof(what), "%s (api_listen)", a->cfg->api_listen);
+    struct sl_httpd_opts o = {0};
+    o.addr = &ss;
+    o.what = what;
+    o.threads = (unsigned)a->cfg->api_threads;
+    o.max_conns = (unsigned)a->cfg->api_max_connections;
+    o.idle_timeout_s = (unsigned)a->cfg->api_idle_timeout_s;
+    o.conn_memory = API_CONN_MEMORY;
+    o.thread_name = "api-http";
+    o.beat = true;
+    o.on_request = on_request;
+    o.request_cls = a;
+    o.on_completed = on_completed;
+    o.completed_cls = a;
+    o.on_connection = on_connection;
+    o.log = mhd_log;
     struct api_server *s = sl_xcalloc(1, sizeof(*s));
     s->api = a;
-    s->lsock = listen_socket(a->cfg->api_listen, &ss, err);
-    if (s->lsock < 0) {
+    s->h = sl_httpd_start(&o, err);
+    if (!s->h) {
         free(s);
         return NULL;
-    }
-    /* every loop gets a share of the connections, as libmicrohttpd's pool divides them */
-    size_t max = (size_t)a->cfg->api_max_connections;
-    s->n = (size_t)a->cfg->api_threads < max ? (size_t)a->cfg->api_threads : max;
-    s->loops = sl_xcalloc(s->n, sizeof(*s->loops));
-    for (size_t i = 0; i < s->n; i++) {
-        s->loops[i].s = s;
-        s->loops[i].wake = -1;
-        s->loops[i].beat = -1;
-    }
-    for (size_t i = 0; i < s->n; i++) {
-        struct api_loop *l = &s->loops[i];
-        unsigned limit = (unsigned)(max / s->n + (i < max % s->n ? 1 : 0));
-        l->d = MHD_start_daemon(
-            flags, 0, NULL, NULL, on_request, a, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)s->lsock,
-            MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_TIMEOUT,
-            (unsigned)a->cfg->api_idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
-            MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-            NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)API_CONN_MEMORY, MHD_OPTION_END);
-        l->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (!l->d || l->wake < 0) {
-            sl_err_set(err, SL_EIO, "could not start HTTP loop %zu of %zu on %s", i + 1, s->n,
-                       a->cfg->api_listen);
-            api_server_stop(s);
-            return NULL;
-        }
-        l->beat = sl_probe_beat_register("http loop");
-        if (pthread_create(&l->thr, NULL, loop_main, l) != 0) {
-            sl_err_set(err, SL_EIO, "could not start HTTP loop thread %zu of %zu", i + 1, s->n);
-            api_server_stop(s);
-            return NULL;
-        }
-        l->started = true;
-#ifdef __GLIBC__
-        (void)pthread_setname_np(l->thr, "api-http");
-#endif
     }
     return s;
 }
@@ -930,8 +806,7 @@ long api_server_quiesce(api_server_t *s, int64_t bound_ms)
     if (!s)
         return 0;
     struct api *a = s->api;
-    if (atomic_load(&s->cmd) < LOOP_QUIESCE)
-        loops_command(s, LOOP_QUIESCE);
+    sl_httpd_quiesce(s->h);
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
@@ -949,21 +824,6 @@ void api_server_stop(api_server_t *s)
 {
     if (!s)
         return;
-    loops_command(s, LOOP_STOP);
-    for (size_t i = 0; i < s->n; i++) {
-        struct api_loop *l = &s->loops[i];
-        if (l->started)
-            pthread_join(l->thr, NULL);
-        sl_probe_beat_release(l->beat);
-        if (l->d) {
-            if (!atomic_load(&l->quiesced))
-                (void)MHD_quiesce_daemon(l->d); /* else MHD_stop_daemon closes the shared socket */
-            MHD_stop_daemon(l->d);
-        }
-        if (l->wake >= 0)
-            close(l->wake);
-    }
-    free(s->loops);
-    close(s->lsock);
+    sl_httpd_stop(s->h);
     free(s);
 }

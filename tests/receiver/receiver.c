@@ -42,6 +42,7 @@
 
 #include "common/sl_cfg.h"
 #include "common/sl_err.h"
+#include "common/sl_httpd.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_sign.h"
@@ -184,7 +185,7 @@ struct app {
     /* options (read-only after start) */
     uint16_t port;           /* requested port; 0 = ephemeral */
     bool ipv6;               /* listen on [::1] instead of 127.0.0.1 */
-    unsigned threads;        /* MHD worker threads */
+    unsigned threads;        /* HTTP loop threads (common/sl_httpd) */
     unsigned max_conns;      /* MHD connection limit */
     unsigned idle_timeout_s; /* keep-alive idle timeout, s; 0 = none */
     uint64_t max_body;       /* request body cap, bytes */
@@ -1007,7 +1008,7 @@ static void usage(FILE *f)
           "options:\n"
           "  --port N             listen port, 0 = ephemeral (default 0)\n"
           "  --ipv6               listen on [::1] instead of 127.0.0.1\n"
-          "  --threads N          worker threads, each with its own epoll (default 2)\n"
+          "  --threads N          HTTP loop threads, each with its own epoll (default 2)\n"
           "  --max-conns N        connection limit (default 20000; RLIMIT_NOFILE is raised)\n"
           "  --idle-timeout-s N   close idle keep-alive connections after N s, 0 = never\n"
           "                       (default 60)\n"
@@ -1257,48 +1258,44 @@ static void raise_nofile(unsigned max_conns)
             "open-file limit is below the connection limit");
 }
 
-static struct MHD_Daemon *start_daemon(struct app *app)
+/* Listen on loopback: app->threads HTTP loops (common/sl_httpd) on one socket. */
+static sl_httpd_t *start_server(struct app *app, sl_err_t *err)
 {
-    struct sockaddr_in sin;
-    struct sockaddr_in6 sin6;
-    const struct sockaddr *sa;
-    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    struct MHD_OptionItem opts[8];
-    size_t n = 0;
-
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof(ss));
     if (app->ipv6) {
-        memset(&sin6, 0, sizeof(sin6));
-        sin6.sin6_family = AF_INET6;
-        sin6.sin6_port = htons(app->port);
-        sin6.sin6_addr = in6addr_loopback;
-        sa = (const struct sockaddr *)&sin6;
-        flags |= MHD_USE_IPv6;
+        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
+        sin6->sin6_family = AF_INET6;
+        sin6->sin6_port = htons(app->port);
+        sin6->sin6_addr = in6addr_loopback;
     } else {
-        memset(&sin, 0, sizeof(sin));
-        sin.sin_family = AF_INET;
-        sin.sin_port = htons(app->port);
-        sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        sa = (const struct sockaddr *)&sin;
+        struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+        sin->sin_family = AF_INET;
+        sin->sin_port = htons(app->port);
+        sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     }
-    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, app->max_conns, NULL};
-    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT, app->idle_timeout_s, NULL};
-    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_LISTEN_BACKLOG_SIZE, 4096, NULL};
-    if (app->threads > 1)
-        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, app->threads, NULL};
-    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
-
-    /* The logger goes first so MHD never falls back to its own stderr logging. */
-    return MHD_start_daemon(flags, app->port, NULL, NULL, on_request, app,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, app, MHD_OPTION_NOTIFY_COMPLETED,
-                            on_completed, app, MHD_OPTION_SOCK_ADDR, sa, MHD_OPTION_ARRAY, opts,
-                            MHD_OPTION_END);
+    struct sl_httpd_opts o = {0};
+    o.addr = &ss;
+    o.what = app->ipv6 ? "[::1]" : "127.0.0.1";
+    o.threads = app->threads;
+    o.max_conns = app->max_conns;
+    o.idle_timeout_s = app->idle_timeout_s;
+    o.backlog = 4096;
+    o.thread_name = "recv-http";
+    o.on_request = on_request;
+    o.request_cls = app;
+    o.on_completed = on_completed;
+    o.completed_cls = app;
+    o.log = mhd_log;
+    o.log_cls = app;
+    return sl_httpd_start(&o, err);
 }
 
 int main(int argc, char **argv)
 {
     static struct app app; /* large (stats); static storage, zeroed */
     enum sl_log_level level = SL_LOG_INFO;
-    struct MHD_Daemon *d = NULL;
+    sl_httpd_t *srv = NULL;
     sigset_t sigs;
     sl_err_t err;
     int rc = 1, sig = 0;
@@ -1329,14 +1326,13 @@ int main(int argc, char **argv)
         goto out;
     }
     app.r204 = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
-    d = start_daemon(&app);
-    if (app.r204 == NULL || d == NULL) {
-        sl_error("main", "start_failed", "could not listen on %s port %u",
-                 app.ipv6 ? "[::1]" : "127.0.0.1", (unsigned)app.port);
+    srv = app.r204 ? start_server(&app, &err) : NULL;
+    if (app.r204 == NULL || srv == NULL) {
+        sl_error("main", "start_failed", "could not listen on %s port %u: %s",
+                 app.ipv6 ? "[::1]" : "127.0.0.1", (unsigned)app.port, srv ? "" : err.msg);
         goto out;
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    unsigned port = di ? di->port : app.port;
+    unsigned port = sl_httpd_port(srv);
     atomic_store(&app.started, true);
     printf("port=%u\n", port);
     fflush(stdout);
@@ -1351,14 +1347,12 @@ int main(int argc, char **argv)
     rc = 0;
 
 out:
-    if (d != NULL) {
+    if (srv != NULL) {
         /* MHD's order: no new connections, no suspended ones, then stop. */
-        MHD_socket lfd = MHD_quiesce_daemon(d);
+        sl_httpd_quiesce(srv);
         if (app.sched)
             recv_sched_stop(app.sched);
-        MHD_stop_daemon(d);
-        if (lfd != MHD_INVALID_SOCKET)
-            close(lfd);
+        sl_httpd_stop(srv);
     }
     recv_sched_destroy(app.sched);
     if (app.r204)

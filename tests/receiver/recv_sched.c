@@ -108,7 +108,7 @@ static void wake(recv_sched_t *s, struct recv_wait *w, enum recv_wake why)
 {
     heap_remove(s, w);
     w->wake = why;
-    MHD_resume_connection(w->conn);
+    sl_httpd_resume(w->loop, w->conn);
 }
 
 /* ==== timer thread ==== */
@@ -216,6 +216,7 @@ int recv_sched_suspend(recv_sched_t *s, struct recv_wait *w, int64_t due_ms)
     }
     w->due_ms = due_ms;
     w->wake = RECV_WAKE_NONE;
+    w->loop = sl_httpd_loop_current(); /* called on the loop serving the connection */
     MHD_suspend_connection(w->conn);
     heap_push(s, w);
     if (w->heap_idx == 0)

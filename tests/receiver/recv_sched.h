@@ -1,11 +1,11 @@
 /*
- * recv_sched: delays without blocking a libmicrohttpd worker thread.
+ * recv_sched: delays without blocking an HTTP loop thread (common/sl_httpd).
  *
  * A request that must wait (slow/<ms>, ?delay_ms=, the ~1 MB/s pacing of endless, hang) is
  * suspended with MHD_suspend_connection() and put in a min-heap keyed by its due time; one
- * timer thread resumes it when due, and MHD then calls the handler (or content reader) again.
- * So 10 000 sleeping requests cost 10 000 heap slots, not 10 000 threads, and a 10 s delay on
- * one endpoint never slows another.
+ * timer thread resumes it when due (sl_httpd_resume, which wakes its loop), and MHD then calls the
+ * handler (or content reader) again. So 10 000 sleeping requests cost 10 000 heap slots, not 10 000
+ * threads, and a 10 s delay on one endpoint never slows another.
  *
  * While a connection is suspended MHD does not notice the client going away, so every
  * RECV_SCHED_WATCH_MS the timer thread also polls the sockets of all waiting requests for
@@ -33,6 +33,7 @@
 #include <microhttpd.h>
 
 #include "common/sl_err.h"
+#include "common/sl_httpd.h"
 
 #define RECV_SCHED_WATCH_MS 250       /* period of the peer-gone poll over waiting sockets, ms */
 #define RECV_DUE_NEVER      INT64_MAX /* due time of a request that waits until shutdown */
@@ -49,6 +50,7 @@ enum recv_wake {
  * wait (it does: MHD cannot complete a suspended request). */
 struct recv_wait {
     struct MHD_Connection *conn; /* borrowed; set by the caller before suspending */
+    sl_httpd_loop_t *loop;       /* the loop it is suspended on (recv_sched_suspend sets it) */
     int fd;                      /* the connection's socket, polled for peer close; -1 = none */
     int64_t due_ms;              /* monotonic ms; RECV_DUE_NEVER = until peer gone/shutdown */
     size_t heap_idx;             /* slot in the heap; SIZE_MAX when not queued */

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -510,6 +511,59 @@ def t_shutdown_inflight(tmp, binary, root):
     check(got == [("endless", 200), ("hang", 0), ("slow", 0)], f"shutdown ledger {got}")
 
 
+def t_128_ready_at_once(tmp, binary, root):
+    """A loop holding exactly 128 ready connections answers them at once. libmicrohttpd's
+    own loop (0.9.75) waited again with the full timeout after one epoll_wait returned its
+    128-event maximum, serving none until another event came; common/sl_httpd runs the loop
+    itself. The second requests arrive while the receiver is stopped (SIGSTOP), so on
+    SIGCONT all 128 are ready at once."""
+    r = Receiver(binary, root, "ready128", "--threads", "1", "--idle-timeout-s", "300")
+    conns = []
+    try:
+        req = b"POST /ok/e HTTP/1.1\r\nHost: r\r\nContent-Length: 2\r\n\r\nhi"
+        conns = [socket.create_connection(("127.0.0.1", r.port), timeout=30 * MULT)
+                 for _ in range(128)]
+        for s in conns:
+            s.sendall(req)
+        for s in conns:
+            check(read_status(s) == 204, "first round: not 204")
+        os.kill(r.proc.pid, signal.SIGSTOP)
+        try:
+            for s in conns:
+                s.sendall(req)
+            time.sleep(0.3)
+        finally:
+            os.kill(r.proc.pid, signal.SIGCONT)
+        for i, s in enumerate(conns):
+            try:
+                check(read_status(s) == 204, f"connection {i}: not 204")
+            except socket.timeout:
+                raise Fail(f"connection {i} of 128 unanswered after {30 * MULT} s: the loop "
+                           "waited with every request unread") from None
+    finally:
+        for s in conns:
+            s.close()
+        check(r.stop() == 0, "ready128: exit status not 0")
+
+
+def read_status(s):
+    """Read one HTTP/1.1 answer (no body, or one with a Content-Length) from s; its status."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(4096)
+        check(chunk, "connection closed before an answer")
+        buf += chunk
+    head, body = buf.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    n = next((int(l.split(":", 1)[1]) for l in lines
+              if l.lower().startswith("content-length:")), 0)
+    while len(body) < n:
+        chunk = s.recv(4096)
+        check(chunk, "connection closed inside an answer")
+        body += chunk
+    return int(lines[0].split()[1])
+
+
 def t_bad_options(tmp, binary):
     for args in (["--port", "70000"], ["--secret", "nope"], ["--reject-bad-sig"],
                  ["--threads", "x"], ["extra"]):
@@ -579,6 +633,7 @@ def main():
     run("--no-ledger-ok", t_no_ledger_ok, tmp, binary, root)
     run("signatures", t_signatures, tmp, binary, root)
     run("shutdown with requests in flight", t_shutdown_inflight, tmp, binary, root)
+    run("128 connections ready at once", t_128_ready_at_once, tmp, binary, root)
     run("bad options", t_bad_options, tmp, binary)
     if main_r.proc.poll() is None:
         main_r.stop()
