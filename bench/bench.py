@@ -72,7 +72,8 @@ LATENCY_WARMUP_S = 20  # seconds published at the rate before the latency phase 
 # api_warm); a fresh broker JVM took 50-60 s of publish load to drop from 8.8 to 2.5 us
 API_WARM_SLICE_S = 5
 API_WARM_MAX_S = 120
-API_WARM_SETTLED = 0.2  # the last two slices within 20% of each other and of the lowest
+API_WARM_SETTLED = 0.2  # the last API_WARM_PLATEAU slices within 20% of each other and
+API_WARM_PLATEAU = 3  # of the lowest slice so far
 TARGETS = {
     "e2e_rate": 20000,        # deliveries/s, whole stack on this machine
     "p99_ms": 50,             # publish -> delivered at half that rate
@@ -1071,11 +1072,12 @@ class Bench:
 
     def api_warm(self, lua, url):
         """Publish in slices of API_WARM_SLICE_S until the broker's CPU per publish settles
-        (the last two slices within API_WARM_SETTLED of each other and of the lowest slice so
-        far, after at least LATENCY_WARMUP_S; 5 s with --quick), at most API_WARM_MAX_S. A
-        fresh broker JIT-compiles
-        its produce path under load for about a minute, costing 3x its settled CPU per publish
-        meanwhile: measured then, the phase would weigh the broker's warm-up, not the API."""
+        (the last three slices within API_WARM_SETTLED of each other and of the lowest slice
+        so far, after at least LATENCY_WARMUP_S; 5 s with --quick), at most API_WARM_MAX_S. A
+        fresh broker JIT-compiles its produce path under load for a minute or more, costing
+        up to 3x its settled CPU per publish meanwhile: measured then, the phase would weigh
+        the broker's warm-up, not the API. Two slices were not enough: a broker still falling
+        (8.3, 5.5, 5.0 µs) passed, and settled near 3 later."""
         least = 5 if self.quick else LATENCY_WARMUP_S
         most = max(least, 30 if self.quick else API_WARM_MAX_S)
         pids = [self.broker_pid] if self.broker_pid else []
@@ -1084,14 +1086,14 @@ class Bench:
             w = self.wrk(lua, url, API_CONNS, API_WARM_SLICE_S, pids)
             total += API_WARM_SLICE_S
             slices.append(w.get(f"cpu_us_per_request_pid{self.broker_pid}") if pids else None)
-            last = [v for v in slices[-2:] if v]
+            last = [v for v in slices[-API_WARM_PLATEAU:] if v]
             if not pids:
                 settled = total >= least
-            elif len(last) == 2:
-                # two equal slices of a still-cold broker are not settled: both must also be
-                # near the lowest slice so far
+            elif len(last) == API_WARM_PLATEAU:
+                # equal slices of a still-cold broker are not settled: they must also be near
+                # the lowest slice so far
                 low = min(v for v in slices if v)
-                settled = (abs(last[0] - last[1]) <= API_WARM_SETTLED * max(last) and
+                settled = (max(last) - min(last) <= API_WARM_SETTLED * max(last) and
                            max(last) <= (1 + API_WARM_SETTLED) * low)
             if settled and total >= least:
                 break
