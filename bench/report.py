@@ -276,9 +276,12 @@ def phase_rows(r, ph):
         add("consumer peak RSS holding 10,000 in flight", "FAILED: " + ph["rss"].get("failed", "?"))
     api = ph.get("api", {})
     if "raw_healthz" in api:
-        raw = api["raw_healthz"].get("requests_per_s")
+        raw = api.get("raw_healthz_mean_per_s") or api["raw_healthz"].get("requests_per_s")
+        after = (api.get("raw_healthz_after") or {}).get("requests_per_s")
+        both = (f" (mean of {fmt(api['raw_healthz'].get('requests_per_s'), '')} before the "
+                f"publishes and {fmt(after, '')} after)") if after else ""
         add(f"sluice-api raw: wrk -t2 -c{api['connections']} GET /healthz (the same server)",
-            fmt(raw, " req/s"), raw)
+            fmt(raw, " req/s") + both, raw)
         warm = api.get("warmup") or {}
         if warm:
             slices = ", ".join("-" if v is None else f"{v}" for v in warm["broker_cpu_us_per_publish"])
@@ -605,7 +608,7 @@ def figures(ph):
         add("recorder.outcomes_per_s", "recorder outcomes/s", "outcomes/s", 0,
             rec["outcomes_per_s"], False)
     api = ph.get("api") or {}
-    raw = (api.get("raw_healthz") or {}).get("requests_per_s")
+    raw = api.get("raw_healthz_mean_per_s") or (api.get("raw_healthz") or {}).get("requests_per_s")
     if raw:
         add("api.raw_ratio", "sluice-api raw: GET /healthz / raw HTTP (wrk POST /ok)", "ratio", 2,
             rat(raw))
