@@ -517,7 +517,7 @@ static const struct opt opts[] = {
       1,
       64,
       "2",
-      "sluice-api: HTTP worker threads (each serves many connections)"),
+      "sluice-api: HTTP loop threads (each serves many connections)"),
     I("api_max_connections",
       "SLUICE_API_MAX_CONNECTIONS",
       api_max_connections,
