@@ -1017,7 +1017,9 @@ prom_start() {
   say "prometheus: launched pid $FAIL_KILL_PID (log $PR_LOG)"
   for ((i = 0; ; i++)); do
     curl -fsS -m 2 -o /dev/null "http://127.0.0.1:$PROM_PORT/-/ready" 2>/dev/null && break
-    prom_pid >/dev/null || fail prometheus "$PR_LOG" "exited during start-up"
+    # the launched pid itself, not prom_pid: until the child has exec'd, its command line is
+    # still this script's, and a loaded machine can hold it there past the first probe
+    alive "$FAIL_KILL_PID" || fail prometheus "$PR_LOG" "exited during start-up"
     [ "$((SECONDS - t0))" -lt "$PR_READY_TIMEOUT" ] || fail prometheus "$PR_LOG" "/-/ready did not answer 200 within ${PR_READY_TIMEOUT}s"
     sleep 0.25
   done
