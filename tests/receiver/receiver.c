@@ -1274,9 +1274,12 @@ static sl_httpd_t *start_server(struct app *app, sl_err_t *err)
         sin->sin_port = htons(app->port);
         sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     }
+    char what[64];
+    (void)snprintf(what, sizeof(what), "%s port %u", app->ipv6 ? "[::1]" : "127.0.0.1",
+                   (unsigned)app->port);
     struct sl_httpd_opts o = {0};
     o.addr = &ss;
-    o.what = app->ipv6 ? "[::1]" : "127.0.0.1";
+    o.what = what;
     o.threads = app->threads;
     o.max_conns = app->max_conns;
     o.idle_timeout_s = app->idle_timeout_s;
@@ -1326,10 +1329,13 @@ int main(int argc, char **argv)
         goto out;
     }
     app.r204 = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
-    srv = app.r204 ? start_server(&app, &err) : NULL;
-    if (app.r204 == NULL || srv == NULL) {
-        sl_error("main", "start_failed", "could not listen on %s port %u: %s",
-                 app.ipv6 ? "[::1]" : "127.0.0.1", (unsigned)app.port, srv ? "" : err.msg);
+    if (app.r204 == NULL) {
+        sl_error("main", "start_failed", "could not create the empty answer");
+        goto out;
+    }
+    srv = start_server(&app, &err);
+    if (srv == NULL) {
+        sl_error("main", "start_failed", "%s", err.msg);
         goto out;
     }
     unsigned port = sl_httpd_port(srv);
