@@ -38,8 +38,11 @@ def test_kafka_partition_leader_killed_and_restarted(make_world, kafka_cluster):
     brokers = kafka_cluster.addr["SLUICE_KAFKA_BROKERS"]
     w = make_world(kafka_brokers=brokers, max_inflight_per_endpoint=2)
     topic = w.env["SLUICE_TOPIC_DELIVERIES"]
-    # the world's topics got the brokers' defaults: three replicas each
-    assert set(kafka_cluster.in_sync(topic).values()) == {3}, kafka_cluster.metadata(topic)
+    # the world's topics got the brokers' defaults: three replicas each (a broker other than
+    # the one that created the topic may answer before the new partitions reach it)
+    wait_until(lambda: set(kafka_cluster.in_sync(topic).values()) == {3},
+               timeout=PROFILE.t(30), interval=0.2,
+               what="three in-sync replicas for every partition of the new topic")
     rcv = w.receiver()
     eps = w.endpoints(rcv, "ok", 6, "ok", "?delay_ms=30")
     eps += w.endpoints(rcv, "fl", 1, "flaky/30", "?delay_ms=30")
