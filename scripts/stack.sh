@@ -472,7 +472,9 @@ kafka_wait_ready() {
   for ((i = 1; i <= KAFKA_NODES; i++)); do
     kafka_node_vars "$i"
     until grep -q 'Kafka Server started' "$N_LOG" 2>/dev/null; do
-      kafka_pid_of "$i" >/dev/null || fail "$(kname "$i")" "$N_LOG" "broker process exited during start-up"
+      # the pid file's process itself, not kafka_pid_of: until a just-launched child has
+      # exec'd, its command line is still this script's (see prom_start)
+      alive "$(read_pid "$N_PID")" || fail "$(kname "$i")" "$N_LOG" "broker process exited during start-up"
       [ "$SECONDS" -lt "$deadline" ] || fail "$(kname "$i")" "$N_LOG" "not started after ${KAFKA_READY_TIMEOUT}s"
       sleep 0.25
     done
@@ -758,7 +760,9 @@ redis_cluster_start() {
     for i in "${down[@]}"; do
       redis_node_vars "$i"
       until [ "$(rcli "$RN_PORT" PING)" = PONG ]; do
-        redis_node_pid "$i" >/dev/null || fail "redis-$i" "$RN_LOG" "redis-server exited during start-up"
+        # the launched pid, not redis_node_pid: before its exec the child is not yet named
+        # redis-server (see prom_start)
+        alive "$(read_pid "$RN_PID")" || fail "redis-$i" "$RN_LOG" "redis-server exited during start-up"
         [ "$((SECONDS - t0))" -lt 10 ] || fail "redis-$i" "$RN_LOG" "no PONG from 127.0.0.1:$RN_PORT after 10s"
         sleep 0.1
       done
