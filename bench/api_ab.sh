@@ -40,17 +40,10 @@ die() { printf 'bench/api_ab.sh: %s\n' "$*" >&2; exit 1; }
 
 [ $# -ge 1 ] || die "usage: bench/api_ab.sh CANDIDATE [CANDIDATE ...] (see the top of this file)"
 command -v wrk >/dev/null || die "wrk not found (scripts/setup.sh installs it)"
-CTL=""
-for d in "${SLUICE_BUILD_DIR:-}" "$REPO_DIR/build/bench" "$REPO_DIR/build"; do
-  [ -n "$d" ] && [ -x "$d/ctl/sluicectl" ] && { CTL="$d/ctl/sluicectl"; break; }
-done
-[ -n "$CTL" ] || die "ctl/sluicectl not found: build first, or set SLUICE_BUILD_DIR"
-
-if [ -z "${SLUICE_KAFKA_BROKERS:-}" ]; then
-  "$REPO_DIR/scripts/stack.sh" start >&2 || die "could not start the local stack"
-  eval "$("$REPO_DIR/scripts/stack.sh" env)"
-fi
-export SLUICE_KAFKA_BROKERS SLUICE_REDIS_URL SLUICE_PG_DSN
+# shellcheck source=bench/lib.sh
+. "$SCRIPT_DIR/lib.sh"
+CTL="$(bench_build_dir ctl/sluicectl)/ctl/sluicectl" || exit 1
+bench_stack SLUICE_REDIS_URL SLUICE_PG_DSN
 export SLUICE_MASTER_KEY="${SLUICE_MASTER_KEY:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
 export SLUICE_LOG_LEVEL=warn SLUICE_API_LISTEN="127.0.0.1:$PORT" SLUICE_API_MAX_CONNECTIONS=4096
 
@@ -80,12 +73,8 @@ with open(path, "w") as f:
         f.write(f"function delay() return math.random(0, {2 * int(delay)}) end\n")
 PYEOF
 
-ticks() { [ -n "$1" ] && awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" || echo 0; }
 per_req() { awk -v t="$1" -v hz="$(getconf CLK_TCK)" -v n="$2" 'BEGIN { printf "%.1f", t / hz / n * 1e6 }'; }
-# the broker's pid when it listens here (the first address of SLUICE_KAFKA_BROKERS)
-kport=${SLUICE_KAFKA_BROKERS%%,*}
-kport=${kport##*:}
-BROKER=$(ss -ltnpH "sport = :$kport" 2>/dev/null | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1)
+BROKER=$(bench_broker_pid)
 url="http://127.0.0.1:$PORT/v1/events"
 hdr="candidate | publishes/s | non-2xx | sluice-api CPU us per request | broker CPU us per request"
 [ "$RAW" = 1 ] && hdr="$hdr | /healthz req/s | publish / healthz"
@@ -101,11 +90,11 @@ for r in $(seq 1 "$ROUNDS"); do
       sleep 0.2
     done
     wrk -t2 -c"$CONNS" -d5s -s "$WORK/one.lua" "$url" >/dev/null
-    t0=$(ticks "$API_PID")
-    b0=$(ticks "$BROKER")
+    t0=$(bench_ticks "$API_PID")
+    b0=$(bench_ticks $BROKER)
     out=$(wrk -t2 -c"$CONNS" -d"${SECS}s" -s "$WORK/one.lua" "$url")
-    t1=$(ticks "$API_PID")
-    b1=$(ticks "$BROKER")
+    t1=$(bench_ticks "$API_PID")
+    b1=$(bench_ticks $BROKER)
     raw=""
     if [ "$RAW" = 1 ]; then
       raw=$(wrk -t2 -c"$CONNS" -d"${SECS}s" "http://127.0.0.1:$PORT/healthz" |

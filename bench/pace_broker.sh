@@ -31,24 +31,13 @@ die() { printf 'bench/pace_broker.sh: %s\n' "$*" >&2; exit 1; }
 for cand in "$@"; do
   [[ "$cand" =~ ^[0-9]+:[0-9]+$ ]] || die "bad candidate '$cand': expected PARTITIONS:LINGER_MS, e.g. 8:5"
 done
-BIN=""
-for d in "${SLUICE_BUILD_DIR:-}" "$REPO_DIR/build/bench" "$REPO_DIR/build"; do
-  [ -n "$d" ] && [ -x "$d/bench/sl-bench" ] && [ -x "$d/ctl/sluicectl" ] && { BIN="$d"; break; }
-done
-[ -n "$BIN" ] || die "bench/sl-bench and ctl/sluicectl not found: run bench/run.sh once, or set SLUICE_BUILD_DIR"
-
-if [ -z "${SLUICE_KAFKA_BROKERS:-}" ]; then
-  "$REPO_DIR/scripts/stack.sh" start >&2 || die "could not start the local stack"
-  eval "$("$REPO_DIR/scripts/stack.sh" env)"
-fi
-export SLUICE_KAFKA_BROKERS SLUICE_REDIS_URL SLUICE_PG_DSN
+# shellcheck source=bench/lib.sh
+. "$SCRIPT_DIR/lib.sh"
+BIN=$(bench_build_dir bench/sl-bench ctl/sluicectl) || exit 1
+bench_stack
 export SLUICE_LOG_LEVEL=warn
-kport=${SLUICE_KAFKA_BROKERS%%,*}
-kport=${kport##*:}
-BROKER=$(ss -ltnpH "sport = :$kport" 2>/dev/null | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1)
-[ -n "$BROKER" ] || die "no broker listens on port $kport of this machine: its CPU cannot be read"
-
-ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
+BROKER=$(bench_broker_pid)
+[ -n "$BROKER" ] || die "no broker listens on the first address of SLUICE_KAFKA_BROKERS ($SLUICE_KAFKA_BROKERS) on this machine: its CPU cannot be read"
 count=$((RATE * SECS))
 run_id="pb$(date +%s)"
 # every topic first: a topic's first seconds (leader election, metadata) are not measured
@@ -65,11 +54,11 @@ for r in $(seq 1 "$ROUNDS"); do
   for cand in "$@"; do
     parts=${cand%%:*}
     linger=${cand##*:}
-    b0=$(ticks "$BROKER")
+    b0=$(bench_ticks "$BROKER")
     out=$(SLUICE_TOPIC_DELIVERIES="$run_id.$parts.$r.$linger" "$BIN/bench/sl-bench" pace \
       --rate "$RATE" --count "$count" --endpoints 100 --body-bytes 512 --linger-ms "$linger" |
       tail -1)
-    b1=$(ticks "$BROKER")
+    b1=$(bench_ticks "$BROKER")
     python3 - "$cand" "$((b1 - b0))" "$(getconf CLK_TCK)" "$SECS" "$count" "$out" <<'PYEOF'
 import json, sys
 cand, ticks, hz, secs, n, out = sys.argv[1:]

@@ -11,7 +11,8 @@
 #   SLUICE_KAFKA_BROKERS   broker to use; unset = the local stack (scripts/stack.sh start,
 #                          which honours SLUICE_STACK_DIR / SLUICE_PORT_BASE)
 #   SLUICE_BUILD_DIR       build dir holding producer/sluice-produce and
-#                          tests/integration/sl-test-topic (default <repo>/build)
+#                          tests/integration/sl-test-topic (default <repo>/build/bench, then
+#                          <repo>/build)
 #   BENCH_RECORDS (1000000) BENCH_BODY_BYTES (512) BENCH_ENDPOINTS (1000)
 #   BENCH_PARTITIONS (4)   partitions of the private topic
 #   BENCH_TARGET (100000)  records/s the report compares against
@@ -20,35 +21,24 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$SCRIPT_DIR/.." && pwd)
-BUILD_DIR="${SLUICE_BUILD_DIR:-$REPO_DIR/build}"
 N="${BENCH_RECORDS:-1000000}"
 BODY="${BENCH_BODY_BYTES:-512}"
 ENDPOINTS="${BENCH_ENDPOINTS:-1000}"
 PARTITIONS="${BENCH_PARTITIONS:-4}"
 TARGET="${BENCH_TARGET:-100000}"
-PRODUCE="$BUILD_DIR/producer/sluice-produce"
-TOPIC_TOOL="$BUILD_DIR/tests/integration/sl-test-topic"
 
 die() { printf 'bench/produce.sh: %s\n' "$*" >&2; exit 1; }
 
-for bin in "$PRODUCE" "$TOPIC_TOOL"; do
-  [ -x "$bin" ] || die "$bin not found: build first (cmake -S $REPO_DIR -B $BUILD_DIR -DSL_TESTS=ON && cmake --build $BUILD_DIR -j2), or set SLUICE_BUILD_DIR"
-done
+# shellcheck source=bench/lib.sh
+. "$SCRIPT_DIR/lib.sh"
+BUILD_DIR=$(bench_build_dir producer/sluice-produce tests/integration/sl-test-topic) || exit 1
+PRODUCE="$BUILD_DIR/producer/sluice-produce"
+TOPIC_TOOL="$BUILD_DIR/tests/integration/sl-test-topic"
 [ -x /usr/bin/time ] || die "/usr/bin/time not found (apt package time)"
-
-if [ -z "${SLUICE_KAFKA_BROKERS:-}" ]; then
-  "$REPO_DIR/scripts/stack.sh" start >&2 || die "could not start the local stack"
-  eval "$("$REPO_DIR/scripts/stack.sh" env)"
-fi
-export SLUICE_KAFKA_BROKERS
+bench_stack
 
 # The broker's process, when it runs on this machine (for its CPU time; optional).
-broker_port=${SLUICE_KAFKA_BROKERS%%,*}; broker_port=${broker_port##*:}
-broker_pid=$(ss -Hltnp "sport = :$broker_port" 2>/dev/null | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -n1 || true)
-cpu_ticks() { # utime+stime of pid, in clock ticks
-  [ -n "$1" ] && [ -r "/proc/$1/stat" ] || { echo ""; return; }
-  awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
-}
+broker_pid=$(bench_broker_pid)
 
 topic=$("$TOPIC_TOOL" name bench.produce)
 "$TOPIC_TOOL" create "$topic" "$PARTITIONS" || die "could not create topic $topic"
@@ -62,12 +52,12 @@ timef=$(mktemp); outf=$(mktemp)
 cmd=(env SLUICE_TOPIC_DELIVERIES="$topic" /usr/bin/time -v -o "$timef"
      "$PRODUCE" --generate "$N" --endpoints "$ENDPOINTS" --body-bytes "$BODY" --quiet)
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-b0=$(cpu_ticks "$broker_pid")
+b0=$(bench_ticks "$broker_pid")
 set +e
 "${cmd[@]}" >"$outf"
 rc=$?
 set -e
-b1=$(cpu_ticks "$broker_pid")
+b1=$(bench_ticks "$broker_pid")
 summary=$(cat "$outf")
 
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p" <<<"$summary"; }
@@ -78,7 +68,7 @@ user_s=$(tfield 'User time (seconds)'); sys_s=$(tfield 'System time (seconds)')
 cpu_pct=$(tfield 'Percent of CPU this job got')
 tck=$(getconf CLK_TCK)
 broker_cpu="n/a (broker not on this machine)"
-if [ -n "$b0" ] && [ -n "$b1" ]; then
+if [ -n "$broker_pid" ]; then
   broker_cpu=$(awk -v a="$b0" -v b="$b1" -v t="$tck" 'BEGIN { printf "%.2f s", (b - a) / t }')
 fi
 

@@ -14,7 +14,10 @@
 #                          (scripts/stack.sh start, which honours SLUICE_STACK_DIR /
 #                          SLUICE_PORT_BASE)
 #   SLUICE_BUILD_DIR       build dir with recorder/sluice-recorder and
-#                          tests/integration/sl-test-{outcomes,topic} (default <repo>/build)
+#                          tests/integration/sl-test-{outcomes,topic} (default
+#                          <repo>/build/bench, then <repo>/build)
+#   SLUICE_MASTER_KEY      the recorder's (it signs the endpoint records it disables); unset =
+#                          a random key for this run
 #   SLUICE_RECORDER_BATCH  rows per batch (the recorder's own option; default 5000)
 #   SLUICE_RECORDER_LANES  parallel write lanes (the recorder's own option; default 2)
 #   BENCH_LOG=FILE         keep the recorder's log (debug, db context) in FILE
@@ -27,41 +30,27 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$SCRIPT_DIR/.." && pwd)
-BUILD_DIR="${SLUICE_BUILD_DIR:-$REPO_DIR/build}"
 N="${BENCH_RECORDS:-1000000}"
 ENDPOINTS="${BENCH_ENDPOINTS:-1000}"
 PARTITIONS="${BENCH_PARTITIONS:-4}"
 TARGET="${BENCH_TARGET:-100000}"
-RECORDER="$BUILD_DIR/recorder/sluice-recorder"
-GEN="$BUILD_DIR/tests/integration/sl-test-outcomes"
-TOPIC_TOOL="$BUILD_DIR/tests/integration/sl-test-topic"
 
 die() { printf 'bench/recorder.sh: %s\n' "$*" >&2; exit 1; }
 
-for bin in "$RECORDER" "$GEN" "$TOPIC_TOOL"; do
-  [ -x "$bin" ] || die "$bin not found: build first (cmake -S $REPO_DIR -B $BUILD_DIR -DSL_TESTS=ON && cmake --build $BUILD_DIR -j2), or set SLUICE_BUILD_DIR"
-done
+# shellcheck source=bench/lib.sh
+. "$SCRIPT_DIR/lib.sh"
+BUILD_DIR=$(bench_build_dir recorder/sluice-recorder tests/integration/sl-test-outcomes \
+  tests/integration/sl-test-topic) || exit 1
+RECORDER="$BUILD_DIR/recorder/sluice-recorder"
+GEN="$BUILD_DIR/tests/integration/sl-test-outcomes"
+TOPIC_TOOL="$BUILD_DIR/tests/integration/sl-test-topic"
 command -v psql >/dev/null || die "psql not found (apt package postgresql-client-15)"
-
-if [ -z "${SLUICE_KAFKA_BROKERS:-}" ] && [ -z "${SLUICE_PG_DSN:-}" ]; then
-  "$REPO_DIR/scripts/stack.sh" start >&2 || die "could not start the local stack"
-  eval "$("$REPO_DIR/scripts/stack.sh" env)"
-elif [ -z "${SLUICE_KAFKA_BROKERS:-}" ] || [ -z "${SLUICE_PG_DSN:-}" ]; then
-  die "set both SLUICE_KAFKA_BROKERS and SLUICE_PG_DSN, or neither (then the local stack is used)"
-fi
-export SLUICE_KAFKA_BROKERS SLUICE_PG_DSN
+bench_stack SLUICE_PG_DSN
+export SLUICE_MASTER_KEY="${SLUICE_MASTER_KEY:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
 pg() { PGCONNECT_TIMEOUT=5 psql -X -q -At -v ON_ERROR_STOP=1 "$SLUICE_PG_DSN" "$@"; }
 pg -c 'select 1 from delivery_attempts limit 0' >/dev/null \
   || die "no delivery_attempts table at SLUICE_PG_DSN: apply sql/ (scripts/stack.sh start does)"
 
-ticks() { # summed utime+stime of the given pids, in clock ticks
-  local t=0 x v
-  for x in "$@"; do
-    v=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$x/stat" 2>/dev/null || echo 0)
-    t=$((t + v))
-  done
-  echo "$t"
-}
 
 prefix="bench$(date +%s)x$$"
 group="$prefix-recorder"
@@ -116,7 +105,7 @@ while :; do
 done
 t1=$(date +%s.%N)
 backends=$(pg -c "select string_agg(pid::text, ' ') from pg_stat_activity where application_name = 'sluice-recorder'")
-rec_cpu=$(ticks "$rec_pid"); pg_cpu=$(ticks $backends)
+rec_cpu=$(bench_ticks "$rec_pid"); pg_cpu=$(bench_ticks $backends)
 kill -TERM "$rec_pid"; wait "$rec_pid" || die "sluice-recorder exited non-zero on SIGTERM"
 rec_pid=""
 
