@@ -50,6 +50,8 @@ struct api {
     struct sl_masterkey mk;      /* seals new endpoint secrets */
     atomic_long active;          /* requests begun and not yet completed */
     atomic_bool stopping;        /* SIGTERM seen: readiness fails, new requests get 503 */
+    atomic_int replays;          /* dead-letter replays running on their threads (their
+                                    requests suspended): shutdown waits for them */
 };
 
 /* api_metrics.c: metrics (docs/METRICS.md) and readiness. */
@@ -226,6 +228,9 @@ enum api_hret api_event_types(struct api_req *r);
 enum api_hret api_dead_letters_list(struct api_req *r);
 /* api_replay.c */
 enum api_hret api_dead_letters_replay(struct api_req *r);
+/* Until no replay runs (each ends before its next batch once a->stopping is set): the server
+ * cannot stop with their requests suspended. Logs every 10 s while it waits. */
+void api_replays_wait(struct api *a);
 /* api_stats.c */
 enum api_hret api_endpoint_stats(struct api_req *r);
 enum api_hret api_endpoint_latency(struct api_req *r);

@@ -722,11 +722,10 @@ static void on_completed(void *cls,
     (void)toe;
     if (!r)
         return;
-    /* A publish waiting for Kafka is suspended, and libmicrohttpd completes a suspended
-     * connection only when stopped with it still suspended; then its report may still come,
-     * so r is left to it (never freed twice, never used after free). main.c destroys the
-     * producer (which reports every record) before stopping the daemon, so this is only a
-     * guard. */
+    /* Not expected: libmicrohttpd never completes a suspended connection (it aborts when
+     * stopped with one, which is why main.c ends every publish and replay first). Should a
+     * suspended request's completion come anyway, its report may still come too, so r is left
+     * to it (never freed twice, never used after free). */
     if (r->finish && !atomic_load(&r->resumed)) {
         sl_warn("http", "request_abandoned",
                 "a publish was abandoned before Kafka answered (connection closed)");

@@ -10,9 +10,11 @@
  * only an endpoint it can see, named in the selection.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <microhttpd.h>
 
@@ -202,10 +204,38 @@ static void on_warning(void *opaque, const char *msg)
     sl_warn("replay", "replay_warning", "%s", msg);
 }
 
+static void sleep_ms(long ms)
+{
+    struct timespec d = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&d, &d) != 0) {
+    }
+}
+
+/*
+ * Test builds only (-DSL_FAULT_INJECTION=ON): SL_FAULT=api_replay_slow makes the replay act as
+ * if its first batch were still running at SIGTERM and for api_shutdown_ms + 3 s after it, so
+ * that shutdown must wait for it (tests/e2e/test_api.py).
+ */
+static void fault_slow_batch(struct api *a)
+{
+#ifdef SL_FAULT_INJECTION
+    const char *f = getenv("SL_FAULT");
+    if (!f || strcmp(f, "api_replay_slow") != 0)
+        return;
+    for (int i = 0; i < 1200 && !atomic_load(&a->stopping); i++)
+        sleep_ms(50);
+    sleep_ms((long)a->cfg->api_shutdown_ms + 3000);
+#else
+    (void)a;
+#endif
+}
+
 static void *run_main(void *arg)
 {
     struct job *j = arg;
     struct api_req *r = j->r;
+    struct api *a = r->api; /* outlives r, which the resume below hands back to the loop */
+    fault_slow_batch(a);
     PGconn *pg = sl_reg_db_open(r->api->cfg, &j->err);
     PGconn *jpg = pg ? sl_reg_db_open(r->api->cfg, &j->err) : NULL;
     if (!pg || !jpg) {
@@ -216,6 +246,7 @@ static void *run_main(void *arg)
         o.opaque = j;
         o.on_letter = on_letter;
         o.on_warning = on_warning;
+        o.stop = &a->stopping;
         j->rc = sl_replay_run(pg, jpg, r->api->cfg, &j->sel, &o, &j->res, &j->err);
     }
     if (jpg)
@@ -223,7 +254,19 @@ static void *run_main(void *arg)
     if (pg)
         PQfinish(pg);
     api_req_resume(r);
+    atomic_fetch_sub(&a->replays, 1); /* after the resume: stop() may then stop the server */
     return NULL;
+}
+
+void api_replays_wait(struct api *a)
+{
+    for (long waited = 0; atomic_load(&a->replays) > 0; waited += 50) {
+        if (waited % 10000 == 0)
+            sl_info("replay", "shutdown_waits_for_replay",
+                    "%d dead-letter replays still finishing their batch: waiting",
+                    atomic_load(&a->replays));
+        sleep_ms(50);
+    }
 }
 
 static enum api_hret finish(struct api_req *r)
@@ -299,6 +342,7 @@ enum api_hret api_dead_letters_replay(struct api_req *r)
     }
     r->job = j;
     r->finish = finish;
+    atomic_fetch_add(&r->api->replays, 1);
     MHD_suspend_connection(r->conn);
     pthread_attr_t at;
     pthread_t t;
@@ -309,7 +353,9 @@ enum api_hret api_dead_letters_replay(struct api_req *r)
     if (pe != 0) {
         j->rc = SL_EIO;
         sl_err_set(&j->err, SL_EIO, "could not start the replay thread");
+        struct api *a = r->api;
         api_req_resume(r);
+        atomic_fetch_sub(&a->replays, 1);
     }
     return API_SUSPENDED;
 }

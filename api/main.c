@@ -209,6 +209,9 @@ static void stop(struct run *r)
      * every request still waiting, so none is suspended when the server stops */
     sluice_producer_destroy(r->a.prod);
     r->a.prod = NULL;
+    /* a replay ends after its batch in progress (a->stopping): libmicrohttpd cannot stop with
+     * its request still suspended */
+    api_replays_wait(&r->a);
     (void)api_server_quiesce(r->srv, 2000);
     api_server_stop(r->srv);
     sl_probe_stop(r->probe);

@@ -558,6 +558,10 @@ static int run_batches(struct run *r, sl_err_t *err)
     struct sl_replay_result *o = r->out;
     int64_t left = r->sel->limit > 0 ? r->sel->limit : INT64_MAX;
     while (left > 0) {
+        if (r->o->stop && atomic_load(r->o->stop))
+            return sl_err_set(err, SL_ESTATE,
+                              "stopped before its next batch: the process is shutting down (a "
+                              "new run continues with the letters left)");
         bool done = false;
         int64_t want = left < r->batch_size ? left : r->batch_size;
         int64_t before = o->replayed + o->failed + o->invalid;

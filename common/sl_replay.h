@@ -31,6 +31,7 @@
 #ifndef SL_REPLAY_H
 #define SL_REPLAY_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -115,6 +116,9 @@ struct sl_replay_opts {
      * journalled: its marking still makes the replay exact, only its crash safety is
      * weaker). msg borrowed for the call. NULL = logged as warn event replay_warning. */
     void (*on_warning)(void *opaque, const char *msg);
+    /* When set (by another thread), the run ends before its next batch, the one in progress
+     * finished: SL_ESTATE "stopped before its next batch". NULL = runs to the end. */
+    const atomic_bool *stop;
 };
 
 /* The summary of a run. Filled as far as the run got, also when it returns an error. */

@@ -509,6 +509,41 @@ def test_sigterm_answers_what_is_in_flight_and_exits_within_the_bound(make_world
         pass
 
 
+def test_sigterm_during_a_replay_waits_for_its_batch_and_answers_it(make_world):
+    """A dead-letter replay runs on a thread of its own with its request suspended, and
+    libmicrohttpd aborts the process when it is stopped with a request still suspended. Here
+    the replay's batch (SL_FAULT=api_replay_slow, test builds only) is still running past
+    api_shutdown_ms + 2 s, where shutdown stops the server: sluice-api must wait for the batch,
+    answer the request (503, not complete: the replay ends before its next batch) and exit 0."""
+    import threading
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint(f"rp_{w.tag}", rcv.url("ok", f"rp_{w.tag}"))
+    admin = w.api_key("admin")
+    api = w.api(api_shutdown_ms=1000, _fault="api_replay_slow")
+    got = {}
+
+    def replay():
+        try:
+            got["r"] = call(api, "POST", "/v1/dead-letters/replay", {"endpoint": ep}, admin)
+        except (ConnectionError, OSError, http.client.HTTPException) as e:
+            got["e"] = e
+    t = threading.Thread(target=replay)
+    t.start()
+    time.sleep(0.5)
+    api.proc.stop(signal.SIGTERM)
+    t.join(60 * MULT)
+    assert not t.is_alive(), "the replay's request was never answered"
+    assert "r" in got, (f"no answer ({got.get('e')!r}), sluice-api exited {api.proc.p.poll()}: "
+                        f"{api.proc.logs()[-600:]}")
+    st, hdrs, body = got["r"]
+    assert st == 503 and body["complete"] is False, body
+    assert "stopped before its next batch" in body["error"], body
+    assert hdrs.get("retry-after") == "5", hdrs
+    rc = api.proc.p.wait(30 * MULT)
+    assert rc == 0, f"sluice-api exited {rc}: {api.proc.logs()[-600:]}"
+
+
 def read_answer(s):
     """One HTTP/1.1 answer from socket s: (status, body bytes)."""
     buf = b""
