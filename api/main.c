@@ -24,6 +24,7 @@
 
 #include "api/api.h"
 #include "common/sl_kafka.h"
+#include "common/sl_limits.h"
 #include "common/sl_log.h"
 #include "common/sl_probe.h"
 
@@ -137,6 +138,8 @@ static int start_listeners(struct run *r, sl_err_t *err)
             return -1;
         }
     }
+    (void)sl_nofile_ensure((uint64_t)r->cfg.api_max_connections + SL_NOFILE_RESERVE, "api",
+                           "api_max_connections", r->cfg.api_max_connections);
     r->srv = api_server_start(&r->a, err);
     if (!r->srv) {
         sl_error("api", "listen_failed", "%s", err->msg);

@@ -23,6 +23,7 @@
 #include "common/sl_cfg.h"
 #include "common/sl_endpoints.h"
 #include "common/sl_kafka.h"
+#include "common/sl_limits.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_probe.h"
@@ -236,6 +237,9 @@ int main(int argc, char **argv)
         return SL_CFG_EXIT;
     }
     curl_global_init(CURL_GLOBAL_DEFAULT);
+    /* the requests in flight, and as many idle keep-alive connections again */
+    (void)sl_nofile_ensure(2 * (uint64_t)cfg.max_inflight + SL_NOFILE_RESERVE, "consumer",
+                           "max_inflight", cfg.max_inflight);
 
     int rc = 1;
     sl_endpoints_t *eps = NULL;

@@ -33,7 +33,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +42,7 @@
 #include "common/sl_cfg.h"
 #include "common/sl_err.h"
 #include "common/sl_httpd.h"
+#include "common/sl_limits.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_sign.h"
@@ -1243,21 +1243,6 @@ static int parse_args(struct app *app, int argc, char **argv, enum sl_log_level 
 
 /* ==== start-up and shutdown ==== */
 
-/* Room for max_conns sockets plus files and slack; warn when the hard limit is lower. */
-static void raise_nofile(unsigned max_conns)
-{
-    struct rlimit rl;
-    rlim_t want = (rlim_t)max_conns + 256;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want)
-        return;
-    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < (rlim_t)max_conns)
-        SL_LOGKV(
-            SL_LOG_WARN, "main", "nofile_limited",
-            ((struct sl_log_kv[]){SL_KV_I("nofile", rl.rlim_cur), SL_KV_I("max_conns", max_conns)}),
-            "open-file limit is below the connection limit");
-}
-
 /* Listen on loopback: app->threads HTTP loops (common/sl_httpd) on one socket. */
 static sl_httpd_t *start_server(struct app *app, sl_err_t *err)
 {
@@ -1317,7 +1302,8 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     (void)signal(SIGPIPE, SIG_IGN);
-    raise_nofile(app.max_conns);
+    (void)sl_nofile_ensure((uint64_t)app.max_conns + SL_NOFILE_RESERVE, "main", "--max-conns",
+                           app.max_conns);
 
     app.tables = recv_tables_new((size_t)app.max_ids);
     if (recv_sched_new(&app.sched, &err) != 0) {
