@@ -288,12 +288,13 @@ static enum api_hret finish(struct api_req *r)
         job_free(j);
         return API_DONE;
     }
-    json_t *ans = json_pack(
-        "{s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:O}", "run_id", x->run_id, "complete",
-        j->rc == 0, "replayed", (json_int_t)x->replayed, "failed", (json_int_t)x->failed, "invalid",
-        (json_int_t)x->invalid, "recovered", (json_int_t)x->recovered, "unconfirmed",
-        (json_int_t)x->unconfirmed, "unmarked", (json_int_t)x->unmarked, "without_payload",
-        (json_int_t)x->without_payload, "letters", j->letters);
+    json_t *ans =
+        json_pack("{s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:O}", "run_id", x->run_id,
+                  "complete", j->rc == 0, "replayed", (json_int_t)x->replayed, "failed",
+                  (json_int_t)x->failed, "invalid", (json_int_t)x->invalid, "recovered",
+                  (json_int_t)x->recovered, "unconfirmed", (json_int_t)x->unconfirmed, "unmarked",
+                  (json_int_t)x->unmarked, "unmarked_lost", (json_int_t)x->unmarked_lost,
+                  "without_payload", (json_int_t)x->without_payload, "letters", j->letters);
     if (j->rc != 0)
         json_object_set_new(ans, "error", json_string(j->err.msg));
     api_reply(r, j->rc == 0 ? 200 : 503, ans);

@@ -90,6 +90,21 @@ static const char SQL_JOURNAL_UPDATE[] =
     "  from unnest($2::text[], $3::text[], $4::text[], $5::text[]) as u(e, p, s, x)"
     " where l.run_id = $1 and l.event_id = u.e and l.endpoint_id = u.p";
 
+/* Rows of a batch (locked by it) whose current death another run had acknowledged by Kafka
+ * and journalled 'acked' but did not mark (it stopped before its commit, after this run's
+ * start-up recovery): marked as sluice_replay_recover() marks them, never sent again. A
+ * statement of its own after the locking select: its snapshot sees a journal row the other
+ * run committed before releasing the lock. $1 event ids, $2 endpoints, $3 deaths. */
+static const char SQL_RECOVER_LOCKED[] =
+    "update dead_letters d set replayed_at = c.acked_at, replay_count = d.replay_count + 1"
+    "  from (select u.e, u.p, max(l.acked_at) as acked_at"
+    "          from unnest($1::text[], $2::text[], $3::text[]) as u(e, p, t)"
+    "          join replay_log l on l.event_id = u.e and l.endpoint_id = u.p"
+    "                           and l.dead_at = u.t::timestamptz and l.state = 'acked'"
+    "         group by u.e, u.p) c"
+    " where d.event_id = c.e and d.endpoint_id = c.p"
+    " returning d.event_id, d.endpoint_id";
+
 static const char SQL_MARK[] =
     "update dead_letters d set replayed_at = now(), replay_count = d.replay_count + 1"
     "  from unnest($1::text[], $2::text[]) as u(e, p)"
@@ -180,11 +195,13 @@ count_without_payload(PGconn *pg, const struct sl_replay_sel *sel, int64_t *n, s
 /* ==== One letter of a batch ==== */
 
 enum row_state {
-    R_NEW = 0, /* selected */
-    R_INVALID, /* stored record does not decode or belongs to another key: not sent */
-    R_SENT,    /* handed to the producer, no report yet */
-    R_ACKED,   /* Kafka acknowledged it */
-    R_FAILED,  /* could not be produced, or Kafka reported a failure, or no report in time */
+    R_NEW = 0,   /* selected */
+    R_INVALID,   /* stored record does not decode or belongs to another key: not sent */
+    R_SENT,      /* handed to the producer, no report yet */
+    R_ACKED,     /* Kafka acknowledged it */
+    R_FAILED,    /* could not be produced, or Kafka reported a failure, or no report in time */
+    R_RECOVERED, /* acknowledged for another run that stopped before marking it: marked, not
+                    sent, not journalled by this run */
 };
 
 struct row {
@@ -295,6 +312,8 @@ static int journal(struct run *r, struct row *rows, int n, bool insert, sl_err_t
     const char **x = sl_xcalloc((size_t)n + 1, sizeof(char *));
     size_t k = 0;
     for (int i = 0; i < n; i++) {
+        if (rows[i].state == R_RECOVERED)
+            continue;
         e[k] = rows[i].event_id;
         p[k] = rows[i].endpoint_id;
         t[k] = rows[i].dead_at;
@@ -318,10 +337,12 @@ static int journal(struct run *r, struct row *rows, int n, bool insert, sl_err_t
         x[k] = rows[i].error;
         k++;
     }
+    int rc = 0;
+    if (k == 0)
+        goto out;
     char *ae = sl_pg_text_array(e, k), *ap = sl_pg_text_array(p, k);
     char *at = sl_pg_text_array(t, k), *as = sl_pg_text_array(s, k);
     char *ax = sl_pg_text_array(x, k);
-    int rc;
     if (insert) {
         const char *params[6] = {r->out->run_id, ae, ap, at, as, ax};
         rc = sl_pg_cmd(r->b, "journal the replay", SQL_JOURNAL_INSERT, 6, params, err);
@@ -334,12 +355,53 @@ static int journal(struct run *r, struct row *rows, int n, bool insert, sl_err_t
     free(at);
     free(as);
     free(ax);
+out:
     free(e);
     free(p);
     free(t);
     free(s);
     free(x);
     return rc;
+}
+
+/* The batch's rows another run had acknowledged (SQL_RECOVER_LOCKED): marked inside A's
+ * transaction and set R_RECOVERED. 0 or SL_EPG. */
+static int recover_locked(struct run *r, struct row *rows, int n, sl_err_t *err)
+{
+    const char **e = sl_xcalloc((size_t)n + 1, sizeof(char *));
+    const char **p = sl_xcalloc((size_t)n + 1, sizeof(char *));
+    const char **t = sl_xcalloc((size_t)n + 1, sizeof(char *));
+    for (int i = 0; i < n; i++) {
+        e[i] = rows[i].event_id;
+        p[i] = rows[i].endpoint_id;
+        t[i] = rows[i].dead_at;
+    }
+    char *ae = sl_pg_text_array(e, (size_t)n), *ap = sl_pg_text_array(p, (size_t)n);
+    char *at = sl_pg_text_array(t, (size_t)n);
+    const char *params[3] = {ae, ap, at};
+    PGresult *res = sl_pg_exec(r->a, "mark letters another run had acknowledged",
+                               SQL_RECOVER_LOCKED, 3, params, err);
+    free(ae);
+    free(ap);
+    free(at);
+    free(e);
+    free(p);
+    free(t);
+    if (!res)
+        return SL_EPG;
+    for (int k = 0; k < PQntuples(res); k++) {
+        const char *ev = sl_pg_str(res, k, "event_id");
+        const char *ep = sl_pg_str(res, k, "endpoint_id");
+        for (int i = 0; i < n; i++) {
+            if (strcmp(rows[i].event_id, ev) == 0 && strcmp(rows[i].endpoint_id, ep) == 0) {
+                free(rows[i].rec);
+                rows[i].rec = NULL;
+                rows[i].state = R_RECOVERED;
+            }
+        }
+    }
+    PQclear(res);
+    return 0;
 }
 
 /* Mark the acknowledged rows replayed inside A's transaction; 0 or SL_EPG. */
@@ -426,6 +488,10 @@ static void settle(struct run *r, const struct row *w)
                                  .endpoint_id = w->endpoint_id,
                                  .unconfirmed = false,
                                  .error = w->error};
+    if (w->state == R_RECOVERED) {
+        r->out->recovered++; /* as at the start of a run: counted, not reported */
+        return;
+    }
     if (w->state == R_ACKED) {
         r->out->replayed++;
         r->out->unconfirmed += w->unconfirmed;
@@ -495,6 +561,9 @@ static int batch(struct run *r, int64_t want, bool *done, sl_err_t *err)
     }
     PQclear(res);
     res = NULL;
+    rc = recover_locked(r, rows, n, err);
+    if (rc != 0)
+        goto rollback;
     /* The intent is durable before anything is sent. */
     rc = journal(r, rows, n, true, err);
     if (rc != 0)
@@ -517,6 +586,10 @@ static int batch(struct run *r, int64_t want, bool *done, sl_err_t *err)
             r->out->unmarked += marked;
         else
             r->out->unmarked_lost += marked;
+        for (int i = 0; i < n; i++) { /* not sent: the next run selects them again */
+            r->out->invalid += rows[i].state == R_INVALID;
+            r->out->failed += rows[i].state == R_FAILED || rows[i].state == R_SENT;
+        }
         goto rollback;
     }
     for (int i = 0; i < n; i++)

@@ -10,7 +10,9 @@
  * death first. Each letter is sent once, also by runs that overlap: per batch,
  *
  *   pg         (transaction)  select the letters FOR UPDATE SKIP LOCKED
- *   journal_pg (autocommit)   journal them in replay_log as 'sending'   <- before any send
+ *   pg                        mark those another run had acknowledged ('acked' in the
+ *                             journal) but not marked: they are not sent
+ *   journal_pg (autocommit)   journal the others in replay_log as 'sending' <- before any send
  *   Kafka                     publish, wait for every acknowledgement (idempotent, acks=all)
  *   journal_pg (autocommit)   journal the acknowledged 'acked', the others 'failed'
  *   pg                        mark the acknowledged replayed; COMMIT
@@ -18,7 +20,8 @@
  * Two connections because the journal rows must be durable while pg still holds the letters
  * locked (concurrent runs skip them) and before the marking commits. Every run first calls
  * sluice_replay_recover(), which marks letters an interrupted run got acknowledged but could
- * not mark, instead of sending them again. The exact guarantee (the one window in which a
+ * not mark, instead of sending them again; the second step above does the same for a run
+ * interrupted while this one was running. The exact guarantee (the one window in which a
  * record can be sent twice) is docs/OPERATIONS-analysis.md, "replay"; the SQL objects are in
  * sql/0003_analysis.sql. Both connections need the sluice_replay role's rights.
  *
@@ -126,8 +129,8 @@ struct sl_replay_result {
     char run_id[SL_REPLAY_RUN_ID_LEN + 1]; /* hex; replay_log.run_id of this run */
     bool started;            /* the run got past its checks: the counts below are meaningful
                                 (false: it failed before touching anything) */
-    int64_t recovered;       /* marked by sluice_replay_recover(): acknowledged by an
-                                interrupted earlier run, marked without sending again */
+    int64_t recovered;       /* acknowledged by an interrupted run (before this one or while
+                                it ran), marked without sending again */
     int64_t replayed;        /* acknowledged and marked */
     int64_t failed;          /* SL_REPLAY_FAILED letters */
     int64_t invalid;         /* SL_REPLAY_INVALID letters */

@@ -344,6 +344,47 @@ static void test_acknowledged_letter_is_recovered_not_resent(void **state)
                         "r1:1,r2:1");
 }
 
+/* on_letter of the first batch: another run, started before this one's start-up recovery,
+ * had Kafka acknowledge letter c2 and journalled it, then stopped before marking it. */
+static void other_run_acked_c2(void *opaque, const struct sl_replay_letter *l)
+{
+    struct worker *w = opaque;
+    w->letters++;
+    if (w->letters == 1)
+        exec_on(T.pg, "insert into replay_log (run_id, event_id, endpoint_id, dead_at, state,"
+                      " acked_at) select 'other', event_id, endpoint_id, dead_at, 'acked', now()"
+                      " from dead_letters where event_id = 'c2'");
+    (void)l;
+}
+
+static void test_letter_acknowledged_by_a_run_interrupted_meanwhile_is_not_resent(void **state)
+{
+    (void)state;
+    dead_letter("c1", "ep_c", 2000000);
+    dead_letter("c2", "ep_c", 1000000);
+    int64_t before = topic_records();
+    PGconn *a = engine_conn(false), *b = engine_conn(false);
+    struct worker w = {.ep = "ep_c"};
+    struct sl_replay_sel sel = {.endpoint = "ep_c"};
+    struct sl_replay_opts o = {.batch_size = 1,
+                               .kafka_role = "test-replay",
+                               .opaque = &w,
+                               .on_letter = other_run_acked_c2};
+    sl_err_t err;
+    sl_err_clear(&err);
+    struct sl_replay_result res;
+    assert_int_equal(sl_replay_run(a, b, &T.cfg, &sel, &o, &res, &err), 0);
+    PQfinish(a);
+    PQfinish(b);
+    assert_int_equal(res.replayed, 1);  /* c1 */
+    assert_int_equal(res.recovered, 1); /* c2: marked, not sent */
+    assert_int_equal(topic_records() - before, 1);
+    assert_string_equal(q1("select string_agg(event_id || ':' || replay_count, ','"
+                           " order by event_id) from dead_letters"),
+                        "c1:1,c2:1");
+    assert_string_equal(q1("select count(*) from replay_log where event_id = 'c2'"), "1");
+}
+
 static void test_malformed_selection_touches_nothing(void **state)
 {
     (void)state;
@@ -391,6 +432,8 @@ int main(void)
         cmocka_unit_test_setup(test_concurrent_runs_send_each_letter_once, empty),
         cmocka_unit_test_setup(test_dry_run_changes_nothing, empty),
         cmocka_unit_test_setup(test_acknowledged_letter_is_recovered_not_resent, empty),
+        cmocka_unit_test_setup(
+            test_letter_acknowledged_by_a_run_interrupted_meanwhile_is_not_resent, empty),
         cmocka_unit_test_setup(test_malformed_selection_touches_nothing, empty),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
