@@ -16,11 +16,11 @@
  *   other fingerprint -> 422, the key was used for a different request
  * The fingerprint is SHA-256 of method, path and body. The stored answer is kept
  * api_idempotency_ttl_s; a 503 answer deletes the state so the retry publishes again.
- * Events without an "id" get one derived from the API key, the Idempotency-Key and the
- * event's index, so a retry after a crash between Kafka's acknowledgement and the answer
- * republishes the SAME event ids, and the consumers' delivered markers suppress what was
- * already delivered: nothing lost, nothing doubled for any endpoint. The lock TTL
- * (2 x api_publish_timeout_ms + 5 s) bounds how long such a retry sees 409.
+ * Events without an "id" get one derived from the API key, the Idempotency-Key, the request's
+ * fingerprint and the event's index, so a retry after a crash between Kafka's acknowledgement
+ * and the answer republishes the SAME event ids, and the consumers' delivered markers suppress what
+ * was already delivered: nothing lost, nothing doubled for any endpoint. The lock TTL (2 x
+ * api_publish_timeout_ms + 5 s) bounds how long such a retry sees 409.
  */
 #include <signal.h>
 #include <stdatomic.h>
@@ -298,10 +298,47 @@ static bool endpoint_channels_ok(const struct sl_apikey *k, const struct sl_endp
 }
 
 /*
+ * Whether the event's delivery record fits the record cap (max_body_bytes + 64 KiB,
+ * schemas/README.md) for every target: each field can be within its own limit while all of
+ * them together are not (64 macros of 2 KiB), and such an event must be refused as too large
+ * before anything is published, not fail in the producer as if Kafka were down. Sizes are
+ * added up first (an upper bound of msgpack's framing); only an event near the cap is
+ * encoded, for its longest endpoint id.
+ */
+static bool record_fits(const struct api *a, const struct pub_item *it)
+{
+    size_t cap = (size_t)a->cfg->max_body_bytes + SL_RECORD_OVERHEAD;
+    const struct sl_delivery *d = &it->d;
+    size_t bound =
+        d->body_len + 1024 + SL_EVENT_ID_MAX + SL_ENDPOINT_ID_MAX + SL_EVENT_TYPE_MAX + SL_CT_MAX;
+    for (size_t i = 0; i < d->n_hdr; i++)
+        bound += strlen(d->hdr[i].name) + strlen(d->hdr[i].value) + 10;
+    for (size_t i = 0; i < d->n_macros; i++)
+        bound += strlen(d->macros[i].name) + strlen(d->macros[i].value) + 10;
+    if (bound <= cap)
+        return true;
+    struct sl_delivery x = *d;
+    x.own = NULL;
+    for (size_t k = 0; k < it->n_eps; k++) {
+        if (!x.ep || strlen(it->eps[k]) > strlen(x.ep))
+            x.ep = it->eps[k];
+    }
+    if (!x.ep)
+        return true; /* no record to publish */
+    struct sl_decode_limits lim = {(size_t)a->cfg->max_body_bytes, 0};
+    struct sl_buf b;
+    sl_buf_init(&b, cap);
+    sl_err_t err;
+    int rc = sl_delivery_encode_lim(&x, &lim, &b, &err);
+    sl_buf_fini(&b);
+    return rc != SL_ETOOBIG;
+}
+
+/*
  * Parse and resolve event obj (index i; ptr is its JSON pointer, "" for a single event)
  * into it: on refusal it->problem is set and nothing is published for it.
  */
-static void prepare(struct api_req *r,
+static void resolve(struct api_req *r,
                     struct api_pub *p,
                     json_t *obj,
                     const char *raw,
@@ -323,13 +360,15 @@ static void prepare(struct api_req *r,
     o.raw = raw; /* the body goes out byte for byte as the client sent it */
     o.raw_len = raw_len;
     if (p->idem) {
-        /* the same request again (after a crash) must carry the same ids */
+        /* the same request again (after a crash) must carry the same ids; another request
+         * under a key used before (its answer expired, or was a 503) must not: its events
+         * would share the first one's ids, and delivered markers would suppress them */
         uint8_t h[32];
         char hx[65], idx[24];
         (void)snprintf(idx, sizeof(idx), "%zu", i);
-        const void *parts[] = {p->idem_rkey, "\n", idx};
-        size_t lens[] = {strlen(p->idem_rkey), 1, strlen(idx)};
-        sha256_parts(parts, lens, 3, h);
+        const void *parts[] = {p->idem_rkey, "\n", p->fp, "\n", idx};
+        size_t lens[] = {strlen(p->idem_rkey), 1, strlen(p->fp), 1, strlen(idx)};
+        sha256_parts(parts, lens, 5, h);
         sl_hex_encode(h, 16, hx);
         (void)snprintf(gen_id, sizeof(gen_id), "evt_%.26s", hx);
         o.id_if_absent = gen_id;
@@ -390,6 +429,16 @@ static void prepare(struct api_req *r,
         p->idx = api_fanout_current(a->fanout);
     const struct sl_endpoint **m = NULL;
     size_t n = api_fanout_match(p->idx, it->d.type, ch, nch, &m, NULL);
+    if (key->n_channels > 0) {
+        /* a key limited to channels reaches only the endpoints it can see: not those without
+         * channels, which every channel matches (published to explicitly: 403) */
+        size_t kept = 0;
+        for (size_t k = 0; k < n; k++) {
+            if (endpoint_channels_ok(key, m[k]))
+                m[kept++] = m[k];
+        }
+        n = kept;
+    }
     if ((int64_t)n > a->cfg->api_fanout_max) {
         free(m);
         (void)snprintf(field, sizeof(field), "%s/type", ptr);
@@ -406,6 +455,26 @@ static void prepare(struct api_req *r,
     }
     it->n_eps = n;
     free(m);
+}
+
+/* resolve, then refuse an event whose record would not fit (record_fits). */
+static void prepare(struct api_req *r,
+                    struct api_pub *p,
+                    json_t *obj,
+                    const char *raw,
+                    size_t raw_len,
+                    size_t i,
+                    const char *ptr,
+                    struct pub_item *it)
+{
+    resolve(r, p, obj, raw, raw_len, i, ptr, it);
+    if (it->problem || it->n_eps == 0 || record_fits(r->api, it))
+        return;
+    it->problem = api_problem_json(
+        413, "too-large", ptr[0] ? ptr : "/",
+        "the event's delivery record would exceed its cap of max_body_bytes + 64 KiB (%lld "
+        "bytes): its fields together (body, macros, headers) are too large",
+        (long long)r->api->cfg->max_body_bytes + (long long)SL_RECORD_OVERHEAD);
 }
 
 static void on_done(void *opaque, int status, const char *reason)

@@ -165,6 +165,9 @@ def test_key_scopes_channels_revocation_and_rate_limit(make_world):
     rcv = w.receiver()
     ep = w.add_endpoint(f"e_{w.tag}", rcv.url("ok", f"e_{w.tag}"), "--channels", "aff_1")
     ep2 = w.add_endpoint(f"f_{w.tag}", rcv.url("ok", f"f_{w.tag}"), "--channels", "aff_2")
+    # no channels, every type: every event's channels match it, but a channel-limited key
+    # cannot see it (an explicit publish to it is 403), so that key's fan-out leaves it out
+    anyone = w.add_endpoint(f"g_{w.tag}", rcv.url("ok", f"g_{w.tag}"))
     pub = w.api_key("publish")
     read = w.api_key("read")
     admin = w.api_key("admin")
@@ -186,6 +189,10 @@ def test_key_scopes_channels_revocation_and_rate_limit(make_world):
     st, _, b = call(api, "POST", "/v1/events",
                     {"type": "t", "channels": ["aff_1"], "body": 1}, aff1)
     assert st == 202 and b["endpoints"] == [ep], b
+    problem(*call(api, "POST", "/v1/events", dict(ev, endpoint=anyone), aff1), 403, "/endpoint")
+    st, _, b = call(api, "POST", "/v1/events",
+                    {"type": "t", "channels": ["aff_1"], "body": 1}, pub)
+    assert st == 202 and sorted(b["endpoints"]) == sorted([ep, anyone]), b
 
     # rate 2/s, burst 2: the third request in a row is refused with Retry-After
     codes = [call(api, "POST", "/v1/events", ev, slow) for _ in range(3)]
@@ -206,6 +213,61 @@ def test_key_scopes_channels_revocation_and_rate_limit(make_world):
     for line in api.proc.log_lines():
         assert pub not in line and pub[len("slk_") + 17:] not in line, "a key reached the log"
     assert api.proc.term() == 0
+
+
+def test_generated_ids_follow_the_request_not_only_its_idempotency_key(make_world):
+    """Events without an id get one derived from the Idempotency-Key, so that a retry after a
+    crash republishes the same ids. Once the key's stored answer is gone (expired, or deleted
+    by a 503) a different request under the same key is a new event: a new id, or the
+    consumers' delivered markers would drop it as the first one's duplicate."""
+    from sluice_e2e import redis_cmd
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint(f"e_{w.tag}", rcv.url("ok", f"e_{w.tag}"))
+    key = w.api_key("publish")
+    api = w.api()
+    hdr = {"Idempotency-Key": f"reuse-{w.tag}"}
+    first = {"type": "t", "endpoint": ep, "body": {"n": 1}}
+    st, _, a = call(api, "POST", "/v1/events", first, key, headers=hdr)
+    assert st == 202, a
+
+    def forget():  # what the TTL does
+        url = w.env["SLUICE_REDIS_URL"]
+        for k in redis_cmd(url, "KEYS", "sluice:idem:*") or []:
+            redis_cmd(url, "DEL", k)
+    forget()
+    st, _, b = call(api, "POST", "/v1/events", dict(first, body={"n": 2}), key, headers=hdr)
+    assert st == 202 and b["id"] != a["id"], (a, b)
+    forget()
+    st, _, c = call(api, "POST", "/v1/events", first, key, headers=hdr)
+    assert st == 202 and c["id"] == a["id"], "the same request must get the same id again"
+
+
+def test_an_event_whose_record_would_exceed_the_cap_is_413_and_publishes_nothing(make_world):
+    """Each field within its own limit, all together over the record cap (max_body_bytes +
+    64 KiB): refused as too large before anything is published, not answered 503 as if Kafka
+    were down (a client would retry that forever)."""
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint(f"e_{w.tag}", rcv.url("ok", f"e_{w.tag}"))
+    key = w.api_key("publish")
+    api = w.api()
+    c = w.consumer()
+    macros = {f"m{i:02d}": "y" * 2048 for i in range(64)}
+    big = {"type": "t", "endpoint": ep, "body": {"d": "x" * 1000000}, "macros": macros}
+    st, hdrs, p = call(api, "POST", "/v1/events", big, key)
+    problem(st, hdrs, p, 413, "/")
+    assert "retry-after" not in hdrs
+    # in a batch: refused for that event, the others accepted
+    st, _, b = call(api, "POST", "/v1/events/batch",
+                    {"events": [big, {"type": "t", "endpoint": ep, "body": 1}]}, key)
+    assert st == 200 and [x["status"] for x in b["results"]] == [413, 202], b
+    assert b["results"][0]["problem"]["field"] == "/events/0", b
+    small = b["results"][1]["id"]
+    wait_until(lambda: (small, ep) in delivered_pairs(rcv), 60 * MULT, 0.3, "the small event")
+    time.sleep(1.5)
+    assert list(delivered_pairs(rcv)) == [(small, ep)], "only the small event went out"
+    assert c.term() == 0
 
 
 def test_bad_input_gets_a_problem_naming_the_field_and_publishes_nothing(make_world):
