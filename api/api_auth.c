@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include <libpq-fe.h>
+#include <openssl/crypto.h>
 
 #include "common/sl_log.h"
 #include "common/sl_map.h"
@@ -258,16 +259,18 @@ int api_keys_check(api_keys_t *k,
         return 503;
     }
     const struct sl_apikey *key = NULL;
-    if (memo && memo->set == s && strcmp(memo->tok, tok) == 0) {
+    size_t tok_len = strlen(tok);
+    if (memo && memo->set == s && strlen(memo->tok) == tok_len &&
+        CRYPTO_memcmp(memo->tok, tok, tok_len) == 0) {
         key = memo->key; /* same key, same set: already checked on this connection */
     } else {
         key = lookup(s, tok, why);
-        if (key && memo && strlen(tok) < sizeof(memo->tok)) {
+        if (key && memo && tok_len < sizeof(memo->tok)) {
             api_auth_memo_fini(memo);
             atomic_fetch_add(&s->refs, 1);
             memo->set = s;
             memo->key = key;
-            memcpy(memo->tok, tok, strlen(tok) + 1);
+            memcpy(memo->tok, tok, tok_len + 1);
         }
     }
     if (!key) {

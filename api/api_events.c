@@ -405,10 +405,11 @@ static void resolve(struct api_req *r,
             return;
         }
         if (!endpoint_channels_ok(key, e)) {
+            /* as for reads: an endpoint the key cannot see does not exist for it (a 403 would
+             * tell a tenant which ids exist) */
             sl_endpoint_release(e);
-            it->problem =
-                api_problem_json(403, "forbidden", field,
-                                 "the API key may not publish to endpoint %s (channels)", it->d.ep);
+            it->problem = api_problem_json(404, "unknown-endpoint", field,
+                                           "endpoint %s does not exist", it->d.ep);
             return;
         }
         p->held = sl_xrealloc(p->held, (p->n_held + 1) * sizeof(const struct sl_endpoint *));

@@ -601,6 +601,28 @@ static enum MHD_Result send_answer(struct api_req *r)
     return ret;
 }
 
+/* The key's rate limit: true after answering 429. Redis is asked only for a key with a rate
+ * (with Redis gone, every other request would wait for a connection attempt on this loop);
+ * when it cannot answer, the request is allowed. */
+static bool rate_limited(struct api_req *r)
+{
+    const struct sl_apikey *key = r->auth.key;
+    if (key->rate_per_s <= 0)
+        return false;
+    sl_err_t err = {0};
+    int64_t wait = api_keys_take(api_redis(r->api, &err), key, &err);
+    if (err.code != 0)
+        sl_warn("auth", "rate_limit_unavailable",
+                "could not check the rate limit of key %s, request allowed: %s", key->id, err.msg);
+    if (wait <= 0)
+        return false;
+    r->retry_after_s = (wait + 999) / 1000;
+    (void)api_problem(r, 429, "rate-limited", NULL,
+                      "API key %s is over its rate of %lld requests/s; retry after %lld ms",
+                      key->id, (long long)key->rate_per_s, (long long)wait);
+    return true;
+}
+
 /* Authenticate, rate-limit and run the route's handler. */
 static enum api_hret dispatch(struct api_req *r)
 {
@@ -637,21 +659,8 @@ static enum api_hret dispatch(struct api_req *r)
                                            : "unavailable",
                                st == 403 ? NULL : "Authorization", "%s", why);
         }
-        sl_err_t err = {0};
-        sl_redis_t *rd = api_redis(a, &err);
-        int64_t wait = api_keys_take(rd, r->auth.key, &err);
-        if (err.code != 0)
-            sl_warn("auth", "rate_limit_unavailable",
-                    "could not check the rate limit of key %s, request allowed: %s",
-                    r->auth.key->id, err.msg);
-        if (wait > 0) {
-            r->retry_after_s = (wait + 999) / 1000;
-            return api_problem(r, 429, "rate-limited", NULL,
-                               "API key %s is over its rate of %lld requests/s; retry after %lld "
-                               "ms",
-                               r->auth.key->id, (long long)r->auth.key->rate_per_s,
-                               (long long)wait);
-        }
+        if (rate_limited(r))
+            return API_DONE;
     }
     return r->route->fn(r);
 }

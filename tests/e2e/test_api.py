@@ -184,12 +184,12 @@ def test_key_scopes_channels_revocation_and_rate_limit(make_world):
     assert call(api, "GET", "/v1/dead-letters", None, read)[0] == 200
     # a key limited to channels publishes only where those channels lead
     assert call(api, "POST", "/v1/events", ev, aff1)[0] == 202
-    problem(*call(api, "POST", "/v1/events", dict(ev, endpoint=ep2), aff1), 403, "/endpoint")
+    problem(*call(api, "POST", "/v1/events", dict(ev, endpoint=ep2), aff1), 404, "/endpoint")
     problem(*call(api, "POST", "/v1/events", {"type": "t", "body": 1}, aff1), 403, "/channels")
     st, _, b = call(api, "POST", "/v1/events",
                     {"type": "t", "channels": ["aff_1"], "body": 1}, aff1)
     assert st == 202 and b["endpoints"] == [ep], b
-    problem(*call(api, "POST", "/v1/events", dict(ev, endpoint=anyone), aff1), 403, "/endpoint")
+    problem(*call(api, "POST", "/v1/events", dict(ev, endpoint=anyone), aff1), 404, "/endpoint")
     st, _, b = call(api, "POST", "/v1/events",
                     {"type": "t", "channels": ["aff_1"], "body": 1}, pub)
     assert st == 202 and sorted(b["endpoints"]) == sorted([ep, anyone]), b
