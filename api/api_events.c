@@ -334,11 +334,23 @@ static bool record_fits(const struct api *a, const struct pub_item *it)
     return rc != SL_ETOOBIG;
 }
 
+/* Refuse it (413) when its record would not fit (record_fits). */
+static void refuse_if_too_large(const struct api *a, struct pub_item *it, const char *ptr)
+{
+    if (it->n_eps == 0 || record_fits(a, it))
+        return;
+    it->problem = api_problem_json(
+        413, "too-large", ptr[0] ? ptr : "/",
+        "the event's delivery record would exceed its cap of max_body_bytes + 64 KiB (%lld "
+        "bytes): its fields together (body, macros, headers) are too large",
+        (long long)a->cfg->max_body_bytes + (long long)SL_RECORD_OVERHEAD);
+}
+
 /*
  * Parse and resolve event obj (index i; ptr is its JSON pointer, "" for a single event)
  * into it: on refusal it->problem is set and nothing is published for it.
  */
-static void resolve(struct api_req *r,
+static void prepare(struct api_req *r,
                     struct api_pub *p,
                     json_t *obj,
                     const char *raw,
@@ -417,6 +429,7 @@ static void resolve(struct api_req *r,
         it->eps = sl_xmalloc(sizeof(*it->eps));
         it->eps[0] = e->id;
         it->n_eps = 1;
+        refuse_if_too_large(a, it, ptr);
         return;
     }
     if (!key_channels_ok(key, ch, nch)) {
@@ -456,26 +469,7 @@ static void resolve(struct api_req *r,
     }
     it->n_eps = n;
     free(m);
-}
-
-/* resolve, then refuse an event whose record would not fit (record_fits). */
-static void prepare(struct api_req *r,
-                    struct api_pub *p,
-                    json_t *obj,
-                    const char *raw,
-                    size_t raw_len,
-                    size_t i,
-                    const char *ptr,
-                    struct pub_item *it)
-{
-    resolve(r, p, obj, raw, raw_len, i, ptr, it);
-    if (it->problem || it->n_eps == 0 || record_fits(r->api, it))
-        return;
-    it->problem = api_problem_json(
-        413, "too-large", ptr[0] ? ptr : "/",
-        "the event's delivery record would exceed its cap of max_body_bytes + 64 KiB (%lld "
-        "bytes): its fields together (body, macros, headers) are too large",
-        (long long)r->api->cfg->max_body_bytes + (long long)SL_RECORD_OVERHEAD);
+    refuse_if_too_large(a, it, ptr);
 }
 
 static void on_done(void *opaque, int status, const char *reason)

@@ -11,8 +11,11 @@
 
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 #include <libpq-fe.h>
@@ -58,6 +61,19 @@ static const struct option longopts[] = {{"endpoint", required_argument, NULL, O
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
 
+/* Ctrl-C or SIGTERM: the run ends before its next batch (sl_replay_opts.stop); the handler
+ * then steps aside, so a second signal ends the process at once. */
+static atomic_bool g_stop;
+
+static void on_stop_signal(int sig)
+{
+    static const char msg[] = "sluicectl replay: stopping after the batch being sent "
+                              "(again to quit at once)\n";
+    atomic_store(&g_stop, true);
+    (void)signal(sig, SIG_DFL);
+    (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+}
+
 void ctl_replay_help(FILE *f)
 {
     (void)fprintf(
@@ -90,9 +106,11 @@ void ctl_replay_help(FILE *f)
            "  --json              machine-readable output\n"
            "\n"
            "Letters without a stored record (the consumer kept none) cannot be replayed and\n"
-           "are counted separately. Exit: 0 every selected letter was published, acknowledged\n"
-           "and marked; 1 some failed (the rest are done; failed ones stay selectable); 2\n"
-           "usage; 78 configuration.\n");
+           "are counted separately. Ctrl-C (or SIGTERM) ends the run after the batch being\n"
+           "sent, so that nothing is sent twice; a second one quits at once. Exit: 0 every\n"
+           "selected letter was published, acknowledged and marked; 1 some failed or the run\n"
+           "was stopped (the rest are done; the others stay selectable); 2 usage; 78\n"
+           "configuration.\n");
 }
 
 static void opts_fini(struct opts *o)
@@ -456,7 +474,10 @@ int ctl_replay_main(struct ctl *c, int argc, char **argv)
                                    .kafka_role = "sluicectl-replay",
                                    .opaque = &p,
                                    .on_letter = on_letter,
-                                   .on_warning = on_warning};
+                                   .on_warning = on_warning,
+                                   .stop = &g_stop};
+    (void)signal(SIGINT, on_stop_signal);
+    (void)signal(SIGTERM, on_stop_signal);
     struct sl_replay_result r;
     int err_rc = sl_replay_run(a, b, cfg, &sel, &ropts, &r, &err);
     if (!r.started) {

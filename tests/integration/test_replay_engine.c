@@ -385,6 +385,44 @@ static void test_letter_acknowledged_by_a_run_interrupted_meanwhile_is_not_resen
     assert_string_equal(q1("select count(*) from replay_log where event_id = 'c2'"), "1");
 }
 
+static atomic_bool stop_after_first;
+
+/* on_letter of the first batch: a stop is asked for (Ctrl-C, SIGTERM) while it is sent. */
+static void ask_stop(void *opaque, const struct sl_replay_letter *l)
+{
+    (void)opaque;
+    (void)l;
+    atomic_store(&stop_after_first, true);
+}
+
+static void test_a_stop_ends_the_run_after_the_batch_being_sent(void **state)
+{
+    (void)state;
+    dead_letter("s1", "ep_s", 2000000);
+    dead_letter("s2", "ep_s", 1000000);
+    atomic_store(&stop_after_first, false);
+    PGconn *a = engine_conn(false), *b = engine_conn(false);
+    struct sl_replay_sel sel = {.endpoint = "ep_s"};
+    struct sl_replay_opts o = {.batch_size = 1,
+                               .kafka_role = "test-replay",
+                               .on_letter = ask_stop,
+                               .stop = &stop_after_first};
+    sl_err_t err;
+    sl_err_clear(&err);
+    struct sl_replay_result res;
+    assert_int_equal(sl_replay_run(a, b, &T.cfg, &sel, &o, &res, &err), SL_ESTATE);
+    assert_non_null(strstr(err.msg, "stopped before its next batch"));
+    assert_true(res.started);
+    assert_int_equal(res.replayed, 1); /* the batch being sent was finished and marked */
+    assert_string_equal(q1("select string_agg(event_id || ':' || replay_count, ','"
+                           " order by event_id) from dead_letters"),
+                        "s1:1,s2:0");
+    /* idle, outside any transaction: the next run takes the rest */
+    assert_int_equal(PQtransactionStatus(a), PQTRANS_IDLE);
+    PQfinish(a);
+    PQfinish(b);
+}
+
 static void test_malformed_selection_touches_nothing(void **state)
 {
     (void)state;
@@ -434,6 +472,7 @@ int main(void)
         cmocka_unit_test_setup(test_acknowledged_letter_is_recovered_not_resent, empty),
         cmocka_unit_test_setup(
             test_letter_acknowledged_by_a_run_interrupted_meanwhile_is_not_resent, empty),
+        cmocka_unit_test_setup(test_a_stop_ends_the_run_after_the_batch_being_sent, empty),
         cmocka_unit_test_setup(test_malformed_selection_touches_nothing, empty),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
