@@ -445,7 +445,7 @@ static void prepare(struct api_req *r,
     size_t n = api_fanout_match(p->idx, it->d.type, ch, nch, &m, NULL);
     if (key->n_channels > 0) {
         /* a key limited to channels reaches only the endpoints it can see: not those without
-         * channels, which every channel matches (published to explicitly: 403) */
+         * channels, which every channel matches (published to explicitly: 404) */
         size_t kept = 0;
         for (size_t k = 0; k < n; k++) {
             if (endpoint_channels_ok(key, m[k]))
