@@ -52,7 +52,13 @@ struct api {
     atomic_bool stopping;        /* SIGTERM seen: readiness fails, new requests get 503 */
     atomic_int replays;          /* dead-letter replays running on their threads (their
                                     requests suspended): shutdown waits for them */
+    atomic_llong qfull_until_ms; /* Kafka's local queue stayed full: until this monotonic ms
+                                    publishes fail at once (api_events.c) */
 };
+
+/* ms a publish waits for room in the producer's full local queue (its enqueue_timeout_ms);
+ * after such a wait ran out, publishes fail at once for as long again (api_events.c). */
+#define API_ENQUEUE_WAIT_MS 1000
 
 /* api_metrics.c: metrics (docs/METRICS.md) and readiness. */
 void api_metrics_init(struct api *a);

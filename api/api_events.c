@@ -10,8 +10,10 @@
  *
  * Idempotency-Key (optional header, 1..255 visible ASCII characters) makes a publish safe to
  * retry. Its state lives in Redis under sl_rstate_key_idem(<api key id>, <SHA-256 of the key>):
- *   absent            -> SET "p:<fingerprint>" NX with a lock TTL; this request publishes
- *   "p:<same fp>"     -> 409, a request with this key is still in flight
+ *   absent            -> SET "p:<fingerprint>:<random token>" NX with a lock TTL; this
+ *                        request publishes, then settles the key only while it still holds
+ *                        that lock (sl_rstate_idem_settle)
+ *   "p:<same fp>:..." -> 409, a request with this key is still in flight
  *   "d:<same fp>:..." -> the stored answer again (Idempotent-Replayed: true), nothing published
  *   other fingerprint -> 422, the key was used for a different request
  * The fingerprint is SHA-256 of method, path and body. The stored answer is kept
@@ -30,10 +32,12 @@
 
 #include <microhttpd.h>
 #include <openssl/evp.h>
+#include <openssl/rand.h>
 
 #include "api/api.h"
 #include "common/sl_hex.h"
 #include "common/sl_jsonl.h"
+#include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_rstate.h"
 
@@ -68,6 +72,7 @@ struct api_pub {
     /* idempotency */
     bool idem;           /* an Idempotency-Key is in force */
     char idem_rkey[160]; /* the Redis key */
+    char idem_lock[100]; /* "p:<fp>:<token>", the value this request claimed it with */
     char fp[65];         /* request fingerprint, hex */
 };
 
@@ -161,11 +166,15 @@ static enum idem_state idem_begin(struct api_req *r, struct api_pub *p, const ch
                     "Idempotency-Key");
         return IDEM_ANSWERED;
     }
-    char val[2 + 64 + 1], ttl[24];
-    (void)snprintf(val, sizeof(val), "p:%s", p->fp);
+    uint8_t tok[8];
+    char htok[17], ttl[24];
+    if (RAND_bytes(tok, sizeof(tok)) != 1)
+        (void)memcpy(tok, h, sizeof(tok)); /* never seen; the token only tells owners apart */
+    sl_hex_encode(tok, sizeof(tok), htok);
+    (void)snprintf(p->idem_lock, sizeof(p->idem_lock), "p:%s:%s", p->fp, htok);
     (void)snprintf(ttl, sizeof(ttl), "%lld", 2LL * a->cfg->api_publish_timeout_ms + 5000);
     for (int tries = 0; tries < 3; tries++) {
-        const char *set[] = {"SET", p->idem_rkey, val, "NX", "PX", ttl};
+        const char *set[] = {"SET", p->idem_rkey, p->idem_lock, "NX", "PX", ttl};
         redisReply *rep = sl_redis_cmd(rd, 0, 6, set, NULL, &err);
         if (!rep)
             break;
@@ -204,7 +213,11 @@ static enum idem_state idem_begin(struct api_req *r, struct api_pub *p, const ch
     return IDEM_ANSWERED;
 }
 
-/* Store the final answer (or forget the key after a 503 so the retry publishes). */
+/*
+ * Store the final answer, or forget the key after a 5xx so the retry publishes: only while
+ * the key still holds this request's lock (sl_rstate_idem_settle). A request whose lock
+ * expired and was taken by another request leaves that one's state alone.
+ */
 static void idem_finish(struct api_req *r, struct api_pub *p)
 {
     if (!p->idem)
@@ -213,10 +226,9 @@ static void idem_finish(struct api_req *r, struct api_pub *p)
     sl_redis_t *rd = api_redis(r->api, &err);
     if (!rd)
         goto fail;
-    redisReply *rep;
+    int rc;
     if (r->status >= 500) {
-        const char *del[] = {"DEL", p->idem_rkey};
-        rep = sl_redis_cmd(rd, 1, 2, del, NULL, &err);
+        rc = sl_rstate_idem_settle(rd, p->idem_rkey, p->idem_lock, NULL, 0, 0, &err);
     } else {
         struct sl_buf v;
         sl_buf_init(&v, (size_t)64 << 20);
@@ -225,15 +237,17 @@ static void idem_finish(struct api_req *r, struct api_pub *p)
                                : NULL;
         (void)sl_buf_printf(&v, "d:%s:%03d:%s", p->fp, r->status, text ? text : "null");
         free(text);
-        char ttl[24];
-        (void)snprintf(ttl, sizeof(ttl), "%lld", (long long)r->api->cfg->api_idempotency_ttl_s);
-        const char *set[] = {"SET", p->idem_rkey, (const char *)v.data, "EX", ttl};
-        size_t lens[] = {3, strlen(p->idem_rkey), v.len, 2, strlen(ttl)};
-        rep = sl_redis_cmd(rd, 1, 5, set, lens, &err);
+        rc = sl_rstate_idem_settle(rd, p->idem_rkey, p->idem_lock, v.data, v.len,
+                                   r->api->cfg->api_idempotency_ttl_s, &err);
         sl_buf_fini(&v);
     }
-    if (rep) {
-        freeReplyObject(rep);
+    if (rc == 1)
+        return;
+    if (rc == 0) {
+        sl_warn("events", "idempotency_lock_lost",
+                "an idempotent request was answered after its lock expired and another "
+                "request had claimed the key: that request's state was kept, this answer "
+                "was not stored");
         return;
     }
 fail:
@@ -615,7 +629,32 @@ static enum api_hret finish(struct api_req *r)
     return API_DONE;
 }
 
-/* Publish every record of every accepted item; the connection is suspended first. */
+/*
+ * Test builds only (-DSL_FAULT_INJECTION=ON): SL_FAULT=api_queue_full makes every record
+ * publish fail as when Kafka's local queue stayed full for the enqueue wait
+ * (tests/e2e/test_api.py).
+ */
+static int
+publish_record(struct api *a, const struct sl_delivery *d, struct rec_ctx *c, sl_err_t *err)
+{
+#ifdef SL_FAULT_INJECTION
+    const char *f = getenv("SL_FAULT");
+    if (f && strcmp(f, "api_queue_full") == 0)
+        return sl_err_set(err, SL_ETIMEDOUT, "local queue full for %d ms (SL_FAULT)",
+                          API_ENQUEUE_WAIT_MS);
+#endif
+    return prod_lib_publish(a->prod, d, on_done, c, err);
+}
+
+/*
+ * Publish every record of every accepted item; the connection is suspended first.
+ *
+ * Kafka's local queue full: a publish waits up to API_ENQUEUE_WAIT_MS for room on this
+ * request's HTTP loop. Once such a wait ran out, the request's remaining records are not
+ * tried (their events answer 503 like the first), and neither are any request's for
+ * API_ENQUEUE_WAIT_MS after it: a batch of many records, or many requests, would otherwise
+ * hold their loops for a wait each while Kafka is not keeping up.
+ */
 static enum api_hret publish_all(struct api_req *r, struct api_pub *p)
 {
     struct api *a = r->api;
@@ -631,6 +670,7 @@ static enum api_hret publish_all(struct api_req *r, struct api_pub *p)
     p->n_ctx = n;
     atomic_store(&p->pending, n + 1);
     MHD_suspend_connection(r->conn);
+    bool shed = sl_mono_ms() < atomic_load(&a->qfull_until_ms);
     size_t c = 0;
     for (size_t i = 0; i < p->n_items; i++) {
         struct pub_item *it = &p->items[i];
@@ -643,8 +683,18 @@ static enum api_hret publish_all(struct api_req *r, struct api_pub *p)
             d.own = NULL;
             p->ctx[c].pub = p;
             p->ctx[c].item = i;
-            if (prod_lib_publish(a->prod, &d, on_done, &p->ctx[c], &err) != 0)
-                on_done(&p->ctx[c], err.code, err.msg);
+            if (shed) {
+                on_done(&p->ctx[c], SL_ETIMEDOUT,
+                        "not tried: Kafka's local queue was full moments ago");
+                continue;
+            }
+            if (publish_record(a, &d, &p->ctx[c], &err) == 0)
+                continue;
+            if (err.code == SL_ETIMEDOUT) { /* the queue stayed full for the whole wait */
+                shed = true;
+                atomic_store(&a->qfull_until_ms, sl_mono_ms() + API_ENQUEUE_WAIT_MS);
+            }
+            on_done(&p->ctx[c], err.code, err.msg);
         }
     }
     if (atomic_fetch_sub(&p->pending, 1) == 1)

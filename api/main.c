@@ -107,7 +107,7 @@ static int start_producer(struct run *r, sl_err_t *err)
 {
     struct sluice_producer_opts po = {0};
     po.message_timeout_ms = r->cfg.api_publish_timeout_ms;
-    po.enqueue_timeout_ms = 1000;
+    po.enqueue_timeout_ms = API_ENQUEUE_WAIT_MS;
     po.close_timeout_ms = 1000; /* requests in flight already had api_shutdown_ms */
     po.role = "sluice-api";
     /* each request waits for its acknowledgement: the library's 5 ms would be latency */

@@ -302,6 +302,25 @@ static struct sl_redis_script lua_apirate = {
                              "return {ok, wait}\n",
 };
 
+/*
+ * idem_settle. KEYS[1] an Idempotency-Key's state. ARGV: the settling request's lock value,
+ * its answer ("" = forget the key), the answer's TTL in seconds. Acts only while the key holds
+ * that lock, or nothing (the lock expired and nobody took it): returns 1 then, and when the
+ * key already holds this answer (a run again after a lost reply); 0 when another request
+ * holds the key, which is left alone.
+ */
+static struct sl_redis_script lua_idem_settle = {
+    .name = "idem_settle",
+    .lua = "local v = redis.call('GET', KEYS[1])\n"
+           "if v and v ~= ARGV[1] and v ~= ARGV[2] then return 0 end\n"
+           "if ARGV[2] == '' then\n"
+           "  if v == ARGV[1] then redis.call('DEL', KEYS[1]) end\n"
+           "  return 1\n"
+           "end\n"
+           "redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])\n"
+           "return 1\n",
+};
+
 /* ==== Keys ==== */
 
 /* snprintf's result as a key length; -1 (and buf "") when it did not fit. */
@@ -1125,4 +1144,29 @@ int64_t sl_rstate_apirate_take(
         wait = sl_err_set(err, SL_EREDIS, "rate limit script failed: %s", rep->str);
     freeReplyObject(rep);
     return wait;
+}
+
+int sl_rstate_idem_settle(sl_redis_t *r,
+                          const char *key,
+                          const char *lock,
+                          const void *answer,
+                          size_t answer_len,
+                          int64_t ttl_s,
+                          sl_err_t *err)
+{
+    char ttl[24];
+    (void)snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_s);
+    const char *argv[] = {key, lock, answer ? (const char *)answer : "", ttl};
+    size_t lens[] = {strlen(key), strlen(lock), answer ? answer_len : 0, strlen(ttl)};
+    redisReply *rep;
+    int rc = run_script(r, &lua_idem_settle, 1, 4, argv, lens, 1, "settle an idempotency key", &rep,
+                        err);
+    if (rc != 0)
+        return rc;
+    if (rep->type == REDIS_REPLY_INTEGER && (rep->integer == 0 || rep->integer == 1))
+        rc = (int)rep->integer;
+    else
+        rc = fail_reply(err, "settle an idempotency key", rep);
+    freeReplyObject(rep);
+    return rc;
 }

@@ -3,7 +3,8 @@
  * sluice-api (which count, rebuild and read it) must agree on, in one place. It owns:
  *   - the key formats, one function per key kind (below); no other file spells a key;
  *   - every Lua script that changes this state (schedule, claim, renew, complete, the three
- *     breaker scripts, the rate bucket, sluice-api's key bucket);
+ *     breaker scripts, the rate bucket, sluice-api's key bucket and its idempotency
+ *     settle);
  *   - thin functions that build a script's KEYS/ARGV, run it and parse its reply; the
  *     pipelined counts and job lookups; the pipeline runner (with its reconnect rule) that
  *     the consumer's marker reads and writes use too.
@@ -268,5 +269,21 @@ int sl_rstate_rate_take(sl_redis_t *r,
  */
 int64_t sl_rstate_apirate_take(
     sl_redis_t *r, const char *api_key_id, int64_t rate_per_s, int64_t burst, sl_err_t *err);
+
+/*
+ * Settle sluice-api's Idempotency-Key state at key (sl_rstate_key_idem) for the request that
+ * claimed it with the value lock: store answer (answer_len bytes) for ttl_s seconds, or
+ * forget the key when answer is NULL. Done only while the key still holds lock, or has
+ * expired: returns 1 then, 0 when another request has claimed the key since (nothing is
+ * changed), or a negative code with err filled. Retried once after a lost connection (the
+ * script is safe to run twice).
+ */
+int sl_rstate_idem_settle(sl_redis_t *r,
+                          const char *key,
+                          const char *lock,
+                          const void *answer,
+                          size_t answer_len,
+                          int64_t ttl_s,
+                          sl_err_t *err);
 
 #endif /* SL_RSTATE_H */

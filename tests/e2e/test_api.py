@@ -448,6 +448,43 @@ def test_kafka_not_acknowledging_is_503_with_retry_after(make_world):
     assert api.proc.term() == 0
 
 
+def test_a_full_kafka_queue_fails_the_rest_at_once_instead_of_waiting_per_record(make_world):
+    """Kafka's local queue stayed full for the enqueue wait (SL_FAULT=api_queue_full, test
+    builds only: every publish fails so): the batch's first record waited, the other events
+    are answered 503 without being tried, and so is the next request within that wait; after
+    it the next request tries again. Before, every record of a batch waited in turn on its
+    HTTP loop (a batch of 100 events fanned out to 10 endpoints: 1,000 waits of a second)."""
+    w = make_world()
+    rcv = w.receiver()
+    eps = [w.add_endpoint(f"q{i}_{w.tag}", rcv.url("ok", f"q{i}_{w.tag}"), "--types", "q.*")
+           for i in range(2)]
+    key = w.api_key("publish")
+    api = w.api(api_batch_max=10, _fault="api_queue_full")
+    batch = {"events": [{"type": "q.x", "body": i, "id": f"q{i}_{w.tag}"} for i in range(4)]}
+    st, hdrs, ans = call(api, "POST", "/v1/events/batch", batch, key)
+    answered = time.monotonic()
+    assert st == 503 and ans["unacknowledged"] == 4, (st, ans)
+    assert [e["status"] for e in ans["results"]] == [503] * 4, ans
+    tried = [e for e in api.proc.events("publish_failed") if "SL_FAULT" in e["msg"]]
+    shed = [e for e in api.proc.events("publish_failed") if "not tried" in e["msg"]]
+    assert len(tried) == 1 and len(shed) == 3, (tried, shed)
+    # within the wait after it (1 s from before the answer), the next request is not tried
+    soon = time.monotonic() - answered < 0.8
+    st, hdrs, p = call(api, "POST", "/v1/events", {"type": "q.x", "body": 9, "id": f"q9_{w.tag}"},
+                       key)
+    problem(st, hdrs, p, 503)
+    last = api.proc.events("publish_failed")[-1]["msg"]
+    assert ("not tried" in last) if soon else ("SL_FAULT" in last), last
+    # after it, requests try again
+    time.sleep(1.2)
+    st, hdrs, p = call(api, "POST", "/v1/events", {"type": "q.x", "body": 8, "id": f"q8_{w.tag}"},
+                       key)
+    problem(st, hdrs, p, 503)
+    assert int(hdrs["retry-after"]) >= 1
+    assert "SL_FAULT" in api.proc.events("publish_failed")[-1]["msg"]
+    assert len(eps) == 2 and api.proc.term() == 0
+
+
 def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_world):
     from sluice_e2e import Proc
     w = make_world()

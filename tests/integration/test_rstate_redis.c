@@ -4,7 +4,8 @@
  * schedule script's three answers (written, existed, lease lost) for sluicectl's rebuild and
  * the consumer alike; the counts sluicectl's health reads (scheduled, leased, due on Redis's
  * clock), agreeing with the consumer's; pipelined job lookups across round trips; and
- * sluice-api's key bucket. The consumer's full use of the scripts is test_cons_store.c.
+ * sluice-api's key bucket and Idempotency-Key settle. The consumer's full use of the scripts is
+ * test_cons_store.c.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -194,6 +195,58 @@ static void test_api_key_bucket(void **state)
     assert_int_equal(sl_rstate_apirate_take(f->r, "k2", 1, 2, &err), 0);
 }
 
+/* A string value of an admin GET, or "" when the key does not exist. */
+static void adm_get(struct fx *f, const char *key, char *out, size_t cap)
+{
+    redisReply *rep = redisCommand(f->adm, "GET %s", key);
+    assert_non_null(rep);
+    out[0] = '\0';
+    if (rep->type == REDIS_REPLY_STRING)
+        (void)snprintf(out, cap, "%s", rep->str);
+    else
+        assert_int_equal(rep->type, REDIS_REPLY_NIL);
+    freeReplyObject(rep);
+}
+
+/*
+ * sluice-api's Idempotency-Key settle: a request stores its answer or forgets the key only
+ * while the key holds its own lock (or nothing); a request whose lock expired and was claimed
+ * by another leaves the other's lock, and then its answer, alone.
+ */
+static void test_idempotency_settle_only_under_its_own_lock(void **state)
+{
+    struct fx *f = *state;
+    sl_err_t err = {0};
+    char k[160], v[128];
+    (void)sl_rstate_key_idem(k, sizeof(k), "k1", "aa");
+    freeReplyObject(redisCommand(f->adm, "SET %s %s PX 60000", k, "p:fp:A"));
+    assert_int_equal(sl_rstate_idem_settle(f->r, k, "p:fp:A", "d:fp:202:{}", 11, 600, &err), 1);
+    adm_get(f, k, v, sizeof(v));
+    assert_string_equal(v, "d:fp:202:{}");
+    long long ttl = adm_int(f, "TTL %s", k);
+    assert_true(ttl > 590 && ttl <= 600);
+    /* run again (its reply was lost): the same answer stays, still 1 */
+    assert_int_equal(sl_rstate_idem_settle(f->r, k, "p:fp:A", "d:fp:202:{}", 11, 600, &err), 1);
+
+    /* A's lock expired and B claimed the key: A's answer and A's forget both leave B's lock */
+    freeReplyObject(redisCommand(f->adm, "SET %s %s PX 60000", k, "p:fp2:B"));
+    assert_int_equal(sl_rstate_idem_settle(f->r, k, "p:fp:A", "d:fp:202:{}", 11, 600, &err), 0);
+    assert_int_equal(sl_rstate_idem_settle(f->r, k, "p:fp:A", NULL, 0, 0, &err), 0);
+    adm_get(f, k, v, sizeof(v));
+    assert_string_equal(v, "p:fp2:B");
+    assert_true(adm_int(f, "PTTL %s", k) > 50000); /* B's lock TTL untouched */
+    /* B settles with a 5xx: the key is forgotten */
+    assert_int_equal(sl_rstate_idem_settle(f->r, k, "p:fp2:B", NULL, 0, 0, &err), 1);
+    assert_int_equal(adm_int(f, "EXISTS %s", k), 0);
+
+    /* a lock that expired with nobody after it: the answer is stored, a forget is a no-op */
+    assert_int_equal(sl_rstate_idem_settle(f->r, k, "p:fp:C", NULL, 0, 0, &err), 1);
+    assert_int_equal(adm_int(f, "EXISTS %s", k), 0);
+    assert_int_equal(sl_rstate_idem_settle(f->r, k, "p:fp:C", "d:fp:400:{}", 11, 60, &err), 1);
+    adm_get(f, k, v, sizeof(v));
+    assert_string_equal(v, "d:fp:400:{}");
+}
+
 /* Each test starts from an empty Redis, on the group's two connections. */
 static int flush(void **state)
 {
@@ -236,6 +289,7 @@ int main(void)
         cmocka_unit_test_setup(test_jobs_exist_across_round_trips, flush),
         cmocka_unit_test_setup(test_endpoint_scripts_write_the_named_keys, flush),
         cmocka_unit_test_setup(test_api_key_bucket, flush),
+        cmocka_unit_test_setup(test_idempotency_settle_only_under_its_own_lock, flush),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
