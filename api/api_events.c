@@ -251,10 +251,10 @@ static void idem_finish(struct api_req *r, struct api_pub *p)
         return;
     }
 fail:
-    sl_warn("events", "idempotency_store_failed",
-            "could not store the answer of an idempotent request (a retry within the lock TTL "
-            "gets 409, later ones publish the same event ids again): %s",
-            err.msg);
+    SL_LOG_EVERY(1000, SL_LOG_WARN, "events", "idempotency_store_failed",
+                 "could not store the answer of an idempotent request (a retry within the lock TTL "
+                 "gets 409, later ones publish the same event ids again): %s",
+                 err.msg);
 }
 
 /* ==== events ==== */

@@ -538,6 +538,15 @@ static int route(struct api_req *r)
     return path_known ? 405 : 404;
 }
 
+/* A 5xx answer's warning: one line a second at most (a dependency down fails them all). */
+static void log_server_error(const struct api_req *r)
+{
+    SL_LOGKV_EVERY(1000, SL_LOG_WARN, "http", "request_failed",
+                   ((struct sl_log_kv[]){SL_KV_S("route", r->route ? r->route->name : "-"),
+                                         SL_KV_I("status", r->status)}),
+                   "request answered with a server error");
+}
+
 /* ==== the access handler ==== */
 
 static void req_free(struct api_req *r)
@@ -594,10 +603,7 @@ static enum MHD_Result send_answer(struct api_req *r)
     MHD_destroy_response(resp);
     api_metrics_answer(r->route ? r->route->name : NULL, r->status, sl_mono_us() - r->t0_us);
     if (r->status >= 500)
-        SL_LOGKV(SL_LOG_WARN, "http", "request_failed",
-                 ((struct sl_log_kv[]){SL_KV_S("route", r->route ? r->route->name : "-"),
-                                       SL_KV_I("status", r->status)}),
-                 "request answered with a server error");
+        log_server_error(r);
     return ret;
 }
 
@@ -612,8 +618,9 @@ static bool rate_limited(struct api_req *r)
     sl_err_t err = {0};
     int64_t wait = api_keys_take(api_redis(r->api, &err), key, &err);
     if (err.code != 0)
-        sl_warn("auth", "rate_limit_unavailable",
-                "could not check the rate limit of key %s, request allowed: %s", key->id, err.msg);
+        SL_LOG_EVERY(1000, SL_LOG_WARN, "auth", "rate_limit_unavailable",
+                     "could not check the rate limit of key %s, request allowed: %s", key->id,
+                     err.msg);
     if (wait <= 0)
         return false;
     r->retry_after_s = (wait + 999) / 1000;

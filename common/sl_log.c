@@ -35,6 +35,7 @@ static size_t g_nsecrets;
 static _Thread_local const struct sl_log_ctx *t_ctx;
 static _Thread_local const char *t_tag_key; /* sl_log_thread_tag */
 static _Thread_local int64_t t_tag_val;
+static _Thread_local int64_t t_suppressed; /* set by sl__log_every_pass for the next line */
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
@@ -279,6 +280,37 @@ static void scrub(struct line *l)
         scrub_prefixed(l, pfxs[k], red);
 }
 
+/* The fields after "msg": this thread's context, the caller's pairs, a throttled site's
+ * "suppressed" count. */
+static void put_fields(struct line *l, const struct sl_log_kv *kv, size_t nkv)
+{
+    const struct sl_log_ctx *c = t_ctx;
+    if (c) {
+        if (c->event_id)
+            put_str(l, "event_id", c->event_id, strlen(c->event_id));
+        if (c->endpoint_id)
+            put_str(l, "endpoint_id", c->endpoint_id, strlen(c->endpoint_id));
+        if (c->attempt > 0)
+            put_int(l, "attempt", c->attempt);
+        if (c->topic)
+            put_str(l, "topic", c->topic, strlen(c->topic));
+        if (c->partition >= 0)
+            put_int(l, "partition", c->partition);
+        if (c->offset >= 0)
+            put_int(l, "offset", c->offset);
+    }
+    for (size_t i = 0; i < nkv; i++) {
+        if (kv[i].s)
+            put_str(l, kv[i].k, kv[i].s, strlen(kv[i].s));
+        else
+            put_int(l, kv[i].k, kv[i].i);
+    }
+    if (t_suppressed > 0) {
+        put_int(l, "suppressed", t_suppressed);
+        t_suppressed = 0;
+    }
+}
+
 void sl__log_write(int level,
                    unsigned dbg_ctx,
                    const char *mod,
@@ -322,27 +354,7 @@ void sl__log_write(int level,
         mn = (int)sizeof(msg) - 1;
     put_str(&l, "msg", msg, (size_t)mn);
 
-    const struct sl_log_ctx *c = t_ctx;
-    if (c) {
-        if (c->event_id)
-            put_str(&l, "event_id", c->event_id, strlen(c->event_id));
-        if (c->endpoint_id)
-            put_str(&l, "endpoint_id", c->endpoint_id, strlen(c->endpoint_id));
-        if (c->attempt > 0)
-            put_int(&l, "attempt", c->attempt);
-        if (c->topic)
-            put_str(&l, "topic", c->topic, strlen(c->topic));
-        if (c->partition >= 0)
-            put_int(&l, "partition", c->partition);
-        if (c->offset >= 0)
-            put_int(&l, "offset", c->offset);
-    }
-    for (size_t i = 0; i < nkv; i++) {
-        if (kv[i].s)
-            put_str(&l, kv[i].k, kv[i].s, strlen(kv[i].s));
-        else
-            put_int(&l, kv[i].k, kv[i].i);
-    }
+    put_fields(&l, kv, nkv);
     l.buf[l.len++] = '}';
     l.buf[l.len++] = '\n';
     scrub(&l);
@@ -360,4 +372,19 @@ void sl__log_write(int level,
         left -= (size_t)w;
     }
     errno = saved_errno;
+}
+
+bool sl__log_every_pass(struct sl_log_every *e, int64_t interval_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    int64_t next = atomic_load(&e->next_ms);
+    /* one caller per interval wins the exchange; the others count themselves dropped */
+    if (now < next || !atomic_compare_exchange_strong(&e->next_ms, &next, now + interval_ms)) {
+        atomic_fetch_add(&e->dropped, 1);
+        return false;
+    }
+    t_suppressed = atomic_exchange(&e->dropped, 0);
+    return true;
 }

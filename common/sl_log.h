@@ -21,6 +21,8 @@
 #ifndef SL_LOG_H
 #define SL_LOG_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -110,6 +112,35 @@ void sl__log_write(int level,
     do {                                                                                           \
         if (sl__log_level >= SL_LOG_DEBUG && (sl__log_debug_mask & (ctxbit)))                      \
             sl__log_write(SL_LOG_DEBUG, (ctxbit), (mod), (event), NULL, 0, __VA_ARGS__);           \
+    } while (0)
+
+/*
+ * A call site that may fire once per request or per record (a dependency down under load)
+ * logs at most one line per interval: SL_LOG_EVERY / SL_LOGKV_EVERY keep a static budget per
+ * call site, and a line after dropped ones carries "suppressed": how many were dropped. The
+ * metrics count every occurrence; the log says that it happens and why.
+ */
+struct sl_log_every {
+    _Atomic int64_t next_ms; /* monotonic ms before which the site drops its lines */
+    _Atomic int64_t dropped; /* lines dropped since the last one written */
+};
+/* True when the site may write now; the line it then writes on this thread carries
+ * "suppressed" when lines were dropped before it. */
+bool sl__log_every_pass(struct sl_log_every *e, int64_t interval_ms);
+
+#define SL_LOGKV_EVERY(interval_ms, lvl, mod, event, kvs, ...)                                     \
+    do {                                                                                           \
+        static struct sl_log_every sl__every_;                                                     \
+        if (sl_log_enabled(lvl) && sl__log_every_pass(&sl__every_, (interval_ms)))                 \
+            sl__log_write((lvl), 0, (mod), (event), (kvs), sizeof(kvs) / sizeof((kvs)[0]),         \
+                          __VA_ARGS__);                                                            \
+    } while (0)
+
+#define SL_LOG_EVERY(interval_ms, lvl, mod, event, ...)                                            \
+    do {                                                                                           \
+        static struct sl_log_every sl__every_;                                                     \
+        if (sl_log_enabled(lvl) && sl__log_every_pass(&sl__every_, (interval_ms)))                 \
+            sl__log_write((lvl), 0, (mod), (event), NULL, 0, __VA_ARGS__);                         \
     } while (0)
 
 #define sl_error(mod, event, ...) sl_log(SL_LOG_ERROR, mod, event, __VA_ARGS__)

@@ -1,7 +1,8 @@
 /*
  * Logger: JSON shape, escaping of external data, context fields, level gating (arguments not
- * evaluated when disabled), and the planted-secret test: a secret registered by the config
- * loader never reaches the output, even when code passes it by mistake.
+ * evaluated when disabled), a flooding call site's one line per interval, and the planted-secret
+ * test: a secret registered by the config loader never reaches the output, even when code passes it
+ * by mistake.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -72,6 +73,50 @@ static void test_json_shape_and_escape(void **state)
     /* second line has no context */
     char *second = strstr(out, "}\n") + 2;
     assert_null(strstr(second, "event_id"));
+    free(out);
+}
+
+static void every_site(int i)
+{
+    SL_LOGKV_EVERY(60000, SL_LOG_WARN, "x", "flood", ((struct sl_log_kv[]){SL_KV_I("i", i)}),
+                   "line %d", i);
+}
+
+/* A site under SL_LOG*_EVERY writes one line per interval; the next one counts the dropped. */
+static void test_a_flooding_site_writes_one_line_per_interval(void **state)
+{
+    (void)state;
+    sl_log_init("sluice-test", SL_LOG_INFO, 0);
+    int fd;
+    char *path = capture_begin(&fd);
+    for (int i = 0; i < 100; i++)
+        every_site(i);
+    char *out = capture_end(fd, path);
+    assert_non_null(strstr(out, "\"msg\":\"line 0\",\"i\":0}\n"));
+    assert_null(strstr(out, "line 1"));
+    assert_null(strstr(out, "suppressed"));
+    free(out);
+
+    struct sl_log_every e = {0};
+    assert_true(sl__log_every_pass(&e, 60000));
+    for (int i = 0; i < 999; i++)
+        assert_false(sl__log_every_pass(&e, 60000));
+    assert_int_equal(atomic_load(&e.dropped), 999);
+    atomic_store(&e.next_ms, 0); /* the interval has passed */
+    assert_true(sl__log_every_pass(&e, 60000));
+    assert_false(sl__log_every_pass(&e, 60000));
+    path = capture_begin(&fd);
+    sl_warn("x", "next", "the line after the pass");
+    sl_warn("x", "later", "an ordinary line");
+    out = capture_end(fd, path);
+    assert_non_null(strstr(out, "\"msg\":\"the line after the pass\",\"suppressed\":999}\n"));
+    assert_non_null(strstr(out, "\"msg\":\"an ordinary line\"}\n"));
+    free(out);
+
+    path = capture_begin(&fd);
+    SL_LOG_EVERY(1, SL_LOG_WARN, "x", "after", "dropped before it");
+    out = capture_end(fd, path);
+    assert_non_null(strstr(out, "\"msg\":\"dropped before it\"}\n"));
     free(out);
 }
 
@@ -148,6 +193,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_shape_and_escape),
         cmocka_unit_test(test_level_gating),
+        cmocka_unit_test(test_a_flooding_site_writes_one_line_per_interval),
         cmocka_unit_test(test_planted_secret_never_logged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
