@@ -36,6 +36,8 @@ struct cons_ep *cons_ep_get(cons_engine_t *e, const char *id)
 /* Refresh the endpoint snapshot and signer of ce; returns the snapshot or NULL (unknown). */
 const struct sl_endpoint *cons_ep_refresh(cons_engine_t *e, struct cons_ep *ce)
 {
+    ce->ep_gen = sl_endpoints_generation(e->endpoints); /* before the read: a change after
+                                                           it is seen next time */
     const struct sl_endpoint *cur = sl_endpoints_get(e->endpoints, ce->id);
     if (!cur) {
         sl_endpoint_release(ce->ep);

@@ -151,6 +151,15 @@ static void commit_stored(cons_engine_t *e, const char *why, int64_t bound_ms)
                 why, (long long)bound_ms);
 }
 
+/* Empty the wake-up pipe librdkafka writes to (its level-triggered EPOLLIN would otherwise
+ * end every later wait at once). */
+static void drain_wake(cons_engine_t *e)
+{
+    char buf[256];
+    while (read(e->wake[0], buf, sizeof(buf)) > 0) {
+    }
+}
+
 /* Run the loop without intake until nothing of the given partitions is in flight. */
 static void drain_for(cons_engine_t *e, int64_t bound_ms)
 {
@@ -158,7 +167,10 @@ static void drain_for(cons_engine_t *e, int64_t bound_ms)
     while (sl_mono_ms() < deadline &&
            (cons_http_running(e->http) > 0 || !cons_list_empty(&e->marks) ||
             rd_kafka_outq_len(e->producer) > 0 || !cons_list_empty(&e->hrecs))) {
-        cons_http_run(e->http, 10, NULL);
+        int extra = 0;
+        cons_http_run(e->http, 10, &extra);
+        if (extra)
+            drain_wake(e);
         cons_flush_marks(e);
         rd_kafka_poll(e->producer, 0);
         if (!cons_list_empty(&e->hrecs))
@@ -443,13 +455,6 @@ void cons_engine_stats(const cons_engine_t *e, struct cons_stats *out)
     *out = e->st;
 }
 
-static void drain_wake(cons_engine_t *e)
-{
-    char buf[256];
-    while (read(e->wake[0], buf, sizeof(buf)) > 0) {
-    }
-}
-
 /* Shutdown (invariant 10): stop intake, let in-flight requests finish within the bound,
  * reschedule what is left without spending attempts, flush outcomes, store offsets. */
 static void shutdown_drain(cons_engine_t *e)
@@ -462,7 +467,10 @@ static void shutdown_drain(cons_engine_t *e)
     if (deadline > e->shutdown_deadline - SHUTDOWN_RESERVE_MS)
         deadline = e->shutdown_deadline - SHUTDOWN_RESERVE_MS;
     while (cons_http_running(e->http) > 0 && sl_mono_ms() < deadline) {
-        cons_http_run(e->http, 20, NULL);
+        int extra = 0;
+        cons_http_run(e->http, 20, &extra);
+        if (extra)
+            drain_wake(e);
         cons_flush_marks(e);
         rd_kafka_poll(e->producer, 0);
     }

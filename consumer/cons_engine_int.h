@@ -185,6 +185,7 @@ struct cons_ep {
     char id[SL_ENDPOINT_ID_MAX + 1]; /* endpoint id */
     const struct sl_endpoint *ep;    /* current snapshot (reference) or NULL */
     uint64_t ep_version;             /* snapshot version the signer was built for */
+    uint64_t ep_gen;                 /* endpoint table generation at the last refresh */
     sl_signer_t *signer;             /* signer over the active secrets */
     int64_t signer_until_ms;         /* rebuild when a secret expires (unix ms; 0 = never) */
     struct cons_list queue;          /* jobs waiting for a slot (JOB_QUEUED), FIFO */

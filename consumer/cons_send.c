@@ -78,12 +78,38 @@ static struct curl_slist *hdr_block(const struct hdr_line *l, size_t n)
     return nodes;
 }
 
+/*
+ * j's endpoint as the registry has it now (ce is read again when anything changed since), or
+ * NULL when it was deleted or disabled since j was queued: j then ends as intake would have
+ * ended it, with no attempt spent.
+ */
+static const struct sl_endpoint *current_endpoint(cons_engine_t *e, struct job *j)
+{
+    struct cons_ep *ce = j->ce;
+    if (ce->ep_gen != sl_endpoints_generation(e->endpoints))
+        (void)cons_ep_refresh(e, ce);
+    const struct sl_endpoint *ep = ce->ep;
+    if (!ep) {
+        cons_dead_letter(e, j, 0, 0, "unknown_endpoint", "endpoint no longer exists", NULL);
+        return NULL;
+    }
+    if (!ep->enabled) {
+        cons_dead_letter(e, j, 0, 0, "endpoint_disabled",
+                         ep->reason && ep->reason[0] ? ep->reason : "endpoint disabled", NULL);
+        return NULL;
+    }
+    return ep;
+}
+
 /* Build and start the request for j. Returns 0; 1 when j failed on its own (dead-lettered:
- * its template, the endpoint's secret); -1 on a local failure (j deferred a second). */
+ * its template, the endpoint's secret, the endpoint deleted or disabled since it was queued);
+ * -1 on a local failure (j deferred a second). */
 static int start_send(cons_engine_t *e, struct job *j)
 {
     struct cons_ep *ce = j->ce;
-    const struct sl_endpoint *ep = ce->ep;
+    const struct sl_endpoint *ep = current_endpoint(e, j);
+    if (!ep)
+        return 1;
     sl_err_t err;
     const char *url = ep->url;
     if (ep->tpl) {

@@ -7,6 +7,7 @@ records on Kafka are the oracles.
 
 import collections
 import os
+import signal
 import subprocess
 import time
 
@@ -301,6 +302,45 @@ def test_slow_endpoint_does_not_block_fast_ones(make_world):
     assert c.term() == 0
 
 
+def test_deliveries_queued_when_their_endpoint_is_deleted_or_disabled_end_unsent(make_world):
+    """Deliveries queued behind a request in flight when their endpoint is deleted, or
+    disabled: they end as dead letters (`unknown_endpoint` / `endpoint_disabled`, no attempt
+    spent) when their turn comes, unsent. Before, they went out with the endpoint as it was
+    when they were queued, and once a later record had found the deleted endpoint gone, the
+    consumer dereferenced the endpoint it no longer had (a crash)."""
+    w = make_world(partitions=1, http_timeout_ms=15000)
+    rcv = w.receiver()
+    gone = w.add_endpoint("gone" + w.tag, rcv.url("slow/5000", "gone"), "--max-inflight", "1")
+    off = w.add_endpoint("off" + w.tag, rcv.url("slow/5000", "off"), "--max-inflight", "1")
+    queued = {ep: [event(ep, i, w.tag) for i in range(4)] for ep in (gone, off)}
+    c = w.consumer()
+    wait_until(lambda: c.events("partitions_assigned"), 60, 0.2, "the consumer to join")
+    assert w.produce(queued[gone] + queued[off]).returncode == 0
+    # the first request of each is in flight for 5 s, three wait behind it (max-inflight 1)
+    time.sleep(1)
+    assert w.ctl("endpoints", "delete", gone).returncode == 0
+    assert w.ctl("endpoints", "disable", off, "--reason", "paused by test").returncode == 0
+    wait_until(lambda: c.events("endpoint_deleted") and c.events("endpoint_changed"), 30, 0.2,
+               "the consumer to see the delete and the disable")
+    late = event(gone, 9, w.tag)
+    assert w.produce([late]).returncode == 0  # its intake finds no endpoint: quarantined
+
+    def ended():
+        fin = final_states(w.outcomes())
+        got = {ep: [fin.get((e["id"], ep)) for e in evs[1:]] for ep, evs in queued.items()}
+        return got if all(all(v) for v in got.values()) else None
+    got = wait_until(ended, 60, 0.5, "the queued deliveries to end")
+    assert all(o["state"] == "dead_letter" and o["err"] == "unknown_endpoint" and
+               o["attempt"] == 0 for o in got[gone]), got[gone]
+    assert all(o["state"] == "dead_letter" and o["err"] == "endpoint_disabled" and
+               o["attempt"] == 0 for o in got[off]), got[off]
+    firsts = {queued[gone][0]["id"], queued[off][0]["id"]}
+    assert not [l for l in rcv.ledger() if l["webhook_id"] not in firsts], \
+        "a queued delivery was sent after its endpoint was deleted or disabled"
+    assert c.alive(), "the consumer died"
+    assert c.term() == 0
+
+
 def test_poison_records_are_quarantined(make_world):
     w = make_world()
     rcv = w.receiver()
@@ -349,6 +389,39 @@ def test_sigterm_drains_and_reschedules_without_spending_attempts(make_world):
     outs = w.outcomes()
     assert any(o["state"] == "deferred" and o["err"] == "shutdown" for o in outs)
     assert all(o["attempt"] <= 2 for o in outs if o["state"] == "delivered")
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_shutdown_drain_waits_without_spinning(make_world):
+    """While SIGTERM's drain waits for a slow request, the answer of another one (its outcome
+    acknowledged by Kafka, which wakes the loop through librdkafka's pipe) must not leave the
+    loop spinning: the drain read that pipe only in the main loop, so every later wait
+    returned at once and the drain took a whole core until the slow request ended."""
+    w = make_world(shutdown_drain_ms=8000, http_timeout_ms=15000)
+    rcv = w.receiver()
+    quick = w.add_endpoint("q" + w.tag, rcv.url("slow/1500", "q"))
+    slow = w.add_endpoint("s" + w.tag, rcv.url("slow/7000", "s"))
+    c = w.consumer()
+    wait_until(lambda: c.events("partitions_assigned"), 60, 0.2, "the consumer to join")
+    assert w.produce([event(quick, 0, w.tag), event(slow, 0, w.tag)]).returncode == 0
+    time.sleep(0.5)  # both in flight: the quick one answers 1 s into the drain
+    cpu0, t0 = cpu_seconds(c.p.pid), time.monotonic()
+    c.stop(signal.SIGTERM)
+    time.sleep(5)  # the drain, waiting for the slow one (answered at about 7 s)
+    used, spent = cpu_seconds(c.p.pid) - cpu0, time.monotonic() - t0
+    assert c.alive(), "the drain should still be waiting for the slow request"
+    assert used < 0.5 * spent, f"the drain used {used:.2f} CPU s in {spent:.2f} s"
+    assert c.p.wait(30) == 0
+    c.term()  # closes its log
+    fin = final_states(w.outcomes())
+    assert fin[(event(quick, 0, w.tag)["id"], quick)]["state"] == "delivered"
+    assert fin[(event(slow, 0, w.tag)["id"], slow)]["state"] == "delivered"
 
 
 def kafka_values(w, topic):
