@@ -110,8 +110,11 @@ static int run_loop(void)
         _exit(run == 0 ? 0 : 1);
     }
     if (run != 0) {
-        sl_error("recorder", run == SL_EVERSION ? "schema_mismatch" : "start_failed", "%s",
-                 err.msg);
+        sl_error("recorder",
+                 run == SL_EVERSION       ? "schema_mismatch"
+                 : rec_loop_fatal(g_loop) ? "stopped_on_error"
+                                          : "start_failed",
+                 "%s", err.msg);
         return 1;
     }
     return 0;

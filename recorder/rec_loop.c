@@ -50,6 +50,9 @@
 #define LANE_SKIPPED_KEPT  8     /* rejected rows a lane reports individually */
 #define DISABLE_MAX        64    /* disable requests waiting for the registry */
 #define WRITE_CHECK_MS     5     /* longest poll while a batch is being written, ms */
+#define QUARANTINE_FLUSH_MS                                                                        \
+    10000 /* how long a batch's commit waits for the quarantine's                                  \
+             acknowledgements before the recorder stops, ms */
 
 #define KSTATS_INTERVAL_MS 5000 /* librdkafka statistics (lag metrics), when metrics are on */
 #define CLOSE_RESERVE_MS                                                                           \
@@ -58,7 +61,7 @@
 
 /* The recorder's series (docs/METRICS.md); registered by rec_loop_new. */
 static struct {
-    sl_counter_t *records, *batches, *db_errors;
+    sl_counter_t *records, *batches, *db_errors, *quarantined, *rejected;
     sl_counter_t *rows_deliveries, *rows_attempts, *rows_latency, *rows_dead;
     sl_histo_t *batch_duration;
 } rm;
@@ -96,6 +99,11 @@ static void metrics_init(void)
     rm.db_errors =
         sl_metric_counter("sluice_recorder_db_errors_total",
                           "Batch writes that failed (PostgreSQL unavailable; retried).", NULL);
+    rm.quarantined = sl_metric_counter(
+        "sluice_recorder_quarantined_total",
+        "Outcome records that could not be decoded, moved to the quarantine topic.", NULL);
+    rm.rejected = sl_metric_counter("sluice_recorder_rejected_total",
+                                    "Outcome rows PostgreSQL rejected (skipped, logged).", NULL);
     sl_metrics_collector(collect_lag, NULL);
 }
 
@@ -160,6 +168,11 @@ struct rec_loop {
     struct rec_loop_stats st; /* totals */
     struct disable_req disable[DISABLE_MAX]; /* waiting for their batch to commit */
     size_t n_disable;                        /* entries in disable */
+    rd_kafka_t *qprod;                       /* quarantine producer (made on first use) */
+    int64_t q_sent;                          /* records handed to it */
+    _Atomic int64_t q_done;                  /* acknowledged or failed (its reports) */
+    _Atomic int64_t q_failed;                /* failed */
+    char q_err[128];                         /* the first failure's reason */
     PGconn *reg_pg;                          /* registry connection (opened on first use) */
     struct sl_reg_pub reg_pub;               /* registry publisher (opened on first use) */
 };
@@ -393,6 +406,7 @@ static int write_join(rec_loop_t *l, sl_err_t *err)
         l->st.rows += job->rows;
         l->st.attempts += job->attempts;
         l->st.poison += job->rejected;
+        sl_counter_add(rm.rejected, (uint64_t)job->rejected);
         for (int64_t k = 0; k < job->rejected && k < LANE_SKIPPED_KEPT; k++)
             log_skipped(l, "outcome_rejected_by_db", job->skipped[k].partition,
                         job->skipped[k].offset, job->skipped[k].why);
@@ -417,6 +431,94 @@ static int write_join(rec_loop_t *l, sl_err_t *err)
  * (outcome_state mismatch): mark the loop fatal and stop it instead. Returns 0, SL_EPG or
  * SL_EVERSION.
  */
+/* ==== Quarantine (invariant 9) ==== */
+
+static void quarantine_report(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+    (void)rk;
+    rec_loop_t *l = opaque;
+    if (m->err && atomic_fetch_add(&l->q_failed, 1) == 0)
+        (void)snprintf(l->q_err, sizeof(l->q_err), "%s", rd_kafka_err2str(m->err));
+    atomic_fetch_add(&l->q_done, 1);
+}
+
+/* Stop the loop: rec_loop_run returns err. */
+static void stop_fatal_err(rec_loop_t *l, int code, const char *msg)
+{
+    l->fatal = true;
+    (void)sl_err_set(&l->fatal_err, code, "%s", msg);
+    l->stop = 1;
+}
+
+/*
+ * Move an undecodable outcome record to topic_quarantine, its bytes unchanged, with the reason
+ * and where it came from in headers (as the consumer quarantines a bad delivery record). Its
+ * offset is stored only once Kafka acknowledged it (quarantine_settle).
+ */
+static void quarantine(rec_loop_t *l, const rd_kafka_message_t *rkm, const char *reason)
+{
+    sl_err_t err;
+    if (!l->qprod) {
+        rd_kafka_conf_t *conf = sl_kafka_conf_new(l->cfg, "recorder", &err);
+        if (conf) {
+            rd_kafka_conf_set_opaque(conf, l);
+            l->qprod = sl_kafka_producer_new(l->cfg, "recorder", SL_KAFKA_LATENCY, conf,
+                                             quarantine_report, &err);
+        }
+        if (!l->qprod) {
+            sl_error("recorder", "quarantine_failed", "cannot quarantine a bad outcome record: %s",
+                     err.msg);
+            stop_fatal_err(l, SL_EKAFKA, "cannot quarantine a bad outcome record");
+            return;
+        }
+    }
+    char part[16], off[24];
+    (void)snprintf(part, sizeof(part), "%d", (int)rkm->partition);
+    (void)snprintf(off, sizeof(off), "%lld", (long long)rkm->offset);
+    rd_kafka_headers_t *h = rd_kafka_headers_new(4);
+    rd_kafka_header_add(h, "sluice-reason", -1, reason, (ssize_t)strlen(reason));
+    rd_kafka_header_add(h, "sluice-source-topic", -1, l->cfg->topic_outcomes, -1);
+    rd_kafka_header_add(h, "sluice-source-partition", -1, part, -1);
+    rd_kafka_header_add(h, "sluice-source-offset", -1, off, -1);
+    rd_kafka_resp_err_t e = rd_kafka_producev(
+        l->qprod, RD_KAFKA_V_TOPIC(l->cfg->topic_quarantine),
+        RD_KAFKA_V_KEY(rkm->key, rkm->key_len), RD_KAFKA_V_VALUE(rkm->payload, rkm->len),
+        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        rd_kafka_headers_destroy(h);
+        sl_error("recorder", "quarantine_failed", "cannot quarantine a bad outcome record: %s",
+                 rd_kafka_err2str(e));
+        stop_fatal_err(l, SL_EKAFKA, "cannot quarantine a bad outcome record");
+        return;
+    }
+    l->q_sent++;
+    sl_counter_inc(rm.quarantined);
+}
+
+/*
+ * Before a batch's offsets are stored: wait (bounded) until Kafka acknowledged every record
+ * quarantined so far. Returns 0, or SL_EKAFKA after stopping the loop when one failed or did
+ * not come back in time: the offsets stay unstored, so the next start reads those records
+ * (and quarantines them) again rather than losing them.
+ */
+static int quarantine_settle(rec_loop_t *l)
+{
+    if (!l->qprod || atomic_load(&l->q_done) == l->q_sent)
+        return atomic_load(&l->q_failed) == 0 ? 0 : SL_EKAFKA;
+    (void)rd_kafka_flush(l->qprod, QUARANTINE_FLUSH_MS);
+    int64_t left = l->q_sent - atomic_load(&l->q_done);
+    if (left == 0 && atomic_load(&l->q_failed) == 0)
+        return 0;
+    sl_error("recorder", "quarantine_failed",
+             "%lld of %lld outcome records sent to the quarantine topic were not acknowledged "
+             "by Kafka within %d ms (%s); stopping without storing their offsets, so they are "
+             "read again at the next start",
+             (long long)(atomic_load(&l->q_failed) + left), (long long)l->q_sent,
+             QUARANTINE_FLUSH_MS, l->q_err[0] ? l->q_err : "no answer");
+    stop_fatal_err(l, SL_EKAFKA, "could not quarantine bad outcome records");
+    return SL_EKAFKA;
+}
+
 static int write_finish(rec_loop_t *l)
 {
     sl_err_t err;
@@ -444,6 +546,8 @@ static int write_finish(rec_loop_t *l)
         return rc;
     }
     db_ok(l);
+    if (quarantine_settle(l) != 0)
+        return SL_EKAFKA; /* stopping: the batch stays unstored (re-read by the next start) */
     store_offsets(l, l->wbatch);
     apply_disables(l, l->wdisable);
     l->wdisable = 0;
@@ -677,6 +781,7 @@ static void handle_message(rec_loop_t *l, rd_kafka_message_t *rkm)
     if (rc != 0) {
         l->st.bad++;
         log_skipped(l, "bad_outcome", rkm->partition, rkm->offset, err.msg);
+        quarantine(l, rkm, err.msg);
     }
 }
 
@@ -794,7 +899,12 @@ static int stop_fatal(rec_loop_t *l, sl_err_t *err)
         l->abandoned = true;
     if (err)
         *err = l->fatal_err;
-    return SL_EVERSION;
+    return l->fatal_err.code ? l->fatal_err.code : SL_EVERSION;
+}
+
+bool rec_loop_fatal(const rec_loop_t *l)
+{
+    return l->fatal;
 }
 
 bool rec_loop_abandoned(const rec_loop_t *l)
@@ -947,6 +1057,10 @@ void rec_loop_destroy(rec_loop_t *l)
         rec_db_destroy(l->db[i]);
     rec_batch_fini(&l->bufs[0]);
     rec_batch_fini(&l->bufs[1]);
+    if (l->qprod) {
+        (void)rd_kafka_flush(l->qprod, 1000); /* settled already unless stopping on an error */
+        rd_kafka_destroy(l->qprod);
+    }
     sl_reg_pub_close(&l->reg_pub);
     if (l->reg_pg)
         PQfinish(l->reg_pg);

@@ -74,7 +74,10 @@ rec_loop_t *rec_loop_new(const struct sl_config *cfg, const struct sl_masterkey 
  * abandoned at the bound (rec_loop_abandoned: then do not destroy the loop, exit),
  * SL_EVERSION with err when the database's outcome_state labels differ from the recorder's
  * (checked at every connect, the maintenance thread's right at start: the batch held is
- * dropped unstored and the group left), or a negative SL_E* code if the consumer could not start.
+ * dropped unstored and the group left), SL_EKAFKA with err when Kafka did not take a bad
+ * outcome record to the quarantine topic (likewise: nothing held is stored, so the next start
+ * reads it again; rec_loop_fatal tells it from a start failure), or a negative SL_E* code if
+ * the consumer could not start.
  * A stop before the group was ever joined (no assignment yet: Kafka unreachable, or a stop
  * right at start) took nothing: it logs start_cancelled, only leaves the group, within
  * REC_START_LEAVE_MS, and returns 0 (also when that leave was abandoned). */
@@ -83,6 +86,9 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err);
 /* Whether leaving the group was abandoned at its bound (its consumer is still in use by the
  * abandoned close: the loop must not be destroyed; exit instead). */
 bool rec_loop_abandoned(const rec_loop_t *l);
+
+/* Whether the loop stopped on an error found while running (schema mismatch, quarantine). */
+bool rec_loop_fatal(const rec_loop_t *l);
 
 /* Ask the loop to stop (async-signal-safe). */
 void rec_loop_stop(rec_loop_t *l);

@@ -4,7 +4,9 @@
  * share a stack (and a database) with others.
  *
  *   lifecycles       delivered / retried / dead letters with env / duplicates / deferred /
- *                    quarantined / undecodable / out of order / expired: exact rows and contents
+ *                    quarantined / undecodable / out of order / expired: exact rows and contents;
+ *                    the undecodable record moved to the quarantine topic with its reason
+ *   quarantine_refused  Kafka refuses the quarantine: exit 1, the record's offset uncommitted
  *   duplicates       the same records produced again (plus one new): nothing changes but the new
  *   kill9            kill -9 mid-run and restart: exact counts, consecutive failures counted once
  *   rebalance        a second recorder joins the group mid-run, then the first leaves: exact
@@ -207,6 +209,70 @@ static long long group_lag(const char *topic, const char *group)
     rd_kafka_topic_partition_list_destroy(l);
     rd_kafka_destroy(c);
     return lag;
+}
+
+/* A header's value as text ("" when absent). */
+static void header_text(rd_kafka_headers_t *h, const char *name, char *out, size_t cap)
+{
+    const void *v = NULL;
+    size_t n = 0;
+    out[0] = '\0';
+    if (h && rd_kafka_header_get_last(h, name, &v, &n) == RD_KAFKA_RESP_ERR_NO_ERROR && v)
+        (void)snprintf(out, cap, "%.*s", (int)n, (const char *)v);
+}
+
+/* A record read back from a topic: its value and its quarantine headers. */
+struct qrec {
+    char value[64];
+    size_t len;
+    char reason[256], src_topic[160], src_partition[16], src_offset[24];
+};
+
+/* Every record of topic (all PARTITIONS, from the start; at most max) into out. Returns the
+ * count once every partition reached its end. */
+static int read_topic(const char *topic, struct qrec *out, int max)
+{
+    char errstr[256];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    if (rd_kafka_conf_set(conf, "bootstrap.servers", g_brokers, errstr, sizeof(errstr)) ||
+        rd_kafka_conf_set(conf, "group.id", topic, errstr, sizeof(errstr)) || /* assign's */
+        rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, sizeof(errstr)) ||
+        rd_kafka_conf_set(conf, "enable.partition.eof", "true", errstr, sizeof(errstr))) {
+        fprintf(stderr, "conf: %s\n", errstr);
+        fail();
+    }
+    rd_kafka_t *c = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+    assert_non_null(c);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(PARTITIONS);
+    for (int p = 0; p < PARTITIONS; p++)
+        rd_kafka_topic_partition_list_add(l, topic, p)->offset = RD_KAFKA_OFFSET_BEGINNING;
+    assert_int_equal(rd_kafka_assign(c, l), RD_KAFKA_RESP_ERR_NO_ERROR);
+    rd_kafka_topic_partition_list_destroy(l);
+    int n = 0, eof = 0;
+    int64_t deadline = now_ms() + 30000 * g_mult;
+    while (eof < PARTITIONS && now_ms() < deadline) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(c, 200);
+        if (!m)
+            continue;
+        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+            eof++;
+        } else if (!m->err && n < max) {
+            struct qrec *q = &out[n++];
+            q->len = m->len;
+            (void)snprintf(q->value, sizeof(q->value), "%.*s", (int)m->len,
+                           m->payload ? (const char *)m->payload : "");
+            rd_kafka_headers_t *h = NULL;
+            (void)rd_kafka_message_headers(m, &h);
+            header_text(h, "sluice-reason", q->reason, sizeof(q->reason));
+            header_text(h, "sluice-source-topic", q->src_topic, sizeof(q->src_topic));
+            header_text(h, "sluice-source-partition", q->src_partition, sizeof(q->src_partition));
+            header_text(h, "sluice-source-offset", q->src_offset, sizeof(q->src_offset));
+        }
+        rd_kafka_message_destroy(m);
+    }
+    rd_kafka_destroy(c);
+    assert_int_equal(eof, PARTITIONS);
+    return n;
 }
 
 static void wait_consumed(const char *topic, const char *group, int timeout_s)
@@ -545,8 +611,20 @@ static void test_lifecycles(void **state)
     produce_flush();
 
     struct rec_proc r = {0};
-    rec_start(&r, topic, group, g_dsn, NULL);
+    char qtopic[160];
+    topic_new(qtopic, sizeof(qtopic), "rt.quarantine");
+    const char *qenv[] = {"SLUICE_TOPIC_QUARANTINE", qtopic, NULL};
+    rec_start(&r, topic, group, g_dsn, qenv);
     wait_consumed(topic, group, 60);
+    /* the undecodable record went to the quarantine topic, bytes unchanged, with its reason
+     * and origin, before its offset was committed */
+    struct qrec qr[4];
+    assert_int_equal(read_topic(qtopic, qr, 4), 1);
+    assert_int_equal(qr[0].len, 14);
+    assert_string_equal(qr[0].value, "\x01\x02not msgpack");
+    assert_true(qr[0].reason[0] != '\0');
+    assert_string_equal(qr[0].src_topic, topic);
+    assert_true(qr[0].src_partition[0] != '\0' && qr[0].src_offset[0] != '\0');
     /* every row is committed before the offsets are: no waiting needed beyond this point */
     assert_int_equal(q1("select count(*) from delivery_attempts where event_id like '%s-%%'", p),
                      x.records - 1 /* quarantined row has a synthetic id */);
@@ -725,8 +803,44 @@ static void test_lifecycles(void **state)
     char totals[64]; /* final totals: good + undecodable + expired records consumed */
     snprintf(totals, sizeof(totals), "\"records\":%lld,\"bad\":1", x.records + 2);
     assert_int_equal(log_count(&r, totals), 1);
+    assert_int_equal(log_count(&r, "\"event\":\"quarantine_failed\""), 0);
     sl_buf_fini(&env3);
     sl_buf_fini(&env5);
+    topic_delete(topic);
+    topic_delete(qtopic);
+}
+
+/* Kafka refuses the quarantine (its topic does not exist): the recorder stops on its own,
+ * exit 1, naming why, and leaves the bad record's offset uncommitted for the next start. */
+static void test_quarantine_refused(void **state)
+{
+    (void)state;
+    char topic[160], group[96], p[64], missing[200];
+    topic_new(topic, sizeof(topic), "rt.outcomes");
+    make_prefix(p, sizeof(p), "qr");
+    snprintf(group, sizeof(group), "%s-grp", p);
+    snprintf(missing, sizeof(missing), "%s.no-such-quarantine", topic);
+    produce_raw(topic, "ep", "\x01\x02not msgpack", 14);
+    produce_flush();
+    struct rec_proc r = {0};
+    const char *qenv[] = {"SLUICE_TOPIC_QUARANTINE", missing, NULL};
+    rec_start(&r, topic, group, g_dsn, qenv);
+    int st = 0;
+    int64_t deadline = now_ms() + 90000 * g_mult;
+    pid_t w = 0;
+    while (w != r.pid && now_ms() < deadline) {
+        w = waitpid(r.pid, &st, WNOHANG);
+        if (w != r.pid)
+            sleep_ms(100);
+    }
+    assert_int_equal(w, r.pid);
+    live_del(r.pid);
+    r.pid = 0;
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 1);
+    assert_true(log_count(&r, "\"event\":\"quarantine_failed\"") >= 1);
+    assert_int_equal(log_count(&r, "\"event\":\"stopped_on_error\""), 1);
+    assert_int_equal(group_lag(topic, group), 1); /* not committed: read again next time */
     topic_delete(topic);
 }
 
@@ -1488,6 +1602,7 @@ int main(void)
         cmocka_unit_test_teardown(test_partitions, kill_leftovers),
         cmocka_unit_test_teardown(test_maintenance, kill_leftovers),
         cmocka_unit_test_teardown(test_lifecycles, kill_leftovers),
+        cmocka_unit_test_teardown(test_quarantine_refused, kill_leftovers),
         cmocka_unit_test_teardown(test_duplicates, kill_leftovers),
         cmocka_unit_test_teardown(test_kill9, kill_leftovers),
         cmocka_unit_test_teardown(test_rebalance, kill_leftovers),
