@@ -10,6 +10,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -572,6 +573,77 @@ static void test_dead_letter_privileges_and_retention(void **state)
     assert_string_equal(q1("select sluice_purge_dead_letters(30)"), "0");
 }
 
+/* Send sql on pg without waiting, and return once its backend waits for a lock (another
+ * transaction holds the row it wants). */
+static void send_until_blocked(PGconn *pg, const char *sql)
+{
+    assert_int_equal(PQsendQuery(pg, sql), 1);
+    PGconn *watch = connect_db(g_db);
+    char q[256];
+    snprintf(q, sizeof(q),
+             "select count(*) from pg_stat_activity where pid = %d and wait_event_type = 'Lock'",
+             PQbackendPID(pg));
+    bool blocked = false;
+    for (int i = 0; i < 600 && !blocked; i++) {
+        PGresult *r = PQexec(watch, q);
+        blocked = PQresultStatus(r) == PGRES_TUPLES_OK && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
+        PQclear(r);
+        if (!blocked)
+            (void)usleep(50 * 1000);
+    }
+    PQfinish(watch);
+    assert_true(blocked);
+}
+
+/* The first column of the answer to what was sent on pg, then pg is ready again. */
+static void result_is(PGconn *pg, const char *want)
+{
+    PGresult *r = PQgetResult(pg);
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    assert_string_equal(PQgetvalue(r, 0, 0), want);
+    PQclear(r);
+    while ((r = PQgetResult(pg)) != NULL)
+        PQclear(r);
+}
+
+/* A purge deletes only the row version it picked (sql/0008): a dead letter that died again,
+ * or a pending payload a new retry replaced, while the purge waited for the row, stays. */
+static void test_purges_leave_a_row_changed_while_they_run(void **state)
+{
+    (void)state;
+    exec_f("insert into dead_letters (event_id, endpoint_id, error_class, attempts,"
+           " first_failed_at, dead_at) values ('race', 'pr', 'http_5xx', 3,"
+           " now() - interval '40 days', now() - interval '40 days')");
+    exec_f("insert into deliveries (event_id, endpoint_id, state, attempts, first_seen,"
+           " last_update) values ('race', 'pr', 'delivered', 1, now(), now())");
+    exec_f("insert into pending_payloads (event_id, endpoint_id, payload, attempt, ts)"
+           " values ('race', 'pr', '\\x80', 1, now() - interval '1 hour')");
+    PGconn *other = connect_db(g_db);
+    exec_on(other, "begin");
+    exec_on(other, "update dead_letters set dead_at = now(), attempts = 4"
+                   " where event_id = 'race'");
+    exec_on(other, "update pending_payloads set ts = now(), attempt = 2 where event_id = 'race'");
+    exec_on(other, "update deliveries set state = 'retry_scheduled' where event_id = 'race'");
+    send_until_blocked(g_pg, "select sluice_purge_dead_letters(30)");
+    exec_on(other, "commit");
+    result_is(g_pg, "0");
+    assert_string_equal(q1("select attempts from dead_letters where event_id = 'race'"), "4");
+
+    exec_on(other, "begin");
+    exec_on(other, "update pending_payloads set ts = now(), attempt = 3 where event_id = 'race'");
+    exec_on(other, "update deliveries set state = 'delivered' where event_id = 'race'");
+    exec_on(other, "commit");
+    exec_on(other, "begin");
+    exec_on(other, "update pending_payloads set ts = now() + interval '1 second', attempt = 4"
+                   " where event_id = 'race'");
+    exec_on(other, "update deliveries set state = 'retry_scheduled' where event_id = 'race'");
+    send_until_blocked(g_pg, "select sluice_purge_pending_payloads()");
+    exec_on(other, "commit");
+    result_is(g_pg, "0");
+    assert_string_equal(q1("select attempt from pending_payloads where event_id = 'race'"), "4");
+    PQfinish(other);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -587,6 +659,7 @@ int main(void)
         cmocka_unit_test_setup(test_pending_payloads_purge, empty),
         cmocka_unit_test_setup(test_deliveries_purge_keeps_dead_letter_rows, empty),
         cmocka_unit_test_setup(test_dead_letter_privileges_and_retention, empty),
+        cmocka_unit_test_setup(test_purges_leave_a_row_changed_while_they_run, empty),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
