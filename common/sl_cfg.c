@@ -410,7 +410,8 @@ static const struct opt opts[] = {
       0,
       31536000000LL,
       "432000000",
-      "disable an endpoint after only failures for this long (0 = never; 410 always disables)"),
+      "disable an endpoint once its breaker has been open this long, every probe failing "
+      "(0 = never; 410 always disables)"),
     I("dedup_window_s",
       "SLUICE_DEDUP_WINDOW_S",
       dedup_window_s,

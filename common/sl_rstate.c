@@ -153,21 +153,23 @@ static struct sl_redis_script lua_renew = {
     SL_RCLOCK_LUA_NOW                                                                              \
     "local K = KEYS[1]\n"                                                                          \
     "local f = redis.call('HMGET', K, 'state', 'failures', 'opened_at_ms', 'cooldown_ms', "        \
-    "'probe_owner', 'probe_until_ms')\n"                                                           \
+    "'probe_owner', 'probe_until_ms', 'open_since_ms')\n"                                          \
     "local st = f[1] or 'closed'\n"                                                                \
     "local failures = tonumber(f[2]) or 0\n"                                                       \
     "local opened = tonumber(f[3]) or 0\n"                                                         \
     "local cooldown = tonumber(f[4]) or 0\n"                                                       \
     "local powner = f[5] or ''\n"                                                                  \
     "local puntil = tonumber(f[6]) or 0\n"                                                         \
+    "local since = tonumber(f[7]) or opened\n"                                                     \
     "if st ~= 'closed' and st ~= 'open' and st ~= 'half_open' then\n"                              \
     "  return redis.error_reply('ERR unknown breaker state')\n"                                    \
     "end\n"                                                                                        \
     "local function I(x) return string.format('%d', x) end\n"                                      \
     "local function view(probe)\n"                                                                 \
-    "  if st == 'open' then return {1, failures, opened + cooldown, cooldown, probe, now} end\n"   \
-    "  if st == 'half_open' then return {2, failures, puntil, cooldown, probe, now} end\n"         \
-    "  return {0, failures, 0, cooldown, probe, now}\n"                                            \
+    "  if st == 'open' then return {1, failures, opened + cooldown, cooldown, probe, now, since} " \
+    "end\n"                                                                                        \
+    "  if st == 'half_open' then return {2, failures, puntil, cooldown, probe, now, since} end\n"  \
+    "  return {0, failures, 0, cooldown, probe, now, 0}\n"                                         \
     "end\n"                                                                                        \
     "local function touch(ttl)\n"                                                                  \
     "  local p = redis.call('PTTL', K)\n"                                                          \
@@ -190,16 +192,16 @@ static struct sl_redis_script lua_brk_record = {
     "  if st == 'closed' and failures == 0 then return view(0) end\n"
     "  st, failures, cooldown = 'closed', 0, base\n"
     "  redis.call('HSET', K, 'state', st, 'failures', '0', 'cooldown_ms', I(base))\n"
-    "  redis.call('HDEL', K, 'opened_at_ms', 'probe_owner', 'probe_until_ms')\n"
+    "  redis.call('HDEL', K, 'opened_at_ms', 'probe_owner', 'probe_until_ms', 'open_since_ms')\n"
     "  touch(idle)\n"
     "  return view(0)\n"
     "end\n"
     "failures = failures + 1\n"
     "if st == 'closed' then\n"
     "  if failures >= threshold then\n"
-    "    st, opened, cooldown = 'open', now, base\n"
+    "    st, opened, cooldown, since = 'open', now, base, now\n"
     "    redis.call('HSET', K, 'state', st, 'failures', I(failures), 'opened_at_ms', "
-    "I(now), 'cooldown_ms', I(base))\n"
+    "I(now), 'cooldown_ms', I(base), 'open_since_ms', I(now))\n"
     "  else\n"
     "    redis.call('HSET', K, 'state', st, 'failures', I(failures))\n"
     "  end\n"
@@ -995,9 +997,9 @@ int sl_rstate_counts(
 /* Parse the breakers' {state, failures, reopen_at, cooldown, probe, now} reply. */
 static int parse_brk(const redisReply *rep, struct sl_rstate_brk *v)
 {
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 6)
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 7)
         return -1;
-    for (size_t i = 0; i < 6; i++)
+    for (size_t i = 0; i < 7; i++)
         if (rep->element[i]->type != REDIS_REPLY_INTEGER)
             return -1;
     long long st = rep->element[0]->integer, probe = rep->element[4]->integer;
@@ -1009,6 +1011,7 @@ static int parse_brk(const redisReply *rep, struct sl_rstate_brk *v)
     v->cooldown_ms = rep->element[3]->integer;
     v->probe = (int)probe;
     v->now_ms = rep->element[5]->integer;
+    v->open_since_ms = rep->element[6]->integer;
     return 0;
 }
 

@@ -21,7 +21,8 @@
  *                                 "attempt" field counts attempts already spent.
  *   sluice:lease:{s}        HASH  job id -> lease token of the current claim.
  *   sluice:breaker:{ep}     HASH  state (closed|open|half_open), failures, opened_at_ms,
- *                                 cooldown_ms, probe_owner, probe_until_ms; no key = closed
+ *                                 cooldown_ms, probe_owner, probe_until_ms, open_since_ms
+ *                                 (opened from closed; kept by failed probes); no key = closed
  *                                 with no failures (common/sl_breaker.h reads it).
  *   sluice:rate:{ep}        HASH  token bucket: mt (milli-tokens), ts (last refill).
  *   sluice:done:{ep}:<id>   STRING final-state marker, TTL = dedup window: "1[ <attempt> <ts_ms>
@@ -200,12 +201,14 @@ int sl_rstate_pipe_run(
 
 /* A breaker script's reply. */
 struct sl_rstate_brk {
-    int state;            /* 0 closed, 1 open, 2 half_open (as stored after the call) */
-    int64_t failures;     /* consecutive failures */
-    int64_t reopen_at_ms; /* Redis's clock; open: cooldown end; half_open: probe lease end */
-    int64_t cooldown_ms;  /* current cooldown; 0 when never opened */
-    int probe;            /* acquire: 1 when this caller holds the half-open probe */
-    int64_t now_ms;       /* Redis's TIME when the view was taken */
+    int state;             /* 0 closed, 1 open, 2 half_open (as stored after the call) */
+    int64_t failures;      /* consecutive failures */
+    int64_t reopen_at_ms;  /* Redis's clock; open: cooldown end; half_open: probe lease end */
+    int64_t cooldown_ms;   /* current cooldown; 0 when never opened */
+    int probe;             /* acquire: 1 when this caller holds the half-open probe */
+    int64_t now_ms;        /* Redis's TIME when the view was taken */
+    int64_t open_since_ms; /* Redis's clock; open or half_open: when it last opened from
+                              closed (failed probes keep it); closed: 0 */
 };
 
 /*

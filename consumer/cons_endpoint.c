@@ -274,6 +274,8 @@ static void brk_apply(struct cons_ep *ce, const struct cons_brk_view *v)
     ce->brk_failures = v->failures;
     /* Redis's times as a distance from Redis's now, onto this pod's clock */
     ce->brk_reopen_at = v->reopen_at_ms ? sl_now_ms() + (v->reopen_at_ms - v->now_ms) : 0;
+    ce->brk_open_for_ms =
+        v->state != CONS_BRK_CLOSED && v->open_since_ms > 0 ? v->now_ms - v->open_since_ms : 0;
     ce->brk_refreshed_mono = sl_mono_ms();
 }
 
@@ -434,27 +436,28 @@ static void observe_breaker(cons_engine_t *e, struct cons_ep *ce, bool was_probe
         sl_info("breaker", "breaker_closed", "breaker closed for endpoint %s", ce->id);
 }
 
-/* The failing streak: a 410, or nothing but failures for disable_after_ms, asks the registry
- * to disable the endpoint (j's delivery names it in the request). */
+/*
+ * Asking the registry to disable the endpoint (j's delivery names it in the request): at a
+ * 410, or when a failure finds the shared breaker open for disable_after_ms already, every
+ * probe since it opened having failed. The breaker is the endpoint's record across all pods:
+ * one loop's own view would count only the deliveries it happened to send (a loop that sees
+ * an endpoint only through retries sees only failures), so a healthy endpoint could be
+ * disabled for a few poison events.
+ */
 static void observe_failing(cons_engine_t *e,
                             struct cons_ep *ce,
                             struct job *j,
                             const struct cons_http_result *r,
-                            enum cons_verdict v,
-                            int64_t now)
+                            enum cons_verdict v)
 {
-    if (v == CONS_DELIVERED) {
-        ce->failing_since_ms = 0;
+    if (v == CONS_DELIVERED || r->status == 429)
         return;
-    }
-    if (r->status == 429)
-        return;
-    if (ce->failing_since_ms == 0)
-        ce->failing_since_ms = now;
     if (v == CONS_PERMANENT_DISABLE)
         request_disable(e, j, "endpoint_gone", "endpoint answered 410 Gone");
-    else if (e->cfg->disable_after_ms > 0 && now - ce->failing_since_ms >= e->cfg->disable_after_ms)
-        request_disable(e, j, "failing_too_long", "nothing but failures for too long");
+    else if (e->cfg->disable_after_ms > 0 && ce->brk != CONS_BRK_CLOSED &&
+             ce->brk_open_for_ms >= e->cfg->disable_after_ms)
+        request_disable(e, j, "failing_too_long",
+                        "nothing but failures for too long (breaker open, every probe failed)");
 }
 
 /*
@@ -469,8 +472,7 @@ int64_t cons_ep_observe(cons_engine_t *e,
                         struct job *j,
                         bool was_probe,
                         const struct cons_http_result *r,
-                        enum cons_verdict v,
-                        int64_t now)
+                        enum cons_verdict v)
 {
     observe_latency(ce, r);
     int64_t ra_ms = cons_retry_after_ms(r->status, r->retry_after_s, 0, e->cfg->retry_after_max_ms);
@@ -479,6 +481,6 @@ int64_t cons_ep_observe(cons_engine_t *e,
     if (failure)
         ce->last_failure_mono = sl_mono_ms();
     observe_breaker(e, ce, was_probe, failure);
-    observe_failing(e, ce, j, r, v, now);
+    observe_failing(e, ce, j, r, v);
     return ra_ms;
 }

@@ -206,7 +206,8 @@ struct cons_ep {
     uint32_t lat_ms[LAT_RING];       /* recent answered-attempt latencies, ms */
     uint32_t lat_at_s[LAT_RING];     /* when each was taken (mono s) */
     uint32_t nlat, lat_pos;          /* samples held / next slot */
-    int64_t failing_since_ms;        /* first failure with no success since (unix ms; 0) */
+    int64_t brk_open_for_ms;         /* how long the shared breaker had been open (opened
+                                        from closed, failed probes since) at the last view */
     bool disabled_local;             /* we asked the registry to disable it; until the
                                         registry answers, treat it as disabled here */
     uint64_t disabled_version;       /* snapshot version when we asked */
@@ -351,8 +352,7 @@ int64_t cons_ep_observe(cons_engine_t *e,
                         struct job *j,
                         bool was_probe,
                         const struct cons_http_result *r,
-                        enum cons_verdict v,
-                        int64_t now);
+                        enum cons_verdict v);
 
 /* ==== cons_send.c: dispatch and results ==== */
 

@@ -406,7 +406,7 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
     struct sl_log_ctx ctx;
     cons_set_ctx(&ctx, j);
     int64_t now = sl_now_ms();
-    int64_t ra_ms = cons_ep_observe(e, ce, j, was_probe, r, v, now);
+    int64_t ra_ms = cons_ep_observe(e, ce, j, was_probe, r, v);
     job_conclude(e, j, r, v, cls, ra_ms, now);
     sl_log_ctx_clear();
     if (!cons_list_empty(&ce->queue))

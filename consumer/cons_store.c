@@ -463,6 +463,7 @@ static void brk_view(const struct sl_rstate_brk *b, struct cons_brk_view *out)
     out->cooldown_ms = b->cooldown_ms;
     out->probe = b->probe;
     out->now_ms = b->now_ms;
+    out->open_since_ms = b->open_since_ms;
 }
 
 int cons_store_brk_record(sl_redis_t *r,

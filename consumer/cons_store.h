@@ -224,6 +224,8 @@ struct cons_brk_view {
     int probe;                 /* acquire: 1 if this caller holds the half-open probe */
     int64_t now_ms;            /* unix ms; Redis's clock (TIME) when the view was taken:
                                   reopen_at_ms - now_ms is how far off reopen_at_ms was */
+    int64_t open_since_ms;     /* unix ms, Redis's clock; not closed: when the breaker opened
+                                  from closed (failed probes keep it); closed: 0 */
 };
 
 /*

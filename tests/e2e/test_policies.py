@@ -284,11 +284,41 @@ def test_410_disables_the_endpoint_through_the_registry(make_world):
     assert '"enabled": true' in r.stdout.replace('":true', '": true'), r.stdout
 
 
-def test_only_failures_for_disable_after_ms_disables_the_endpoint(make_world):
+def test_failures_while_the_breaker_stays_closed_do_not_disable(make_world):
+    """Only failures for longer than disable_after_ms, but never the breaker open (threshold
+    1000): no disable request, the endpoint stays enabled. A loop's own streak used to decide,
+    so a loop that met an endpoint only through failing retries could disable a healthy one."""
     import os as _os
     from sluice_e2e import Proc
     w = make_world(max_attempts=50, retry_base_ms=100, retry_cap_ms=200, disable_after_ms=1500,
                    recorder_flush_ms=100, breaker_threshold=1000)
+    rcv = w.receiver()
+    ep = w.add_endpoint("fc" + w.tag, rcv.url("status/503", "fc"), "--max-inflight", "1")
+    assert w.produce([event(ep, i, w.tag) for i in range(3)]).returncode == 0
+    rec = Proc([w.bin("recorder/sluice-recorder")], w.env, _os.path.join(w.dir, "recorder.log"))
+    c = w.consumer()
+
+    def failing_long_enough():
+        hits = sorted(l["ts_ms"] for l in rcv.ledger() if l["endpoint"] == "fc")
+        return len(hits) > 5 and hits[-1] - hits[0] >= 3000
+    wait_until(failing_long_enough, 60, 0.5, "3 s of failures")
+    time.sleep(1)  # a disable request would be applied by now (recorder_flush_ms 100)
+    assert not [o for o in w.outcomes() if o["state"] == "disabled"]
+    r = w.ctl("endpoints", "show", ep, "--json")
+    assert r.returncode == 0 and '"enabled": true' in r.stdout.replace('":true', '": true')
+    assert c.term() == 0 and rec.term() == 0
+
+
+def test_only_failures_for_disable_after_ms_disables_the_endpoint(make_world):
+    """Its breaker opened (2 failures) and every probe since failed for disable_after_ms:
+    the endpoint is disabled. The breaker is the endpoint's record across pods and loops; a
+    loop's own run of failures (a loop that sees the endpoint only through failing retries)
+    does not disable it."""
+    import os as _os
+    from sluice_e2e import Proc
+    w = make_world(max_attempts=50, retry_base_ms=100, retry_cap_ms=200, disable_after_ms=1500,
+                   recorder_flush_ms=100, breaker_threshold=2, breaker_cooldown_ms=200,
+                   breaker_cooldown_max_ms=400)
     rcv = w.receiver()
     ep = w.add_endpoint("ff" + w.tag, rcv.url("status/503", "ff"), "--max-inflight", "1")
     assert w.produce([event(ep, i, w.tag) for i in range(3)]).returncode == 0

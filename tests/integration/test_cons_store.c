@@ -133,7 +133,7 @@ static void age_brk(struct fx *f, const char *ep, int64_t ms)
     char key[160];
     (void)snprintf(key, sizeof(key), "sluice:breaker:{%s}", ep);
     adm_eval(f,
-             "for _, k in ipairs({'opened_at_ms', 'probe_until_ms'}) do "
+             "for _, k in ipairs({'opened_at_ms', 'probe_until_ms', 'open_since_ms'}) do "
              "if redis.call('HEXISTS', KEYS[1], k) == 1 then redis.call('HINCRBY', KEYS[1], k, "
              "string.format('%d', -tonumber(ARGV[1]))) end end",
              key, (long long)ms);
@@ -915,6 +915,42 @@ static void test_breaker_probe_failure_doubling(void **state)
     }
 }
 
+/* open_since_ms: set when the breaker opens from closed, kept when a failed probe re-opens
+ * it (how long the endpoint has been down, across pods: disable_after_ms is judged on it),
+ * 0 and gone once a success closes it. */
+static void test_breaker_open_since(void **state)
+{
+    struct fx *f = *state;
+    assert_int_equal(get(f, "ep_o").open_since_ms, 0);
+    struct cons_brk_view v = rec(f, "ep_o", 0, 2, "pod0");
+    assert_int_equal(v.state, CONS_BRK_CLOSED);
+    assert_int_equal(v.open_since_ms, 0);
+    v = rec(f, "ep_o", 0, 2, "pod1");
+    assert_int_equal(v.state, CONS_BRK_OPEN);
+    assert_int_equal(v.open_since_ms, v.now_ms);
+    int64_t since = v.open_since_ms;
+    age_brk(f, "ep_o", BASE); /* the cooldown passed */
+    v = acq(f, "ep_o", "pod_a");
+    assert_int_equal(v.probe, 1);
+    assert_int_equal(v.state, CONS_BRK_HALF_OPEN);
+    assert_int_equal(v.open_since_ms, since - BASE);
+    v = rec(f, "ep_o", 0, 2, "pod_a"); /* the probe failed: open again, since kept */
+    assert_int_equal(v.state, CONS_BRK_OPEN);
+    assert_int_equal(v.open_since_ms, since - BASE);
+    assert_true(v.now_ms - v.open_since_ms >= BASE);
+    assert_true(v.reopen_at_ms > v.now_ms); /* while the cooldown itself starts anew */
+    age_brk(f, "ep_o", 2 * BASE);
+    assert_int_equal(acq(f, "ep_o", "pod_b").probe, 1);
+    v = rec(f, "ep_o", 1, 2, "pod_b"); /* the probe succeeded */
+    assert_int_equal(v.state, CONS_BRK_CLOSED);
+    assert_int_equal(v.open_since_ms, 0);
+    assert_int_equal(adm_int(f, "HEXISTS sluice:breaker:{ep_o} open_since_ms"), 0);
+    rec(f, "ep_o", 0, 2, "pod0");
+    v = rec(f, "ep_o", 0, 2, "pod0"); /* a new outage counts from its own start */
+    assert_int_equal(v.state, CONS_BRK_OPEN);
+    assert_int_equal(v.open_since_ms, v.now_ms);
+}
+
 static void test_breaker_probe_lease_expiry(void **state)
 {
     struct fx *f = *state;
@@ -1294,6 +1330,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_breaker_single_probe, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_probe_success, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_probe_failure_doubling, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_breaker_open_since, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_probe_lease_expiry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_late_results, setup, teardown),
         cmocka_unit_test_setup_teardown(test_breaker_probe_owner_is_the_probe, setup, teardown),
