@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <librdkafka/rdkafka.h>
 
@@ -968,20 +969,51 @@ static void tick(rec_loop_t *l)
 
 /* Shutdown: write the last batches (bounded retries), store, commit, leave the group, all
  * within shutdown_timeout_ms whatever is down. */
-static int shutdown_bounded(rec_loop_t *l, sl_err_t *err)
+/*
+ * Shutdown's bound on the write lanes: a lane statement can wait up to lock_timeout (30 s) on
+ * a row another transaction holds (a replay locks dead letters while Kafka acknowledges its
+ * batch). From the drain deadline on, this thread cancels every lane's running statement
+ * (PQcancel), again every CANCEL_EVERY_MS for a retry started meanwhile, until shutdown has
+ * stopped writing; the cancelled batch stays unstored and is read again at the next start.
+ */
+#define CANCEL_EVERY_MS 100
+struct cancel_watch {
+    rec_loop_t *l;
+    int64_t deadline; /* mono ms */
+    atomic_bool done; /* shutdown stopped writing */
+    pthread_t thr;
+    bool started;
+};
+
+static void *cancel_watch_main(void *arg)
 {
-    const struct sl_config *cfg = l->cfg;
-    int64_t bound = sl_mono_ms() + cfg->shutdown_timeout_ms;
-    rec_maint_stop(l->maint);
-    l->maint = NULL;
-    int64_t deadline = sl_mono_ms() + cfg->shutdown_drain_ms;
-    if (deadline > bound - CLOSE_RESERVE_MS)
-        deadline = bound - CLOSE_RESERVE_MS;
+    struct cancel_watch *w = arg;
+    bool logged = false;
+    while (!atomic_load(&w->done)) {
+        if (sl_mono_ms() >= w->deadline) {
+            if (!logged)
+                sl_warn("recorder", "write_cancelled",
+                        "shutdown bound reached while a batch was being written: its statements "
+                        "are cancelled (the batch is read again at the next start)");
+            logged = true;
+            for (size_t i = 0; i < w->l->nlanes; i++)
+                rec_db_cancel(w->l->db[i]);
+        }
+        struct timespec ts = {0, CANCEL_EVERY_MS * 1000000L};
+        (void)nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+/* Write what is held, retrying until deadline; then drop what is left unstored. Returns 0,
+ * or SL_EVERSION when the database turned out not to be writable by this binary. */
+static int shutdown_writes(rec_loop_t *l, int64_t deadline)
+{
     while (l->writing || l->wbatch || !rec_batch_empty(l->batch)) {
         if (flush_wait(l) == 0)
             break;
         if (l->fatal)
-            return stop_fatal(l, err);
+            return SL_EVERSION;
         if (sl_mono_ms() + l->backoff_ms > deadline) {
             sl_warn("recorder", "batch_not_written",
                     "shutting down with %zu records not written (not committed either: they are "
@@ -994,6 +1026,27 @@ static int shutdown_bounded(rec_loop_t *l, sl_err_t *err)
         if (rkm) /* paused: nothing should arrive; anything that does is re-read later */
             rd_kafka_message_destroy(rkm);
     }
+    return 0;
+}
+
+static int shutdown_bounded(rec_loop_t *l, sl_err_t *err)
+{
+    const struct sl_config *cfg = l->cfg;
+    int64_t bound = sl_mono_ms() + cfg->shutdown_timeout_ms;
+    rec_maint_stop(l->maint);
+    l->maint = NULL;
+    int64_t deadline = sl_mono_ms() + cfg->shutdown_drain_ms;
+    if (deadline > bound - CLOSE_RESERVE_MS)
+        deadline = bound - CLOSE_RESERVE_MS;
+    struct cancel_watch watch = {.l = l, .deadline = deadline};
+    atomic_init(&watch.done, false);
+    watch.started = pthread_create(&watch.thr, NULL, cancel_watch_main, &watch) == 0;
+    int rc = shutdown_writes(l, deadline);
+    atomic_store(&watch.done, true);
+    if (watch.started)
+        pthread_join(watch.thr, NULL);
+    if (rc != 0)
+        return stop_fatal(l, err);
     if (sl_run_bounded(close_consumer, l, bound - sl_mono_ms()) == SL_ETIMEDOUT) {
         l->abandoned = true;
         sl_error("recorder", "shutdown_timeout",

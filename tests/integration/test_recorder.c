@@ -7,6 +7,8 @@
  *                    quarantined / undecodable / out of order / expired: exact rows and contents;
  *                    the undecodable record moved to the quarantine topic with its reason
  *   quarantine_refused  Kafka refuses the quarantine: exit 1, the record's offset uncommitted
+ *   sigterm_while_a_lane_waits_for_a_lock  the shutdown bound cancels a blocked lane: exit 0
+ *                    in time, the batch uncommitted
  *   duplicates       the same records produced again (plus one new): nothing changes but the new
  *   kill9            kill -9 mid-run and restart: exact counts, consecutive failures counted once
  *   rebalance        a second recorder joins the group mid-run, then the first leaves: exact
@@ -844,6 +846,68 @@ static void test_quarantine_refused(void **state)
     topic_delete(topic);
 }
 
+/* SIGTERM while a write lane waits for a row lock (a replay holds the dead letter): the
+ * shutdown bound cancels the lane's statement, the recorder exits 0 within
+ * shutdown_timeout_ms, and the batch stays uncommitted for the next start. Before, the lane
+ * waited out lock_timeout (30 s) past the bound. */
+static void test_sigterm_while_a_lane_waits_for_a_lock(void **state)
+{
+    (void)state;
+    char topic[160], group[96], p[64], ep[96], id[96], sql[512];
+    topic_new(topic, sizeof(topic), "rt.outcomes");
+    make_prefix(p, sizeof(p), "lk");
+    snprintf(group, sizeof(group), "%s-grp", p);
+    snprintf(ep, sizeof(ep), "%s-ep", p);
+    snprintf(id, sizeof(id), "%s-e1", p);
+    snprintf(sql, sizeof(sql),
+             "insert into dead_letters (event_id, endpoint_id, error_class, attempts,"
+             " first_failed_at, dead_at) values ('%s', '%s', 'http_5xx', 1, now(), now())",
+             id, ep);
+    exec_sql(sql);
+    PGconn *holder = PQconnectdb(g_dsn);
+    assert_int_equal(PQstatus(holder), CONNECTION_OK);
+    PQclear(PQexec(holder, "begin"));
+    snprintf(sql, sizeof(sql),
+             "select 1 from dead_letters where event_id = '%s' and endpoint_id = '%s' for update",
+             id, ep);
+    PGresult *res = PQexec(holder, sql);
+    assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
+    PQclear(res);
+    uint64_t T = (uint64_t)now_ms() - 60000;
+    produce_outcome(topic, &(struct sl_outcome){.id = id,
+                                                .ep = ep,
+                                                .type = "order.paid",
+                                                .created_ms = T,
+                                                .attempt = 2,
+                                                .state = SL_OUTCOME_DEAD_LETTER,
+                                                .http = 500,
+                                                .err = "http_5xx",
+                                                .ts_ms = T + 10,
+                                                .lat_us = 100});
+    produce_flush();
+    struct rec_proc r = {0};
+    const char *env[] = {"SLUICE_SHUTDOWN_DRAIN_MS", "1000", "SLUICE_SHUTDOWN_TIMEOUT_MS", "6000",
+                         NULL};
+    rec_start(&r, topic, group, g_dsn, env);
+    /* the lane's upsert of that dead letter waits for the holder's lock */
+    int64_t deadline = now_ms() + 60000 * g_mult;
+    while (q1("select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
+              " and query like '%%dead_letters%%'") < 1) {
+        assert_true(now_ms() < deadline);
+        sleep_ms(100);
+    }
+    int64_t t0 = now_ms();
+    assert_int_equal(rec_stop(&r, SIGTERM), 0);
+    int64_t took = now_ms() - t0;
+    assert_true(took < 6000 + 2000);
+    assert_int_equal(log_count(&r, "\"event\":\"write_cancelled\""), 1);
+    assert_int_equal(log_count(&r, "\"event\":\"batch_not_written\""), 1);
+    PQclear(PQexec(holder, "rollback"));
+    PQfinish(holder);
+    assert_int_equal(group_lag(topic, group), 1); /* not committed: read again next time */
+    topic_delete(topic);
+}
+
 /* ==== 2. duplicates on the topic ==== */
 
 static void test_duplicates(void **state)
@@ -1603,6 +1667,7 @@ int main(void)
         cmocka_unit_test_teardown(test_maintenance, kill_leftovers),
         cmocka_unit_test_teardown(test_lifecycles, kill_leftovers),
         cmocka_unit_test_teardown(test_quarantine_refused, kill_leftovers),
+        cmocka_unit_test_teardown(test_sigterm_while_a_lane_waits_for_a_lock, kill_leftovers),
         cmocka_unit_test_teardown(test_duplicates, kill_leftovers),
         cmocka_unit_test_teardown(test_kill9, kill_leftovers),
         cmocka_unit_test_teardown(test_rebalance, kill_leftovers),
