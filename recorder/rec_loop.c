@@ -49,7 +49,6 @@
 #define BAD_LOG_PER_WINDOW 10    /* bad-record lines per window before suppressing */
 #define BISECT_DEPTH       64    /* range stack entries (log2 of any batch size + 1 suffices) */
 #define LANE_SKIPPED_KEPT  8     /* rejected rows a lane reports individually */
-#define DISABLE_MAX        64    /* disable requests waiting for the registry */
 #define WRITE_CHECK_MS     5     /* longest poll while a batch is being written, ms */
 #define QUARANTINE_FLUSH_MS                                                                        \
     10000 /* how long a batch's commit waits for the quarantine's                                  \
@@ -158,27 +157,30 @@ struct rec_loop {
     rd_kafka_topic_partition_list_t *paused; /* exactly what we paused; NULL = nothing */
     int64_t retry_at_ms;                     /* mono ms of the next write attempt while blocked */
     int64_t backoff_ms;                      /* current retry delay, ms */
-    bool db_down;             /* last PostgreSQL operation failed (for state-change logs) */
-    bool fatal;               /* the database cannot be written by this binary (SL_EVERSION):
-                                 the loop stops, rec_loop_run returns fatal_err */
-    sl_err_t fatal_err;       /* why, when fatal */
-    int64_t next_stats_ms;    /* mono ms of the next recorder_stats line */
-    int64_t bad_window_ms;    /* start of the current bad-record log window, mono ms */
-    int bad_logged;           /* bad-record lines logged in the window */
-    int64_t bad_suppressed;   /* bad-record lines suppressed in the window */
-    struct rec_loop_stats st; /* totals */
-    struct disable_req disable[DISABLE_MAX]; /* waiting for their batch to commit */
-    size_t n_disable;                        /* entries in disable */
-    rd_kafka_t *qprod;                       /* quarantine producer (made on first use) */
-    int64_t q_sent;                          /* records handed to it */
-    _Atomic int64_t q_done;                  /* acknowledged or failed (its reports) */
-    _Atomic int64_t q_failed;                /* failed */
-    char q_err[128];                         /* the first failure's reason */
-    PGconn *reg_pg;                          /* registry connection (opened on first use) */
-    struct sl_reg_pub reg_pub;               /* registry publisher (opened on first use) */
+    bool db_down;                /* last PostgreSQL operation failed (for state-change logs) */
+    bool fatal;                  /* the database cannot be written by this binary (SL_EVERSION):
+                                    the loop stops, rec_loop_run returns fatal_err */
+    sl_err_t fatal_err;          /* why, when fatal */
+    int64_t next_stats_ms;       /* mono ms of the next recorder_stats line */
+    int64_t bad_window_ms;       /* start of the current bad-record log window, mono ms */
+    int bad_logged;              /* bad-record lines logged in the window */
+    int64_t bad_suppressed;      /* bad-record lines suppressed in the window */
+    struct rec_loop_stats st;    /* totals */
+    struct disable_req *disable; /* waiting to be applied, one per endpoint */
+    size_t n_disable;            /* entries in disable */
+    size_t cap_disable;          /* its capacity */
+    bool rows_done;            /* wbatch's rows are committed, some of its disable requests are not
+                                  applied yet: retries apply them (the rows are not written again) */
+    rd_kafka_t *qprod;         /* quarantine producer (made on first use) */
+    int64_t q_sent;            /* records handed to it */
+    _Atomic int64_t q_done;    /* acknowledged or failed (its reports) */
+    _Atomic int64_t q_failed;  /* failed */
+    char q_err[128];           /* the first failure's reason */
+    PGconn *reg_pg;            /* registry connection (opened on first use) */
+    struct sl_reg_pub reg_pub; /* registry publisher (opened on first use) */
 };
 
-static void apply_disables(rec_loop_t *l, size_t upto);
+static size_t apply_disables(rec_loop_t *l, size_t upto);
 
 /* ==== PostgreSQL availability (logged on state changes only) ==== */
 
@@ -520,6 +522,21 @@ static int quarantine_settle(rec_loop_t *l)
     return SL_EKAFKA;
 }
 
+/* A batch could not be finished: pause intake and retry it with a growing backoff. */
+static void block_for_retry(rec_loop_t *l)
+{
+    if (!l->blocked) {
+        l->blocked = true;
+        l->backoff_ms = REC_RETRY_MIN_MS;
+        pause_all(l);
+    } else {
+        l->backoff_ms = l->backoff_ms * 2 > REC_RETRY_MAX_MS ? REC_RETRY_MAX_MS : l->backoff_ms * 2;
+    }
+    l->retry_at_ms = sl_mono_ms() + l->backoff_ms;
+}
+
+static int batch_settle(rec_loop_t *l);
+
 static int write_finish(rec_loop_t *l)
 {
     sl_err_t err;
@@ -535,22 +552,36 @@ static int write_finish(rec_loop_t *l)
         l->st.db_retries++;
         sl_counter_inc(rm.db_errors);
         db_failed(l, "write", &err);
-        if (!l->blocked) {
-            l->blocked = true;
-            l->backoff_ms = REC_RETRY_MIN_MS;
-            pause_all(l);
-        } else {
-            l->backoff_ms =
-                l->backoff_ms * 2 > REC_RETRY_MAX_MS ? REC_RETRY_MAX_MS : l->backoff_ms * 2;
-        }
-        l->retry_at_ms = sl_mono_ms() + l->backoff_ms;
+        block_for_retry(l);
         return rc;
     }
     db_ok(l);
+    return batch_settle(l);
+}
+
+/*
+ * wbatch's rows are committed: quarantine acknowledged, then its disable requests applied,
+ * and only then are its offsets stored. A request the registry cannot take now blocks the
+ * batch (intake paused, retried with backoff) rather than being dropped with its offset.
+ */
+static int batch_settle(rec_loop_t *l)
+{
     if (quarantine_settle(l) != 0)
         return SL_EKAFKA; /* stopping: the batch stays unstored (re-read by the next start) */
+    size_t left = apply_disables(l, l->wdisable);
+    if (left > 0) {
+        if (!l->rows_done)
+            sl_warn("registry", "disables_pending",
+                    "%zu disable requests could not be applied to the registry: the batch "
+                    "that carried them waits for them (history paused, retried)",
+                    left);
+        l->rows_done = true;
+        l->wdisable = left; /* the failed ones are at the front */
+        block_for_retry(l);
+        return SL_EPG;
+    }
+    l->rows_done = false;
     store_offsets(l, l->wbatch);
-    apply_disables(l, l->wdisable);
     l->wdisable = 0;
     l->st.batches++;
     sl_counter_inc(rm.batches);
@@ -564,9 +595,12 @@ static int write_finish(rec_loop_t *l)
     return 0;
 }
 
-/* Retry the write of a batch that failed before, synchronously. Returns 0 or SL_EPG. */
+/* Retry the write of a batch that failed before, synchronously (only its disable requests
+ * when its rows are committed already). Returns 0 or SL_EPG. */
 static int write_retry(rec_loop_t *l)
 {
+    if (l->rows_done)
+        return batch_settle(l);
     write_start(l);
     return write_finish(l);
 }
@@ -622,6 +656,7 @@ static void drop_held(rec_loop_t *l)
         rec_batch_reset(l->wbatch);
     l->wbatch = NULL;
     l->wdisable = 0;
+    l->rows_done = false;
     rec_batch_reset(l->batch);
 }
 
@@ -637,8 +672,23 @@ static void note_disable(rec_loop_t *l, const void *payload, size_t len)
         return;
     struct sl_outcome o;
     if (sl_outcome_decode(payload, len, NULL, &o, NULL) == 0 && o.state == SL_OUTCOME_DISABLED &&
-        o.ep && l->n_disable < DISABLE_MAX) {
-        struct disable_req *d = &l->disable[l->n_disable++];
+        o.ep) {
+        /* one request per endpoint (every pod asks once): a later one replaces it in place */
+        struct disable_req *d = NULL;
+        for (size_t i = 0; i < l->n_disable && !d; i++)
+            if (strcmp(l->disable[i].id, o.ep) == 0)
+                d = &l->disable[i];
+        if (d && d->ts_ms > (int64_t)o.ts_ms) {
+            sl_outcome_fini(&o);
+            return;
+        }
+        if (!d) {
+            if (l->n_disable == l->cap_disable) {
+                l->cap_disable = l->cap_disable ? 2 * l->cap_disable : 16;
+                l->disable = sl_xrealloc(l->disable, l->cap_disable * sizeof(*l->disable));
+            }
+            d = &l->disable[l->n_disable++];
+        }
         (void)snprintf(d->id, sizeof(d->id), "%s", o.ep);
         (void)snprintf(d->reason, sizeof(d->reason), "disabled by sluice: %s",
                        o.msg ? o.msg : (o.err ? o.err : "requested by a consumer"));
@@ -647,9 +697,6 @@ static void note_disable(rec_loop_t *l, const void *payload, size_t len)
     sl_outcome_fini(&o);
 }
 
-/* Apply the first upto waiting disable requests (those of committed batches) to the registry
- * (PostgreSQL, then the endpoints topic, so every consumer stops). Requests that fail stay
- * queued for the next batch, ahead of the requests of batches not committed yet. */
 /* The registry's database and publisher, opened when missing. False (logged) when either
  * cannot be had now: the disables wait for the next attempt. */
 static bool registry_open(rec_loop_t *l)
@@ -691,22 +738,27 @@ static bool disable_one(rec_loop_t *l, const struct disable_req *d)
     return false;
 }
 
-static void apply_disables(rec_loop_t *l, size_t upto)
+/* Apply the first upto requests (those of committed batches) to the registry (PostgreSQL, then
+ * the endpoints topic, so every consumer stops); those that fail move to the front, the rest
+ * (of batches not committed yet) follow. Returns how many of the first upto are left. */
+static size_t apply_disables(rec_loop_t *l, size_t upto)
 {
     if (upto > l->n_disable)
         upto = l->n_disable;
     if (upto == 0)
-        return;
+        return 0;
     if (!registry_open(l))
-        return;
+        return upto;
     size_t kept = 0;
     for (size_t i = 0; i < upto; i++) {
         if (!disable_one(l, &l->disable[i]))
             l->disable[kept++] = l->disable[i];
     }
+    size_t left = kept;
     for (size_t i = upto; i < l->n_disable; i++) /* not committed yet */
         l->disable[kept++] = l->disable[i];
     l->n_disable = kept;
+    return left;
 }
 
 /* ==== Kafka ==== */
@@ -1114,6 +1166,7 @@ void rec_loop_destroy(rec_loop_t *l)
         (void)rd_kafka_flush(l->qprod, 1000); /* settled already unless stopping on an error */
         rd_kafka_destroy(l->qprod);
     }
+    free(l->disable);
     sl_reg_pub_close(&l->reg_pub);
     if (l->reg_pg)
         PQfinish(l->reg_pg);

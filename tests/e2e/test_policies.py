@@ -251,6 +251,32 @@ def test_slow_endpoints_get_a_lower_breaker_threshold(make_world):
     assert got[fast] == 10, got
 
 
+def test_many_disable_requests_in_one_batch_are_all_applied(make_world):
+    """70 endpoints answer 410 at once: the recorder reads their 70 disable requests in one
+    batch and applies every one to the registry before it stores the batch's offsets (it kept
+    at most 64 waiting and dropped the rest, silently)."""
+    import os as _os
+    from sluice_e2e import Proc
+    w = make_world(max_attempts=3, retry_base_ms=100, recorder_flush_ms=3000)
+    rcv = w.receiver()
+    eps = [w.add_endpoint(f"g{i}_{w.tag}", rcv.url("gone", f"g{i}"), "--max-inflight", "1")
+           for i in range(70)]
+    assert w.produce([event(ep, 0, w.tag) for ep in eps]).returncode == 0
+    c = w.consumer()
+    wait_until(lambda: len({o["endpoint"] for o in w.outcomes() if o["state"] == "disabled"})
+               == 70, 60, 0.5, "70 disable requests")
+    rec = Proc([w.bin("recorder/sluice-recorder")], w.env, _os.path.join(w.dir, "recorder.log"))
+
+    def enabled_left():
+        r = w.ctl("endpoints", "list", "--json")
+        assert r.returncode == 0, r.stderr
+        rows = [e for e in json.loads(r.stdout) if e["id"] in eps]
+        assert len(rows) == 70
+        return [e["id"] for e in rows if e["enabled"]]
+    wait_until(lambda: not enabled_left(), 60, 0.5, "all 70 disabled")
+    assert c.term() == 0 and rec.term() == 0
+
+
 def test_410_disables_the_endpoint_through_the_registry(make_world):
     import os as _os
     from sluice_e2e import Proc
