@@ -17,6 +17,7 @@
 #include "api/api.h"
 #include "common/sl_log.h"
 #include "common/sl_map.h"
+#include "common/sl_pg.h"
 
 #define TS(col) "to_char(" col " at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
 
@@ -48,6 +49,11 @@ static const char SQL_TYPES_SEEN[] =
     "select event_type, count(*) from delivery_attempts "
     "where ts > now() - interval '24 hours' and state = 'delivered' "
     "and event_type is not null group by event_type";
+/* the same over the endpoints a key limited to channels sees ($1, a text array) */
+static const char SQL_TYPES_SEEN_IN[] =
+    "select event_type, count(*) from delivery_attempts "
+    "where ts > now() - interval '24 hours' and state = 'delivered' "
+    "and event_type is not null and endpoint_id = any($1::text[]) group by event_type";
 /* clang-format on */
 
 /* NULL for SQL NULL, else a JSON string / integer / number. */
@@ -223,6 +229,43 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* For a key limited to channels, keep (in place) the endpoints sharing one of its channels and
+ * release the others; returns how many are kept. */
+static size_t keep_visible(struct api_req *r, const struct sl_endpoint **eps, size_t n)
+{
+    const struct sl_apikey *key = r->auth.key;
+    if (!key || key->n_channels == 0)
+        return n;
+    size_t kept = 0;
+    for (size_t e = 0; e < n; e++) {
+        bool sees = false;
+        for (size_t c = 0; c < eps[e]->n_channels && !sees; c++)
+            sees = sl_apikey_channel_allowed(key, eps[e]->channels[c]);
+        if (sees)
+            eps[kept++] = eps[e];
+        else
+            sl_endpoint_release(eps[e]);
+    }
+    return kept;
+}
+
+/* Event types delivered in 24 h with their counts: all of them, or for a key limited to
+ * channels only those of the endpoints it sees (eps). NULL after answering 503. */
+static PGresult *types_seen(struct api_req *r, const struct sl_endpoint **eps, size_t n)
+{
+    if (!r->auth.key || r->auth.key->n_channels == 0)
+        return query(r, SQL_TYPES_SEEN, 0, NULL);
+    const char **ids = sl_xcalloc(n ? n : 1, sizeof(*ids));
+    for (size_t e = 0; e < n; e++)
+        ids[e] = eps[e]->id;
+    char *arr = sl_pg_text_array(ids, n);
+    const char *params[] = {arr};
+    PGresult *res = query(r, SQL_TYPES_SEEN_IN, 1, params);
+    free(arr);
+    free(ids);
+    return res;
+}
+
 enum api_hret api_event_types(struct api_req *r)
 {
     long limit;
@@ -230,16 +273,21 @@ enum api_hret api_event_types(struct api_req *r)
     bool have;
     if (api_query_page(r, &limit, cur, sizeof(cur), &have) != 0)
         return API_DONE;
-    PGresult *res = query(r, SQL_TYPES_SEEN, 0, NULL);
-    if (!res)
+    const struct sl_endpoint **eps = NULL;
+    size_t neps = 0;
+    sl_endpoints_snapshot(r->api->eps, &eps, &neps);
+    neps = keep_visible(r, eps, neps);
+    PGresult *res = types_seen(r, eps, neps);
+    if (!res) {
+        for (size_t e = 0; e < neps; e++)
+            sl_endpoint_release(eps[e]);
+        free(eps);
         return API_DONE;
+    }
     /* the names: types seen in 24 h plus exact names in endpoints' filters */
     sl_map_t *seen = sl_map_new(64);
     for (int i = 0; i < PQntuples(res); i++)
         sl_map_put(seen, PQgetvalue(res, i, 0), (void *)(intptr_t)(i + 1), NULL);
-    const struct sl_endpoint **eps = NULL;
-    size_t neps = 0;
-    sl_endpoints_snapshot(r->api->eps, &eps, &neps);
     for (size_t e = 0; e < neps; e++) {
         for (size_t t = 0; t < eps[e]->n_types; t++) {
             const char *f = eps[e]->types[t];

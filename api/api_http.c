@@ -581,11 +581,17 @@ static enum MHD_Result send_answer(struct api_req *r)
                : MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     if (!resp)
         return MHD_NO;
-    if (r->raw && r->raw_type)
+    if (r->raw && r->raw_type) {
         MHD_add_response_header(resp, "Content-Type", r->raw_type);
-    else if (text)
-        MHD_add_response_header(resp, "Content-Type",
-                                r->problem ? "application/problem+json" : "application/json");
+    } else {
+        if (text)
+            MHD_add_response_header(resp, "Content-Type",
+                                    r->problem ? "application/problem+json" : "application/json");
+        /* answers can hold secrets (a new signing secret) or tenant data: never cached, never
+         * sniffed into another type (console files set their own) */
+        MHD_add_response_header(resp, "Cache-Control", "no-store");
+        MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    }
     for (const char *const *h = r->headers; h && h[0] && h[1]; h += 2)
         MHD_add_response_header(resp, h[0], h[1]);
     if (r->retry_after_s > 0) {

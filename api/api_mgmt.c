@@ -90,11 +90,17 @@ static int secret_scheme(
     return kind;
 }
 
+/* What an answer shows for every extra header's value: they often hold credentials
+ * (Authorization, API keys), so they are write-only here, as `sluicectl endpoints show`
+ * hides them without --show-secrets. A write of this text is refused (a read-modify-write
+ * would otherwise store it). */
+#define HDR_REDACTED "[redacted]"
+
 static json_t *ep_json(const struct sl_reg_ep *ep, const struct sl_masterkey *mk)
 {
     json_t *hdr = json_object();
     for (size_t i = 0; i < ep->n_hdr; i++)
-        json_object_set_new(hdr, ep->hdr[i].name, json_string(ep->hdr[i].value));
+        json_object_set_new(hdr, ep->hdr[i].name, json_string(HDR_REDACTED));
     json_t *pol = json_object();
     for (int i = 0; i < SL_REG_N__COUNT; i++)
         json_object_set_new(pol, sl_reg_ep_nums[i].column, json_integer(ep->num[i]));
@@ -290,6 +296,13 @@ field_headers(struct api_req *r, const char *k, json_t *v, struct sl_reg_ep *ep,
                         "field \"headers\": every value must be a string");
             return -1;
         }
+        if (strcmp(json_string_value(hv), HDR_REDACTED) == 0) {
+            api_problem(r, 400, "invalid-field", field,
+                        "field \"headers\": header %s has the placeholder answers show instead "
+                        "of a value (" HDR_REDACTED "); send the real value",
+                        hk);
+            return -1;
+        }
         kv[n].name = hk;
         kv[n++].value = json_string_value(hv);
     }
@@ -457,24 +470,45 @@ static PGconn *reg_pg(struct api_req *r)
 }
 
 /*
- * For a key limited to channels: is endpoint id one of its own? false after answering 404
- * (or 503). Keys without channels skip the read.
+ * For rotate and delete: endpoint id exists and the caller may change it. A key limited to
+ * channels may only when every channel of the endpoint is its own, as for PATCH (seeing it
+ * through one shared channel is not enough: rotating another tenant's secret would hand the
+ * caller its signing secret). With kind not NULL, *kind is the current secret's scheme,
+ * which a rotation without "signature" keeps. false after answering 404, 403 or 503.
  */
-static bool visible(struct api_req *r, PGconn *pg, const char *id)
+static bool may_change(struct api_req *r, PGconn *pg, const char *id, enum sl_secret_kind *kind)
 {
-    if (!r->auth.key || r->auth.key->n_channels == 0)
-        return true;
     struct sl_reg_ep ep;
     memset(&ep, 0, sizeof(ep));
     sl_err_t err;
     int rc = sl_reg_db_load(pg, id, false, &ep, &err);
     if (rc == 0 && !sees_row(r, &ep))
         rc = SL_ENOTFOUND;
+    bool ok = rc == 0;
+    if (!ok) {
+        problem_for(r, rc, &err, id);
+    } else if (!api_key_may_assign(r, ep.channels, ep.n_channels)) {
+        api_problem(r, 403, "forbidden", NULL,
+                    "a key limited to channels changes only endpoints whose channels are all "
+                    "its own");
+        ok = false;
+    } else if (kind && ep.n_secrets > 0) {
+        char pk[SL_PUBKEY_STR_MAX];
+        int scheme = secret_scheme(id, ep.secrets[0].enc, ep.secrets[0].enc_len, &r->api->mk, pk);
+        if (scheme < 0) { /* never guess: an Ed25519 endpoint's receivers hold a public key */
+            r->retry_after_s = 2;
+            api_problem(r, 503, "registry-unavailable", NULL,
+                        "the current secret of endpoint %s cannot be opened with this "
+                        "instance's master key, so its scheme is unknown; give \"signature\" "
+                        "to choose the new secret's",
+                        id);
+            ok = false;
+        } else {
+            *kind = scheme == 1 ? SL_SECRET_ED25519 : SL_SECRET_HMAC;
+        }
+    }
     sl_reg_ep_fini(&ep);
-    if (rc == 0)
-        return true;
-    problem_for(r, rc, &err, id);
-    return false;
+    return ok;
 }
 
 /* A committed change: status with the endpoint (plus extra members from x, stolen). */
@@ -706,22 +740,6 @@ enum api_hret api_endpoints_disable(struct api_req *r)
     return API_DONE;
 }
 
-/* The scheme of endpoint id's current secret (HMAC when it cannot be told): a rotation
- * without "signature" keeps it (an Ed25519 endpoint's receivers hold only its public key). */
-static enum sl_secret_kind current_kind(PGconn *pg, const struct sl_masterkey *mk, const char *id)
-{
-    struct sl_reg_ep cur;
-    sl_err_t err;
-    char pk[SL_PUBKEY_STR_MAX];
-    enum sl_secret_kind kind = SL_SECRET_HMAC;
-    memset(&cur, 0, sizeof(cur));
-    if (sl_reg_db_load(pg, id, false, &cur, &err) == 0 && cur.n_secrets > 0 &&
-        secret_scheme(id, cur.secrets[0].enc, cur.secrets[0].enc_len, mk, pk) == 1)
-        kind = SL_SECRET_ED25519;
-    sl_reg_ep_fini(&cur);
-    return kind;
-}
-
 /* The rotate body (optional): "overlap_s" (0..SL_REG_OVERLAP_MAX_S) and "signature". Returns
  * 0, or -1 with the problem answered. *sig_given: a scheme was named. */
 static int
@@ -788,7 +806,7 @@ enum api_hret api_endpoints_rotate(struct api_req *r)
     if (rotate_body(r, &overlap, &kind, &sig_given) != 0)
         return API_DONE;
     PGconn *pg = reg_pg(r);
-    if (!pg || !visible(r, pg, id))
+    if (!pg || !may_change(r, pg, id, sig_given ? NULL : &kind))
         return API_DONE;
     struct sl_reg_ep out;
     memset(&out, 0, sizeof(out));
@@ -797,8 +815,6 @@ enum api_hret api_endpoints_rotate(struct api_req *r)
     char pk[SL_PUBKEY_STR_MAX] = "";
     struct sl_secret secret;
     sl_err_t err;
-    if (!sig_given)
-        kind = current_kind(pg, &r->api->mk, id);
     int rc = make_secret(kind, &secret, pk, &err);
     if (rc == 0)
         rc = sl_reg_rotate(pg, thread_pub(r->api), &r->api->mk, id, overlap, &secret, whsec, &out,
@@ -819,7 +835,7 @@ enum api_hret api_endpoints_delete(struct api_req *r)
     if (!id_ok(r, id))
         return API_DONE;
     PGconn *pg = reg_pg(r);
-    if (!pg || !visible(r, pg, id))
+    if (!pg || !may_change(r, pg, id, NULL))
         return API_DONE;
     struct sl_reg_result res = {0};
     sl_err_t err;

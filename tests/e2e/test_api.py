@@ -574,6 +574,58 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     assert rec.term() == 0
 
 
+def test_header_values_are_write_only_and_a_shared_endpoint_needs_all_channels(make_world):
+    """Extra header values (often credentials) never come back in an answer and the
+    placeholder shown instead is refused as a value; answers are not to be cached. A key
+    limited to channels rotates or deletes only endpoints whose channels are all its own
+    (seeing one through a shared channel is not enough), and /v1/event-types shows it only the
+    types of endpoints it sees."""
+    w = make_world()
+    rcv = w.receiver()
+    admin = w.api_key("admin")
+    reader = w.api_key("read")
+    tenant = w.api_key("admin", channels="ta")
+    api = w.api()
+
+    def create(i, chans, types, headers=None):
+        body = {"id": f"{i}_{w.tag}", "url": rcv.url("ok", i), "channels": chans, "types": types}
+        if headers:
+            body["headers"] = headers
+        st, _, b = call(api, "POST", "/v1/endpoints", body, admin)
+        assert st == 201, b
+        return b["id"]
+    shared = create("shared", ["ta", "tb"], ["ta.paid"], {"Authorization": "Basic c2VjcmV0"})
+    own = create("own", ["ta"], ["ta.paid"])
+    other = create("other", ["tc"], ["tc.secret_type"])
+
+    st, hdrs, b = call(api, "GET", f"/v1/endpoints/{shared}", None, reader)
+    assert st == 200 and b["headers"] == {"Authorization": "[redacted]"}, b
+    assert hdrs["cache-control"] == "no-store" and hdrs["x-content-type-options"] == "nosniff"
+    st, _, lst = call(api, "GET", "/v1/endpoints?limit=500", None, reader)
+    assert st == 200 and "c2VjcmV0" not in json.dumps(lst)
+    problem(*call(api, "PATCH", f"/v1/endpoints/{shared}",
+                  {"headers": {"Authorization": "[redacted]"}}, admin), 400, "/headers")
+
+    problem(*call(api, "POST", f"/v1/endpoints/{shared}/rotate-secret", {"overlap_s": 0},
+                  tenant), 403)
+    problem(*call(api, "DELETE", f"/v1/endpoints/{shared}", None, tenant), 403)
+    problem(*call(api, "DELETE", f"/v1/endpoints/{other}", None, tenant), 404)
+    st, _, b = call(api, "POST", f"/v1/endpoints/{own}/rotate-secret", {"overlap_s": 0}, tenant)
+    assert st == 200 and b["secret"].startswith("whsec_"), b
+    st, _, _ = call(api, "DELETE", f"/v1/endpoints/{own}", None, tenant)
+    assert st == 204
+
+    def types(key):
+        st, _, b = call(api, "GET", "/v1/event-types?limit=500", None, key)
+        assert st == 200, b
+        return {t["type"] for t in b["data"]}
+    wait_until(lambda: {"ta.paid", "tc.secret_type"} <= types(admin), 30 * MULT, 0.2,
+               "sluice-api to see the endpoints")
+    seen = types(tenant)
+    assert "ta.paid" in seen and "tc.secret_type" not in seen, seen
+    assert api.proc.term() == 0
+
+
 def test_sigterm_answers_what_is_in_flight_and_exits_within_the_bound(make_world):
     import threading
     w = make_world()
