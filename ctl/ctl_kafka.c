@@ -229,12 +229,13 @@ static void dump_usage(FILE *f)
 }
 
 struct dump_opts {
-    const char *kind;  /* outcomes|deliveries|quarantine|endpoints */
-    const char *topic; /* the kind's topic unless --topic */
-    long max;          /* records to print (-1 = all) */
-    long idle_ms;      /* stop after this long without a record (not with --follow) */
-    bool follow;       /* keep waiting for new records */
-    bool payloads;     /* show bodies, header and macro values */
+    const char *kind;            /* outcomes|deliveries|quarantine|endpoints */
+    const char *topic;           /* the kind's topic unless --topic */
+    long max;                    /* records to print (-1 = all) */
+    long idle_ms;                /* stop after this long without a record (not with --follow) */
+    bool follow;                 /* keep waiting for new records */
+    bool payloads;               /* show bodies, header and macro values */
+    struct sl_decode_limits lim; /* max_body_bytes, as the writers of these records use */
 };
 
 /* Parse `dump KIND [options]`. Returns -1 to go on, else the exit code. */
@@ -259,7 +260,10 @@ static int dump_parse(const struct sl_config *cfg, int argc, char **argv, struct
                  {"deliveries", offsetof(struct sl_config, topic_deliveries)},
                  {"quarantine", offsetof(struct sl_config, topic_quarantine)},
                  {"endpoints", offsetof(struct sl_config, topic_endpoints)}};
-    *o = (struct dump_opts){.kind = argv[1], .max = -1, .idle_ms = 3000};
+    *o = (struct dump_opts){.kind = argv[1],
+                            .max = -1,
+                            .idle_ms = 3000,
+                            .lim = {.max_body = (size_t)cfg->max_body_bytes}};
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
         if (strcmp(o->kind, kinds[i].kind) == 0)
             o->topic = *(const char *const *)((const char *)cfg + kinds[i].topic_off);
@@ -411,7 +415,7 @@ static json_t *record_json(const struct dump_opts *o, const rd_kafka_message_t *
     json_t *j = NULL;
     if (strcmp(o->kind, "outcomes") == 0) {
         struct sl_outcome oc;
-        if (sl_outcome_decode(m->payload, m->len, NULL, &oc, &err) == 0)
+        if (sl_outcome_decode(m->payload, m->len, &o->lim, &oc, &err) == 0)
             j = outcome_json(&oc, o->payloads);
         sl_outcome_fini(&oc);
     } else if (strcmp(o->kind, "endpoints") == 0) {
@@ -425,7 +429,7 @@ static json_t *record_json(const struct dump_opts *o, const rd_kafka_message_t *
         sl_endpoint_rec_fini(&er);
     } else {
         struct sl_delivery d;
-        if (sl_delivery_decode(m->payload, m->len, NULL, &d, &err) == 0)
+        if (sl_delivery_decode(m->payload, m->len, &o->lim, &d, &err) == 0)
             j = delivery_json(&d, o->payloads);
         sl_delivery_fini(&d);
         if (strcmp(o->kind, "quarantine") == 0)

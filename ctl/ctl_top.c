@@ -191,9 +191,10 @@ void ctl_top_help(FILE *f)
 }
 
 struct top_opts {
-    long interval;  /* ms between frames */
-    long duration;  /* s to run (0 = until a signal) */
-    bool beginning; /* read the outcomes topic from its start */
+    long interval;               /* ms between frames */
+    long duration;               /* s to run (0 = until a signal) */
+    bool beginning;              /* read the outcomes topic from its start */
+    struct sl_decode_limits lim; /* max_body_bytes: a dead letter carries its record */
 };
 
 /* Returns -1 to go on, else the exit code. */
@@ -290,7 +291,7 @@ static void top_loop(rd_kafka_t *rk, sl_redis_t *r, sl_map_t *m, const struct to
         if (msg) {
             struct sl_outcome oc;
             if (!msg->err && msg->payload) {
-                if (sl_outcome_decode(msg->payload, msg->len, NULL, &oc, NULL) == 0)
+                if (sl_outcome_decode(msg->payload, msg->len, &o->lim, &oc, NULL) == 0)
                     take(m, &oc);
                 sl_outcome_fini(&oc);
             }
@@ -313,6 +314,7 @@ int ctl_top_main(struct ctl *c, int argc, char **argv)
     if (rc >= 0)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
+    o.lim = (struct sl_decode_limits){.max_body = (size_t)cfg->max_body_bytes};
     rd_kafka_t *rk = top_consumer(cfg, o.beginning);
     if (!rk)
         return CTL_EXIT_FAIL;

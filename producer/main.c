@@ -49,8 +49,6 @@ enum {
     OPT_PREFIX,
     OPT_TYPE,
     OPT_RUN_ID,
-    OPT_CONFIG,
-    OPT_CONFIG_FLAG,
 };
 
 struct opts {
@@ -150,8 +148,10 @@ static int64_t parse_int(const char *name, const char *s, int64_t min, int64_t m
 }
 
 /*
- * Parse our options on a copy of argv (getopt permutes it); the config options are
- * recognised here only so they are not usage errors: sl_cfg_main_load handles them.
+ * Parse our options on a copy of argv (getopt permutes it) without the config options, which
+ * sl_cfg_main_load handles and recognises only spelled out: were they in getopt's table, an
+ * abbreviation (--check, --conf FILE) would be accepted here and then ignored there, and the
+ * run would publish instead of checking, or with another configuration.
  */
 static void parse_opts(int argc, char **argv, struct opts *o)
 {
@@ -166,10 +166,6 @@ static void parse_opts(int argc, char **argv, struct opts *o)
         {"endpoint-prefix", required_argument, NULL, OPT_PREFIX},
         {"type", required_argument, NULL, OPT_TYPE},
         {"run-id", required_argument, NULL, OPT_RUN_ID},
-        {"config", required_argument, NULL, OPT_CONFIG},
-        {"help-config", no_argument, NULL, OPT_CONFIG_FLAG},
-        {"print-config", no_argument, NULL, OPT_CONFIG_FLAG},
-        {"check-config", no_argument, NULL, OPT_CONFIG_FLAG},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -179,7 +175,19 @@ static void parse_opts(int argc, char **argv, struct opts *o)
         (void)fprintf(stderr, PROG ": out of memory\n");
         exit(1);
     }
-    memcpy(args, argv, (size_t)argc * sizeof(*args));
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (i > 0 && strcmp(a, "--config") == 0) {
+            i++; /* and its value */
+            continue;
+        }
+        if (i > 0 && (strncmp(a, "--config=", 9) == 0 || strcmp(a, "--help-config") == 0 ||
+                      strcmp(a, "--print-config") == 0 || strcmp(a, "--check-config") == 0))
+            continue;
+        args[n++] = argv[i];
+    }
+    argc = n;
     *o = (struct opts){.timeout_ms = TIMEOUT_DEFAULT_MS, .body_bytes = -1};
     bool file_given = false;
     int c;
@@ -218,9 +226,6 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             break;
         case OPT_RUN_ID:
             o->run_id = optarg;
-            break;
-        case OPT_CONFIG:
-        case OPT_CONFIG_FLAG:
             break;
         case 'h':
             usage(stdout);
@@ -368,6 +373,10 @@ static bool run_lines(sluice_producer_t *p,
                 return false;
             continue;
         }
+        if (rc == SL_ESTATE && g_stop) {
+            (void)fprintf(stderr, PROG ": interrupted after line %" PRIu64 "\n", lr->lineno);
+            return false;
+        }
         if (rc < 0) {
             (void)fprintf(stderr, PROG ": %s\n", err.msg);
             return false;
@@ -474,6 +483,7 @@ int main(int argc, char **argv)
             (void)fprintf(stderr, PROG ": %s\n", err.msg);
             goto out;
         }
+        lr.stop = &g_stop; /* SIGINT/SIGTERM while waiting for input: stop, still drain */
     }
 
     struct sluice_producer_opts popts = {

@@ -68,6 +68,8 @@ static long fill(struct prod_lines *lr, sl_err_t *err)
             int e = errno;
             return sl_err_set(err, -e, "could not read %s: %s", lr->name, strerror(e));
         }
+        if (lr->stop && *lr->stop) /* a read waiting for input (a pipe, a terminal) */
+            return sl_err_set(err, SL_ESTATE, "reading %s stopped by a signal", lr->name);
     }
 }
 

@@ -11,6 +11,7 @@
 #ifndef PROD_LINES_H
 #define PROD_LINES_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,18 +19,20 @@
 #include "common/sl_err.h"
 
 struct prod_lines {
-    int fd;           /* input; -1 when closed */
-    bool own_fd;      /* fd was opened here (closed by prod_lines_close) */
-    bool eof;         /* read() returned 0 */
-    bool skipping;    /* inside a line longer than max_line */
-    char *buf;        /* read buffer, max_line + chunk + 1 bytes at most */
-    size_t cap;       /* bytes allocated in buf */
-    size_t start;     /* offset of the first unreturned byte */
-    size_t end;       /* offset one past the last byte read */
-    size_t scanned;   /* bytes after start already searched for '\n' */
-    size_t max_line;  /* bytes; longest line accepted, excluding the newline */
-    uint64_t lineno;  /* number of the line returned last (1-based) */
-    const char *name; /* input name for messages (borrowed): the path or "stdin" */
+    int fd;                            /* input; -1 when closed */
+    bool own_fd;                       /* fd was opened here (closed by prod_lines_close) */
+    bool eof;                          /* read() returned 0 */
+    bool skipping;                     /* inside a line longer than max_line */
+    char *buf;                         /* read buffer, max_line + chunk + 1 bytes at most */
+    size_t cap;                        /* bytes allocated in buf */
+    size_t start;                      /* offset of the first unreturned byte */
+    size_t end;                        /* offset one past the last byte read */
+    size_t scanned;                    /* bytes after start already searched for '\n' */
+    size_t max_line;                   /* bytes; longest line accepted, excluding the newline */
+    uint64_t lineno;                   /* number of the line returned last (1-based) */
+    const char *name;                  /* input name for messages (borrowed): the path or "stdin" */
+    const volatile sig_atomic_t *stop; /* set (by a signal handler) = a read interrupted by a
+                                          signal returns SL_ESTATE; NULL = reads resume */
 };
 
 /*

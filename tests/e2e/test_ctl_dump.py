@@ -106,6 +106,20 @@ def test_dump_shows_bytes_that_are_not_utf8(make_world):
     assert {"base64": "/w=="} in [x.get("id") for x in recs if x.get("deleted")], recs
 
 
+def test_dump_decodes_records_up_to_the_configured_body_limit(make_world):
+    """With max_body_bytes above the 1 MiB default, a record with a 1.5 MB body is shown, not
+    reported undecodable: dump decodes with the configured limit, as the writers used."""
+    w = make_world(partitions=1, max_body_bytes=4194304)
+    ev = event("big", 0, w.tag)
+    ev["body"] = "x" * 1500000
+    assert w.produce([ev]).returncode == 0
+    r = w.ctl("dump", "deliveries", "--idle-ms", "1500")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    assert [x.get("id") for x in recs] == [ev["id"]], [str(x)[:200] for x in recs]
+    assert "undecodable" not in recs[0]
+
+
 def test_top_shows_each_endpoints_deliveries_dead_letters_and_breaker(make_world):
     """`sluicectl top --from-beginning` reads the outcomes topic: one row per endpoint with
     its delivered total and dead letters, the frame's totals, and each endpoint's breaker

@@ -1,4 +1,5 @@
-"""Command line of the long-running processes (sluice-consumer, sluice-recorder): --help,
+"""Command line of the long-running processes (sluice-consumer, sluice-recorder) and of
+sluice-produce (config options spelled out, SIGINT while waiting for input): --help,
 --version, an unknown argument (exit 2, named), bad configuration (exit 78 before anything
 connects, the option named, its secret value never echoed), --check-config. Needs no stack."""
 
@@ -53,3 +54,51 @@ def test_config_reference_is_the_option_table():
         committed = f.read()
     assert r.stdout == committed, ("docs/CONFIG.md is stale: regenerate it with "
                                    "`sluicectl config-doc > docs/CONFIG.md`")
+
+
+def test_sluice_produce_takes_config_options_only_spelled_out():
+    """sluice-produce's config options are handled only when spelled out; an abbreviation is a
+    usage error (exit 2) before anything is read or published. getopt accepted `--check` for
+    --check-config and `--conf FILE` for --config, and the run then published every line with
+    the default configuration."""
+    env = {"SLUICE_KAFKA_BROKERS": "127.0.0.1:1"}
+    for args in (["--check"], ["--conf", "/nonexistent.conf"], ["--print"]):
+        path = os.path.join(os.environ["SL_BINARY_DIR"], "producer/sluice-produce")
+        base = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+        base.update(env)
+        r = subprocess.run([path, *args], env=base, input='{"not": "read"}\n',
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        assert "unrecognized option" in r.stderr and "published" not in r.stdout + r.stderr
+    r = run("producer/sluice-produce", "--check-config", env=env)
+    assert r.returncode == 0 and "configuration ok" in r.stdout, r.stderr
+    r = run("producer/sluice-produce", "--config", "/nonexistent.conf", env=env)
+    assert r.returncode == 78 and "/nonexistent.conf" in r.stderr
+
+
+def test_sluice_produce_stops_on_sigint_while_waiting_for_input():
+    """`tail -f log | sluice-produce`: SIGINT while it waits for a line stops reading, drains
+    and prints the summary. The read was resumed after the signal, so the first SIGINT did
+    nothing and the second killed it without a drain."""
+    import signal
+    import time
+    path = os.path.join(os.environ["SL_BINARY_DIR"], "producer/sluice-produce")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    base["SLUICE_KAFKA_BROKERS"] = "127.0.0.1:1"
+    p = subprocess.Popen([path], env=base, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1)
+        assert p.poll() is None, p.stderr.read()
+        p.send_signal(signal.SIGINT)
+        p.wait(20)  # stdin stays open: only the signal can end the run
+        p.stdin.close()
+        out, err = p.stdout.read(), p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode >= 0, "killed by the signal instead of stopping"
+    assert "interrupted after line 0" in err, err
+    assert out.startswith("published=0 "), out
+
