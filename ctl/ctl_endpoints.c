@@ -1249,10 +1249,21 @@ static int cmd_rotate(struct run *r, struct opts *o)
         struct sl_reg_ep cur;
         char cur_pk[SL_PUBKEY_STR_MAX];
         memset(&cur, 0, sizeof(cur));
-        if (sl_reg_db_load(r->pg, o->id, false, &cur, &err) == 0 && cur.n_secrets > 0 &&
-            secret_public(&cur, 0, &r->mk, cur_pk, &err) == 1)
-            o->signature = SL_SECRET_ED25519;
+        int scheme = 0; /* unknown endpoint or no secret: HMAC (the rotation reports the rest) */
+        sl_err_clear(&err);
+        if (sl_reg_db_load(r->pg, o->id, false, &cur, &err) == 0 && cur.n_secrets > 0)
+            scheme = secret_public(&cur, 0, &r->mk, cur_pk, &err);
         sl_reg_ep_fini(&cur);
+        if (scheme < 0) { /* never guess: the receivers may hold only a public key */
+            (void)fprintf(stderr,
+                          "%s endpoints rotate-secret: cannot tell the scheme of %s's current "
+                          "secret (%s); nothing changed: give --signature hmac|ed25519\n",
+                          CTL_PROG, o->id, err.msg[0] ? err.msg : "it cannot be opened");
+            rc = CTL_EXIT_FAIL;
+            goto out;
+        }
+        if (scheme == 1)
+            o->signature = SL_SECRET_ED25519;
     }
     rc = new_secret(r, o, &secret, pk);
     if (rc)

@@ -407,3 +407,20 @@ def test_v1a_signatures_verify_with_the_printed_public_key(make_world, capture):
                "receiver ledger line")
     (line,) = [x for x in rcv.ledger() if x["endpoint"] == ep_c]
     assert line["sig_ok"] is True and line["status"] == 204, line
+
+
+def test_rotate_without_signature_refuses_to_guess_the_scheme(make_world):
+    """rotate-secret without --signature keeps the current secret's scheme; when the master
+    key in use cannot open that secret, it stops (exit 1, nothing changed) instead of making
+    an HMAC secret for an Ed25519 endpoint, whose receivers hold only its public key."""
+    w = make_world()
+    ep = "edg" + w.tag
+    r = w.ctl("endpoints", "add", "--id", ep, "--url", "http://127.0.0.1:9/x",
+              "--signature", "ed25519", "--json")
+    assert r.returncode == 0, r.stderr
+    other = dict(w.env, SLUICE_MASTER_KEY="ab" * 32)
+    r = w.ctl("endpoints", "rotate-secret", ep, env=other)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "cannot tell the scheme" in r.stderr and "--signature" in r.stderr, r.stderr
+    r = w.ctl("endpoints", "show", ep, "--json")
+    assert r.returncode == 0 and len(json.loads(r.stdout)["secrets"]) == 1, r.stdout
