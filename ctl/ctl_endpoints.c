@@ -1226,6 +1226,34 @@ out:
     return rc;
 }
 
+/*
+ * No --signature: the new secret keeps the current one's scheme (an Ed25519 endpoint's
+ * receivers hold only its public key), which is never guessed: when the master key in use
+ * cannot open the current secret, this fails (CTL_EXIT_FAIL, message printed).
+ */
+static int keep_scheme(struct run *r, struct opts *o)
+{
+    struct sl_reg_ep cur;
+    char cur_pk[SL_PUBKEY_STR_MAX];
+    sl_err_t err;
+    memset(&cur, 0, sizeof(cur));
+    sl_err_clear(&err);
+    int scheme = 0; /* unknown endpoint or no secret: HMAC (the rotation reports the rest) */
+    if (sl_reg_db_load(r->pg, o->id, false, &cur, &err) == 0 && cur.n_secrets > 0)
+        scheme = secret_public(&cur, 0, &r->mk, cur_pk, &err);
+    sl_reg_ep_fini(&cur);
+    if (scheme < 0) {
+        (void)fprintf(stderr,
+                      "%s endpoints rotate-secret: cannot tell the scheme of %s's current secret "
+                      "(%s); nothing changed: give --signature hmac|ed25519\n",
+                      CTL_PROG, o->id, err.msg[0] ? err.msg : "it cannot be opened");
+        return CTL_EXIT_FAIL;
+    }
+    if (scheme == 1)
+        o->signature = SL_SECRET_ED25519;
+    return 0;
+}
+
 static int cmd_rotate(struct run *r, struct opts *o)
 {
     int rc;
@@ -1244,26 +1272,9 @@ static int cmd_rotate(struct run *r, struct opts *o)
     if (rc)
         goto out;
     if (!o->signature_s && !o->have_secret) {
-        /* no --signature: the new secret keeps the current one's scheme (an Ed25519
-         * endpoint's receivers hold only its public key) */
-        struct sl_reg_ep cur;
-        char cur_pk[SL_PUBKEY_STR_MAX];
-        memset(&cur, 0, sizeof(cur));
-        int scheme = 0; /* unknown endpoint or no secret: HMAC (the rotation reports the rest) */
-        sl_err_clear(&err);
-        if (sl_reg_db_load(r->pg, o->id, false, &cur, &err) == 0 && cur.n_secrets > 0)
-            scheme = secret_public(&cur, 0, &r->mk, cur_pk, &err);
-        sl_reg_ep_fini(&cur);
-        if (scheme < 0) { /* never guess: the receivers may hold only a public key */
-            (void)fprintf(stderr,
-                          "%s endpoints rotate-secret: cannot tell the scheme of %s's current "
-                          "secret (%s); nothing changed: give --signature hmac|ed25519\n",
-                          CTL_PROG, o->id, err.msg[0] ? err.msg : "it cannot be opened");
-            rc = CTL_EXIT_FAIL;
+        rc = keep_scheme(r, o);
+        if (rc)
             goto out;
-        }
-        if (scheme == 1)
-            o->signature = SL_SECRET_ED25519;
     }
     rc = new_secret(r, o, &secret, pk);
     if (rc)
