@@ -1396,6 +1396,29 @@ static int disable_modify(void *opaque, struct sl_reg_ep *ep, sl_err_t *err)
     return 0;
 }
 
+int sl_reg_republish(PGconn *pg, struct sl_reg_pub *pub, const char *id, sl_err_t *err)
+{
+    struct op op;
+    struct sl_reg_ep ep;
+    memset(&ep, 0, sizeof(ep));
+    int rc = op_begin(&op, pg, pub, id, NULL, err);
+    if (rc == 0)
+        rc = sl_reg_db_load(pg, id, false, &ep, err);
+    bool gone = rc == SL_ENOTFOUND;
+    if (rc == 0)
+        rc = sl_reg_ep_encode(&ep, pub->mk, &op.rec, err);
+    if (gone)
+        rc = 0;
+    sl_reg_ep_fini(&ep);
+    if (rc == 0) { /* nothing was written: the read-only transaction ends before publishing */
+        rc = sl_reg_db_commit(pg, err);
+        op.in_tx = false;
+    }
+    if (rc == 0)
+        rc = gone ? op_publish(&op, NULL, 0, err) : op_publish(&op, op.rec.data, op.rec.len, err);
+    return op_end(&op, rc);
+}
+
 int sl_reg_disable(PGconn *pg,
                    struct sl_reg_pub *pub,
                    const char *id,

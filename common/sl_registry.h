@@ -367,6 +367,14 @@ int sl_reg_remove(
     PGconn *pg, struct sl_reg_pub *pub, const char *id, struct sl_reg_result *res, sl_err_t *err);
 
 /*
+ * Publish endpoint id's (borrowed) committed state again, under its lock: its record, or a
+ * tombstone when the registry no longer has it. The repair for a change that returned
+ * SL_EKAFKA (committed, not published): doing that change again finds nothing to change and
+ * publishes nothing. Returns 0 once Kafka acknowledged, SL_EPG, or SL_EKAFKA.
+ */
+int sl_reg_republish(PGconn *pg, struct sl_reg_pub *pub, const char *id, sl_err_t *err);
+
+/*
  * Disable endpoint id (borrowed) with reason (borrowed, <= SL_REASON_MAX bytes) on behalf of a
  * consumer's request (a 410, or only failures for disable_after_ms): sl_reg_update with a
  * modify function that disables. Idempotent: an endpoint already disabled, or one changed

@@ -112,6 +112,8 @@ struct disable_req {
     char id[SL_ENDPOINT_ID_MAX + 1]; /* endpoint id */
     char reason[SL_REASON_MAX + 1];  /* why (the outcome's msg, or its error class) */
     int64_t ts_ms;                   /* when it was asked, unix ms */
+    bool republish;                  /* committed in the registry, not published: publish the
+                                        endpoint's state again (sl_reg_republish) */
 };
 
 /* One lane's share of a batch write; runs on its own thread when several lanes have rows. */
@@ -688,6 +690,7 @@ static void note_disable(rec_loop_t *l, const void *payload, size_t len)
                 l->disable = sl_xrealloc(l->disable, l->cap_disable * sizeof(*l->disable));
             }
             d = &l->disable[l->n_disable++];
+            d->republish = false;
         }
         (void)snprintf(d->id, sizeof(d->id), "%s", o.ep);
         (void)snprintf(d->reason, sizeof(d->reason), "disabled by sluice: %s",
@@ -718,11 +721,15 @@ static bool registry_open(rec_loop_t *l)
 
 /* Disable one endpoint as a consumer asked. True when done (or the endpoint is gone); false
  * to keep the request for the next attempt (a lost connection is dropped for a new one). */
-static bool disable_one(rec_loop_t *l, const struct disable_req *d)
+static bool disable_one(rec_loop_t *l, struct disable_req *d)
 {
     sl_err_t err;
     bool changed = false;
-    int rc = sl_reg_disable(l->reg_pg, &l->reg_pub, d->id, d->reason, d->ts_ms, &changed, &err);
+    int rc = d->republish ? sl_reg_republish(l->reg_pg, &l->reg_pub, d->id, &err)
+                          : sl_reg_disable(l->reg_pg, &l->reg_pub, d->id, d->reason, d->ts_ms,
+                                           &changed, &err);
+    if (rc == SL_EKAFKA) /* committed, not published: doing it again would change nothing */
+        d->republish = true;
     if (rc == 0 || rc == SL_ENOTFOUND) {
         if (changed)
             SL_LOGKV(SL_LOG_WARN, "registry", "endpoint_disabled",

@@ -1393,6 +1393,18 @@ static void test_registry_ops(void **state)
     assert_non_null(e);
     assert_string_equal(e->name, "renamed by api"); /* consumers still see the old state */
     sl_endpoint_release(e);
+    /* doing the change again finds nothing to change and publishes nothing; republishing the
+     * committed state (and the removal's tombstone) is the repair */
+    struct set_name sn3 = {"committed, not published", 0, false};
+    assert_int_equal(sl_reg_update(pg, &pub, id, set_name_fn, &sn3, &out, &res, &err), 0);
+    assert_false(res.changed || res.published);
+    sl_reg_ep_fini(&out);
+    assert_int_equal(sl_reg_republish(pg, &pub, id, &err), 0);
+    e = wait_for(id, name_is, "committed, not published");
+    sl_endpoint_release(e);
+    assert_int_equal(sl_reg_republish(pg, &pub, id4, &err), 0);
+    assert_null(wait_for(id4, NULL, NULL));
+    assert_int_equal(advisory_locks_held(pg), 0);
 
     /* remove: tombstone visible; a second remove finds nothing */
     for (size_t i = 0; i < 3; i++) {
