@@ -443,8 +443,9 @@ static enum api_hret problem_for(struct api_req *r, int rc, const sl_err_t *err,
             api_pg_reset(); /* the statement may have broken this thread's connection */
         sl_warn("mgmt", "registry_failed", "endpoint change failed: %s", err->msg);
         r->retry_after_s = 2;
+        /* the reason (PostgreSQL's or Kafka's own text) is logged above, not answered */
         return api_problem(r, 503, "registry-unavailable", NULL,
-                           "the endpoint registry could not be changed: %s", err->msg);
+                           "the endpoint registry could not be changed; retry later");
     }
 }
 
@@ -711,9 +712,42 @@ enum api_hret api_endpoints_patch(struct api_req *r)
     return API_DONE;
 }
 
+/*
+ * A small action body: the first member of j not among allowed (NULL-terminated) is answered
+ * 400 naming it ("/<member>"); returns true when there is none.
+ */
+static bool only_members(struct api_req *r, json_t *j, const char *const *allowed)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach(j, k, v)
+    {
+        bool ok = false;
+        for (const char *const *a = allowed; *a && !ok; a++)
+            ok = strcmp(k, *a) == 0;
+        if (!ok) {
+            char field[SL_ERR_MSG_MAX / 2];
+            (void)snprintf(field, sizeof(field), "/%s", k);
+            api_problem(r, 400, "invalid-field", field, "unknown field");
+            return false;
+        }
+    }
+    return true;
+}
+
 enum api_hret api_endpoints_enable(struct api_req *r)
 {
     struct patch p = {.enable = 1};
+    if (r->body.len > 0) { /* no body, or {} */
+        json_t *j = api_body_json(r);
+        if (!j)
+            return API_DONE;
+        static const char *const none[] = {NULL};
+        bool ok = only_members(r, j, none);
+        json_decref(j);
+        if (!ok)
+            return API_DONE;
+    }
     return run_update(r, &p);
 }
 
@@ -725,9 +759,13 @@ enum api_hret api_endpoints_disable(struct api_req *r)
         j = api_body_json(r);
         if (!j)
             return API_DONE;
+        static const char *const allowed[] = {"reason", NULL};
+        if (!only_members(r, j, allowed)) {
+            json_decref(j);
+            return API_DONE;
+        }
         json_t *reason = json_object_get(j, "reason");
-        if (json_object_size(j) > (reason ? 1u : 0u) ||
-            (reason && (!json_is_string(reason) || json_string_length(reason) > SL_REASON_MAX))) {
+        if (reason && (!json_is_string(reason) || json_string_length(reason) > SL_REASON_MAX)) {
             json_decref(j);
             return api_problem(r, 400, "invalid-field", "/reason",
                                "the body may hold only \"reason\", a string of at most %d bytes",
@@ -750,13 +788,17 @@ rotate_body(struct api_req *r, int64_t *overlap, enum sl_secret_kind *kind, bool
     json_t *j = api_body_json(r);
     if (!j)
         return -1;
+    static const char *const allowed[] = {"overlap_s", "signature", NULL};
+    if (!only_members(r, j, allowed)) {
+        json_decref(j);
+        return -1;
+    }
     json_t *o = json_object_get(j, "overlap_s");
     json_t *sig = json_object_get(j, "signature");
     *sig_given = sig != NULL;
     int rc = 0;
-    if (json_object_size(j) > (o ? 1u : 0u) + (sig ? 1u : 0u) ||
-        (o && (!json_is_integer(o) || json_integer_value(o) < 0 ||
-               json_integer_value(o) > SL_REG_OVERLAP_MAX_S))) {
+    if (o && (!json_is_integer(o) || json_integer_value(o) < 0 ||
+              json_integer_value(o) > SL_REG_OVERLAP_MAX_S)) {
         api_problem(r, 400, "invalid-field", "/overlap_s",
                     "the body may hold only \"overlap_s\", an integer 0..%lld, and "
                     "\"signature\"",

@@ -623,6 +623,13 @@ def test_header_values_are_write_only_and_a_shared_endpoint_needs_all_channels(m
                "sluice-api to see the endpoints")
     seen = types(tenant)
     assert "ta.paid" in seen and "tc.secret_type" not in seen, seen
+    # the action bodies name an unknown member (rotate and disable named their own field;
+    # enable ignored its body)
+    problem(*call(api, "POST", f"/v1/endpoints/{shared}/rotate-secret", {"foo": 1}, admin), 400,
+            "/foo")
+    problem(*call(api, "POST", f"/v1/endpoints/{shared}/disable", {"reason": "r", "bar": 2},
+                  admin), 400, "/bar")
+    problem(*call(api, "POST", f"/v1/endpoints/{shared}/enable", {"x": 1}, admin), 400, "/x")
     assert api.proc.term() == 0
 
 
