@@ -302,13 +302,7 @@ static bool key_channels_ok(const struct sl_apikey *k, const char **ch, size_t n
 
 static bool endpoint_channels_ok(const struct sl_apikey *k, const struct sl_endpoint *e)
 {
-    if (k->n_channels == 0)
-        return true;
-    for (size_t i = 0; i < e->n_channels; i++) {
-        if (sl_apikey_channel_allowed(k, e->channels[i]))
-            return true;
-    }
-    return false;
+    return sl_apikey_sees_channels(k, e->channels, e->n_channels);
 }
 
 /*

@@ -238,10 +238,7 @@ static size_t keep_visible(struct api_req *r, const struct sl_endpoint **eps, si
         return n;
     size_t kept = 0;
     for (size_t e = 0; e < n; e++) {
-        bool sees = false;
-        for (size_t c = 0; c < eps[e]->n_channels && !sees; c++)
-            sees = sl_apikey_channel_allowed(key, eps[e]->channels[c]);
-        if (sees)
+        if (sl_apikey_sees_channels(key, eps[e]->channels, eps[e]->n_channels))
             eps[kept++] = eps[e];
         else
             sl_endpoint_release(eps[e]);

@@ -395,9 +395,7 @@ bool api_key_sees(struct api_req *r, const char *id)
     if (!k || k->n_channels == 0)
         return true;
     const struct sl_endpoint *e = sl_endpoints_get(r->api->eps, id);
-    bool ok = false;
-    for (size_t i = 0; e && i < e->n_channels && !ok; i++)
-        ok = sl_apikey_channel_allowed(k, e->channels[i]);
+    bool ok = e && sl_apikey_sees_channels(k, e->channels, e->n_channels);
     sl_endpoint_release(e);
     return ok;
 }

@@ -412,14 +412,7 @@ static int apply_fields(struct api_req *r, json_t *j, struct sl_reg_ep *ep, bool
 /* May the caller's key see this registry row? (a key limited to channels: one in common) */
 static bool sees_row(struct api_req *r, const struct sl_reg_ep *ep)
 {
-    const struct sl_apikey *k = r->auth.key;
-    if (!k || k->n_channels == 0)
-        return true;
-    for (size_t i = 0; i < ep->n_channels; i++) {
-        if (sl_apikey_channel_allowed(k, ep->channels[i]))
-            return true;
-    }
-    return false;
+    return sl_apikey_sees_channels(r->auth.key, ep->channels, ep->n_channels);
 }
 
 /* Answer for a failed change operation. */

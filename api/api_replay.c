@@ -121,9 +121,7 @@ static bool sel_channels_allowed(const struct api_req *r, const struct job *j)
         return true;
     const struct sl_endpoint *e =
         j->sel.endpoint ? sl_endpoints_get(r->api->eps, j->sel.endpoint) : NULL;
-    bool ok = false;
-    for (size_t i = 0; e && i < e->n_channels && !ok; i++)
-        ok = sl_apikey_channel_allowed(key, e->channels[i]);
+    bool ok = e && sl_apikey_sees_channels(key, e->channels, e->n_channels);
     sl_endpoint_release(e);
     return ok;
 }

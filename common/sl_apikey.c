@@ -242,6 +242,17 @@ bool sl_apikey_allows(const struct sl_apikey *k, unsigned need)
     return (k->scopes & need) == need;
 }
 
+bool sl_apikey_sees_channels(const struct sl_apikey *k, char *const *channels, size_t n)
+{
+    if (!k || k->n_channels == 0)
+        return true;
+    for (size_t i = 0; i < n; i++) {
+        if (sl_apikey_channel_allowed(k, channels[i]))
+            return true;
+    }
+    return false;
+}
+
 bool sl_apikey_channel_allowed(const struct sl_apikey *k, const char *ch)
 {
     if (!k)

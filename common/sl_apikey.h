@@ -124,6 +124,12 @@ bool sl_apikey_allows(const struct sl_apikey *k, unsigned need);
  */
 bool sl_apikey_channel_allowed(const struct sl_apikey *k, const char *ch);
 
+/*
+ * True when k sees an endpoint with these channels (borrowed): k has no channel list, or one
+ * of channels is k's. An endpoint without channels is seen only by keys without a list.
+ */
+bool sl_apikey_sees_channels(const struct sl_apikey *k, char *const *channels, size_t n);
+
 /* True when s (len bytes, borrowed) is a channel name: 1..64 bytes of [A-Za-z0-9_.:-]. */
 bool sl_apikey_channel_valid(const char *s, size_t len);
 

@@ -160,6 +160,15 @@ static void drain_wake(cons_engine_t *e)
     }
 }
 
+/* Serve curl's sockets for up to max_wait_ms, emptying the wake-up pipe when it woke us. */
+static void http_run(cons_engine_t *e, int max_wait_ms)
+{
+    int extra = 0;
+    cons_http_run(e->http, max_wait_ms, &extra);
+    if (extra)
+        drain_wake(e);
+}
+
 /* Run the loop without intake until nothing of the given partitions is in flight. */
 static void drain_for(cons_engine_t *e, int64_t bound_ms)
 {
@@ -167,10 +176,7 @@ static void drain_for(cons_engine_t *e, int64_t bound_ms)
     while (sl_mono_ms() < deadline &&
            (cons_http_running(e->http) > 0 || !cons_list_empty(&e->marks) ||
             rd_kafka_outq_len(e->producer) > 0 || !cons_list_empty(&e->hrecs))) {
-        int extra = 0;
-        cons_http_run(e->http, 10, &extra);
-        if (extra)
-            drain_wake(e);
+        http_run(e, 10);
         cons_flush_marks(e);
         rd_kafka_poll(e->producer, 0);
         if (!cons_list_empty(&e->hrecs))
@@ -467,10 +473,7 @@ static void shutdown_drain(cons_engine_t *e)
     if (deadline > e->shutdown_deadline - SHUTDOWN_RESERVE_MS)
         deadline = e->shutdown_deadline - SHUTDOWN_RESERVE_MS;
     while (cons_http_running(e->http) > 0 && sl_mono_ms() < deadline) {
-        int extra = 0;
-        cons_http_run(e->http, 20, &extra);
-        if (extra)
-            drain_wake(e);
+        http_run(e, 20);
         cons_flush_marks(e);
         rd_kafka_poll(e->producer, 0);
     }
@@ -549,10 +552,7 @@ int cons_engine_run(cons_engine_t *e)
          * all while records wait in the consumer queue */
         int wait =
             e->kafka_more ? 0 : cons_timers_wait_ms(&e->timers, sl_mono_ms(), LOOP_WAIT_MAX_MS);
-        int extra = 0;
-        cons_http_run(e->http, wait, &extra);
-        if (extra)
-            drain_wake(e);
+        http_run(e, wait);
         if (cons_marks_due_in(e) == 0)
             cons_flush_marks(e);
         rd_kafka_poll(e->producer, 0);
