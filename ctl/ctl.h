@@ -88,6 +88,10 @@ int ctl_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf
  */
 int ctl_getopt_error(const char *cmd, int ret, const struct option *opts, char **argv);
 
+/* CTL_EXIT_USAGE naming argv[first] when positional arguments are left (first < argc), else
+ * 0. Shows the word up to any '='. */
+int ctl_extra_args(const char *cmd, int argc, char **argv, int first);
+
 /*
  * Parse a decimal integer given to flag (e.g. "--timeout-ms") strictly: no sign unless
  * min < 0, no trailing bytes, within [min, max]. zero_ok additionally allows 0 below min

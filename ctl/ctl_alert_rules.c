@@ -219,10 +219,8 @@ int ctl_alert_rules_main(struct ctl *c, int argc, char **argv)
         if (rc != 0)
             return rc;
     }
-    if (optind < argc) {
-        size_t n = strcspn(argv[optind], "=");
-        return ctl_usage_error("alert-rules", "unexpected argument '%.*s'", (int)n, argv[optind]);
-    }
+    if (optind < argc)
+        return ctl_extra_args("alert-rules", argc, argv, optind);
     ctl_alert_rules_print(stdout, &t);
     if (fflush(stdout) != 0 || ferror(stdout))
         return ctl_fail("alert-rules", "could not write the rules: output error");

@@ -61,15 +61,6 @@ static int parse_flags(const char *cmd,
     return 0;
 }
 
-static int no_positional(const char *cmd, int argc, char **argv, int first)
-{
-    if (first < argc) {
-        size_t n = strcspn(argv[first], "=");
-        return ctl_usage_error(cmd, "unexpected argument '%.*s'", (int)n, argv[first]);
-    }
-    return 0;
-}
-
 static void fmt_ms_val(double ms, char *out, size_t n)
 {
     if (ms >= 1000)
@@ -476,7 +467,7 @@ int ctl_health_main(struct ctl *c, int argc, char **argv)
         ctl_health_help(stdout);
         return CTL_EXIT_OK;
     }
-    if (rc != 0 || (rc = no_positional("health", argc, argv, first)) != 0)
+    if (rc != 0 || (rc = ctl_extra_args("health", argc, argv, first)) != 0)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
     int64_t now = sl_now_ms();
@@ -671,7 +662,7 @@ int ctl_slow_main(struct ctl *c, int argc, char **argv)
         ctl_slow_help(stdout);
         return CTL_EXIT_OK;
     }
-    if (rc != 0 || (rc = no_positional("slow", argc, argv, first)) != 0)
+    if (rc != 0 || (rc = ctl_extra_args("slow", argc, argv, first)) != 0)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
     char p1[24], p2[24], p3[24];
@@ -820,7 +811,7 @@ int ctl_dead_letters_main(struct ctl *c, int argc, char **argv)
         ctl_dead_letters_help(stdout);
         return CTL_EXIT_OK;
     }
-    if (rc != 0 || (rc = no_positional("dead-letters", argc, argv, first)) != 0)
+    if (rc != 0 || (rc = ctl_extra_args("dead-letters", argc, argv, first)) != 0)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
     char p1[24];
@@ -964,7 +955,7 @@ int ctl_alerts_main(struct ctl *c, int argc, char **argv)
         ctl_alerts_help(stdout);
         return CTL_EXIT_OK;
     }
-    if (rc != 0 || (rc = no_positional("alerts", argc, argv, first)) != 0)
+    if (rc != 0 || (rc = ctl_extra_args("alerts", argc, argv, first)) != 0)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
     char p[6][32];
@@ -1082,7 +1073,7 @@ int ctl_latency_main(struct ctl *c, int argc, char **argv)
     if (!sl_valid_endpoint_id(ep, strlen(ep)))
         return ctl_usage_error("latency",
                                "invalid endpoint id: expected 1..64 characters [A-Za-z0-9_-]");
-    if ((rc = no_positional("latency", argc, argv, first + 1)) != 0)
+    if ((rc = ctl_extra_args("latency", argc, argv, first + 1)) != 0)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
     char p2[24];

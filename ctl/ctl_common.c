@@ -88,16 +88,34 @@ int ctl_getopt_error(const char *cmd, int ret, const struct option *opts, char *
         }
         return ctl_usage_error(cmd, "an option requires a value");
     }
-    if (optopt != 0 && optopt != '?')
-        return ctl_usage_error(cmd, "unknown option '-%c'", optopt);
-    /* Unknown, ambiguous or value-given-to-a-flag long option: the offending word is the
-     * last one getopt consumed. Only its name is shown, never an "=value" part. */
+    /* The offending word is the last one getopt consumed. Only an option's name is shown,
+     * never an "=value" part (it may be a secret given to the wrong option). */
     const char *word = optind > 0 ? argv[optind - 1] : "?";
-    size_t n = strcspn(word, "=");
-    if (word[n] == '=')
-        return ctl_usage_error(cmd, "option '%.*s' is unknown or does not take a value", (int)n,
-                               word);
-    return ctl_usage_error(cmd, "unknown option '%.*s'", (int)n, word);
+    if (strncmp(word, "--", 2) == 0) {
+        size_t n = strcspn(word, "=");
+        if (word[n] == '=') {
+            for (const struct option *o = opts; o->name; o++) {
+                if (o->has_arg == no_argument && strlen(o->name) == n - 2 &&
+                    strncmp(o->name, word + 2, n - 2) == 0)
+                    return ctl_usage_error(cmd, "option '--%s' does not take a value", o->name);
+            }
+            return ctl_usage_error(cmd, "option '%.*s' is unknown or does not take a value", (int)n,
+                                   word);
+        }
+        return ctl_usage_error(cmd, "unknown or ambiguous option '%.*s'", (int)n, word);
+    }
+    if (optopt > ' ' && optopt < 127)
+        return ctl_usage_error(cmd, "unknown option '-%c'", optopt);
+    return ctl_usage_error(cmd, "unknown option '%.*s'", (int)strcspn(word, "="), word);
+}
+
+int ctl_extra_args(const char *cmd, int argc, char **argv, int first)
+{
+    if (first < argc) {
+        size_t n = strcspn(argv[first], "=");
+        return ctl_usage_error(cmd, "unexpected argument '%.*s'", (int)n, argv[first]);
+    }
+    return 0;
 }
 
 int ctl_parse_int(const char *cmd,

@@ -61,7 +61,8 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
         return 2;
     }
     int c;
-    while ((c = getopt_long(argc - 1, argv + 1, "p:r:h", longopts, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc - 1, argv + 1, ":p:r:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'p':
             if (parse_int("--partitions", optarg, 1, 10000, &partitions) != 0)
@@ -75,9 +76,11 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
             ctl_topics_help(stdout);
             return 0;
         default:
-            return 2;
+            return ctl_getopt_error("topics ensure", c, longopts, argv + 1);
         }
     }
+    if (optind < argc - 1)
+        return ctl_extra_args("topics ensure", argc - 1, argv + 1, optind);
     sl_err_t err;
     rd_kafka_t *rk = sl_kafka_producer_new(cfg, "sluicectl", SL_KAFKA_LATENCY, NULL, NULL, &err);
     if (!rk) {
@@ -274,8 +277,9 @@ static int dump_parse(const struct sl_config *cfg, int argc, char **argv, struct
         return 2;
     }
     optind = 1;
+    opterr = 0;
     int c;
-    while ((c = getopt_long(argc - 1, argv + 1, "t:m:i:fPh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc - 1, argv + 1, ":t:m:i:fPh", longopts, NULL)) != -1) {
         switch (c) {
         case 't':
             o->topic = optarg;
@@ -298,10 +302,11 @@ static int dump_parse(const struct sl_config *cfg, int argc, char **argv, struct
             dump_usage(stdout);
             return 0;
         default:
-            dump_usage(stderr);
-            return 2;
+            return ctl_getopt_error("dump", c, longopts, argv + 1);
         }
     }
+    if (optind < argc - 1)
+        return ctl_extra_args("dump", argc - 1, argv + 1, optind);
     return -1;
 }
 

@@ -204,10 +204,8 @@ static int parse_opts(int argc, char **argv, struct opts *o, bool *help)
         if (rc != 0)
             return rc;
     }
-    if (optind < argc) {
-        size_t n = strcspn(argv[optind], "=");
-        return ctl_usage_error("replay", "unexpected argument '%.*s'", (int)n, argv[optind]);
-    }
+    if (optind < argc)
+        return ctl_extra_args("replay", argc, argv, optind);
     if (o->has_since && o->has_until && o->since_ms >= o->until_ms)
         return ctl_usage_error("replay", "--since must be before --until");
     bool selector = o->endpoint || o->has_since || o->has_until || o->error_class || o->n_ids > 0 ||

@@ -604,10 +604,8 @@ static int parse(int argc, char **argv, struct opts *o, bool *help)
             return ctl_getopt_error("retries rebuild", ch, longopts, argv);
         }
     }
-    if (rc == 0 && optind < argc) {
-        size_t n = strcspn(argv[optind], "=");
-        rc = ctl_usage_error("retries rebuild", "unexpected argument '%.*s'", (int)n, argv[optind]);
-    }
+    if (rc == 0)
+        rc = ctl_extra_args("retries rebuild", argc, argv, optind);
     return rc;
 }
 

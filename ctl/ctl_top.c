@@ -349,8 +349,12 @@ void ctl_config_doc_help(FILE *f)
 int ctl_config_doc_main(struct ctl *c, int argc, char **argv)
 {
     (void)c;
-    (void)argc;
-    (void)argv;
+    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        ctl_config_doc_help(stdout);
+        return CTL_EXIT_OK;
+    }
+    if (argc > 1)
+        return ctl_extra_args("config-doc", argc, argv, 1);
     sl_cfg_print_markdown(stdout);
     return CTL_EXIT_OK;
 }

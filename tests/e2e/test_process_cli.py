@@ -56,6 +56,30 @@ def test_config_reference_is_the_option_table():
                                    "`sluicectl config-doc > docs/CONFIG.md`")
 
 
+@pytest.mark.parametrize("args,message", [
+    (("topics", "ensure", "extra"), "sluicectl topics ensure: unexpected argument 'extra'"),
+    (("dump", "outcomes", "extra"), "sluicectl dump: unexpected argument 'extra'"),
+    (("config-doc", "extra"), "sluicectl config-doc: unexpected argument 'extra'"),
+    (("endpoints", "list", "--json=s3cret"),
+     "sluicectl endpoints list: option '--json' does not take a value"),
+    (("dump", "outcomes", "--follow=s3cret"),
+     "sluicectl dump: option '--follow' does not take a value"),
+    (("topics", "ensure", "--bogus=s3cret"),
+     "sluicectl topics ensure: option '--bogus' is unknown or does not take a value"),
+    (("dump", "outcomes", "--max"), "sluicectl dump: option '--max' requires a value"),
+    (("health", "-Z"), "sluicectl health: unknown option '-Z'"),
+])
+def test_sluicectl_refuses_what_it_would_ignore_naming_it(args, message):
+    """sluicectl refuses extra arguments and values given to switches with exit 2 before it
+    connects to anything, naming the word without its value: `topics ensure`, `dump` and
+    `config-doc` ignored extra arguments, and a value given to a switch was reported as an
+    unknown option '-' plus a byte of the option table."""
+    r = run("ctl/sluicectl", *args, env={"SLUICE_KAFKA_BROKERS": "127.0.0.1:1"})
+    assert r.returncode == 2, (args, r.returncode, r.stderr)
+    assert message in r.stderr, r.stderr
+    assert "s3cret" not in r.stderr and r.stdout == ""
+
+
 def test_sluice_produce_takes_config_options_only_spelled_out():
     """sluice-produce's config options are handled only when spelled out; an abbreviation is a
     usage error (exit 2) before anything is read or published. getopt accepted `--check` for
