@@ -173,6 +173,24 @@ void ctl_alert_rules_print(FILE *f, const struct ctl_thresholds *t)
                    " for %s). Add consumer pods up to the partition count; sluicectl health",
                    t->deliveries_topic, t->consumer_lag_max, lag_for);
     rule_meta(f, "warning", "consumer_lag", summary, desc);
+
+    /* records_set_aside: nothing waits behind a set-aside record, so no other alert sees
+     * one; each series may be missing (a process not deployed), hence the `or vector(0)`. */
+    (void)fprintf(
+        f, "      # records_set_aside: in the last 15 minutes a consumer quarantined a record it\n"
+           "      # could not use (bad bytes, unknown endpoint), the recorder quarantined an\n"
+           "      # outcome it could not decode, or PostgreSQL rejected an outcome row. None of\n"
+           "      # them is retried: each needs a person.\n"
+           "      - alert: SluiceRecordsSetAside\n"
+           "        expr: |-\n"
+           "          (sum(increase(sluice_quarantined_total[15m])) or vector(0))\n"
+           "          + (sum(increase(sluice_recorder_quarantined_total[15m])) or vector(0))\n"
+           "          + (sum(increase(sluice_recorder_rejected_total[15m])) or vector(0))\n"
+           "            > 0\n");
+    rule_meta(f, "warning", "records_set_aside", "Records were set aside",
+              "{{ $value | printf \"%.0f\" }} records quarantined or rejected in the last 15 "
+              "minutes. Which and why: sluicectl dump quarantine (each record's sluice-reason "
+              "header); rejected outcome rows: the recorder's log");
 }
 
 void ctl_alert_rules_help(FILE *f)
@@ -188,8 +206,9 @@ void ctl_alert_rules_help(FILE *f)
            "Prints the Prometheus alert rule file (YAML) for the metrics of\n"
            "docs/METRICS.md: SluiceDeadLettersRising, SluiceOldestUndelivered and\n"
            "SluiceSlowEndpoint (the alerts of `sluicectl alerts`, with its thresholds),\n"
-           "SluiceBreakerOpen and SluiceConsumerLag. ops/prometheus/sluice-alerts.yml is this\n"
-           "output with the defaults. Needs no configuration and touches no service.\n"
+           "SluiceBreakerOpen, SluiceConsumerLag and SluiceRecordsSetAside.\n"
+           "ops/prometheus/sluice-alerts.yml is this output with the defaults. Needs no\n"
+           "configuration and touches no service.\n"
            "\n");
     ctl_thresholds_help(f, true);
     (void)fprintf(f, "\n"

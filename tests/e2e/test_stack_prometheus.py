@@ -20,7 +20,7 @@ import pytest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 STACK = os.path.join(REPO, "scripts", "stack.sh")
 RULES = ("SluiceDeadLettersRising", "SluiceOldestUndelivered", "SluiceSlowEndpoint",
-         "SluiceBreakerOpen", "SluiceConsumerLag")
+         "SluiceBreakerOpen", "SluiceConsumerLag", "SluiceRecordsSetAside")
 
 
 def free_port():
