@@ -36,6 +36,7 @@
 #define UNKNOWN_TOPIC_MS 5000 /* how long a missing topic may take to appear before failing */
 #define INITIAL_LOG_MAX  50   /* invalid records logged one by one during the initial load */
 #define DIGEST_LEN       32   /* SHA-256 */
+#define STALE_TEXT       "the record is older than the one in force"
 
 /* Map value: the current snapshot of one endpoint and the digest of the record it came from. */
 struct slot {
@@ -729,8 +730,19 @@ static void set_refused(sl_endpoints_t *t, const char *id, const char *why)
     free(old);
 }
 
+/* The log event of a refusal, from its reason (the reasons are sl_endpoint_rec_verify's and
+ * stale_reason's texts). */
+static const char *refusal_event(const char *why)
+{
+    if (strstr(why, "not signed"))
+        return "endpoint_record_unsigned";
+    if (strstr(why, STALE_TEXT))
+        return "endpoint_record_stale";
+    return "endpoint_record_forged";
+}
+
 static void
-log_refused(sl_endpoints_t *t, const char *id, const rd_kafka_message_t *m, int rc, const char *why)
+log_refused(sl_endpoints_t *t, const char *id, const rd_kafka_message_t *m, const char *why)
 {
     atomic_fetch_add(&t->st_refused, 1);
     set_refused(t, id, why);
@@ -738,8 +750,7 @@ log_refused(sl_endpoints_t *t, const char *id, const rd_kafka_message_t *m, int 
         return; /* a later record may replace it: logged at the end of the load if not */
     struct sl_log_kv kv[] = {SL_KV_S("endpoint_id", id), SL_KV_I("partition", m->partition),
                              SL_KV_I("offset", m->offset)};
-    SL_LOGKV(SL_LOG_ERROR, "endpoints",
-             rc == SL_EMISSING ? "endpoint_record_unsigned" : "endpoint_record_forged", kv,
+    SL_LOGKV(SL_LOG_ERROR, "endpoints", refusal_event(why), kv,
              "refusing endpoint record (never delivered to; previous version kept): %s", why);
 }
 
@@ -749,8 +760,7 @@ static void log_refused_at_load(void *opaque, const char *id, const char *why)
 {
     (void)opaque;
     struct sl_log_kv kv[] = {SL_KV_S("endpoint_id", id)};
-    SL_LOGKV(SL_LOG_ERROR, "endpoints",
-             strstr(why, "not signed") ? "endpoint_record_unsigned" : "endpoint_record_forged", kv,
+    SL_LOGKV(SL_LOG_ERROR, "endpoints", refusal_event(why), kv,
              "refusing endpoint record (never delivered to): %s", why);
 }
 
@@ -806,7 +816,20 @@ static struct sl_endpoint *rec_endpoint(sl_endpoints_t *t,
     if (rc != 0) {
         if (loading)
             sl_map_put(t->failed, id, NULL, NULL);
-        log_refused(t, id, m, rc, err.msg);
+        log_refused(t, id, m, err.msg);
+        return NULL;
+    }
+    /* Authentic but older than what is in force: a replayed record (an old URL, secret or
+     * enabled flag) must not win. The registry's updated_at only moves forward per endpoint
+     * (sl_reg_db_update), so a genuine change is never older; equal is a republish. */
+    const struct slot *cur = sl_map_get(t->map, id);
+    if (cur && rec->updated_ms < cur->e->updated_ms) {
+        char why[200];
+        (void)snprintf(why, sizeof(why),
+                       STALE_TEXT " (updated %" PRIu64 " ms, the endpoint's current record %" PRIu64
+                                  " ms): replayed onto the topic?",
+                       rec->updated_ms, cur->e->updated_ms);
+        log_refused(t, id, m, why);
         return NULL;
     }
     set_refused(t, id, NULL);
@@ -869,7 +892,9 @@ static void apply(sl_endpoints_t *t, const rd_kafka_message_t *m)
     }
     struct slot *cur = sl_map_get(t->map, id);
     if (cur && memcmp(cur->digest, digest, DIGEST_LEN) == 0) {
+        /* the latest record is the one in force, verified when it was installed */
         atomic_fetch_add(&t->st_unchanged, 1);
+        set_refused(t, id, NULL);
         return;
     }
     struct sl_endpoint_rec rec;

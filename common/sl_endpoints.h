@@ -22,9 +22,12 @@
  * never values) and ignored; the previous version of that endpoint stays in force. A record
  * that fails authentication (sl_endpoint_rec_verify: unsigned, altered, forged, or signed by
  * a key not configured) is refused the same way, logged as an error
- * (endpoint_record_unsigned / endpoint_record_forged) and listed by sl_endpoints_refused. A
- * record byte-identical to the current one (as `sluicectl endpoints sync` republishes) is
- * not a change: no version or generation bump, no callback.
+ * (endpoint_record_unsigned / endpoint_record_forged) and listed by sl_endpoints_refused. So
+ * is an authentic record older than the endpoint's record in force (its updated_ms lower:
+ * replayed onto the topic to bring back an old URL, secret or enabled flag;
+ * endpoint_record_stale). A record byte-identical to the current one (as `sluicectl
+ * endpoints sync` republishes) is not a change: no version or generation bump, no callback;
+ * it takes the endpoint off the refused list, as any accepted record does.
  *
  * Decrypted secrets are registered with the logger (sl_log_add_secret, as whsec_ or whsk_
  * strings) so they are redacted from every log line, and wiped when the last reference goes.
@@ -180,15 +183,15 @@ struct sl_endpoints_stats {
     uint64_t applied;   /* records that changed the table (new, changed or deleted) */
     uint64_t unchanged; /* records identical to the current version (no-op) */
     uint64_t invalid;   /* records rejected (decode, id/key mismatch, decryption) */
-    uint64_t refused;   /* records refused by authentication (unsigned, forged, unknown key) */
+    uint64_t refused;   /* records refused: unsigned, forged, unknown key, older than in force */
 };
 
 /* Copy the counters into *out (OUT). */
 void sl_endpoints_stats(sl_endpoints_t *t, struct sl_endpoints_stats *out);
 
 /*
- * Call fn (when not NULL) for each endpoint whose latest record was refused by
- * authentication, with its id and the reason (both borrowed for the call; fn must not call
+ * Call fn (when not NULL) for each endpoint whose latest record was refused (authentication,
+ * or older than the record in force), with its id and the reason (both borrowed for the call; fn must not call
  * into the table). Returns how many there are. An id leaves the list when a record of it is
  * accepted or it is deleted.
  */

@@ -634,6 +634,11 @@ struct ep_params {
 };
 
 /* A JSON array parameter as text[], order kept. */
+/* A change's updated_at: the database's clock, but always at least a millisecond past the
+ * row's previous one, so the record's updated_ms grows with every change even if that clock
+ * steps back; consumers refuse a record older than the one in force (sl_endpoints.h). */
+#define SQL_UPDATED_NEXT "greatest(now(), updated_at + interval '1 millisecond')"
+
 #define SQL_TEXT_ARRAY(n)                                                                          \
     "array(select x from jsonb_array_elements_text(" n "::jsonb) with ordinality as t(x, i) "      \
     "order by i)"
@@ -706,7 +711,7 @@ int sl_reg_db_update(PGconn *pg, const struct sl_reg_ep *ep, sl_err_t *err)
         "max_inflight = $18, enabled = $19, disabled_reason = $20, "
         "event_types = " SQL_TEXT_ARRAY("$21") ", channels = " SQL_TEXT_ARRAY(
             "$22") ", "
-                   "updated_at = now() where id = $1 returning id",
+                   "updated_at = " SQL_UPDATED_NEXT " where id = $1 returning id",
         EP_NPARAMS, p.v, err);
     if (!res)
         rc = SL_EPG;
@@ -819,7 +824,8 @@ int sl_reg_db_rotate(PGconn *pg,
                           "for older ones to expire or rotate with a shorter --overlap-s",
                           id, active, SL_SECRETS_MAX);
     return sl_pg_cmd(pg, "touch the endpoint",
-                     "update endpoints set updated_at = now() where id = $1", 1, p1, err);
+                     "update endpoints set updated_at = " SQL_UPDATED_NEXT " where id = $1", 1, p1,
+                     err);
 }
 
 int sl_reg_db_delete(PGconn *pg, const char *id, sl_err_t *err)

@@ -285,14 +285,16 @@ static void produce_raw(const char *key, const void *val, size_t len)
 /*
  * Encode and produce an endpoint record for key whose secret is sealed with mk for rec_id,
  * signed with sign_mk (NULL: unsigned). forged_url: after signing, the URL is replaced by it
- * and the record re-encoded with the original kid and MAC (an altered record).
+ * and the record re-encoded with the original kid and MAC (an altered record). updated_ms:
+ * the record's time, 0 for now.
  */
-static void produce_endpoint_ex(const char *key,
+static void produce_endpoint_at(const char *key,
                                 const char *rec_id,
                                 const struct sl_masterkey *mk,
                                 const struct sl_masterkey *sign_mk,
                                 const char *url,
-                                const char *forged_url)
+                                const char *forged_url,
+                                uint64_t updated_ms)
 {
     struct sl_secret s;
     char whsec[SL_SECRET_STR_MAX];
@@ -311,7 +313,7 @@ static void produce_endpoint_ex(const char *key,
     rec.secrets = &sec;
     rec.n_secrets = 1;
     rec.enabled = true;
-    rec.updated_ms = (uint64_t)sl_now_ms();
+    rec.updated_ms = updated_ms ? updated_ms : (uint64_t)sl_now_ms();
     struct sl_buf b;
     sl_buf_init(&b, SL_ENDPOINT_RECORD_MAX);
     sl_err_t err;
@@ -330,6 +332,16 @@ static void produce_endpoint_ex(const char *key,
     }
     produce_raw(key, b.data, b.len);
     sl_buf_fini(&b);
+}
+
+static void produce_endpoint_ex(const char *key,
+                                const char *rec_id,
+                                const struct sl_masterkey *mk,
+                                const struct sl_masterkey *sign_mk,
+                                const char *url,
+                                const char *forged_url)
+{
+    produce_endpoint_at(key, rec_id, mk, sign_mk, url, forged_url, 0);
 }
 
 /* A record signed with the key it is sealed with (what sluicectl writes). */
@@ -969,8 +981,21 @@ static void test_bad_records_and_sync(void **state)
     free(r);
     e = wait_for(id, version_above, &ver);
     ver = e->version;
+    uint64_t in_force_ms = e->updated_ms;
     sl_endpoint_release(e);
     assert_int_equal(sl_endpoints_refused(E.t, NULL, NULL), 0);
+    /* 7. a genuine record older than the one in force (an old record replayed onto the topic
+     * to bring back an old URL or secret): refused, the current version kept */
+    sl_endpoints_stats(E.t, &st);
+    produce_endpoint_at(id, id, &E.mk, &E.mk, "https://evil.example/old", NULL, in_force_ms - 1);
+    assert_true(stats_refused_above(st.refused));
+    assert_int_equal(sl_endpoints_refused(E.t, collect_refused, &rl), 1);
+    assert_non_null(strstr(rl.why, "older than the one in force"));
+    e = sl_endpoints_get(E.t, id);
+    assert_non_null(e);
+    assert_int_equal(e->version, ver);
+    assert_string_equal(e->url, "https://example.com/keep");
+    sl_endpoint_release(e);
 
     /* a record the registry does not know (e.g. a delete whose publish failed) */
     produce_endpoint(stray, stray, &E.mk, "https://stray.example/");
@@ -996,6 +1021,14 @@ static void test_bad_records_and_sync(void **state)
     assert_non_null(e);
     assert_int_equal(e->version, ver);
     sl_endpoint_release(e);
+    /* ...which is the latest record of id again: id leaves the refused list (step 7 put it
+     * there; a no-op record used to leave it listed) */
+    t0 = sl_mono_ms();
+    while (sl_endpoints_refused(E.t, NULL, NULL) != 0 && sl_mono_ms() - t0 < E.wait_ms) {
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(sl_endpoints_refused(E.t, NULL, NULL), 0);
 }
 
 /* list redacts URLs and never prints secrets; show prints the URL; --show-secrets the rest. */
@@ -1405,6 +1438,23 @@ static void test_registry_ops(void **state)
     assert_int_equal(sl_reg_republish(pg, &pub, id4, &err), 0);
     assert_null(wait_for(id4, NULL, NULL));
     assert_int_equal(advisory_locks_held(pg), 0);
+
+    /* the database's clock stepped back since the last change (its updated_at is an hour
+     * ahead): the next change's record is still newer than the one in force, so consumers
+     * take it instead of refusing it as stale */
+    assert_int_equal(pg_int("with u as (update endpoints set updated_at = now() + interval "
+                            "'1 hour' where id = $1 returning 1) select count(*) from u",
+                            id),
+                     1);
+    int64_t ahead_ms = pg_int("select floor(extract(epoch from updated_at) * 1000)::bigint "
+                              "from endpoints where id = $1",
+                              id);
+    struct set_name later = {"after the clock stepped back", 0, false};
+    assert_int_equal(sl_reg_update(pg, &pub, id, set_name_fn, &later, &out, &res, &err), 0);
+    assert_true(res.published);
+    assert_true(out.updated_ms > ahead_ms);
+    sl_reg_ep_fini(&out);
+    sl_endpoint_release(wait_for(id, name_is, "after the clock stepped back"));
 
     /* remove: tombstone visible; a second remove finds nothing */
     for (size_t i = 0; i < 3; i++) {
