@@ -143,14 +143,17 @@ void ctl_health_help(FILE *f)
            "pending total = queued in Kafka + the retry schedule.\n"
            "  endpoint records  the latest record of every endpoint on topic_endpoints checked\n"
            "              as consumers check it (signed with a configured master key, MAC\n"
-           "              intact): the ones consumers refuse are listed with the reason (needs\n"
-           "              master_key; skipped without it)\n"
+           "              intact, within the size limit): the ones consumers refuse are listed\n"
+           "              with the reason (needs master_key; skipped without it); and those\n"
+           "              whose update time is not the registry's (an older record replayed,\n"
+           "              a change not published): `sluicectl endpoints sync` fixes them\n"
            "\n"
            "  --window DURATION   e.g. 90m, 1h (default), 7d\n"
            "  --json              machine-readable output\n"
            "\n"
-           "Exit: 0 all sources answered and no endpoint record is refused; 1 one or more\n"
-           "failed or a record is refused (the rest is still printed, and the failure named);\n"
+           "Exit: 0 all sources answered and every endpoint record is taken and the\n"
+           "registry's; 1 one or more failed, or a record is refused or differs (the rest is\n"
+           "still printed, and the failure named);\n"
            "2 usage; 78 configuration.\n");
 }
 
@@ -349,18 +352,24 @@ static json_t *health_json(const struct sl_config *cfg,
     return j;
 }
 
-/* ---- endpoint records: the check consumers make (sl_endpoint_rec_verify) ---- */
+/* ---- endpoint records: the checks consumers make, and the registry's version ---- */
 
-struct rec_scan {
-    sl_map_t *latest; /* id -> struct sl_buf * (latest value) or NULL (tombstone) */
+/* The latest value of one key on the endpoints topic. */
+struct latest {
+    struct sl_buf b; /* the value (empty when over the limit) */
+    size_t too_big;  /* the value's size when it is over SL_ENDPOINT_RECORD_MAX, else 0 */
 };
 
-static void free_buf(void *v)
+struct rec_scan {
+    sl_map_t *latest; /* id -> struct latest * or NULL (tombstone) */
+};
+
+static void free_latest(void *v)
 {
-    struct sl_buf *b = v;
-    if (b)
-        sl_buf_fini(b);
-    free(b);
+    struct latest *l = v;
+    if (l)
+        sl_buf_fini(&l->b);
+    free(l);
 }
 
 static int keep_latest(void *opaque, const char *key, size_t keylen, const void *val, size_t vallen)
@@ -371,29 +380,75 @@ static int keep_latest(void *opaque, const char *key, size_t keylen, const void 
         return 0; /* not an endpoint key: consumers ignore it too */
     memcpy(id, key, keylen);
     id[keylen] = '\0';
-    struct sl_buf *b = NULL;
+    struct latest *l = NULL;
     if (val) {
-        b = sl_xcalloc(1, sizeof(*b));
-        sl_buf_init(b, SL_ENDPOINT_RECORD_MAX);
-        if (sl_buf_append(b, val, vallen) != 0) {
-            free_buf(b);
-            b = NULL;
-        }
+        l = sl_xcalloc(1, sizeof(*l));
+        sl_buf_init(&l->b, SL_ENDPOINT_RECORD_MAX);
+        if (sl_buf_append(&l->b, val, vallen) != 0)
+            l->too_big = vallen;
     }
     void *old = NULL;
-    sl_map_put(sc->latest, id, b, &old);
-    free_buf(old);
+    sl_map_put(sc->latest, id, l, &old);
+    free_latest(old);
     return 0;
 }
 
-/*
- * Check the latest record of every endpoint on the topic. Returns a JSON object
- * {"checked": n, "refused": [{"endpoint_id", "reason"}...]} ({"checked": null, "skipped": why}
- * without a master key), or NULL with err when the topic could not be read.
- */
-static json_t *check_endpoint_records(const struct sl_config *cfg, size_t *refused, sl_err_t *err)
+/* The registry's update time of every endpoint (id -> int64_t * ms), or NULL when PostgreSQL
+ * cannot be read (the health summary reports that). */
+static sl_map_t *registry_times(const struct sl_config *cfg)
 {
-    *refused = 0;
+    sl_err_t err;
+    PGresult *res = query(cfg, "read the endpoint registry",
+                          "select id, floor(extract(epoch from updated_at) * 1000)::bigint "
+                          "from endpoints",
+                          0, NULL, &err);
+    if (!res)
+        return NULL;
+    int n = PQntuples(res);
+    sl_map_t *m = sl_map_new((size_t)n + 16);
+    for (int r = 0; r < n; r++) {
+        int64_t *ms = sl_xmalloc(sizeof(*ms));
+        *ms = strtoll(PQgetvalue(res, r, 1), NULL, 10);
+        sl_map_put(m, PQgetvalue(res, r, 0), ms, NULL);
+    }
+    PQclear(res);
+    return m;
+}
+
+/* Why consumers refuse the latest record l of an endpoint ("" when they take it); *upd gets
+ * its update time when it decodes. */
+static void judge_record(
+    const struct sl_masterkey *mk, const struct latest *l, uint64_t *upd, char *why, size_t n)
+{
+    why[0] = '\0';
+    if (l->too_big) {
+        (void)snprintf(why, n, "the record is %zu bytes, over the %zu bytes consumers accept",
+                       l->too_big, SL_ENDPOINT_RECORD_MAX);
+        return;
+    }
+    struct sl_endpoint_rec rec;
+    sl_err_t err;
+    int rc = sl_endpoint_rec_decode(l->b.data, l->b.len, NULL, &rec, &err);
+    if (rc == 0) {
+        *upd = rec.updated_ms;
+        rc = sl_endpoint_rec_verify(mk, &rec, &err);
+        sl_endpoint_rec_fini(&rec);
+    }
+    if (rc != 0)
+        (void)snprintf(why, n, "%s", err.msg);
+}
+
+/*
+ * Check the latest record of every endpoint on the topic as consumers do, and its update time
+ * against the registry's. Returns a JSON object {"checked": n, "refused": [{"endpoint_id",
+ * "reason"}...], "differ": [{"endpoint_id", "topic_updated_ms", "registry_updated_ms"}...]}
+ * ("differ" null when PostgreSQL could not be read; {"checked": null, "skipped": why} without
+ * a master key), or NULL with err when the topic could not be read.
+ */
+static json_t *
+check_endpoint_records(const struct sl_config *cfg, size_t *refused, size_t *differ, sl_err_t *err)
+{
+    *refused = *differ = 0;
     if (!cfg->master_key[0])
         return json_pack("{s:n, s:s}", "checked", "skipped", "master_key is not set");
     struct sl_masterkey mk;
@@ -402,31 +457,36 @@ static json_t *check_endpoint_records(const struct sl_config *cfg, size_t *refus
     struct rec_scan sc = {sl_map_new(64)};
     json_t *out = NULL;
     if (sl_endpoints_scan(cfg, KAFKA_TIMEOUT_MS, keep_latest, &sc, err) == 0) {
+        sl_map_t *reg = registry_times(cfg);
         json_t *list = json_array();
+        json_t *drift = reg ? json_array() : json_null();
         size_t it = 0, checked = 0;
         const char *id;
         void *val;
         while (sl_map_next(sc.latest, &it, &id, &val)) {
-            struct sl_buf *b = val;
-            if (!b)
+            if (!val)
                 continue;
             checked++;
-            struct sl_endpoint_rec rec;
-            sl_err_t e2;
-            int rc = sl_endpoint_rec_decode(b->data, b->len, NULL, &rec, &e2);
-            if (rc == 0) {
-                rc = sl_endpoint_rec_verify(&mk, &rec, &e2);
-                sl_endpoint_rec_fini(&rec);
-            }
-            if (rc != 0) {
+            uint64_t upd = 0;
+            char why[SL_ERR_MSG_MAX + 64];
+            judge_record(&mk, val, &upd, why, sizeof(why));
+            const int64_t *reg_ms = reg ? sl_map_get(reg, id) : NULL;
+            if (why[0]) {
                 json_array_append_new(list,
-                                      json_pack("{s:s, s:s}", "endpoint_id", id, "reason", e2.msg));
+                                      json_pack("{s:s, s:s}", "endpoint_id", id, "reason", why));
                 (*refused)++;
+            } else if (reg_ms && (int64_t)upd != *reg_ms) {
+                json_array_append_new(drift, json_pack("{s:s, s:I, s:I}", "endpoint_id", id,
+                                                       "topic_updated_ms", (json_int_t)upd,
+                                                       "registry_updated_ms", (json_int_t)*reg_ms));
+                (*differ)++;
             }
         }
-        out = json_pack("{s:I, s:o}", "checked", (json_int_t)checked, "refused", list);
+        out = json_pack("{s:I, s:o, s:o}", "checked", (json_int_t)checked, "refused", list,
+                        "differ", drift);
+        sl_map_destroy(reg, free);
     }
-    sl_map_destroy(sc.latest, free_buf);
+    sl_map_destroy(sc.latest, free_latest);
     sl_masterkey_fini(&mk);
     return out;
 }
@@ -443,14 +503,27 @@ static void records_text(const json_t *j, const sl_err_t *err)
         return;
     }
     const json_t *list = json_object_get(j, "refused");
-    printf("  checked %" JSON_INTEGER_FORMAT ", refused %zu\n",
-           json_integer_value(json_object_get(j, "checked")), json_array_size(list));
+    const json_t *drift = json_object_get(j, "differ");
+    printf("  checked %" JSON_INTEGER_FORMAT ", refused %zu, differing from the registry %s\n",
+           json_integer_value(json_object_get(j, "checked")), json_array_size(list),
+           json_is_null(drift) ? "not checked (PostgreSQL unavailable)"
+                               : (json_array_size(drift) ? "(below)" : "0"));
     size_t i;
     const json_t *v;
     json_array_foreach(list, i, v)
     {
         printf("  REFUSED %s: %s\n", json_string_value(json_object_get(v, "endpoint_id")),
                json_string_value(json_object_get(v, "reason")));
+    }
+    json_array_foreach(drift, i, v)
+    {
+        json_int_t t = json_integer_value(json_object_get(v, "topic_updated_ms"));
+        json_int_t r = json_integer_value(json_object_get(v, "registry_updated_ms"));
+        printf("  DIFFERS %s: the topic's record is %s than the registry's (updated "
+               "%" JSON_INTEGER_FORMAT " against %" JSON_INTEGER_FORMAT
+               " ms): `sluicectl endpoints sync` republishes it\n",
+               json_string_value(json_object_get(v, "endpoint_id")), t < r ? "older" : "newer", t,
+               r);
     }
 }
 
@@ -492,8 +565,8 @@ int ctl_health_main(struct ctl *c, int argc, char **argv)
 
     sl_err_t eerr;
     sl_err_clear(&eerr);
-    size_t refused = 0;
-    json_t *recs = check_endpoint_records(cfg, &refused, &eerr);
+    size_t refused = 0, differ = 0;
+    json_t *recs = check_endpoint_records(cfg, &refused, &differ, &eerr);
 
     if (o.json) {
         json_t *j = health_json(cfg, &o, &lag, krc ? &kerr : NULL, &sc, rrc ? &rerr : NULL, res,
@@ -511,6 +584,11 @@ int ctl_health_main(struct ctl *c, int argc, char **argv)
     else if (refused)
         rc = ctl_fail("health", "%zu endpoint record%s refused by consumers (see above)", refused,
                       refused == 1 ? " is" : "s are");
+    if (recs && differ)
+        rc = ctl_fail("health",
+                      "%zu endpoint record%s not the registry's version (see above): "
+                      "sluicectl endpoints sync",
+                      differ, differ == 1 ? " is" : "s are");
     json_decref(recs);
     if (krc)
         rc = ctl_fail("health", "kafka: %s", kerr.msg);

@@ -91,6 +91,32 @@ def test_altered_record_is_refused_and_never_delivered_to(make_world):
     assert w.ctl("endpoints", "update", ep, "--name", "fixed").returncode == 0
     r = w.ctl("health", "--json")
     assert json.loads(r.stdout)["endpoint_records"]["refused"] == [], r.stdout
+    assert json.loads(r.stdout)["endpoint_records"]["differ"] == [], r.stdout
+
+    # the endpoint's first genuine record replayed: authentic, but older than the one in
+    # force, so the consumer refuses it; health says the topic's record is not the registry's
+    publish_raw(w, ep, endpoint_values(w, ep)[0])
+    wait_until(lambda: c.events("endpoint_record_stale"), 30, 0.2, "the replayed record refused")
+    assert c.events("endpoint_record_stale")[-1]["endpoint_id"] == ep
+    r = w.ctl("health", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    recs = json.loads(r.stdout)["endpoint_records"]
+    assert recs["refused"] == [] and [x["endpoint_id"] for x in recs["differ"]] == [ep], recs
+    assert recs["differ"][0]["topic_updated_ms"] < recs["differ"][0]["registry_updated_ms"]
+    assert "not the registry's version" in r.stderr and "endpoints sync" in r.stderr
+    # a record over the size limit is listed with the reason (it was counted as a tombstone)
+    publish_raw(w, ep, b"\x80" * (70 * 1024))
+    wait_until(lambda: c.events("endpoint_record_invalid"), 30, 0.2, "the big record ignored")
+    recs = json.loads(w.ctl("health", "--json").stdout)["endpoint_records"]
+    assert [x["endpoint_id"] for x in recs["refused"]] == [ep], recs
+    assert "71680 bytes, over the 65536 bytes consumers accept" in recs["refused"][0]["reason"]
+    third = [event(ep, i, w.tag) for i in range(40, 60)]
+    assert w.produce(third).returncode == 0
+    wait_until(lambda: len(accepted(rcv, "real")) >= 60, 60, 0.2, "third batch delivered")
+    assert accepted(rcv, "evil") == []
+    assert w.ctl("endpoints", "update", ep, "--name", "fixed again").returncode == 0
+    recs = json.loads(w.ctl("health", "--json").stdout)["endpoint_records"]
+    assert recs["refused"] == [] and recs["differ"] == [], recs
     assert c.term() == 0
 
 
