@@ -31,6 +31,8 @@
 
 #define READER_GROUP_ID  "sluice-endpoints-reader" /* required by assign() in 2.0.2; unused */
 #define POLL_MS          100  /* updater poll timeout; bounds close() latency */
+#define SYNC_POLL_MS     5    /* updater poll timeout while a catch-up request waits */
+#define SYNC_QUERY_MS    2000 /* one watermark query of a catch-up */
 #define METADATA_STEP_MS 2000 /* one metadata request's timeout */
 #define CANCEL_STEP_MS   200  /* first timeout of a blocking call while a cancel flag is watched */
 #define UNKNOWN_TOPIC_MS 5000 /* how long a missing topic may take to appear before failing */
@@ -66,6 +68,12 @@ struct sl_endpoints {
     atomic_uint_fast64_t st_refused; /* records that failed authentication */
     sl_map_t *refused;               /* id -> reason (char *) of its refused latest record;
                                         guarded by lock */
+    /* catch-up requests (sl_endpoints_sync_request / _synced) */
+    int32_t n_parts;                /* partitions of the topic at open */
+    atomic_uint_fast64_t sync_req;  /* last ticket handed out */
+    atomic_uint_fast64_t sync_done; /* every ticket up to this one is served */
+    uint64_t sync_ticket;           /* updater: the ticket being served, 0 when none */
+    int64_t *sync_end;              /* updater: per partition, the end to read up to for it */
 };
 
 /* ==== Snapshots ==== */
@@ -911,13 +919,76 @@ static int apply_initial(void *opaque, const rd_kafka_message_t *m)
     return 0;
 }
 
+/*
+ * Serve catch-up requests on the updater thread: for the newest ticket waiting, read the
+ * partitions' ends (high watermarks, asked of the broker now, so later than the request),
+ * then mark the ticket served once this table's position has reached them (every record
+ * below them applied). A failed query is tried again on the next turn.
+ */
+static void sync_step(sl_endpoints_t *t)
+{
+    uint64_t want = atomic_load(&t->sync_req);
+    if (t->sync_ticket == 0 && want > atomic_load(&t->sync_done)) {
+        for (int32_t p = 0; p < t->n_parts; p++) {
+            int64_t lo = 0, hi = 0;
+            if (rd_kafka_query_watermark_offsets(t->rk, t->topic, p, &lo, &hi, SYNC_QUERY_MS) !=
+                RD_KAFKA_RESP_ERR_NO_ERROR)
+                return;
+            t->sync_end[p] = hi > lo ? hi : 0; /* 0: nothing to read (empty or compacted away) */
+        }
+        t->sync_ticket = want;
+    }
+    if (t->sync_ticket == 0)
+        return;
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(t->n_parts);
+    for (int32_t p = 0; p < t->n_parts; p++)
+        rd_kafka_topic_partition_list_add(l, t->topic, p);
+    bool caught_up = rd_kafka_position(t->rk, l) == RD_KAFKA_RESP_ERR_NO_ERROR;
+    for (int i = 0; caught_up && i < l->cnt; i++) {
+        int64_t end = t->sync_end[l->elems[i].partition];
+        caught_up = end == 0 || l->elems[i].offset >= end;
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+    if (caught_up) {
+        atomic_store(&t->sync_done, t->sync_ticket);
+        t->sync_ticket = 0;
+    }
+}
+
+uint64_t sl_endpoints_sync_request(sl_endpoints_t *t)
+{
+    return atomic_fetch_add(&t->sync_req, 1) + 1;
+}
+
+bool sl_endpoints_synced(sl_endpoints_t *t, uint64_t ticket)
+{
+    return atomic_load(&t->sync_done) >= ticket;
+}
+
+/* Test builds only (-DSL_FAULT_INJECTION=ON): SL_FAULT=endpoints_slow_apply delays every
+ * live change by 1.5 s, so that a record naming a just-created endpoint reaches a consumer
+ * before its table has the endpoint (tests/e2e/test_delivery.py). */
+static void fault_slow_apply(void)
+{
+#ifdef SL_FAULT_INJECTION
+    const char *f = getenv("SL_FAULT");
+    if (f && strcmp(f, "endpoints_slow_apply") == 0) {
+        struct timespec ts = {1, 500 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+#endif
+}
+
 static void *updater_main(void *arg)
 {
     sl_endpoints_t *t = arg;
     while (!atomic_load(&t->stop)) {
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(t->rk, POLL_MS);
-        if (!m)
+        bool waiting = atomic_load(&t->sync_req) > atomic_load(&t->sync_done);
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(t->rk, waiting ? SYNC_POLL_MS : POLL_MS);
+        if (!m) {
+            sync_step(t);
             continue;
+        }
         if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
             /* caught up; nothing to do */
         } else if (m->err) {
@@ -929,9 +1000,11 @@ static void *updater_main(void *arg)
             if (t->last_err != 0)
                 sl_info("endpoints", "endpoints_read_ok", "reading topic %s again", t->topic);
             t->last_err = 0;
+            fault_slow_apply();
             apply(t, m);
         }
         rd_kafka_message_destroy(m);
+        sync_step(t);
     }
     return NULL;
 }
@@ -987,12 +1060,16 @@ int sl_endpoints_open_cancellable(const struct sl_config *cfg,
     atomic_init(&t->st_unchanged, 0);
     atomic_init(&t->st_invalid, 0);
     atomic_init(&t->st_refused, 0);
+    atomic_init(&t->sync_req, 0);
+    atomic_init(&t->sync_done, 0);
     t->refused = sl_map_new(8);
     t->initial = true;
     rc = reader_open(cfg, t->topic, deadline, cancel, &r, err);
     if (rc != 0)
         goto out;
     t->rk = r.rk;
+    t->n_parts = r.n_parts;
+    t->sync_end = sl_xcalloc((size_t)(r.n_parts > 0 ? r.n_parts : 1), sizeof(*t->sync_end));
     rc = reader_load(&r, t->topic, deadline, apply_initial, t, err);
     if (rc != 0)
         goto out;
@@ -1207,6 +1284,7 @@ void sl_endpoints_close(sl_endpoints_t *t)
     sl_map_destroy(t->map, slot_free);
     sl_map_destroy(t->failed, NULL);
     sl_map_destroy(t->refused, free);
+    free(t->sync_end);
     pthread_rwlock_destroy(&t->lock);
     sl_masterkey_fini(&t->mk);
     free(t->topic);

@@ -177,6 +177,17 @@ size_t sl_endpoints_count(sl_endpoints_t *t);
  */
 void sl_endpoints_on_change(sl_endpoints_t *t, sl_endpoints_change_fn fn, void *opaque);
 
+/*
+ * Catch-up: sl_endpoints_sync_request returns a ticket; sl_endpoints_synced(ticket) becomes
+ * true once the table has applied every record the topic held at some moment after the
+ * request (the updater reads the partitions' ends from the broker, then reads up to them).
+ * A consumer asks for this before it calls an endpoint unknown: a record naming an endpoint
+ * created just before may reach it before its table has the endpoint. Never true while the
+ * broker cannot be asked (the caller bounds its wait). Any thread.
+ */
+uint64_t sl_endpoints_sync_request(sl_endpoints_t *t);
+bool sl_endpoints_synced(sl_endpoints_t *t, uint64_t ticket);
+
 /* Counters since open. */
 struct sl_endpoints_stats {
     uint64_t records;   /* records read from the topic, tombstones included */
@@ -191,9 +202,9 @@ void sl_endpoints_stats(sl_endpoints_t *t, struct sl_endpoints_stats *out);
 
 /*
  * Call fn (when not NULL) for each endpoint whose latest record was refused (authentication,
- * or older than the record in force), with its id and the reason (both borrowed for the call; fn must not call
- * into the table). Returns how many there are. An id leaves the list when a record of it is
- * accepted or it is deleted.
+ * or older than the record in force), with its id and the reason (both borrowed for the call; fn
+ * must not call into the table). Returns how many there are. An id leaves the list when a record of
+ * it is accepted or it is deleted.
  */
 size_t sl_endpoints_refused(sl_endpoints_t *t,
                             void (*fn)(void *opaque, const char *id, const char *why),

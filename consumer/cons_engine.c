@@ -90,6 +90,14 @@ static void drop_partition_jobs(cons_engine_t *e)
             cons_job_free(e, j);
         }
     }
+    CONS_LIST_FOREACH_SAFE(&e->epwait, k, nx)
+    {
+        struct job *j = cons_job_of(k); /* every one is from Kafka */
+        if (!cons_offsets_current(e->offsets, &j->off)) {
+            cons_epwait_take(e, j);
+            cons_job_free(e, j);
+        }
+    }
 }
 
 /*
@@ -330,6 +338,7 @@ cons_engine_t *cons_engine_new(
     cons_list_init(&e->inflight);
     cons_list_init(&e->marks);
     cons_list_init(&e->ihold);
+    cons_list_init(&e->epwait);
     cons_list_init(&e->leased);
     cons_list_init(&e->hrecs);
     cons_timers_init(&e->timers, T_COUNT);
@@ -562,6 +571,7 @@ int cons_engine_run(cons_engine_t *e)
         cons_retry_held(e);
         cons_retry_pmarks(e);
         cons_retry_ihold(e);
+        cons_retry_epwait(e);
         cons_dispatch(e);
         store_offsets(e, false);
         stats_line(e, false);
@@ -644,6 +654,11 @@ void cons_engine_destroy(cons_engine_t *e)
         /* never checked, never sent: a Kafka record's offset was not stored (read again) */
         struct job *j = cons_job_of(cons_list_first(&e->ihold));
         cons_ihold_take(e, j);
+        cons_job_free(e, j);
+    }
+    while (!cons_list_empty(&e->epwait)) { /* the same: read again by the next owner */
+        struct job *j = cons_job_of(cons_list_first(&e->epwait));
+        cons_epwait_take(e, j);
         cons_job_free(e, j);
     }
     for (size_t i = 0; i < e->npmarks; i++) {

@@ -62,6 +62,8 @@
 #define BRK_REFRESH_MS      1000  /* refresh of a local breaker view with recent failures */
 #define BRK_STALE_MS        30000 /* refresh of any closed local breaker view this old, ms */
 #define REDIS_HOLD_RETRY_MS 1000  /* retry of Redis writes that failed */
+#define EPWAIT_CHECK_MS     10    /* records naming an unknown endpoint: table caught up yet? */
+#define EPWAIT_MAX_MS       5000  /* ...and how long they may wait for it (then: quarantine) */
 #define RESPILL_MIN_MS      500   /* a claimed job whose endpoint queue is still full waits */
 #define RESPILL_SPREAD_MS   1000  /* this long plus up to this much more in the schedule */
 #define URL_MAX             8192  /* expanded postback URL cap, bytes */
@@ -91,6 +93,7 @@ enum loop_timer {
     T_RENEW,        /* cons_renew_leases: next lease renewal pass (armed while jobs are leased) */
     T_PMARKS,       /* cons_retry_pmarks: next write of markers that failed (while any wait) */
     T_IHOLD,        /* cons_retry_ihold: next duplicate check of held records (while any wait) */
+    T_EPWAIT,       /* cons_retry_epwait: has the endpoint table caught up (while any wait) */
     T_MARKS,        /* cons_flush_marks: the delivered-marker batch is due */
     T_HELD,         /* cons_retry_held: the earliest held Redis write is due again */
     T_UNBLOCK,      /* unblock: the earliest endpoint pause ends */
@@ -116,8 +119,12 @@ enum job_after {
  *   state           where the job is                            leaves by
  *   JOB_LOOSE       held by the function running (just taken,   the holder hands it on:
  *                   between lists); never outlives the call     enqueue, ihold_push,
- *                                                               start_send, cons_mark_push,
- *                                                               hold, send_record, cons_job_free
+ *                                                               epwait_push, start_send,
+ *                                                               cons_mark_push, hold,
+ *                                                               send_record, cons_job_free
+ *   JOB_EP_WAIT     e->epwait: a record naming an endpoint      cons_epwait_take
+ *                   the table does not have, until the table
+ *                   has caught up with the endpoints topic
  *   JOB_DEDUP_WAIT  e->ihold: its duplicate check failed        cons_ihold_take
  *   JOB_QUEUED      its endpoint's queue, waiting for a slot    cons_q_take
  *   JOB_SENDING     e->inflight: its request runs               cons_send_end
@@ -132,6 +139,7 @@ enum job_after {
  */
 enum job_state {
     JOB_LOOSE,
+    JOB_EP_WAIT,
     JOB_DEDUP_WAIT,
     JOB_QUEUED,
     JOB_SENDING,
@@ -172,6 +180,9 @@ struct job {
     uint8_t *held_resp;               /* pending_out.resp while held (owned) or NULL */
     int64_t sched_due_ms;             /* held schedule: due time */
     uint32_t sched_attempt;           /* held schedule: attempts spent */
+    uint64_t ep_ticket;               /* JOB_EP_WAIT: the endpoint table's catch-up ticket */
+    int64_t ep_wait_until;            /* JOB_EP_WAIT: quarantined unknown after this (mono ms) */
+    bool ep_waited;                   /* its endpoint was looked up again after a catch-up */
     enum job_state state;             /* see the state table; changed by cons_job_set_state only */
     struct cons_link link;            /* on the list of its state (job_state_list), if any */
     int64_t lease_until_ms;           /* SRC_REDIS claimed: our lease ends then (unix ms) */
@@ -254,6 +265,7 @@ struct cons_engine {
     struct cons_list held;        /* JOB_REDIS_HELD: Redis write failed, retried */
     struct cons_list inflight;    /* JOB_SENDING: a request running */
     struct cons_list marks;       /* JOB_MARKING: delivered, marker write pending */
+    struct cons_list epwait;      /* JOB_EP_WAIT: unknown endpoint, table catching up */
     struct cons_list ihold;       /* JOB_DEDUP_WAIT: duplicate check failed
                                      (dedup_fail_open=false), waiting for Redis */
     struct cons_list leased;      /* claimed retry jobs in memory whose leases we
@@ -328,6 +340,8 @@ const uint8_t *cons_job_env(cons_engine_t *e, struct job *j, size_t *len);
 
 void cons_ihold_take(cons_engine_t *e, struct job *j);
 void cons_retry_ihold(cons_engine_t *e);
+void cons_epwait_take(cons_engine_t *e, struct job *j);
+void cons_retry_epwait(cons_engine_t *e);
 void cons_intake_kafka(cons_engine_t *e);
 void cons_intake_redis(cons_engine_t *e);
 

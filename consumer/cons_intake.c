@@ -6,7 +6,11 @@
  *
  * State transitions: JOB_LOOSE -> JOB_QUEUED (enqueue), JOB_LOOSE -> JOB_DEDUP_WAIT
  * (ihold_push: the duplicate check failed and dedup_fail_open is false) and back
- * (cons_ihold_take, from cons_retry_ihold: the wait list's one exit).
+ * (cons_ihold_take, from cons_retry_ihold: the wait list's one exit), JOB_LOOSE ->
+ * JOB_EP_WAIT (epwait_push: a Kafka record names an endpoint the table does not have) and
+ * back (cons_epwait_take, from cons_retry_epwait once the table caught up with the endpoints
+ * topic, or after EPWAIT_MAX_MS: the endpoint is then looked up once more, and a record
+ * whose endpoint is still unknown is quarantined).
  *
  * thread: the engine's loop thread only.
  */
@@ -16,6 +20,51 @@
 
 #include "consumer/cons_backoff.h"
 #include "consumer/cons_engine_int.h"
+
+static void epwait_push(cons_engine_t *e, struct job *j);
+
+/* Resolve a decoded job's endpoint. Returns true when it should go on to the marker check. */
+static bool intake_endpoint(cons_engine_t *e, struct job *j)
+{
+    bool fresh = sl_map_get(e->eps, j->d.ep) == NULL;
+    struct cons_ep *ce = cons_ep_get(e, j->d.ep);
+    j->ce = ce;
+    const struct sl_endpoint *ep = cons_ep_refresh(e, ce);
+    if (!ep) {
+        if (fresh) {
+            /* no state for an id the registry does not know: records naming many unknown
+             * endpoints would otherwise grow the table for ever (nothing else points at a
+             * state made just now; the job leaves with its quarantine or dead letter) */
+            sl_map_del(e->eps, ce->id, NULL);
+            free(ce);
+            j->ce = NULL;
+        }
+        if (j->src == SRC_KAFKA && !j->ep_waited) {
+            /* created just before the record was published, maybe, and not yet in this
+             * pod's table: look again once the table has read the endpoints topic to its
+             * end as it is now */
+            epwait_push(e, j);
+        } else if (j->src == SRC_KAFKA) {
+            char reason[128];
+            (void)snprintf(reason, sizeof(reason), "unknown endpoint %s", j->d.ep);
+            cons_quarantine(e, j, reason);
+        } else {
+            /* attempt 0: no attempt is spent (the contract's rule; the recorder would
+             * otherwise count the last failed attempt, already reported, a second time) */
+            cons_dead_letter(e, j, 0, 0, "unknown_endpoint", "endpoint no longer exists", NULL);
+        }
+        return false;
+    }
+    if (ce->disabled_local && ep->enabled && ep->version != ce->disabled_version)
+        ce->disabled_local = false; /* the registry changed it since: its word stands */
+    if (!ep->enabled || ce->disabled_local) {
+        cons_dead_letter(e, j, 0, 0, "endpoint_disabled", /* attempt 0: as above */
+                         ep->reason && ep->reason[0] ? ep->reason : "endpoint disabled", NULL);
+        return false;
+    }
+    cons_drop_canonical_raw(e, j);
+    return true;
+}
 
 /* Decode and resolve one job. Returns true when it should go on to the marker check. */
 static bool intake_resolve(cons_engine_t *e, struct job *j)
@@ -40,39 +89,7 @@ static bool intake_resolve(cons_engine_t *e, struct job *j)
         }
         cons_store_job_id(j->d.ep, j->d.id, j->job_id);
     }
-    bool fresh = sl_map_get(e->eps, j->d.ep) == NULL;
-    struct cons_ep *ce = cons_ep_get(e, j->d.ep);
-    j->ce = ce;
-    const struct sl_endpoint *ep = cons_ep_refresh(e, ce);
-    if (!ep) {
-        if (fresh) {
-            /* no state for an id the registry does not know: records naming many unknown
-             * endpoints would otherwise grow the table for ever (nothing else points at a
-             * state made just now; the job leaves with its quarantine or dead letter) */
-            sl_map_del(e->eps, ce->id, NULL);
-            free(ce);
-            j->ce = NULL;
-        }
-        if (j->src == SRC_KAFKA) {
-            char reason[128];
-            (void)snprintf(reason, sizeof(reason), "unknown endpoint %s", j->d.ep);
-            cons_quarantine(e, j, reason);
-        } else {
-            /* attempt 0: no attempt is spent (the contract's rule; the recorder would
-             * otherwise count the last failed attempt, already reported, a second time) */
-            cons_dead_letter(e, j, 0, 0, "unknown_endpoint", "endpoint no longer exists", NULL);
-        }
-        return false;
-    }
-    if (ce->disabled_local && ep->enabled && ep->version != ce->disabled_version)
-        ce->disabled_local = false; /* the registry changed it since: its word stands */
-    if (!ep->enabled || ce->disabled_local) {
-        cons_dead_letter(e, j, 0, 0, "endpoint_disabled", /* attempt 0: as above */
-                         ep->reason && ep->reason[0] ? ep->reason : "endpoint disabled", NULL);
-        return false;
-    }
-    cons_drop_canonical_raw(e, j);
-    return true;
+    return intake_endpoint(e, j);
 }
 
 static void enqueue(cons_engine_t *e, struct job *j)
@@ -104,6 +121,22 @@ static void ihold_push(cons_engine_t *e, struct job **jobs, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         cons_job_set_state(e, jobs[i], JOB_DEDUP_WAIT);
+}
+
+/* Wait for the endpoint table to catch up (a Kafka record naming an unknown endpoint). */
+static void epwait_push(cons_engine_t *e, struct job *j)
+{
+    j->ep_ticket = sl_endpoints_sync_request(e->endpoints);
+    j->ep_wait_until = sl_mono_ms() + EPWAIT_MAX_MS;
+    cons_job_set_state(e, j, JOB_EP_WAIT);
+    if (!cons_timer_armed(&e->timers, T_EPWAIT))
+        cons_timer_arm(&e->timers, T_EPWAIT, sl_mono_ms() + EPWAIT_CHECK_MS);
+}
+
+/* The one exit of JOB_EP_WAIT. */
+void cons_epwait_take(cons_engine_t *e, struct job *j)
+{
+    cons_job_set_state(e, j, JOB_LOOSE);
 }
 
 /* The one exit of JOB_DEDUP_WAIT. */
@@ -218,6 +251,42 @@ void cons_retry_ihold(cons_engine_t *e)
         cons_timer_arm(&e->timers, T_CLAIM, now); /* claims were held back meanwhile */
     }
     free(jobs);
+}
+
+/* Look up again, oldest first, the endpoints of the records whose table has caught up (or
+ * that waited EPWAIT_MAX_MS); the ones found go on to the duplicate check, the others are
+ * quarantined as unknown. */
+void cons_retry_epwait(cons_engine_t *e)
+{
+    int64_t now = sl_mono_ms();
+    if (cons_list_empty(&e->epwait)) {
+        cons_timer_disarm(&e->timers, T_EPWAIT);
+        return;
+    }
+    if (!cons_timer_expired(&e->timers, T_EPWAIT, now))
+        return;
+    size_t n = 0, cap = e->epwait.n;
+    struct job **ready = sl_xcalloc(cap, sizeof(struct job *));
+    struct cons_link *k, *nx;
+    CONS_LIST_FOREACH_SAFE(&e->epwait, k, nx)
+    {
+        struct job *j = cons_job_of(k);
+        if (!sl_endpoints_synced(e->endpoints, j->ep_ticket) && now < j->ep_wait_until)
+            continue;
+        cons_epwait_take(e, j);
+        j->ep_waited = true;
+        if (intake_endpoint(e, j))
+            ready[n++] = j;
+    }
+    if (cons_list_empty(&e->epwait))
+        cons_timer_disarm(&e->timers, T_EPWAIT);
+    else
+        cons_timer_arm(&e->timers, T_EPWAIT, now + EPWAIT_CHECK_MS);
+    if (!cons_list_empty(&e->ihold))
+        ihold_push(e, ready, n); /* behind the records that wait for their duplicate check */
+    else
+        intake_batch(e, ready, n);
+    free(ready);
 }
 
 /* Pause or resume every assigned partition (the caller logs why). */

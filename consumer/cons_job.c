@@ -18,9 +18,9 @@
 #include "consumer/cons_engine_int.h"
 
 static const char *const job_state_names[JOB_STATE_COUNT] = {
-    [JOB_LOOSE] = "loose",     [JOB_DEDUP_WAIT] = "dedup_wait", [JOB_QUEUED] = "queued",
-    [JOB_SENDING] = "sending", [JOB_MARKING] = "marking",       [JOB_REDIS_HELD] = "redis_held",
-    [JOB_ACKING] = "acking",   [JOB_FREED] = "freed",
+    [JOB_LOOSE] = "loose",           [JOB_EP_WAIT] = "ep_wait", [JOB_DEDUP_WAIT] = "dedup_wait",
+    [JOB_QUEUED] = "queued",         [JOB_SENDING] = "sending", [JOB_MARKING] = "marking",
+    [JOB_REDIS_HELD] = "redis_held", [JOB_ACKING] = "acking",   [JOB_FREED] = "freed",
 };
 
 #define JOB_TO(s) (1u << (s))
@@ -29,9 +29,10 @@ static const char *const job_state_names[JOB_STATE_COUNT] = {
  * for JOB_LOOSE by its one exit function, so a job is never on two lists at once; ACKING ->
  * ACKING is a job that produces another record while earlier ones wait. */
 static const unsigned job_next_ok[JOB_STATE_COUNT] = {
-    [JOB_LOOSE] = JOB_TO(JOB_DEDUP_WAIT) | JOB_TO(JOB_QUEUED) | JOB_TO(JOB_SENDING) |
-                  JOB_TO(JOB_MARKING) | JOB_TO(JOB_REDIS_HELD) | JOB_TO(JOB_ACKING) |
-                  JOB_TO(JOB_FREED),
+    [JOB_LOOSE] = JOB_TO(JOB_EP_WAIT) | JOB_TO(JOB_DEDUP_WAIT) | JOB_TO(JOB_QUEUED) |
+                  JOB_TO(JOB_SENDING) | JOB_TO(JOB_MARKING) | JOB_TO(JOB_REDIS_HELD) |
+                  JOB_TO(JOB_ACKING) | JOB_TO(JOB_FREED),
+    [JOB_EP_WAIT] = JOB_TO(JOB_LOOSE),
     [JOB_DEDUP_WAIT] = JOB_TO(JOB_LOOSE),
     [JOB_QUEUED] = JOB_TO(JOB_LOOSE),
     [JOB_SENDING] = JOB_TO(JOB_LOOSE),
@@ -56,6 +57,8 @@ const char *cons_job_state_name(enum job_state s)
 static struct cons_list *job_state_list(cons_engine_t *e, const struct job *j, enum job_state s)
 {
     switch (s) {
+    case JOB_EP_WAIT:
+        return &e->epwait;
     case JOB_DEDUP_WAIT:
         return &e->ihold;
     case JOB_QUEUED:

@@ -341,6 +341,30 @@ def test_deliveries_queued_when_their_endpoint_is_deleted_or_disabled_end_unsent
     assert c.term() == 0
 
 
+def test_a_record_for_an_endpoint_created_just_before_is_delivered(make_world):
+    """An endpoint is created and records for it are published right after: they can reach
+    a consumer before its endpoint table has the endpoint (here the table applies every
+    change 1.5 s late: fault point endpoints_slow_apply). The consumer looks again once its
+    table has read the endpoints topic to its end and delivers them; a record naming an
+    endpoint that does not exist is still quarantined, once the table has caught up. Before,
+    all of them were quarantined as unknown."""
+    w = make_world(partitions=1)
+    rcv = w.receiver()
+    c = w.consumer(_fault="endpoints_slow_apply")
+    wait_until(lambda: c.events("partitions_assigned"), 60, 0.2, "the consumer to join")
+    ep = w.add_endpoint("new" + w.tag, rcv.url("ok", "new"))
+    evs = [event(ep, i, w.tag) for i in range(3)]
+    nosuch = event(f"nosuch_{w.tag}", 0, w.tag)
+    assert w.produce(evs + [nosuch]).returncode == 0
+    want = {(e["id"], ep) for e in evs}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 60, 0.5, "the records delivered")
+    assert sorted(l["webhook_id"] for l in ledger_ok(rcv)) == sorted(e["id"] for e in evs)
+    q = wait_until(lambda: w.dump("quarantine"), 30, 0.5, "the unknown one quarantined")
+    assert [x["id"] for x in q] == [nosuch["id"]], q
+    assert "unknown endpoint" in q[0]["reason"], q
+    assert c.term() == 0
+
+
 def test_poison_records_are_quarantined(make_world):
     w = make_world()
     rcv = w.receiver()
