@@ -30,14 +30,16 @@
 #include "common/sl_url.h"
 
 #define READER_GROUP_ID  "sluice-endpoints-reader" /* required by assign() in 2.0.2; unused */
-#define POLL_MS          100  /* updater poll timeout; bounds close() latency */
+#define POLL_MS          100  /* updater poll timeout; with SYNC_QUERY_MS, bounds close() latency */
 #define SYNC_POLL_MS     5    /* updater poll timeout while a catch-up request waits */
-#define SYNC_QUERY_MS    2000 /* one watermark query of a catch-up */
-#define METADATA_STEP_MS 2000 /* one metadata request's timeout */
-#define CANCEL_STEP_MS   200  /* first timeout of a blocking call while a cancel flag is watched */
-#define UNKNOWN_TOPIC_MS 5000 /* how long a missing topic may take to appear before failing */
-#define INITIAL_LOG_MAX  50   /* invalid records logged one by one during the initial load */
-#define DIGEST_LEN       32   /* SHA-256 */
+#define SYNC_QUERY_MS    500  /* one watermark query of a catch-up */
+#define SYNC_BACKOFF_MS  2000 /* longest pause after failed queries (250 ms, doubling) */
+#define SYNC_ABANDON_MS  10000 /* requests this old are given up (their askers stopped waiting) */
+#define METADATA_STEP_MS 2000  /* one metadata request's timeout */
+#define CANCEL_STEP_MS   200   /* first timeout of a blocking call while a cancel flag is watched */
+#define UNKNOWN_TOPIC_MS 5000  /* how long a missing topic may take to appear before failing */
+#define INITIAL_LOG_MAX  50    /* invalid records logged one by one during the initial load */
+#define DIGEST_LEN       32    /* SHA-256 */
 #define STALE_TEXT       "the record is older than the one in force"
 
 /* Map value: the current snapshot of one endpoint and the digest of the record it came from. */
@@ -69,11 +71,15 @@ struct sl_endpoints {
     sl_map_t *refused;               /* id -> reason (char *) of its refused latest record;
                                         guarded by lock */
     /* catch-up requests (sl_endpoints_sync_request / _synced) */
-    int32_t n_parts;                /* partitions of the topic at open */
-    atomic_uint_fast64_t sync_req;  /* last ticket handed out */
-    atomic_uint_fast64_t sync_done; /* every ticket up to this one is served */
-    uint64_t sync_ticket;           /* updater: the ticket being served, 0 when none */
-    int64_t *sync_end;              /* updater: per partition, the end to read up to for it */
+    int32_t n_parts;                   /* partitions of the topic at open */
+    atomic_uint_fast64_t sync_req;     /* last ticket handed out */
+    atomic_uint_fast64_t sync_done;    /* every ticket up to this one is served */
+    atomic_int_fast64_t sync_req_mono; /* when the last ticket was handed out (monotonic ms) */
+    uint64_t sync_ticket;              /* updater: the ticket being served, 0 when none */
+    int64_t *sync_end;                 /* updater: per partition, the end to read up to for it */
+    int64_t *eof_off;                  /* updater: per partition, the offset its last EOF named */
+    int64_t sync_retry_mono;           /* updater: no query before this (after a failed one) */
+    int sync_backoff_ms;               /* updater: the pause after the next failed query */
 };
 
 /* ==== Snapshots ==== */
@@ -929,13 +935,27 @@ static void sync_step(sl_endpoints_t *t)
 {
     uint64_t want = atomic_load(&t->sync_req);
     if (t->sync_ticket == 0 && want > atomic_load(&t->sync_done)) {
+        int64_t now = sl_mono_ms();
+        if (now - atomic_load(&t->sync_req_mono) > SYNC_ABANDON_MS) {
+            atomic_store(&t->sync_done, want); /* nobody waits for these any more */
+            return;
+        }
+        if (now < t->sync_retry_mono)
+            return;
         for (int32_t p = 0; p < t->n_parts; p++) {
             int64_t lo = 0, hi = 0;
-            if (rd_kafka_query_watermark_offsets(t->rk, t->topic, p, &lo, &hi, SYNC_QUERY_MS) !=
-                RD_KAFKA_RESP_ERR_NO_ERROR)
+            if (atomic_load(&t->stop) ||
+                rd_kafka_query_watermark_offsets(t->rk, t->topic, p, &lo, &hi, SYNC_QUERY_MS) !=
+                    RD_KAFKA_RESP_ERR_NO_ERROR) {
+                t->sync_backoff_ms = t->sync_backoff_ms ? t->sync_backoff_ms * 2 : 250;
+                if (t->sync_backoff_ms > SYNC_BACKOFF_MS)
+                    t->sync_backoff_ms = SYNC_BACKOFF_MS;
+                t->sync_retry_mono = sl_mono_ms() + t->sync_backoff_ms;
                 return;
+            }
             t->sync_end[p] = hi > lo ? hi : 0; /* 0: nothing to read (empty or compacted away) */
         }
+        t->sync_backoff_ms = 0;
         t->sync_ticket = want;
     }
     if (t->sync_ticket == 0)
@@ -945,8 +965,11 @@ static void sync_step(sl_endpoints_t *t)
         rd_kafka_topic_partition_list_add(l, t->topic, p);
     bool caught_up = rd_kafka_position(t->rk, l) == RD_KAFKA_RESP_ERR_NO_ERROR;
     for (int i = 0; caught_up && i < l->cnt; i++) {
-        int64_t end = t->sync_end[l->elems[i].partition];
-        caught_up = end == 0 || l->elems[i].offset >= end;
+        int32_t p = l->elems[i].partition;
+        /* the position moves with the records handed over; an EOF also covers offsets that
+         * carry none (a writer's control records at the end) */
+        int64_t at = l->elems[i].offset > t->eof_off[p] ? l->elems[i].offset : t->eof_off[p];
+        caught_up = t->sync_end[p] == 0 || at >= t->sync_end[p];
     }
     rd_kafka_topic_partition_list_destroy(l);
     if (caught_up) {
@@ -957,6 +980,7 @@ static void sync_step(sl_endpoints_t *t)
 
 uint64_t sl_endpoints_sync_request(sl_endpoints_t *t)
 {
+    atomic_store(&t->sync_req_mono, sl_mono_ms());
     return atomic_fetch_add(&t->sync_req, 1) + 1;
 }
 
@@ -983,14 +1007,16 @@ static void *updater_main(void *arg)
 {
     sl_endpoints_t *t = arg;
     while (!atomic_load(&t->stop)) {
-        bool waiting = atomic_load(&t->sync_req) > atomic_load(&t->sync_done);
+        bool waiting = atomic_load(&t->sync_req) > atomic_load(&t->sync_done) &&
+                       sl_mono_ms() >= t->sync_retry_mono;
         rd_kafka_message_t *m = rd_kafka_consumer_poll(t->rk, waiting ? SYNC_POLL_MS : POLL_MS);
         if (!m) {
             sync_step(t);
             continue;
         }
         if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-            /* caught up; nothing to do */
+            if (m->partition >= 0 && m->partition < t->n_parts)
+                t->eof_off[m->partition] = m->offset; /* caught up to there */
         } else if (m->err) {
             if ((int)m->err != t->last_err)
                 sl_warn("endpoints", "endpoints_read_error", "reading topic %s: %s", t->topic,
@@ -1062,6 +1088,7 @@ int sl_endpoints_open_cancellable(const struct sl_config *cfg,
     atomic_init(&t->st_refused, 0);
     atomic_init(&t->sync_req, 0);
     atomic_init(&t->sync_done, 0);
+    atomic_init(&t->sync_req_mono, 0);
     t->refused = sl_map_new(8);
     t->initial = true;
     rc = reader_open(cfg, t->topic, deadline, cancel, &r, err);
@@ -1070,6 +1097,7 @@ int sl_endpoints_open_cancellable(const struct sl_config *cfg,
     t->rk = r.rk;
     t->n_parts = r.n_parts;
     t->sync_end = sl_xcalloc((size_t)(r.n_parts > 0 ? r.n_parts : 1), sizeof(*t->sync_end));
+    t->eof_off = sl_xcalloc((size_t)(r.n_parts > 0 ? r.n_parts : 1), sizeof(*t->eof_off));
     rc = reader_load(&r, t->topic, deadline, apply_initial, t, err);
     if (rc != 0)
         goto out;
@@ -1285,6 +1313,7 @@ void sl_endpoints_close(sl_endpoints_t *t)
     sl_map_destroy(t->failed, NULL);
     sl_map_destroy(t->refused, free);
     free(t->sync_end);
+    free(t->eof_off);
     pthread_rwlock_destroy(&t->lock);
     sl_masterkey_fini(&t->mk);
     free(t->topic);

@@ -28,8 +28,7 @@ struct cons_ep *cons_ep_get(cons_engine_t *e, const char *id)
     (void)snprintf(ce->id, sizeof(ce->id), "%s", id);
     ce->brk = CONS_BRK_CLOSED;
     cons_list_init(&ce->queue);
-    ce->m = cons_metrics_endpoint(id);
-    sl_map_put(e->eps, id, ce, NULL);
+    sl_map_put(e->eps, id, ce, NULL); /* ce->m once the endpoint is known (cons_ep_refresh) */
     return ce;
 }
 
@@ -44,6 +43,8 @@ const struct sl_endpoint *cons_ep_refresh(cons_engine_t *e, struct cons_ep *ce)
         ce->ep = NULL;
         return NULL;
     }
+    if (!ce->m) /* not before: ids nobody registered would each keep a metrics entry */
+        ce->m = cons_metrics_endpoint(ce->id);
     int64_t now = sl_now_ms();
     bool rebuild = !ce->ep || cur->version != ce->ep_version || !ce->signer ||
                    (ce->signer_until_ms && now >= ce->signer_until_ms);
@@ -272,8 +273,8 @@ static void brk_apply(struct cons_ep *ce, const struct cons_brk_view *v)
     }
     ce->brk = v->state;
     ce->brk_failures = v->failures;
-    /* Redis's times as a distance from Redis's now, onto this pod's clock */
-    ce->brk_reopen_at = v->reopen_at_ms ? sl_now_ms() + (v->reopen_at_ms - v->now_ms) : 0;
+    /* Redis's times as a distance from Redis's now, onto this pod's monotonic clock */
+    ce->brk_reopen_mono = v->reopen_at_ms ? sl_mono_ms() + (v->reopen_at_ms - v->now_ms) : 0;
     ce->brk_open_for_ms =
         v->state != CONS_BRK_CLOSED && v->open_since_ms > 0 ? v->now_ms - v->open_since_ms : 0;
     ce->brk_refreshed_mono = sl_mono_ms();
@@ -334,8 +335,7 @@ bool cons_breaker_allows(cons_engine_t *e, struct cons_ep *ce, bool *probe)
     }
     if (ce->probe_inflight)
         return false;
-    int64_t now = sl_now_ms();
-    if (ce->brk == CONS_BRK_OPEN && now < ce->brk_reopen_at)
+    if (ce->brk == CONS_BRK_OPEN && sl_mono_ms() < ce->brk_reopen_mono)
         return false;
     struct cons_brk_view v;
     sl_err_t err;

@@ -12,9 +12,9 @@
  * its outcome is acknowledged (a crash first: the lease expires, the job comes back, and the
  * delivered marker turns a repeat into a duplicate outcome instead of a send).
  *
- * State transitions: jobs of revoked partitions leave JOB_QUEUED and JOB_DEDUP_WAIT through
- * their lists' exits (drop_partition_jobs); shutdown takes every queued and in-flight job out
- * through cons_q_pop / cons_send_end to be deferred.
+ * State transitions: jobs of revoked partitions leave JOB_QUEUED, JOB_DEDUP_WAIT and
+ * JOB_EP_WAIT through their lists' exits (drop_partition_jobs); shutdown takes every queued and
+ * in-flight job out through cons_q_pop / cons_send_end to be deferred.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -339,6 +339,7 @@ cons_engine_t *cons_engine_new(
     cons_list_init(&e->marks);
     cons_list_init(&e->ihold);
     cons_list_init(&e->epwait);
+    e->epwait_ids = sl_map_new(8);
     cons_list_init(&e->leased);
     cons_list_init(&e->hrecs);
     cons_timers_init(&e->timers, T_COUNT);
@@ -661,6 +662,7 @@ void cons_engine_destroy(cons_engine_t *e)
         cons_epwait_take(e, j);
         cons_job_free(e, j);
     }
+    sl_map_destroy(e->epwait_ids, NULL);
     for (size_t i = 0; i < e->npmarks; i++) {
         free(e->pmarks[i].ep);
         free(e->pmarks[i].id);

@@ -182,10 +182,12 @@ struct job {
     uint32_t sched_attempt;           /* held schedule: attempts spent */
     uint64_t ep_ticket;               /* JOB_EP_WAIT: the endpoint table's catch-up ticket */
     int64_t ep_wait_until;            /* JOB_EP_WAIT: quarantined unknown after this (mono ms) */
-    bool ep_waited;                   /* its endpoint was looked up again after a catch-up */
+    bool ep_waited;                   /* its endpoint was looked up again after JOB_EP_WAIT */
+    bool ep_synced;                   /* ...once the table had caught up (else: timed out) */
     enum job_state state;             /* see the state table; changed by cons_job_set_state only */
     struct cons_link link;            /* on the list of its state (job_state_list), if any */
-    int64_t lease_until_ms;           /* SRC_REDIS claimed: our lease ends then (unix ms) */
+    int64_t lease_until_mono;         /* SRC_REDIS claimed: our lease ends then (this pod's
+                                         monotonic ms: a wall-clock step moves no deadline) */
     bool lease_lost;                  /* SRC_REDIS claimed: another claim owns the job now */
     bool dead;                        /* dead-lettered: mark it once the outcome is acked */
     struct cons_link lease_link;      /* on the engine's leased list while we keep its lease */
@@ -204,7 +206,7 @@ struct cons_ep {
     struct cons_link ready_link;     /* on the engine's ready list */
     enum cons_brk_state brk;         /* local view of the shared breaker */
     int64_t brk_failures;            /* consecutive failures per the last Redis answer */
-    int64_t brk_reopen_at;           /* open: cooldown end (unix ms, this pod's clock) */
+    int64_t brk_reopen_mono;         /* open: cooldown end (this pod's monotonic ms), 0 none */
     int64_t brk_refreshed_mono;      /* when the view was last refreshed (mono ms) */
     int64_t last_failure_mono;       /* last failure seen here (mono ms) */
     bool probe_inflight;             /* our probe is running */
@@ -266,6 +268,8 @@ struct cons_engine {
     struct cons_list inflight;    /* JOB_SENDING: a request running */
     struct cons_list marks;       /* JOB_MARKING: delivered, marker write pending */
     struct cons_list epwait;      /* JOB_EP_WAIT: unknown endpoint, table catching up */
+    sl_map_t *epwait_ids;         /* endpoint id -> jobs of it in epwait (intptr_t): its
+                                     later records wait behind them, in order */
     struct cons_list ihold;       /* JOB_DEDUP_WAIT: duplicate check failed
                                      (dedup_fail_open=false), waiting for Redis */
     struct cons_list leased;      /* claimed retry jobs in memory whose leases we

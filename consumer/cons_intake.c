@@ -26,6 +26,10 @@ static void epwait_push(cons_engine_t *e, struct job *j);
 /* Resolve a decoded job's endpoint. Returns true when it should go on to the marker check. */
 static bool intake_endpoint(cons_engine_t *e, struct job *j)
 {
+    if (j->src == SRC_KAFKA && !j->ep_waited && sl_map_get(e->epwait_ids, j->d.ep)) {
+        epwait_push(e, j); /* behind its endpoint's earlier records, which wait */
+        return false;
+    }
     bool fresh = sl_map_get(e->eps, j->d.ep) == NULL;
     struct cons_ep *ce = cons_ep_get(e, j->d.ep);
     j->ce = ce;
@@ -45,8 +49,11 @@ static bool intake_endpoint(cons_engine_t *e, struct job *j)
              * end as it is now */
             epwait_push(e, j);
         } else if (j->src == SRC_KAFKA) {
-            char reason[128];
-            (void)snprintf(reason, sizeof(reason), "unknown endpoint %s", j->d.ep);
+            char reason[192];
+            (void)snprintf(reason, sizeof(reason), "unknown endpoint %s%s", j->d.ep,
+                           j->ep_synced ? ""
+                                        : " (the endpoint table could not catch up with the "
+                                          "endpoints topic within 5 s)");
             cons_quarantine(e, j, reason);
         } else {
             /* attempt 0: no attempt is spent (the contract's rule; the recorder would
@@ -123,12 +130,15 @@ static void ihold_push(cons_engine_t *e, struct job **jobs, size_t n)
         cons_job_set_state(e, jobs[i], JOB_DEDUP_WAIT);
 }
 
-/* Wait for the endpoint table to catch up (a Kafka record naming an unknown endpoint). */
+/* Wait for the endpoint table to catch up (a Kafka record naming an unknown endpoint, or
+ * one behind such a record of its endpoint). */
 static void epwait_push(cons_engine_t *e, struct job *j)
 {
     j->ep_ticket = sl_endpoints_sync_request(e->endpoints);
     j->ep_wait_until = sl_mono_ms() + EPWAIT_MAX_MS;
     cons_job_set_state(e, j, JOB_EP_WAIT);
+    intptr_t n = (intptr_t)sl_map_get(e->epwait_ids, j->d.ep);
+    sl_map_put(e->epwait_ids, j->d.ep, (void *)(n + 1), NULL);
     if (!cons_timer_armed(&e->timers, T_EPWAIT))
         cons_timer_arm(&e->timers, T_EPWAIT, sl_mono_ms() + EPWAIT_CHECK_MS);
 }
@@ -136,6 +146,11 @@ static void epwait_push(cons_engine_t *e, struct job *j)
 /* The one exit of JOB_EP_WAIT. */
 void cons_epwait_take(cons_engine_t *e, struct job *j)
 {
+    intptr_t n = (intptr_t)sl_map_get(e->epwait_ids, j->d.ep);
+    if (n > 1)
+        sl_map_put(e->epwait_ids, j->d.ep, (void *)(n - 1), NULL);
+    else
+        sl_map_del(e->epwait_ids, j->d.ep, NULL);
     cons_job_set_state(e, j, JOB_LOOSE);
 }
 
@@ -253,9 +268,24 @@ void cons_retry_ihold(cons_engine_t *e)
     free(jobs);
 }
 
-/* Look up again, oldest first, the endpoints of the records whose table has caught up (or
- * that waited EPWAIT_MAX_MS); the ones found go on to the duplicate check, the others are
- * quarantined as unknown. */
+/* Whether the waiting job j may be looked up again: its endpoint is in the table now, or the
+ * table has caught up with the endpoints topic since j came (*synced), or j waited long
+ * enough. */
+static bool epwait_ready(cons_engine_t *e, const struct job *j, int64_t now, bool *synced)
+{
+    *synced = sl_endpoints_synced(e->endpoints, j->ep_ticket);
+    if (*synced)
+        return true;
+    const struct sl_endpoint *ep = sl_endpoints_get(e->endpoints, j->d.ep);
+    sl_endpoint_release(ep);
+    *synced = ep != NULL;
+    return *synced || now >= j->ep_wait_until;
+}
+
+/* Look up again, oldest first, the endpoints of the waiting records that are ready
+ * (epwait_ready); the ones found go on to the duplicate check, the others are quarantined as
+ * unknown. An endpoint's records leave in their order: once one of them stays, its later ones
+ * stay too. */
 void cons_retry_epwait(cons_engine_t *e)
 {
     int64_t now = sl_mono_ms();
@@ -267,17 +297,25 @@ void cons_retry_epwait(cons_engine_t *e)
         return;
     size_t n = 0, cap = e->epwait.n;
     struct job **ready = sl_xcalloc(cap, sizeof(struct job *));
+    sl_map_t *stays = NULL; /* endpoints with a record left waiting in this pass */
     struct cons_link *k, *nx;
     CONS_LIST_FOREACH_SAFE(&e->epwait, k, nx)
     {
         struct job *j = cons_job_of(k);
-        if (!sl_endpoints_synced(e->endpoints, j->ep_ticket) && now < j->ep_wait_until)
+        bool synced = false;
+        if ((stays && sl_map_get(stays, j->d.ep)) || !epwait_ready(e, j, now, &synced)) {
+            if (!stays)
+                stays = sl_map_new(8);
+            sl_map_put(stays, j->d.ep, (void *)1, NULL);
             continue;
+        }
         cons_epwait_take(e, j);
         j->ep_waited = true;
+        j->ep_synced = synced;
         if (intake_endpoint(e, j))
             ready[n++] = j;
     }
+    sl_map_destroy(stays, NULL);
     if (cons_list_empty(&e->epwait))
         cons_timer_disarm(&e->timers, T_EPWAIT);
     else
@@ -454,7 +492,7 @@ void cons_intake_redis(cons_engine_t *e)
         uint32_t shard = e->next_shard++ % nshards;
         struct cons_claimed *c = NULL;
         sl_err_t err;
-        int64_t claim_ms = sl_now_ms();
+        int64_t claim_mono = sl_mono_ms(); /* before asking: the lease starts no earlier */
         int got = cons_store_claim(e->redis, shard, e->cfg->lease_ms, max, &c, &err);
         if (got < 0) {
             cons_warn_redis(e, &err);
@@ -469,7 +507,7 @@ void cons_intake_redis(cons_engine_t *e)
             struct job *j = cons_job_new(e, SRC_REDIS, c[i].body, c[i].body_len);
             memcpy(j->job_id, c[i].job_id, sizeof(j->job_id));
             memcpy(j->token, c[i].token, sizeof(j->token));
-            j->lease_until_ms = claim_ms + e->cfg->lease_ms;
+            j->lease_until_mono = claim_mono + e->cfg->lease_ms;
             cons_leased_link(e, j);
             e->st.claimed++;
             sl_counter_inc(cons_m.claimed);

@@ -23,10 +23,11 @@ static int cmp_renew_item(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Renew the leases of items[0..n) (all in one shard) until until_ms; jobs whose lease was
- * taken by another claim are marked lease_lost. Returns 0 or the store's error code. */
+/* Renew the leases of items[0..n) (all in one shard) until until_mono (monotonic ms); jobs
+ * whose lease was taken by another claim are marked lease_lost. Returns 0 or the store's
+ * error code. */
 static int renew_batch(
-    cons_engine_t *e, const struct renew_item *items, size_t n, int64_t until_ms, size_t *lost)
+    cons_engine_t *e, const struct renew_item *items, size_t n, int64_t until_mono, size_t *lost)
 {
     const char *ids[CONS_STORE_RENEW_MAX], *toks[CONS_STORE_RENEW_MAX];
     unsigned char kept[CONS_STORE_RENEW_MAX];
@@ -35,8 +36,8 @@ static int renew_batch(
         toks[i] = items[i].j->token;
     }
     sl_err_t err;
-    /* Redis renews for the time left until until_ms from now on: never past until_ms */
-    int64_t left = until_ms - sl_now_ms();
+    /* Redis renews for the time left until until_mono from now on: never past it */
+    int64_t left = until_mono - sl_mono_ms();
     int rc =
         cons_store_renew(e->redis, items[0].shard, left > 1 ? left : 1, n, ids, toks, kept, &err);
     if (rc != 0) {
@@ -45,7 +46,7 @@ static int renew_batch(
     }
     for (size_t i = 0; i < n; i++) {
         if (kept[i]) {
-            items[i].j->lease_until_ms = until_ms;
+            items[i].j->lease_until_mono = until_mono;
         } else {
             items[i].j->lease_lost = true;
             (*lost)++;
@@ -72,7 +73,7 @@ void cons_renew_leases(cons_engine_t *e)
         return;
     int64_t lease = e->cfg->lease_ms;
     cons_timer_arm(&e->timers, T_RENEW, now_mono + (lease / 4 > 100 ? lease / 4 : 100));
-    int64_t now = sl_now_ms();
+    int64_t now = now_mono;
     uint32_t nshards = (uint32_t)e->cfg->retry_shards;
     size_t n = 0, cap = 0;
     struct renew_item *items = NULL;
@@ -80,7 +81,7 @@ void cons_renew_leases(cons_engine_t *e)
     CONS_LIST_FOREACH_SAFE(&e->leased, lk, lnx)
     {
         struct job *j = CONS_CONTAINER(lk, struct job, lease_link);
-        if (j->lease_lost || j->lease_until_ms - now > lease / 2)
+        if (j->lease_lost || j->lease_until_mono - now > lease / 2)
             continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 64;
@@ -115,9 +116,9 @@ bool cons_lease_allows_send(cons_engine_t *e, struct job *j)
         return true;
     if (j->lease_lost)
         return false;
-    int64_t now = sl_now_ms();
+    int64_t now = sl_mono_ms();
     int64_t need = cons_request_lease_ms(e, j->ce);
-    if (j->lease_until_ms - now >= need)
+    if (j->lease_until_mono - now >= need)
         return true;
     struct renew_item it = {cons_store_shard(j->job_id, (uint32_t)e->cfg->retry_shards), j};
     size_t lost = 0;
@@ -125,7 +126,7 @@ bool cons_lease_allows_send(cons_engine_t *e, struct job *j)
     int64_t until = now + (need > e->cfg->lease_ms ? need : e->cfg->lease_ms);
     if (renew_batch(e, &it, 1, until, &lost) != 0)
         return false;
-    return !j->lease_lost && j->lease_until_ms - now >= need;
+    return !j->lease_lost && j->lease_until_mono - now >= need;
 }
 
 /*

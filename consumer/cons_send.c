@@ -239,9 +239,9 @@ static void dispatch_one(cons_engine_t *e, struct cons_ep *ce)
     if (!cons_breaker_allows(e, ce, &probe)) {
         if (ce->probe_inflight)
             return;
-        int64_t now = sl_now_ms();
-        int64_t until =
-            ce->brk == CONS_BRK_OPEN && ce->brk_reopen_at > now ? ce->brk_reopen_at : now + 1000;
+        /* due on the wall clock (the schedule's time): the cooldown left, else a second */
+        int64_t left = ce->brk == CONS_BRK_OPEN ? ce->brk_reopen_mono - sl_mono_ms() : 0;
+        int64_t until = sl_now_ms() + (left > 0 ? left : 1000);
         sl_debug(SL_DBG_HTTP, "deliver", "breaker_defer",
                  "breaker %d for endpoint %s: deferring %zu queued until %lld", (int)ce->brk,
                  ce->id, ce->queue.n, (long long)until);

@@ -21,8 +21,8 @@
 static void test_list_states_have_one_exit(void **state)
 {
     (void)state;
-    const enum job_state listed[] = {JOB_DEDUP_WAIT, JOB_QUEUED, JOB_SENDING, JOB_MARKING,
-                                     JOB_REDIS_HELD};
+    const enum job_state listed[] = {JOB_EP_WAIT, JOB_QUEUED,     JOB_SENDING,
+                                     JOB_MARKING, JOB_DEDUP_WAIT, JOB_REDIS_HELD};
     for (size_t i = 0; i < sizeof(listed) / sizeof(listed[0]); i++) {
         for (int to = 0; to < JOB_STATE_COUNT; to++)
             assert_int_equal(cons_job_transition_ok(listed[i], (enum job_state)to),
@@ -66,6 +66,7 @@ static void fixture_init(struct fixture *f)
 {
     memset(f, 0, sizeof(*f));
     cons_list_init(&f->e.ihold);
+    cons_list_init(&f->e.epwait);
     cons_list_init(&f->e.inflight);
     cons_list_init(&f->e.marks);
     cons_list_init(&f->e.held);
@@ -87,6 +88,11 @@ static void test_state_moves_lists(void **state)
     assert_int_equal(f.e.ihold.n, 1);
     assert_ptr_equal(cons_job_of(cons_list_first(&f.e.ihold)), &f.j);
     cons_job_set_state(&f.e, &f.j, JOB_LOOSE);
+    cons_job_set_state(&f.e, &f.j, JOB_EP_WAIT);
+    assert_int_equal(f.e.epwait.n, 1);
+    assert_int_equal(f.e.ihold.n, 0);
+    cons_job_set_state(&f.e, &f.j, JOB_LOOSE);
+    assert_int_equal(f.e.epwait.n, 0);
     cons_job_set_state(&f.e, &f.j, JOB_SENDING);
     assert_int_equal(f.e.inflight.n, 1);
     assert_int_equal(f.e.ihold.n, 0);
