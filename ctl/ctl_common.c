@@ -88,25 +88,29 @@ int ctl_getopt_error(const char *cmd, int ret, const struct option *opts, char *
         }
         return ctl_usage_error(cmd, "an option requires a value");
     }
-    /* The offending word is the last one getopt consumed. Only an option's name is shown,
-     * never an "=value" part (it may be a secret given to the wrong option). */
+    /* The offending word: for a long option, the last one getopt consumed (optopt is 0, or
+     * the val of a switch given a value); for a short one, optopt (inside a cluster such as
+     * -zP getopt has not moved past the word yet, so the last word consumed is an earlier
+     * one). Only an option's name is shown, never an "=value" part: it may be a secret
+     * given to the wrong option. */
     const char *word = optind > 0 ? argv[optind - 1] : "?";
-    if (strncmp(word, "--", 2) == 0) {
-        size_t n = strcspn(word, "=");
-        if (word[n] == '=') {
-            for (const struct option *o = opts; o->name; o++) {
-                if (o->has_arg == no_argument && strlen(o->name) == n - 2 &&
-                    strncmp(o->name, word + 2, n - 2) == 0)
-                    return ctl_usage_error(cmd, "option '--%s' does not take a value", o->name);
-            }
-            return ctl_usage_error(cmd, "option '%.*s' is unknown or does not take a value", (int)n,
-                                   word);
-        }
-        return ctl_usage_error(cmd, "unknown or ambiguous option '%.*s'", (int)n, word);
+    size_t n = strcspn(word, "=");
+    const struct option *sw = NULL; /* the switch named by word, when it is one */
+    for (const struct option *o = opts; o->name && strncmp(word, "--", 2) == 0; o++) {
+        if (o->has_arg == no_argument && strlen(o->name) == n - 2 &&
+            strncmp(o->name, word + 2, n - 2) == 0)
+            sw = o;
     }
-    if (optopt > ' ' && optopt < 127)
+    bool is_long = strncmp(word, "--", 2) == 0 && (optopt == 0 || (sw && sw->val == optopt));
+    if (!is_long && optopt > ' ' && optopt < 127)
         return ctl_usage_error(cmd, "unknown option '-%c'", optopt);
-    return ctl_usage_error(cmd, "unknown option '%.*s'", (int)strcspn(word, "="), word);
+    if (word[n] == '=') {
+        if (sw)
+            return ctl_usage_error(cmd, "option '--%s' does not take a value", sw->name);
+        return ctl_usage_error(cmd, "option '%.*s' is unknown or does not take a value", (int)n,
+                               word);
+    }
+    return ctl_usage_error(cmd, "unknown or ambiguous option '%.*s'", (int)n, word);
 }
 
 int ctl_extra_args(const char *cmd, int argc, char **argv, int first)

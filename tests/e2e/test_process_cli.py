@@ -68,6 +68,7 @@ def test_config_reference_is_the_option_table():
      "sluicectl topics ensure: option '--bogus' is unknown or does not take a value"),
     (("dump", "outcomes", "--max"), "sluicectl dump: option '--max' requires a value"),
     (("health", "-Z"), "sluicectl health: unknown option '-Z'"),
+    (("dump", "outcomes", "--topic=s3cret", "-zP"), "sluicectl dump: unknown option '-z'"),
 ])
 def test_sluicectl_refuses_what_it_would_ignore_naming_it(args, message):
     """sluicectl refuses extra arguments and values given to switches with exit 2 before it
