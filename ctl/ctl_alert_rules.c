@@ -175,22 +175,35 @@ void ctl_alert_rules_print(FILE *f, const struct ctl_thresholds *t)
     rule_meta(f, "warning", "consumer_lag", summary, desc);
 
     /* records_set_aside: nothing waits behind a set-aside record, so no other alert sees
-     * one; each series may be missing (a process not deployed), hence the `or vector(0)`. */
+     * one. Per counter: its increase over the window, plus, for a process started within the
+     * window, the value of a series that did not exist 15 minutes ago (increase() needs two
+     * samples, so what a new pod set aside before its first scrape would be missed). Each
+     * series may be missing (a process not deployed), hence the `or vector(0)`. */
+    static const char *const counters[] = {"sluice_quarantined_total",
+                                           "sluice_recorder_quarantined_total",
+                                           "sluice_recorder_rejected_total"};
     (void)fprintf(
         f, "      # records_set_aside: in the last 15 minutes a consumer quarantined a record it\n"
            "      # could not use (bad bytes, unknown endpoint), the recorder quarantined an\n"
-           "      # outcome it could not decode, or PostgreSQL rejected an outcome row. None of\n"
-           "      # them is retried: each needs a person.\n"
+           "      # outcome it could not decode, or PostgreSQL rejected an outcome row; also\n"
+           "      # what a process started within those 15 minutes set aside before its first\n"
+           "      # scrape. None of them is retried: each needs a person.\n"
            "      - alert: SluiceRecordsSetAside\n"
-           "        expr: |-\n"
-           "          (sum(increase(sluice_quarantined_total[15m])) or vector(0))\n"
-           "          + (sum(increase(sluice_recorder_quarantined_total[15m])) or vector(0))\n"
-           "          + (sum(increase(sluice_recorder_rejected_total[15m])) or vector(0))\n"
-           "            > 0\n");
+           "        expr: |-\n");
+    for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
+        const char *c = counters[i];
+        (void)fprintf(f,
+                      "          %s(sum(increase(%s[15m])) or vector(0))\n"
+                      "          + (sum(%s and on (instance) (time() - "
+                      "process_start_time_seconds < 900)\n"
+                      "                 unless %s offset 15m) or vector(0))\n",
+                      i ? "+ " : "", c, c, c);
+    }
+    (void)fprintf(f, "            > 0\n");
     rule_meta(f, "warning", "records_set_aside", "Records were set aside",
-              "{{ $value | printf \"%.0f\" }} records quarantined or rejected in the last 15 "
-              "minutes. Which and why: sluicectl dump quarantine (each record's sluice-reason "
-              "header); rejected outcome rows: the recorder's log");
+              "Records were quarantined or rejected in the last 15 minutes. Which and why: "
+              "sluicectl dump quarantine (each record's sluice-reason header); rejected outcome "
+              "rows: the recorder's log");
 }
 
 void ctl_alert_rules_help(FILE *f)
