@@ -931,33 +931,38 @@ static int apply_initial(void *opaque, const rd_kafka_message_t *m)
  * then mark the ticket served once this table's position has reached them (every record
  * below them applied). A failed query is tried again on the next turn.
  */
+/* Read the partitions' ends for ticket want (a failed query backs off). */
+static void sync_begin(sl_endpoints_t *t, uint64_t want)
+{
+    int64_t now = sl_mono_ms();
+    if (now - atomic_load(&t->sync_req_mono) > SYNC_ABANDON_MS) {
+        atomic_store(&t->sync_done, want); /* nobody waits for these any more */
+        return;
+    }
+    if (now < t->sync_retry_mono)
+        return;
+    for (int32_t p = 0; p < t->n_parts; p++) {
+        int64_t lo = 0, hi = 0;
+        if (atomic_load(&t->stop) ||
+            rd_kafka_query_watermark_offsets(t->rk, t->topic, p, &lo, &hi, SYNC_QUERY_MS) !=
+                RD_KAFKA_RESP_ERR_NO_ERROR) {
+            t->sync_backoff_ms = t->sync_backoff_ms ? t->sync_backoff_ms * 2 : 250;
+            if (t->sync_backoff_ms > SYNC_BACKOFF_MS)
+                t->sync_backoff_ms = SYNC_BACKOFF_MS;
+            t->sync_retry_mono = sl_mono_ms() + t->sync_backoff_ms;
+            return;
+        }
+        t->sync_end[p] = hi > lo ? hi : 0; /* 0: nothing to read (empty or compacted away) */
+    }
+    t->sync_backoff_ms = 0;
+    t->sync_ticket = want;
+}
+
 static void sync_step(sl_endpoints_t *t)
 {
     uint64_t want = atomic_load(&t->sync_req);
-    if (t->sync_ticket == 0 && want > atomic_load(&t->sync_done)) {
-        int64_t now = sl_mono_ms();
-        if (now - atomic_load(&t->sync_req_mono) > SYNC_ABANDON_MS) {
-            atomic_store(&t->sync_done, want); /* nobody waits for these any more */
-            return;
-        }
-        if (now < t->sync_retry_mono)
-            return;
-        for (int32_t p = 0; p < t->n_parts; p++) {
-            int64_t lo = 0, hi = 0;
-            if (atomic_load(&t->stop) ||
-                rd_kafka_query_watermark_offsets(t->rk, t->topic, p, &lo, &hi, SYNC_QUERY_MS) !=
-                    RD_KAFKA_RESP_ERR_NO_ERROR) {
-                t->sync_backoff_ms = t->sync_backoff_ms ? t->sync_backoff_ms * 2 : 250;
-                if (t->sync_backoff_ms > SYNC_BACKOFF_MS)
-                    t->sync_backoff_ms = SYNC_BACKOFF_MS;
-                t->sync_retry_mono = sl_mono_ms() + t->sync_backoff_ms;
-                return;
-            }
-            t->sync_end[p] = hi > lo ? hi : 0; /* 0: nothing to read (empty or compacted away) */
-        }
-        t->sync_backoff_ms = 0;
-        t->sync_ticket = want;
-    }
+    if (t->sync_ticket == 0 && want > atomic_load(&t->sync_done))
+        sync_begin(t, want);
     if (t->sync_ticket == 0)
         return;
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(t->n_parts);

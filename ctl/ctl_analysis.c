@@ -146,7 +146,9 @@ void ctl_health_help(FILE *f)
            "              intact, within the size limit): the ones consumers refuse are listed\n"
            "              with the reason (needs master_key; skipped without it); and those\n"
            "              whose update time is not the registry's (an older record replayed,\n"
-           "              a change not published): `sluicectl endpoints sync` fixes them\n"
+           "              a change not published, a restored database) or that the registry\n"
+           "              does not have (a tombstone not published): `sluicectl endpoints\n"
+           "              sync` fixes them\n"
            "\n"
            "  --window DURATION   e.g. 90m, 1h (default), 7d\n"
            "  --json              machine-readable output\n"
@@ -393,26 +395,51 @@ static int keep_latest(void *opaque, const char *key, size_t keylen, const void 
     return 0;
 }
 
-/* The registry's update time of every endpoint (id -> int64_t * ms), or NULL when PostgreSQL
- * cannot be read (the health summary reports that). */
-static sl_map_t *registry_times(const struct sl_config *cfg)
+/* A change committed this recently may still be on its way to the topic (the writers publish
+ * right after the commit): not reported as missing from it yet. */
+#define PUBLISH_GRACE_MS 5000
+
+/* The registry's update time of every endpoint (id -> int64_t * ms) and the database's now
+ * (*now_ms, the same clock), or NULL when PostgreSQL cannot be read (the health summary
+ * reports that). Read before the topic, so that a change made during the scan shows as the
+ * topic being newer, which compare_record tells from drift by that clock. */
+static sl_map_t *registry_times(const struct sl_config *cfg, int64_t *now_ms)
 {
     sl_err_t err;
     PGresult *res = query(cfg, "read the endpoint registry",
-                          "select id, floor(extract(epoch from updated_at) * 1000)::bigint "
-                          "from endpoints",
+                          "select id, floor(extract(epoch from updated_at) * 1000)::bigint, "
+                          "floor(extract(epoch from now()) * 1000)::bigint from endpoints "
+                          "union all select null, null, floor(extract(epoch from now()) * "
+                          "1000)::bigint",
                           0, NULL, &err);
     if (!res)
         return NULL;
     int n = PQntuples(res);
     sl_map_t *m = sl_map_new((size_t)n + 16);
     for (int r = 0; r < n; r++) {
+        *now_ms = strtoll(PQgetvalue(res, r, 2), NULL, 10);
+        if (PQgetisnull(res, r, 0))
+            continue;
         int64_t *ms = sl_xmalloc(sizeof(*ms));
         *ms = strtoll(PQgetvalue(res, r, 1), NULL, 10);
         sl_map_put(m, PQgetvalue(res, r, 0), ms, NULL);
     }
     PQclear(res);
     return m;
+}
+
+/* How the topic's latest record of an endpoint (updated topic_ms) stands against the
+ * registry's row (reg_ms; NULL: no row), read at reg_now: "" when they agree or the difference
+ * is a change in flight, else "older", "newer" or "not in the registry". */
+static const char *compare_record(int64_t topic_ms, const int64_t *reg_ms, int64_t reg_now)
+{
+    if (topic_ms >= reg_now)
+        return ""; /* written after the registry was read */
+    if (!reg_ms)
+        return "not in the registry";
+    if (topic_ms < *reg_ms)
+        return *reg_ms >= reg_now - PUBLISH_GRACE_MS ? "" : "older";
+    return topic_ms > *reg_ms ? "newer" : "";
 }
 
 /* Why consumers refuse the latest record l of an endpoint ("" when they take it); *upd gets
@@ -456,8 +483,9 @@ check_endpoint_records(const struct sl_config *cfg, size_t *refused, size_t *dif
         return NULL;
     struct rec_scan sc = {sl_map_new(64)};
     json_t *out = NULL;
+    int64_t reg_now = 0;
+    sl_map_t *reg = registry_times(cfg, &reg_now);
     if (sl_endpoints_scan(cfg, KAFKA_TIMEOUT_MS, keep_latest, &sc, err) == 0) {
-        sl_map_t *reg = registry_times(cfg);
         json_t *list = json_array();
         json_t *drift = reg ? json_array() : json_null();
         size_t it = 0, checked = 0;
@@ -471,21 +499,23 @@ check_endpoint_records(const struct sl_config *cfg, size_t *refused, size_t *dif
             char why[SL_ERR_MSG_MAX + 64];
             judge_record(&mk, val, &upd, why, sizeof(why));
             const int64_t *reg_ms = reg ? sl_map_get(reg, id) : NULL;
+            const char *how = reg ? compare_record((int64_t)upd, reg_ms, reg_now) : "";
             if (why[0]) {
                 json_array_append_new(list,
                                       json_pack("{s:s, s:s}", "endpoint_id", id, "reason", why));
                 (*refused)++;
-            } else if (reg_ms && (int64_t)upd != *reg_ms) {
-                json_array_append_new(drift, json_pack("{s:s, s:I, s:I}", "endpoint_id", id,
-                                                       "topic_updated_ms", (json_int_t)upd,
-                                                       "registry_updated_ms", (json_int_t)*reg_ms));
+            } else if (how[0]) {
+                json_array_append_new(
+                    drift, json_pack("{s:s, s:s, s:I, s:o}", "endpoint_id", id, "topic_record", how,
+                                     "topic_updated_ms", (json_int_t)upd, "registry_updated_ms",
+                                     reg_ms ? json_integer(*reg_ms) : json_null()));
                 (*differ)++;
             }
         }
         out = json_pack("{s:I, s:o, s:o}", "checked", (json_int_t)checked, "refused", list,
                         "differ", drift);
-        sl_map_destroy(reg, free);
     }
+    sl_map_destroy(reg, free);
     sl_map_destroy(sc.latest, free_latest);
     sl_masterkey_fini(&mk);
     return out;
@@ -517,13 +547,22 @@ static void records_text(const json_t *j, const sl_err_t *err)
     }
     json_array_foreach(drift, i, v)
     {
+        const char *how = json_string_value(json_object_get(v, "topic_record"));
+        const char *id = json_string_value(json_object_get(v, "endpoint_id"));
         json_int_t t = json_integer_value(json_object_get(v, "topic_updated_ms"));
         json_int_t r = json_integer_value(json_object_get(v, "registry_updated_ms"));
-        printf("  DIFFERS %s: the topic's record is %s than the registry's (updated "
-               "%" JSON_INTEGER_FORMAT " against %" JSON_INTEGER_FORMAT
-               " ms): `sluicectl endpoints sync` republishes it\n",
-               json_string_value(json_object_get(v, "endpoint_id")), t < r ? "older" : "newer", t,
-               r);
+        if (strcmp(how, "not in the registry") == 0)
+            printf("  DIFFERS %s: on the topic (updated %" JSON_INTEGER_FORMAT
+                   " ms) but not in the registry: consumers still deliver to it (deleted, its "
+                   "tombstone not published?); `sluicectl endpoints sync` publishes the "
+                   "tombstone\n",
+                   id, t);
+        else
+            printf("  DIFFERS %s: the topic's record is %s than the registry's (updated "
+                   "%" JSON_INTEGER_FORMAT " against %" JSON_INTEGER_FORMAT " ms)%s: `sluicectl "
+                   "endpoints sync` republishes the registry's%s\n",
+                   id, how, t, r, strcmp(how, "newer") == 0 ? ", a restored database?" : "",
+                   strcmp(how, "newer") == 0 ? " with an update time past the topic's" : "");
     }
 }
 

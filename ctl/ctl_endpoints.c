@@ -34,6 +34,7 @@
 #include "common/sl_log.h"
 #include "common/sl_map.h"
 #include "common/sl_mem.h"
+#include "common/sl_pg.h"
 #include "common/sl_record.h"
 #include "common/sl_registry.h"
 #include "common/sl_secretbox.h"
@@ -1470,17 +1471,59 @@ static int cmd_list(struct run *r, struct opts *o)
 static int
 collect_live_key(void *opaque, const char *key, size_t keylen, const void *val, size_t vallen)
 {
-    (void)vallen;
     sl_map_t *live = opaque;
     char id[SL_ENDPOINT_ID_MAX + 1];
     if (!sl_valid_endpoint_id(key, keylen))
         return 0; /* consumers ignore such records; nothing we could address by id */
     memcpy(id, key, keylen);
     id[keylen] = '\0';
-    if (val)
-        sl_map_put(live, id, NULL, NULL);
-    else
-        sl_map_del(live, id, NULL);
+    void *old = NULL;
+    if (val) {
+        /* its update time, which consumers compare (0 when it does not decode) */
+        int64_t *ms = sl_xcalloc(1, sizeof(*ms));
+        struct sl_endpoint_rec rec;
+        sl_err_t err;
+        if (sl_endpoint_rec_decode(val, vallen, NULL, &rec, &err) == 0) {
+            *ms = (int64_t)rec.updated_ms;
+            sl_endpoint_rec_fini(&rec);
+        }
+        sl_map_put(live, id, ms, &old);
+    } else {
+        sl_map_del(live, id, &old);
+    }
+    free(old);
+    return 0;
+}
+
+/* Consumers refuse a record older than the one in force: where the topic holds a record of an
+ * endpoint newer than its registry row (a restored database), move the row's update time past
+ * it first, so the record republished from it is taken. The registry lock is held. Counts the
+ * rows moved into *advanced. */
+static int
+advance_past_topic(struct run *r, struct sl_reg_ep *eps, size_t n, sl_map_t *live, size_t *advanced)
+{
+    for (size_t i = 0; i < n; i++) {
+        const int64_t *topic_ms = sl_map_get(live, eps[i].id);
+        if (!topic_ms || *topic_ms <= eps[i].updated_ms)
+            continue;
+        char ms[24];
+        (void)snprintf(ms, sizeof(ms), "%" PRId64, *topic_ms);
+        const char *p[2] = {eps[i].id, ms};
+        sl_err_t err;
+        PGresult *res = sl_pg_exec(
+            r->pg, "move an endpoint's update time past the topic's",
+            "update endpoints set updated_at = greatest(now(), to_timestamp(($2::bigint + 1) / "
+            "1000.0)) where id = $1 returning floor(extract(epoch from updated_at) * 1000)::bigint",
+            2, p, &err);
+        if (!res || PQntuples(res) != 1) {
+            PQclear(res);
+            return ctl_fail(r->cmd, "nothing published: endpoint %s: %s", eps[i].id,
+                            res ? "row gone" : err.msg);
+        }
+        eps[i].updated_ms = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        PQclear(res);
+        (*advanced)++;
+    }
     return 0;
 }
 
@@ -1572,14 +1615,21 @@ static int cmd_sync(struct run *r, struct opts *o, bool reseal)
         rc = ctl_fail(r->cmd, "nothing published: %s", err.msg);
         goto out;
     }
-    rc = sync_publish(r, eps, n, live, &tombstones);
+    size_t advanced = 0;
+    rc = advance_past_topic(r, eps, n, live, &advanced);
+    if (rc == 0)
+        rc = sync_publish(r, eps, n, live, &tombstones);
+    if (rc == 0 && advanced > 0 && !o->json)
+        printf("%zu endpoint%s had a newer record on the topic than in the registry (a restored "
+               "database?): %s update time was moved past it\n",
+               advanced, advanced == 1 ? "" : "s", advanced == 1 ? "its" : "their");
     if (rc == 0)
         sync_report(r, o, reseal, n, tombstones, resealed);
 out:
     for (size_t i = 0; i < n; i++)
         sl_reg_ep_fini(&eps[i]);
     free(eps);
-    sl_map_destroy(live, NULL);
+    sl_map_destroy(live, free);
     return rc;
 }
 
