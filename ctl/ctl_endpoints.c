@@ -1540,7 +1540,9 @@ static int sync_publish(
     sl_buf_init(&rec, SL_ENDPOINT_RECORD_MAX);
     for (size_t i = 0; i < n && rc == 0; i++) {
         sl_buf_reset(&rec);
-        sl_map_del(live, eps[i].id, NULL);
+        void *topic_ms = NULL;
+        sl_map_del(live, eps[i].id, &topic_ms);
+        free(topic_ms);
         if (sl_reg_ep_encode(&eps[i], &r->mk, &rec, &err) != 0 ||
             sl_reg_pub_send(&r->pub, eps[i].id, rec.data, rec.len, &err) != 0)
             rc = ctl_fail(r->cmd, "endpoint %s: %s", eps[i].id, err.msg);
