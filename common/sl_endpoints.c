@@ -40,7 +40,7 @@
 #define UNKNOWN_TOPIC_MS 5000  /* how long a missing topic may take to appear before failing */
 #define INITIAL_LOG_MAX  50    /* invalid records logged one by one during the initial load */
 #define DIGEST_LEN       32    /* SHA-256 */
-#define STALE_TEXT       "the record is older than the one in force"
+#define STALE_TEXT       "the record is older than the one in force" /* starts a stale refusal */
 
 /* Map value: the current snapshot of one endpoint and the digest of the record it came from. */
 struct slot {
@@ -744,8 +744,8 @@ static void set_refused(sl_endpoints_t *t, const char *id, const char *why)
     free(old);
 }
 
-/* The log event of a refusal, from its reason (the reasons are sl_endpoint_rec_verify's and
- * stale_reason's texts). */
+/* The log event of a refusal, from its reason (sl_endpoint_rec_verify's text, or
+ * rec_endpoint's, which starts with STALE_TEXT). */
 static const char *refusal_event(const char *why)
 {
     if (strstr(why, "not signed"))
@@ -925,12 +925,6 @@ static int apply_initial(void *opaque, const rd_kafka_message_t *m)
     return 0;
 }
 
-/*
- * Serve catch-up requests on the updater thread: for the newest ticket waiting, read the
- * partitions' ends (high watermarks, asked of the broker now, so later than the request),
- * then mark the ticket served once this table's position has reached them (every record
- * below them applied). A failed query is tried again on the next turn.
- */
 /* Read the partitions' ends for ticket want (a failed query backs off). */
 static void sync_begin(sl_endpoints_t *t, uint64_t want)
 {
@@ -958,6 +952,12 @@ static void sync_begin(sl_endpoints_t *t, uint64_t want)
     t->sync_ticket = want;
 }
 
+/*
+ * Serve catch-up requests on the updater thread: for the newest ticket waiting, read the
+ * partitions' ends (high watermarks, asked of the broker now, so later than the request),
+ * then mark the ticket served once this table's position has reached them (every record
+ * below them applied).
+ */
 static void sync_step(sl_endpoints_t *t)
 {
     uint64_t want = atomic_load(&t->sync_req);

@@ -50,10 +50,13 @@ static bool intake_endpoint(cons_engine_t *e, struct job *j)
             epwait_push(e, j);
         } else if (j->src == SRC_KAFKA) {
             char reason[192];
-            (void)snprintf(reason, sizeof(reason), "unknown endpoint %s%s", j->d.ep,
-                           j->ep_synced ? ""
-                                        : " (the endpoint table could not catch up with the "
-                                          "endpoints topic within 5 s)");
+            if (j->ep_synced)
+                (void)snprintf(reason, sizeof(reason), "unknown endpoint %s", j->d.ep);
+            else
+                (void)snprintf(reason, sizeof(reason),
+                               "unknown endpoint %s (the endpoint table could not catch up with "
+                               "the endpoints topic within %d s)",
+                               j->d.ep, EPWAIT_MAX_MS / 1000);
             cons_quarantine(e, j, reason);
         } else {
             /* attempt 0: no attempt is spent (the contract's rule; the recorder would
