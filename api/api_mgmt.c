@@ -645,6 +645,15 @@ static int modify(void *opaque, struct sl_reg_ep *ep, sl_err_t *err)
     struct patch *p = opaque;
     if (!sees_row(p->r, ep))
         return sl_err_set(err, SL_ENOTFOUND, "no such endpoint");
+    /* the row as it is must be the key's to change (an endpoint shared with another tenant's
+     * channel is not, whatever the body would make of its channels), and so must the result */
+    if (!api_key_may_assign(p->r, ep->channels, ep->n_channels)) {
+        api_problem(p->r, 403, "forbidden", "/channels",
+                    "a key limited to channels changes only endpoints whose channels are all its "
+                    "own");
+        p->answered = true;
+        return sl_err_set(err, SL_EDENIED, "refused");
+    }
     if (p->body && apply_fields(p->r, p->body, ep, false) != 0) {
         p->answered = true;
         return sl_err_set(err, SL_EINVAL, "refused");

@@ -609,6 +609,14 @@ def test_header_values_are_write_only_and_a_shared_endpoint_needs_all_channels(m
     problem(*call(api, "POST", f"/v1/endpoints/{shared}/rotate-secret", {"overlap_s": 0},
                   tenant), 403)
     problem(*call(api, "DELETE", f"/v1/endpoints/{shared}", None, tenant), 403)
+    # nor can it take the shared endpoint over by narrowing its channels to its own, or turn
+    # it off or on for the other tenant
+    problem(*call(api, "PATCH", f"/v1/endpoints/{shared}",
+                  {"channels": ["ta"], "url": rcv.url("ok", "taken")}, tenant), 403, "/channels")
+    problem(*call(api, "POST", f"/v1/endpoints/{shared}/disable", {"reason": "r"}, tenant), 403)
+    problem(*call(api, "POST", f"/v1/endpoints/{shared}/enable", None, tenant), 403)
+    st, _, b = call(api, "GET", f"/v1/endpoints/{shared}", None, admin)
+    assert st == 200 and b["channels"] == ["ta", "tb"] and b["enabled"], b
     problem(*call(api, "DELETE", f"/v1/endpoints/{other}", None, tenant), 404)
     st, _, b = call(api, "POST", f"/v1/endpoints/{own}/rotate-secret", {"overlap_s": 0}, tenant)
     assert st == 200 and b["secret"].startswith("whsec_"), b
