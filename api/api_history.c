@@ -19,21 +19,24 @@
 #include "common/sl_map.h"
 #include "common/sl_pg.h"
 
-#define TS(col) "to_char(" col " at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+/* Endpoint ids in the order of their bytes, as the merge of deliveries and attempts compares
+ * them (strcmp), whatever the database's collation. */
+#define ID_BYTES "collate \"C\""
+#define TS(col)  "to_char(" col " at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
 
 /* clang-format off */
 static const char SQL_DELIVERIES[] =
     "select endpoint_id, event_type, state::text, attempts, " TS("created_at") ", "
     TS("first_seen") ", " TS("last_update") ", " TS("delivered_at") ", " TS("next_attempt_at") ", "
     "last_status, last_error, last_msg "
-    "from deliveries where event_id = $1 and ($2::text is null or endpoint_id > $2) "
-    "order by endpoint_id limit $3::int";
+    "from deliveries where event_id = $1 and ($2::text is null or endpoint_id " ID_BYTES " > $2) "
+    "order by endpoint_id " ID_BYTES " limit $3::int";
 static const char SQL_ATTEMPTS[] =
     "select endpoint_id, attempt, state::text, http_status, err, msg, " TS("ts") ", "
     "latency_us, dns_us, conn_us, tls_us, ttfb_us, " TS("next_at") ", pod "
     "from delivery_attempts where event_id = $1 "
-    "and ($2::text is null or endpoint_id > $2) and endpoint_id <= $3 "
-    "order by endpoint_id, ts, attempt";
+    "and ($2::text is null or endpoint_id " ID_BYTES " > $2) and endpoint_id " ID_BYTES " <= $3 "
+    "order by endpoint_id " ID_BYTES ", ts, attempt";
 /* $1 endpoint or NULL, $2..$4 the cursor (dead_at µs, event id, endpoint id) or NULLs,
  * $5 include resolved, $6 limit + 1 */
 static const char SQL_DEAD_LETTERS[] =

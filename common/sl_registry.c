@@ -530,9 +530,13 @@ out:
     return rc;
 }
 
+/* Ids sorted by their bytes, as list_rows's merge compares them (strcmp), whatever the
+ * database's collation (an en_US one puts "acme" before "Beta"). */
+#define ID_BYTES "collate \"C\""
+
 /*
  * Rows of endpoints (query q with nparams params p) and then their secrets (query sq, same
- * params), both ordered by id: merged into *out / *n.
+ * params), both ordered by id (ID_BYTES): merged into *out / *n.
  */
 static int list_rows(PGconn *pg,
                      const char *q,
@@ -590,9 +594,9 @@ out:
 
 int sl_reg_db_list(PGconn *pg, struct sl_reg_ep **out, size_t *n, sl_err_t *err)
 {
-    return list_rows(pg, "select " EP_COLS " from endpoints order by id",
-                     "select " SECRET_COLS
-                     " from endpoint_secrets order by endpoint_id, " SECRET_ORDER,
+    return list_rows(pg, "select " EP_COLS " from endpoints order by id " ID_BYTES,
+                     "select " SECRET_COLS " from endpoint_secrets order by endpoint_id " ID_BYTES
+                     ", " SECRET_ORDER,
                      0, NULL, out, n, err);
 }
 
@@ -612,12 +616,14 @@ int sl_reg_db_page(PGconn *pg,
     const char *p[2] = {after_id, lim}; /* NULL = SQL null: from the start */
     /* the secrets query selects the same page again: an endpoint added in between is not
      * in the first result and its secrets are skipped by the merge */
-#define PAGE_IDS "select id from endpoints where ($1::text is null or id > $1) order by id limit $2"
+#define PAGE_IDS                                                                                   \
+    "select id from endpoints where ($1::text is null or id " ID_BYTES                             \
+    " > $1) order by id " ID_BYTES " limit $2"
     return list_rows(pg,
-                     "select " EP_COLS " from endpoints where ($1::text is null or id > $1) "
-                     "order by id limit $2::bigint",
+                     "select " EP_COLS " from endpoints where ($1::text is null or id " ID_BYTES
+                     " > $1) order by id " ID_BYTES " limit $2::bigint",
                      "select " SECRET_COLS " from endpoint_secrets where endpoint_id in "
-                     "(" PAGE_IDS "::bigint) order by endpoint_id, " SECRET_ORDER,
+                     "(" PAGE_IDS "::bigint) order by endpoint_id " ID_BYTES ", " SECRET_ORDER,
                      2, p, out, n, err);
 #undef PAGE_IDS
 }

@@ -722,11 +722,15 @@ class PrivateDb:
     test whose queries are global over the registry or the history (other tests' rows must
     not mix in). drop() removes it."""
 
-    def __init__(self, prefix="sluice_test_"):
+    def __init__(self, prefix="sluice_test_", icu_locale=None):
         base = need_env("SLUICE_PG_DSN")
         self.name = prefix + rand_suffix()
         self.admin = dsn_with_db(base, "postgres")
-        psql(self.admin, f"create database {self.name}")
+        if icu_locale:  # a linguistic default collation, as most installations have
+            psql(self.admin, f"create database {self.name} template template0 "
+                 f"locale_provider icu icu_locale '{icu_locale}' locale 'C'")
+        else:
+            psql(self.admin, f"create database {self.name}")
         self.dsn = dsn_with_db(base, self.name)
         for f in sorted(os.listdir(SQL_DIR)):
             if re.match(r"^\d{4}_.*\.sql$", f):

@@ -14,7 +14,7 @@ import signal
 import socket
 import time
 
-from sluice_e2e import wait_until
+from sluice_e2e import PrivateDb, wait_until
 
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
 
@@ -639,6 +639,64 @@ def test_header_values_are_write_only_and_a_shared_endpoint_needs_all_channels(m
                   admin), 400, "/bar")
     problem(*call(api, "POST", f"/v1/endpoints/{shared}/enable", {"x": 1}, admin), 400, "/x")
     assert api.proc.term() == 0
+
+
+def test_lists_and_history_hold_under_a_linguistic_collation(make_world):
+    """On a database whose default collation is linguistic (ICU en-US sorts "acme", "Beta",
+    "charlie", "Delta"; bytes sort "Beta", "Delta", "acme", "charlie"), the endpoint list and
+    each of its pages keep every endpoint's secrets, `sluicectl endpoints sync` republishes
+    every row, and an event's deliveries keep their attempts when an endpoint sorted before
+    them has none left (its attempts aged out, its deliveries row kept)."""
+    w = make_world()
+    db = PrivateDb("sluice_icu_", icu_locale="en-US")
+    w.env["SLUICE_PG_DSN"] = db.dsn
+    try:
+        rcv = w.receiver()
+        admin = w.api_key("admin")
+        api = w.api()
+        ids = [f"{n}_{w.tag}" for n in ("acme", "Beta", "charlie", "Delta")]
+        for i in ids:
+            st, _, b = call(api, "POST", "/v1/endpoints", {"id": i, "url": rcv.url("ok", i)},
+                            admin)
+            assert st == 201, b
+        st, _, lst = call(api, "GET", "/v1/endpoints?limit=500", None, admin)
+        assert st == 200 and sorted(x["id"] for x in lst["data"]) == sorted(ids), lst
+        assert all(x["secrets"] for x in lst["data"]), lst
+        seen, cur = [], ""
+        while True:
+            st, _, page = call(api, "GET", f"/v1/endpoints?limit=1{cur}", None, admin)
+            assert st == 200 and len(page["data"]) <= 1 and all(x["secrets"] for x in page["data"])
+            seen += [x["id"] for x in page["data"]]
+            if not page["next_cursor"]:
+                break
+            cur = f"&cursor={page['next_cursor']}"
+        assert sorted(seen) == sorted(ids) and len(seen) == len(ids), seen
+        r = w.ctl("endpoints", "sync")
+        assert r.returncode == 0 and f"{len(ids)} endpoint" in r.stdout, r.stdout + r.stderr
+
+        ev = f"ev-icu-{w.tag}"
+        for i in ids:
+            db.q(f"insert into deliveries (event_id, endpoint_id, event_type, state, attempts, "
+                 f"first_seen, last_update, delivered_at) values ('{ev}', '{i}', 't.x', "
+                 f"'delivered', 1, now(), now(), now())")
+            if not i.startswith("acme"):
+                db.q(f"insert into delivery_attempts (event_id, endpoint_id, attempt, state, "
+                     f"http_status, ts, event_type) values ('{ev}', '{i}', 1, 'delivered', 200, "
+                     f"now(), 't.x')")
+        for limit in (500, 1):
+            got, cur = {}, ""
+            while True:
+                st, _, page = call(api, "GET", f"/v1/events/{ev}/deliveries?limit={limit}{cur}",
+                                   None, admin)
+                assert st == 200, page
+                got.update({d["endpoint"]: len(d["attempts_log"]) for d in page["data"]})
+                if not page["next_cursor"]:
+                    break
+                cur = f"&cursor={page['next_cursor']}"
+            assert got == {i: 0 if i.startswith("acme") else 1 for i in ids}, (limit, got)
+        assert api.proc.term() == 0
+    finally:
+        db.drop()
 
 
 def test_sigterm_answers_what_is_in_flight_and_exits_within_the_bound(make_world):
