@@ -61,7 +61,7 @@
 
 /* The recorder's series (docs/METRICS.md); registered by rec_loop_new. */
 static struct {
-    sl_counter_t *records, *batches, *db_errors, *quarantined, *rejected;
+    sl_counter_t *records, *batches, *db_errors, *quarantined, *rejected, *disables_refused;
     sl_counter_t *rows_deliveries, *rows_attempts, *rows_latency, *rows_dead;
     sl_histo_t *batch_duration;
 } rm;
@@ -102,6 +102,9 @@ static void metrics_init(void)
     rm.quarantined = sl_metric_counter(
         "sluice_recorder_quarantined_total",
         "Outcome records that could not be decoded, moved to the quarantine topic.", NULL);
+    rm.disables_refused = sl_metric_counter(
+        "sluice_recorder_disables_refused_total",
+        "Disable requests from consumers the registry refused for good (dropped, logged).", NULL);
     rm.rejected = sl_metric_counter("sluice_recorder_rejected_total",
                                     "Outcome rows PostgreSQL rejected (skipped, logged).", NULL);
     sl_metrics_collector(collect_lag, NULL);
@@ -664,6 +667,20 @@ static void drop_held(rec_loop_t *l)
 
 /* ==== Disable requests ==== */
 
+/* Drop the trailing bytes of s that are an incomplete UTF-8 character (s was cut to fit). */
+static void utf8_cut(char *s)
+{
+    size_t n = strlen(s);
+    size_t i = n;
+    while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) /* continuation bytes */
+        i--;
+    if (i == 0)
+        return;
+    unsigned char lead = (unsigned char)s[i - 1];
+    size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    if (n - (i - 1) < need)
+        s[i - 1] = '\0';
+}
 /* Remember a disable request found in a record (applied once its batch committed). The state
  * string is searched first so ordinary outcomes are not decoded twice. */
 static void note_disable(rec_loop_t *l, const void *payload, size_t len)
@@ -693,8 +710,10 @@ static void note_disable(rec_loop_t *l, const void *payload, size_t len)
             d->republish = false;
         }
         (void)snprintf(d->id, sizeof(d->id), "%s", o.ep);
-        (void)snprintf(d->reason, sizeof(d->reason), "disabled by sluice: %s",
-                       o.msg ? o.msg : (o.err ? o.err : "requested by a consumer"));
+        int n = snprintf(d->reason, sizeof(d->reason), "disabled by sluice: %s",
+                         o.msg ? o.msg : (o.err ? o.err : "requested by a consumer"));
+        if (n >= (int)sizeof(d->reason)) /* cut: never inside a character (invalid UTF-8) */
+            utf8_cut(d->reason);
         d->ts_ms = (int64_t)o.ts_ms;
     }
     sl_outcome_fini(&o);
@@ -719,6 +738,15 @@ static bool registry_open(rec_loop_t *l)
     return true;
 }
 
+/* Whether asking the registry again may succeed after rc. Validation errors (the request or
+ * the endpoint's row makes a record the registry will not write) are final; anything else (the
+ * database or the endpoints topic unreachable or slow) may pass on a later attempt. */
+static bool disable_may_pass(int rc)
+{
+    return rc != SL_EINVAL && rc != SL_ETOOBIG && rc != SL_EDECODE && rc != SL_EVERSION &&
+           rc != SL_EMISSING && rc != SL_EDENIED;
+}
+
 /* Disable one endpoint as a consumer asked. True when done (or the endpoint is gone); false
  * to keep the request for the next attempt (a lost connection is dropped for a new one). */
 static bool disable_one(rec_loop_t *l, struct disable_req *d)
@@ -735,6 +763,17 @@ static bool disable_one(rec_loop_t *l, struct disable_req *d)
             SL_LOGKV(SL_LOG_WARN, "registry", "endpoint_disabled",
                      ((struct sl_log_kv[]){SL_KV_S("endpoint_id", d->id)}),
                      "endpoint disabled at a consumer's request: %s", d->reason);
+        return true;
+    }
+    if (!disable_may_pass(rc)) {
+        /* the registry refuses this change whenever it is asked (the endpoint's row or the
+         * request fails validation): holding the batch for it would stop the history for good */
+        sl_counter_inc(rm.disables_refused);
+        SL_LOGKV(SL_LOG_ERROR, "registry", "disable_refused",
+                 ((struct sl_log_kv[]){SL_KV_S("endpoint_id", d->id)}),
+                 "the registry refused to disable endpoint %s (%s): %s; the request is dropped, "
+                 "disable it with sluicectl if it should be",
+                 d->id, sl_err_name(rc), err.msg);
         return true;
     }
     sl_warn("registry", "disable_failed", "could not disable endpoint %s: %s", d->id, err.msg);

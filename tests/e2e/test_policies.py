@@ -310,6 +310,51 @@ def test_410_disables_the_endpoint_through_the_registry(make_world):
     assert '"enabled": true' in r.stdout.replace('":true', '": true'), r.stdout
 
 
+def mp(v):
+    """msgpack of str, non-negative int or a dict of them, in the shortest forms as the
+    consumer writes them (enough for an outcome record)."""
+    if isinstance(v, dict):
+        return b"\xde" + struct.pack(">H", len(v)) + b"".join(mp(k) + mp(x) for k, x in v.items())
+    if isinstance(v, int):
+        return bytes([v]) if v < 128 else b"\xcf" + struct.pack(">Q", v)
+    b = v.encode()
+    return (bytes([0xa0 | len(b)]) if len(b) < 32 else b"\xd9" + bytes([len(b)])
+            if len(b) < 256 else b"\xda" + struct.pack(">H", len(b))) + b
+
+
+def test_a_disable_request_whose_reason_must_be_cut_is_applied(make_world):
+    """A disable request's message, prefixed and cut to the registry's 256-byte reason, is cut
+    between characters: cut inside a two-byte character it made a reason the registry refused
+    on every attempt, and the recorder held that batch (and the history) for good."""
+    import os as _os
+    from sluice_e2e import Proc
+    w = make_world(recorder_flush_ms=100)
+    rcv = w.receiver()
+    ep = w.add_endpoint("cut" + w.tag, rcv.url("ok", "cut"))
+    msg = "a" * 229 + "\u00e9" * 13  # 255 bytes; "disabled by sluice: " + 236 ends mid-character
+    now = int(time.time() * 1000)
+    rec = {"v": 1, "id": "ev-cut-" + w.tag, "ep": ep, "type": "order.paid", "attempt": 0,
+           "state": "disabled", "http": 410, "err": "endpoint_gone", "msg": msg, "ts": now,
+           "created": now, "pod": "test-pod"}
+    path = _os.path.join(w.dir, "disable.bin")
+    with open(path, "wb") as f:
+        f.write(mp(rec))
+    r = subprocess.run(["kcat", "-b", w.env["SLUICE_KAFKA_BROKERS"], "-P", "-t",
+                        w.env["SLUICE_TOPIC_OUTCOMES"], "-k", ep, path],
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    rp = Proc([w.bin("recorder/sluice-recorder")], w.env, _os.path.join(w.dir, "recorder.log"))
+
+    def shown():
+        r = w.ctl("endpoints", "show", ep, "--json")
+        assert r.returncode == 0, r.stderr
+        e = json.loads(r.stdout)
+        return not e["enabled"] and e
+    e = wait_until(shown, 60, 0.5, "the endpoint disabled by the recorder")
+    assert e["disabled_reason"] == ("disabled by sluice: " + msg).encode()[:255].decode(), e
+    assert rp.term() == 0
+
+
 def test_failures_while_the_breaker_stays_closed_do_not_disable(make_world):
     """Only failures for longer than disable_after_ms, but never the breaker open (threshold
     1000): no disable request, the endpoint stays enabled. A loop's own streak used to decide,
