@@ -74,7 +74,17 @@ struct api_pub {
     char idem_rkey[160]; /* the Redis key */
     char idem_lock[100]; /* "p:<fp>:<token>", the value this request claimed it with */
     char fp[65];         /* request fingerprint, hex */
+    bool may_change;     /* a refusal that a moment may change (endpoints or key changed) */
 };
+
+/* Whether a refusal rests on state that may change before a retry, not on the request alone:
+ * the endpoint unknown to this instance yet (404), the key's channels (403), the fan-out's
+ * size (422). Such an answer is not kept for the Idempotency-Key. */
+static bool refusal_may_change(const json_t *problem)
+{
+    json_int_t st = json_integer_value(json_object_get(problem, "status"));
+    return st == 403 || st == 404 || st == 422;
+}
 
 static void pub_free(struct api_pub *p)
 {
@@ -214,7 +224,8 @@ static enum idem_state idem_begin(struct api_req *r, struct api_pub *p, const ch
 }
 
 /*
- * Store the final answer, or forget the key after a 5xx so the retry publishes: only while
+ * Store the final answer, or forget the key after a 5xx or a refusal that may change
+ * (refusal_may_change) so the retry publishes: only while
  * the key still holds this request's lock (sl_rstate_idem_settle). A request whose lock
  * expired and was taken by another request leaves that one's state alone.
  */
@@ -227,7 +238,7 @@ static void idem_finish(struct api_req *r, struct api_pub *p)
     if (!rd)
         goto fail;
     int rc;
-    if (r->status >= 500) {
+    if (r->status >= 500 || p->may_change) {
         rc = sl_rstate_idem_settle(rd, p->idem_rkey, p->idem_lock, NULL, 0, 0, &err);
     } else {
         struct sl_buf v;
@@ -577,6 +588,7 @@ static enum api_hret finish(struct api_req *r)
             int st = (int)json_integer_value(json_object_get(it->problem, "status"));
             api_reply(r, st, json_incref(it->problem));
             r->problem = true;
+            p->may_change = refusal_may_change(it->problem);
         } else if (atomic_load(&it->failed) > 0) {
             api_reply(r, 503, unacked_problem(it));
             r->problem = true;
@@ -596,6 +608,7 @@ static enum api_hret finish(struct api_req *r)
                               (int)json_integer_value(json_object_get(it->problem, "status")),
                               "problem", it->problem);
                 bad++;
+                p->may_change = p->may_change || refusal_may_change(it->problem);
             } else if (atomic_load(&it->failed) > 0) {
                 e = json_pack("{s:I, s:i, s:o}", "index", (json_int_t)i, "status", 503, "problem",
                               unacked_problem(it));

@@ -243,6 +243,42 @@ def test_generated_ids_follow_the_request_not_only_its_idempotency_key(make_worl
     assert st == 202 and c["id"] == a["id"], "the same request must get the same id again"
 
 
+def test_a_refusal_that_may_change_is_not_kept_for_the_idempotency_key(make_world):
+    """A publish refused because this instance does not know the endpoint yet (404), for a
+    single event or inside a batch, is not kept under its Idempotency-Key: the retry the docs
+    advise, once the endpoint is known, publishes (it was answered the kept 404 for 24 h). A
+    refusal that rests on the request alone (400) is kept and replayed."""
+    w = make_world()
+    rcv = w.receiver()
+    key = w.api_key("publish")
+    api = w.api()
+    later = f"later_{w.tag}"
+    one = {"type": "t", "endpoint": later, "body": {"n": 1}}
+    batch = {"events": [dict(one, body={"n": 2})]}
+    h1 = {"Idempotency-Key": f"one-{w.tag}"}
+    h2 = {"Idempotency-Key": f"batch-{w.tag}"}
+    problem(*call(api, "POST", "/v1/events", one, key, headers=h1), 404, "/endpoint")
+    st, _, b = call(api, "POST", "/v1/events/batch", batch, key, headers=h2)
+    assert st == 200 and b["results"][0]["status"] == 404, b
+    w.add_endpoint(later, rcv.url("ok", later))
+    st, hdrs, a = wait_until(lambda: (lambda x: x[0] == 202 and x)(
+        call(api, "POST", "/v1/events", one, key, headers=h1)), 30 * MULT, 0.3,
+        "the retry to publish once the endpoint is known")
+    assert hdrs.get("idempotent-replayed") is None, hdrs
+    st, hdrs, b = call(api, "POST", "/v1/events/batch", batch, key, headers=h2)
+    assert st == 200 and b["accepted"] == 1 and hdrs.get("idempotent-replayed") is None, b
+    # now kept: replayed
+    st, hdrs, again = call(api, "POST", "/v1/events", one, key, headers=h1)
+    assert st == 202 and again == a and hdrs.get("idempotent-replayed") == "true"
+    h3 = {"Idempotency-Key": f"bad-{w.tag}"}
+    problem(*call(api, "POST", "/v1/events", {"type": "t", "body": 1, "x": 2}, key,
+                  headers=h3), 400, "/x")
+    st, hdrs, _ = call(api, "POST", "/v1/events", {"type": "t", "body": 1, "x": 2}, key,
+                       headers=h3)
+    assert st == 400 and hdrs.get("idempotent-replayed") == "true", hdrs
+    assert api.proc.term() == 0
+
+
 def test_an_event_whose_record_would_exceed_the_cap_is_413_and_publishes_nothing(make_world):
     """Each field within its own limit, all together over the record cap (max_body_bytes +
     64 KiB): refused as too large before anything is published, not answered 503 as if Kafka
