@@ -995,14 +995,17 @@ bool sl_endpoints_synced(sl_endpoints_t *t, uint64_t ticket)
 }
 
 /* Test builds only (-DSL_FAULT_INJECTION=ON): SL_FAULT=endpoints_slow_apply delays every
- * live change by 1.5 s, so that a record naming a just-created endpoint reaches a consumer
- * before its table has the endpoint (tests/e2e/test_delivery.py). */
+ * live change by SL_FAULT_DELAY_MS (1,500 ms when unset), so that a record naming a
+ * just-created endpoint reaches a consumer before its table has the endpoint
+ * (tests/e2e/test_delivery.py). */
 static void fault_slow_apply(void)
 {
 #ifdef SL_FAULT_INJECTION
     const char *f = getenv("SL_FAULT");
     if (f && strcmp(f, "endpoints_slow_apply") == 0) {
-        struct timespec ts = {1, 500 * 1000000L};
+        const char *d = getenv("SL_FAULT_DELAY_MS");
+        long ms = d ? strtol(d, NULL, 10) : 1500;
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
 #endif

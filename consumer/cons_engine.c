@@ -92,8 +92,8 @@ static void drop_partition_jobs(cons_engine_t *e)
     }
     CONS_LIST_FOREACH_SAFE(&e->epwait, k, nx)
     {
-        struct job *j = cons_job_of(k); /* every one is from Kafka */
-        if (!cons_offsets_current(e->offsets, &j->off)) {
+        struct job *j = cons_job_of(k);
+        if (j->src == SRC_KAFKA && !cons_offsets_current(e->offsets, &j->off)) {
             cons_epwait_take(e, j);
             cons_job_free(e, j);
         }
@@ -657,7 +657,8 @@ void cons_engine_destroy(cons_engine_t *e)
         cons_ihold_take(e, j);
         cons_job_free(e, j);
     }
-    while (!cons_list_empty(&e->epwait)) { /* the same: read again by the next owner */
+    while (!cons_list_empty(&e->epwait)) { /* the same: read again by the next owner, or
+                                            * (a claimed retry) claimed again */
         struct job *j = cons_job_of(cons_list_first(&e->epwait));
         cons_epwait_take(e, j);
         cons_job_free(e, j);

@@ -55,21 +55,22 @@
  * SHUTDOWN_RESERVE_MS before the bound, the flush of outcomes and Redis writes at least
  * SHUTDOWN_CLOSE_MS before it (commit and leaving the group), which end SHUTDOWN_DESTROY_MS
  * before it (destroying the clients) */
-#define SHUTDOWN_RESERVE_MS 4000
-#define SHUTDOWN_CLOSE_MS   3000
-#define SHUTDOWN_DESTROY_MS 500
-#define COMMIT_WAIT_MS      2000  /* a synchronous commit waits this long for its answer */
-#define BRK_REFRESH_MS      1000  /* refresh of a local breaker view with recent failures */
-#define BRK_STALE_MS        30000 /* refresh of any closed local breaker view this old, ms */
-#define REDIS_HOLD_RETRY_MS 1000  /* retry of Redis writes that failed */
-#define EPWAIT_CHECK_MS     10    /* records naming an unknown endpoint: table caught up yet? */
-#define EPWAIT_MAX_MS       5000  /* ...and how long they may wait for it (then: quarantine) */
-#define RESPILL_MIN_MS      500   /* a claimed job whose endpoint queue is still full waits */
-#define RESPILL_SPREAD_MS   1000  /* this long plus up to this much more in the schedule */
-#define URL_MAX             8192  /* expanded postback URL cap, bytes */
-#define LAT_RING            128   /* latency samples per endpoint for the slow check */
-#define LAT_WINDOW_S        900   /* samples older than this are ignored, s */
-#define LAT_MIN_SAMPLES     20    /* fewer samples never count an endpoint as slow */
+#define SHUTDOWN_RESERVE_MS  4000
+#define SHUTDOWN_CLOSE_MS    3000
+#define SHUTDOWN_DESTROY_MS  500
+#define COMMIT_WAIT_MS       2000  /* a synchronous commit waits this long for its answer */
+#define BRK_REFRESH_MS       1000  /* refresh of a local breaker view with recent failures */
+#define BRK_STALE_MS         30000 /* refresh of any closed local breaker view this old, ms */
+#define REDIS_HOLD_RETRY_MS  1000  /* retry of Redis writes that failed */
+#define EPWAIT_CHECK_MS      10    /* records naming an unknown endpoint: table caught up yet? */
+#define EPWAIT_MAX_MS        5000  /* ...and how long they may wait for it (then: quarantine) */
+#define EPWAIT_RESCHEDULE_MS 30000 /* a claimed retry whose wait ran out: back in the schedule */
+#define RESPILL_MIN_MS       500   /* a claimed job whose endpoint queue is still full waits */
+#define RESPILL_SPREAD_MS    1000  /* this long plus up to this much more in the schedule */
+#define URL_MAX              8192  /* expanded postback URL cap, bytes */
+#define LAT_RING             128   /* latency samples per endpoint for the slow check */
+#define LAT_WINDOW_S         900   /* samples older than this are ignored, s */
+#define LAT_MIN_SAMPLES      20    /* fewer samples never count an endpoint as slow */
 #define LEASE_MARGIN_MS                                                                            \
     1000                    /* a claimed job is sent only with this much lease to spare            \
                                beyond its request timeout, ms */

@@ -7,10 +7,11 @@
  * State transitions: JOB_LOOSE -> JOB_QUEUED (enqueue), JOB_LOOSE -> JOB_DEDUP_WAIT
  * (ihold_push: the duplicate check failed and dedup_fail_open is false) and back
  * (cons_ihold_take, from cons_retry_ihold: the wait list's one exit), JOB_LOOSE ->
- * JOB_EP_WAIT (epwait_push: a Kafka record names an endpoint the table does not have) and
- * back (cons_epwait_take, from cons_retry_epwait once the table caught up with the endpoints
- * topic, or after EPWAIT_MAX_MS: the endpoint is then looked up once more, and a record
- * whose endpoint is still unknown is quarantined).
+ * JOB_EP_WAIT (epwait_push: a Kafka record or a claimed retry names an endpoint the table
+ * does not have) and back (cons_epwait_take, from cons_retry_epwait once the table caught up
+ * with the endpoints topic, or after EPWAIT_MAX_MS: the endpoint is then looked up once more;
+ * a record whose endpoint is still unknown is quarantined, a retry dead-lettered, or put back
+ * in the schedule when the table could not catch up).
  *
  * thread: the engine's loop thread only.
  */
@@ -26,7 +27,7 @@ static void epwait_push(cons_engine_t *e, struct job *j);
 /* Resolve a decoded job's endpoint. Returns true when it should go on to the marker check. */
 static bool intake_endpoint(cons_engine_t *e, struct job *j)
 {
-    if (j->src == SRC_KAFKA && !j->ep_waited && sl_map_get(e->epwait_ids, j->d.ep)) {
+    if (!j->ep_waited && sl_map_get(e->epwait_ids, j->d.ep)) {
         epwait_push(e, j); /* behind its endpoint's earlier records, which wait */
         return false;
     }
@@ -43,11 +44,21 @@ static bool intake_endpoint(cons_engine_t *e, struct job *j)
             free(ce);
             j->ce = NULL;
         }
-        if (j->src == SRC_KAFKA && !j->ep_waited) {
+        if (!j->ep_waited) {
             /* created just before the record was published, maybe, and not yet in this
-             * pod's table: look again once the table has read the endpoints topic to its
+             * pod's table (a claimed retry of it too: another pod, whose table had it, made
+             * the attempt): look again once the table has read the endpoints topic to its
              * end as it is now */
             epwait_push(e, j);
+        } else if (j->src == SRC_REDIS && !j->ep_synced) {
+            /* this pod's table is behind: the job waits in the schedule, not dead-lettered
+             * for an endpoint that may well exist (quietly: nothing happened to it) */
+            SL_LOG_EVERY(10000, SL_LOG_WARN, "endpoints", "retry_waits_for_table",
+                         "a claimed retry names an endpoint this pod's table does not have and "
+                         "the table could not catch up with the endpoints topic within %d s: "
+                         "the retry goes back to the schedule for %d s",
+                         EPWAIT_MAX_MS / 1000, EPWAIT_RESCHEDULE_MS / 1000);
+            cons_schedule_job(e, j, sl_now_ms() + EPWAIT_RESCHEDULE_MS, j->d.attempt, NULL);
         } else if (j->src == SRC_KAFKA) {
             char reason[192];
             if (j->ep_synced)

@@ -597,7 +597,8 @@ class World:
         return r
 
     def consumer(self, name=None, **cfg):
-        """Start a sluice-consumer; cfg as for World, `_fault` sets SL_FAULT (test builds), and
+        """Start a sluice-consumer; cfg as for World, `_fault` sets SL_FAULT (test builds),
+        `_fault_delay_ms` SL_FAULT_DELAY_MS (how long a fault that waits waits), and
         `_wrap` is a command prefix that must exec the consumer in place, so signals reach it
         (e.g. ["env", "LD_PRELOAD=...", "FAKETIME=+10s"]: test_clock_skew.py)."""
         env = dict(self.env)
@@ -605,6 +606,9 @@ class World:
         fault = cfg.pop("_fault", None)
         if fault:
             env["SL_FAULT"] = fault
+        delay = cfg.pop("_fault_delay_ms", None)  # for faults that wait
+        if delay is not None:
+            env["SL_FAULT_DELAY_MS"] = str(delay)
         env["SLUICE_INSTANCE_ID"] = name or f"c{len(self.consumers)}"
         for k, v in cfg.items():
             env["SLUICE_" + k.upper()] = str(v)

@@ -365,6 +365,42 @@ def test_a_record_for_an_endpoint_created_just_before_is_delivered(make_world):
     assert c.term() == 0
 
 
+def test_a_claimed_retry_for_an_endpoint_its_pod_learns_late_is_delivered(make_world):
+    """Pod A makes the first attempt for a just-created endpoint (503, Retry-After 1 s) and
+    stops; pod B, whose table applies the endpoint 3 s late (endpoints_slow_apply), claims
+    the retry before its table has the endpoint. B waits for its table, as for a record from
+    Kafka, and delivers it; before, B dead-lettered it at once as an unknown endpoint (no
+    attempt, a replay needed)."""
+    w = make_world(partitions=1, max_attempts=5, retry_base_ms=100)  # due after Retry-After
+    rcv = w.receiver()
+    # B claims retries only: its group reads a deliveries topic nothing is published to
+    benv = dict(w.env, SLUICE_TOPIC_DELIVERIES=w.env["SLUICE_TOPIC_DELIVERIES"] + ".idle",
+                SLUICE_CONSUMER_GROUP=w.env["SLUICE_CONSUMER_GROUP"] + ".idle")
+    r = w.ctl("topics", "ensure", "--partitions", "1", env=benv)
+    assert r.returncode == 0, r.stderr
+    saved = w.env
+    w.env = benv
+    try:
+        b = w.consumer("b", _fault="endpoints_slow_apply", _fault_delay_ms=3000)
+    finally:
+        w.env = saved
+    a = w.consumer("a")
+    for c in (a, b):
+        wait_until(lambda: c.events("partitions_assigned"), 60, 0.2, "the consumers to join")
+    ep = w.add_endpoint("late" + w.tag,
+                        rcv.url("ok", "late") + "?fail_n=1&fail_status=503&retry_after=1")
+    ev = event(ep, 0, w.tag)
+    assert w.produce([ev]).returncode == 0
+    wait_until(lambda: [l for l in rcv.ledger() if l["endpoint"] == "late"], 30, 0.05,
+               "the first attempt")
+    assert a.term() == 0
+    wait_until(lambda: (ev["id"], ep) in delivered_ids(w.outcomes()), 60, 0.5,
+               "the retry delivered by B")
+    assert [l["status"] for l in rcv.ledger() if l["endpoint"] == "late"] == [503, 204]
+    assert not any(o["state"] == "dead_letter" for o in w.outcomes() if o.get("id") == ev["id"])
+    assert b.term() == 0
+
+
 def test_poison_records_are_quarantined(make_world):
     w = make_world()
     rcv = w.receiver()
