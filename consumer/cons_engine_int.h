@@ -65,12 +65,16 @@
 #define EPWAIT_CHECK_MS      10    /* records naming an unknown endpoint: table caught up yet? */
 #define EPWAIT_MAX_MS        5000  /* ...and how long they may wait for it (then: quarantine) */
 #define EPWAIT_RESCHEDULE_MS 30000 /* a claimed retry whose wait ran out: back in the schedule */
-#define RESPILL_MIN_MS       500   /* a claimed job whose endpoint queue is still full waits */
-#define RESPILL_SPREAD_MS    1000  /* this long plus up to this much more in the schedule */
-#define URL_MAX              8192  /* expanded postback URL cap, bytes */
-#define LAT_RING             128   /* latency samples per endpoint for the slow check */
-#define LAT_WINDOW_S         900   /* samples older than this are ignored, s */
-#define LAT_MIN_SAMPLES      20    /* fewer samples never count an endpoint as slow */
+#define HOL_AGE_MS                                                                                 \
+    2000                       /* an endpoint whose queue head waited this long is not             \
+                                * keeping up: with memory short its jobs go to Redis */
+#define EVICT_EVERY_MS    250  /* intake full: how often such queues are moved out */
+#define RESPILL_MIN_MS    500  /* a claimed job whose endpoint queue is still full waits */
+#define RESPILL_SPREAD_MS 1000 /* this long plus up to this much more in the schedule */
+#define URL_MAX           8192 /* expanded postback URL cap, bytes */
+#define LAT_RING          128  /* latency samples per endpoint for the slow check */
+#define LAT_WINDOW_S      900  /* samples older than this are ignored, s */
+#define LAT_MIN_SAMPLES   20   /* fewer samples never count an endpoint as slow */
 #define LEASE_MARGIN_MS                                                                            \
     1000                    /* a claimed job is sent only with this much lease to spare            \
                                beyond its request timeout, ms */
@@ -183,6 +187,7 @@ struct job {
     uint32_t sched_attempt;           /* held schedule: attempts spent */
     uint64_t ep_ticket;               /* JOB_EP_WAIT: the endpoint table's catch-up ticket */
     int64_t ep_wait_until;            /* JOB_EP_WAIT: quarantined unknown after this (mono ms) */
+    int64_t queued_mono;              /* JOB_QUEUED: when it joined its endpoint's queue */
     bool ep_waited;                   /* its endpoint was looked up again after JOB_EP_WAIT */
     bool ep_synced;                   /* ...once the table had caught up (else: timed out) */
     enum job_state state;             /* see the state table; changed by cons_job_set_state only */
@@ -300,6 +305,7 @@ struct cons_engine {
     uint64_t live_resume;         /* a pause of intake ends below this many */
     bool paused;                  /* partitions paused by us */
     int64_t full_since_mono;      /* intake full and taking nothing since (mono ms; 0 = not) */
+    int64_t evict_next_mono;      /* next pass of spill_stuck_queues while full (mono ms) */
     bool kafka_more;              /* the consumer queue may hold more records */
     rd_kafka_queue_t *commit_q;   /* answers of our own offset commits */
     int commits_pending;          /* commits sent whose answer has not been served */

@@ -113,28 +113,82 @@ static bool intake_resolve(cons_engine_t *e, struct job *j)
     return intake_endpoint(e, j);
 }
 
+/* Move the loose job j, whose endpoint's queue cannot take it, to the Redis schedule. */
+static void spill(cons_engine_t *e, struct job *j)
+{
+    e->st.spilled++;
+    sl_counter_inc(cons_m.spills);
+    j->is_spill = true;
+    if (j->src == SRC_REDIS) {
+        /* Claimed from the schedule while the queue is still full: back in, a little
+         * later and quietly (it is in the schedule already, its first spill reported
+         * it). Due at once it came back every claim turn, each time with an outcome. */
+        int64_t due = sl_now_ms() + RESPILL_MIN_MS +
+                      (int64_t)cons_rng_uniform(cons_rng_default(), RESPILL_SPREAD_MS);
+        cons_schedule_job(e, j, due, j->d.attempt, NULL);
+        return;
+    }
+    /* Beyond the bound the partition keeps flowing: park the job in Redis, due now. */
+    cons_defer_job(e, j, sl_now_ms(), "backlog_spill");
+}
+
+/* Whether ce's queue is not keeping up: its head has waited HOL_AGE_MS (the endpoint is slow,
+ * paused or rate-limited below its arrivals). */
+static bool queue_stuck(const struct cons_ep *ce, int64_t now)
+{
+    return ce->queue.n > 0 && now - cons_q_head(ce)->queued_mono >= HOL_AGE_MS;
+}
+
 static void enqueue(cons_engine_t *e, struct job *j)
 {
     struct cons_ep *ce = j->ce;
-    if ((int64_t)ce->queue.n >= e->cfg->endpoint_backlog && !e->stopping) {
-        e->st.spilled++;
-        sl_counter_inc(cons_m.spills);
-        j->is_spill = true;
-        if (j->src == SRC_REDIS) {
-            /* Claimed from the schedule while the queue is still full: back in, a little
-             * later and quietly (it is in the schedule already, its first spill reported
-             * it). Due at once it came back every claim turn, each time with an outcome. */
-            int64_t due = sl_now_ms() + RESPILL_MIN_MS +
-                          (int64_t)cons_rng_uniform(cons_rng_default(), RESPILL_SPREAD_MS);
-            cons_schedule_job(e, j, due, j->d.attempt, NULL);
-            return;
-        }
-        /* Beyond the bound the partition keeps flowing: park the job in Redis, due now. */
-        cons_defer_job(e, j, sl_now_ms(), "backlog_spill");
+    int64_t now = sl_mono_ms();
+    /* past its backlog, or memory is short and this endpoint's queue is not keeping up (it
+     * would fill the loop's memory and stop intake for every endpoint) */
+    if (!e->stopping && ((int64_t)ce->queue.n >= e->cfg->endpoint_backlog ||
+                         (e->live >= e->live_resume && queue_stuck(ce, now)))) {
+        spill(e, j);
         return;
     }
+    j->queued_mono = now;
     cons_job_set_state(e, j, JOB_QUEUED);
     cons_ready_push(e, ce);
+}
+
+/*
+ * Intake is full: move the queued jobs of endpoints that are not keeping up (queue_stuck) to
+ * the Redis schedule, newest first, each queue's head kept, until as many left as bring the
+ * loop back below live_resume. Without this a few endpoints that cannot send (paused by
+ * Retry-After, rate-limited, slow) hold the loop's memory and stop intake for every endpoint
+ * on its partitions until they drain (invariant 3). At most every EVICT_EVERY_MS.
+ */
+static void spill_stuck_queues(cons_engine_t *e)
+{
+    int64_t now = sl_mono_ms();
+    if (e->stopping || now < e->evict_next_mono)
+        return;
+    e->evict_next_mono = now + EVICT_EVERY_MS;
+    uint64_t want = e->live - e->live_resume + 1, moved = 0;
+    size_t pos = 0;
+    const char *id;
+    void *v;
+    while (moved < want && sl_map_next(e->eps, &pos, &id, &v)) {
+        struct cons_ep *ce = v;
+        if (!queue_stuck(ce, now))
+            continue;
+        while (ce->queue.n > 1 && moved < want) {
+            struct job *t = cons_job_of(cons_list_last(&ce->queue));
+            cons_q_take(e, t);
+            spill(e, t);
+            moved++;
+        }
+    }
+    if (moved > 0)
+        SL_LOGKV(SL_LOG_INFO, "deliver", "stuck_queues_spilled",
+                 ((struct sl_log_kv[]){SL_KV_I("jobs", (int64_t)moved)}),
+                 "intake full: %llu queued jobs of endpoints not keeping up moved to the retry "
+                 "schedule",
+                 (unsigned long long)moved);
 }
 
 /* Hold n records for their duplicate check, in order (cons_retry_ihold takes them oldest first). */
@@ -408,8 +462,10 @@ static bool intake_gate(cons_engine_t *e)
         }
         return true;
     }
-    if (e->live >= e->live_cap)
+    if (e->live >= e->live_cap) {
+        spill_stuck_queues(e);
         return e->paused || intake_full(e);
+    }
     e->full_since_mono = 0; /* it has room: not stuck */
     cons_timer_disarm(&e->timers, T_INTAKE_STUCK);
     if (e->paused && e->live < e->live_resume) {
