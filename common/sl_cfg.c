@@ -288,7 +288,8 @@ static const struct opt opts[] = {
       "until answers make room (they wait in its pre-fetch queue), and after a second "
       "without room it pauses its partitions until below max_inflight + max_queued / 2 "
       "(with consumer_threads > 1, each loop at its share); the queues of endpoints that "
-      "are not keeping up (head waiting 2 s) are then moved to the Redis schedule"),
+      "are not keeping up (head waiting 2 s, the endpoint held back or silent) are then moved "
+      "to the Redis schedule"),
     I("endpoint_backlog",
       "SLUICE_ENDPOINT_BACKLOG",
       endpoint_backlog,

@@ -27,6 +27,7 @@ struct cons_ep *cons_ep_get(cons_engine_t *e, const char *id)
     ce->eng = e;
     (void)snprintf(ce->id, sizeof(ce->id), "%s", id);
     ce->brk = CONS_BRK_CLOSED;
+    ce->last_answer_mono = sl_mono_ms(); /* silent only from now on (cons_intake.c) */
     cons_list_init(&ce->queue);
     sl_map_put(e->eps, id, ce, NULL); /* ce->m once the endpoint is known (cons_ep_refresh) */
     return ce;

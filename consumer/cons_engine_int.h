@@ -66,8 +66,8 @@
 #define EPWAIT_MAX_MS        5000  /* ...and how long they may wait for it (then: quarantine) */
 #define EPWAIT_RESCHEDULE_MS 30000 /* a claimed retry whose wait ran out: back in the schedule */
 #define HOL_AGE_MS                                                                                 \
-    2000                       /* an endpoint whose queue head waited this long is not             \
-                                * keeping up: with memory short its jobs go to Redis */
+    2000                       /* a queue head waiting this long while its endpoint is             \
+                                * held back or silent: not keeping up (cons_intake.c) */
 #define EVICT_EVERY_MS    250  /* intake full: how often such queues are moved out */
 #define RESPILL_MIN_MS    500  /* a claimed job whose endpoint queue is still full waits */
 #define RESPILL_SPREAD_MS 1000 /* this long plus up to this much more in the schedule */
@@ -215,6 +215,7 @@ struct cons_ep {
     int64_t brk_reopen_mono;         /* open: cooldown end (this pod's monotonic ms), 0 none */
     int64_t brk_refreshed_mono;      /* when the view was last refreshed (mono ms) */
     int64_t last_failure_mono;       /* last failure seen here (mono ms) */
+    int64_t last_answer_mono;        /* last request of it that ended here (mono ms) */
     bool probe_inflight;             /* our probe is running */
     uint64_t probe_seq;              /* our latest probe: its owner id is "<pod>/<seq>" */
     int64_t tokens;                  /* rate tokens leased from the shared bucket */

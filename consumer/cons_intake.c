@@ -132,11 +132,16 @@ static void spill(cons_engine_t *e, struct job *j)
     cons_defer_job(e, j, sl_now_ms(), "backlog_spill");
 }
 
-/* Whether ce's queue is not keeping up: its head has waited HOL_AGE_MS (the endpoint is slow,
- * paused or rate-limited below its arrivals). */
+/* Whether ce's queue is not keeping up: its head has waited HOL_AGE_MS and the endpoint is
+ * held back (paused by Retry-After, out of rate-limit tokens, its breaker not closed) or has
+ * answered nothing for HOL_AGE_MS (slow). A loop merely busy with a backlog has every endpoint
+ * answering all the time, however long its queues wait. */
 static bool queue_stuck(const struct cons_ep *ce, int64_t now)
 {
-    return ce->queue.n > 0 && now - cons_q_head(ce)->queued_mono >= HOL_AGE_MS;
+    if (ce->queue.n == 0 || now - cons_q_head(ce)->queued_mono < HOL_AGE_MS)
+        return false;
+    return ce->blocked_until_mono > now || ce->brk != CONS_BRK_CLOSED ||
+           now - ce->last_answer_mono >= HOL_AGE_MS;
 }
 
 static void enqueue(cons_engine_t *e, struct job *j)

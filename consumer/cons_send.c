@@ -31,6 +31,7 @@ void cons_send_end(cons_engine_t *e, struct job *j)
     cons_job_set_state(e, j, JOB_LOOSE);
     j->http = NULL;
     j->ce->inflight--;
+    j->ce->last_answer_mono = sl_mono_ms();
     if (j->probe)
         j->ce->probe_inflight = false;
     free(j->hdrs);
