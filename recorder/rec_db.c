@@ -46,6 +46,9 @@ struct rec_db {
 static const char SQL_SESSION[] =
     "set statement_timeout = '120s'; set lock_timeout = '30s'; "
     "set idle_in_transaction_session_timeout = '300s'; "
+    /* retention cuts (now() - N days) as the partition functions make them, in UTC: in a
+     * zone with summer time they would be an hour apart twice a year */
+    "set timezone = 'UTC'; "
 
     "create temp table if not exists rec_stage (" REC_STAGE_COLUMNS ") on commit delete rows; "
     "create temp table if not exists rec_hstage (" REC_HSTAGE_COLUMNS ") on commit delete rows; "

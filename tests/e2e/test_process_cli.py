@@ -127,3 +127,26 @@ def test_sluice_produce_stops_on_sigint_while_waiting_for_input():
     assert "interrupted after line 0" in err, err
     assert out.startswith("published=0 "), out
 
+
+
+def test_a_postgresql_that_never_answers_fails_a_connect_within_seconds():
+    """A PostgreSQL that accepts TCP connections and then says nothing (a dead host behind a
+    load balancer, dropped packets): sluicectl's registry connection, like sluice-api's and the
+    recorder's readiness check, fails within the 5 s connect timeout with the reason named. It
+    waited for ever (libpq's default), and a readiness probe on the recorder's one probe thread
+    with it."""
+    import socket
+    import time
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)  # never accepted, never answered: the kernel completes the handshake
+    try:
+        port = s.getsockname()[1]
+        t0 = time.monotonic()
+        r = run("ctl/sluicectl", "endpoints", "list",
+                env={"SLUICE_PG_DSN": f"postgresql://sluice@127.0.0.1:{port}/sluice"})
+        took = time.monotonic() - t0
+        assert r.returncode != 0 and "could not connect to postgresql" in r.stderr, r.stderr
+        assert took < 25, took
+    finally:
+        s.close()
