@@ -906,6 +906,8 @@ rec_loop_t *rec_loop_new(const struct sl_config *cfg, const struct sl_masterkey 
     for (int i = 0; i < 2; i++)
         rec_batch_init(&l->bufs[i], (size_t)cfg->recorder_lanes, (size_t)cfg->recorder_batch,
                        (size_t)cfg->recorder_batch_max_bytes, (size_t)cfg->max_body_bytes);
+    for (int i = 0; i < 2; i++)
+        l->bufs[i].future_max_ms = REC_FUTURE_MAX_MS;
     l->batch = &l->bufs[0];
     l->nlanes = l->batch->nlanes;
     atomic_init(&l->jobs_done, 0);

@@ -8,7 +8,7 @@ import struct
 import subprocess
 import time
 
-from sluice_e2e import event, final_states, wait_until
+from sluice_e2e import event, final_states, psql, wait_until
 
 
 def delivered(w):
@@ -352,6 +352,39 @@ def test_a_disable_request_whose_reason_must_be_cut_is_applied(make_world):
         return not e["enabled"] and e
     e = wait_until(shown, 60, 0.5, "the endpoint disabled by the recorder")
     assert e["disabled_reason"] == ("disabled by sluice: " + msg).encode()[:255].decode(), e
+    assert rp.term() == 0
+
+
+def test_an_outcome_from_a_clock_far_ahead_is_quarantined_not_recorded(make_world):
+    """An outcome whose ts is a year ahead (a pod with a wrong clock) is quarantined with its
+    reason; it was recorded, and the endpoint's health then kept it as the latest outcome
+    until that date. A sound outcome of the same endpoint after it is recorded."""
+    import os as _os
+    from sluice_e2e import Proc
+    w = make_world(recorder_flush_ms=100)
+    ep = "future" + w.tag
+    now = int(time.time() * 1000)
+
+    def outcome(i, ts):
+        return mp({"v": 1, "id": f"ev-future-{w.tag}-{i}", "ep": ep, "type": "order.paid",
+                   "attempt": 1, "state": "delivered", "http": 200, "ts": ts, "created": now,
+                   "pod": "test-pod"})
+    path = _os.path.join(w.dir, "outcomes.bin")
+    for i, ts in enumerate((now + 365 * 86400 * 1000, now)):
+        with open(path, "wb") as f:
+            f.write(outcome(i, ts))
+        r = subprocess.run(["kcat", "-b", w.env["SLUICE_KAFKA_BROKERS"], "-P", "-t",
+                            w.env["SLUICE_TOPIC_OUTCOMES"], "-k", ep, path],
+                           capture_output=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+    rp = Proc([w.bin("recorder/sluice-recorder")], w.env, _os.path.join(w.dir, "recorder.log"))
+    q = wait_until(lambda: w.dump("quarantine"), 60, 0.5, "the outcome quarantined")
+    assert len(q) == 1 and "ahead of the recorder's clock" in q[0]["reason"], q
+    dsn = w.env["SLUICE_PG_DSN"]
+    wait_until(lambda: psql(dsn, f"select count(*) from delivery_attempts where endpoint_id = "
+                                 f"'{ep}'") == "1", 60, 0.5, "the sound outcome recorded")
+    assert psql(dsn, f"select event_id from delivery_attempts where endpoint_id = '{ep}'") \
+        == f"ev-future-{w.tag}-1"
     assert rp.term() == 0
 
 
