@@ -279,9 +279,15 @@ static enum api_hret finish(struct api_req *r)
             api_reply(r, 400, p);
             r->problem = true;
         } else {
+            /* the cause (libpq's or librdkafka's text: hosts, ports) is for the log only */
+            sl_warn("replay", "replay_not_started", "a replay could not start: %s", j->err.msg);
             r->retry_after_s = 5;
-            api_problem(r, 503, "replay-unavailable", NULL, "the replay could not start: %s",
-                        j->err.msg);
+            if (j->rc == SL_EPG || j->rc == SL_EKAFKA)
+                api_problem(r, 503, "replay-unavailable", NULL,
+                            "the replay could not start: PostgreSQL or Kafka is unavailable");
+            else
+                api_problem(r, 503, "replay-unavailable", NULL, "the replay could not start: %s",
+                            j->err.msg);
         }
         job_free(j);
         return API_DONE;
@@ -293,8 +299,12 @@ static enum api_hret finish(struct api_req *r)
                   (json_int_t)x->recovered, "unconfirmed", (json_int_t)x->unconfirmed, "unmarked",
                   (json_int_t)x->unmarked, "unmarked_lost", (json_int_t)x->unmarked_lost,
                   "without_payload", (json_int_t)x->without_payload, "letters", j->letters);
-    if (j->rc != 0)
-        json_object_set_new(ans, "error", json_string(j->err.msg));
+    if (j->rc != 0) /* our own words; libpq's or librdkafka's (hosts, ports) only logged */
+        json_object_set_new(ans, "error",
+                            json_string(j->rc == SL_EPG || j->rc == SL_EKAFKA
+                                            ? "the replay stopped early: PostgreSQL or Kafka "
+                                              "became unavailable; run it again to replay the rest"
+                                            : j->err.msg));
     api_reply(r, j->rc == 0 ? 200 : 503, ans);
     if (j->rc != 0) {
         r->retry_after_s = 5;
@@ -323,7 +333,8 @@ enum api_hret api_dead_letters_replay(struct api_req *r)
         PGconn *pg = api_pg(r->api, &err);
         struct sl_replay_dry_result out;
         json_t *cands = json_array();
-        int rc = pg ? sl_replay_dry_run(pg, &j->sel, on_candidate, cands, &out, &err) : SL_EPG;
+        int rc = pg ? sl_replay_dry_run(pg, &j->sel, SHOWN_MAX, on_candidate, cands, &out, &err)
+                    : SL_EPG;
         if (rc == 0) {
             api_reply(r, 200,
                       json_pack("{s:b, s:I, s:I, s:o}", "dry_run", 1, "would_replay",
@@ -333,8 +344,10 @@ enum api_hret api_dead_letters_replay(struct api_req *r)
             json_decref(cands);
             if (pg)
                 api_pg_reset();
+            sl_warn("replay", "dry_run_failed", "a replay's dry run failed: %s", err.msg);
             r->retry_after_s = 2;
-            api_problem(r, 503, "history-unavailable", NULL, "the dry run failed: %s", err.msg);
+            api_problem(r, 503, "history-unavailable", NULL,
+                        "the dry run could not read the dead letters");
         }
         job_free(j);
         return API_DONE;

@@ -73,6 +73,11 @@ static const char SQL_DRY[] =
     " order by d.dead_at, d.endpoint_id, d.event_id"
     " limit $6::bigint";
 
+/* How many the dry run would select ($6: the limit), when only the first few are fetched. */
+static const char SQL_DRY_COUNT[] =
+    "select count(*) as n from (select 1 from dead_letters d"
+    " where" FILTER_SQL " and d.payload is not null limit $6::bigint) x";
+
 /* Letters matching the selection that cannot be replayed (no stored record). */
 static const char SQL_NOPAYLOAD[] =
     "select count(*) as n from dead_letters d where" FILTER_SQL " and d.payload is null";
@@ -692,6 +697,7 @@ int sl_replay_run(PGconn *pg,
 
 int sl_replay_dry_run(PGconn *pg,
                       const struct sl_replay_sel *sel,
+                      int64_t shown_max,
                       void (*on_candidate)(void *opaque, const struct sl_replay_candidate *c),
                       void *opaque,
                       struct sl_replay_dry_result *out,
@@ -708,14 +714,27 @@ int sl_replay_dry_run(PGconn *pg,
     char *ids_lit = NULL;
     const char *params[6];
     filter_params(sel, since, until, &ids_lit, params);
-    (void)snprintf(lim, sizeof(lim), "%" PRId64, sel->limit > 0 ? sel->limit : (int64_t)INT64_MAX);
+    int64_t limit = sel->limit > 0 ? sel->limit : INT64_MAX;
+    (void)snprintf(lim, sizeof(lim), "%" PRId64, limit);
     params[5] = lim;
-    PGresult *res = sl_pg_exec(pg, "select dead letters", SQL_DRY, 6, params, err);
+    PGresult *res = NULL;
+    if (shown_max > 0 && shown_max < limit) {
+        res = sl_pg_exec(pg, "count dead letters", SQL_DRY_COUNT, 6, params, err);
+        if (!res) {
+            free(ids_lit);
+            return SL_EPG;
+        }
+        out->would_replay = sl_pg_i64(res, 0, "n");
+        PQclear(res);
+        (void)snprintf(lim, sizeof(lim), "%" PRId64, shown_max);
+    }
+    res = sl_pg_exec(pg, "select dead letters", SQL_DRY, 6, params, err);
     free(ids_lit);
     if (!res)
         return SL_EPG;
     int n = PQntuples(res);
-    out->would_replay = n;
+    if (out->would_replay < n)
+        out->would_replay = n;
     for (int i = 0; on_candidate && i < n; i++) {
         struct sl_replay_candidate c = {
             .event_id = sl_pg_str(res, i, "event_id"),

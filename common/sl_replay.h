@@ -187,12 +187,14 @@ int sl_replay_run(PGconn *pg,
 
 /*
  * What sl_replay_run would select now (limit applied), oldest death first: on_candidate
- * (NULL allowed) is called for each letter, on the calling thread, with opaque. Sends,
- * journals and changes nothing; takes no row locks. pg borrowed, idle. out (OUT) zeroed,
- * then filled. Returns 0, SL_EINVAL (sel malformed) or SL_EPG, with err.
+ * (NULL allowed) is called for each letter, or for the first shown_max only when shown_max >
+ * 0 (the rest are counted in the database, not fetched), on the calling thread, with opaque.
+ * Sends, journals and changes nothing; takes no row locks. pg borrowed, idle. out (OUT)
+ * zeroed, then filled. Returns 0, SL_EINVAL (sel malformed) or SL_EPG, with err.
  */
 int sl_replay_dry_run(PGconn *pg,
                       const struct sl_replay_sel *sel,
+                      int64_t shown_max,
                       void (*on_candidate)(void *opaque, const struct sl_replay_candidate *c),
                       void *opaque,
                       struct sl_replay_dry_result *out,

@@ -455,7 +455,7 @@ int ctl_replay_main(struct ctl *c, int argc, char **argv)
         struct sl_replay_dry_result d;
         if (o.json)
             p.letters = json_array();
-        if (sl_replay_dry_run(a, &sel, on_candidate, &p, &d, &err) != 0) {
+        if (sl_replay_dry_run(a, &sel, 0, on_candidate, &p, &d, &err) != 0) {
             rc = ctl_fail("replay", "%s", err.msg);
             goto out;
         }

@@ -313,12 +313,24 @@ static void test_dry_run_changes_nothing(void **state)
     struct sl_replay_dry_result d;
     struct seen s = {.ordered = true};
     sl_err_t err;
-    assert_int_equal(sl_replay_dry_run(a, &sel, count_candidate, &s, &d, &err), 0);
+    assert_int_equal(sl_replay_dry_run(a, &sel, 0, count_candidate, &s, &d, &err), 0);
     assert_int_equal(d.would_replay, 2);
     assert_int_equal(d.without_payload, 1);
     assert_int_equal(s.n, 2);
     assert_string_equal(s.first, "d1");
     assert_true(s.ordered);
+    /* only the first shown_max are fetched; the rest are counted (the API shows 100 of what
+     * may be millions: fetching them all held its HTTP loop) */
+    struct sl_replay_sel every = {.all = true};
+    struct seen s2 = {.ordered = true};
+    assert_int_equal(sl_replay_dry_run(a, &every, 1, count_candidate, &s2, &d, &err), 0);
+    assert_int_equal(d.would_replay, 3);
+    assert_int_equal(s2.n, 1);
+    assert_string_equal(s2.first, "d1");
+    struct seen s3 = {.ordered = true};
+    assert_int_equal(sl_replay_dry_run(a, &sel, 5, count_candidate, &s3, &d, &err), 0);
+    assert_int_equal(d.would_replay, 2);
+    assert_int_equal(s3.n, 2);
     PQfinish(a);
     assert_string_equal(q1("select count(*) from replay_log"), "0");
     assert_string_equal(q1("select count(*) from dead_letters where replayed_at is not null"), "0");
@@ -447,7 +459,7 @@ static void test_malformed_selection_touches_nothing(void **state)
         assert_int_equal(sl_replay_run(a, b, &T.cfg, &bad[i], &o, &res, &err), SL_EINVAL);
         assert_false(res.started);
         struct sl_replay_dry_result d;
-        assert_int_equal(sl_replay_dry_run(a, &bad[i], NULL, NULL, &d, &err), SL_EINVAL);
+        assert_int_equal(sl_replay_dry_run(a, &bad[i], 0, NULL, NULL, &d, &err), SL_EINVAL);
     }
     /* one connection for both roles, or a batch size out of range */
     struct sl_replay_sel all = {.all = true};
