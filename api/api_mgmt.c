@@ -415,6 +415,19 @@ static bool sees_row(struct api_req *r, const struct sl_reg_ep *ep)
     return sl_apikey_sees_channels(r->auth.key, ep->channels, ep->n_channels);
 }
 
+/* Whether the registry's message names a policy field first (field "timeout_ms" ...): those
+ * live under /policy in the API's bodies. */
+static bool names_policy(const char *msg)
+{
+    for (int i = 0; i < SL_REG_N__COUNT; i++) {
+        char pat[80];
+        int n = snprintf(pat, sizeof(pat), "field \"%s\"", sl_reg_ep_nums[i].column);
+        if (n > 0 && strncmp(msg, pat, (size_t)n) == 0)
+            return true;
+    }
+    return false;
+}
+
 /* Answer for a failed change operation. */
 static enum api_hret problem_for(struct api_req *r, int rc, const sl_err_t *err, const char *id)
 {
@@ -426,7 +439,7 @@ static enum api_hret problem_for(struct api_req *r, int rc, const sl_err_t *err,
     case SL_EINVAL:
     case SL_ETOOBIG:
     case SL_EMISSING: {
-        json_t *p = api_problem_from_err(err, "");
+        json_t *p = api_problem_from_err(err, names_policy(err->msg) ? "/policy" : "");
         api_reply(r, 400, p);
         r->problem = true;
         return API_DONE;

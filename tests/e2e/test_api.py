@@ -674,6 +674,10 @@ def test_header_values_are_write_only_and_a_shared_endpoint_needs_all_channels(m
     problem(*call(api, "POST", f"/v1/endpoints/{shared}/disable", {"reason": "r", "bar": 2},
                   admin), 400, "/bar")
     problem(*call(api, "POST", f"/v1/endpoints/{shared}/enable", {"x": 1}, admin), 400, "/x")
+    # a rule across two policy fields names the one it refuses where the body has it
+    problem(*call(api, "PATCH", f"/v1/endpoints/{shared}",
+                  {"policy": {"timeout_ms": 1000, "conn_timeout_ms": 5000}}, admin), 400,
+            "/policy/conn_timeout_ms")
     assert api.proc.term() == 0
 
 
