@@ -324,6 +324,28 @@ static redisReply *cluster_cmd(sl_redis_t *r,
     return rep;
 }
 
+/*
+ * A command on conn failed (no reply): drop the connection. When it timed out (the server
+ * accepts connections but does not answer: stopped, stalled on its disk), back off as after a
+ * slow connect, so that the calls meanwhile fail at once rather than each waiting the whole
+ * timeout (a loop making one call per job would stall for jobs x timeout). Returns whether it
+ * timed out: the caller then does not try again at once.
+ */
+static bool cmd_failed(struct sl_rconn *conn, int saved_errno)
+{
+    bool timed_out =
+        conn->c->err == REDIS_ERR_IO &&
+        (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK || saved_errno == ETIMEDOUT);
+    sl_rconn_drop(conn);
+    if (timed_out) {
+        conn->backoff_ms = conn->backoff_ms ? conn->backoff_ms * 2 : CONNECT_BACKOFF_MIN_MS;
+        if (conn->backoff_ms > CONNECT_BACKOFF_MAX_MS)
+            conn->backoff_ms = CONNECT_BACKOFF_MAX_MS;
+        conn->retry_at = sl_redis_mono_ms() + conn->backoff_ms;
+    }
+    return timed_out;
+}
+
 redisReply *sl_redis_cmd(sl_redis_t *r,
                          int idempotent,
                          int argc,
@@ -340,9 +362,9 @@ redisReply *sl_redis_cmd(sl_redis_t *r,
         redisReply *rep = redisCommandArgv(conn->c, argc, argv, argvlen);
         if (rep)
             return rep;
+        int saved_errno = errno;
         sl_err_set(err, SL_EREDIS, "could not run redis %s: %s", argv[0], conn->c->errstr);
-        sl_rconn_drop(conn);
-        if (!idempotent)
+        if (cmd_failed(conn, saved_errno) || !idempotent)
             return NULL;
     }
     return NULL;
@@ -374,8 +396,10 @@ redisReply *sl_redis_cmdf(sl_redis_t *r, sl_err_t *err, const char *fmt, ...)
         va_end(ap);
         if (rep)
             return rep;
+        int saved_errno = errno;
         sl_err_set(err, SL_EREDIS, "could not run redis command: %s", conn->c->errstr);
-        sl_rconn_drop(conn);
+        if (cmd_failed(conn, saved_errno))
+            return NULL;
     }
     return NULL;
 }
@@ -473,8 +497,9 @@ redisReply *sl_redis_get_reply(sl_redis_t *r, sl_err_t *err)
         return NULL;
     }
     if (redisGetReply(r->one.c, &rep) != REDIS_OK) {
+        int saved_errno = errno;
         sl_err_set(err, SL_EREDIS, "could not read redis reply: %s", r->one.c->errstr);
-        sl_rconn_drop(&r->one);
+        (void)cmd_failed(&r->one, saved_errno);
         return NULL;
     }
     return rep;

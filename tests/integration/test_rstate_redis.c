@@ -4,7 +4,8 @@
  * schedule script's three answers (written, existed, lease lost) for sluicectl's rebuild and
  * the consumer alike; the counts sluicectl's health reads (scheduled, leased, due on Redis's
  * clock), agreeing with the consumer's; pipelined job lookups across round trips; and
- * sluice-api's key bucket and Idempotency-Key settle. The consumer's full use of the scripts is
+ * sluice-api's key bucket and Idempotency-Key settle; a server that stops answering fails
+ * the calls after the first timeout at once. The consumer's full use of the scripts is
  * test_cons_store.c.
  */
 #include <setjmp.h>
@@ -15,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -255,6 +258,46 @@ static int flush(void **state)
     return 0;
 }
 
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A server that accepts but stops answering (SIGSTOP): the first call waits its timeout, the
+ * calls in the next moments fail at once instead of each waiting it too (a consumer loop
+ * making one call per held job stalled for jobs x 2 s), and once it answers again so do the
+ * calls. */
+static void test_a_server_that_stops_answering_fails_calls_at_once(void **state)
+{
+    (void)state;
+    sl_err_t err = {0};
+    redisReply *rep = sl_redis_cmdf(g_fx.r, &err, "PING");
+    assert_non_null(rep);
+    freeReplyObject(rep);
+    assert_int_equal(kill(g_redis.pid, SIGSTOP), 0);
+    int64_t t0 = mono_ms();
+    assert_null(sl_redis_cmdf(g_fx.r, &err, "PING"));
+    int64_t first = mono_ms() - t0;
+    t0 = mono_ms();
+    assert_null(sl_redis_cmdf(g_fx.r, &err, "PING"));
+    const char *args[] = {"PING"};
+    assert_null(sl_redis_cmd(g_fx.r, 1, 1, args, NULL, &err));
+    int64_t next = mono_ms() - t0;
+    assert_int_equal(kill(g_redis.pid, SIGCONT), 0);
+    assert_true(first >= 1500);    /* the 2 s timeout */
+    assert_true(next < first / 4); /* not another timeout each */
+    rep = NULL;
+    for (int i = 0; i < 100 && !rep; i++) { /* back after the back-off (250 ms) */
+        rep = sl_redis_cmdf(g_fx.r, &err, "PING");
+        if (!rep)
+            usleep(50 * 1000);
+    }
+    assert_non_null(rep);
+    freeReplyObject(rep);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -290,6 +333,7 @@ int main(void)
         cmocka_unit_test_setup(test_endpoint_scripts_write_the_named_keys, flush),
         cmocka_unit_test_setup(test_api_key_bucket, flush),
         cmocka_unit_test_setup(test_idempotency_settle_only_under_its_own_lock, flush),
+        cmocka_unit_test(test_a_server_that_stops_answering_fails_calls_at_once), /* last */
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
