@@ -346,6 +346,16 @@ static bool cmd_failed(struct sl_rconn *conn, int saved_errno)
     return timed_out;
 }
 
+/* A reply saying the server no longer takes writes (READONLY: a primary demoted to a replica
+ * behind the same name, as managed services fail over; MASTERDOWN): drop the connection, so
+ * the next call connects again and reaches the new primary. The reply goes to the caller. */
+static void demoted(struct sl_rconn *conn, const redisReply *rep)
+{
+    if (rep->type == REDIS_REPLY_ERROR && rep->str &&
+        (strncmp(rep->str, "READONLY", 8) == 0 || strncmp(rep->str, "MASTERDOWN", 10) == 0))
+        sl_rconn_drop(conn);
+}
+
 redisReply *sl_redis_cmd(sl_redis_t *r,
                          int idempotent,
                          int argc,
@@ -360,8 +370,10 @@ redisReply *sl_redis_cmd(sl_redis_t *r,
         if (!conn->c && sl_rconn_connect(r, conn, err) != 0)
             return NULL;
         redisReply *rep = redisCommandArgv(conn->c, argc, argv, argvlen);
-        if (rep)
+        if (rep) {
+            demoted(conn, rep);
             return rep;
+        }
         int saved_errno = errno;
         sl_err_set(err, SL_EREDIS, "could not run redis %s: %s", argv[0], conn->c->errstr);
         if (cmd_failed(conn, saved_errno) || !idempotent)
@@ -394,8 +406,10 @@ redisReply *sl_redis_cmdf(sl_redis_t *r, sl_err_t *err, const char *fmt, ...)
         va_start(ap, fmt);
         redisReply *rep = redisvCommand(conn->c, fmt, ap);
         va_end(ap);
-        if (rep)
+        if (rep) {
+            demoted(conn, rep);
             return rep;
+        }
         int saved_errno = errno;
         sl_err_set(err, SL_EREDIS, "could not run redis command: %s", conn->c->errstr);
         if (cmd_failed(conn, saved_errno))
@@ -502,5 +516,7 @@ redisReply *sl_redis_get_reply(sl_redis_t *r, sl_err_t *err)
         (void)cmd_failed(&r->one, saved_errno);
         return NULL;
     }
+    /* a pipeline's later replies are still to be read: a READONLY one is left to the
+     * caller's next whole command, which drops the connection */
     return rep;
 }

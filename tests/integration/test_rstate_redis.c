@@ -5,8 +5,8 @@
  * the consumer alike; the counts sluicectl's health reads (scheduled, leased, due on Redis's
  * clock), agreeing with the consumer's; pipelined job lookups across round trips; and
  * sluice-api's key bucket and Idempotency-Key settle; a server that stops answering fails
- * the calls after the first timeout at once. The consumer's full use of the scripts is
- * test_cons_store.c.
+ * the calls after the first timeout at once; a demoted one (READONLY) is connected to again. The
+ * consumer's full use of the scripts is test_cons_store.c.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -258,6 +258,40 @@ static int flush(void **state)
     return 0;
 }
 
+static long long client_id(void)
+{
+    sl_err_t err = {0};
+    redisReply *rep = sl_redis_cmdf(g_fx.r, &err, "CLIENT ID");
+    assert_non_null(rep);
+    assert_int_equal(rep->type, REDIS_REPLY_INTEGER);
+    long long id = rep->integer;
+    freeReplyObject(rep);
+    return id;
+}
+
+/* A primary demoted to a replica behind the same address (a managed service's failover)
+ * answers writes READONLY: the connection is dropped so the next call connects again (to the
+ * new primary), rather than every write failing on it until the process restarts. */
+static void test_a_demoted_server_is_left_for_a_new_connection(void **state)
+{
+    (void)state;
+    long long before = client_id();
+    redisReply *a = redisCommand(g_fx.adm, "REPLICAOF 127.0.0.1 1");
+    assert_non_null(a);
+    freeReplyObject(a);
+    sl_err_t err = {0};
+    const char *args[] = {"SET", "demoted", "1"};
+    redisReply *w = sl_redis_cmd(g_fx.r, 0, 3, args, NULL, &err);
+    a = redisCommand(g_fx.adm, "REPLICAOF NO ONE");
+    assert_non_null(a);
+    freeReplyObject(a);
+    assert_non_null(w);
+    assert_int_equal(w->type, REDIS_REPLY_ERROR);
+    assert_int_equal(strncmp(w->str, "READONLY", 8), 0);
+    freeReplyObject(w);
+    assert_true(client_id() != before);
+}
+
 static int64_t mono_ms(void)
 {
     struct timespec ts;
@@ -333,6 +367,7 @@ int main(void)
         cmocka_unit_test_setup(test_endpoint_scripts_write_the_named_keys, flush),
         cmocka_unit_test_setup(test_api_key_bucket, flush),
         cmocka_unit_test_setup(test_idempotency_settle_only_under_its_own_lock, flush),
+        cmocka_unit_test(test_a_demoted_server_is_left_for_a_new_connection),
         cmocka_unit_test(test_a_server_that_stops_answering_fails_calls_at_once), /* last */
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
