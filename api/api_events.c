@@ -621,6 +621,9 @@ static enum api_hret finish(struct api_req *r)
             }
             json_array_append_new(res, e);
         }
+        if (ok > 0) /* kept: a retry would publish the accepted ones again (copies queued or
+                     * in flight are not suppressed); the refused ones go in a new request */
+            p->may_change = false;
         api_reply(r, unacked ? 503 : 200,
                   json_pack("{s:I, s:I, s:I, s:o}", "accepted", (json_int_t)ok, "refused",
                             (json_int_t)bad, "unacknowledged", (json_int_t)unacked, "results",

@@ -497,6 +497,18 @@ static void shutdown_drain(cons_engine_t *e)
         while (!cons_list_empty(&ce->queue))
             cons_defer_job(e, cons_q_pop(e, ce, false), sl_now_ms(), "shutdown");
     }
+    /* Claimed retries waiting for the endpoint table: back to the schedule due now, quietly
+     * (nothing happened to them), rather than at their lease's end. Records from Kafka that
+     * wait are read again by the partitions' next owner. */
+    struct cons_link *k, *nx;
+    CONS_LIST_FOREACH_SAFE(&e->epwait, k, nx)
+    {
+        struct job *j = cons_job_of(k);
+        if (j->src == SRC_REDIS) {
+            cons_epwait_take(e, j);
+            cons_schedule_job(e, j, sl_now_ms(), j->d.attempt, NULL);
+        }
+    }
     /* Requests still running after the bound are cancelled and rescheduled, due now,
      * without spending an attempt (they may have reached the endpoint: at-least-once). */
     while (!cons_list_empty(&e->inflight)) {

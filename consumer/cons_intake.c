@@ -113,35 +113,48 @@ static bool intake_resolve(cons_engine_t *e, struct job *j)
     return intake_endpoint(e, j);
 }
 
-/* Move the loose job j, whose endpoint's queue cannot take it, to the Redis schedule. */
+/* How long ce cannot send anyway (a Retry-After pause, the rate limit's wait, the breaker's
+ * cooldown), ms from now_mono; 0 when it could. */
+static int64_t held_back_ms(const struct cons_ep *ce, int64_t now_mono)
+{
+    int64_t until = ce->blocked_until_mono;
+    if (ce->brk == CONS_BRK_OPEN && ce->brk_reopen_mono > until)
+        until = ce->brk_reopen_mono;
+    return until > now_mono ? until - now_mono : 0;
+}
+
+/* Move the loose job j, whose endpoint's queue cannot take it, to the Redis schedule: due
+ * now, or when its endpoint may send again. */
 static void spill(cons_engine_t *e, struct job *j)
 {
     e->st.spilled++;
     sl_counter_inc(cons_m.spills);
     j->is_spill = true;
+    int64_t held = held_back_ms(j->ce, sl_mono_ms());
     if (j->src == SRC_REDIS) {
         /* Claimed from the schedule while the queue is still full: back in, a little
          * later and quietly (it is in the schedule already, its first spill reported
          * it). Due at once it came back every claim turn, each time with an outcome. */
-        int64_t due = sl_now_ms() + RESPILL_MIN_MS +
-                      (int64_t)cons_rng_uniform(cons_rng_default(), RESPILL_SPREAD_MS);
-        cons_schedule_job(e, j, due, j->d.attempt, NULL);
+        int64_t later =
+            RESPILL_MIN_MS + (int64_t)cons_rng_uniform(cons_rng_default(), RESPILL_SPREAD_MS);
+        cons_schedule_job(e, j, sl_now_ms() + (held > later ? held : later), j->d.attempt, NULL);
         return;
     }
-    /* Beyond the bound the partition keeps flowing: park the job in Redis, due now. */
-    cons_defer_job(e, j, sl_now_ms(), "backlog_spill");
+    /* Beyond the bound the partition keeps flowing: park the job in Redis. */
+    cons_defer_job(e, j, sl_now_ms() + held, "backlog_spill");
 }
 
 /* Whether ce's queue is not keeping up: its head has waited HOL_AGE_MS and the endpoint is
  * held back (paused by Retry-After, out of rate-limit tokens, its breaker not closed) or has
- * answered nothing for HOL_AGE_MS (slow). A loop merely busy with a backlog has every endpoint
- * answering all the time, however long its queues wait. */
+ * requests out and answered none of them for HOL_AGE_MS (slow). A loop merely busy with a
+ * backlog has every endpoint that sends answering all the time, however long its queues
+ * wait (one waiting for a free request slot has none out). */
 static bool queue_stuck(const struct cons_ep *ce, int64_t now)
 {
     if (ce->queue.n == 0 || now - cons_q_head(ce)->queued_mono < HOL_AGE_MS)
         return false;
     return ce->blocked_until_mono > now || ce->brk != CONS_BRK_CLOSED ||
-           now - ce->last_answer_mono >= HOL_AGE_MS;
+           (ce->inflight > 0 && now - ce->last_answer_mono >= HOL_AGE_MS);
 }
 
 static void enqueue(cons_engine_t *e, struct job *j)
@@ -161,8 +174,8 @@ static void enqueue(cons_engine_t *e, struct job *j)
 }
 
 /*
- * Intake is full: move the queued jobs of endpoints that are not keeping up (queue_stuck) to
- * the Redis schedule, newest first, each queue's head kept, until as many left as bring the
+ * Intake is full: move the newest queued jobs of endpoints that are not keeping up
+ * (queue_stuck) to the Redis schedule, each queue's head kept, until as many left as bring the
  * loop back below live_resume. Without this a few endpoints that cannot send (paused by
  * Retry-After, rate-limited, slow) hold the loop's memory and stop intake for every endpoint
  * on its partitions until they drain (invariant 3). At most every EVICT_EVERY_MS.
@@ -181,12 +194,20 @@ static void spill_stuck_queues(cons_engine_t *e)
         struct cons_ep *ce = v;
         if (!queue_stuck(ce, now))
             continue;
-        while (ce->queue.n > 1 && moved < want) {
-            struct job *t = cons_job_of(cons_list_last(&ce->queue));
-            cons_q_take(e, t);
-            spill(e, t);
-            moved++;
+        /* the newest k off the tail, then into the schedule oldest first: jobs due at the
+         * same moment are claimed in the order they were scheduled */
+        size_t k = ce->queue.n - 1;
+        if (k > want - moved)
+            k = (size_t)(want - moved);
+        struct job **tail = sl_xcalloc(k ? k : 1, sizeof(*tail));
+        for (size_t i = 0; i < k; i++) {
+            tail[i] = cons_job_of(cons_list_last(&ce->queue));
+            cons_q_take(e, tail[i]);
         }
+        for (size_t i = k; i > 0; i--)
+            spill(e, tail[i - 1]);
+        free(tail);
+        moved += k;
     }
     if (moved > 0)
         SL_LOGKV(SL_LOG_INFO, "deliver", "stuck_queues_spilled",
