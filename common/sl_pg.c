@@ -23,9 +23,9 @@ PGconn *sl_pg_connect(const char *dsn, sl_err_t *err)
     /* Our defaults first; the DSN (expanded from "dbname") overrides any it sets itself. A
      * server that stops answering (packets dropped) fails a connect within 5 s and a query
      * within 30 s, instead of the minutes of TCP's own timeouts. */
-    const char *const keys[] = {"connect_timeout",     "keepalives",       "keepalives_idle",
-                                "keepalives_interval", "keepalives_count", "tcp_user_timeout",
-                                "dbname",              NULL};
+    const char *const keys[] = {
+        "connect_timeout",  "keepalives",       "keepalives_idle", "keepalives_interval",
+        "keepalives_count", "tcp_user_timeout", "dbname",          NULL};
     const char *const vals[] = {"5", "1", "10", "5", "3", "30000", dsn, NULL};
     PGconn *pg = PQconnectdbParams(keys, vals, 1);
     if (!pg || PQstatus(pg) != CONNECTION_OK) {
