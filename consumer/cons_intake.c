@@ -199,7 +199,7 @@ static void spill_stuck_queues(cons_engine_t *e)
         size_t k = ce->queue.n - 1;
         if (k > want - moved)
             k = (size_t)(want - moved);
-        struct job **tail = sl_xcalloc(k ? k : 1, sizeof(*tail));
+        struct job **tail = sl_xcalloc(k ? k : 1, sizeof(struct job *));
         for (size_t i = 0; i < k; i++) {
             tail[i] = cons_job_of(cons_list_last(&ce->queue));
             cons_q_take(e, tail[i]);
