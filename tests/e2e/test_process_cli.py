@@ -136,17 +136,15 @@ def test_a_postgresql_that_never_answers_fails_a_connect_within_seconds():
     waited for ever (libpq's default), and a readiness probe on the recorder's one probe thread
     with it."""
     import socket
-    import time
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     s.listen(8)  # never accepted, never answered: the kernel completes the handshake
     try:
         port = s.getsockname()[1]
-        t0 = time.monotonic()
+        # run() gives it 30 s: it waited for ever
         r = run("ctl/sluicectl", "endpoints", "list",
                 env={"SLUICE_PG_DSN": f"postgresql://sluice@127.0.0.1:{port}/sluice"})
-        took = time.monotonic() - t0
         assert r.returncode != 0 and "could not connect to postgresql" in r.stderr, r.stderr
-        assert took < 25, took
+        assert "timeout expired" in r.stderr, r.stderr
     finally:
         s.close()
