@@ -267,6 +267,13 @@ void api_replays_wait(struct api *a)
     }
 }
 
+/* Whether a run's error is PostgreSQL's or Kafka's (their text, hosts and ports, is logged and
+ * not answered) rather than the replay's own. */
+static bool outage(int rc)
+{
+    return rc == SL_EPG || rc == SL_EKAFKA;
+}
+
 static enum api_hret finish(struct api_req *r)
 {
     struct job *j = r->job;
@@ -282,7 +289,7 @@ static enum api_hret finish(struct api_req *r)
             /* the cause (libpq's or librdkafka's text: hosts, ports) is for the log only */
             sl_warn("replay", "replay_not_started", "a replay could not start: %s", j->err.msg);
             r->retry_after_s = 5;
-            if (j->rc == SL_EPG || j->rc == SL_EKAFKA)
+            if (outage(j->rc))
                 api_problem(r, 503, "replay-unavailable", NULL,
                             "the replay could not start: PostgreSQL or Kafka is unavailable");
             else
@@ -301,7 +308,7 @@ static enum api_hret finish(struct api_req *r)
                   "without_payload", (json_int_t)x->without_payload, "letters", j->letters);
     if (j->rc != 0) /* our own words; libpq's or librdkafka's (hosts, ports) only logged */
         json_object_set_new(ans, "error",
-                            json_string(j->rc == SL_EPG || j->rc == SL_EKAFKA
+                            json_string(outage(j->rc)
                                             ? "the replay stopped early: PostgreSQL or Kafka "
                                               "became unavailable; run it again to replay the rest"
                                             : j->err.msg));

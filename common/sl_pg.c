@@ -18,16 +18,27 @@ static void notice_cb(void *arg, const char *msg)
     sl_debug(SL_DBG_DB, "db", "pg_notice", "%.*s", (int)n, msg);
 }
 
+PGconn *sl_pg_open(const char *dsn, const char *app)
+{
+    /* our defaults first; the DSN (expanded from "dbname", last) overrides any it sets */
+    const char *keys[9] = {"connect_timeout",     "keepalives",       "keepalives_idle",
+                           "keepalives_interval", "keepalives_count", "tcp_user_timeout"};
+    const char *vals[9] = {"5", "1", "10", "5", "3", "30000"};
+    int n = 6;
+    if (app) {
+        keys[n] = "application_name";
+        vals[n++] = app;
+    }
+    keys[n] = "dbname";
+    vals[n++] = dsn;
+    keys[n] = NULL;
+    vals[n] = NULL;
+    return PQconnectdbParams(keys, vals, 1);
+}
+
 PGconn *sl_pg_connect(const char *dsn, sl_err_t *err)
 {
-    /* Our defaults first; the DSN (expanded from "dbname") overrides any it sets itself. A
-     * server that stops answering (packets dropped) fails a connect within 5 s and a query
-     * within 30 s, instead of the minutes of TCP's own timeouts. */
-    const char *const keys[] = {
-        "connect_timeout",  "keepalives",       "keepalives_idle", "keepalives_interval",
-        "keepalives_count", "tcp_user_timeout", "dbname",          NULL};
-    const char *const vals[] = {"5", "1", "10", "5", "3", "30000", dsn, NULL};
-    PGconn *pg = PQconnectdbParams(keys, vals, 1);
+    PGconn *pg = sl_pg_open(dsn, NULL);
     if (!pg || PQstatus(pg) != CONNECTION_OK) {
         const char *m = pg ? PQerrorMessage(pg) : "out of memory";
         size_t n = strlen(m);

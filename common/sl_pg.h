@@ -19,7 +19,17 @@
 
 #include "common/sl_err.h"
 
-/* Connect; NULL with err filled on failure (the DSN's password is never in the message). */
+/*
+ * Start a connection to dsn with Sluice's defaults, which the DSN may override: connect
+ * timeout 5 s, TCP keepalives, tcp_user_timeout 30 s (a server that stops answering fails a
+ * connect within 5 s and a query within 30 s, not after TCP's minutes), application_name app
+ * (NULL: libpq's). Returns libpq's connection whatever its status (NULL only out of memory);
+ * the caller checks PQstatus.
+ */
+PGconn *sl_pg_open(const char *dsn, const char *app);
+
+/* sl_pg_open, checked: NULL with err filled on failure (the DSN's password is never in the
+ * message). */
 PGconn *sl_pg_connect(const char *dsn, sl_err_t *err);
 
 /* PQexecParams with text params; returns the result (caller PQclear) when its status is

@@ -19,6 +19,7 @@
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "common/sl_pg.h"
 #include "recorder/rec_agg.h"
 #include "recorder/rec_db_int.h"
 
@@ -449,13 +450,7 @@ int rec_db_connect(rec_db_t *db, sl_err_t *err)
     if (rec_db_connected(db))
         return 0;
     rec_db_disconnect(db);
-    /* Our defaults first; the DSN (expanded from "dbname") overrides any it sets itself. */
-    const char *const keys[] = {"connect_timeout",     "keepalives",       "keepalives_idle",
-                                "keepalives_interval", "keepalives_count", "tcp_user_timeout",
-                                "application_name",    "dbname",           NULL};
-    const char *const vals[] = {"5",     "1", "10", "5", "3", "30000", "sluice-recorder",
-                                db->dsn, NULL};
-    db->pg = PQconnectdbParams(keys, vals, 1);
+    db->pg = sl_pg_open(db->dsn, "sluice-recorder");
     if (!db->pg || PQstatus(db->pg) != CONNECTION_OK) {
         int rc = conn_error(db, "connect to postgresql", err);
         rec_db_disconnect(db);
