@@ -99,8 +99,20 @@ static int64_t topic_records(void)
     int64_t total = 0;
     for (int32_t p = 0; p < 2; p++) {
         int64_t lo = 0, hi = 0;
-        assert_int_equal(rd_kafka_query_watermark_offsets(rk, T.topic, p, &lo, &hi, 10000),
-                         RD_KAFKA_RESP_ERR_NO_ERROR);
+        rd_kafka_resp_err_t e = RD_KAFKA_RESP_ERR_NO_ERROR;
+        /* a topic created moments ago may not be in the metadata yet, or its leader not
+         * known (unknown partition, NOT_LEADER, LEADER_NOT_AVAILABLE): ask again for up to
+         * 10 s */
+        for (int tries = 0; tries < 100; tries++) {
+            e = rd_kafka_query_watermark_offsets(rk, T.topic, p, &lo, &hi, 10000);
+            if (e != RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION &&
+                e != RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE &&
+                e != RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART &&
+                e != RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION && e != RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC)
+                break;
+            usleep(100 * 1000);
+        }
+        assert_int_equal(e, RD_KAFKA_RESP_ERR_NO_ERROR);
         total += hi;
     }
     rd_kafka_destroy(rk);
