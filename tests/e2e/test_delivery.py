@@ -221,9 +221,11 @@ def test_stuck_intake_pauses_then_resumes_and_serves_a_rebalance(make_world):
     # Endpoints that answer after 3 s: the loop fills (20 in flight, 100 queued) and can take
     # no record for seconds. It must pause its partitions after about a second (before any
     # answer), with the 80 records it fetched beyond its cap counted, keep polling, and
-    # resume once it is below 70 jobs: here because its queues, whose heads have waited 2 s
-    # (no endpoint keeps up), move to the Redis schedule before the first answers. A second
-    # consumer joining then gets its share, and every event is delivered once across the two.
+    # resume once it is below 70 jobs: the queues of the endpoints whose requests have been out
+    # for 2 s unanswered move to the Redis schedule (heads kept; endpoints waiting for one of
+    # the 20 request slots are not stuck and stay), then answers make the rest of the room. A
+    # second consumer joining then gets its share, and every event is delivered once across
+    # the two.
     w = make_world(partitions=2, max_inflight=20, max_queued=100,
                    max_inflight_per_endpoint=20, shutdown_drain_ms=5000)
     rcv = w.receiver()
@@ -240,7 +242,7 @@ def test_stuck_intake_pauses_then_resumes_and_serves_a_rebalance(make_world):
     resumed = wait_until(lambda: c.events("intake_resumed"), 30, 0.2, "the resume")
     assert resumed[0]["reason"] == "room", resumed[0]
     spilled = c.events("stuck_queues_spilled")
-    assert spilled and spilled[0]["jobs"] >= 51, spilled  # 120 in memory, resumed below 70
+    assert spilled and 1 <= spilled[0]["jobs"] <= 51, spilled  # 120 in memory, resume below 70
     c2 = w.consumer("c1")
     wait_until(lambda: c2.events("partitions_assigned"), 30, 0.2, "the new member's share")
     want = {(e["id"], e["endpoint"]) for e in events}
