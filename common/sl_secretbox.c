@@ -237,6 +237,13 @@ int sl_secretbox_kid(const uint8_t *box, size_t boxlen, char out[SL_MASTERKEY_ID
         return 0;
     if (boxlen < 2 || box[1] == 0 || box[1] > SL_MASTERKEY_ID_MAX || boxlen < 2u + box[1])
         return SL_EDECODE;
+    /* Every byte of the id, as parse_entry allows them: a NUL inside would make the id read
+     * shorter than its length byte says, and the rest of the box would be read from the wrong
+     * place. */
+    for (size_t i = 0; i < box[1]; i++) {
+        if (!id_char(box[2 + i]))
+            return SL_EDECODE;
+    }
     memcpy(out, box + 2, box[1]);
     out[box[1]] = '\0';
     return 0;

@@ -89,7 +89,8 @@ int sl_masterkey_mac(const struct sl_masterkey *mk,
 
 /*
  * The id of the key that sealed box (boxlen bytes, borrowed) into out: "" for a version 1
- * box (no id). Returns 0, or SL_EDECODE for a box too short to say.
+ * box (no id). Returns 0, or SL_EDECODE for a box too short to say or whose id is not 1..
+ * SL_MASTERKEY_ID_MAX characters of [A-Za-z0-9_-].
  */
 int sl_secretbox_kid(const uint8_t *box, size_t boxlen, char out[SL_MASTERKEY_ID_MAX + 1]);
 

@@ -9,6 +9,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -233,6 +234,50 @@ static void test_wrong_key_and_endpoint(void **state)
         SL_ECRYPTO);
 }
 
+/* Whether box's key id (length byte 1, then that many bytes) is 1..16 id characters. */
+static bool id_bytes(const uint8_t *box)
+{
+    if (box[1] == 0 || box[1] > SL_MASTERKEY_ID_MAX)
+        return false;
+    for (size_t i = 0; i < box[1]; i++) {
+        uint8_t c = box[2 + i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+/*
+ * A length byte that reaches past the id into a nonce starting with a NUL: read as a C string
+ * that id is still "default", and an opener that trusted strlen over the length byte would
+ * find the nonce where it was and open the box. The id must be refused as a whole.
+ */
+static void test_id_length_over_a_nul(void **state)
+{
+    (void)state;
+    struct sl_masterkey mk;
+    key_ok(&mk, KEY_B64); /* id "default": 7 bytes, nonce at 9 */
+    uint8_t box[256], out[256];
+    size_t boxlen = 0, outlen = 0;
+    int tries = 0;
+    do { /* a nonce whose first byte is 0: one seal in 256 on average */
+        seal_ok(&mk, EP, PLAIN, box, sizeof(box), &boxlen);
+    } while (box[2 + 7] != 0 && ++tries < 100000);
+    assert_int_equal(box[2 + 7], 0);
+    assert_int_equal(box[1], 7);
+    box[1] = 15;
+    char kid[SL_MASTERKEY_ID_MAX + 1] = "x";
+    assert_int_equal(sl_secretbox_kid(box, boxlen, kid), SL_EDECODE);
+    sl_err_t err = {0};
+    assert_int_equal(sl_secretbox_open(&mk, EP, box, boxlen, out, sizeof(out), &outlen, &err),
+                     SL_EDECODE);
+    assert_string_equal(err.msg,
+                        "cannot decrypt secret for endpoint " EP ": box has no valid key id");
+    assert_int_equal(outlen, 0);
+    sl_masterkey_fini(&mk);
+}
+
 static void test_tampered_every_byte(void **state)
 {
     (void)state;
@@ -248,9 +293,12 @@ static void test_tampered_every_byte(void **state)
             sl_err_t err = {0};
             int rc = sl_secretbox_open(&mk, EP, bad, boxlen, out, sizeof(out), &outlen, &err);
             /* byte 0 is the version: any change here is an unknown version; byte 1 the key
-             * id's length: past SL_MASTERKEY_ID_MAX no key id at all, otherwise (like a
-             * changed id byte) an id that is not configured */
-            int want = i == 0 ? SL_EVERSION : i == 1 && bad[1] > 16 ? SL_EDECODE : SL_ECRYPTO;
+             * id's length and the id's bytes after it: a length past SL_MASTERKEY_ID_MAX, or
+             * a byte that is not an id character (a changed one, or a nonce byte a longer
+             * length reaches), is no key id at all; otherwise an id that is not configured */
+            int want = i == 0                              ? SL_EVERSION
+                       : i < 2u + box[1] && !id_bytes(bad) ? SL_EDECODE
+                                                           : SL_ECRYPTO;
             if (rc != want)
                 fail_msg("byte %zu bit %d: rc %s (%s)", i, bit, sl_err_name(rc), err.msg);
             assert_int_equal(outlen, 0);
@@ -466,15 +514,11 @@ static void test_record_mac(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_masterkey_parse_forms),
-        cmocka_unit_test(test_masterkey_parse_errors),
-        cmocka_unit_test(test_roundtrip_and_layout),
-        cmocka_unit_test(test_wrong_key_and_endpoint),
-        cmocka_unit_test(test_tampered_every_byte),
-        cmocka_unit_test(test_truncated_and_version),
-        cmocka_unit_test(test_limits_and_arguments),
-        cmocka_unit_test(test_key_ring_rotation),
-        cmocka_unit_test(test_record_mac),
+        cmocka_unit_test(test_masterkey_parse_forms), cmocka_unit_test(test_masterkey_parse_errors),
+        cmocka_unit_test(test_roundtrip_and_layout),  cmocka_unit_test(test_wrong_key_and_endpoint),
+        cmocka_unit_test(test_tampered_every_byte),   cmocka_unit_test(test_id_length_over_a_nul),
+        cmocka_unit_test(test_truncated_and_version), cmocka_unit_test(test_limits_and_arguments),
+        cmocka_unit_test(test_key_ring_rotation),     cmocka_unit_test(test_record_mac),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
