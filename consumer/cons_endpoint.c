@@ -203,21 +203,33 @@ bool cons_rate_allows(cons_engine_t *e, struct cons_ep *ce)
         ce->tokens--;
         return true;
     }
-    /* a lease of ~1/10 s of the rate, at least 1, at most the burst */
-    int64_t want = ep->rate * 100 / (ep->rate_period_ms > 0 ? ep->rate_period_ms : 1000);
+    /* A lease of at most ~1/10 s of the rate (at most the burst), sized to what this pod will
+     * use: the jobs it has queued, or twice what it used of its last lease. Tokens a lease
+     * holds unused expire with it and are lost to the other pods sharing the bucket: ten
+     * pods each sending a trickle to one endpoint would each hold a tenth of a second of its
+     * rate and together reach only a fraction of it. A pod with a steady flow doubles its
+     * lease each time it uses a whole one, so busy endpoints still cost one Redis call per
+     * tenth of a second. */
+    int64_t cap = ep->rate * 100 / (ep->rate_period_ms > 0 ? ep->rate_period_ms : 1000);
+    int64_t size = ep->burst > 0 ? ep->burst : ep->rate; /* the bucket's */
+    if (cap > size)
+        cap = size;
+    int64_t used = ce->lease_granted - (ce->tokens > 0 ? ce->tokens : 0);
+    int64_t want = (int64_t)ce->queue.n > 2 * used ? (int64_t)ce->queue.n : 2 * used;
+    if (want > cap)
+        want = cap;
     if (want < 1)
         want = 1;
-    if (want > ep->burst)
-        want = ep->burst > 0 ? ep->burst : 1;
     int64_t granted = 0, wait = 0;
     sl_err_t err;
-    if (cons_store_rate_take(e->redis, ce->id, ep->rate, ep->rate_period_ms,
-                             ep->burst > 0 ? ep->burst : ep->rate, want, &granted, &wait,
-                             &err) != 0) {
+    if (cons_store_rate_take(e->redis, ce->id, ep->rate, ep->rate_period_ms, size, want, &granted,
+                             &wait, &err) != 0) {
         cons_warn_redis(e, &err);
         cons_block_until(e, ce, now + 1000); /* without the bucket, do not risk exceeding it */
         return false;
     }
+    ce->lease_granted = granted > 0 ? granted : 0;
+    ce->tokens = 0;
     if (granted <= 0) {
         sl_counter_inc(cons_m.rate_limited);
         cons_block_until(e, ce, now + (wait > 0 ? wait : 10));

@@ -220,6 +220,7 @@ struct cons_ep {
     uint64_t probe_seq;              /* our latest probe: its owner id is "<pod>/<seq>" */
     int64_t tokens;                  /* rate tokens leased from the shared bucket */
     int64_t tokens_until_mono;       /* leased tokens expire then (mono ms) */
+    int64_t lease_granted;           /* tokens the last lease brought (sizes the next one) */
     int64_t blocked_until_mono;      /* rate limit or Retry-After pause (mono ms); 0 = none */
     struct cons_link blocked_link;   /* on the engine's blocked list */
     double cwnd;                     /* AIMD concurrency window after 429s (<= cap) */

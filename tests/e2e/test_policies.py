@@ -8,7 +8,7 @@ import struct
 import subprocess
 import time
 
-from sluice_e2e import event, final_states, psql, wait_until
+from sluice_e2e import event, final_states, psql, redis_cmd, wait_until
 
 
 def delivered(w):
@@ -50,6 +50,25 @@ def test_rate_limit_shared_by_two_consumers(make_world):
     # both pods took part
     pods = {o["pod"] for o in w.outcomes() if o["state"] == "delivered"}
     assert pods == {"a", "b"}, pods
+
+
+def test_a_pod_leases_only_the_rate_tokens_it_will_use(make_world):
+    """Rate tokens a pod leases and does not use expire with its lease, lost to the other
+    pods sharing the endpoint's bucket: a pod with one job to send takes one token, not a
+    tenth of a second of the rate."""
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint("lease" + w.tag, rcv.url("ok", "lease"), "--rate", "100",
+                        "--rate-period-ms", "1000", "--burst", "100")
+    e = event(ep, 0, w.tag)
+    assert w.produce([e]).returncode == 0
+    c = w.consumer()
+    wait_until(lambda: (e["id"], ep) in delivered(w), 60, 0.3, "the one delivery")
+    assert c.term() == 0
+    # the bucket as the one lease left it (milli-tokens; a refill is only written by a take)
+    mt = redis_cmd(w.redis_url, "HGET", "sluice:rate:{%s}" % ep, "mt")
+    assert mt is not None, "no bucket for the endpoint"
+    assert int(mt) == 99000, f"{100 - int(mt) / 1000:g} tokens taken for one delivery"
 
 
 def test_429_retry_after_pauses_the_endpoint(make_world):
