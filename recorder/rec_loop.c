@@ -797,7 +797,9 @@ static size_t apply_disables(rec_loop_t *l, size_t upto)
         return upto;
     size_t kept = 0;
     for (size_t i = 0; i < upto; i++) {
-        if (!disable_one(l, &l->disable[i]))
+        /* once a failure dropped the connection, the rest wait for the next attempt: asked
+         * without one, the registry answers SL_EINVAL, which reads as a final refusal */
+        if (!l->reg_pg || !disable_one(l, &l->disable[i]))
             l->disable[kept++] = l->disable[i];
     }
     size_t left = kept;

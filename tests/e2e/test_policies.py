@@ -374,6 +374,59 @@ def test_a_disable_request_whose_reason_must_be_cut_is_applied(make_world):
     assert rp.term() == 0
 
 
+def test_disable_requests_after_a_lost_registry_connection_are_kept(make_world):
+    """The recorder's registry connection dies; the next batch carries two disable requests.
+    The first fails on the dead connection and is kept for the retry; the second found no
+    connection at all, which read as a request the registry refuses, and was dropped for
+    good. Both endpoints end up disabled."""
+    import os as _os
+    from sluice_e2e import Proc
+    w = make_world(recorder_flush_ms=3000)
+    rcv = w.receiver()
+    eps = [w.add_endpoint(f"lost{k}" + w.tag, rcv.url("ok", f"lost{k}")) for k in range(3)]
+    dsn = w.env["SLUICE_PG_DSN"]
+    path = _os.path.join(w.dir, "disable.bin")
+
+    def ask_disable(ep):
+        now = int(time.time() * 1000)
+        with open(path, "wb") as f:
+            f.write(mp({"v": 1, "id": "ev-lost-" + ep, "ep": ep, "type": "order.paid",
+                        "attempt": 0, "state": "disabled", "http": 410, "err": "endpoint_gone",
+                        "msg": "gone", "ts": now, "created": now, "pod": "test-pod"}))
+        r = subprocess.run(["kcat", "-b", w.env["SLUICE_KAFKA_BROKERS"], "-P", "-t",
+                            w.env["SLUICE_TOPIC_OUTCOMES"], "-k", ep, path],
+                           capture_output=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+
+    def disabled(ep):
+        r = w.ctl("endpoints", "show", ep, "--json")
+        assert r.returncode == 0, r.stderr
+        return not json.loads(r.stdout)["enabled"]
+
+    rp = Proc([w.bin("recorder/sluice-recorder")], w.env, _os.path.join(w.dir, "recorder.log"))
+    ask_disable(eps[0])  # opens the registry connection
+    wait_until(lambda: disabled(eps[0]), 60, 0.5, "the first endpoint disabled")
+    # the recorder's registry connection: its process's connection without its lanes' name
+    ports = set()
+    for line in subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True,
+                               text=True, timeout=30).stdout.splitlines():
+        if f"pid={rp.p.pid}," in line:
+            local, peer = line.split()[2:4]
+            if peer.rsplit(":", 1)[1] == dsn.split("port=")[1].split()[0]:
+                ports.add(local.rsplit(":", 1)[1])
+    assert ports, "no PostgreSQL connection of the recorder found"
+    killed = psql(dsn, "select count(*) from (select pg_terminate_backend(pid) from "
+                       "pg_stat_activity where application_name <> 'sluice-recorder' and "
+                       f"client_port in ({','.join(ports)})) t")
+    assert killed == "1", killed
+    ask_disable(eps[1])
+    ask_disable(eps[2])  # within the 3-s flush: one batch
+    wait_until(lambda: disabled(eps[1]) and disabled(eps[2]), 60, 0.5,
+               "both endpoints disabled after the lost connection")
+    assert rp.term() == 0
+    assert not [l for l in rp.logs().splitlines() if "disable_refused" in l]
+
+
 def test_an_outcome_from_a_clock_far_ahead_is_quarantined_not_recorded(make_world):
     """An outcome whose ts is a year ahead (a pod with a wrong clock) is quarantined with its
     reason; it was recorded, and the endpoint's health then kept it as the latest outcome
