@@ -388,8 +388,10 @@ send_one(sl_redis_t *r, int i, const char *cmd, size_t len, int asking, sl_err_t
         freeReplyObject(rep);
         rep = NULL;
     }
-    if (redisGetReply(n->c, &rep) == REDIS_OK)
+    if (redisGetReply(n->c, &rep) == REDIS_OK) {
+        n->backoff_ms = 0; /* it answers (sl_redis.c: a reply ends the back-off) */
         return rep;
+    }
 lost:
     sl_err_set(err, SL_EREDIS, "could not run a redis command on %s:%d: %s", n->host, n->port,
                n->c->errstr);
@@ -626,6 +628,7 @@ redisReply *sl_rcluster_get_reply(sl_redis_t *r, sl_err_t *err)
             node_fail(cl, i, e.msg);
             continue;
         }
+        n->backoff_ms = 0;
         pend_reply(r, n->q[n->qhead++], rep);
         flush_all(cl); /* a redirection queued the command on another node */
     }

@@ -27,7 +27,8 @@
  * CONNECT_BACKOFF_MIN_MS up to CONNECT_BACKOFF_MAX_MS only while attempts are slow (at least
  * CONNECT_SLOW_MS: a timeout); a refused connection (Redis down or restarting) costs nothing,
  * so its wait stays at the minimum and a restarted Redis is found again within it (held
- * markers written a second after it answers). A connection that works resets it. */
+ * markers written a second after it answers). A reply resets it: a connection alone does
+ * not, as the kernel of a stopped server still accepts one. */
 #define CONNECT_BACKOFF_MIN_MS 250
 #define CONNECT_BACKOFF_MAX_MS 2000
 #define CONNECT_SLOW_MS        100
@@ -195,8 +196,8 @@ int sl_rconn_connect(sl_redis_t *r, struct sl_rconn *conn, sl_err_t *err)
             conn->backoff_ms = CONNECT_BACKOFF_MAX_MS;
         conn->retry_at = sl_redis_mono_ms() + conn->backoff_ms;
     } else {
+        /* the back-off stays until a reply: a stopped server's kernel still accepts */
         conn->retry_at = 0;
-        conn->backoff_ms = 0;
     }
     return rc;
 }
@@ -346,11 +347,13 @@ static bool cmd_failed(struct sl_rconn *conn, int saved_errno)
     return timed_out;
 }
 
-/* A reply saying the server no longer takes writes (READONLY: a primary demoted to a replica
- * behind the same name, as managed services fail over; MASTERDOWN): drop the connection, so
- * the next call connects again and reaches the new primary. The reply goes to the caller. */
-static void demoted(struct sl_rconn *conn, const redisReply *rep)
+/* A reply came: the back-off is over. One saying the server no longer takes writes (READONLY:
+ * a primary demoted to a replica behind the same name, as managed services fail over;
+ * MASTERDOWN): drop the connection, so the next call connects again and reaches the new
+ * primary. The reply goes to the caller. */
+static void answered(struct sl_rconn *conn, const redisReply *rep)
 {
+    conn->backoff_ms = 0; /* it answers: the next failure starts the back-off afresh */
     if (rep->type == REDIS_REPLY_ERROR && rep->str &&
         (strncmp(rep->str, "READONLY", 8) == 0 || strncmp(rep->str, "MASTERDOWN", 10) == 0))
         sl_rconn_drop(conn);
@@ -371,7 +374,7 @@ redisReply *sl_redis_cmd(sl_redis_t *r,
             return NULL;
         redisReply *rep = redisCommandArgv(conn->c, argc, argv, argvlen);
         if (rep) {
-            demoted(conn, rep);
+            answered(conn, rep);
             return rep;
         }
         int saved_errno = errno;
@@ -407,7 +410,7 @@ redisReply *sl_redis_cmdf(sl_redis_t *r, sl_err_t *err, const char *fmt, ...)
         redisReply *rep = redisvCommand(conn->c, fmt, ap);
         va_end(ap);
         if (rep) {
-            demoted(conn, rep);
+            answered(conn, rep);
             return rep;
         }
         int saved_errno = errno;
@@ -518,5 +521,6 @@ redisReply *sl_redis_get_reply(sl_redis_t *r, sl_err_t *err)
     }
     /* a pipeline's later replies are still to be read: a READONLY one is left to the
      * caller's next whole command, which drops the connection */
+    r->one.backoff_ms = 0;
     return rep;
 }

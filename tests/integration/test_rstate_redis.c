@@ -313,7 +313,21 @@ static void test_a_server_that_stops_answering_fails_calls_at_once(void **state)
     const char *args[] = {"PING"};
     assert_null(sl_redis_cmd(r, 1, 1, args, NULL, &err));
     assert_non_null(strstr(err.msg, "next try in"));
-    assert_int_equal(kill(g_redis.pid, SIGCONT), 0);
+    /* After the wait a connection is made (the stopped server's kernel accepts it) but the
+     * call times out again: the wait doubles. A connection alone reset it, and a stopped
+     * server cost a whole timeout every 250 ms. */
+    const char *at = strstr(err.msg, "next try in ");
+    long first = strtol(at + strlen("next try in "), NULL, 10);
+    assert_true(first > 0 && first <= 250);
+    usleep((useconds_t)(first + 50) * 1000);
+    assert_null(sl_redis_cmdf(r, &err, "PING")); /* connects, waits the timeout */
+    assert_non_null(strstr(err.msg, "could not run redis"));
+    assert_null(sl_redis_cmdf(r, &err, "PING"));
+    at = strstr(err.msg, "next try in ");
+    long second = at ? strtol(at + strlen("next try in "), NULL, 10) : -1;
+    assert_int_equal(kill(g_redis.pid, SIGCONT), 0); /* before any failure: teardown needs it */
+    if (second <= 250)
+        fail_msg("the wait after a second timeout is %ld ms: not doubled from 250", second);
     rep = NULL;
     for (int i = 0; i < 100 && !rep; i++) { /* back after the back-off (250 ms) */
         rep = sl_redis_cmdf(r, &err, "PING");
