@@ -172,11 +172,13 @@ json_t *api_body_json_events(struct api_req *r, enum sl_json_shape shape, bool *
 /*
  * A list's page: ?limit= (1..API_LIMIT_MAX, default API_LIMIT_DEFAULT) into *limit (OUT) and
  * ?cursor= decoded into cur (cap bytes, NUL-terminated; *have OUT says whether one was
- * given). Returns 0, or -1 after answering 400 naming the parameter. Cursors are the hex of
- * a position text that the list made with api_cursor_json.
+ * given). Returns 0, or -1 after answering 400 naming the parameter (a cursor that is not
+ * one api_cursor_json made, with this master key).
  */
 int api_query_page(struct api_req *r, long *limit, char *cur, size_t cap, bool *have);
-json_t *api_cursor_json(const char *pos);
+/* The opaque cursor of a position text (at most 512 bytes): sealed with the master key, as
+ * hex. JSON null (logged) if it cannot be made. */
+json_t *api_cursor_json(struct api_req *r, const char *pos);
 /* Unix ms as an RFC 3339 UTC string ("2026-12-02T02:28:03.314Z"); ms <= 0 = JSON null. */
 json_t *api_time_json(int64_t ms);
 

@@ -127,7 +127,8 @@ enum api_hret api_event_deliveries(struct api_req *r)
         PQclear(d);
         return API_DONE;
     }
-    json_t *next = PQntuples(d) > limit ? api_cursor_json(PQgetvalue(d, nd - 1, 0)) : json_null();
+    json_t *next =
+        PQntuples(d) > limit ? api_cursor_json(r, PQgetvalue(d, nd - 1, 0)) : json_null();
     json_t *data = json_array();
     int na = PQntuples(at), k = 0;
     for (int i = 0; i < nd; i++) {
@@ -209,7 +210,7 @@ enum api_hret api_dead_letters_list(struct api_req *r)
             (void)snprintf(pos, sizeof(pos), "%s %s %s", PQgetvalue(res, i, 13),
                            PQgetvalue(res, i, 0), PQgetvalue(res, i, 1));
             json_decref(next);
-            next = api_cursor_json(pos);
+            next = api_cursor_json(r, pos);
         }
         if (!api_key_sees(r, PQgetvalue(res, i, 1)))
             continue;
@@ -310,7 +311,7 @@ enum api_hret api_event_types(struct api_req *r)
             continue;
         if (out == limit) {
             json_decref(next);
-            next = api_cursor_json(names[i - 1]);
+            next = api_cursor_json(r, names[i - 1]);
             break;
         }
         intptr_t row = (intptr_t)sl_map_get(seen, names[i]);

@@ -36,6 +36,7 @@
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_probe.h"
+#include "common/sl_secretbox.h"
 
 /* Per-connection memory of libmicrohttpd (request line, headers, read and write buffers;
  * bodies stream to the handler). It zeroes the whole pool between requests, so its default
@@ -331,7 +332,18 @@ static long query_limit(struct api_req *r)
     return v;
 }
 
-/* Cursors are the hex of a position text; decode into buf (NUL-terminated) or answer 400. */
+/*
+ * Cursors are the hex of a position text sealed with the master key (sl_secretbox, associated
+ * data CURSOR_AD): opaque, so a key limited to channels learns nothing from a cursor made
+ * after a row it may not see (its id, an event's dead_at), and a forged one is refused.
+ * Every sluice-api behind one load balancer has the same master key, so any of them opens
+ * a cursor another made; one sealed with a key since removed from master_key is a 400.
+ */
+#define CURSOR_AD      "sluice-api cursor"
+#define CURSOR_POS_MAX 512 /* bytes of a position text */
+#define CURSOR_BOX_MAX (CURSOR_POS_MAX + SL_SECRETBOX_OVERHEAD)
+
+/* Decode ?cursor= into buf (NUL-terminated) or answer 400. */
 static int query_cursor(struct api_req *r, char *buf, size_t cap, bool *have)
 {
     const char *c = api_query(r, "cursor");
@@ -339,19 +351,26 @@ static int query_cursor(struct api_req *r, char *buf, size_t cap, bool *have)
     if (!c)
         return 0;
     size_t n = strlen(c);
-    bool ok = n % 2 == 0 && n / 2 < cap && n > 0;
+    uint8_t box[CURSOR_BOX_MAX];
+    bool ok = n % 2 == 0 && n > 0 && n / 2 <= sizeof(box);
     for (size_t i = 0; ok && i < n / 2; i++) {
         int hi = sl_hex_digit_lower((unsigned char)c[2 * i]);
         int lo = sl_hex_digit_lower((unsigned char)c[2 * i + 1]);
-        int v = hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
-        ok = v >= 0x20 && v < 0x7f;
-        buf[i] = (char)v;
+        ok = hi >= 0 && lo >= 0;
+        box[i] = (uint8_t)(hi * 16 + lo);
     }
+    size_t len = 0;
+    sl_err_t err;
+    if (ok)
+        ok = cap > 0 && sl_secretbox_open(&r->api->mk, CURSOR_AD, box, n / 2, (uint8_t *)buf,
+                                          cap - 1, &len, &err) == 0;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = buf[i] >= 0x20 && buf[i] < 0x7f;
     if (!ok) {
         api_problem(r, 400, "invalid-parameter", "cursor", "cursor is not one this API returned");
         return -1;
     }
-    buf[n / 2] = '\0';
+    buf[len] = '\0';
     *have = true;
     return 0;
 }
@@ -378,13 +397,19 @@ json_t *api_time_json(int64_t ms)
     return json_string(buf);
 }
 
-json_t *api_cursor_json(const char *pos)
+json_t *api_cursor_json(struct api_req *r, const char *pos)
 {
-    char out[1024];
-    size_t n = strlen(pos);
-    if (2 * n + 1 > sizeof(out))
+    uint8_t box[CURSOR_BOX_MAX];
+    char out[2 * CURSOR_BOX_MAX + 1];
+    size_t n = strlen(pos), boxlen = 0;
+    sl_err_t err;
+    if (n > CURSOR_POS_MAX || sl_secretbox_seal(&r->api->mk, CURSOR_AD, (const uint8_t *)pos, n,
+                                                box, sizeof(box), &boxlen, &err) != 0) {
+        sl_error("http", "cursor_failed",
+                 "could not make a page cursor: the page says no next one");
         return json_null();
-    sl_hex_encode(pos, n, out);
+    }
+    sl_hex_encode(box, boxlen, out);
     return json_string(out);
 }
 

@@ -560,7 +560,7 @@ enum api_hret api_endpoints_list(struct api_req *r)
     for (size_t i = 0; i < n && i < (size_t)limit; i++) {
         if (i + 1 == (size_t)limit && n > (size_t)limit) {
             json_decref(next);
-            next = api_cursor_json(eps[i].id);
+            next = api_cursor_json(r, eps[i].id);
         }
         if (sees_row(r, &eps[i]))
             json_array_append_new(data, ep_json(&eps[i], &r->api->mk));

@@ -279,7 +279,7 @@ static void stats_answer(struct api_req *r,
         if (id && strcmp(id, page[i]->id) == 0)
             json_array_append_new(data, stats_item(page[i], res, (int)i, brk ? &brk[i] : NULL, o));
     }
-    json_t *next = more ? api_cursor_json(page[np - 1]->id) : json_null();
+    json_t *next = more ? api_cursor_json(r, page[np - 1]->id) : json_null();
     api_reply(r, 200,
               json_pack("{s:I, s:I, s:I, s:o, s:o}", "window_s", (json_int_t)o->window_s,
                         "slow_threshold_ms", (json_int_t)o->slow_ms, "slow_min_samples",
