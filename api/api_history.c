@@ -178,6 +178,9 @@ enum api_hret api_dead_letters_list(struct api_req *r)
     if (ep && !sl_valid_endpoint_id(ep, strlen(ep)))
         return api_problem(r, 400, "invalid-parameter", "endpoint",
                            "endpoint must be 1..64 characters of A-Z a-z 0-9 _ -");
+    /* an endpoint the key may not see is not there for it (not even whether it has letters) */
+    if (ep && !api_key_sees(r, ep))
+        return api_problem(r, 404, "unknown-endpoint", "endpoint", "no endpoint has that id");
     const char *inc = api_query(r, "include_resolved");
     if (inc && strcmp(inc, "true") != 0 && strcmp(inc, "false") != 0)
         return api_problem(r, 400, "invalid-parameter", "include_resolved",

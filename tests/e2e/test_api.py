@@ -577,15 +577,18 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     # a key limited to channels sees and changes only its tenant's endpoints
     st, _, lst = call(api, "GET", "/v1/endpoints?limit=500", None, tenant_read)
     assert st == 200 and ep not in [e["id"] for e in lst["data"]]
+    # nor asks for another tenant's dead letters (not even whether there are any)
+    problem(*call(api, "GET", f"/v1/dead-letters?endpoint={ep}&limit=1", None, tenant_read),
+            404, "endpoint")
     # nor learns anything from a cursor: one made after rows it may not see (plain hex of
     # the last row's position, it named that endpoint and event) is opaque
-    st, _, tp = call(api, "GET", f"/v1/dead-letters?endpoint={ep}&limit=1", None, tenant_read)
+    st, _, tp = call(api, "GET", "/v1/dead-letters?limit=1", None, tenant_read)
     assert st == 200 and tp["data"] == [] and tp["next_cursor"], tp
     for cur in (tp["next_cursor"], page["next_cursor"], p1["next_cursor"]):
         text = bytes.fromhex(cur)
         assert ep.encode() not in text and not any(x.encode() in text for x in ids), text
-    st, _, tp2 = call(api, "GET", f"/v1/dead-letters?endpoint={ep}&limit=1&cursor="
-                      f"{tp['next_cursor']}", None, tenant_read)
+    st, _, tp2 = call(api, "GET", f"/v1/dead-letters?limit=1&cursor={tp['next_cursor']}", None,
+                      tenant_read)
     assert st == 200 and tp2["data"] == [], tp2  # and the opaque cursor still pages
     problem(*call(api, "GET", f"/v1/endpoints/{ep}", None, tenant_read), 404)
     problem(*call(api, "PATCH", f"/v1/endpoints/{ep}", {"name": "x"}, tenant_admin), 404)
