@@ -174,7 +174,8 @@ struct job {
     int acks_pending;                 /* outcome records not yet acknowledged */
     enum job_after after;             /* action once acknowledged */
     bool probe;                       /* this send is the breaker's half-open probe */
-    bool is_spill;                    /* scheduled without spending an attempt */
+    bool is_spill;                    /* spilled: scheduled without spending an attempt
+                                         (counted in spills_live until freed) */
     struct curl_slist *hdrs;          /* request headers while in flight (owned; one block
                                          from hdr_block: release with free()) */
     char *url;                        /* expanded postback URL (owned) or NULL */
@@ -215,7 +216,8 @@ struct cons_ep {
     int64_t brk_reopen_mono;         /* open: cooldown end (this pod's monotonic ms), 0 none */
     int64_t brk_refreshed_mono;      /* when the view was last refreshed (mono ms) */
     int64_t last_failure_mono;       /* last failure seen here (mono ms) */
-    int64_t last_answer_mono;        /* last request of it that ended here (mono ms) */
+    int64_t last_answer_mono;        /* last request of it that ended here, or the start of the
+                                        first one after none was out (mono ms) */
     bool probe_inflight;             /* our probe is running */
     uint64_t probe_seq;              /* our latest probe: its owner id is "<pod>/<seq>" */
     int64_t tokens;                  /* rate tokens leased from the shared bucket */
@@ -301,6 +303,8 @@ struct cons_engine {
     int threads;                  /* loops in this process (consumer_threads) */
     int64_t max_inflight;         /* this loop's share of max_inflight */
     uint64_t live;                /* jobs in memory */
+    uint64_t spills_live;         /* of those, spilled to the schedule and not freed yet (its
+                                     write or its outcome's acknowledgement outstanding) */
     int inflight_max;             /* most requests in flight since the last stats line */
     uint64_t live_max;            /* most jobs in memory since the last stats line */
     uint64_t live_cap;            /* intake takes no record at this many jobs in memory */

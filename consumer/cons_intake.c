@@ -129,6 +129,8 @@ static void spill(cons_engine_t *e, struct job *j)
 {
     e->st.spilled++;
     sl_counter_inc(cons_m.spills);
+    if (!j->is_spill)
+        e->spills_live++;
     j->is_spill = true;
     int64_t held = held_back_ms(j->ce, sl_mono_ms());
     if (j->src == SRC_REDIS) {
@@ -186,7 +188,13 @@ static void spill_stuck_queues(cons_engine_t *e)
     if (e->stopping || now < e->evict_next_mono)
         return;
     e->evict_next_mono = now + EVICT_EVERY_MS;
-    uint64_t want = e->live - e->live_resume + 1, moved = 0;
+    /* jobs spilled by an earlier pass stay in memory until their schedule write and its
+     * outcome are acknowledged (longer while Redis or Kafka is slow or down): they are on
+     * their way out, not more to move */
+    uint64_t staying = e->live - e->spills_live;
+    if (staying < e->live_resume)
+        return;
+    uint64_t want = staying - e->live_resume + 1, moved = 0;
     size_t pos = 0;
     const char *id;
     void *v;

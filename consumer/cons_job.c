@@ -161,6 +161,8 @@ void cons_job_free(cons_engine_t *e, struct job *j)
     free(j->held_resp);
     sl_delivery_fini(&j->d);
     free(j->raw);
+    if (j->is_spill)
+        e->spills_live--;
     free(j);
     e->live--;
     sl_gauge_add(cons_m.queued, -1);

@@ -173,7 +173,8 @@ static int start_send(cons_engine_t *e, struct job *j)
         cons_defer_job(e, j, sl_now_ms() + 1000, "local_error");
         return -1;
     }
-    ce->inflight++;
+    if (ce->inflight++ == 0) /* silent from its first request on, not since its last answer */
+        ce->last_answer_mono = sl_mono_ms();
     cons_job_set_state(e, j, JOB_SENDING);
     e->st.sent++;
     sl_counter_inc(cons_m.attempts);

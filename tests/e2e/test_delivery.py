@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from sluice_e2e import event, final_states, wait_until
+from sluice_e2e import CLUSTER_SCHEME, event, final_states, is_cluster_url, redis_all, wait_until
 
 
 def delivered_ids(outcomes):
@@ -617,6 +617,47 @@ def test_endpoints_that_cannot_send_do_not_hold_the_loop_memory(make_world):
     assert len(parked) >= 40, len(parked)
     assert len([l for l in rcv.ledger() if l["endpoint"].startswith("rl")]) == 4
     assert c.term() == 0, c.logs()[-3000:]
+
+
+def test_jobs_spilled_while_redis_refuses_writes_are_not_spilled_again(make_world):
+    """Intake full behind rate-limited endpoints while Redis refuses the consumer's writes (an
+    ACL user whose write commands are taken away): one spill pass moves 51 queued jobs, which
+    brings the loop below resume once they are gone, but their schedule writes fail and they
+    wait in memory. Later passes count them as on their way out and move no more (before, each
+    250 ms pass moved another 51, down to the queues' heads). Once Redis takes writes again each
+    moved job is parked once and none is sent."""
+    w = make_world(partitions=1, max_inflight=10, max_queued=100)
+    user, password = f"spill-{w.tag}", f"pw-{w.tag}"
+    redis_all(w.redis_url, "ACL", "SETUSER", user, "reset", "on", f">{password}", "~*", "&*",
+              "+@all")
+    try:
+        scheme = CLUSTER_SCHEME if is_cluster_url(w.redis_url) else "redis://"
+        url = f"{scheme}{user}:{password}@{w.redis_url[len(scheme):]}"
+        rcv = w.receiver()
+        slow = [w.add_endpoint(f"rw{i}_{w.tag}", rcv.url("ok", f"rw{i}"), "--rate", "1",
+                               "--rate-period-ms", "60000") for i in range(4)]
+        assert w.produce([event(ep, i, w.tag) for i in range(40) for ep in slow]).returncode == 0
+        c = w.consumer(redis_url=url)
+        wait_until(lambda: len(rcv.ledger()) == 4, 30, 0.1, "one request per endpoint")
+        redis_all(w.redis_url, "ACL", "SETUSER", user, "-@write")
+        first = wait_until(lambda: c.events("stuck_queues_spilled"), 30, 0.1, "a spill pass")
+        time.sleep(2.0)  # eight more passes' time
+        passes = c.events("stuck_queues_spilled")
+        # 110 jobs in memory (10 in flight + 100 queued), resume below 10 + 100 / 2
+        assert [p["jobs"] for p in passes] == [51], passes
+        assert first[0]["jobs"] == 51
+        redis_all(w.redis_url, "ACL", "SETUSER", user, "+@all")
+        parked = lambda: {o["id"] for o in w.outcomes()
+                          if o["state"] == "deferred" and o["err"] == "backlog_spill"}
+        wait_until(lambda: len(parked()) == 51, 30, 0.2, "the moved jobs parked")
+        assert c.term() == 0, c.logs()[-3000:]
+        outs = [o for o in w.outcomes() if o["state"] == "deferred"]
+        per = collections.Counter(o["id"] + o["endpoint"] for o in outs
+                                  if o["err"] == "backlog_spill")
+        assert len(per) >= 51 and max(per.values()) == 1, per.most_common(3)
+        assert len(rcv.ledger()) == 4
+    finally:
+        redis_all(w.redis_url, "ACL", "DELUSER", user)
 
 
 def test_endpoint_timeout_beyond_the_lease_still_gets_its_retries(make_world):
