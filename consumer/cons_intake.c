@@ -176,11 +176,12 @@ static void enqueue(cons_engine_t *e, struct job *j)
 }
 
 /*
- * Intake is full: move the newest queued jobs of endpoints that are not keeping up
- * (queue_stuck) to the Redis schedule, each queue's head kept, until as many left as bring the
- * loop back below live_resume. Without this a few endpoints that cannot send (paused by
- * Retry-After, rate-limited, slow) hold the loop's memory and stop intake for every endpoint
- * on its partitions until they drain (invariant 3). At most every EVICT_EVERY_MS.
+ * Intake is full, or paused and not yet below live_resume: move the newest queued jobs of
+ * endpoints that are not keeping up (queue_stuck) to the Redis schedule, each queue's head
+ * kept, until as many left as bring the loop back below live_resume. Without this a few endpoints
+ * that cannot send (paused by Retry-After, rate-limited, slow) hold the loop's memory and stop
+ * intake for every endpoint on its partitions until they drain (invariant 3). At most every
+ * EVICT_EVERY_MS.
  */
 static void spill_stuck_queues(cons_engine_t *e)
 {
@@ -502,6 +503,8 @@ static bool intake_gate(cons_engine_t *e)
     }
     e->full_since_mono = 0; /* it has room: not stuck */
     cons_timer_disarm(&e->timers, T_INTAKE_STUCK);
+    if (e->paused && e->live >= e->live_resume)
+        spill_stuck_queues(e); /* queues that stopped keeping up since the pause */
     if (e->paused && e->live < e->live_resume) {
         set_intake_paused(e, false);
         SL_LOGKV(SL_LOG_INFO, "kafka", "intake_resumed",

@@ -619,6 +619,38 @@ def test_endpoints_that_cannot_send_do_not_hold_the_loop_memory(make_world):
     assert c.term() == 0, c.logs()[-3000:]
 
 
+def test_a_queue_stuck_after_the_pause_is_spilled_while_paused(make_world):
+    """Intake pauses at its cap (20 in flight, 100 queued) while four endpoints answer after
+    1.5 s; their answers then bring the loop to about 104 jobs, between its resume mark (70)
+    and its cap. An endpoint that answers after 4 s, one request at a time, holds 59 of them
+    queued and is not keeping up from 2 s after its first request: its queue must be moved to
+    the schedule then and intake resume, rather than the loop staying paused for seconds
+    until the answering endpoints have drained their queues (a spill pass ran only at the
+    cap)."""
+    w = make_world(partitions=1, max_inflight=20, max_queued=100)
+    rcv = w.receiver()
+    fast = [w.add_endpoint(f"pf{i}_{w.tag}", rcv.url("slow/1500", f"pf{i}"), "--max-inflight",
+                           "4") for i in range(4)]
+    slow = w.add_endpoint(f"ps_{w.tag}", rcv.url("slow/4000", "ps"), "--max-inflight", "1")
+    evs = []
+    for i in range(30):
+        evs += [event(ep, i, w.tag) for ep in fast]
+        evs += [event(slow, i * 4 + k, w.tag) for k in range(4)]
+    assert w.produce(evs).returncode == 0
+    c = w.consumer()
+    paused = wait_until(lambda: c.events("intake_paused"), 30, 0.1, "the pause at the cap")
+    assert paused[0]["in_memory"] == 120, paused[0]
+    resumed = wait_until(lambda: c.events("intake_resumed"), 30, 0.1, "the resume")
+    spilled = c.events("stuck_queues_spilled")
+    assert spilled and spilled[0]["ts"] <= resumed[0]["ts"], (spilled, resumed)
+    assert spilled[0]["jobs"] <= 51, spilled  # to just below the resume mark, no further
+    want = {(e["id"], e["endpoint"]) for e in evs if e["endpoint"] in fast}
+    wait_until(lambda: want <= delivered_ids(w.outcomes()), 60, 0.5, "the answering endpoints")
+    assert c.term() == 0, c.logs()[-3000:]
+    outs = [o for o in w.outcomes() if o["endpoint"] == slow and o["state"] == "deferred"]
+    assert {o["err"] for o in outs} >= {"backlog_spill"}, outs
+
+
 def test_jobs_spilled_while_redis_refuses_writes_are_not_spilled_again(make_world):
     """Intake full behind rate-limited endpoints while Redis refuses the consumer's writes (an
     ACL user whose write commands are taken away): one spill pass moves 51 queued jobs, which
