@@ -347,15 +347,41 @@ static bool cmd_failed(struct sl_rconn *conn, int saved_errno)
     return timed_out;
 }
 
+static bool starts_with(const char *s, size_t len, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    return len >= n && memcmp(s, prefix, n) == 0;
+}
+
+static bool contains(const char *s, size_t len, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (size_t i = 0; i + n <= len; i++)
+        if (memcmp(s + i, needle, n) == 0)
+            return true;
+    return false;
+}
+
+bool sl_redis_err_demoted(const char *s, size_t len)
+{
+    if (!s)
+        return false;
+    if (starts_with(s, len, "READONLY") || starts_with(s, len, "MASTERDOWN"))
+        return true;
+    /* Redis < 7 wraps the error of a write inside a script as
+     * "ERR Error running script (call to f_...): @user_script:1: ...: -READONLY ..." */
+    return starts_with(s, len, "ERR Error running script") &&
+           (contains(s, len, "-READONLY ") || contains(s, len, "-MASTERDOWN "));
+}
+
 /* A reply came: the back-off is over. One saying the server no longer takes writes (READONLY:
  * a primary demoted to a replica behind the same name, as managed services fail over;
- * MASTERDOWN): drop the connection, so the next call connects again and reaches the new
- * primary. The reply goes to the caller. */
+ * MASTERDOWN), also from inside a script: drop the connection, so the next call connects
+ * again and reaches the new primary. The reply goes to the caller. */
 static void answered(struct sl_rconn *conn, const redisReply *rep)
 {
     conn->backoff_ms = 0; /* it answers: the next failure starts the back-off afresh */
-    if (rep->type == REDIS_REPLY_ERROR && rep->str &&
-        (strncmp(rep->str, "READONLY", 8) == 0 || strncmp(rep->str, "MASTERDOWN", 10) == 0))
+    if (rep->type == REDIS_REPLY_ERROR && sl_redis_err_demoted(rep->str, rep->len))
         sl_rconn_drop(conn);
 }
 

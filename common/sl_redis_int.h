@@ -7,6 +7,7 @@
 #ifndef SL_REDIS_INT_H
 #define SL_REDIS_INT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,6 +70,10 @@ struct sl_redis {
 };
 
 int64_t sl_redis_mono_ms(void);
+/* Whether an error reply (s, len bytes) says the server no longer takes writes: READONLY or
+ * MASTERDOWN, as Redis 7 answers them also from a script, or wrapped in "ERR Error running
+ * script" as Redis < 7 answers a script's write. False for NULL. */
+bool sl_redis_err_demoted(const char *s, size_t len);
 /* Connect conn (its host and port) with r's credentials (and database when standalone),
  * unless a recent attempt failed; see sl_redis.c. 0 or SL_EREDIS with err filled. */
 int sl_rconn_connect(sl_redis_t *r, struct sl_rconn *conn, sl_err_t *err);
