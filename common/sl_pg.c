@@ -3,6 +3,7 @@
  */
 #include "common/sl_pg.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,14 +19,27 @@ static void notice_cb(void *arg, const char *msg)
     sl_debug(SL_DBG_DB, "db", "pg_notice", "%.*s", (int)n, msg);
 }
 
+/* Whether libpq's environment variable name is set (then it, not our default, applies). */
+static bool env_set(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v;
+}
+
 PGconn *sl_pg_open(const char *dsn, const char *app)
 {
-    /* our defaults first; the DSN (expanded from "dbname", last) overrides any it sets */
-    const char *keys[9] = {"connect_timeout",     "keepalives",       "keepalives_idle",
-                           "keepalives_interval", "keepalives_count", "tcp_user_timeout"};
-    const char *vals[9] = {"5", "1", "10", "5", "3", "30000"};
-    int n = 6;
-    if (app) {
+    /* our defaults first; the DSN (expanded from "dbname", last) overrides any it sets. A
+     * parameter passed here outranks libpq's environment variables, so the ones a user may
+     * have set (PGCONNECT_TIMEOUT, PGAPPNAME) are left to libpq instead. */
+    const char *keys[9] = {"keepalives", "keepalives_idle", "keepalives_interval",
+                           "keepalives_count", "tcp_user_timeout"};
+    const char *vals[9] = {"1", "10", "5", "3", "30000"};
+    int n = 5;
+    if (!env_set("PGCONNECT_TIMEOUT")) {
+        keys[n] = "connect_timeout";
+        vals[n++] = "5";
+    }
+    if (app && !env_set("PGAPPNAME")) {
         keys[n] = "application_name";
         vals[n++] = app;
     }

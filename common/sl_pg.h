@@ -23,8 +23,9 @@
  * Start a connection to dsn with Sluice's defaults, which the DSN may override: connect
  * timeout 5 s, TCP keepalives, tcp_user_timeout 30 s (a server that stops answering fails a
  * connect within 5 s and a query within 30 s, not after TCP's minutes), application_name app
- * (NULL: libpq's). Returns libpq's connection whatever its status (NULL only out of memory);
- * the caller checks PQstatus.
+ * (NULL: libpq's); PGCONNECT_TIMEOUT and PGAPPNAME, when set, replace the timeout and the
+ * name as well. Returns libpq's connection whatever its status (NULL only out of memory); the
+ * caller checks PQstatus.
  */
 PGconn *sl_pg_open(const char *dsn, const char *app);
 

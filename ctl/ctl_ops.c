@@ -14,6 +14,7 @@
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "common/sl_pg.h"
 #include "ctl/ctl.h"
 
 /* ==== Durations and times ==== */
@@ -195,10 +196,7 @@ static void notice_cb(void *arg, const char *msg)
 
 PGconn *ctl_ops_pg_open(const struct sl_config *cfg, sl_err_t *err)
 {
-    /* ours first; the DSN (expanded from "dbname") overrides whatever it sets itself */
-    const char *const keys[] = {"connect_timeout", "application_name", "dbname", NULL};
-    const char *const vals[] = {"5", "sluicectl", cfg->pg_dsn, NULL};
-    PGconn *pg = PQconnectdbParams(keys, vals, 1);
+    PGconn *pg = sl_pg_open(cfg->pg_dsn, "sluicectl"); /* Sluice's defaults, keepalives too */
     if (!pg || PQstatus(pg) != CONNECTION_OK) {
         const char *m = pg ? PQerrorMessage(pg) : "out of memory";
         size_t n = strlen(m);
