@@ -14,6 +14,8 @@
 #include "common/sl_registry.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -534,13 +536,37 @@ out:
  * database's collation (an en_US one puts "acme" before "Beta"). */
 #define ID_BYTES "collate \"C\""
 
+/* The ids of eps[0..n) as a text[] literal ("{\"a\",\"b\"}"; owned by the caller). */
+static char *ids_array(const struct sl_reg_ep *eps, size_t n)
+{
+    struct sl_buf b;
+    sl_buf_init(&b, SIZE_MAX);
+    sl_buf_append(&b, "{", 1);
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            sl_buf_append(&b, ",", 1);
+        sl_buf_append(&b, "\"", 1);
+        for (const char *c = eps[i].id; *c; c++) {
+            if (*c == '"' || *c == '\\')
+                sl_buf_append(&b, "\\", 1);
+            sl_buf_append(&b, c, 1);
+        }
+        sl_buf_append(&b, "\"", 1);
+    }
+    sl_buf_append(&b, "}", 1); /* NUL-terminated */
+    return (char *)b.data;
+}
+
 /*
- * Rows of endpoints (query q with nparams params p) and then their secrets (query sq, same
- * params), both ordered by id (ID_BYTES): merged into *out / *n.
+ * Rows of endpoints (query q with nparams params p) and then their secrets, both ordered by id
+ * (ID_BYTES), merged into *out / *n. The secrets query sq takes the same params, or, when
+ * by_ids, one: the ids the first query returned (text[]), so that it reads the secrets of
+ * exactly those rows, whatever was inserted meanwhile.
  */
 static int list_rows(PGconn *pg,
                      const char *q,
                      const char *sq,
+                     bool by_ids,
                      int nparams,
                      const char *const *p,
                      struct sl_reg_ep **out,
@@ -564,7 +590,14 @@ static int list_rows(PGconn *pg,
         goto out;
     if (cnt == 0)
         goto out;
-    sres = sl_pg_exec(pg, "list endpoint secrets", sq, nparams, p, err);
+    if (by_ids) {
+        char *ids = ids_array(eps, cnt);
+        const char *ip[1] = {ids};
+        sres = sl_pg_exec(pg, "list endpoint secrets", sq, 1, ip, err);
+        free(ids);
+    } else {
+        sres = sl_pg_exec(pg, "list endpoint secrets", sq, nparams, p, err);
+    }
     if (!sres) {
         rc = SL_EPG;
         goto out;
@@ -597,7 +630,7 @@ int sl_reg_db_list(PGconn *pg, struct sl_reg_ep **out, size_t *n, sl_err_t *err)
     return list_rows(pg, "select " EP_COLS " from endpoints order by id " ID_BYTES,
                      "select " SECRET_COLS " from endpoint_secrets order by endpoint_id " ID_BYTES
                      ", " SECRET_ORDER,
-                     0, NULL, out, n, err);
+                     false, 0, NULL, out, n, err);
 }
 
 int sl_reg_db_page(PGconn *pg,
@@ -614,18 +647,14 @@ int sl_reg_db_page(PGconn *pg,
         return sl_err_set(err, SL_EINVAL, "page size must be 1..%d", SL_REG_PAGE_MAX);
     (void)snprintf(lim, sizeof(lim), "%zu", limit);
     const char *p[2] = {after_id, lim}; /* NULL = SQL null: from the start */
-    /* the secrets query selects the same page again: an endpoint added in between is not
-     * in the first result and its secrets are skipped by the merge */
-#define PAGE_IDS                                                                                   \
-    "select id from endpoints where ($1::text is null or id " ID_BYTES                             \
-    " > $1) order by id " ID_BYTES " limit $2"
+    /* the secrets of exactly the page's rows (by_ids), through endpoint_secrets_endpoint_id_bytes
+     * (sql/0009): the page's query run again could end elsewhere after an insert */
     return list_rows(pg,
                      "select " EP_COLS " from endpoints where ($1::text is null or id " ID_BYTES
                      " > $1) order by id " ID_BYTES " limit $2::bigint",
-                     "select " SECRET_COLS " from endpoint_secrets where endpoint_id in "
-                     "(" PAGE_IDS "::bigint) order by endpoint_id " ID_BYTES ", " SECRET_ORDER,
-                     2, p, out, n, err);
-#undef PAGE_IDS
+                     "select " SECRET_COLS " from endpoint_secrets where endpoint_id " ID_BYTES
+                     " = any($1::text[]) order by endpoint_id " ID_BYTES ", " SECRET_ORDER,
+                     true, 2, p, out, n, err);
 }
 
 /* Text parameters $1..$22 for insert/update, in EP_COLS order minus the timestamps (types and

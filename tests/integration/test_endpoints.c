@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -1473,6 +1474,99 @@ static void test_registry_ops(void **state)
 }
 
 /* A topic that does not exist is a clear start-up error, not a hang or an empty table. */
+/* sl_reg_db_page on a thread of its own (its connection is its own). */
+struct page_call {
+    PGconn *pg;
+    const char *after;
+    struct sl_reg_ep *page;
+    size_t n;
+    int rc;
+    sl_err_t err;
+};
+
+static void *page_main(void *arg)
+{
+    struct page_call *c = arg;
+    c->rc = sl_reg_db_page(c->pg, c->after, 2, &c->page, &c->n, &c->err);
+    return NULL;
+}
+
+static void exec_ok(PGconn *pg, const char *sql, const char *p1)
+{
+    const char *params[1] = {p1};
+    PGresult *res = PQexecParams(pg, sql, p1 ? 1 : 0, NULL, params, NULL, NULL, 0);
+    ExecStatusType st = PQresultStatus(res);
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+        fail_msg("%s: %s", sql, PQresultErrorMessage(res));
+    PQclear(res);
+}
+
+/*
+ * A page's secrets are those of the rows it returned. The page [zzB, zzD] is read; while its
+ * secrets query waits for a lock another session holds on endpoint_secrets, that session adds
+ * zzC between them and commits. The secrets query then runs on a snapshot that has zzC: read by
+ * the page's own query again (as it was) it covered zzB and zzC, and zzD came back without
+ * secrets.
+ */
+static void test_page_reads_the_secrets_of_its_own_rows(void **state)
+{
+    (void)state;
+    sl_err_t err;
+    struct sl_reg_pub pub;
+    struct sl_reg_result res;
+    struct sl_reg_ep ep;
+    char b[80], c[80], d[80], after[80], whsec[SL_SECRET_STR_MAX];
+    id_of(b, sizeof(b), "zzB");
+    id_of(c, sizeof(c), "zzC");
+    id_of(d, sizeof(d), "zzD");
+    id_of(after, sizeof(after), "zz");
+    PGconn *pg = sl_reg_db_open(&E.cfg, &err);
+    if (!pg)
+        fail_msg("sl_reg_db_open: %s", err.msg);
+    sl_reg_pub_init(&pub, &E.cfg, &E.mk);
+    const char *two[] = {b, d};
+    for (size_t i = 0; i < 2; i++) {
+        new_row(&ep, two[i]);
+        if (sl_reg_create(pg, &pub, &E.mk, &ep, NULL, whsec, &res, &err) != 0)
+            fail_msg("sl_reg_create %s: %s", two[i], err.msg);
+        sl_reg_ep_fini(&ep);
+    }
+    exec_ok(E.pg, "begin", NULL);
+    exec_ok(E.pg, "lock table endpoint_secrets in access exclusive mode", NULL);
+    struct page_call call = {.pg = pg, .after = after};
+    pthread_t thr;
+    assert_int_equal(pthread_create(&thr, NULL, page_main, &call), 0);
+    char pid[16];
+    (void)snprintf(pid, sizeof(pid), "%d", PQbackendPID(pg));
+    int waited = 0;
+    for (;; waited += 10) { /* until the page's secrets query waits for the lock */
+        exec_ok(E.pg, "select pg_stat_clear_snapshot()", NULL);
+        if (pg_int("select count(*) from pg_stat_activity where pid = $1::int and "
+                   "wait_event_type = 'Lock'",
+                   pid) == 1)
+            break;
+        if (waited > 10000 * (E.wait_ms / 2000))
+            fail_msg("the page's secrets query never waited for the lock");
+        struct timespec ts = {0, 10 * 1000000L};
+        (void)nanosleep(&ts, NULL);
+    }
+    exec_ok(E.pg, "insert into endpoints (id, url) values ($1, 'https://example.com/zz')", c);
+    exec_ok(E.pg, "commit", NULL);
+    assert_int_equal(pthread_join(thr, NULL), 0);
+    if (call.rc != 0)
+        fail_msg("sl_reg_db_page: %s", call.err.msg);
+    assert_int_equal(call.n, 2);
+    assert_string_equal(call.page[0].id, b);
+    assert_string_equal(call.page[1].id, d);
+    assert_int_equal(call.page[0].n_secrets, 1);
+    assert_int_equal(call.page[1].n_secrets, 1);
+    for (size_t i = 0; i < call.n; i++)
+        sl_reg_ep_fini(&call.page[i]);
+    free(call.page);
+    sl_reg_pub_close(&pub);
+    PQfinish(pg);
+}
+
 static void test_open_missing_topic(void **state)
 {
     (void)state;
@@ -1503,6 +1597,7 @@ int main(void)
         cmocka_unit_test(test_output),
         cmocka_unit_test(test_publish_failure_then_sync),
         cmocka_unit_test(test_registry_ops),
+        cmocka_unit_test(test_page_reads_the_secrets_of_its_own_rows),
         cmocka_unit_test(test_open_missing_topic),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
