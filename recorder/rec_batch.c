@@ -291,11 +291,11 @@ int rec_batch_add(struct rec_batch *b,
     int erc = 0;
     size_t start = ln->rows.len;
     int64_t ahead = drc == 0 && b->future_max_ms > 0 && o.ts_ms <= (uint64_t)INT64_MAX
-                        ? (int64_t)o.ts_ms - sl_now_ms()
+                        ? (int64_t)o.ts_ms - (sl_now_ms() + b->clock_offset_ms)
                         : 0;
     if (ahead > b->future_max_ms) /* never when there is no check: ahead is 0 then */
         erc = sl_err_set(err, SL_EINVAL,
-                         "field \"ts\": %lld s ahead of the recorder's clock (at most %lld s; "
+                         "field \"ts\": %lld s ahead of postgresql's clock (at most %lld s; "
                          "the producing pod's clock is wrong)",
                          (long long)(ahead / 1000), (long long)(b->future_max_ms / 1000));
     else if (drc == 0)

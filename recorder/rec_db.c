@@ -774,6 +774,13 @@ int rec_db_oldest_undelivered(rec_db_t *db, int64_t *age_s, sl_err_t *err)
                      0, NULL, age_s, err);
 }
 
+int rec_db_clock_ms(rec_db_t *db, int64_t *ms, sl_err_t *err)
+{
+    return query_int(db, "read the database clock",
+                     "select floor(extract(epoch from clock_timestamp()) * 1000)::int8", 0, NULL,
+                     ms, err);
+}
+
 int rec_db_refresh_health(rec_db_t *db, int64_t window_h, int64_t *endpoints, sl_err_t *err)
 {
     return query_int(db, "refresh endpoint health", "select sluice_refresh_endpoint_health($1)", 1,

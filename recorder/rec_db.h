@@ -129,6 +129,10 @@ int rec_db_purge(rec_db_t *db,
 
 /* sluice_refresh_endpoint_health(window_h). *endpoints: OUT, endpoints with samples. */
 int rec_db_refresh_health(rec_db_t *db, int64_t window_h, int64_t *endpoints, sl_err_t *err);
+/* The server's clock (clock_timestamp()), Unix ms: the recorder's reference for how far
+ * ahead an outcome's ts may be (rec_maint). Returns 0 or SL_EPG. */
+int rec_db_clock_ms(rec_db_t *db, int64_t *ms, sl_err_t *err);
+
 /* Age of the oldest delivery waiting for a retry or deferred, whole seconds (0 when none):
  * sluice_oldest_undelivered_age_seconds, the metric twin of sluice_alerts' oldest_undelivered
  * (deliveries_open_idx answers it). Returns 0 or SL_EPG. */

@@ -857,6 +857,9 @@ static void handle_message(rec_loop_t *l, rd_kafka_message_t *rkm)
     }
     sl_err_t err;
     sl_err_clear(&err);
+    int64_t offset = 0;
+    if (rec_maint_clock_offset(l->maint, &offset)) /* else this host's clock, as before */
+        l->bufs[0].clock_offset_ms = l->bufs[1].clock_offset_ms = offset;
     int rc = rec_batch_add(l->batch, rkm->payload, rkm->len, rkm->partition, rkm->offset,
                            sl_mono_ms(), &err);
     if (rc == SL_ESTATE && !l->blocked) {

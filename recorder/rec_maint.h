@@ -12,7 +12,9 @@
  *     recorder_health_refresh_ms (default 30 s), or every 10 x its last duration when that is
  *     longer (it never takes more than ~10 % of a core, whatever the sample volume);
  *   - the age of the oldest undelivered delivery (sluice_oldest_undelivered_age_seconds)
- *     every 15 s.
+ *     every 15 s;
+ *   - the offset of PostgreSQL's clock from this host's, first of all and every minute: the
+ *     reference the loop judges outcomes' timestamps by (rec_maint_clock_offset).
  * Failures are logged on state changes (maintenance_failed / maintenance_recovered) and retried
  * at the next tick; a database this binary cannot write (SL_EVERSION at connect, see rec_db.h)
  * is reported to the loop through rec_maint_fatal. The thread connects at once, so that check
@@ -36,6 +38,8 @@
 #define REC_PARTITIONS_EVERY_MS  60000 /* drop expired + ensure ahead */
 #define REC_PURGE_EVERY_MS       60000 /* dead_letters / deliveries retention */
 #define REC_OLDEST_EVERY_MS      15000 /* sluice_oldest_undelivered_age_seconds reading */
+#define REC_CLOCK_EVERY_MS       60000 /* PostgreSQL's clock offset reading */
+#define REC_CLOCK_WARN_MS        5000  /* an offset beyond this is logged (clock_offset) */
 #define REC_PARTITION_DAYS_AHEAD 2     /* days of partitions created ahead of today */
 #define REC_LATENCY_MARGIN_H     1     /* latency partitions kept past the window, hours */
 #define REC_PURGE_LIMIT          10000 /* rows per retention DELETE */
@@ -50,6 +54,11 @@ rec_maint_t *rec_maint_start(const struct sl_config *cfg, sl_err_t *err);
 /* True (with err, NULL allowed) once a connection found a database this binary cannot write
  * (SL_EVERSION); the caller stops. */
 bool rec_maint_fatal(rec_maint_t *m, sl_err_t *err);
+
+/* PostgreSQL's clock minus this host's, ms, as last read (the middle of the query's round
+ * trip); false until a reading succeeded (then *offset_ms is left alone). NULL-safe. Any
+ * thread. */
+bool rec_maint_clock_offset(rec_maint_t *m, int64_t *offset_ms);
 
 /* Stop: cancel a running statement, join the thread, disconnect, free. NULL-safe. */
 void rec_maint_stop(rec_maint_t *m);

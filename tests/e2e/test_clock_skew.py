@@ -10,6 +10,10 @@ when a comparison against a pod's own clock goes wrong. Which pod sent a request
 its signature timestamp (webhook-timestamp is the sending pod's wall clock) against the
 receiver's arrival time, which also proves the fake clocks took effect.
 
+The recorder judges how far ahead an outcome's time may be (10 minutes) by PostgreSQL's
+clock, not its own: a recorder whose clock runs 20 minutes behind records the pods' outcomes
+and still quarantines one a year ahead.
+
 libfaketime hangs a process built with ASan, so this file is registered only in builds
 without it (tests/e2e/CMakeLists.txt); scripts/test.sh's gcc stage runs it.
 """
@@ -17,11 +21,12 @@ without it (tests/e2e/CMakeLists.txt); scripts/test.sh's gcc stage runs it.
 import collections
 import glob
 import os
+import subprocess
 import time
 
 import pytest
 
-from sluice_e2e import event, redis_cmd, wait_until
+from sluice_e2e import Proc, event, psql, redis_cmd, wait_until
 
 SKEW_S = 10
 
@@ -185,3 +190,47 @@ def test_shared_rate_bucket_holds_across_skewed_pods(make_world):
     assert 0.6 * rate <= achieved <= 1.1 * rate, f"{achieved:.1f}/s for a limit of {rate}/s"
     by_pod = collections.Counter(pod_of(l) for l in lines)
     assert by_pod["ahead"] > 0 and by_pod["behind"] > 0, by_pod
+
+
+def _mp(v):
+    """msgpack of str, non-negative int or a dict of them (enough for an outcome record)."""
+    import struct
+    if isinstance(v, dict):
+        return b"\xde" + struct.pack(">H", len(v)) + b"".join(_mp(k) + _mp(x) for k, x in v.items())
+    if isinstance(v, int):
+        return bytes([v]) if v < 128 else b"\xcf" + struct.pack(">Q", v)
+    b = v.encode()
+    return (bytes([0xa0 | len(b)]) if len(b) < 32 else b"\xd9" + bytes([len(b)])) + b
+
+
+def test_a_recorder_whose_clock_runs_behind_judges_outcomes_by_postgresql(make_world):
+    """A recorder 20 minutes behind: an outcome stamped now by a pod is 20 minutes ahead of the
+    recorder's clock, beyond the 10 allowed, but not ahead of PostgreSQL's. It is recorded (it
+    was quarantined, and with it every outcome of every pod); one a year ahead is still
+    quarantined; the recorder logs the offset it found."""
+    w = make_world(recorder_flush_ms=100)
+    ep = "rclk" + w.tag
+    now = int(time.time() * 1000)
+    path = os.path.join(w.dir, "outcomes.bin")
+    for i, ts in enumerate((now, now + 365 * 86400 * 1000)):
+        rec = {"v": 1, "id": f"ev-rclk-{w.tag}-{i}", "ep": ep, "type": "order.paid",
+               "attempt": 1, "state": "delivered", "http": 200, "ts": ts, "created": now,
+               "pod": "test-pod"}
+        with open(path, "wb") as f:
+            f.write(_mp(rec))
+        r = subprocess.run(["kcat", "-b", w.env["SLUICE_KAFKA_BROKERS"], "-P", "-t",
+                            w.env["SLUICE_TOPIC_OUTCOMES"], "-k", ep, path],
+                           capture_output=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+    rp = Proc(skewed(-20 * 60) + [w.bin("recorder/sluice-recorder")], w.env,
+              os.path.join(w.dir, "recorder.log"))
+    dsn = w.env["SLUICE_PG_DSN"]
+    wait_until(lambda: psql(dsn, f"select count(*) from delivery_attempts where endpoint_id = "
+                                 f"'{ep}'") == "1", 60, 0.5, "the outcome stamped now recorded")
+    assert psql(dsn, f"select event_id from delivery_attempts where endpoint_id = '{ep}'") \
+        == f"ev-rclk-{w.tag}-0"
+    q = wait_until(lambda: w.dump("quarantine"), 60, 0.5, "the year-ahead outcome quarantined")
+    assert len(q) == 1 and "ahead of postgresql's clock" in q[0]["reason"], q
+    off = [l for l in rp.log_lines() if '"event":"clock_offset"' in l]
+    assert off and "behind postgresql's" in off[0], rp.logs()[-3000:]
+    assert rp.term() == 0

@@ -451,7 +451,7 @@ def test_an_outcome_from_a_clock_far_ahead_is_quarantined_not_recorded(make_worl
         assert r.returncode == 0, r.stderr
     rp = Proc([w.bin("recorder/sluice-recorder")], w.env, _os.path.join(w.dir, "recorder.log"))
     q = wait_until(lambda: w.dump("quarantine"), 60, 0.5, "the outcome quarantined")
-    assert len(q) == 1 and "ahead of the recorder's clock" in q[0]["reason"], q
+    assert len(q) == 1 and "ahead of postgresql's clock" in q[0]["reason"], q
     dsn = w.env["SLUICE_PG_DSN"]
     wait_until(lambda: psql(dsn, f"select count(*) from delivery_attempts where endpoint_id = "
                                  f"'{ep}'") == "1", 60, 0.5, "the sound outcome recorded")
