@@ -869,13 +869,17 @@ static void handle_message(rec_loop_t *l, rd_kafka_message_t *rkm)
     }
     if (rc == SL_ESTATE) {
         /* Full and blocked (a record fetched before the pause took effect): do not drop it,
-         * rewind its partition so it is fetched again after the resume. */
+         * rewind its partition so it is fetched again after the resume. A rewind that fails
+         * would leave a gap once a later offset of the partition is stored: stop instead,
+         * storing nothing more (the next start reads the record again). */
         rd_kafka_resp_err_t e = rd_kafka_seek(rkm->rkt, rkm->partition, rkm->offset, 1000);
-        if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
-            SL_LOGKV(SL_LOG_WARN, "kafka", "seek_failed",
+        if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
+            SL_LOGKV(SL_LOG_ERROR, "kafka", "seek_failed",
                      ((struct sl_log_kv[]){SL_KV_I("partition", rkm->partition),
                                            SL_KV_I("offset", rkm->offset)}),
                      "could not rewind a partition while paused: %s", rd_kafka_err2str(e));
+            stop_fatal_err(l, SL_EKAFKA, "could not rewind a partition to a record not recorded");
+        }
         return;
     }
     l->st.records++;
