@@ -96,7 +96,46 @@ static int secret_scheme(
  * would otherwise store it). */
 #define HDR_REDACTED "[redacted]"
 
-static json_t *ep_json(const struct sl_reg_ep *ep, const struct sl_masterkey *mk)
+/*
+ * The endpoint URL as a key without admin scope sees it: each query value and the fragment
+ * read HDR_REDACTED (postback URLs carry click ids, payouts and partners' tokens there, and
+ * such a key may be a support tool's); scheme, host, path and the query's names stay
+ * (userinfo is refused at registration). Works on templates too (no parse). Owned by the
+ * caller.
+ */
+static char *url_for_readers(const char *url)
+{
+    struct sl_buf b;
+    sl_buf_init(&b, SIZE_MAX);
+    const char *p = url;
+    size_t keep = strcspn(p, "?#");
+    sl_buf_append(&b, p, keep);
+    p += keep;
+    if (*p == '?') {
+        sl_buf_append(&b, "?", 1);
+        p++;
+        while (*p && *p != '#') {
+            size_t plen = strcspn(p, "&#");
+            const char *eq = memchr(p, '=', plen);
+            if (eq)
+                sl_buf_append(&b, p, (size_t)(eq - p) + 1);
+            sl_buf_append_str(&b, HDR_REDACTED);
+            p += plen;
+            if (*p == '&') {
+                sl_buf_append(&b, "&", 1);
+                p++;
+            }
+        }
+    }
+    if (*p == '#')
+        sl_buf_append_str(&b, "#" HDR_REDACTED);
+    sl_buf_append(&b, "", 0);
+    char *out = b.data ? (char *)b.data : sl_xstrdup("");
+    return out;
+}
+
+/* ep as an answer's JSON; full: the URL as stored (admin keys), else url_for_readers. */
+static json_t *ep_json(const struct sl_reg_ep *ep, const struct sl_masterkey *mk, bool full)
 {
     json_t *hdr = json_object();
     for (size_t i = 0; i < ep->n_hdr; i++)
@@ -123,7 +162,13 @@ static json_t *ep_json(const struct sl_reg_ep *ep, const struct sl_masterkey *mk
     json_t *j = json_object();
     json_object_set_new(j, "id", json_string(ep->id));
     json_object_set_new(j, "name", json_string(ep->name ? ep->name : ""));
-    json_object_set_new(j, "url", json_string(ep->url));
+    if (full) {
+        json_object_set_new(j, "url", json_string(ep->url));
+    } else {
+        char *u = url_for_readers(ep->url);
+        json_object_set_new(j, "url", json_string(u));
+        free(u);
+    }
     json_object_set_new(j, "template", json_boolean(ep->tpl));
     json_object_set_new(j, "method", json_string(sl_http_method_name(ep->method)));
     json_object_set_new(j, "content_type", ep->ct && ep->ct[0] ? json_string(ep->ct) : json_null());
@@ -410,6 +455,12 @@ static int apply_fields(struct api_req *r, json_t *j, struct sl_reg_ep *ep, bool
 }
 
 /* May the caller's key see this registry row? (a key limited to channels: one in common) */
+/* Whether the caller sees endpoint URLs whole (admin scope), not as url_for_readers. */
+static bool full_url(const struct api_req *r)
+{
+    return sl_apikey_allows(r->auth.key, SL_SCOPE_ADMIN);
+}
+
 static bool sees_row(struct api_req *r, const struct sl_reg_ep *ep)
 {
     return sl_apikey_sees_channels(r->auth.key, ep->channels, ep->n_channels);
@@ -525,7 +576,7 @@ static enum api_hret changed(struct api_req *r,
                              const struct sl_reg_result *res,
                              json_t *x)
 {
-    json_t *j = ep ? ep_json(ep, &r->api->mk) : json_object();
+    json_t *j = ep ? ep_json(ep, &r->api->mk, true) : json_object(); /* admin's answer */
     json_object_set_new(j, "published", json_boolean(res->published));
     if (x) {
         json_object_update(j, x);
@@ -563,7 +614,7 @@ enum api_hret api_endpoints_list(struct api_req *r)
             next = api_cursor_json(r, eps[i].id);
         }
         if (sees_row(r, &eps[i]))
-            json_array_append_new(data, ep_json(&eps[i], &r->api->mk));
+            json_array_append_new(data, ep_json(&eps[i], &r->api->mk, full_url(r)));
     }
     for (size_t i = 0; i < n; i++)
         sl_reg_ep_fini(&eps[i]);
@@ -586,7 +637,7 @@ enum api_hret api_endpoints_get(struct api_req *r)
     if (rc == 0 && !sees_row(r, &ep))
         rc = SL_ENOTFOUND; /* another tenant's endpoint does not exist for this key */
     if (rc == 0)
-        api_reply(r, 200, ep_json(&ep, &r->api->mk));
+        api_reply(r, 200, ep_json(&ep, &r->api->mk, full_url(r)));
     else
         problem_for(r, rc, &err, id);
     sl_reg_ep_fini(&ep);

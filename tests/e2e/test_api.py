@@ -626,6 +626,7 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
 def test_header_values_are_write_only_and_a_shared_endpoint_needs_all_channels(make_world):
     """Extra header values (often credentials) never come back in an answer and the
     placeholder shown instead is refused as a value; answers are not to be cached. A key
+    without admin scope sees an endpoint URL's query values and fragment redacted. A key
     limited to channels rotates or deletes only endpoints whose channels are all its own
     (seeing one through a shared channel is not enough), and /v1/event-types shows it only the
     types of endpoints it sees."""
@@ -646,6 +647,19 @@ def test_header_values_are_write_only_and_a_shared_endpoint_needs_all_channels(m
     shared = create("shared", ["ta", "tb"], ["ta.paid"], {"Authorization": "Basic c2VjcmV0"})
     own = create("own", ["ta"], ["ta.paid"])
     other = create("other", ["tc"], ["tc.secret_type"])
+
+    # a postback URL's query values and fragment are for admin keys only
+    pb_url = rcv.url("ok", "pb") + "?click={click_id}&token=s3cr3t&flag#part"
+    st, _, b = call(api, "POST", "/v1/endpoints", {"id": f"pb_{w.tag}", "url": pb_url,
+                                                   "template": True, "types": ["pb.x"]}, admin)
+    assert st == 201 and b["url"] == pb_url, b
+    st, _, b = call(api, "GET", f"/v1/endpoints/pb_{w.tag}", None, admin)
+    assert st == 200 and b["url"] == pb_url, b
+    st, _, b = call(api, "GET", f"/v1/endpoints/pb_{w.tag}", None, reader)
+    assert st == 200 and b["url"] == (rcv.url("ok", "pb") + "?click=[redacted]&token=[redacted]"
+                                      "&[redacted]#[redacted]"), b
+    st, _, lst = call(api, "GET", "/v1/endpoints?limit=500", None, reader)
+    assert st == 200 and "s3cr3t" not in json.dumps(lst) and "click_id" not in json.dumps(lst)
 
     st, hdrs, b = call(api, "GET", f"/v1/endpoints/{shared}", None, reader)
     assert st == 200 and b["headers"] == {"Authorization": "[redacted]"}, b
