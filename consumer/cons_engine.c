@@ -340,6 +340,7 @@ cons_engine_t *cons_engine_new(
     cons_list_init(&e->ihold);
     cons_list_init(&e->epwait);
     e->epwait_ids = sl_map_new(8);
+    e->live_ids = sl_map_new(1024);
     cons_list_init(&e->leased);
     cons_list_init(&e->hrecs);
     cons_timers_init(&e->timers, T_COUNT);
@@ -676,6 +677,7 @@ void cons_engine_destroy(cons_engine_t *e)
         cons_job_free(e, j);
     }
     sl_map_destroy(e->epwait_ids, NULL);
+    sl_map_destroy(e->live_ids, NULL);
     for (size_t i = 0; i < e->npmarks; i++) {
         free(e->pmarks[i].ep);
         free(e->pmarks[i].id);

@@ -174,6 +174,7 @@ struct job {
     int acks_pending;                 /* outcome records not yet acknowledged */
     enum job_after after;             /* action once acknowledged */
     bool probe;                       /* this send is the breaker's half-open probe */
+    bool live_id;                     /* SRC_KAFKA: registered in e->live_ids until freed */
     bool is_spill;                    /* spilled: scheduled without spending an attempt
                                          (counted in spills_live until freed) */
     struct curl_slist *hdrs;          /* request headers while in flight (owned; one block
@@ -278,6 +279,8 @@ struct cons_engine {
     struct cons_list inflight;    /* JOB_SENDING: a request running */
     struct cons_list marks;       /* JOB_MARKING: delivered, marker write pending */
     struct cons_list epwait;      /* JOB_EP_WAIT: unknown endpoint, table catching up */
+    sl_map_t *live_ids;           /* job id -> the Kafka job of that delivery live in this
+                                     loop: a copy read meanwhile is not sent beside it */
     sl_map_t *epwait_ids;         /* endpoint id -> jobs of it in epwait (intptr_t): its
                                      later records wait behind them, in order */
     struct cons_list ihold;       /* JOB_DEDUP_WAIT: duplicate check failed

@@ -263,6 +263,52 @@ void cons_ihold_take(cons_engine_t *e, struct job *j)
     cons_job_set_state(e, j, JOB_LOOSE);
 }
 
+/* A copy of a delivery its marker says was delivered: counted, and reported as a duplicate
+ * (after the delivery's own outcome again, as the marker remembers it). */
+static void delivered_copy(cons_engine_t *e, struct job *j, const struct cons_done_info *info)
+{
+    e->st.duplicates++;
+    sl_counter_inc(cons_m.duplicates);
+    j->after = AFTER_COMPLETE;
+    struct sl_outcome o;
+    if (info->attempt > 0) {
+        /* The delivery's own outcome again, as the marker remembers it: the same
+         * (attempt, state, ts) is the same history row, so the recorder keeps one;
+         * when the first one was lost (the pod that delivered was killed before its
+         * acknowledgement), this one fills the gap. */
+        cons_outcome_init(e, j, &o, SL_OUTCOME_DELIVERED, info->attempt);
+        o.ts_ms = (uint64_t)info->ts_ms;
+        o.http = info->status;
+        o.lat_us = info->lat_us;
+        o.msg = "reported again from the delivered marker";
+        if (cons_produce_outcome(e, j, &o) != 0) {
+            cons_job_free(e, j);
+            return;
+        }
+    }
+    cons_outcome_init(e, j, &o, SL_OUTCOME_DUPLICATE, 0);
+    if (cons_produce_outcome(e, j, &o) != 0 && j->acks_pending == 0)
+        cons_job_free(e, j);
+}
+
+/*
+ * Whether the Kafka job j is a copy of a delivery another job of this loop holds (queued,
+ * sending or settling; its marker or retry job not written yet, so the Redis check passed
+ * it): that one owns the delivery, as a retry chain would, and j is not to be sent (a copy
+ * re-published at once, as by a client retrying its publish, was sent twice). Otherwise j
+ * becomes the holder of its job id until it is freed. Replays are always sent.
+ */
+static bool live_copy(cons_engine_t *e, struct job *j)
+{
+    if (j->src != SRC_KAFKA)
+        return false;
+    if (sl_map_get(e->live_ids, j->job_id))
+        return !j->d.replay;
+    sl_map_put(e->live_ids, j->job_id, j, NULL);
+    j->live_id = true;
+    return false;
+}
+
 /* Marker check for a batch, then duplicates out, the rest queued. */
 static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
 {
@@ -313,28 +359,13 @@ static void intake_batch(cons_engine_t *e, struct job **jobs, size_t n)
             continue;
         }
         if (dup[i] == CONS_DONE_DELIVERED) {
+            delivered_copy(e, j, &info[i]);
+            continue;
+        }
+        if (live_copy(e, j)) {
             e->st.duplicates++;
             sl_counter_inc(cons_m.duplicates);
-            j->after = AFTER_COMPLETE;
-            struct sl_outcome o;
-            if (info[i].attempt > 0) {
-                /* The delivery's own outcome again, as the marker remembers it: the same
-                 * (attempt, state, ts) is the same history row, so the recorder keeps one;
-                 * when the first one was lost (the pod that delivered was killed before its
-                 * acknowledgement), this one fills the gap. */
-                cons_outcome_init(e, j, &o, SL_OUTCOME_DELIVERED, info[i].attempt);
-                o.ts_ms = (uint64_t)info[i].ts_ms;
-                o.http = info[i].status;
-                o.lat_us = info[i].lat_us;
-                o.msg = "reported again from the delivered marker";
-                if (cons_produce_outcome(e, j, &o) != 0) {
-                    cons_job_free(e, j);
-                    continue;
-                }
-            }
-            cons_outcome_init(e, j, &o, SL_OUTCOME_DUPLICATE, 0);
-            if (cons_produce_outcome(e, j, &o) != 0 && j->acks_pending == 0)
-                cons_job_free(e, j);
+            cons_job_done_quiet(e, j);
             continue;
         }
         enqueue(e, j);

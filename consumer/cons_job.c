@@ -163,6 +163,8 @@ void cons_job_free(cons_engine_t *e, struct job *j)
     free(j->raw);
     if (j->is_spill)
         e->spills_live--;
+    if (j->live_id)
+        sl_map_del(e->live_ids, j->job_id, NULL);
     free(j);
     e->live--;
     sl_gauge_add(cons_m.queued, -1);
