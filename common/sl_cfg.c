@@ -458,6 +458,15 @@ static const struct opt opts[] = {
       60000,
       "500",
       "flush a partial batch after this long (ms)"),
+    I("recorder_future_max_s",
+      "SLUICE_RECORDER_FUTURE_MAX_S",
+      recorder_future_max_s,
+      1,
+      31536000,
+      "600",
+      "an outcome stamped further ahead of PostgreSQL's clock than this is quarantined, not "
+      "recorded: a pod whose clock runs ahead would otherwise hold its endpoint's latest-outcome "
+      "health until that time (s)"),
     I("recorder_lanes",
       "SLUICE_RECORDER_LANES",
       recorder_lanes,

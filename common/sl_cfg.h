@@ -97,6 +97,7 @@ struct sl_config {
     /* recorder */
     int64_t recorder_batch;             /* rows per COPY batch */
     int64_t recorder_flush_ms;          /* flush a partial batch after this long, ms */
+    int64_t recorder_future_max_s;      /* outcome ts ahead of PostgreSQL's clock allowed, s */
     int64_t recorder_lanes;             /* parallel write lanes (PostgreSQL connections) */
     int64_t recorder_batch_max_bytes;   /* encoded bytes that make a batch full, bytes */
     int64_t recorder_health_refresh_ms; /* endpoint_health refresh interval (at least), ms */

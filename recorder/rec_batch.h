@@ -43,11 +43,6 @@
 
 /* Latest outcome timestamp PostgreSQL (and common sense) accepts: 9999-12-31T23:59:59.999Z. */
 #define REC_TS_MAX_MS 253402300799999LL
-/* How far ahead of the reference clock (PostgreSQL's, whose now() the history's windows and
- * retention use; this host's until it is read) an outcome's ts may be: a consumer pod with a
- * clock years ahead would otherwise freeze its endpoint's health (latest-outcome columns take
- * the greatest ts) and keep its latency samples in every window until then. */
-#define REC_FUTURE_MAX_MS (10LL * 60 * 1000)
 
 /* Binary COPY framing: 11-byte signature, int32 flags, int32 header extension length. */
 #define REC_COPY_HEADER_LEN  19
@@ -94,10 +89,12 @@ struct rec_batch {
     size_t max_rows;        /* tuples that make the batch full */
     size_t max_bytes;       /* encoded bytes that make the batch full (one record may exceed) */
     struct sl_decode_limits lim; /* decode limits (max_body as the consumers use) */
-    int64_t future_max_ms;       /* an outcome whose ts is further ahead of the reference clock
-                                    is refused (SL_EINVAL, quarantined); 0 = no check */
-    int64_t clock_offset_ms;     /* the reference clock (PostgreSQL's) minus this host's, ms;
-                                    0 until known (this host's clock) */
+    int64_t future_max_ms;       /* an outcome whose ts is further ahead of PostgreSQL's clock
+                                    (recorder_future_max_s) is refused (SL_EINVAL, quarantined):
+                                    a pod with a clock years ahead would otherwise freeze its
+                                    endpoint's health (latest-outcome columns take the greatest
+                                    ts) and keep its samples in every window; 0 = no check */
+    int64_t clock_offset_ms;     /* PostgreSQL's clock minus this host's, ms (0 = this host's) */
 };
 
 /*

@@ -183,6 +183,7 @@ struct rec_loop {
     char q_err[128];           /* the first failure's reason */
     PGconn *reg_pg;            /* registry connection (opened on first use) */
     struct sl_reg_pub reg_pub; /* registry publisher (opened on first use) */
+    struct rec_clock clock;    /* PostgreSQL's clock against ours (read before intake) */
 };
 
 static size_t apply_disables(rec_loop_t *l, size_t upto);
@@ -857,9 +858,7 @@ static void handle_message(rec_loop_t *l, rd_kafka_message_t *rkm)
     }
     sl_err_t err;
     sl_err_clear(&err);
-    int64_t offset = 0;
-    if (rec_maint_clock_offset(l->maint, &offset)) /* else this host's clock, as before */
-        l->bufs[0].clock_offset_ms = l->bufs[1].clock_offset_ms = offset;
+    l->batch->clock_offset_ms = atomic_load(&l->clock.offset_ms);
     int rc = rec_batch_add(l->batch, rkm->payload, rkm->len, rkm->partition, rkm->offset,
                            sl_mono_ms(), &err);
     if (rc == SL_ESTATE && !l->blocked) {
@@ -916,7 +915,7 @@ rec_loop_t *rec_loop_new(const struct sl_config *cfg, const struct sl_masterkey 
         rec_batch_init(&l->bufs[i], (size_t)cfg->recorder_lanes, (size_t)cfg->recorder_batch,
                        (size_t)cfg->recorder_batch_max_bytes, (size_t)cfg->max_body_bytes);
     for (int i = 0; i < 2; i++)
-        l->bufs[i].future_max_ms = REC_FUTURE_MAX_MS;
+        l->bufs[i].future_max_ms = cfg->recorder_future_max_s * 1000;
     l->batch = &l->bufs[0];
     l->nlanes = l->batch->nlanes;
     atomic_init(&l->jobs_done, 0);
@@ -979,15 +978,16 @@ static void leave_group(void *arg)
 /* A stop before the group was ever joined (Kafka unreachable, or a stop right at start):
  * nothing was consumed, so there is nothing to write, store or commit. Leaving is all that
  * is left, bounded by REC_START_LEAVE_MS: a coordinator that never answered will not now. */
-static int start_cancelled(rec_loop_t *l)
+static int start_cancelled(rec_loop_t *l, const char *phase)
 {
     rec_maint_stop(l->maint);
     l->maint = NULL;
-    SL_LOGKV(SL_LOG_INFO, "recorder", "start_cancelled",
-             ((struct sl_log_kv[]){SL_KV_S("phase", "kafka_group"),
-                                   SL_KV_S("group", l->cfg->recorder_group)}),
-             "stop requested while joining the consumer group: exiting before any record "
-             "was taken");
+    SL_LOGKV(
+        SL_LOG_INFO, "recorder", "start_cancelled",
+        ((struct sl_log_kv[]){SL_KV_S("phase", phase), SL_KV_S("group", l->cfg->recorder_group)}),
+        "stop requested %s: exiting before any record was taken",
+        strcmp(phase, "postgresql") == 0 ? "while waiting for postgresql"
+                                         : "while joining the consumer group");
     if (sl_run_bounded(leave_group, l, REC_START_LEAVE_MS) == SL_ETIMEDOUT)
         l->abandoned = true; /* nothing to lose: the group drops the member on its own */
     return 0;
@@ -1168,12 +1168,48 @@ static int shutdown_bounded(rec_loop_t *l, sl_err_t *err)
     return 0;
 }
 
+/*
+ * Before intake: read PostgreSQL's clock, the reference for outcome timestamps, waiting while
+ * PostgreSQL cannot be reached (as intake would wait for a write; judged by this host's clock
+ * instead, a recorder whose clock is wrong would quarantine sound outcomes meanwhile). Returns
+ * 0, 1 when stopped meanwhile, or SL_EVERSION (fatal, fatal_err set).
+ */
+static int wait_for_postgresql(rec_loop_t *l)
+{
+    int64_t wait = 250;
+    while (!l->stop) {
+        sl_err_t err;
+        int rc = rec_clock_read(l->db[0], &l->clock, &err);
+        if (rc == 0) {
+            db_ok(l);
+            return 0;
+        }
+        if (rc == SL_EVERSION) {
+            l->fatal = true;
+            l->fatal_err = err;
+            return rc;
+        }
+        db_failed(l, "start", &err);
+        for (int64_t t = 0; t < wait && !l->stop; t += 50) {
+            struct timespec ts = {0, 50 * 1000000L};
+            (void)nanosleep(&ts, NULL);
+        }
+        wait = wait * 2 > 5000 ? 5000 : wait * 2;
+    }
+    return 1;
+}
+
 int rec_loop_run(rec_loop_t *l, sl_err_t *err)
 {
-    int rc = subscribe(l, err);
+    int rc = wait_for_postgresql(l);
+    if (rc == 1)
+        return start_cancelled(l, "postgresql");
+    if (rc != 0)
+        return stop_fatal(l, err);
+    rc = subscribe(l, err);
     if (rc != 0)
         return rc;
-    l->maint = rec_maint_start(l->cfg, err);
+    l->maint = rec_maint_start(l->cfg, &l->clock, err);
     if (!l->maint)
         return err ? err->code : SL_ESTATE;
     l->next_stats_ms = sl_mono_ms() + REC_STATS_EVERY_MS;
@@ -1198,7 +1234,7 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
     if (l->fatal)
         return stop_fatal(l, err);
     if (!l->joined)
-        return start_cancelled(l);
+        return start_cancelled(l, "kafka_group");
     return shutdown_bounded(l, err);
 }
 

@@ -21,23 +21,22 @@
 #include "recorder/rec_db.h"
 
 struct rec_maint {
-    const struct sl_config *cfg;     /* borrowed */
-    rec_db_t *db;                    /* the maintenance connection */
-    pthread_t th;                    /* the thread */
-    pthread_mutex_t mu;              /* guards stop, fatal and fatal_err */
-    pthread_cond_t cv;               /* signalled on stop */
-    bool stop;                       /* asked to stop */
-    bool failing;                    /* last task failed (for state-change logs) */
-    bool fatal;                      /* a connect returned SL_EVERSION (rec_maint_fatal) */
-    sl_err_t fatal_err;              /* its reason */
-    int64_t next_parts_ms;           /* mono ms: next partition maintenance */
-    int64_t next_purge_ms;           /* mono ms: next retention purge */
-    int64_t next_health_ms;          /* mono ms: next statistics refresh */
-    int64_t next_oldest_ms;          /* mono ms: next oldest-undelivered reading */
-    int64_t next_clock_ms;           /* mono ms: next clock reading */
-    atomic_bool clock_known;         /* clock_offset_ms holds a reading */
-    _Atomic int64_t clock_offset_ms; /* PostgreSQL's clock minus ours, ms */
-    sl_gauge_t *oldest;              /* sluice_oldest_undelivered_age_seconds */
+    const struct sl_config *cfg; /* borrowed */
+    rec_db_t *db;                /* the maintenance connection */
+    pthread_t th;                /* the thread */
+    pthread_mutex_t mu;          /* guards stop, fatal and fatal_err */
+    pthread_cond_t cv;           /* signalled on stop */
+    bool stop;                   /* asked to stop */
+    bool failing;                /* last task failed (for state-change logs) */
+    bool fatal;                  /* a connect returned SL_EVERSION (rec_maint_fatal) */
+    sl_err_t fatal_err;          /* its reason */
+    int64_t next_parts_ms;       /* mono ms: next partition maintenance */
+    int64_t next_purge_ms;       /* mono ms: next retention purge */
+    int64_t next_health_ms;      /* mono ms: next statistics refresh */
+    int64_t next_oldest_ms;      /* mono ms: next oldest-undelivered reading */
+    int64_t next_clock_ms;       /* mono ms: next clock reading */
+    struct rec_clock *clock;     /* the loop's (borrowed) */
+    sl_gauge_t *oldest;          /* sluice_oldest_undelivered_age_seconds */
 };
 
 static bool stopping(rec_maint_t *m)
@@ -160,24 +159,37 @@ static void do_oldest(rec_maint_t *m)
     sl_gauge_set(m->oldest, age);
 }
 
-static void do_clock(rec_maint_t *m)
+int rec_clock_read(rec_db_t *db, struct rec_clock *c, sl_err_t *err)
 {
-    sl_err_t err;
     int64_t pg_ms = 0, before = sl_now_ms();
-    if (rec_db_clock_ms(m->db, &pg_ms, &err) != 0) {
-        failed(m, "clock reading", &err);
-        return;
-    }
+    int rc = rec_db_clock_ms(db, &pg_ms, err);
+    if (rc != 0)
+        return rc;
     int64_t after = sl_now_ms();
     int64_t offset = pg_ms - (before + (after - before) / 2);
-    atomic_store(&m->clock_offset_ms, offset);
-    bool was = atomic_exchange(&m->clock_known, true);
-    if (!was && (offset > REC_CLOCK_WARN_MS || offset < -REC_CLOCK_WARN_MS))
+    atomic_store(&c->offset_ms, offset);
+    bool off = offset > REC_CLOCK_WARN_MS || offset < -REC_CLOCK_WARN_MS;
+    if (off && !c->off)
         SL_LOGKV(SL_LOG_WARN, "db", "clock_offset",
                  ((struct sl_log_kv[]){SL_KV_I("offset_ms", offset)}),
                  "this host's clock is %lld ms %s postgresql's: outcome times are judged by "
                  "postgresql's",
                  (long long)(offset < 0 ? -offset : offset), offset < 0 ? "ahead of" : "behind");
+    else if (!off && c->off)
+        SL_LOGKV(SL_LOG_INFO, "db", "clock_offset_ok",
+                 ((struct sl_log_kv[]){SL_KV_I("offset_ms", offset)}),
+                 "this host's clock agrees with postgresql's again");
+    c->off = off;
+    return 0;
+}
+
+static void do_clock(rec_maint_t *m)
+{
+    sl_err_t err;
+    if (rec_clock_read(m->db, m->clock, &err) != 0) {
+        failed(m, "clock reading", &err);
+        return;
+    }
     succeeded(m);
 }
 
@@ -230,7 +242,7 @@ static void *maint_main(void *arg)
     return NULL;
 }
 
-rec_maint_t *rec_maint_start(const struct sl_config *cfg, sl_err_t *err)
+rec_maint_t *rec_maint_start(const struct sl_config *cfg, struct rec_clock *clock, sl_err_t *err)
 {
     rec_maint_t *m = sl_xcalloc(1, sizeof(*m));
     m->cfg = cfg;
@@ -238,11 +250,10 @@ rec_maint_t *rec_maint_start(const struct sl_config *cfg, sl_err_t *err)
     pthread_mutex_init(&m->mu, NULL);
     pthread_cond_init(&m->cv, NULL);
     int64_t now = sl_mono_ms();
-    m->next_clock_ms = now; /* the clock first: intake judges outcomes by it */
-    m->next_parts_ms = now; /* then partitions: a fresh day may need them */
-    atomic_init(&m->clock_known, false);
-    atomic_init(&m->clock_offset_ms, 0);
-    m->next_purge_ms = now + 5000; /* then retention */
+    m->clock = clock;
+    m->next_clock_ms = now + REC_CLOCK_EVERY_MS; /* the loop read it just now */
+    m->next_parts_ms = now;                      /* partitions first: a fresh day may need them */
+    m->next_purge_ms = now + 5000;               /* then retention */
     /* statistics once there is something to count: after 10 s, or one interval if shorter */
     m->next_health_ms =
         now + (cfg->recorder_health_refresh_ms < 10000 ? cfg->recorder_health_refresh_ms : 10000);
@@ -272,14 +283,6 @@ bool rec_maint_fatal(rec_maint_t *m, sl_err_t *err)
         *err = m->fatal_err;
     pthread_mutex_unlock(&m->mu);
     return fatal;
-}
-
-bool rec_maint_clock_offset(rec_maint_t *m, int64_t *offset_ms)
-{
-    if (!m || !atomic_load(&m->clock_known))
-        return false;
-    *offset_ms = atomic_load(&m->clock_offset_ms);
-    return true;
 }
 
 void rec_maint_stop(rec_maint_t *m)

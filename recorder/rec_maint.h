@@ -13,8 +13,8 @@
  *     longer (it never takes more than ~10 % of a core, whatever the sample volume);
  *   - the age of the oldest undelivered delivery (sluice_oldest_undelivered_age_seconds)
  *     every 15 s;
- *   - the offset of PostgreSQL's clock from this host's, first of all and every minute: the
- *     reference the loop judges outcomes' timestamps by (rec_maint_clock_offset).
+ *   - the offset of PostgreSQL's clock from this host's, every minute (struct rec_clock): the
+ *     reference the loop judges outcomes' timestamps by.
  * Failures are logged on state changes (maintenance_failed / maintenance_recovered) and retried
  * at the next tick; a database this binary cannot write (SL_EVERSION at connect, see rec_db.h)
  * is reported to the loop through rec_maint_fatal. The thread connects at once, so that check
@@ -27,9 +27,11 @@
 #define REC_MAINT_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "common/sl_cfg.h"
 #include "common/sl_err.h"
+#include "recorder/rec_db.h"
 
 /* Schedule, ms (and limits). */
 /* endpoint_health statistics refresh: every recorder_health_refresh_ms (sl_cfg, default
@@ -45,20 +47,31 @@
 #define REC_PURGE_LIMIT          10000 /* rows per retention DELETE */
 #define REC_PURGE_ROUNDS         10    /* retention DELETEs per table and tick, at most */
 
+/*
+ * PostgreSQL's clock against this host's: the reference by which intake judges how far ahead
+ * an outcome's ts is. The loop reads it once before intake starts (rec_clock_read on a lane's
+ * connection), then the maintenance thread every minute; the loop's thread loads offset_ms.
+ */
+struct rec_clock {
+    _Atomic int64_t offset_ms; /* PostgreSQL's clock minus this host's, ms (last reading) */
+    bool off;                  /* |offset| > REC_CLOCK_WARN_MS at the last reading (logged) */
+};
+
+/* Read db's clock (the middle of the query's round trip is "now" here) into c, logging when
+ * the offset goes beyond REC_CLOCK_WARN_MS (clock_offset) or back (clock_offset_ok). 0, or
+ * the error of rec_db (SL_EPG, SL_EVERSION) with c unchanged. One thread at a time. */
+int rec_clock_read(rec_db_t *db, struct rec_clock *c, sl_err_t *err);
+
 typedef struct rec_maint rec_maint_t;
 
-/* Start the maintenance thread (its connection is made lazily). cfg is borrowed and must
- * outlive rec_maint_stop. NULL with err if the thread cannot start. */
-rec_maint_t *rec_maint_start(const struct sl_config *cfg, sl_err_t *err);
+/* Start the maintenance thread (its connection is made lazily). cfg and clock (read once
+ * already, updated by the thread from now on) are borrowed and must outlive rec_maint_stop.
+ * NULL with err if the thread cannot start. */
+rec_maint_t *rec_maint_start(const struct sl_config *cfg, struct rec_clock *clock, sl_err_t *err);
 
 /* True (with err, NULL allowed) once a connection found a database this binary cannot write
  * (SL_EVERSION); the caller stops. */
 bool rec_maint_fatal(rec_maint_t *m, sl_err_t *err);
-
-/* PostgreSQL's clock minus this host's, ms, as last read (the middle of the query's round
- * trip); false until a reading succeeded (then *offset_ms is left alone). NULL-safe. Any
- * thread. */
-bool rec_maint_clock_offset(rec_maint_t *m, int64_t *offset_ms);
 
 /* Stop: cancel a running statement, join the thread, disconnect, free. NULL-safe. */
 void rec_maint_stop(rec_maint_t *m);

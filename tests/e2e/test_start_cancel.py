@@ -1,11 +1,13 @@
 """A stop request while a long-running process is still starting ends it at once: SIGTERM (or
 SIGINT) during sluice-consumer's and sluice-api's endpoint-table load (up to 60 s with Kafka
-unreachable) and during sluice-recorder's wait to join its group must end the process within
+unreachable), during sluice-recorder's wait for PostgreSQL (it reads PostgreSQL's clock before
+it takes any record) and during its wait to join its group must end the process within
 EXIT_BOUND_S, with exit code 0 and one `start_cancelled` line naming the phase (nothing was
 taken yet, nothing to drain).
 
-Every service address is a closed loopback port, so the processes really wait: needs no stack,
-and never needs the shared stack's services to be down."""
+Every service address is a closed loopback port, so the processes really wait, except the
+stack's PostgreSQL for the recorder's group phase: never needs the shared stack's services to
+be down."""
 
 import json
 import os
@@ -29,7 +31,7 @@ def closed_port():
         return s.getsockname()[1]
 
 
-def start(tmp_path, rel, name):
+def start(tmp_path, rel, name, **over):
     tag = secrets.token_hex(4)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
     env.update({
@@ -46,6 +48,7 @@ def start(tmp_path, rel, name):
         "SLUICE_RECORDER_GROUP": f"g{tag}.recorder",
         "SLUICE_LOG_LEVEL": "info",
     })
+    env.update(over)
     path = os.path.join(os.environ["SL_BINARY_DIR"], rel)
     assert os.path.exists(path), f"binary {path} missing: build first"
     log_path = tmp_path / f"{name}.log"
@@ -66,9 +69,9 @@ def events(log_path, name):
     return out
 
 
-def stop_while_starting(tmp_path, rel, waiting_event, phase, sig=signal.SIGTERM):
+def stop_while_starting(tmp_path, rel, waiting_event, phase, sig=signal.SIGTERM, **over):
     name = os.path.basename(rel)
-    p, log_path = start(tmp_path, rel, name)
+    p, log_path = start(tmp_path, rel, name, **over)
     try:
         deadline = time.monotonic() + WAITING_S
         while not events(log_path, waiting_event) and time.monotonic() < deadline:
@@ -105,8 +108,16 @@ def test_consumer_sigterm_while_loading_endpoints(tmp_path):
     stop_while_starting(tmp_path, "consumer/sluice-consumer", "endpoints_loading", "endpoints")
 
 
+def test_recorder_sigterm_while_waiting_for_postgresql(tmp_path):
+    stop_while_starting(tmp_path, "recorder/sluice-recorder", "history_db_unavailable",
+                        "postgresql")
+
+
 def test_recorder_sigterm_while_joining_its_group(tmp_path):
-    stop_while_starting(tmp_path, "recorder/sluice-recorder", "recorder_started", "kafka_group")
+    dsn = os.environ.get("SLUICE_PG_DSN")
+    assert dsn, "SLUICE_PG_DSN is not set: run the suite through scripts/test.sh"
+    stop_while_starting(tmp_path, "recorder/sluice-recorder", "recorder_started", "kafka_group",
+                        SLUICE_PG_DSN=dsn)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])

@@ -314,8 +314,8 @@ static void test_a_server_that_stops_answering_fails_calls_at_once(void **state)
     assert_null(sl_redis_cmd(r, 1, 1, args, NULL, &err));
     assert_non_null(strstr(err.msg, "next try in"));
     /* After the wait a connection is made (the stopped server's kernel accepts it) but the
-     * call times out again: the wait doubles. A connection alone reset it, and a stopped
-     * server cost a whole timeout every 250 ms. */
+     * call times out again: the wait doubles. Only a reply ends the back-off: were a
+     * connection enough, a stopped server would cost a whole timeout every 250 ms. */
     const char *at = strstr(err.msg, "next try in ");
     long first = strtol(at + strlen("next try in "), NULL, 10);
     assert_true(first > 0 && first <= 250);
