@@ -6,7 +6,8 @@
  *            recorder_flush_ms after the first record;
  *   flushing the batch is handed to the write lanes (one thread and connection each, rec_db_write
  *            per lane; on a data error a lane is bisected with an explicit stack of ranges until
- *            each rejected row is isolated and skipped) and a second batch starts filling
+ *            each rejected row is isolated and skipped, its record quarantined once the rest
+ *            committed) and a second batch starts filling
  *            while they run (double buffering: decoding and Kafka fetches overlap the
  *            PostgreSQL work). At most one batch is being written at a time, and batches are
  *            committed and their offsets stored in consumption order: the next batch is handed
@@ -48,8 +49,9 @@
 #define BAD_LOG_WINDOW_MS  10000 /* bad-record log rate limit window, ms */
 #define BAD_LOG_PER_WINDOW 10    /* bad-record lines per window before suppressing */
 #define BISECT_DEPTH       64    /* range stack entries (log2 of any batch size + 1 suffices) */
-#define LANE_SKIPPED_KEPT  8     /* rejected rows a lane reports individually */
-#define WRITE_CHECK_MS     5     /* longest poll while a batch is being written, ms */
+#define REFETCH_MS         10000 /* reading a rejected row's record again, at most, ms */
+#define REFETCH_GROUP_ID   "sluice-recorder-refetch" /* never joined, never committed */
+#define WRITE_CHECK_MS     5 /* longest poll while a batch is being written, ms */
 #define QUARANTINE_FLUSH_MS                                                                        \
     10000 /* how long a batch's commit waits for the quarantine's                                  \
              acknowledgements before the recorder stops, ms */
@@ -105,8 +107,9 @@ static void metrics_init(void)
     rm.disables_refused = sl_metric_counter(
         "sluice_recorder_disables_refused_total",
         "Disable requests from consumers the registry refused for good (dropped, logged).", NULL);
-    rm.rejected = sl_metric_counter("sluice_recorder_rejected_total",
-                                    "Outcome rows PostgreSQL rejected (skipped, logged).", NULL);
+    rm.rejected = sl_metric_counter(
+        "sluice_recorder_rejected_total",
+        "Outcome rows PostgreSQL rejected (logged, their records quarantined).", NULL);
     sl_metrics_collector(collect_lag, NULL);
 }
 
@@ -121,20 +124,23 @@ struct disable_req {
 
 /* One lane's share of a batch write; runs on its own thread when several lanes have rows. */
 struct lane_job {
-    const struct rec_batch *b; /* borrowed, read-only while the job runs */
-    rec_db_t *db;              /* this lane's connection */
-    size_t lane;               /* lane index */
-    atomic_int *done;          /* incremented when the job has finished (borrowed) */
-    int rc;                    /* OUT: 0, SL_EPG or SL_EVERSION (see rec_db.h) */
-    sl_err_t err;              /* OUT: reason when rc != 0 */
-    int64_t rows;              /* OUT: rows written */
-    int64_t attempts;          /* OUT: delivery_attempts rows new to the history */
-    int64_t rejected;          /* OUT: rows skipped because PostgreSQL rejected them */
-    struct {
-        int32_t partition;        /* Kafka partition of the rejected row */
-        int64_t offset;           /* Kafka offset of the rejected row */
-        char why[SL_ERR_MSG_MAX]; /* SQLSTATE and primary message */
-    } skipped[LANE_SKIPPED_KEPT]; /* OUT: the first rejected rows, logged by the main thread */
+    const struct rec_batch *b;    /* borrowed, read-only while the job runs */
+    rec_db_t *db;                 /* this lane's connection */
+    size_t lane;                  /* lane index */
+    atomic_int *done;             /* incremented when the job has finished (borrowed) */
+    int rc;                       /* OUT: 0, SL_EPG or SL_EVERSION (see rec_db.h) */
+    sl_err_t err;                 /* OUT: reason when rc != 0 */
+    int64_t rows;                 /* OUT: rows written */
+    int64_t attempts;             /* OUT: delivery_attempts rows new to the history */
+    int64_t rejected;             /* OUT: rows skipped because PostgreSQL rejected them */
+    struct rec_rejected *skipped; /* OUT: those rows (owned; freed by write_join) */
+};
+
+/* A row PostgreSQL rejected: its record is quarantined once the rest of its batch committed. */
+struct rec_rejected {
+    int32_t partition;        /* Kafka partition of the record */
+    int64_t offset;           /* Kafka offset of the record */
+    char why[SL_ERR_MSG_MAX]; /* SQLSTATE and primary message */
 };
 
 struct rec_loop {
@@ -184,6 +190,11 @@ struct rec_loop {
     PGconn *reg_pg;            /* registry connection (opened on first use) */
     struct sl_reg_pub reg_pub; /* registry publisher (opened on first use) */
     struct rec_clock clock;    /* PostgreSQL's clock against ours (read before intake) */
+    struct rec_rejected *rej;  /* rows PostgreSQL rejected in the write just joined */
+    size_t n_rej;              /* entries used in rej */
+    size_t cap_rej;            /* its capacity */
+    rd_kafka_t *refetch;       /* consumer without a group that reads rejected rows' records
+                                  again by offset (made on first use) */
 };
 
 static size_t apply_disables(rec_loop_t *l, size_t upto);
@@ -343,12 +354,12 @@ static void lane_run(struct lane_job *job)
             return;
         }
         if (to - from == 1) {
-            if (job->rejected < LANE_SKIPPED_KEPT) {
-                job->skipped[job->rejected].partition = ln->idx[from].partition;
-                job->skipped[job->rejected].offset = ln->idx[from].offset;
-                (void)snprintf(job->skipped[job->rejected].why, SL_ERR_MSG_MAX, "%s", job->err.msg);
-            }
-            job->rejected++;
+            job->skipped =
+                sl_xrealloc(job->skipped, (size_t)(job->rejected + 1) * sizeof(*job->skipped));
+            struct rec_rejected *rj = &job->skipped[job->rejected++];
+            rj->partition = ln->idx[from].partition;
+            rj->offset = ln->idx[from].offset;
+            (void)snprintf(rj->why, SL_ERR_MSG_MAX, "%s", job->err.msg);
             continue;
         }
         size_t mid = from + (to - from) / 2;
@@ -414,15 +425,15 @@ static int write_join(rec_loop_t *l, sl_err_t *err)
         l->started[i] = false;
         l->st.rows += job->rows;
         l->st.attempts += job->attempts;
-        l->st.poison += job->rejected;
-        sl_counter_add(rm.rejected, (uint64_t)job->rejected);
-        for (int64_t k = 0; k < job->rejected && k < LANE_SKIPPED_KEPT; k++)
-            log_skipped(l, "outcome_rejected_by_db", job->skipped[k].partition,
-                        job->skipped[k].offset, job->skipped[k].why);
-        if (job->rejected > LANE_SKIPPED_KEPT)
-            sl_warn("recorder", "outcomes_rejected_by_db",
-                    "%lld more rows rejected by postgresql in this batch",
-                    (long long)(job->rejected - LANE_SKIPPED_KEPT));
+        for (int64_t k = 0; k < job->rejected; k++) {
+            if (l->n_rej == l->cap_rej) {
+                l->cap_rej = l->cap_rej ? l->cap_rej * 2 : 16;
+                l->rej = sl_xrealloc(l->rej, l->cap_rej * sizeof(*l->rej));
+            }
+            l->rej[l->n_rej++] = job->skipped[k];
+        }
+        free(job->skipped);
+        job->skipped = NULL;
         if (job->rc != 0 && (rc == 0 || job->rc == SL_EVERSION)) {
             rc = job->rc;
             if (err)
@@ -504,6 +515,91 @@ static void quarantine(rec_loop_t *l, const rd_kafka_message_t *rkm, const char 
     sl_counter_inc(rm.quarantined);
 }
 
+/* Read the record at (partition, offset) of topic_outcomes again, into *out (the caller
+ * destroys it), with a consumer of our own that never joins a group or commits. 0, or
+ * SL_EKAFKA / SL_ETIMEDOUT (REFETCH_MS) with err. */
+static int
+refetch(rec_loop_t *l, int32_t partition, int64_t offset, rd_kafka_message_t **out, sl_err_t *err)
+{
+    *out = NULL;
+    if (!l->refetch) {
+        char errstr[512];
+        rd_kafka_conf_t *conf = sl_kafka_conf_new(l->cfg, "recorder", err);
+        if (!conf)
+            return SL_EKAFKA;
+        if (sl_kafka_conf_set(conf, "group.id", REFETCH_GROUP_ID, err) != 0 ||
+            sl_kafka_conf_set(conf, "enable.auto.commit", "false", err) != 0 ||
+            sl_kafka_conf_set(conf, "enable.auto.offset.store", "false", err) != 0) {
+            rd_kafka_conf_destroy(conf);
+            return SL_EKAFKA;
+        }
+        l->refetch = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+        if (!l->refetch) {
+            rd_kafka_conf_destroy(conf);
+            return sl_err_set(err, SL_EKAFKA, "could not create kafka consumer: %s", errstr);
+        }
+        rd_kafka_poll_set_consumer(l->refetch);
+    }
+    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(parts, l->cfg->topic_outcomes, partition)->offset = offset;
+    rd_kafka_resp_err_t e = rd_kafka_assign(l->refetch, parts);
+    rd_kafka_topic_partition_list_destroy(parts);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return sl_err_set(err, SL_EKAFKA, "could not assign partition %d: %s", (int)partition,
+                          rd_kafka_err2str(e));
+    int64_t deadline = sl_mono_ms() + REFETCH_MS;
+    int rc = sl_err_set(err, SL_ETIMEDOUT, "partition %d offset %lld not read within %d ms",
+                        (int)partition, (long long)offset, REFETCH_MS);
+    while (sl_mono_ms() < deadline) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(l->refetch, 100);
+        if (!m)
+            continue;
+        if (!m->err && m->partition == partition && m->offset == offset) {
+            *out = m;
+            rc = 0;
+            break;
+        }
+        rd_kafka_message_destroy(m); /* an error or another offset: keep waiting */
+    }
+    (void)rd_kafka_assign(l->refetch, NULL);
+    return rc;
+}
+
+/*
+ * The rows PostgreSQL rejected in the write just committed: each is logged, counted, and its
+ * record read again from Kafka (its offset is not stored yet) and quarantined with
+ * PostgreSQL's reason, as an undecodable record is. Returns 0, or SL_EKAFKA after stopping the
+ * loop when a record cannot be read again or quarantined: the batch's offsets stay unstored,
+ * so the next start writes the batch and quarantines the record again rather than losing it.
+ */
+static int quarantine_rejected(rec_loop_t *l)
+{
+    int rc = 0;
+    for (size_t i = 0; i < l->n_rej && rc == 0; i++) {
+        const struct rec_rejected *rj = &l->rej[i];
+        l->st.poison++;
+        sl_counter_inc(rm.rejected);
+        log_skipped(l, "outcome_rejected_by_db", rj->partition, rj->offset, rj->why);
+        rd_kafka_message_t *m = NULL;
+        sl_err_t err;
+        if (refetch(l, rj->partition, rj->offset, &m, &err) != 0) {
+            sl_error("recorder", "quarantine_failed",
+                     "cannot read again an outcome record postgresql rejected: %s", err.msg);
+            stop_fatal_err(l, SL_EKAFKA, "cannot quarantine an outcome record postgresql rejected");
+            rc = SL_EKAFKA;
+            break;
+        }
+        char reason[SL_ERR_MSG_MAX + 32];
+        (void)snprintf(reason, sizeof(reason), "rejected by postgresql: %s", rj->why);
+        quarantine(l, m, reason);
+        rd_kafka_message_destroy(m);
+        if (l->fatal)
+            rc = SL_EKAFKA;
+    }
+    l->n_rej = 0;
+    return rc;
+}
+
 /*
  * Before a batch's offsets are stored: wait (bounded) until Kafka acknowledged every record
  * quarantined so far. Returns 0, or SL_EKAFKA after stopping the loop when one failed or did
@@ -555,6 +651,7 @@ static int write_finish(rec_loop_t *l)
         return rc;
     }
     if (rc != 0) {
+        l->n_rej = 0; /* the retry writes the batch again and finds them again */
         l->st.db_retries++;
         sl_counter_inc(rm.db_errors);
         db_failed(l, "write", &err);
@@ -562,6 +659,8 @@ static int write_finish(rec_loop_t *l)
         return rc;
     }
     db_ok(l);
+    if (quarantine_rejected(l) != 0)
+        return SL_EKAFKA; /* stopping: the batch stays unstored (re-read by the next start) */
     return batch_settle(l);
 }
 
@@ -663,6 +762,7 @@ static void drop_held(rec_loop_t *l)
     l->wbatch = NULL;
     l->wdisable = 0;
     l->rows_done = false;
+    l->n_rej = 0;
     rec_batch_reset(l->batch);
 }
 
@@ -1259,6 +1359,11 @@ void rec_loop_destroy(rec_loop_t *l)
         (void)rd_kafka_flush(l->qprod, 1000); /* settled already unless stopping on an error */
         rd_kafka_destroy(l->qprod);
     }
+    if (l->refetch) {
+        (void)rd_kafka_consumer_close(l->refetch);
+        rd_kafka_destroy(l->refetch);
+    }
+    free(l->rej);
     free(l->disable);
     sl_reg_pub_close(&l->reg_pub);
     if (l->reg_pg)

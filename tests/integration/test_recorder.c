@@ -5,7 +5,8 @@
  *
  *   lifecycles       delivered / retried / dead letters with env / duplicates / deferred /
  *                    quarantined / undecodable / out of order / expired: exact rows and contents;
- *                    the undecodable record moved to the quarantine topic with its reason
+ *                    the undecodable record moved to the quarantine topic with its reason, and
+ *                    one PostgreSQL refuses (a check constraint) read again and moved there
  *   quarantine_refused  Kafka refuses the quarantine: exit 1, the record's offset uncommitted
  *   sigterm_while_a_lane_waits_for_a_lock  the shutdown bound cancels a blocked lane: exit 0
  *                    in time, the batch uncommitted
@@ -606,6 +607,19 @@ static void test_lifecycles(void **state)
     produce_counted(topic, &q, &x);
     /* undecodable: skipped and counted, its offset still committed */
     produce_raw(topic, a, "\x01\x02not msgpack", 14);
+    /* sound, but refused by PostgreSQL (a check constraint made for this record): its row is
+     * left out, the rest of its batch is written, and the record goes to the quarantine topic
+     * with PostgreSQL's reason */
+    char rejected[112], sql[512];
+    snprintf(rejected, sizeof(rejected), "%s-refused", p);
+    snprintf(sql, sizeof(sql),
+             "alter table deliveries add constraint \"%s_refused\" check (event_id <> '%s') "
+             "not valid",
+             p, rejected);
+    exec_sql(sql);
+    produce_outcome(topic,
+                    &OUT(.id = rejected, .ep = a, .attempt = 1, .state = SL_OUTCOME_DELIVERED,
+                         .http = 200, .ts_ms = T + 71, .lat_us = 1000));
     /* expired on arrival: older than history_retention_d (14 days): not recorded */
     produce_outcome(topic, &OUT(.id = id[10], .ep = a, .attempt = 1, .state = SL_OUTCOME_DELIVERED,
                                 .http = 200, .ts_ms = T - 20ULL * 86400000ULL, .lat_us = 1000));
@@ -620,13 +634,25 @@ static void test_lifecycles(void **state)
     wait_consumed(topic, group, 60);
     /* the undecodable record went to the quarantine topic, bytes unchanged, with its reason
      * and origin, before its offset was committed */
+    snprintf(sql, sizeof(sql), "alter table deliveries drop constraint \"%s_refused\"", p);
+    exec_sql(sql);
     struct qrec qr[4];
-    assert_int_equal(read_topic(qtopic, qr, 4), 1);
-    assert_int_equal(qr[0].len, 14);
-    assert_string_equal(qr[0].value, "\x01\x02not msgpack");
-    assert_true(qr[0].reason[0] != '\0');
-    assert_string_equal(qr[0].src_topic, topic);
-    assert_true(qr[0].src_partition[0] != '\0' && qr[0].src_offset[0] != '\0');
+    assert_int_equal(read_topic(qtopic, qr, 4), 2);
+    int bad = qr[0].len == 14 ? 0 : 1; /* partitions may interleave them */
+    assert_int_equal(qr[bad].len, 14);
+    assert_string_equal(qr[bad].value, "\x01\x02not msgpack");
+    assert_true(qr[bad].reason[0] != '\0');
+    assert_string_equal(qr[bad].src_topic, topic);
+    assert_true(qr[bad].src_partition[0] != '\0' && qr[bad].src_offset[0] != '\0');
+    const struct qrec *rq = &qr[1 - bad];
+    assert_true(strncmp(rq->reason, "rejected by postgresql: ", 24) == 0);
+    assert_non_null(strstr(rq->reason, " 23514 ")); /* check_violation */
+    assert_string_equal(rq->src_topic, topic);
+    assert_true(rq->src_partition[0] != '\0' && rq->src_offset[0] != '\0');
+    assert_true(rq->len > 20); /* the record's bytes, not an empty copy */
+    assert_int_equal(q1("select count(*) from delivery_attempts where event_id = '%s'", rejected),
+                     0);
+    assert_true(log_count(&r, "\"event\":\"outcome_rejected_by_db\"") == 1);
     /* every row is committed before the offsets are: no waiting needed beyond this point */
     assert_int_equal(q1("select count(*) from delivery_attempts where event_id like '%s-%%'", p),
                      x.records - 1 /* quarantined row has a synthetic id */);
@@ -763,7 +789,6 @@ static void test_lifecycles(void **state)
 
     /* An operator replays e5, which dies again: the newer death clears replayed_at (replay_count
      * stays); an older copy of e3's death changes nothing. */
-    char sql[512];
     snprintf(sql, sizeof(sql),
              "update dead_letters set replayed_at = now(), replay_count = 1 "
              "where event_id = '%s'",
@@ -802,8 +827,9 @@ static void test_lifecycles(void **state)
     assert_true(log_count(&r, "\"partition\":") >= 1);
     assert_int_equal(log_count(&r, "SECRET-PAYLOAD-MARKER"), 0);
     assert_int_equal(log_count(&r, "MSG-MARKER"), 0);
-    char totals[64]; /* final totals: good + undecodable + expired records consumed */
-    snprintf(totals, sizeof(totals), "\"records\":%lld,\"bad\":1", x.records + 2);
+    char totals[96]; /* final totals: good + undecodable + expired + refused records consumed */
+    snprintf(totals, sizeof(totals), "\"records\":%lld,\"bad\":1,\"rejected\":1",
+             x.records + 3);
     assert_int_equal(log_count(&r, totals), 1);
     assert_int_equal(log_count(&r, "\"event\":\"quarantine_failed\""), 0);
     sl_buf_fini(&env3);
