@@ -828,8 +828,7 @@ static void test_lifecycles(void **state)
     assert_int_equal(log_count(&r, "SECRET-PAYLOAD-MARKER"), 0);
     assert_int_equal(log_count(&r, "MSG-MARKER"), 0);
     char totals[96]; /* final totals: good + undecodable + expired + refused records consumed */
-    snprintf(totals, sizeof(totals), "\"records\":%lld,\"bad\":1,\"rejected\":1",
-             x.records + 3);
+    snprintf(totals, sizeof(totals), "\"records\":%lld,\"bad\":1,\"rejected\":1", x.records + 3);
     assert_int_equal(log_count(&r, totals), 1);
     assert_int_equal(log_count(&r, "\"event\":\"quarantine_failed\""), 0);
     sl_buf_fini(&env3);
