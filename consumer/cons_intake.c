@@ -296,14 +296,20 @@ static void delivered_copy(cons_engine_t *e, struct job *j, const struct cons_do
  * sending or settling; its marker or retry job not written yet, so the Redis check passed
  * it): that one owns the delivery, as a retry chain would, and j is not to be sent (a copy
  * re-published at once, as by a client retrying its publish, was sent twice). Otherwise j
- * becomes the holder of its job id until it is freed. Replays are always sent.
+ * becomes the holder of its job id until it is freed, also in place of a holder from an
+ * assignment revoked since (a copy completed behind that one could be lost with it). Replays
+ * are always sent.
  */
 static bool live_copy(cons_engine_t *e, struct job *j)
 {
     if (j->src != SRC_KAFKA)
         return false;
-    if (sl_map_get(e->live_ids, j->job_id))
+    struct job *holder = sl_map_get(e->live_ids, j->job_id);
+    if (holder && cons_offsets_current(e->offsets, &holder->off))
         return !j->d.replay;
+    if (holder) /* of an assignment revoked since (still sending or settling): its offset no
+                 * longer counts, so j is the copy whose outcome completes the record now */
+        holder->live_id = false;
     sl_map_put(e->live_ids, j->job_id, j, NULL);
     j->live_id = true;
     return false;

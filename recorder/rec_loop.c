@@ -49,9 +49,8 @@
 #define BAD_LOG_WINDOW_MS  10000 /* bad-record log rate limit window, ms */
 #define BAD_LOG_PER_WINDOW 10    /* bad-record lines per window before suppressing */
 #define BISECT_DEPTH       64    /* range stack entries (log2 of any batch size + 1 suffices) */
-#define REFETCH_MS         10000 /* reading a rejected row's record again, at most, ms */
-#define REFETCH_GROUP_ID   "sluice-recorder-refetch" /* never joined, never committed */
-#define WRITE_CHECK_MS     5 /* longest poll while a batch is being written, ms */
+#define REFETCH_MS         10000 /* reading rejected rows' records again, all of a batch's, ms */
+#define WRITE_CHECK_MS     5     /* longest poll while a batch is being written, ms */
 #define QUARANTINE_FLUSH_MS                                                                        \
     10000 /* how long a batch's commit waits for the quarantine's                                  \
              acknowledgements before the recorder stops, ms */
@@ -193,8 +192,9 @@ struct rec_loop {
     struct rec_rejected *rej;  /* rows PostgreSQL rejected in the write just joined */
     size_t n_rej;              /* entries used in rej */
     size_t cap_rej;            /* its capacity */
-    rd_kafka_t *refetch;       /* consumer without a group that reads rejected rows' records
-                                  again by offset (made on first use) */
+    rd_kafka_t *refetch;       /* consumer that reads rejected rows' records again by offset,
+                                  never joining its group (made on first use) */
+    int beat;                  /* the loop's liveness beat (sl_probe) */
 };
 
 static size_t apply_disables(rec_loop_t *l, size_t upto);
@@ -512,89 +512,133 @@ static void quarantine(rec_loop_t *l, const rd_kafka_message_t *rkm, const char 
         return;
     }
     l->q_sent++;
-    sl_counter_inc(rm.quarantined);
 }
 
-/* Read the record at (partition, offset) of topic_outcomes again, into *out (the caller
- * destroys it), with a consumer of our own that never joins a group or commits. 0, or
- * SL_EKAFKA / SL_ETIMEDOUT (REFETCH_MS) with err. */
-static int
-refetch(rec_loop_t *l, int32_t partition, int64_t offset, rd_kafka_message_t **out, sl_err_t *err)
+/* The consumer that reads rejected rows' records again: no group joined, nothing committed,
+ * small fetches (it reads a batch's span of one partition at most). NULL with err. */
+static rd_kafka_t *refetch_consumer(rec_loop_t *l, sl_err_t *err)
 {
-    *out = NULL;
-    if (!l->refetch) {
-        char errstr[512];
-        rd_kafka_conf_t *conf = sl_kafka_conf_new(l->cfg, "recorder", err);
-        if (!conf)
-            return SL_EKAFKA;
-        if (sl_kafka_conf_set(conf, "group.id", REFETCH_GROUP_ID, err) != 0 ||
-            sl_kafka_conf_set(conf, "enable.auto.commit", "false", err) != 0 ||
-            sl_kafka_conf_set(conf, "enable.auto.offset.store", "false", err) != 0) {
-            rd_kafka_conf_destroy(conf);
-            return SL_EKAFKA;
-        }
-        l->refetch = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
-        if (!l->refetch) {
-            rd_kafka_conf_destroy(conf);
-            return sl_err_set(err, SL_EKAFKA, "could not create kafka consumer: %s", errstr);
-        }
-        rd_kafka_poll_set_consumer(l->refetch);
+    if (l->refetch)
+        return l->refetch;
+    char errstr[512];
+    size_t glen = strlen(l->cfg->recorder_group) + sizeof(".refetch");
+    char *group = sl_xmalloc(glen);
+    (void)snprintf(group, glen, "%s.refetch", l->cfg->recorder_group);
+    rd_kafka_conf_t *conf = sl_kafka_conf_new(l->cfg, "recorder", err);
+    if (!conf) {
+        free(group);
+        return NULL;
     }
+    int set = sl_kafka_conf_set(conf, "group.id", group, err);
+    free(group);
+    if (set != 0 || sl_kafka_conf_set(conf, "enable.auto.commit", "false", err) != 0 ||
+        sl_kafka_conf_set(conf, "enable.auto.offset.store", "false", err) != 0 ||
+        sl_kafka_conf_set(conf, "queued.min.messages", "1000", err) != 0 ||
+        sl_kafka_conf_set(conf, "queued.max.messages.kbytes", "4096", err) != 0) {
+        rd_kafka_conf_destroy(conf);
+        return NULL;
+    }
+    l->refetch = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+    if (!l->refetch) {
+        rd_kafka_conf_destroy(conf);
+        sl_err_set(err, SL_EKAFKA, "could not create kafka consumer: %s", errstr);
+        return NULL;
+    }
+    rd_kafka_poll_set_consumer(l->refetch);
+    return l->refetch;
+}
+
+static int rej_cmp(const void *a, const void *b)
+{
+    const struct rec_rejected *x = a, *y = b;
+    if (x->partition != y->partition)
+        return x->partition < y->partition ? -1 : 1;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Quarantine the records of rej[0..n) (one partition, ascending offsets), read forward from
+ * the first by the refetch consumer until deadline (mono ms). 0, or an error with err. */
+static int refetch_partition(
+    rec_loop_t *l, const struct rec_rejected *rej, size_t n, int64_t deadline, sl_err_t *err)
+{
+    rd_kafka_t *rk = refetch_consumer(l, err);
+    if (!rk)
+        return SL_EKAFKA;
+    int32_t partition = rej[0].partition;
     rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(1);
-    rd_kafka_topic_partition_list_add(parts, l->cfg->topic_outcomes, partition)->offset = offset;
-    rd_kafka_resp_err_t e = rd_kafka_assign(l->refetch, parts);
+    rd_kafka_topic_partition_list_add(parts, l->cfg->topic_outcomes, partition)->offset =
+        rej[0].offset;
+    rd_kafka_resp_err_t e = rd_kafka_assign(rk, parts);
     rd_kafka_topic_partition_list_destroy(parts);
     if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
         return sl_err_set(err, SL_EKAFKA, "could not assign partition %d: %s", (int)partition,
                           rd_kafka_err2str(e));
-    int64_t deadline = sl_mono_ms() + REFETCH_MS;
-    int rc = sl_err_set(err, SL_ETIMEDOUT, "partition %d offset %lld not read within %d ms",
-                        (int)partition, (long long)offset, REFETCH_MS);
-    while (sl_mono_ms() < deadline) {
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(l->refetch, 100);
+    size_t next = 0;
+    while (next < n && !l->fatal) {
+        int64_t now = sl_mono_ms();
+        if (now >= deadline)
+            break;
+        sl_probe_beat(l->beat, now); /* alive: this is the loop's work */
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
         if (!m)
             continue;
-        if (!m->err && m->partition == partition && m->offset == offset) {
-            *out = m;
-            rc = 0;
-            break;
+        if (!m->err && m->partition == partition) {
+            if (m->offset > rej[next].offset) { /* gone from the topic (retention) */
+                rd_kafka_message_destroy(m);
+                break;
+            }
+            if (m->offset == rej[next].offset) {
+                char reason[SL_ERR_MSG_MAX + 32];
+                (void)snprintf(reason, sizeof(reason), "rejected by postgresql: %s", rej[next].why);
+                quarantine(l, m, reason);
+                next++;
+            }
         }
-        rd_kafka_message_destroy(m); /* an error or another offset: keep waiting */
+        rd_kafka_message_destroy(m);
     }
-    (void)rd_kafka_assign(l->refetch, NULL);
-    return rc;
+    (void)rd_kafka_assign(rk, NULL);
+    if (next == n || l->fatal)
+        return l->fatal ? SL_EKAFKA : 0;
+    return sl_err_set(err, SL_ETIMEDOUT, "partition %d offset %lld not read again within %d ms",
+                      (int)partition, (long long)rej[next].offset, REFETCH_MS);
 }
 
 /*
- * The rows PostgreSQL rejected in the write just committed: each is logged, counted, and its
- * record read again from Kafka (its offset is not stored yet) and quarantined with
- * PostgreSQL's reason, as an undecodable record is. Returns 0, or SL_EKAFKA after stopping the
- * loop when a record cannot be read again or quarantined: the batch's offsets stay unstored,
- * so the next start writes the batch and quarantines the record again rather than losing it.
+ * The rows PostgreSQL rejected in the write just committed: each is logged and counted, and
+ * its record read again from Kafka (its offset is not stored yet) and quarantined with
+ * PostgreSQL's reason, as an undecodable record is; at most REFETCH_MS for all of them.
+ * Returns 0, or SL_EKAFKA after stopping the loop when a record cannot be read again or
+ * quarantined: the batch's offsets stay unstored, so the next start writes the batch and
+ * quarantines the record again rather than losing it.
  */
 static int quarantine_rejected(rec_loop_t *l)
 {
+    if (l->n_rej == 0)
+        return 0;
+    qsort(l->rej, l->n_rej, sizeof(*l->rej), rej_cmp);
+    int64_t deadline = sl_mono_ms() + REFETCH_MS;
     int rc = 0;
-    for (size_t i = 0; i < l->n_rej && rc == 0; i++) {
-        const struct rec_rejected *rj = &l->rej[i];
+    for (size_t i = 0; i < l->n_rej; i++) {
         l->st.poison++;
         sl_counter_inc(rm.rejected);
-        log_skipped(l, "outcome_rejected_by_db", rj->partition, rj->offset, rj->why);
-        rd_kafka_message_t *m = NULL;
+        log_skipped(l, "outcome_rejected_by_db", l->rej[i].partition, l->rej[i].offset,
+                    l->rej[i].why);
+    }
+    for (size_t i = 0; i < l->n_rej && rc == 0;) {
+        size_t k = i;
+        while (k < l->n_rej && l->rej[k].partition == l->rej[i].partition)
+            k++;
         sl_err_t err;
-        if (refetch(l, rj->partition, rj->offset, &m, &err) != 0) {
-            sl_error("recorder", "quarantine_failed",
-                     "cannot read again an outcome record postgresql rejected: %s", err.msg);
-            stop_fatal_err(l, SL_EKAFKA, "cannot quarantine an outcome record postgresql rejected");
+        if (refetch_partition(l, &l->rej[i], k - i, deadline, &err) != 0) {
+            if (!l->fatal) {
+                sl_error("recorder", "quarantine_failed",
+                         "cannot read again an outcome record postgresql rejected: %s", err.msg);
+                stop_fatal_err(l, SL_EKAFKA,
+                               "cannot quarantine an outcome record postgresql rejected");
+            }
             rc = SL_EKAFKA;
-            break;
         }
-        char reason[SL_ERR_MSG_MAX + 32];
-        (void)snprintf(reason, sizeof(reason), "rejected by postgresql: %s", rj->why);
-        quarantine(l, m, reason);
-        rd_kafka_message_destroy(m);
-        if (l->fatal)
-            rc = SL_EKAFKA;
+        i = k;
     }
     l->n_rej = 0;
     return rc;
@@ -988,6 +1032,7 @@ static void handle_message(rec_loop_t *l, rd_kafka_message_t *rkm)
     if (rc != 0) {
         l->st.bad++;
         log_skipped(l, "bad_outcome", rkm->partition, rkm->offset, err.msg);
+        sl_counter_inc(rm.quarantined); /* a rejected row is counted as rejected instead */
         quarantine(l, rkm, err.msg);
     }
 }
@@ -1018,6 +1063,7 @@ rec_loop_t *rec_loop_new(const struct sl_config *cfg, const struct sl_masterkey 
         l->bufs[i].future_max_ms = cfg->recorder_future_max_s * 1000;
     l->batch = &l->bufs[0];
     l->nlanes = l->batch->nlanes;
+    l->beat = -1;
     atomic_init(&l->jobs_done, 0);
     for (size_t i = 0; i < l->nlanes; i++)
         l->db[i] = rec_db_new(cfg->pg_dsn, cfg->latency_window_h, cfg->history_retention_d);
@@ -1314,6 +1360,7 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
         return err ? err->code : SL_ESTATE;
     l->next_stats_ms = sl_mono_ms() + REC_STATS_EVERY_MS;
     int beat = sl_probe_beat_register("recorder loop");
+    l->beat = beat;
     while (!l->stop) {
         int64_t now = sl_mono_ms();
         sl_probe_beat(beat, now);
@@ -1331,6 +1378,7 @@ int rec_loop_run(rec_loop_t *l, sl_err_t *err)
         tick(l);
     }
     sl_probe_beat_release(beat);
+    l->beat = -1; /* the shutdown is bounded on its own */
     if (l->fatal)
         return stop_fatal(l, err);
     if (!l->joined)
@@ -1359,10 +1407,8 @@ void rec_loop_destroy(rec_loop_t *l)
         (void)rd_kafka_flush(l->qprod, 1000); /* settled already unless stopping on an error */
         rd_kafka_destroy(l->qprod);
     }
-    if (l->refetch) {
-        (void)rd_kafka_consumer_close(l->refetch);
-        rd_kafka_destroy(l->refetch);
-    }
+    if (l->refetch) /* nothing to commit or leave: no close */
+        rd_kafka_destroy_flags(l->refetch, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
     free(l->rej);
     free(l->disable);
     sl_reg_pub_close(&l->reg_pub);

@@ -161,8 +161,11 @@ static void do_oldest(rec_maint_t *m)
 
 int rec_clock_read(rec_db_t *db, struct rec_clock *c, sl_err_t *err)
 {
+    int rc = rec_db_connect(db, err); /* first: only the query's round trip is timed */
+    if (rc != 0)
+        return rc;
     int64_t pg_ms = 0, before = sl_now_ms();
-    int rc = rec_db_clock_ms(db, &pg_ms, err);
+    rc = rec_db_clock_ms(db, &pg_ms, err);
     if (rc != 0)
         return rc;
     int64_t after = sl_now_ms();
