@@ -666,6 +666,17 @@ class World:
     def outcomes(self):
         return self.dump("outcomes")
 
+    def put_outcome(self, key, record):
+        """Put one outcome record (a dict, encoded with mp) onto this world's outcomes topic
+        as is, keyed by key (kcat): what a consumer pod would write, for the recorder."""
+        path = os.path.join(self.dir, "outcome.bin")
+        with open(path, "wb") as f:
+            f.write(mp(record))
+        r = subprocess.run(["kcat", "-b", self.env["SLUICE_KAFKA_BROKERS"], "-P", "-t",
+                            self.env["SLUICE_TOPIC_OUTCOMES"], "-k", key, path],
+                           capture_output=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+
     def close(self):
         for a in self.apis:
             if a.proc.alive():
@@ -681,6 +692,19 @@ class World:
             self._db_lock = None
         World._cluster_lock_held.discard(getattr(self, "_cluster_lock", None))
         self._cluster_lock = None
+
+
+def mp(v):
+    """msgpack of str, non-negative int or a dict of them, in the shortest forms as the
+    consumer writes them (enough for an outcome record)."""
+    import struct
+    if isinstance(v, dict):
+        return b"\xde" + struct.pack(">H", len(v)) + b"".join(mp(k) + mp(x) for k, x in v.items())
+    if isinstance(v, int):
+        return bytes([v]) if v < 128 else b"\xcf" + struct.pack(">Q", v)
+    b = v.encode()
+    return (bytes([0xa0 | len(b)]) if len(b) < 32 else b"\xd9" + bytes([len(b)])
+            if len(b) < 256 else b"\xda" + struct.pack(">H", len(b))) + b
 
 
 def event(ep, i, tag, body=None, **extra):

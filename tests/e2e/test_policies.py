@@ -329,18 +329,6 @@ def test_410_disables_the_endpoint_through_the_registry(make_world):
     assert '"enabled": true' in r.stdout.replace('":true', '": true'), r.stdout
 
 
-def mp(v):
-    """msgpack of str, non-negative int or a dict of them, in the shortest forms as the
-    consumer writes them (enough for an outcome record)."""
-    if isinstance(v, dict):
-        return b"\xde" + struct.pack(">H", len(v)) + b"".join(mp(k) + mp(x) for k, x in v.items())
-    if isinstance(v, int):
-        return bytes([v]) if v < 128 else b"\xcf" + struct.pack(">Q", v)
-    b = v.encode()
-    return (bytes([0xa0 | len(b)]) if len(b) < 32 else b"\xd9" + bytes([len(b)])
-            if len(b) < 256 else b"\xda" + struct.pack(">H", len(b))) + b
-
-
 def test_a_disable_request_whose_reason_must_be_cut_is_applied(make_world):
     """A disable request's message, prefixed and cut to the registry's 256-byte reason, is cut
     between characters: cut inside a two-byte character it made a reason the registry refused
@@ -355,13 +343,7 @@ def test_a_disable_request_whose_reason_must_be_cut_is_applied(make_world):
     rec = {"v": 1, "id": "ev-cut-" + w.tag, "ep": ep, "type": "order.paid", "attempt": 0,
            "state": "disabled", "http": 410, "err": "endpoint_gone", "msg": msg, "ts": now,
            "created": now, "pod": "test-pod"}
-    path = _os.path.join(w.dir, "disable.bin")
-    with open(path, "wb") as f:
-        f.write(mp(rec))
-    r = subprocess.run(["kcat", "-b", w.env["SLUICE_KAFKA_BROKERS"], "-P", "-t",
-                        w.env["SLUICE_TOPIC_OUTCOMES"], "-k", ep, path],
-                       capture_output=True, timeout=30)
-    assert r.returncode == 0, r.stderr
+    w.put_outcome(ep, rec)
     rp = Proc([w.bin("recorder/sluice-recorder")], w.env, _os.path.join(w.dir, "recorder.log"))
 
     def shown():
@@ -385,18 +367,13 @@ def test_disable_requests_after_a_lost_registry_connection_are_kept(make_world):
     rcv = w.receiver()
     eps = [w.add_endpoint(f"lost{k}" + w.tag, rcv.url("ok", f"lost{k}")) for k in range(3)]
     dsn = w.env["SLUICE_PG_DSN"]
-    path = _os.path.join(w.dir, "disable.bin")
 
     def ask_disable(ep):
         now = int(time.time() * 1000)
-        with open(path, "wb") as f:
-            f.write(mp({"v": 1, "id": "ev-lost-" + ep, "ep": ep, "type": "order.paid",
-                        "attempt": 0, "state": "disabled", "http": 410, "err": "endpoint_gone",
-                        "msg": "gone", "ts": now, "created": now, "pod": "test-pod"}))
-        r = subprocess.run(["kcat", "-b", w.env["SLUICE_KAFKA_BROKERS"], "-P", "-t",
-                            w.env["SLUICE_TOPIC_OUTCOMES"], "-k", ep, path],
-                           capture_output=True, timeout=30)
-        assert r.returncode == 0, r.stderr
+        w.put_outcome(ep, {"v": 1, "id": "ev-lost-" + ep, "ep": ep, "type": "order.paid",
+                           "attempt": 0, "state": "disabled", "http": 410,
+                           "err": "endpoint_gone", "msg": "gone", "ts": now, "created": now,
+                           "pod": "test-pod"})
 
     def disabled(ep):
         r = w.ctl("endpoints", "show", ep, "--json")
@@ -437,18 +414,10 @@ def test_an_outcome_from_a_clock_far_ahead_is_quarantined_not_recorded(make_worl
     ep = "future" + w.tag
     now = int(time.time() * 1000)
 
-    def outcome(i, ts):
-        return mp({"v": 1, "id": f"ev-future-{w.tag}-{i}", "ep": ep, "type": "order.paid",
-                   "attempt": 1, "state": "delivered", "http": 200, "ts": ts, "created": now,
-                   "pod": "test-pod"})
-    path = _os.path.join(w.dir, "outcomes.bin")
     for i, ts in enumerate((now + 365 * 86400 * 1000, now)):
-        with open(path, "wb") as f:
-            f.write(outcome(i, ts))
-        r = subprocess.run(["kcat", "-b", w.env["SLUICE_KAFKA_BROKERS"], "-P", "-t",
-                            w.env["SLUICE_TOPIC_OUTCOMES"], "-k", ep, path],
-                           capture_output=True, timeout=30)
-        assert r.returncode == 0, r.stderr
+        w.put_outcome(ep, {"v": 1, "id": f"ev-future-{w.tag}-{i}", "ep": ep,
+                           "type": "order.paid", "attempt": 1, "state": "delivered",
+                           "http": 200, "ts": ts, "created": now, "pod": "test-pod"})
     rp = Proc([w.bin("recorder/sluice-recorder")], w.env, _os.path.join(w.dir, "recorder.log"))
     q = wait_until(lambda: w.dump("quarantine"), 60, 0.5, "the outcome quarantined")
     assert len(q) == 1 and "ahead of postgresql's clock" in q[0]["reason"], q
