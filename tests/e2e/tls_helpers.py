@@ -82,10 +82,15 @@ class CA:
 
 
 def cluster_id():
-    """A random KRaft cluster id (16 bytes, base64url without padding, as random-uuid)."""
+    """A random KRaft cluster id (16 bytes, base64url without padding, as random-uuid), never
+    starting with "-" (as Kafka's own never does): StorageTool's option parser would take such
+    an id for an option, and the format fails (one id in 64)."""
     import base64
     import uuid
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 PLAIN_USER = "sluiceplain"
