@@ -851,16 +851,12 @@ long api_server_quiesce(api_server_t *s, int64_t bound_ms)
         return 0;
     struct api *a = s->api;
     sl_httpd_quiesce(s->h);
-    struct timespec t0, now;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int64_t t0 = sl_mono_ms();
     for (;;) {
         long active = atomic_load(&a->active);
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        int64_t ms = (now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
-        if (active <= 0 || ms >= bound_ms)
+        if (active <= 0 || sl_mono_ms() - t0 >= bound_ms)
             return active;
-        struct timespec d = {0, 20 * 1000000L};
-        nanosleep(&d, NULL);
+        sl_sleep_ms(20);
     }
 }
 

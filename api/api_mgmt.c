@@ -129,9 +129,8 @@ static char *url_for_readers(const char *url)
     }
     if (*p == '#')
         sl_buf_append_str(&b, "#" HDR_REDACTED);
-    sl_buf_append(&b, "", 0);
-    char *out = b.data ? (char *)b.data : sl_xstrdup("");
-    return out;
+    /* the buffer is NUL-terminated after any append; an empty URL appended nothing */
+    return b.data ? (char *)b.data : sl_xstrdup("");
 }
 
 /* ep as an answer's JSON; full: the URL as stored (admin keys), else url_for_readers. */

@@ -522,8 +522,7 @@ static int topic_partitions(rd_kafka_t *rk,
                 break;
             }
         }
-        struct timespec ts = {0, 100 * 1000000L};
-        nanosleep(&ts, NULL);
+        sl_sleep_ms(100);
     }
     rd_kafka_topic_destroy(rkt);
     return rc;
@@ -536,30 +535,22 @@ static int reader_open(const struct sl_config *cfg,
                        struct reader *r,
                        sl_err_t *err)
 {
+    static const char *const extra[] = {"enable.partition.eof",
+                                        "true",
+                                        "auto.offset.reset",
+                                        "earliest",
+                                        "fetch.wait.max.ms",
+                                        "100",
+                                        "fetch.error.backoff.ms",
+                                        "100",
+                                        NULL};
     int rc = 0;
-    char errstr[512];
     rd_kafka_topic_partition_list_t *parts = NULL;
     memset(r, 0, sizeof(*r));
     r->cancel = cancel;
-    rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "sluice-endpoints", err);
-    if (!conf)
+    r->rk = sl_kafka_reader_new(cfg, "sluice-endpoints", READER_GROUP_ID, extra, err);
+    if (!r->rk)
         return SL_EKAFKA;
-    if (sl_kafka_conf_set(conf, "group.id", READER_GROUP_ID, err) != 0 ||
-        sl_kafka_conf_set(conf, "enable.auto.commit", "false", err) != 0 ||
-        sl_kafka_conf_set(conf, "enable.auto.offset.store", "false", err) != 0 ||
-        sl_kafka_conf_set(conf, "enable.partition.eof", "true", err) != 0 ||
-        sl_kafka_conf_set(conf, "auto.offset.reset", "earliest", err) != 0 ||
-        sl_kafka_conf_set(conf, "fetch.wait.max.ms", "100", err) != 0 ||
-        sl_kafka_conf_set(conf, "fetch.error.backoff.ms", "100", err) != 0) {
-        rd_kafka_conf_destroy(conf);
-        return SL_EKAFKA;
-    }
-    r->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
-    if (!r->rk) {
-        rd_kafka_conf_destroy(conf);
-        return sl_err_set(err, SL_EKAFKA, "could not create kafka consumer: %s", errstr);
-    }
-    rd_kafka_poll_set_consumer(r->rk);
     rc = topic_partitions(r->rk, topic, deadline, cancel, &r->n_parts, err);
     if (rc != 0)
         goto out;
@@ -584,8 +575,7 @@ static int reader_open(const struct sl_config *cfg,
             if (e == RD_KAFKA_RESP_ERR_NO_ERROR || left == 0)
                 break;
             step_grow(&step, e);
-            struct timespec ts = {0, 100 * 1000000L};
-            nanosleep(&ts, NULL);
+            sl_sleep_ms(100);
         }
         if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
             rc = sl_err_set(err, SL_ETIMEDOUT,
@@ -1004,9 +994,7 @@ static void fault_slow_apply(void)
     const char *f = getenv("SL_FAULT");
     if (f && strcmp(f, "endpoints_slow_apply") == 0) {
         const char *d = getenv("SL_FAULT_DELAY_MS");
-        long ms = d ? strtol(d, NULL, 10) : 1500;
-        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
+        sl_sleep_ms(d ? strtol(d, NULL, 10) : 1500);
     }
 #endif
 }

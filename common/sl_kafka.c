@@ -25,6 +25,14 @@ int64_t sl_mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+void sl_sleep_ms(int64_t ms)
+{
+    if (ms <= 0)
+        return;
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    (void)nanosleep(&ts, NULL);
+}
+
 int64_t sl_mono_us(void)
 {
     struct timespec ts;
@@ -300,6 +308,37 @@ rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg,
         sl_kafka_conf_set(conf, "heartbeat.interval.ms", "1000", err) != 0 ||
         sl_kafka_conf_set(conf, "fetch.wait.max.ms", fetch_wait, err) != 0 ||
         sl_kafka_conf_set(conf, "fetch.min.bytes", fetch_min, err) != 0) {
+        rd_kafka_conf_destroy(conf);
+        return NULL;
+    }
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+    if (!rk) {
+        rd_kafka_conf_destroy(conf);
+        sl_err_set(err, SL_EKAFKA, "could not create kafka consumer: %s", errstr);
+        return NULL;
+    }
+    rd_kafka_poll_set_consumer(rk);
+    return rk;
+}
+
+rd_kafka_t *sl_kafka_reader_new(const struct sl_config *cfg,
+                                const char *role,
+                                const char *group_id,
+                                const char *const *extra,
+                                sl_err_t *err)
+{
+    char errstr[512];
+    rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, role, err);
+    if (!conf)
+        return NULL;
+    int rc = sl_kafka_conf_set(conf, "group.id", group_id, err);
+    if (rc == 0)
+        rc = sl_kafka_conf_set(conf, "enable.auto.commit", "false", err);
+    if (rc == 0)
+        rc = sl_kafka_conf_set(conf, "enable.auto.offset.store", "false", err);
+    for (size_t i = 0; rc == 0 && extra && extra[i]; i += 2)
+        rc = sl_kafka_conf_set(conf, extra[i], extra[i + 1], err);
+    if (rc != 0) {
         rd_kafka_conf_destroy(conf);
         return NULL;
     }

@@ -85,6 +85,17 @@ rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg,
                                   rd_kafka_conf_t *conf,
                                   sl_err_t *err);
 
+/*
+ * A consumer that reads partitions it assigns itself and never joins its group: group.id
+ * (offsets are looked up under it, never committed), auto commit and offset store off, then
+ * the name/value pairs of extra (NULL-terminated, may be NULL). NULL with err.
+ */
+rd_kafka_t *sl_kafka_reader_new(const struct sl_config *cfg,
+                                const char *role,
+                                const char *group_id,
+                                const char *const *extra,
+                                sl_err_t *err);
+
 /* Produce with bounded retry on a full local queue (polls while waiting). Copies key and
  * value. Returns 0 or SL_EKAFKA / SL_ETIMEDOUT. */
 int sl_kafka_produce(rd_kafka_t *rk,
@@ -115,5 +126,7 @@ int sl_kafka_flush(rd_kafka_t *rk, int timeout_ms, sl_err_t *err);
 int64_t sl_now_ms(void);
 int64_t sl_mono_ms(void);
 int64_t sl_mono_us(void);
+/* Sleep ms (>= 0); a signal may end it early (callers that wait for a flag loop on it). */
+void sl_sleep_ms(int64_t ms);
 
 #endif /* SL_KAFKA_H */

@@ -520,31 +520,13 @@ static rd_kafka_t *refetch_consumer(rec_loop_t *l, sl_err_t *err)
 {
     if (l->refetch)
         return l->refetch;
-    char errstr[512];
+    static const char *const extra[] = {"queued.min.messages", "1000", "queued.max.messages.kbytes",
+                                        "4096", NULL};
     size_t glen = strlen(l->cfg->recorder_group) + sizeof(".refetch");
     char *group = sl_xmalloc(glen);
     (void)snprintf(group, glen, "%s.refetch", l->cfg->recorder_group);
-    rd_kafka_conf_t *conf = sl_kafka_conf_new(l->cfg, "recorder", err);
-    if (!conf) {
-        free(group);
-        return NULL;
-    }
-    int set = sl_kafka_conf_set(conf, "group.id", group, err);
+    l->refetch = sl_kafka_reader_new(l->cfg, "recorder", group, extra, err);
     free(group);
-    if (set != 0 || sl_kafka_conf_set(conf, "enable.auto.commit", "false", err) != 0 ||
-        sl_kafka_conf_set(conf, "enable.auto.offset.store", "false", err) != 0 ||
-        sl_kafka_conf_set(conf, "queued.min.messages", "1000", err) != 0 ||
-        sl_kafka_conf_set(conf, "queued.max.messages.kbytes", "4096", err) != 0) {
-        rd_kafka_conf_destroy(conf);
-        return NULL;
-    }
-    l->refetch = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
-    if (!l->refetch) {
-        rd_kafka_conf_destroy(conf);
-        sl_err_set(err, SL_EKAFKA, "could not create kafka consumer: %s", errstr);
-        return NULL;
-    }
-    rd_kafka_poll_set_consumer(l->refetch);
     return l->refetch;
 }
 
@@ -1254,8 +1236,7 @@ static void *cancel_watch_main(void *arg)
             for (size_t i = 0; i < w->l->nlanes; i++)
                 rec_db_cancel(w->l->db[i]);
         }
-        struct timespec ts = {0, CANCEL_EVERY_MS * 1000000L};
-        (void)nanosleep(&ts, NULL);
+        sl_sleep_ms(CANCEL_EVERY_MS);
     }
     return NULL;
 }
@@ -1336,10 +1317,8 @@ static int wait_for_postgresql(rec_loop_t *l)
             return rc;
         }
         db_failed(l, "start", &err);
-        for (int64_t t = 0; t < wait && !l->stop; t += 50) {
-            struct timespec ts = {0, 50 * 1000000L};
-            (void)nanosleep(&ts, NULL);
-        }
+        for (int64_t t = 0; t < wait && !l->stop; t += 50)
+            sl_sleep_ms(50);
         wait = wait * 2 > 5000 ? 5000 : wait * 2;
     }
     return 1;
