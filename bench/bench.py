@@ -22,9 +22,10 @@ Phases, side by side in one run on this machine:
   api        sluice-api publishing over HTTP (wrk), against wrk's rate on its /healthz
   scrape     the e2e drain with /metrics scraped every second vs no metrics listener, runs
              interleaved none/scrape/scrape/none; the ratio of the scraped to the plain rate
-  peers      opt-in (--only peers), not in CI: the same HTTP workload through a peer (Convoy,
-             a built binary in SLUICE_BENCH_CONVOY) and through sluice-api + consumer,
-             deliveries/s and whole-stack CPU per delivery side by side (bench/peers.py)
+  peers      opt-in (--only peers), not in CI: the same HTTP workload through the peers
+             given (Convoy: a built binary in SLUICE_BENCH_CONVOY; Svix: SLUICE_BENCH_SVIX)
+             and through sluice-api + consumer, deliveries/s and whole-stack CPU per delivery
+             side by side (bench/peers.py)
 
 Every process's CPU comes from /proc/<pid>/stat (utime+stime) and its peak RSS from VmHWM
 (VmRSS samples for the long-lived broker). Nothing here asserts a timing: figures are
@@ -1271,7 +1272,8 @@ class Bench:
             f"load average {self.results['machine']['loadavg_start']}")
         need_eps = any(p in phases
                        for p in ("e2e", "latency", "scaling", "rcluster", "scrape")) or (
-            "peers" in phases and os.environ.get("SLUICE_BENCH_CONVOY"))
+            "peers" in phases and (os.environ.get("SLUICE_BENCH_CONVOY")
+                                   or os.environ.get("SLUICE_BENCH_SVIX")))
         if need_eps:
             self.register_endpoints()
         ph = self.results["phases"]

@@ -14,7 +14,13 @@ Peers:
           BENCH_PORT_BASE+40..), configured as its documentation recommends for throughput
           (see bench/README.md, "peers"). Without SLUICE_BENCH_CONVOY the phase is skipped
           with one line.
-  Svix    not run (SVIX_NOTE).
+  Svix    a built `svix-server` binary in SLUICE_BENCH_SVIX (bench/peers/build-svix.sh builds
+          one); API and worker in one process, with its own PostgreSQL and Redis
+          (BENCH_PORT_BASE+60..), configured as its config.default.toml and docker-compose.yml
+          recommend; one application whose 100 endpoints each listen to a channel of their
+          own, each message naming one channel.
+  With neither variable set the phase is skipped with one line; a peer that fails is
+  reported as failed and the others still run.
 """
 
 import json
@@ -36,11 +42,11 @@ BODY_BYTES = 512
 # the delivered body: {"seq":"<8 digits>","data":"x..."}, exactly BODY_BYTES bytes
 DATA_JSON = '{"seq":"%SEQ%","data":"' + "x" * (BODY_BYTES - 28) + '"}'
 EVENT_TYPE = "bench.peers"
-SVIX_NOTE = ("Svix not run: the phase has no Svix runner; Svix's server (Rust) takes its queue "
-             "crate omniqueue from a git repository, which the machine this phase was written "
-             "on could not reach, so it could not be built there")
-STACK_OFFSET = 40   # the peer's scripts/stack.sh port base: BENCH_PORT_BASE + this
+CONVOY_STACK_OFFSET = 40  # Convoy's scripts/stack.sh port base: BENCH_PORT_BASE + this
 CONVOY_OFFSET = 50  # Convoy's HTTP ports: server, worker, agent, ingest from base + this
+SVIX_ENV = "SLUICE_BENCH_SVIX"
+SVIX_STACK_OFFSET = 60  # Svix's scripts/stack.sh port base: BENCH_PORT_BASE + this
+SVIX_OFFSET = 70        # svix-server's HTTP port: BENCH_PORT_BASE + this
 SETTLE_CORES = 0.05  # settled: within this many cores of its idle use before the run, over 1 s
 SETTLE_MAX_S = 30
 IDLE_S = 3          # the stack's idle CPU use is sampled for this long before each run
@@ -120,7 +126,7 @@ def wait_http(url, what, timeout=120, proc=None, logf=None):
             raise RuntimeError(f"{what} exited {proc.returncode} (see {logf})")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
+                if 200 <= r.status < 300:
                     return
         except OSError:
             pass
@@ -292,26 +298,22 @@ def convoy_pg_settings():
     }
 
 
-class Convoy:
-    def __init__(self, bench, binary, port_base):
+class Peer:
+    """A peer's own PostgreSQL and Redis (scripts/stack.sh in a temp dir on port_base +
+    stack_offset) and its processes, each logging into the bench's work dir."""
+    name = "peer"
+
+    def __init__(self, bench, binary, port_base, stack_offset):
         self.bench = bench
         self.bin = binary
-        self.dir = tempfile.mkdtemp(prefix="sluice-bench-convoy.",
+        self.dir = tempfile.mkdtemp(prefix=f"sluice-bench-{self.name}.",
                                     dir=os.environ.get("TMPDIR", "/tmp"))
         self.stack_dir = os.path.join(self.dir, "stack")
-        self.stack_base = port_base + STACK_OFFSET
+        self.stack_base = port_base + stack_offset
         self.redis_port = self.stack_base + 2
         self.pg_port = self.stack_base + 3
-        self.port = port_base + CONVOY_OFFSET
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.cfg_path = os.path.join(self.dir, "convoy.json")
         self.procs = []
-        # BENCH_PEERS_CONVOY_TUNING=none: no PostgreSQL tuning and Convoy's default pool (for
-        # finding out what the documented tuning changes; not what the phase reports)
-        self.tuning = os.environ.get("BENCH_PEERS_CONVOY_TUNING", "docs")
-        if self.tuning not in ("docs", "none"):
-            raise RuntimeError(f"BENCH_PEERS_CONVOY_TUNING={self.tuning}: docs or none")
-        self.settings = {"tuning": self.tuning}
+        self.settings = {}
 
     # the stack -----------------------------------------------------------------------
     def stack(self, *args):
@@ -320,7 +322,7 @@ class Convoy:
         r = subprocess.run([os.path.join(self.bench.a.repo, "scripts", "stack.sh"), *args],
                            env=env, capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
-            raise RuntimeError(f"scripts/stack.sh {' '.join(args)} (Convoy's stack): "
+            raise RuntimeError(f"scripts/stack.sh {' '.join(args)} ({self.name}'s stack): "
                                f"{(r.stdout + r.stderr)[-1500:]}")
 
     def psql(self, db, sql):
@@ -330,19 +332,18 @@ class Convoy:
         if r.returncode != 0:
             raise RuntimeError(f"psql ({sql[:60]}): {r.stderr[-500:]}")
 
-    def start_stack(self):
-        log(f"peers/convoy: PostgreSQL and Redis in {self.stack_dir} (ports {self.pg_port}, "
-            f"{self.redis_port})")
+    def start_stack(self, pg_settings, db):
+        """Redis and PostgreSQL with pg_settings (ALTER SYSTEM, then a restart) and database
+        db."""
+        log(f"peers/{self.name}: PostgreSQL and Redis in {self.stack_dir} (ports "
+            f"{self.pg_port}, {self.redis_port})")
         self.stack("start", "redis", "postgres")
-        pg = convoy_pg_settings()
-        if self.tuning == "none":   # scripts/stack.sh's PostgreSQL with max_connections 400
-            pg = {"max_connections": pg["max_connections"]}
-        for k, v in pg.items():
+        for k, v in pg_settings.items():
             self.psql("postgres", f"ALTER SYSTEM SET {k} = '{v}'")
         self.stack("stop", "postgres")   # max_connections, shared_buffers: a restart
         self.stack("start", "postgres")
-        self.psql("postgres", "CREATE DATABASE convoy")
-        self.settings["postgres"] = pg
+        self.psql("postgres", f"CREATE DATABASE {db}")
+        self.settings["postgres"] = pg_settings
         self.settings["redis"] = ("scripts/stack.sh's, as Sluice's: appendonly yes, "
                                   "appendfsync everysec")
 
@@ -353,6 +354,69 @@ class Convoy:
         d["postgres"] = read_pid(os.path.join(self.stack_dir, "pg", "data", "postmaster.pid"))
         d["redis"] = read_pid(os.path.join(self.stack_dir, "redis", "redis.pid"))
         return d
+
+    def launch(self, label, *args, env=None):
+        path = os.path.join(self.bench.work, f"{self.name}-{label}.log")
+        logf = open(path, "ab")
+        p = subprocess.Popen([self.bin, *args], stdout=logf, stderr=logf,
+                             stdin=subprocess.DEVNULL, cwd=self.dir, env=env)
+        p.logf, p.label, p.log_path = logf, label, path
+        self.procs.append(p)
+        return p
+
+    def run_once(self, label, *args, env=None, timeout=300):
+        """Runs the peer's binary to its end; returns its output (raises when it fails)."""
+        p = self.launch(label, *args, env=env)
+        rc = p.wait(timeout)
+        self.procs.remove(p)
+        p.logf.close()
+        with open(p.log_path, errors="replace") as f:
+            out = f.read()
+        if rc != 0:
+            raise RuntimeError(f"{self.name} {' '.join(args)} exited {rc} (see {p.log_path})")
+        return out
+
+    def build_info(self):
+        try:
+            with open(self.bin + ".build-info") as f:
+                return f.read().strip().splitlines()
+        except OSError:
+            return None
+
+    def stop(self):
+        for p in reversed(self.procs):
+            self.bench.stop_proc(p, timeout=30)
+        self.procs = []
+        try:
+            self.stack("stop")
+        except RuntimeError as ex:
+            log(f"peers/{self.name}: {ex}")
+        if os.environ.get("BENCH_KEEP_TMP") == "1":
+            log(f"peers/{self.name}: kept {self.dir}")
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Convoy(Peer):
+    name = "convoy"
+
+    def __init__(self, bench, binary, port_base):
+        super().__init__(bench, binary, port_base, CONVOY_STACK_OFFSET)
+        self.port = port_base + CONVOY_OFFSET
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.cfg_path = os.path.join(self.dir, "convoy.json")
+        # BENCH_PEERS_CONVOY_TUNING=none: no PostgreSQL tuning and Convoy's default pool (for
+        # finding out what the documented tuning changes; not what the phase reports)
+        self.tuning = os.environ.get("BENCH_PEERS_CONVOY_TUNING", "docs")
+        if self.tuning not in ("docs", "none"):
+            raise RuntimeError(f"BENCH_PEERS_CONVOY_TUNING={self.tuning}: docs or none")
+        self.settings = {"tuning": self.tuning}
+
+    def start_stack(self):
+        pg = convoy_pg_settings()
+        if self.tuning == "none":   # scripts/stack.sh's PostgreSQL with max_connections 400
+            pg = {"max_connections": pg["max_connections"]}
+        super().start_stack(pg, "convoy")
 
     # Convoy ------------------------------------------------------------------------
     def write_config(self):
@@ -390,24 +454,10 @@ class Convoy:
         shown["auth"]["jwt"]["secret"] = shown["auth"]["jwt"]["refresh_secret"] = "<random>"
         self.settings["convoy_json"] = shown
 
-    def launch(self, label, *args):
-        path = os.path.join(self.bench.work, f"convoy-{label}.log")
-        logf = open(path, "ab")
-        p = subprocess.Popen([self.bin, *args], stdout=logf, stderr=logf,
-                             stdin=subprocess.DEVNULL, cwd=self.dir)
-        p.logf, p.label, p.log_path = logf, label, path
-        self.procs.append(p)
-        return p
-
     def start(self):
         self.write_config()
         log("peers/convoy: convoy migrate up")
-        mig = self.launch("migrate", "migrate", "up", "--config", self.cfg_path)
-        rc = mig.wait(300)
-        self.procs.remove(mig)
-        mig.logf.close()
-        if rc != 0:
-            raise RuntimeError(f"convoy migrate up exited {rc} (see {mig.log_path})")
+        self.run_once("migrate", "migrate", "up", "--config", self.cfg_path)
         srv = self.launch("server", "server", "--config", self.cfg_path)
         wait_http(self.base + "/healthz", "convoy server", proc=srv, logf=srv.log_path)
         agent = self.launch("agent", "agent", "--config", self.cfg_path)
@@ -453,55 +503,162 @@ class Convoy:
             out["reports"] = (r.stdout + r.stderr).strip().splitlines()[-1][:200]
         except (OSError, IndexError, subprocess.TimeoutExpired):
             out["reports"] = "?"
-        try:
-            with open(self.bin + ".build-info") as f:
-                out["build_info"] = f.read().strip().splitlines()
-        except OSError:
-            pass
+        if self.build_info():
+            out["build_info"] = self.build_info()
         return out
 
-    def stop(self):
-        for p in reversed(self.procs):
-            self.bench.stop_proc(p, timeout=30)
-        self.procs = []
-        try:
-            self.stack("stop")
-        except RuntimeError as ex:
-            log(f"peers/convoy: {ex}")
-        if os.environ.get("BENCH_KEEP_TMP") == "1":
-            log(f"peers/convoy: kept {self.dir}")
-        else:
-            shutil.rmtree(self.dir, ignore_errors=True)
+
+def measure(bench, name, route, url, hdr, template, ep_file, n, warm, conns, pids, timeout):
+    """The warm-up (delivered, not measured), then the n measured events."""
+    res = {}
+    if warm:
+        log(f"peers/{name}: warm-up, {warm:,} events")
+        res["warmup"] = run_workload(bench, f"{name}-warmup",
+                                     publish_cmd(bench, url, hdr, template, ep_file, warm,
+                                                 conns), warm, pids, timeout)
+    log(f"peers/{name}: {n:,} events through {route}")
+    res.update(run_workload(bench, name, publish_cmd(bench, url, hdr, template, ep_file, n,
+                                                     conns), n, pids, timeout))
+    return res
+
+
+def write_lines(bench, name, lines):
+    path = os.path.join(bench.work, f"peers-{name}-endpoints.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
 
 
 def run_convoy(bench, binary, n, warm, conns):
-    port_base = bench.port - 10
-    cv = Convoy(bench, binary, port_base)
+    cv = Convoy(bench, binary, bench.port - 10)
     res = {"binary": binary}
     try:
         cv.start_stack()
         cv.start()
         res["version"] = cv.version()
         pid, key, eps = cv.setup(bench.port)
-        ep_file = os.path.join(bench.work, "peers-convoy-endpoints.txt")
-        with open(ep_file, "w") as f:
-            f.write("\n".join(eps) + "\n")
         template = ('{"endpoint_id":"%EP%","event_type":"' + EVENT_TYPE + '","data":'
                     + DATA_JSON + "}")
-        url = f"{cv.base}/api/v1/projects/{pid}/events"
-        hdr = [f"Authorization: Bearer {key}"]
-        timeout = max(900, n // 20)
-        if warm:
-            log(f"peers/convoy: warm-up, {warm:,} events")
-            res["warmup"] = run_workload(bench, "convoy-warmup",
-                                         publish_cmd(bench, url, hdr, template, ep_file, warm,
-                                                     conns), warm, cv.pids(), timeout)
-        log(f"peers/convoy: {n:,} events through POST /api/v1/projects/{{id}}/events")
-        res.update(run_workload(bench, "convoy", publish_cmd(bench, url, hdr, template, ep_file,
-                                                             n, conns), n, cv.pids(), timeout))
+        res.update(measure(bench, "convoy", "POST /api/v1/projects/{id}/events",
+                           f"{cv.base}/api/v1/projects/{pid}/events",
+                           [f"Authorization: Bearer {key}"], template,
+                           write_lines(bench, "convoy", eps), n, warm, conns, cv.pids(),
+                           max(900, n // 20)))
         res["settings"] = cv.settings
     finally:
         cv.stop()
+    return res
+
+
+# ---------------------------------------------------------------------------- Svix
+
+class Svix(Peer):
+    """svix-server (API and worker in one process, as its docker-compose.yml runs it) with
+    its own PostgreSQL and Redis."""
+    name = "svix"
+
+    def __init__(self, bench, binary, port_base):
+        super().__init__(bench, binary, port_base, SVIX_STACK_OFFSET)
+        self.port = port_base + SVIX_OFFSET
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = None
+
+    def start_stack(self):
+        # scripts/stack.sh's PostgreSQL (as Sluice's) with room for the pool of 100 and the
+        # migration's connections: Svix's documentation tunes no PostgreSQL setting
+        super().start_stack({"max_connections": "400"}, "svix")
+
+    def write_env(self):
+        """Svix's configuration, in its environment variables (config.default.toml names
+        them). Defaults kept: queue_type redis, cache_type memory (the default, recommended
+        for one instance), db_pool_max_size and redis_pool_max_size 100, worker_max_tasks 500,
+        the retry schedule. Set: the DSNs, the secrets, loopback endpoints allowed
+        (whitelist_subnets, as Svix's own tests set it), logging at error (RUST_LOG, which
+        Svix reads before its log_level)."""
+        cfg = {
+            "SVIX_LISTEN_ADDRESS": f"127.0.0.1:{self.port}",
+            "SVIX_DB_DSN": f"postgresql://sluice@127.0.0.1:{self.pg_port}/svix",
+            "SVIX_REDIS_DSN": f"redis://127.0.0.1:{self.redis_port}",
+            "SVIX_QUEUE_TYPE": "redis",
+            "SVIX_CACHE_TYPE": "memory",
+            "SVIX_JWT_SECRET": secrets.token_hex(24),
+            "SVIX_MAIN_SECRET": secrets.token_hex(24),
+            "SVIX_WHITELIST_SUBNETS": "[127.0.0.1/32]",
+            "SVIX_ENDPOINT_HTTPS_ONLY": "false",
+            "SVIX_OPENTELEMETRY_ADDRESS": "",
+            "RUST_LOG": "error",
+        }
+        cfg = {k: v for k, v in cfg.items() if v != ""}
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("SVIX_", "SLUICE_", "RUST_LOG"))}
+        self.env.update(cfg)
+        shown = dict(cfg)
+        shown["SVIX_JWT_SECRET"] = shown["SVIX_MAIN_SECRET"] = "<random>"
+        self.settings["environment"] = shown
+
+    def start(self):
+        self.write_env()
+        log("peers/svix: svix-server migrate")
+        self.run_once("migrate", "migrate", env=self.env)
+        srv = self.launch("server", env=self.env)
+        wait_http(self.base + "/api/v1/health/", "svix-server", proc=srv, logf=srv.log_path)
+        self.settings["processes"] = ["svix-server (API and worker)"]
+
+    def setup(self, receiver_port):
+        """A token for the default organisation (`svix-server jwt generate`), one
+        application, ENDPOINTS endpoints on the receiver, each listening to a channel of its
+        own, so that a message with that channel goes to that endpoint alone. Returns (app
+        id, token, channel names)."""
+        out = self.run_once("jwt", "jwt", "generate", env=self.env, timeout=60)
+        token = None
+        for line in out.splitlines():
+            if line.startswith("Token (Bearer): "):
+                token = line.split(": ", 1)[1].strip()
+        if not token:
+            raise RuntimeError("svix-server jwt generate printed no token")
+        log(f"peers/svix: application and {ENDPOINTS} endpoints")
+        app = http_json("POST", self.base + "/api/v1/app/", {"name": "sluice-bench"},
+                        token)["id"]
+        chans = []
+        for i in range(ENDPOINTS):
+            ch = f"sv{i}"
+            http_json("POST", f"{self.base}/api/v1/app/{app}/endpoint/",
+                      {"url": f"http://127.0.0.1:{receiver_port}/ok/{ch}", "channels": [ch],
+                       "description": ch}, token)
+            chans.append(ch)
+        return app, token, chans
+
+    def version(self):
+        out = {}
+        try:
+            r = subprocess.run([self.bin, "--version"], capture_output=True, text=True,
+                               timeout=30, env=self.env)
+            out["reports"] = (r.stdout + r.stderr).strip().splitlines()[-1][:200]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            out["reports"] = "?"
+        if self.build_info():
+            out["build_info"] = self.build_info()
+        return out
+
+
+def run_svix(bench, binary, n, warm, conns):
+    sv = Svix(bench, binary, bench.port - 10)
+    res = {"binary": binary}
+    try:
+        sv.start_stack()
+        sv.start()
+        res["version"] = sv.version()
+        app, token, chans = sv.setup(bench.port)
+        template = ('{"eventType":"' + EVENT_TYPE + '","channels":["%EP%"],"payload":'
+                    + DATA_JSON + "}")
+        res.update(measure(bench, "svix", "POST /api/v1/app/{app_id}/msg/",
+                           f"{sv.base}/api/v1/app/{app}/msg/",
+                           [f"Authorization: Bearer {token}"], template,
+                           write_lines(bench, "svix", chans), n, warm, conns, sv.pids(),
+                           max(900, n // 20)))
+        res["settings"] = sv.settings
+    finally:
+        sv.stop()
     return res
 
 
@@ -560,15 +717,8 @@ def run_sluice(bench, n, warm, conns):
                 "redis": bench.redis_pid, "recorder": rec.pid,
                 "postgres": read_pid(os.path.join(bench.stack_dir, "pg", "data",
                                                   "postmaster.pid"))}
-        timeout = max(900, n // 200)
-        if warm:
-            log(f"peers/sluice: warm-up, {warm:,} events")
-            res["warmup"] = run_workload(bench, "sluice-warmup",
-                                         publish_cmd(bench, url, hdr, template, ep_file, warm,
-                                                     conns), warm, pids, timeout)
-        log(f"peers/sluice: {n:,} events through POST /v1/events")
-        res.update(run_workload(bench, "sluice", publish_cmd(bench, url, hdr, template, ep_file,
-                                                             n, conns), n, pids, timeout))
+        res.update(measure(bench, "sluice", "POST /v1/events", url, hdr, template, ep_file, n,
+                           warm, conns, pids, max(900, n // 200)))
     finally:
         for p in reversed(procs):
             bench.stop_proc(p)
@@ -585,35 +735,53 @@ def run_sluice(bench, n, warm, conns):
 def phase(bench):
     quick = bench.quick
     conns = int(os.environ.get("BENCH_PEERS_CONNS", "64"))
-    n_cv = int(os.environ.get("BENCH_PEERS_CONVOY_EVENTS", "3000" if quick else "10000"))
     n_sl = int(os.environ.get("BENCH_PEERS_SLUICE_EVENTS", "50000" if quick else "200000"))
-    res = {"connections": conns, "endpoints": ENDPOINTS, "body_bytes": BODY_BYTES,
-           "svix": {"run": False, "reason": SVIX_NOTE}}
-    log("peers: " + SVIX_NOTE)
-    binary = os.environ.get(CONVOY_ENV, "")
-    if not binary:
-        msg = (f"peers: skipped: no peer given ({CONVOY_ENV} is not set; "
-               "bench/peers/build-convoy.sh builds Convoy and prints the line to set)")
+    peers = []   # (name, label, binary, runner, events)
+    for name, label, env, runner, default in (
+            ("convoy", "Convoy", CONVOY_ENV, run_convoy, "3000" if quick else "10000"),
+            ("svix", "Svix", SVIX_ENV, run_svix, "10000" if quick else "40000")):
+        binary = os.environ.get(env, "")
+        if not binary:
+            log(f"peers: {label} not run ({env} is not set; bench/peers/build-{name}.sh "
+                "builds it and prints the line to set)")
+            continue
+        if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+            raise RuntimeError(f"{env}={binary}: not an executable file")
+        n = int(os.environ.get(f"BENCH_PEERS_{name.upper()}_EVENTS", default))
+        peers.append((name, label, binary, runner, n))
+    res = {"connections": conns, "endpoints": ENDPOINTS, "body_bytes": BODY_BYTES}
+    if not peers:
+        msg = (f"peers: skipped: no peer given (neither {CONVOY_ENV} nor {SVIX_ENV} is set; "
+               "bench/peers/build-convoy.sh and bench/peers/build-svix.sh build them and print "
+               "the line to set)")
         log(msg)
         res["skipped"] = msg
         return res
-    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
-        raise RuntimeError(f"{CONVOY_ENV}={binary}: not an executable file")
     bench.receiver = bench.start_receiver("peers")
     try:
-        res["convoy"] = run_convoy(bench, binary, n_cv, max(100, n_cv // 10), conns)
+        for name, label, binary, runner, n in peers:
+            try:
+                # a tenth of the events as warm-up: Convoy's agent loads endpoints and
+                # subscriptions every 10 s, Svix caches an application's endpoints for 30 s
+                res[name] = runner(bench, binary, n, max(100, n // 10), conns)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as ex:
+                log(f"peers/{name}: FAILED: {ex}")
+                res[name] = {"failed": str(ex)[-1500:], "binary": binary}
         res["sluice"] = run_sluice(bench, n_sl, max(1000, n_sl * 3 // 4), conns)
     finally:
         bench.stop_proc(bench.receiver)
         bench.receiver = None
-    cv, sl = res["convoy"], res["sluice"]
-    if cv.get("deliveries_per_s") and sl.get("deliveries_per_s"):
-        res["rate_ratio"] = round(sl["deliveries_per_s"] / cv["deliveries_per_s"], 1)
-    if cv.get("stack_cpu_ms_per_delivery") and sl.get("stack_cpu_ms_per_delivery"):
-        res["cpu_ratio"] = round(cv["stack_cpu_ms_per_delivery"]
-                                 / sl["stack_cpu_ms_per_delivery"], 1)
-    log(f"peers: Convoy {cv.get('deliveries_per_s')}/s at {cv.get('stack_cpu_ms_per_delivery')} "
-        f"ms CPU per delivery; Sluice {sl.get('deliveries_per_s')}/s at "
-        f"{sl.get('stack_cpu_ms_per_delivery')} ms; x{res.get('rate_ratio')} the rate, "
-        f"1/{res.get('cpu_ratio')} the CPU")
+    sl = res["sluice"]
+    for name, label, _, _, _ in peers:
+        pr = res[name]
+        pre = "" if name == "convoy" else f"{name}_"   # Convoy's keep their older names
+        if pr.get("deliveries_per_s") and sl.get("deliveries_per_s"):
+            res[pre + "rate_ratio"] = round(sl["deliveries_per_s"] / pr["deliveries_per_s"], 1)
+        if pr.get("stack_cpu_ms_per_delivery") and sl.get("stack_cpu_ms_per_delivery"):
+            res[pre + "cpu_ratio"] = round(pr["stack_cpu_ms_per_delivery"]
+                                           / sl["stack_cpu_ms_per_delivery"], 1)
+        log(f"peers: {label} {pr.get('deliveries_per_s')}/s at "
+            f"{pr.get('stack_cpu_ms_per_delivery')} ms CPU per delivery; Sluice "
+            f"{sl.get('deliveries_per_s')}/s at {sl.get('stack_cpu_ms_per_delivery')} ms; "
+            f"x{res.get(pre + 'rate_ratio')} the rate, 1/{res.get(pre + 'cpu_ratio')} the CPU")
     return res

@@ -326,16 +326,19 @@ def phase_rows(r, ph):
 
 
 def peers_rows(pe, add):
-    """The peers phase's rows (through add): Convoy and Sluice under the same HTTP workload
-    (bench/peers.py)."""
+    """The peers phase's rows (through add): Convoy, Svix and Sluice under the same HTTP
+    workload (bench/peers.py)."""
     if pe is None:
         return
     if "failed" in pe:
         add("peers", "FAILED: " + pe["failed"])
     if pe.get("skipped"):
         add("peers", pe["skipped"].replace("peers: ", ""))
+    apis = {"convoy": "its POST /api/v1/projects/{id}/events",
+            "svix": "its POST /api/v1/app/{app_id}/msg/", "sluice": "sluice-api"}
     for name, label, procs in (
             ("convoy", "Convoy", ("server", "agent", "postgres", "redis")),
+            ("svix", "Svix", ("server", "postgres", "redis")),
             ("sluice", "Sluice", ("api", "consumer", "broker", "redis", "recorder",
                                   "postgres"))):
         run = pe.get(name)
@@ -344,7 +347,7 @@ def peers_rows(pe, add):
         if "failed" in run:
             add(f"peers: {label}", "FAILED: " + run["failed"])
             continue
-        api = "its POST /api/v1/projects/{id}/events" if name == "convoy" else "sluice-api"
+        api = apis[name]
         ver = ""
         v = run.get("version") or {}
         if v.get("build_info"):
@@ -368,11 +371,12 @@ def peers_rows(pe, add):
             f"{fmt(run.get('publisher_cpu_ms_per_event'), '', 3)} ms CPU per event; "
             f"{run.get('others_cores', 0):.2f} cores of other people's work; "
             f"{run['publisher']['throttled']} throttled, {run.get('extra_2xx', 0)} extra 2xx")
-    if pe.get("rate_ratio"):
-        add("peers: Sluice / Convoy", f"x{pe['rate_ratio']} the deliveries/s at "
-            f"1/{pe.get('cpu_ratio')} of the CPU per delivery")
+    for pre, label in (("", "Convoy"), ("svix_", "Svix")):
+        if pe.get(pre + "rate_ratio"):
+            add(f"peers: Sluice / {label}", f"x{pe[pre + 'rate_ratio']} the deliveries/s at "
+                f"1/{pe.get(pre + 'cpu_ratio')} of the CPU per delivery")
     sv = pe.get("svix")
-    if sv and not sv.get("run"):
+    if sv and sv.get("run") is False:   # files from before the Svix runner
         add("peers: Svix", sv.get("reason", "not run").replace("Svix not run", "not run"))
 
 
@@ -635,7 +639,7 @@ def figures(ph):
         add("scrape.cpu_s_per_10k_scrape", "  consumer CPU s per 10,000 deliveries, scraped",
             "s", 2, scr.get("cpu_s_per_10k_scrape"))
     pe = ph.get("peers") or {}
-    for name, label in (("convoy", "Convoy"), ("sluice", "Sluice")):
+    for name, label in (("convoy", "Convoy"), ("svix", "Svix"), ("sluice", "Sluice")):
         run = pe.get(name) or {}
         if run.get("deliveries_per_s"):
             add(f"peers.{name}.deliveries_per_s", f"peers: {label} deliveries/s (same run)",
@@ -646,6 +650,10 @@ def figures(ph):
         pe.get("rate_ratio"))
     add("peers.cpu_ratio", "peers: Convoy / Sluice CPU per delivery", "ratio", 1,
         pe.get("cpu_ratio"))
+    add("peers.svix_rate_ratio", "peers: Sluice / Svix deliveries/s", "ratio", 1,
+        pe.get("svix_rate_ratio"))
+    add("peers.svix_cpu_ratio", "peers: Svix / Sluice CPU per delivery", "ratio", 1,
+        pe.get("svix_cpu_ratio"))
     return out
 
 

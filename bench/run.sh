@@ -7,10 +7,12 @@
 #   bench/run.sh --quick    100,000 deliveries and shorter phases, for iteration (about 5 min)
 #   bench/run.sh --only wrk,produce,e2e,rss,latency,recorder,scaling,rcluster,endpoints,api,scrape
 #                           a subset
-#   SLUICE_BENCH_CONVOY=/path/to/convoy bench/run.sh --only peers
-#                           opt-in, not in CI: the same HTTP workload through Convoy (built by
-#                           bench/peers/build-convoy.sh) and through Sluice, side by side;
-#                           without SLUICE_BENCH_CONVOY the phase is skipped with one line
+#   SLUICE_BENCH_CONVOY=/path/to/convoy SLUICE_BENCH_SVIX=/path/to/svix-server \
+#     bench/run.sh --only peers
+#                           opt-in, not in CI: the same HTTP workload through Convoy and Svix
+#                           (built by bench/peers/build-convoy.sh, build-svix.sh) and through
+#                           Sluice, side by side; each peer runs when its variable is set, and
+#                           with neither the phase is skipped with one line
 #   bench/run.sh --repeat N runs the phases N times (wrk first in each repetition, added when
 #                           --only leaves it out) and reports the median and min..max of each
 #                           headline figure: throughput as a ratio to the same repetition's
@@ -45,10 +47,13 @@
 #                             sluicectl dump outcomes --topic bench.<run>.<phase>.outcomes)
 #   SLUICE_BENCH_CONVOY       peers phase: path of a built convoy binary (its PostgreSQL and
 #                             Redis run on BENCH_PORT_BASE+42/+43, Convoy on +50..+53)
+#   SLUICE_BENCH_SVIX         peers phase: path of a built svix-server binary (its PostgreSQL
+#                             and Redis run on BENCH_PORT_BASE+62/+63, Svix on +70)
 #   BENCH_API_CONNS (256)     api phase: wrk connections (keep-alive, one request in flight each)
 #   BENCH_PEERS_CONNS (64)    peers phase: publisher connections (one request in flight each)
-#   BENCH_PEERS_CONVOY_EVENTS (10000; 3000 --quick), BENCH_PEERS_SLUICE_EVENTS (200000;
-#                             50000 --quick): events published to each system
+#   BENCH_PEERS_CONVOY_EVENTS (10000; 3000 --quick), BENCH_PEERS_SVIX_EVENTS (40000; 10000
+#                             --quick), BENCH_PEERS_SLUICE_EVENTS (200000; 50000 --quick):
+#                             events published to each system
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -101,10 +106,9 @@ bins_of() {
 # always: the libraries sl-bench links, sluicectl and sl-test-topic (endpoint registration,
 # topics), and wrk's receiver (--repeat adds the wrk phase to every repetition)
 BINS="producer/sluice-produce api/sluice-api ctl/sluicectl tests/integration/sl-test-topic tests/receiver/sluice-receiver"
-if [ "$ONLY" = peers ] && [ -z "${SLUICE_BENCH_CONVOY:-}" ]; then
+if [ "$ONLY" = peers ] && [ -z "${SLUICE_BENCH_CONVOY:-}" ] && [ -z "${SLUICE_BENCH_SVIX:-}" ]; then
   # the same line bench/peers.py prints, without building and starting a stack for nothing
-  say "peers: Svix not run: the phase has no Svix runner (see bench/README.md, \"peers\")"
-  say "peers: skipped: no peer given (SLUICE_BENCH_CONVOY is not set; bench/peers/build-convoy.sh builds Convoy and prints the line to set)"
+  say "peers: skipped: no peer given (neither SLUICE_BENCH_CONVOY nor SLUICE_BENCH_SVIX is set; bench/peers/build-convoy.sh and bench/peers/build-svix.sh build them and print the line to set)"
   exit 0
 fi
 IFS=, read -r -a SELECTED <<<"${ONLY:-$ALL_PHASES}"
@@ -201,7 +205,8 @@ fi
 # the knobs that change what is measured go into the reproduce line too
 KNOBS=""
 for v in BENCH_INFLIGHT BENCH_LATENCY_INFLIGHT BENCH_CONSUMER_THREADS BENCH_PORT_BASE BENCH_RC_PORT_BASE \
-  SLUICE_BENCH_CONVOY BENCH_PEERS_CONNS BENCH_PEERS_CONVOY_EVENTS BENCH_PEERS_SLUICE_EVENTS \
+  SLUICE_BENCH_CONVOY SLUICE_BENCH_SVIX BENCH_PEERS_CONNS BENCH_PEERS_CONVOY_EVENTS \
+  BENCH_PEERS_SVIX_EVENTS BENCH_PEERS_SLUICE_EVENTS \
   BENCH_PEERS_CONVOY_TUNING BENCH_API_CONNS; do
   [ -n "${!v:-}" ] && KNOBS="$KNOBS$v=${!v} "
 done
