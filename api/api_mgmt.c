@@ -129,8 +129,7 @@ static char *url_for_readers(const char *url)
     }
     if (*p == '#')
         sl_buf_append_str(&b, "#" HDR_REDACTED);
-    /* the buffer is NUL-terminated after any append; an empty URL appended nothing */
-    return b.data ? (char *)b.data : sl_xstrdup("");
+    return (char *)b.data; /* allocated and NUL-terminated by the first append, even of 0 bytes */
 }
 
 /* ep as an answer's JSON; full: the URL as stored (admin keys), else url_for_readers. */

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.error
 import urllib.request
 
@@ -598,6 +599,12 @@ class Svix(Peer):
 
     def start(self):
         self.write_env()
+        # Svix reads .env and config.toml from its working directory or the nearest parent
+        # that has them: empty ones here, so that no stray file in $TMPDIR or above changes
+        # the configuration recorded in settings
+        for name in (".env", "config.toml"):
+            with open(os.path.join(self.dir, name), "w"):
+                pass
         log("peers/svix: svix-server migrate")
         self.run_once("migrate", "migrate", env=self.env)
         srv = self.launch("server", env=self.env)
@@ -764,9 +771,9 @@ def phase(bench):
                 # a tenth of the events as warm-up: Convoy's agent loads endpoints and
                 # subscriptions every 10 s, Svix caches an application's endpoints for 30 s
                 res[name] = runner(bench, binary, n, max(100, n // 10), conns)
-            except (RuntimeError, OSError, subprocess.SubprocessError) as ex:
-                log(f"peers/{name}: FAILED: {ex}")
-                res[name] = {"failed": str(ex)[-1500:], "binary": binary}
+            except Exception as ex:  # noqa: BLE001 -- any failure of one peer is its own
+                log(f"peers/{name}: FAILED: {ex!r}\n{traceback.format_exc()}")
+                res[name] = {"failed": repr(ex)[-1500:], "binary": binary}
         res["sluice"] = run_sluice(bench, n_sl, max(1000, n_sl * 3 // 4), conns)
     finally:
         bench.stop_proc(bench.receiver)

@@ -342,7 +342,7 @@ def peers_rows(pe, add):
             ("sluice", "Sluice", ("api", "consumer", "broker", "redis", "recorder",
                                   "postgres"))):
         run = pe.get(name)
-        if not run:
+        if not run or run.get("run") is False:   # not run (Svix in files from before its runner)
             continue
         if "failed" in run:
             add(f"peers: {label}", "FAILED: " + run["failed"])

@@ -45,10 +45,10 @@
 #   BENCH_KEEP_TMP=1          keep the work dir (logs, raw series) under $TMPDIR
 #   BENCH_KEEP_TOPICS=1       keep each phase's topics (with BENCH_STACK_DIR, read them after:
 #                             sluicectl dump outcomes --topic bench.<run>.<phase>.outcomes)
-#   SLUICE_BENCH_CONVOY       peers phase: path of a built convoy binary (its PostgreSQL and
-#                             Redis run on BENCH_PORT_BASE+42/+43, Convoy on +50..+53)
-#   SLUICE_BENCH_SVIX         peers phase: path of a built svix-server binary (its PostgreSQL
-#                             and Redis run on BENCH_PORT_BASE+62/+63, Svix on +70)
+#   SLUICE_BENCH_CONVOY       peers phase: path of a built convoy binary (its Redis and
+#                             PostgreSQL run on BENCH_PORT_BASE+42/+43, Convoy on +50..+53)
+#   SLUICE_BENCH_SVIX         peers phase: path of a built svix-server binary (its Redis
+#                             and PostgreSQL run on BENCH_PORT_BASE+62/+63, Svix on +70)
 #   BENCH_API_CONNS (256)     api phase: wrk connections (keep-alive, one request in flight each)
 #   BENCH_PEERS_CONNS (64)    peers phase: publisher connections (one request in flight each)
 #   BENCH_PEERS_CONVOY_EVENTS (10000; 3000 --quick), BENCH_PEERS_SVIX_EVENTS (40000; 10000

@@ -337,7 +337,9 @@ rd_kafka_t *sl_kafka_reader_new(const struct sl_config *cfg,
     if (rc == 0)
         rc = sl_kafka_conf_set(conf, "enable.auto.offset.store", "false", err);
     for (size_t i = 0; rc == 0 && extra && extra[i]; i += 2)
-        rc = sl_kafka_conf_set(conf, extra[i], extra[i + 1], err);
+        rc = extra[i + 1]
+                 ? sl_kafka_conf_set(conf, extra[i], extra[i + 1], err)
+                 : sl_err_set(err, SL_EINVAL, "kafka property %s without a value", extra[i]);
     if (rc != 0) {
         rd_kafka_conf_destroy(conf);
         return NULL;
