@@ -400,6 +400,8 @@ class Peer:
 
 class Convoy(Peer):
     name = "convoy"
+    route = "POST /api/v1/projects/{id}/events"
+    template = '{"endpoint_id":"%EP%","event_type":"' + EVENT_TYPE + '","data":' + DATA_JSON + "}"
 
     def __init__(self, bench, binary, port_base):
         super().__init__(bench, binary, port_base, CONVOY_STACK_OFFSET)
@@ -470,7 +472,7 @@ class Convoy(Peer):
     def setup(self, receiver_port):
         """Superuser login, an organisation, an outgoing project (plain-http endpoints
         allowed), ENDPOINTS endpoints on the receiver and one catch-all subscription each.
-        Returns (project id, project API key, endpoint ids)."""
+        Returns (publish URL, project API key, endpoint ids)."""
         log(f"peers/convoy: organisation, project, {ENDPOINTS} endpoints and subscriptions")
         d = http_json("POST", self.base + "/ui/auth/login",
                       {"username": "superuser@default.com", "password": "default"})
@@ -492,7 +494,7 @@ class Convoy(Peer):
             http_json("POST", f"{self.base}/api/v1/projects/{pid}/subscriptions",
                       {"name": f"cv{i}", "endpoint_id": ep}, key)
             eps.append(ep)
-        return pid, key, eps
+        return f"{self.base}/api/v1/projects/{pid}/events", key, eps
 
     def version(self):
         """`convoy version` (it reads the configuration first) and, when
@@ -530,24 +532,21 @@ def write_lines(bench, name, lines):
     return path
 
 
-def run_convoy(bench, binary, n, warm, conns):
-    cv = Convoy(bench, binary, bench.port - 10)
+def run_peer(bench, cls, binary, n, warm, conns):
+    """A peer (Convoy, Svix) from its own stack up: set up, warmed up, measured, stopped."""
+    peer = cls(bench, binary, bench.port - 10)
     res = {"binary": binary}
     try:
-        cv.start_stack()
-        cv.start()
-        res["version"] = cv.version()
-        pid, key, eps = cv.setup(bench.port)
-        template = ('{"endpoint_id":"%EP%","event_type":"' + EVENT_TYPE + '","data":'
-                    + DATA_JSON + "}")
-        res.update(measure(bench, "convoy", "POST /api/v1/projects/{id}/events",
-                           f"{cv.base}/api/v1/projects/{pid}/events",
-                           [f"Authorization: Bearer {key}"], template,
-                           write_lines(bench, "convoy", eps), n, warm, conns, cv.pids(),
-                           max(900, n // 20)))
-        res["settings"] = cv.settings
+        peer.start_stack()
+        peer.start()
+        res["version"] = peer.version()
+        url, token, lines = peer.setup(bench.port)
+        res.update(measure(bench, peer.name, peer.route, url, [f"Authorization: Bearer {token}"],
+                           peer.template, write_lines(bench, peer.name, lines), n, warm, conns,
+                           peer.pids(), max(900, n // 20)))
+        res["settings"] = peer.settings
     finally:
-        cv.stop()
+        peer.stop()
     return res
 
 
@@ -557,6 +556,9 @@ class Svix(Peer):
     """svix-server (API and worker in one process, as its docker-compose.yml runs it) with
     its own PostgreSQL and Redis."""
     name = "svix"
+    route = "POST /api/v1/app/{app_id}/msg/"
+    template = ('{"eventType":"' + EVENT_TYPE + '","channels":["%EP%"],"payload":' + DATA_JSON
+                + "}")
 
     def __init__(self, bench, binary, port_base):
         super().__init__(bench, binary, port_base, SVIX_STACK_OFFSET)
@@ -614,8 +616,8 @@ class Svix(Peer):
     def setup(self, receiver_port):
         """A token for the default organisation (`svix-server jwt generate`), one
         application, ENDPOINTS endpoints on the receiver, each listening to a channel of its
-        own, so that a message with that channel goes to that endpoint alone. Returns (app
-        id, token, channel names)."""
+        own, so that a message with that channel goes to that endpoint alone. Returns (publish
+        URL, token, channel names)."""
         out = self.run_once("jwt", "jwt", "generate", env=self.env, timeout=60)
         token = None
         for line in out.splitlines():
@@ -633,7 +635,7 @@ class Svix(Peer):
                       {"url": f"http://127.0.0.1:{receiver_port}/ok/{ch}", "channels": [ch],
                        "description": ch}, token)
             chans.append(ch)
-        return app, token, chans
+        return f"{self.base}/api/v1/app/{app}/msg/", token, chans
 
     def version(self):
         out = {}
@@ -646,27 +648,6 @@ class Svix(Peer):
         if self.build_info():
             out["build_info"] = self.build_info()
         return out
-
-
-def run_svix(bench, binary, n, warm, conns):
-    sv = Svix(bench, binary, bench.port - 10)
-    res = {"binary": binary}
-    try:
-        sv.start_stack()
-        sv.start()
-        res["version"] = sv.version()
-        app, token, chans = sv.setup(bench.port)
-        template = ('{"eventType":"' + EVENT_TYPE + '","channels":["%EP%"],"payload":'
-                    + DATA_JSON + "}")
-        res.update(measure(bench, "svix", "POST /api/v1/app/{app_id}/msg/",
-                           f"{sv.base}/api/v1/app/{app}/msg/",
-                           [f"Authorization: Bearer {token}"], template,
-                           write_lines(bench, "svix", chans), n, warm, conns, sv.pids(),
-                           max(900, n // 20)))
-        res["settings"] = sv.settings
-    finally:
-        sv.stop()
-    return res
 
 
 # ---------------------------------------------------------------------------- Sluice
@@ -743,10 +724,10 @@ def phase(bench):
     quick = bench.quick
     conns = int(os.environ.get("BENCH_PEERS_CONNS", "64"))
     n_sl = int(os.environ.get("BENCH_PEERS_SLUICE_EVENTS", "50000" if quick else "200000"))
-    peers = []   # (name, label, binary, runner, events)
-    for name, label, env, runner, default in (
-            ("convoy", "Convoy", CONVOY_ENV, run_convoy, "3000" if quick else "10000"),
-            ("svix", "Svix", SVIX_ENV, run_svix, "10000" if quick else "40000")):
+    peers = []   # (name, label, binary, class, events)
+    for name, label, env, cls, default in (
+            ("convoy", "Convoy", CONVOY_ENV, Convoy, "3000" if quick else "10000"),
+            ("svix", "Svix", SVIX_ENV, Svix, "10000" if quick else "40000")):
         binary = os.environ.get(env, "")
         if not binary:
             log(f"peers: {label} not run ({env} is not set; bench/peers/build-{name}.sh "
@@ -755,7 +736,7 @@ def phase(bench):
         if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
             raise RuntimeError(f"{env}={binary}: not an executable file")
         n = int(os.environ.get(f"BENCH_PEERS_{name.upper()}_EVENTS", default))
-        peers.append((name, label, binary, runner, n))
+        peers.append((name, label, binary, cls, n))
     res = {"connections": conns, "endpoints": ENDPOINTS, "body_bytes": BODY_BYTES}
     if not peers:
         msg = (f"peers: skipped: no peer given (neither {CONVOY_ENV} nor {SVIX_ENV} is set; "
@@ -766,11 +747,11 @@ def phase(bench):
         return res
     bench.receiver = bench.start_receiver("peers")
     try:
-        for name, label, binary, runner, n in peers:
+        for name, label, binary, cls, n in peers:
             try:
                 # a tenth of the events as warm-up: Convoy's agent loads endpoints and
                 # subscriptions every 10 s, Svix caches an application's endpoints for 30 s
-                res[name] = runner(bench, binary, n, max(100, n // 10), conns)
+                res[name] = run_peer(bench, cls, binary, n, max(100, n // 10), conns)
             except Exception as ex:  # noqa: BLE001 -- any failure of one peer is its own
                 log(f"peers/{name}: FAILED: {ex!r}\n{traceback.format_exc()}")
                 res[name] = {"failed": repr(ex)[-1500:], "binary": binary}

@@ -275,13 +275,27 @@ sl_kafka_producer_new_linger(const struct sl_config *cfg,
     return rk;
 }
 
+/* A consumer from conf (consumed in every case), its main queue forwarded to the consumer
+ * queue. NULL with err. */
+static rd_kafka_t *consumer_from(rd_kafka_conf_t *conf, sl_err_t *err)
+{
+    char errstr[512];
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+    if (!rk) {
+        rd_kafka_conf_destroy(conf);
+        sl_err_set(err, SL_EKAFKA, "could not create kafka consumer: %s", errstr);
+        return NULL;
+    }
+    rd_kafka_poll_set_consumer(rk);
+    return rk;
+}
+
 rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg,
                                   const char *role,
                                   const char *group_id,
                                   rd_kafka_conf_t *conf,
                                   sl_err_t *err)
 {
-    char errstr[512];
     char session[32];
     if (!conf) {
         conf = sl_kafka_conf_new(cfg, role, err);
@@ -311,14 +325,7 @@ rd_kafka_t *sl_kafka_consumer_new(const struct sl_config *cfg,
         rd_kafka_conf_destroy(conf);
         return NULL;
     }
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
-    if (!rk) {
-        rd_kafka_conf_destroy(conf);
-        sl_err_set(err, SL_EKAFKA, "could not create kafka consumer: %s", errstr);
-        return NULL;
-    }
-    rd_kafka_poll_set_consumer(rk);
-    return rk;
+    return consumer_from(conf, err);
 }
 
 rd_kafka_t *sl_kafka_reader_new(const struct sl_config *cfg,
@@ -327,7 +334,6 @@ rd_kafka_t *sl_kafka_reader_new(const struct sl_config *cfg,
                                 const char *const *extra,
                                 sl_err_t *err)
 {
-    char errstr[512];
     rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, role, err);
     if (!conf)
         return NULL;
@@ -344,14 +350,7 @@ rd_kafka_t *sl_kafka_reader_new(const struct sl_config *cfg,
         rd_kafka_conf_destroy(conf);
         return NULL;
     }
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
-    if (!rk) {
-        rd_kafka_conf_destroy(conf);
-        sl_err_set(err, SL_EKAFKA, "could not create kafka consumer: %s", errstr);
-        return NULL;
-    }
-    rd_kafka_poll_set_consumer(rk);
-    return rk;
+    return consumer_from(conf, err);
 }
 
 int sl_kafka_produce(rd_kafka_t *rk,

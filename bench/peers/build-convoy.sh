@@ -31,48 +31,21 @@ SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$SCRIPT_DIR/../.." && pwd)
 REV="${CONVOY_REV:-2b60cc652}"
 GIT_SRC="${CONVOY_GIT:-https://github.com/frain-dev/convoy.git}"
-PEERS_DIR="${PEERS_DIR:-${HOME:-/root}/peers}"
 JOBS="${GO_BUILD_JOBS:-1}"
-
-say() { printf '[build-convoy] %s\n' "$*" >&2; }
-die() { printf '[build-convoy] ERROR: %s\n' "$*" >&2; exit 1; }
+PEERS_TAG=build-convoy
+# shellcheck source=bench/peers/lib.sh
+. "$SCRIPT_DIR/lib.sh"
 
 command -v go >/dev/null 2>&1 || die "go not found (Go 1.26 or newer: Convoy's go.mod says go 1.26.2)"
 command -v git >/dev/null 2>&1 || die "git not found"
-mkdir -p "$PEERS_DIR"
-PEERS_DIR=$(cd "$PEERS_DIR" && pwd)
-case "$PEERS_DIR/" in
-  "$REPO_DIR"/*) die "PEERS_DIR=$PEERS_DIR is inside the repository; put it elsewhere" ;;
-esac
-
-is_git_dir() { git --git-dir="$1" rev-parse --git-dir >/dev/null 2>&1; }
-
-# export REV of git dir $1 into directory $2 (once)
-export_rev() {
-  local gd=$1 rev=$2 dst=$3
-  [ -f "$dst/go.mod" ] && return 0
-  rm -rf "$dst.tmp"
-  mkdir -p "$dst.tmp"
-  git --git-dir="$gd" archive "$rev" | tar -x -C "$dst.tmp" || die "git archive $rev from $gd failed"
-  mv "$dst.tmp" "$dst"
-}
+peers_dir
 
 # ---- Convoy's source ----------------------------------------------------------------------
 SRC="$PEERS_DIR/convoy-src-$REV"
-if [ -d "$GIT_SRC" ]; then
-  gd=$GIT_SRC
-  [ -d "$gd/.git" ] && gd="$gd/.git"
-  is_git_dir "$gd" || die "CONVOY_GIT=$GIT_SRC is a directory but not a git repository"
-else
-  gd="$PEERS_DIR/convoy.git"
-fi
+gd=$(source_git_dir "$GIT_SRC" CONVOY_GIT "$PEERS_DIR/convoy.git")
 if [ ! -f "$SRC/go.mod" ]; then
-  if [ ! -d "$gd" ]; then
-    say "cloning $GIT_SRC (bare, no blobs until needed)"
-    git clone --bare --filter=blob:none "$GIT_SRC" "$gd" || die "git clone $GIT_SRC failed"
-  fi
   say "exporting $REV into $SRC"
-  export_rev "$gd" "$REV" "$SRC"
+  export_rev "$gd" "$REV" "$SRC" go.mod
 fi
 full_rev=$(git --git-dir="$gd" rev-parse "$REV^{commit}" 2>/dev/null || echo "$REV")
 
@@ -90,7 +63,7 @@ replace_mod() { # module spec name
     [ -d "$g/.git" ] && g="$g/.git"
     is_git_dir "$g" || die "$spec: neither a source tree with go.mod nor a git directory"
     dir="$PEERS_DIR/$name-$(git --git-dir="$g" rev-parse --short "$rev^{commit}")"
-    export_rev "$g" "$rev" "$dir"
+    export_rev "$g" "$rev" "$dir" go.mod
   fi
   (cd "$SRC" && go mod edit -replace "$mod=$dir") || die "go mod edit -replace $mod failed"
   replaced="$replaced $mod=>$dir"

@@ -36,48 +36,21 @@ SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$SCRIPT_DIR/../.." && pwd)
 REV="${SVIX_REV:-4fc0cfb8b}"
 GIT_SRC="${SVIX_GIT:-https://github.com/svix/svix-webhooks.git}"
-PEERS_DIR="${PEERS_DIR:-${HOME:-/root}/peers}"
 JOBS="${CARGO_BUILD_JOBS:-2}"
 OMNIQUEUE_REV=acb40983ed65f6cbebb19c05d590249306674a33
 EXECMETA_REV=7a32435fbdab53f33e6abab9c1ab500afef0a7a8
 HYPER_VERSION=1.11.0
-
-say() { printf '[build-svix] %s\n' "$*" >&2; }
-die() { printf '[build-svix] ERROR: %s\n' "$*" >&2; exit 1; }
+PEERS_TAG=build-svix
+# shellcheck source=bench/peers/lib.sh
+. "$SCRIPT_DIR/lib.sh"
 
 command -v cargo >/dev/null 2>&1 || die "cargo not found (Rust 1.88 or newer: svix-server's rust-version)"
 command -v git >/dev/null 2>&1 || die "git not found"
-mkdir -p "$PEERS_DIR"
-PEERS_DIR=$(cd "$PEERS_DIR" && pwd)
-case "$PEERS_DIR/" in
-  "$REPO_DIR"/*) die "PEERS_DIR=$PEERS_DIR is inside the repository; put it elsewhere" ;;
-esac
-
-is_git_dir() { git --git-dir="$1" rev-parse --git-dir >/dev/null 2>&1; }
-
-# export REV of git dir $1 into directory $3 (once)
-export_rev() {
-  local gd=$1 rev=$2 dst=$3
-  [ -f "$dst/Cargo.toml" ] && return 0
-  rm -rf "$dst.tmp"
-  mkdir -p "$dst.tmp"
-  git --git-dir="$gd" archive "$rev" | tar -x -C "$dst.tmp" || die "git archive $rev from $gd failed"
-  mv "$dst.tmp" "$dst"
-}
+peers_dir
 
 # ---- Svix's source --------------------------------------------------------------------------
 SRC="$PEERS_DIR/svix-src-$REV"
-if [ -d "$GIT_SRC" ]; then
-  gd=$GIT_SRC
-  [ -d "$gd/.git" ] && gd="$gd/.git"
-  is_git_dir "$gd" || die "SVIX_GIT=$GIT_SRC is a directory but not a git repository"
-else
-  gd="$PEERS_DIR/svix-webhooks.git"
-fi
-if [ ! -d "$gd" ]; then
-  say "cloning $GIT_SRC (bare, no blobs until needed)"
-  git clone --bare --filter=blob:none "$GIT_SRC" "$gd" || die "git clone $GIT_SRC failed"
-fi
+gd=$(source_git_dir "$GIT_SRC" SVIX_GIT "$PEERS_DIR/svix-webhooks.git")
 if ! git --git-dir="$gd" cat-file -e "$REV^{commit}" 2>/dev/null && [ ! -d "$GIT_SRC" ]; then
   say "fetching $GIT_SRC ($REV is not in $gd)"
   git --git-dir="$gd" fetch -q origin '+refs/heads/*:refs/heads/*' '+refs/tags/*:refs/tags/*' ||
@@ -113,7 +86,7 @@ source_dir() {
   is_git_dir "$g" || die "$spec: neither a source tree with Cargo.toml nor a git directory"
   local dir
   dir="$PEERS_DIR/$name-$(git --git-dir="$g" rev-parse --short "$rev^{commit}")"
-  export_rev "$g" "$rev" "$dir"
+  export_rev "$g" "$rev" "$dir" Cargo.toml
   echo "$dir"
 }
 
