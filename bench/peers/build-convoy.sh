@@ -42,7 +42,12 @@ peers_dir
 
 # ---- Convoy's source ----------------------------------------------------------------------
 SRC="$PEERS_DIR/convoy-src-$REV"
-gd=$(source_git_dir "$GIT_SRC" CONVOY_GIT "$PEERS_DIR/convoy.git")
+gd="$PEERS_DIR/convoy.git"
+if [ -d "$GIT_SRC" ] || [ ! -f "$SRC/go.mod" ]; then
+  # a source exported before needs no clone (the revision is then read from the clone when
+  # one is there)
+  gd=$(source_git_dir "$GIT_SRC" CONVOY_GIT "$PEERS_DIR/convoy.git")
+fi
 if [ ! -f "$SRC/go.mod" ]; then
   say "exporting $REV into $SRC"
   export_rev "$gd" "$REV" "$SRC" go.mod
