@@ -1,7 +1,9 @@
 /*
  * A private Redis Cluster for integration tests: six redis-server processes in cluster mode
  * on free loopback ports (three masters, three replicas, cluster-node-timeout 2 s), created
- * with redis-cli --cluster create, in temp dirs. Exits the test with a reason on failure.
+ * with redis-cli --cluster create, in temp dirs. Exits the test with a reason on failure,
+ * after killing the nodes it started (a node left running would hold the test runner's
+ * output pipe until its timeout) and keeping their logs.
  */
 #ifndef SL_TEST_RCLUSTER_H
 #define SL_TEST_RCLUSTER_H
@@ -54,10 +56,13 @@ static inline pid_t sl_test_rc_spawn(struct sl_test_rcluster *t, int i)
     snprintf(bus, sizeof(bus), "%d", t->bus[i]);
     snprintf(dir, sizeof(dir), "%s/n%d", t->dir, i);
     (void)mkdir(dir, 0700);
+    char log[200];
+    snprintf(log, sizeof(log), "%s/redis.log", dir);
     pid_t pid = fork();
     if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 1);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        dup2(fd, 1);
+        dup2(fd, 2);
         execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--dir", dir,
                "--appendonly", "yes", "--save", "", "--cluster-enabled", "yes",
                "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
@@ -67,43 +72,74 @@ static inline pid_t sl_test_rc_spawn(struct sl_test_rcluster *t, int i)
     return pid;
 }
 
+static inline void sl_test_rc_fail(struct sl_test_rcluster *t, const char *msg, int port)
+{
+    fprintf(stderr, "%s (port %d; logs kept in %s)\n", msg, port, t->dir);
+    for (int i = 0; i < SL_TEST_RC_NODES; i++) {
+        if (t->pid[i] > 0) {
+            kill(t->pid[i], SIGKILL);
+            waitpid(t->pid[i], NULL, 0);
+        }
+    }
+    exit(1);
+}
+
+/* Node i answering on its port: 1, or 0 when it exited (a port it was given was taken
+ * between sl_test_free_port and its bind, e.g. by a client socket of another test: the
+ * ports are in the ephemeral range) or did not answer within 5 s. */
+static inline int sl_test_rc_up(struct sl_test_rcluster *t, int i)
+{
+    for (int k = 0; k < 100; k++) {
+        redisContext *c = sl_test_rc_conn(t->port[i]);
+        if (c) {
+            redisFree(c);
+            return 1;
+        }
+        if (waitpid(t->pid[i], NULL, WNOHANG) == t->pid[i]) {
+            t->pid[i] = 0;
+            return 0;
+        }
+        usleep(50000);
+    }
+    return 0;
+}
+
 static inline void sl_test_rcluster_start(struct sl_test_rcluster *t)
 {
+    memset(t->pid, 0, sizeof(t->pid));
     snprintf(t->dir, sizeof(t->dir), "/tmp/sl_rcluster_XXXXXX");
     if (!mkdtemp(t->dir)) {
         fprintf(stderr, "cannot create temp dir: %s\n", strerror(errno));
         exit(1);
     }
-    char create[1024];
-    int off = snprintf(create, sizeof(create), "redis-cli --cluster create");
     for (int i = 0; i < SL_TEST_RC_NODES; i++) {
         t->port[i] = sl_test_free_port();
         t->bus[i] = sl_test_free_port();
         t->pid[i] = sl_test_rc_spawn(t, i);
-        off += snprintf(create + off, sizeof(create) - (size_t)off, " 127.0.0.1:%d", t->port[i]);
     }
+    for (int i = 0; i < SL_TEST_RC_NODES; i++) {
+        int up = sl_test_rc_up(t, i);
+        for (int attempt = 1; attempt < 5 && !up; attempt++) {
+            if (t->pid[i] > 0) { /* alive but silent: replaced like one that exited */
+                kill(t->pid[i], SIGKILL);
+                waitpid(t->pid[i], NULL, 0);
+            }
+            t->port[i] = sl_test_free_port();
+            t->bus[i] = sl_test_free_port();
+            t->pid[i] = sl_test_rc_spawn(t, i);
+            up = sl_test_rc_up(t, i);
+        }
+        if (!up)
+            sl_test_rc_fail(t, "redis-server did not start (run scripts/setup.sh)", t->port[i]);
+    }
+    char create[1024];
+    int off = snprintf(create, sizeof(create), "redis-cli --cluster create");
+    for (int i = 0; i < SL_TEST_RC_NODES; i++)
+        off += snprintf(create + off, sizeof(create) - (size_t)off, " 127.0.0.1:%d", t->port[i]);
     snprintf(create + off, sizeof(create) - (size_t)off,
              " --cluster-replicas 1 --cluster-yes >%s/create.log 2>&1", t->dir);
-    for (int i = 0; i < SL_TEST_RC_NODES; i++) {
-        int up = 0;
-        for (int k = 0; k < 100 && !up; k++) {
-            redisContext *c = sl_test_rc_conn(t->port[i]);
-            up = c != NULL;
-            if (c)
-                redisFree(c);
-            else
-                usleep(50000);
-        }
-        if (!up) {
-            fprintf(stderr, "redis-server on port %d did not start (run scripts/setup.sh)\n",
-                    t->port[i]);
-            exit(1);
-        }
-    }
-    if (system(create) != 0) {
-        fprintf(stderr, "redis-cli --cluster create failed (log in %s/create.log)\n", t->dir);
-        exit(1);
-    }
+    if (system(create) != 0)
+        sl_test_rc_fail(t, "redis-cli --cluster create failed (create.log)", t->port[0]);
     for (int k = 0; k < 200; k++) {
         int ok = 1;
         for (int i = 0; i < SL_TEST_RC_NODES && ok; i++)
@@ -116,8 +152,7 @@ static inline void sl_test_rcluster_start(struct sl_test_rcluster *t)
         }
         usleep(100000);
     }
-    fprintf(stderr, "the test cluster did not reach cluster_state:ok in 20 s\n");
-    exit(1);
+    sl_test_rc_fail(t, "the test cluster did not reach cluster_state:ok in 20 s", t->port[0]);
 }
 
 static inline void sl_test_rcluster_stop(struct sl_test_rcluster *t)
