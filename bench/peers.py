@@ -377,12 +377,22 @@ class Peer:
             raise RuntimeError(f"{self.name} {' '.join(args)} exited {rc} (see {p.log_path})")
         return out
 
-    def build_info(self):
+    def reported_version(self, args, env=None):
+        """What the binary says of its version when run with args (its last line) and, when
+        bench/peers/build-<name>.sh built it, the revision it was built from."""
+        out = {}
+        try:
+            r = subprocess.run([self.bin, *args], capture_output=True, text=True, timeout=30,
+                               env=env)
+            out["reports"] = (r.stdout + r.stderr).strip().splitlines()[-1][:200]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            out["reports"] = "?"
         try:
             with open(self.bin + ".build-info") as f:
-                return f.read().strip().splitlines()
+                out["build_info"] = f.read().strip().splitlines()
         except OSError:
-            return None
+            pass
+        return out
 
     def stop(self):
         for p in reversed(self.procs):
@@ -497,18 +507,8 @@ class Convoy(Peer):
         return f"{self.base}/api/v1/projects/{pid}/events", key, eps
 
     def version(self):
-        """`convoy version` (it reads the configuration first) and, when
-        bench/peers/build-convoy.sh built it, the revision it was built from."""
-        out = {}
-        try:
-            r = subprocess.run([self.bin, "version", "--config", self.cfg_path],
-                               capture_output=True, text=True, timeout=30)
-            out["reports"] = (r.stdout + r.stderr).strip().splitlines()[-1][:200]
-        except (OSError, IndexError, subprocess.TimeoutExpired):
-            out["reports"] = "?"
-        if self.build_info():
-            out["build_info"] = self.build_info()
-        return out
+        """`convoy version` (it reads the configuration first)."""
+        return self.reported_version(["version", "--config", self.cfg_path])
 
 
 def measure(bench, name, route, url, hdr, template, ep_file, n, warm, conns, pids, timeout):
@@ -638,16 +638,7 @@ class Svix(Peer):
         return f"{self.base}/api/v1/app/{app}/msg/", token, chans
 
     def version(self):
-        out = {}
-        try:
-            r = subprocess.run([self.bin, "--version"], capture_output=True, text=True,
-                               timeout=30, env=self.env)
-            out["reports"] = (r.stdout + r.stderr).strip().splitlines()[-1][:200]
-        except (OSError, IndexError, subprocess.TimeoutExpired):
-            out["reports"] = "?"
-        if self.build_info():
-            out["build_info"] = self.build_info()
-        return out
+        return self.reported_version(["--version"], env=self.env)
 
 
 # ---------------------------------------------------------------------------- Sluice
