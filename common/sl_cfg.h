@@ -66,6 +66,7 @@ struct sl_config {
     int64_t http_connect_timeout_ms;   /* connect (TCP+TLS) timeout, ms */
     int64_t consumer_threads;          /* delivery loops per consumer process */
     int64_t max_inflight;              /* global cap on concurrent requests */
+    bool adaptive_inflight;            /* a saturated loop lowers its in-flight cap */
     int64_t max_inflight_per_endpoint; /* per-endpoint cap on concurrent requests */
     int64_t max_queued;                /* jobs held beyond max_inflight before intake stops */
     int64_t endpoint_backlog;          /* in-memory queued deliveries per endpoint before spill */

@@ -177,6 +177,19 @@ static void http_run(cons_engine_t *e, int max_wait_ms)
         drain_wake(e);
 }
 
+/* Close the in-flight cap's measuring window when it is over (cons_adapt.h). */
+static void adapt_tick(cons_engine_t *e)
+{
+    int64_t d = cons_adapt_tick(&e->adapt, sl_mono_us(), cons_http_take_idle_us(e->http),
+                                cons_http_running(e->http));
+    if (d == 0)
+        return;
+    sl_gauge_add(cons_m.inflight_limit, d);
+    sl_debug(SL_DBG_HTTP, "deliver", "inflight_cap", "loop in-flight cap %lld -> %lld (%s)",
+             (long long)(cons_adapt_limit(&e->adapt) - d), (long long)cons_adapt_limit(&e->adapt),
+             d < 0 ? "saturated" : "waiting, cap binding");
+}
+
 /* Run the loop without intake until nothing of the given partitions is in flight. */
 static void drain_for(cons_engine_t *e, int64_t bound_ms)
 {
@@ -328,6 +341,8 @@ cons_engine_t *cons_engine_new(
     e->thread = thread;
     e->threads = threads;
     e->max_inflight = share(e, cfg->max_inflight);
+    cons_adapt_init(&e->adapt, e->max_inflight, cfg->adaptive_inflight);
+    sl_gauge_add(cons_m.inflight_limit, cons_adapt_limit(&e->adapt));
     e->wake[0] = e->wake[1] = -1;
     e->beat = -1;
     e->eps = sl_map_new(64);
@@ -576,6 +591,7 @@ int cons_engine_run(cons_engine_t *e)
         int wait =
             e->kafka_more ? 0 : cons_timers_wait_ms(&e->timers, sl_mono_ms(), LOOP_WAIT_MAX_MS);
         http_run(e, wait);
+        adapt_tick(e);
         if (cons_marks_due_in(e) == 0)
             cons_flush_marks(e);
         rd_kafka_poll(e->producer, 0);
@@ -625,6 +641,7 @@ void cons_engine_destroy(cons_engine_t *e)
 {
     if (!e)
         return;
+    sl_gauge_add(cons_m.inflight_limit, -cons_adapt_limit(&e->adapt));
     if (e->cq)
         rd_kafka_queue_destroy(e->cq);
     if (e->pq)

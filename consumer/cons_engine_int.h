@@ -32,6 +32,7 @@
 #include "common/sl_record.h"
 #include "common/sl_redis.h"
 #include "common/sl_sign.h"
+#include "consumer/cons_adapt.h"
 #include "consumer/cons_classify.h"
 #include "consumer/cons_engine.h"
 #include "consumer/cons_http.h"
@@ -305,6 +306,7 @@ struct cons_engine {
     int thread;                   /* this loop's index (0..threads-1) */
     int threads;                  /* loops in this process (consumer_threads) */
     int64_t max_inflight;         /* this loop's share of max_inflight */
+    struct cons_adapt adapt;      /* the cap dispatch works under now (cons_adapt.h) */
     uint64_t live;                /* jobs in memory */
     uint64_t spills_live;         /* of those, spilled to the schedule and not freed yet (its
                                      write or its outcome's acknowledgement outstanding) */

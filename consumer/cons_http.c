@@ -75,6 +75,7 @@ struct cons_http {
     int n_extra;                 /* entries in extra_fds */
     CURLSH *shares[CONN_CACHES]; /* connection caches (see CONN_CACHES); NULL = the multi's */
     unsigned n_xfers;            /* easy handles created, to spread them over the shares */
+    int64_t idle_us;             /* time spent waiting in epoll_wait, not yet taken */
 };
 
 static int sock_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
@@ -379,7 +380,14 @@ int cons_http_run(cons_http_t *h, int max_wait_ms, int *extra_ready)
     }
     if (extra_ready)
         *extra_ready = 0;
-    int n = epoll_wait(h->epfd, evs, (int)(sizeof(evs) / sizeof(evs[0])), wait);
+    int n;
+    if (wait > 0) { /* a wait that may block: its time is the loop's idle time */
+        int64_t t0 = sl_mono_us();
+        n = epoll_wait(h->epfd, evs, (int)(sizeof(evs) / sizeof(evs[0])), wait);
+        h->idle_us += sl_mono_us() - t0;
+    } else {
+        n = epoll_wait(h->epfd, evs, (int)(sizeof(evs) / sizeof(evs[0])), 0);
+    }
     for (int i = 0; i < n; i++) {
         int fd = evs[i].data.fd;
         bool extra = false;
@@ -407,6 +415,13 @@ int cons_http_run(cons_http_t *h, int max_wait_ms, int *extra_ready)
     }
     drain_done(h);
     return h->running;
+}
+
+int64_t cons_http_take_idle_us(cons_http_t *h)
+{
+    int64_t v = h->idle_us;
+    h->idle_us = 0;
+    return v;
 }
 
 int cons_http_running(const cons_http_t *h)

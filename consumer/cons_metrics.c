@@ -87,6 +87,11 @@ void cons_metrics_init(int64_t endpoint_top)
     m->brk_open = sl_metric_gauge("sluice_breaker_open_endpoints",
                                   "Endpoints whose breaker this process sees open.", NULL);
     m->inflight = sl_metric_gauge("sluice_inflight_requests", "HTTP requests running.", NULL);
+    m->inflight_limit = sl_metric_gauge(
+        "sluice_inflight_limit",
+        "Cap on HTTP requests running, summed over the delivery loops: max_inflight, lowered "
+        "while a loop is saturated (adaptive_inflight).",
+        NULL);
     m->queued = sl_metric_gauge(
         "sluice_queued_jobs",
         "Deliveries in memory without a request running (waiting for a slot, a Redis write or "

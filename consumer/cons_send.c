@@ -269,12 +269,15 @@ void cons_dispatch(cons_engine_t *e)
 {
     if (cons_stall_hold(e))
         return;
-    while (cons_http_running(e->http) < e->max_inflight) {
+    int64_t cap = cons_adapt_limit(&e->adapt);
+    while (cons_http_running(e->http) < cap) {
         struct cons_ep *ce = cons_ready_pop(e);
         if (!ce)
-            break;
+            return;
         dispatch_one(e, ce);
     }
+    if (!cons_list_empty(&e->ready)) /* the cap, not the endpoints, stopped it */
+        cons_adapt_bound(&e->adapt);
 }
 
 /* Delivered: the marker is batched (cons_mark_push), the outcome follows it. */

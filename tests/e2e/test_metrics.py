@@ -190,6 +190,8 @@ def test_probes_metrics_and_contract(world):
     assert value(s, "sluice_http_phase_seconds_count", phase="connect") >= 1
     assert value(s, "sluice_endpoint_request_duration_seconds_count", endpoint=ok) == n_ok
     assert value(s, "sluice_inflight_requests") >= 0
+    # 26 deliveries never saturate the loop: the cap stays at max_inflight (the default 2000)
+    assert value(s, "sluice_inflight_limit") == 2000
     lags = [l for n, l, _ in s if n == "sluice_kafka_consumer_lag_records"]
     assert {l["topic"] for l in lags} == {w.env["SLUICE_TOPIC_DELIVERIES"]}
     # a partition's lag is known once the group has an offset for it (not for an empty one)

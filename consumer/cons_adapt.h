@@ -1,0 +1,73 @@
+/*
+ * cons_adapt: the adaptive in-flight cap of one delivery loop.
+ *
+ * Requests in flight beyond what keeps the loop busy buy no throughput: while the loop itself
+ * is the bottleneck (a backlog drained to endpoints that answer at once), each extra request
+ * is an answer waiting in its socket until the loop gets to it. They are not free either:
+ * libcurl 7.88's CPU per request grows with the transfers and connections it holds (on one
+ * host, 23 µs per request at 100 in flight, 50 at 10,000: bench/README.md, "In flight"), and
+ * every one of them adds to the wait of all the others. So the loop measures the share of
+ * its time it spends waiting in epoll (idle) over windows of CONS_ADAPT_WINDOW_US and moves
+ * the cap it dispatches under, between a floor and its share of max_inflight:
+ *
+ *   saturated   idle < CONS_ADAPT_BUSY_IDLE of the window with at least 3/4 of the cap in
+ *               flight at its end: cap -= cap / 4 (not below the floor): fewer requests keep
+ *               a saturated loop just as busy, for less CPU each (a loop busy with something
+ *               else, a rebalance or a slow Redis call, with few requests out, keeps its cap);
+ *   starved     idle >= CONS_ADAPT_GROW_IDLE and the cap held back an endpoint that was
+ *               ready to send: cap += cap / 2 (up to the share of max_inflight);
+ *   otherwise   unchanged.
+ *
+ * A loop waiting on slow endpoints is idle, so its cap grows back within a second: endpoints
+ * that need many requests in flight get them as before. The cap starts at the share of
+ * max_inflight (no sample yet, no change), and with a share at or below the floor nothing
+ * moves. Per-endpoint caps (max_inflight_per_endpoint, the AIMD window after 429s) apply
+ * beneath it as before.
+ *
+ * Pure state and arithmetic (no clock, no I/O): the engine feeds it times and idle spans.
+ * thread: the owning loop's only.
+ */
+#ifndef SLUICE_CONS_ADAPT_H
+#define SLUICE_CONS_ADAPT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define CONS_ADAPT_WINDOW_US 100000 /* one measuring window, µs */
+#define CONS_ADAPT_FLOOR     128    /* the lowest cap (or the share of max_inflight, if lower) */
+#define CONS_ADAPT_BUSY_IDLE 0.10   /* idle share below which the loop is saturated */
+#define CONS_ADAPT_GROW_IDLE 0.25   /* idle share from which a binding cap grows */
+
+struct cons_adapt {
+    int64_t max;      /* the loop's share of max_inflight */
+    int64_t floor;    /* lowest cap: min(CONS_ADAPT_FLOOR, max) */
+    int64_t limit;    /* current cap, floor..max */
+    bool enabled;     /* adaptive_inflight; false = the cap stays at max */
+    int64_t start_us; /* when the current window began (monotonic µs); 0 = not yet */
+    int64_t idle_us;  /* idle time seen in the current window */
+    bool bound;       /* the cap held back a ready endpoint in the current window */
+};
+
+/* Start at max (enabled = adapt; else the cap is max for good). */
+void cons_adapt_init(struct cons_adapt *a, int64_t max, bool enabled);
+
+/* The cap to dispatch under now. */
+static inline int64_t cons_adapt_limit(const struct cons_adapt *a)
+{
+    return a->limit;
+}
+
+/* The cap held back an endpoint that had a job to send (cons_dispatch stopped on it). */
+static inline void cons_adapt_bound(struct cons_adapt *a)
+{
+    a->bound = true;
+}
+
+/*
+ * Account idle_us more of idle time at now_us, and close the window when it has lasted
+ * CONS_ADAPT_WINDOW_US, running = requests in flight now: returns the change of the cap that
+ * closing it made (0 = none).
+ */
+int64_t cons_adapt_tick(struct cons_adapt *a, int64_t now_us, int64_t idle_us, int64_t running);
+
+#endif

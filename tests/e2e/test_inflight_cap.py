@@ -1,0 +1,90 @@
+"""The delivery loop's adaptive in-flight cap (adaptive_inflight; consumer/cons_adapt.h).
+
+A loop saturated by a backlog to endpoints that answer at once lowers the cap it sends under
+(sluice_inflight_limit falls below max_inflight, never below the floor) and still delivers
+everything once; with adaptive_inflight=false the cap stays at max_inflight. A loop waiting on
+slow endpoints keeps (or regains) its whole window: the requests in flight reach max_inflight.
+"""
+import os
+import re
+import time
+import urllib.request
+
+from sluice_e2e import event, free_port, wait_until
+
+MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
+SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$')
+FLOOR = 128  # CONS_ADAPT_FLOOR
+
+
+def scrape(port):
+    """{family: summed value} of the consumer's /metrics, or {} while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        m = SAMPLE.match(line)
+        if m and not line.startswith("#"):
+            if m.group(1) == "sluice_deliveries_total" and 'outcome="delivered"' not in line:
+                continue
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+    return out
+
+
+def drain(w, n_eps, per_ep, behaviour, max_inflight, **cfg):
+    """Produce per_ep events to each of n_eps endpoints of one receiver, then start one consumer
+    (one loop) and watch its metrics until all are delivered: the samples taken."""
+    rcv = w.receiver(extra=["--no-ledger-ok"])
+    eps = [w.add_endpoint(f"cap{i}_{w.tag}", rcv.url(behaviour, f"cap{i}_{w.tag}"))
+           for i in range(n_eps)]
+    total = n_eps * per_ep
+    assert w.produce([event(ep, i, w.tag) for i in range(per_ep) for ep in eps]).returncode == 0
+    port = free_port()
+    c = w.consumer(metrics_listen=f"127.0.0.1:{port}", max_inflight=max_inflight,
+                   max_inflight_per_endpoint=max_inflight, **cfg)
+    samples = []
+
+    def done():
+        s = scrape(port)
+        if s:
+            samples.append(s)
+        return s.get("sluice_deliveries_total", 0) >= total
+    wait_until(done, 240 * MULT, 0.05, f"{total} deliveries")
+    time.sleep(0.3)
+    last = scrape(port)
+    assert c.term() == 0, c.logs()[-3000:]
+    assert last["sluice_deliveries_total"] == total, "a delivery was counted twice"
+    assert last["sluice_attempts_total"] == total, "an attempt was made twice"
+    return samples
+
+
+def test_a_saturated_loop_lowers_its_cap_and_delivers_everything(make_world):
+    w = make_world(partitions=2)
+    samples = drain(w, 20, 1500, "ok", 2000)
+    # (0 before the loop exists: the metrics listener starts first)
+    limits = [s["sluice_inflight_limit"] for s in samples if s.get("sluice_inflight_limit")]
+    print("limits seen:", sorted(set(limits)))
+    assert min(limits) < 2000, f"the cap never fell below max_inflight: {sorted(set(limits))}"
+    assert min(limits) >= FLOOR, f"the cap fell below its floor: {min(limits)}"
+    running = [s.get("sluice_inflight_requests", 0) for s in samples]
+    assert max(running) <= 2000
+
+
+def test_without_adaptive_inflight_the_cap_stays(make_world):
+    w = make_world(partitions=2)
+    samples = drain(w, 20, 1000, "ok", 2000, adaptive_inflight="false")
+    limits = {s["sluice_inflight_limit"] for s in samples if s.get("sluice_inflight_limit")}
+    assert limits == {2000}, limits
+
+
+def test_a_loop_waiting_on_slow_endpoints_keeps_its_window(make_world):
+    w = make_world(partitions=2)
+    # 10 endpoints answering after 400 ms, 1,000 in flight at most: a full window delivers
+    # 2,500/s, and the loop mostly waits, so the cap must let it fill
+    samples = drain(w, 10, 1200, "slow/400", 1000)
+    running = [s.get("sluice_inflight_requests", 0) for s in samples]
+    print("in flight seen:", max(running))
+    assert max(running) >= 900, f"the window never filled: at most {max(running)} in flight"
