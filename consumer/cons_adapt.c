@@ -27,9 +27,10 @@ int64_t cons_adapt_tick(struct cons_adapt *a, int64_t now_us, int64_t idle_us, i
         return 0;
     double idle = (double)a->idle_us / (double)span;
     int64_t old = a->limit, lim = old;
-    if (idle < CONS_ADAPT_BUSY_IDLE && running >= old - old / 4)
-        lim = old - old / 4;
-    else if (idle >= CONS_ADAPT_GROW_IDLE && a->bound)
+    if (idle < CONS_ADAPT_BUSY_IDLE && running >= a->floor) {
+        int64_t from = running < old ? running : old; /* what runs, when other caps hold */
+        lim = from - from / 4;
+    } else if (idle >= CONS_ADAPT_GROW_IDLE && a->bound)
         lim = old + old / 2 + 1;
     if (lim < a->floor)
         lim = a->floor;

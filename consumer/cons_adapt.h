@@ -10,10 +10,12 @@
  * its time it spends waiting in epoll (idle) over windows of CONS_ADAPT_WINDOW_US and moves
  * the cap it dispatches under, between a floor and its share of max_inflight:
  *
- *   saturated   idle < CONS_ADAPT_BUSY_IDLE of the window with at least 3/4 of the cap in
- *               flight at its end: cap -= cap / 4 (not below the floor): fewer requests keep
- *               a saturated loop just as busy, for less CPU each (a loop busy with something
- *               else, a rebalance or a slow Redis call, with few requests out, keeps its cap);
+ *   saturated   idle < CONS_ADAPT_BUSY_IDLE of the window, at least the floor in flight at
+ *               its end: cap = 3/4 of the requests in flight or of the cap, the lower (not
+ *               below the floor): fewer requests keep a saturated loop just as busy, for less
+ *               CPU each. From what runs, because the per-endpoint caps may hold it under the
+ *               cap. A loop busy with something else (a rebalance, a slow Redis call) while
+ *               fewer than the floor are out keeps its cap;
  *   starved     idle >= CONS_ADAPT_GROW_IDLE and the cap held back an endpoint that was
  *               ready to send: cap += cap / 2 (up to the share of max_inflight);
  *   otherwise   unchanged.

@@ -99,9 +99,10 @@ static void test_a_window_closes_only_when_it_has_lasted(void **state)
     assert_int_equal(cons_adapt_tick(&a, t + 10 * W, 0, 1000), -250);
 }
 
-/* Busy with something other than its requests (a rebalance, a slow Redis call) while few are
- * out: the cap is not what keeps the loop busy, so it stays. */
-static void test_busy_with_few_requests_out_keeps_the_cap(void **state)
+/* Busy with something other than its requests (a rebalance, a slow Redis call) while fewer
+ * than the floor are out: the cap is not what keeps the loop busy, so it stays. With more out
+ * but under the cap (the per-endpoint caps hold them), it falls from what runs. */
+static void test_saturated_falls_from_what_runs(void **state)
 {
     (void)state;
     int64_t t;
@@ -109,9 +110,13 @@ static void test_busy_with_few_requests_out_keeps_the_cap(void **state)
     t += W;
     assert_int_equal(cons_adapt_tick(&a, t, 0, 0), 0);
     t += W;
-    assert_int_equal(cons_adapt_tick(&a, t, 0, 1499), 0); /* just under 3/4 of the cap */
+    assert_int_equal(cons_adapt_tick(&a, t, 0, CONS_ADAPT_FLOOR - 1), 0);
+    assert_int_equal(cons_adapt_limit(&a), 2000);
     t += W;
-    assert_int_equal(cons_adapt_tick(&a, t, 0, 1500), -500);
+    assert_int_equal(cons_adapt_tick(&a, t, 0, 1000), -1250); /* 3/4 of 1000 */
+    assert_int_equal(cons_adapt_limit(&a), 750);
+    t += W;
+    assert_int_equal(cons_adapt_tick(&a, t, 0, 150), -750 + CONS_ADAPT_FLOOR); /* floor */
 }
 
 static void test_off_or_small_share_never_moves(void **state)
@@ -162,7 +167,7 @@ int main(void)
         cmocka_unit_test(test_saturated_falls_by_a_quarter_to_the_floor),
         cmocka_unit_test(test_grows_by_half_only_when_waiting_and_bound),
         cmocka_unit_test(test_a_window_closes_only_when_it_has_lasted),
-        cmocka_unit_test(test_busy_with_few_requests_out_keeps_the_cap),
+        cmocka_unit_test(test_saturated_falls_from_what_runs),
         cmocka_unit_test(test_off_or_small_share_never_moves),
         cmocka_unit_test(test_settles_near_the_count_that_keeps_the_loop_busy),
     };
