@@ -274,13 +274,14 @@ static const struct opt opts[] = {
       "SLUICE_ADAPTIVE_INFLIGHT",
       adaptive_inflight,
       "true",
-      "while a delivery loop is saturated (waiting in epoll under 10% of its time) with at "
-      "least 128 requests out, it lowers the cap it sends under every 100 ms to 3/4 of what "
-      "is in flight, down to 128 requests (or its share of max_inflight): answers no longer "
-      "wait in their sockets for the loop, and libcurl's CPU per request, which grows with the "
-      "transfers it holds, falls; once the loop waits 25% of its time with that cap holding "
-      "back an endpoint, the cap grows by half per 100 ms, back "
-      "to max_inflight. false = the cap is always max_inflight"),
+      "while a delivery loop is saturated (waiting in epoll under 10% of its time, at least "
+      "16 answers per loop turn) with at least 128 requests out, it lowers the cap it sends "
+      "under every 100 ms to 3/4 of what is in flight, down to 128 requests: answers no "
+      "longer wait in their sockets for the loop, and libcurl's CPU per request, which grows "
+      "with the transfers it holds, falls; once the loop waits 25% of its time with that cap "
+      "holding back an endpoint, the cap grows by half per 100 ms, back to the loop's share of "
+      "max_inflight. A share of 128 or less never moves. false = the cap is always the "
+      "loop's share of max_inflight"),
     I("max_inflight_per_endpoint",
       "SLUICE_MAX_INFLIGHT_PER_ENDPOINT",
       max_inflight_per_endpoint,

@@ -10,18 +10,22 @@
  * its time it spends waiting in epoll (idle) over windows of CONS_ADAPT_WINDOW_US and moves
  * the cap it dispatches under, between a floor and its share of max_inflight:
  *
- *   saturated   idle < CONS_ADAPT_BUSY_IDLE of the window, at least the floor in flight at
- *               its end: cap = 3/4 of the requests in flight or of the cap, the lower (not
- *               below the floor): fewer requests keep a saturated loop just as busy, for less
- *               CPU each. From what runs, because the per-endpoint caps may hold it under the
- *               cap. A loop busy with something else (a rebalance, a slow Redis call) while
- *               fewer than the floor are out keeps its cap;
+ *   saturated   idle < CONS_ADAPT_BUSY_IDLE of the window, answers piling up between turns
+ *               (CONS_ADAPT_PILE answered per loop turn on average) and at least the floor in
+ *               flight at its end: cap = 3/4 of the requests in flight or of the cap, the
+ *               lower (not below the floor): fewer requests keep a saturated loop just as
+ *               busy, for less CPU each. From what runs, because the per-endpoint caps may hold
+ *               it under the cap. A loop busy with something else keeps its cap: reading and
+ *               spilling a Kafka backlog while slow endpoints answer a few per turn, a
+ *               rebalance, a slow Redis call;
  *   starved     idle >= CONS_ADAPT_GROW_IDLE and the cap held back an endpoint that was
  *               ready to send: cap += cap / 2 (up to the share of max_inflight);
  *   otherwise   unchanged.
  *
  * A loop waiting on slow endpoints is idle, so its cap grows back within a second: endpoints
- * that need many requests in flight get them as before. The cap starts at the share of
+ * that need many requests in flight get them as before. (If it is busy with work that grows
+ * with its deliveries, a slow Redis say, the lower cap lowers that work too, and the loop,
+ * idle again, raises it.) The cap starts at the share of
  * max_inflight (no sample yet, no change), and with a share at or below the floor nothing
  * moves. Per-endpoint caps (max_inflight_per_endpoint, the AIMD window after 429s) apply
  * beneath it as before.
@@ -39,6 +43,7 @@
 #define CONS_ADAPT_FLOOR     128    /* the lowest cap (or the share of max_inflight, if lower) */
 #define CONS_ADAPT_BUSY_IDLE 0.10   /* idle share below which the loop is saturated */
 #define CONS_ADAPT_GROW_IDLE 0.25   /* idle share from which a binding cap grows */
+#define CONS_ADAPT_PILE      16     /* answers per loop turn that say answers wait for the loop */
 
 struct cons_adapt {
     int64_t max;      /* the loop's share of max_inflight */
@@ -48,6 +53,8 @@ struct cons_adapt {
     int64_t start_us; /* when the current window began (monotonic µs); 0 = not yet */
     int64_t idle_us;  /* idle time seen in the current window */
     bool bound;       /* the cap held back a ready endpoint in the current window */
+    int64_t turns;    /* loop turns in the current window */
+    int64_t answered; /* requests answered in the current window */
 };
 
 /* Start at max (enabled = adapt; else the cap is max for good). */
@@ -66,10 +73,11 @@ static inline void cons_adapt_bound(struct cons_adapt *a)
 }
 
 /*
- * Account idle_us more of idle time at now_us, and close the window when it has lasted
- * CONS_ADAPT_WINDOW_US, running = requests in flight now: returns the change of the cap that
- * closing it made (0 = none).
+ * One loop turn at now_us: idle_us of idle time and answered requests answered since the
+ * last turn, running = requests in flight now. Closes the window when it has lasted
+ * CONS_ADAPT_WINDOW_US: returns the change of the cap that closing it made (0 = none).
  */
-int64_t cons_adapt_tick(struct cons_adapt *a, int64_t now_us, int64_t idle_us, int64_t running);
+int64_t cons_adapt_tick(
+    struct cons_adapt *a, int64_t now_us, int64_t idle_us, int64_t answered, int64_t running);
 
 #endif

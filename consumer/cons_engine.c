@@ -177,11 +177,12 @@ static void http_run(cons_engine_t *e, int max_wait_ms)
         drain_wake(e);
 }
 
-/* Close the in-flight cap's measuring window when it is over (cons_adapt.h). */
+/* One loop turn for the in-flight cap (cons_adapt.h): its idle time and answers; closes the
+ * measuring window when it is over. */
 static void adapt_tick(cons_engine_t *e)
 {
     int64_t d = cons_adapt_tick(&e->adapt, sl_mono_us(), cons_http_take_idle_us(e->http),
-                                cons_http_running(e->http));
+                                cons_http_take_answered(e->http), cons_http_running(e->http));
     if (d == 0)
         return;
     sl_gauge_add(cons_m.inflight_limit, d);
@@ -592,7 +593,6 @@ int cons_engine_run(cons_engine_t *e)
         int wait =
             e->kafka_more ? 0 : cons_timers_wait_ms(&e->timers, sl_mono_ms(), LOOP_WAIT_MAX_MS);
         http_run(e, wait);
-        adapt_tick(e);
         if (cons_marks_due_in(e) == 0)
             cons_flush_marks(e);
         rd_kafka_poll(e->producer, 0);
@@ -604,6 +604,7 @@ int cons_engine_run(cons_engine_t *e)
         cons_retry_ihold(e);
         cons_retry_epwait(e);
         cons_dispatch(e);
+        adapt_tick(e); /* after the refill: what runs, not what is left after the answers */
         store_offsets(e, false);
         stats_line(e, false);
         if (rd_kafka_fatal_error(e->producer, NULL, 0) != RD_KAFKA_RESP_ERR_NO_ERROR) {

@@ -76,6 +76,7 @@ struct cons_http {
     CURLSH *shares[CONN_CACHES]; /* connection caches (see CONN_CACHES); NULL = the multi's */
     unsigned n_xfers;            /* easy handles created, to spread them over the shares */
     int64_t idle_us;             /* time spent waiting in epoll_wait, not yet taken */
+    int64_t answered;            /* transfers finished, not yet taken */
 };
 
 static int sock_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
@@ -361,8 +362,10 @@ static void drain_done(cons_http_t *h)
     CURLMsg *m;
     int left;
     while ((m = curl_multi_info_read(h->multi, &left)) != NULL) {
-        if (m->msg == CURLMSG_DONE)
+        if (m->msg == CURLMSG_DONE) {
+            h->answered++;
             finish(h, m->easy_handle, m->data.result);
+        }
     }
 }
 
@@ -421,6 +424,13 @@ int64_t cons_http_take_idle_us(cons_http_t *h)
 {
     int64_t v = h->idle_us;
     h->idle_us = 0;
+    return v;
+}
+
+int64_t cons_http_take_answered(cons_http_t *h)
+{
+    int64_t v = h->answered;
+    h->answered = 0;
     return v;
 }
 

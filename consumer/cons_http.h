@@ -100,4 +100,7 @@ int cons_http_running(const cons_http_t *h);
 /* Time cons_http_run spent waiting in epoll since the last call (µs): the loop's idle time. */
 int64_t cons_http_take_idle_us(cons_http_t *h);
 
+/* Transfers finished (their done callback run) since the last call. */
+int64_t cons_http_take_answered(cons_http_t *h);
+
 #endif /* CONS_HTTP_H */

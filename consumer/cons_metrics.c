@@ -89,8 +89,8 @@ void cons_metrics_init(int64_t endpoint_top)
     m->inflight = sl_metric_gauge("sluice_inflight_requests", "HTTP requests running.", NULL);
     m->inflight_limit = sl_metric_gauge(
         "sluice_inflight_limit",
-        "Cap on HTTP requests running, summed over the delivery loops: max_inflight, lowered "
-        "while a loop is saturated (adaptive_inflight).",
+        "Cap on HTTP requests running, summed over the delivery loops: their shares of "
+        "max_inflight, lowered while a loop is saturated (adaptive_inflight).",
         NULL);
     m->queued = sl_metric_gauge(
         "sluice_queued_jobs",

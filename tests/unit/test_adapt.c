@@ -1,8 +1,9 @@
 /*
  * test_adapt: the delivery loop's adaptive in-flight cap (consumer/cons_adapt): it falls by a
- * quarter per saturated window down to its floor, grows by half per window in which the loop
- * waited and the cap held an endpoint back, stays put otherwise, and never moves when it is
- * off or its share is at or below the floor.
+ * quarter per saturated window down to its floor (from what runs, when that is less; only
+ * with answers piling up between turns and at least the floor out), grows by half per window
+ * in which the loop waited and the cap held an endpoint back, stays put otherwise, and never
+ * moves when it is off or its share is at or below the floor.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,14 +16,14 @@
 
 #define W ((int64_t)CONS_ADAPT_WINDOW_US)
 
-/* One whole window at t (µs) with idle_us of it idle, bound or not, the cap full at its end;
- * returns the change. */
+/* One whole window at t (µs), one turn, idle_us of it idle, bound or not, answers piling up
+ * (CONS_ADAPT_PILE in the turn), the cap full at its end; returns the change. */
 static int64_t window(struct cons_adapt *a, int64_t *t, int64_t idle_us, bool bound)
 {
     if (bound)
         cons_adapt_bound(a);
     *t += W;
-    return cons_adapt_tick(a, *t, idle_us, cons_adapt_limit(a));
+    return cons_adapt_tick(a, *t, idle_us, CONS_ADAPT_PILE, cons_adapt_limit(a));
 }
 
 static struct cons_adapt started(int64_t max, bool enabled, int64_t *t)
@@ -30,7 +31,7 @@ static struct cons_adapt started(int64_t max, bool enabled, int64_t *t)
     struct cons_adapt a;
     cons_adapt_init(&a, max, enabled);
     *t = 1000;
-    assert_int_equal(cons_adapt_tick(&a, *t, 0, 0), 0); /* the first tick opens the window */
+    assert_int_equal(cons_adapt_tick(&a, *t, 0, 0, 0), 0); /* the first tick opens the window */
     return a;
 }
 
@@ -88,15 +89,16 @@ static void test_a_window_closes_only_when_it_has_lasted(void **state)
     struct cons_adapt a = started(1000, true, &t);
     assert_int_equal(window(&a, &t, 0, false), -250); /* saturated: 750 */
     cons_adapt_bound(&a);
-    assert_int_equal(cons_adapt_tick(&a, t + W / 2, 0, 750), 0); /* half a window: no decision */
+    assert_int_equal(cons_adapt_tick(&a, t + W / 2, 0, 100, 750),
+                     0); /* half a window: no decision */
     assert_int_equal(cons_adapt_limit(&a), 750);
     /* the idle time of the whole window counts: 40 ms idle in the first half, then busy */
-    assert_int_equal(cons_adapt_tick(&a, t + W / 2 + 1, W * 4 / 10, 750), 0);
-    assert_int_equal(cons_adapt_tick(&a, t + W, 0, 750), 250); /* 40% idle, bound: 1126 -> max */
+    assert_int_equal(cons_adapt_tick(&a, t + W / 2 + 1, W * 4 / 10, 0, 750), 0);
+    assert_int_equal(cons_adapt_tick(&a, t + W, 0, 0, 750), 250); /* 40% idle, bound: 1126 -> max */
     assert_int_equal(cons_adapt_limit(&a), 1000);
     t += W;
     /* a long wait is one long window: its idle share decides */
-    assert_int_equal(cons_adapt_tick(&a, t + 10 * W, 0, 1000), -250);
+    assert_int_equal(cons_adapt_tick(&a, t + 10 * W, 0, 100, 1000), -250);
 }
 
 /* Busy with something other than its requests (a rebalance, a slow Redis call) while fewer
@@ -108,15 +110,33 @@ static void test_saturated_falls_from_what_runs(void **state)
     int64_t t;
     struct cons_adapt a = started(2000, true, &t);
     t += W;
-    assert_int_equal(cons_adapt_tick(&a, t, 0, 0), 0);
+    assert_int_equal(cons_adapt_tick(&a, t, 0, 100, 0), 0);
     t += W;
-    assert_int_equal(cons_adapt_tick(&a, t, 0, CONS_ADAPT_FLOOR - 1), 0);
+    assert_int_equal(cons_adapt_tick(&a, t, 0, 100, CONS_ADAPT_FLOOR - 1), 0);
     assert_int_equal(cons_adapt_limit(&a), 2000);
     t += W;
-    assert_int_equal(cons_adapt_tick(&a, t, 0, 1000), -1250); /* 3/4 of 1000 */
+    assert_int_equal(cons_adapt_tick(&a, t, 0, 100, 1000), -1250); /* 3/4 of 1000 */
     assert_int_equal(cons_adapt_limit(&a), 750);
     t += W;
-    assert_int_equal(cons_adapt_tick(&a, t, 0, 150), -750 + CONS_ADAPT_FLOOR); /* floor */
+    assert_int_equal(cons_adapt_tick(&a, t, 0, 100, 150), -750 + CONS_ADAPT_FLOOR); /* floor */
+}
+
+/* A loop busy without answers piling up between its turns (reading and spilling a Kafka
+ * backlog while slow endpoints answer a few per turn) is not held up by its requests: it
+ * keeps its cap. The average over the window's turns decides. */
+static void test_busy_without_answers_piling_up_keeps_the_cap(void **state)
+{
+    (void)state;
+    int64_t t;
+    struct cons_adapt a = started(2000, true, &t);
+    for (int i = 0; i < 99; i++) /* 99 turns, 3 answers each: 297 < 16 x 100 */
+        assert_int_equal(cons_adapt_tick(&a, t + i + 1, 0, 3, 2000), 0);
+    assert_int_equal(cons_adapt_tick(&a, t + W, 0, 3, 2000), 0);
+    assert_int_equal(cons_adapt_limit(&a), 2000);
+    t += W;
+    for (int i = 0; i < 99; i++) /* the same turns with 16 answers each: piling up */
+        assert_int_equal(cons_adapt_tick(&a, t + i + 1, 0, 16, 2000), 0);
+    assert_int_equal(cons_adapt_tick(&a, t + W, 0, 16, 2000), -500);
 }
 
 static void test_off_or_small_share_never_moves(void **state)
@@ -168,6 +188,7 @@ int main(void)
         cmocka_unit_test(test_grows_by_half_only_when_waiting_and_bound),
         cmocka_unit_test(test_a_window_closes_only_when_it_has_lasted),
         cmocka_unit_test(test_saturated_falls_from_what_runs),
+        cmocka_unit_test(test_busy_without_answers_piling_up_keeps_the_cap),
         cmocka_unit_test(test_off_or_small_share_never_moves),
         cmocka_unit_test(test_settles_near_the_count_that_keeps_the_loop_busy),
     };
