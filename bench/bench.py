@@ -84,6 +84,9 @@ TARGETS = {
     "scrape_ratio": 0.97,     # e2e rate scraped every second / not scraped
     "produce_rate": 100000,   # records/s, bench/produce.sh (its BENCH_TARGET)
     "recorder_rate": 100000,  # outcomes/s into PostgreSQL (issue #20), bench/recorder.sh (its BENCH_TARGET)
+    "consumer_us": 45,        # consumer CPU per delivery in the e2e drain, µs (issue #20)
+    "stack_us": 100,          # whole stack's CPU per delivery in the e2e drain, µs (issue #20)
+    "e2e_ratio": 0.45,        # e2e rate / wrk's raw rate in the same repetition (issue #20)
 }
 SCRAPE_PORT_OFFSET = 20  # scrape phase: the consumer's metrics_listen port is PORT_BASE + this
 

@@ -389,6 +389,8 @@ def targets(r):
     if rate is not None:
         out.append(f"  >= {t['e2e_rate']:,} deliveries/s end to end: {verdict(rate >= t['e2e_rate'])}"
                    f" ({rate:,.0f}/s)")
+    raw = ph.get("wrk", {}).get("requests_per_s")
+    out += cpu_targets(t, (e2e.get("cpu_s_per_10k") or {}), rate / raw if rate and raw else None)
     lat = ph.get("latency", {}).get("runs", {})
     for prof, run in lat.items():
         if "e2e_ms" in run:
@@ -717,6 +719,36 @@ def summary_table(r):
     return "\n".join(out) + "\n"
 
 
+def cpu_targets(t, cpu, e2e_ratio, rng=None):
+    """Issue #20's per-delivery CPU and e2e ratio targets; cpu: the e2e drain's CPU s per
+    10,000 deliveries by process (consumers_total, receiver, broker, redis); rng: key ->
+    (min, max) for a repeated run."""
+    out = []
+    if "consumer_us" not in t:  # result files from before these targets
+        return out
+
+    def span(k, scale, d):
+        if not rng or k not in rng:
+            return ""
+        return f", {rng[k][0] * scale:.{d}f}..{rng[k][1] * scale:.{d}f}"
+    cons = cpu.get("consumers_total")
+    if cons is not None:
+        out.append(f"  consumer CPU per delivery <= {t['consumer_us']} us (e2e drain): "
+                   f"{verdict(cons * 100 <= t['consumer_us'])} ({cons * 100:.0f} us"
+                   f"{span('e2e.cpu_s_per_10k.consumer', 100, 0)})")
+    parts = [cpu.get(k) for k in ("consumers_total", "receiver", "broker", "redis")]
+    if all(v is not None for v in parts):
+        tot = sum(parts) * 100
+        out.append(f"  whole stack CPU per delivery <= {t['stack_us']} us (e2e drain): "
+                   f"{verdict(tot <= t['stack_us'])} ({tot:.0f} us"
+                   f"{span('e2e.cpu_s_per_10k.sum', 100, 0)})")
+    if e2e_ratio is not None:
+        out.append(f"  end to end >= {t['e2e_ratio']} of raw HTTP: "
+                   f"{verdict(e2e_ratio >= t['e2e_ratio'])} ({e2e_ratio:.2f}"
+                   f"{span('e2e.ratio', 1, 2)})")
+    return out
+
+
 def targets_median(r, S):
     """The targets of targets(), judged on the medians of a repeated run."""
     t = r["targets"]
@@ -738,6 +770,11 @@ def targets_median(r, S):
         ratio_ = f"; ratio to raw HTTP {med['e2e.ratio']:.2f}" if "e2e.ratio" in med else ""
         out.append(f"  >= {t['e2e_rate']:,} deliveries/s end to end: "
                    f"{verdict(med[k] >= t['e2e_rate'])} ({med[k]:,.0f}/s, {sp(k)}{ratio_})")
+    cpu = {"consumers_total": med.get("e2e.cpu_s_per_10k.consumer"),
+           "receiver": med.get("e2e.cpu_s_per_10k.receiver"),
+           "broker": med.get("e2e.cpu_s_per_10k.broker"),
+           "redis": med.get("e2e.cpu_s_per_10k.redis")}
+    out += cpu_targets(t, cpu, med.get("e2e.ratio"), rng)
     lat = first("latency")
     for prof, run in (lat.get("runs") or {}).items():
         k = f"latency.{prof}.p99"
