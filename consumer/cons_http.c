@@ -383,14 +383,11 @@ int cons_http_run(cons_http_t *h, int max_wait_ms, int *extra_ready)
     }
     if (extra_ready)
         *extra_ready = 0;
-    int n;
-    if (wait > 0) { /* a wait that may block: its time is the loop's idle time */
-        int64_t t0 = sl_mono_us();
-        n = epoll_wait(h->epfd, evs, (int)(sizeof(evs) / sizeof(evs[0])), wait);
+    /* a wait that may block: its time is the loop's idle time */
+    int64_t t0 = wait > 0 ? sl_mono_us() : 0;
+    int n = epoll_wait(h->epfd, evs, (int)(sizeof(evs) / sizeof(evs[0])), wait);
+    if (wait > 0)
         h->idle_us += sl_mono_us() - t0;
-    } else {
-        n = epoll_wait(h->epfd, evs, (int)(sizeof(evs) / sizeof(evs[0])), 0);
-    }
     for (int i = 0; i < n; i++) {
         int fd = evs[i].data.fd;
         bool extra = false;
