@@ -421,15 +421,16 @@ static void prepare(struct api_req *r,
     char field[96];
     const struct sl_apikey *key = r->auth.key;
     if (it->d.ep) {
-        (void)snprintf(field, sizeof(field), "%s/channels", ptr);
         if (nch > 0) {
+            (void)snprintf(field, sizeof(field), "%s/channels", ptr);
             it->problem = api_problem_json(400, "invalid-field", field,
                                            "field \"channels\" selects endpoints: it cannot be "
                                            "combined with \"endpoint\"");
             return;
         }
         const struct sl_endpoint *e = sl_endpoints_get(a->eps, it->d.ep);
-        (void)snprintf(field, sizeof(field), "%s/endpoint", ptr);
+        if (!e || !endpoint_channels_ok(key, e))
+            (void)snprintf(field, sizeof(field), "%s/endpoint", ptr);
         if (!e) {
             it->problem = api_problem_json(404, "unknown-endpoint", field,
                                            "endpoint %s does not exist", it->d.ep);
@@ -505,36 +506,69 @@ static void on_done(void *opaque, int status, const char *reason)
         api_req_resume(p->r);
 }
 
-/* Append s as a JSON string: event ids and types are visible ASCII (0x21..0x7e), endpoint
- * ids [A-Za-z0-9_-], so only '"' and '\\' need escaping. */
-static void put_str(struct sl_buf *b, const char *s)
+/* Copy s as a JSON string to o (o == NULL: count only); returns the bytes. Event ids and
+ * types are visible ASCII (0x21..0x7e), endpoint ids [A-Za-z0-9_-], so only '"' and '\\'
+ * need escaping. */
+static size_t put_str(char *o, const char *s)
 {
-    (void)sl_buf_append(b, "\"", 1);
+    size_t n = 0;
+    if (o)
+        o[n] = '"';
+    n++;
     for (const char *p = s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            (void)sl_buf_append(b, "\\", 1);
-        (void)sl_buf_append(b, p, 1);
+        if (*p == '"' || *p == '\\') {
+            if (o)
+                o[n] = '\\';
+            n++;
+        }
+        if (o)
+            o[n] = *p;
+        n++;
     }
-    (void)sl_buf_append(b, "\"", 1);
+    if (o)
+        o[n] = '"';
+    return n + 1;
 }
 
-/* The publish answer as text (the common case, written without building a JSON tree). */
-static char *item_text(const struct pub_item *it)
+static size_t put_raw(char *o, const char *s)
 {
-    struct sl_buf b;
-    sl_buf_init(&b, (size_t)1 << 20);
-    (void)sl_buf_append_str(&b, "{\"id\":");
-    put_str(&b, it->d.id);
-    (void)sl_buf_append_str(&b, ",\"type\":");
-    put_str(&b, it->d.type);
-    (void)sl_buf_printf(&b, ",\"deliveries\":%zu,\"endpoints\":[", it->n_eps);
+    size_t n = strlen(s);
+    if (o)
+        memcpy(o, s, n);
+    return n;
+}
+
+/* The publish answer into o (o == NULL: its length only). */
+static size_t item_write(char *o, const struct pub_item *it)
+{
+    char num[24];
+    size_t n = 0;
+    (void)snprintf(num, sizeof(num), "%zu", it->n_eps);
+    n += put_raw(o ? o + n : NULL, "{\"id\":");
+    n += put_str(o ? o + n : NULL, it->d.id);
+    n += put_raw(o ? o + n : NULL, ",\"type\":");
+    n += put_str(o ? o + n : NULL, it->d.type);
+    n += put_raw(o ? o + n : NULL, ",\"deliveries\":");
+    n += put_raw(o ? o + n : NULL, num);
+    n += put_raw(o ? o + n : NULL, ",\"endpoints\":[");
     for (size_t k = 0; k < it->n_eps && k < 100; k++) {
         if (k)
-            (void)sl_buf_append(&b, ",", 1);
-        put_str(&b, it->eps[k]);
+            n += put_raw(o ? o + n : NULL, ",");
+        n += put_str(o ? o + n : NULL, it->eps[k]);
     }
-    (void)sl_buf_printf(&b, "],\"endpoints_truncated\":%s}", it->n_eps > 100 ? "true" : "false");
-    char *out = (char *)b.data; /* NUL-terminated by sl_buf; ownership moves to the caller */
+    n += put_raw(o ? o + n : NULL, it->n_eps > 100 ? "],\"endpoints_truncated\":true}"
+                                                   : "],\"endpoints_truncated\":false}");
+    return n;
+}
+
+/* The publish answer as text (the common case, written without building a JSON tree): its
+ * length first, then the bytes into one allocation. */
+static char *item_text(const struct pub_item *it)
+{
+    size_t n = item_write(NULL, it);
+    char *out = sl_xmalloc(n + 1);
+    (void)item_write(out, it);
+    out[n] = '\0';
     return out;
 }
 

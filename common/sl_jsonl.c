@@ -34,9 +34,9 @@ static const char *const jsonl_fields[] = {
 static const char b32_alphabet[] = "0123456789abcdefghjkmnpqrstvwxyz";
 
 /* Random bytes for ids, drawn from OpenSSL's CSPRNG a block at a time per thread (one
- * RAND_bytes call per 30 ids instead of one per id: ids are public, so the pool needs no
+ * RAND_bytes call per 240 ids instead of one per id: ids are public, so the pool needs no
  * wiping, only to be unpredictable, which it is). */
-#define ID_POOL_BYTES 510
+#define ID_POOL_BYTES 4080
 static _Thread_local unsigned char id_pool[ID_POOL_BYTES];
 static _Thread_local size_t id_pool_used = ID_POOL_BYTES;
 
