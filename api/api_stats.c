@@ -7,10 +7,11 @@
  *   GET /v1/endpoints/{id}/latency      one endpoint's latency in time buckets over a window
  *                                       (default 24 h): count and P50/P95/P99 per bucket
  *   GET /v1/dead-letters/patterns       sluice_dead_letter_analysis per endpoint: counts,
- *                                       commonest error and status, the named patterns
- * The endpoints are the instance's in-memory table (what the consumers deliver to), in id
- * order, paginated like every list; a key limited to channels sees only endpoints carrying
- * one of them (api_key_sees). The figures follow the conventions of sql/0003_analysis.sql:
+ *                                       commonest error and status, the named patterns,
+ *                                       most dead letters first, paginated on (count, id)
+ * The statistics' endpoints are the instance's in-memory table (what the consumers deliver
+ * to), in id order, paginated like every list; a key limited to channels sees only endpoints
+ * carrying one of them (api_key_sees). The figures follow the conventions of sql/0003_analysis.sql:
  * "in the window" is ts >= now() - window, latencies are endpoint_latency samples (attempts
  * that got a response), percentiles are percentile_cont in ms, and `slow` is the rule of
  * `sluicectl slow` (P95 over the threshold with at least min-samples samples).
@@ -86,7 +87,9 @@ static const char SQL_TREND[] =
     "    percentile_cont(array[0.5, 0.95, 0.99]) within group (order by l.latency_us) as p "
     "  from endpoint_latency l where l.endpoint_id = $1 and l.ts >= w.lo group by 1) b on true "
     "order by b.t_ms";
-/* $1 window s, $2 endpoint or NULL */
+/* $1 window s, $2 endpoint or NULL; the page after the cursor ($3 dead letters, $4 endpoint;
+ * NULL = the first page) in the function's order (most dead letters first, then by id), $5
+ * rows at most; $6 the endpoints a key limited to channels sees (NULL = every endpoint) */
 static const char SQL_PATTERNS[] =
     "select endpoint_id, dead_letters, unreplayed, without_payload, top_error, top_error_count, "
     "  top_status, top_status_count, avg_attempts, auth_count, rate_limit_count, "
@@ -95,7 +98,11 @@ static const char SQL_PATTERNS[] =
     "  (extract(epoch from last_dead_at) * 1000)::bigint as last_ms, "
     "  (extract(epoch from first_failed_at) * 1000)::bigint as first_failed_ms, "
     "  (extract(epoch from cluster_start) * 1000)::bigint as cluster_ms "
-    "from sluice_dead_letter_analysis(make_interval(secs => $1::float8), $2)";
+    "from sluice_dead_letter_analysis(make_interval(secs => $1::float8), $2) "
+    "where ($3::bigint is null or dead_letters < $3::bigint "
+    "       or (dead_letters = $3::bigint and endpoint_id > $4::text)) "
+    "  and ($6::text[] is null or endpoint_id = any($6::text[])) "
+    "order by dead_letters desc, endpoint_id limit $5::int";
 /* clang-format on */
 
 /* ==== Shared ==== */
@@ -409,8 +416,84 @@ static json_t *patterns_of(const PGresult *res, int row)
     return j;
 }
 
+/* One endpoint's entry from row i of SQL_PATTERNS. */
+static json_t *patterns_item(const PGresult *res, int i)
+{
+    json_t *e = json_object();
+    json_object_set_new(e, "endpoint", sl_pg_json_str(res, i, "endpoint_id"));
+    static const char *const counts[] = {"dead_letters", "unreplayed", "without_payload"};
+    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
+        json_object_set_new(e, counts[k], json_integer(sl_pg_i64(res, i, counts[k])));
+    json_object_set_new(e, "top_error", sl_pg_json_str(res, i, "top_error"));
+    json_object_set_new(e, "top_error_count", json_integer(sl_pg_i64(res, i, "top_error_count")));
+    json_object_set_new(e, "top_status", sl_pg_json_int(res, i, "top_status"));
+    json_object_set_new(e, "top_status_count", json_integer(sl_pg_i64(res, i, "top_status_count")));
+    json_object_set_new(e, "first_dead_at", time_json(res, i, "first_ms"));
+    json_object_set_new(e, "last_dead_at", time_json(res, i, "last_ms"));
+    json_object_set_new(e, "first_failed_at", time_json(res, i, "first_failed_ms"));
+    json_object_set_new(e, "avg_attempts",
+                        json_real(round(sl_pg_f64(res, i, "avg_attempts") * 100.0) / 100.0));
+    static const char *const ev[] = {"auth_count", "rate_limit_count", "cluster_count",
+                                     "hours_present"};
+    for (size_t k = 0; k < sizeof(ev) / sizeof(ev[0]); k++)
+        json_object_set_new(e, ev[k], json_integer(sl_pg_i64(res, i, ev[k])));
+    json_object_set_new(e, "cluster_start", time_json(res, i, "cluster_ms"));
+    json_object_set_new(e, "patterns", patterns_of(res, i));
+    return e;
+}
+
+/*
+ * The cursor's position "<dead letters>:<endpoint id>" (the last entry of the previous page)
+ * into n and id; -1 after answering 400.
+ */
+static int
+patterns_cursor(struct api_req *r, const char *pos, char *n, size_t ncap, char *id, size_t idcap)
+{
+    const char *colon = strchr(pos, ':');
+    size_t dl = colon ? (size_t)(colon - pos) : 0;
+    bool ok = colon && dl >= 1 && dl < ncap && dl <= 19;
+    for (size_t i = 0; ok && i < dl; i++)
+        ok = pos[i] >= '0' && pos[i] <= '9';
+    ok = ok && strlen(colon + 1) < idcap && sl_valid_endpoint_id(colon + 1, strlen(colon + 1));
+    if (!ok) {
+        api_problem(r, 400, "invalid-parameter", "cursor", "cursor is not one this API returned");
+        return -1;
+    }
+    memcpy(n, pos, dl);
+    n[dl] = '\0';
+    (void)snprintf(id, idcap, "%s", colon + 1);
+    return 0;
+}
+
+/* For a key limited to channels, the endpoints it sees as a text[] literal; else NULL. */
+static char *patterns_visible(struct api_req *r)
+{
+    const struct sl_apikey *k = r->auth.key;
+    if (!k || k->n_channels == 0)
+        return NULL;
+    const struct sl_endpoint **eps = NULL;
+    size_t neps = 0, nv = 0;
+    sl_endpoints_snapshot(r->api->eps, &eps, &neps);
+    const char **ids = sl_xcalloc(neps ? neps : 1, sizeof(*ids));
+    for (size_t i = 0; i < neps; i++) {
+        if (sl_apikey_sees_channels(k, eps[i]->channels, eps[i]->n_channels))
+            ids[nv++] = eps[i]->id;
+    }
+    char *arr = sl_pg_text_array(ids, nv);
+    free(ids);
+    for (size_t i = 0; i < neps; i++)
+        sl_endpoint_release(eps[i]);
+    free(eps);
+    return arr;
+}
+
 enum api_hret api_dead_letter_patterns(struct api_req *r)
 {
+    long limit;
+    char cur[SL_ENDPOINT_ID_MAX + 24];
+    bool have_cur;
+    if (api_query_page(r, &limit, cur, sizeof(cur), &have_cur) != 0)
+        return API_DONE;
     int64_t window_s;
     if (query_int(r, "window_s", WINDOW_MIN_S, WINDOW_MAX_S, DL_WIN_DEF, &window_s) != 0)
         return API_DONE;
@@ -418,43 +501,36 @@ enum api_hret api_dead_letter_patterns(struct api_req *r)
     if (ep && !sl_valid_endpoint_id(ep, strlen(ep)))
         return api_problem(r, 400, "invalid-parameter", "endpoint",
                            "endpoint must be 1..64 characters of A-Z a-z 0-9 _ -");
-    char win[24];
+    char cur_n[24] = "", cur_id[SL_ENDPOINT_ID_MAX + 1] = "";
+    if (have_cur && patterns_cursor(r, cur, cur_n, sizeof(cur_n), cur_id, sizeof(cur_id)) != 0)
+        return API_DONE;
+    char win[24], lim[24];
     (void)snprintf(win, sizeof(win), "%" PRId64, window_s);
-    const char *params[] = {win, ep};
-    PGresult *res = history(r, "analyse dead letters", SQL_PATTERNS, 2, params);
+    (void)snprintf(lim, sizeof(lim), "%ld", limit + 1); /* one more says there is a next page */
+    char *vis = patterns_visible(r);
+    const char *params[] = {win, ep, have_cur ? cur_n : NULL, have_cur ? cur_id : NULL, lim, vis};
+    PGresult *res = history(r, "analyse dead letters", SQL_PATTERNS, 6, params);
+    free(vis);
     if (!res)
         return API_DONE;
+    int n = PQntuples(res);
+    bool more = n > limit;
+    if (more)
+        n = (int)limit;
     json_t *data = json_array();
-    for (int i = 0; i < PQntuples(res); i++) {
-        const char *id = sl_pg_str(res, i, "endpoint_id");
-        if (!id || !api_key_sees(r, id))
-            continue;
-        json_t *e = json_object();
-        json_object_set_new(e, "endpoint", json_string(id));
-        static const char *const counts[] = {"dead_letters", "unreplayed", "without_payload"};
-        for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
-            json_object_set_new(e, counts[k], json_integer(sl_pg_i64(res, i, counts[k])));
-        json_object_set_new(e, "top_error", sl_pg_json_str(res, i, "top_error"));
-        json_object_set_new(e, "top_error_count",
-                            json_integer(sl_pg_i64(res, i, "top_error_count")));
-        json_object_set_new(e, "top_status", sl_pg_json_int(res, i, "top_status"));
-        json_object_set_new(e, "top_status_count",
-                            json_integer(sl_pg_i64(res, i, "top_status_count")));
-        json_object_set_new(e, "first_dead_at", time_json(res, i, "first_ms"));
-        json_object_set_new(e, "last_dead_at", time_json(res, i, "last_ms"));
-        json_object_set_new(e, "first_failed_at", time_json(res, i, "first_failed_ms"));
-        json_object_set_new(e, "avg_attempts",
-                            json_real(round(sl_pg_f64(res, i, "avg_attempts") * 100.0) / 100.0));
-        static const char *const ev[] = {"auth_count", "rate_limit_count", "cluster_count",
-                                         "hours_present"};
-        for (size_t k = 0; k < sizeof(ev) / sizeof(ev[0]); k++)
-            json_object_set_new(e, ev[k], json_integer(sl_pg_i64(res, i, ev[k])));
-        json_object_set_new(e, "cluster_start", time_json(res, i, "cluster_ms"));
-        json_object_set_new(e, "patterns", patterns_of(res, i));
-        json_array_append_new(data, e);
+    for (int i = 0; i < n; i++)
+        json_array_append_new(data, patterns_item(res, i));
+    json_t *next = json_null();
+    if (more && n > 0) {
+        char pos[SL_ENDPOINT_ID_MAX + 24];
+        (void)snprintf(pos, sizeof(pos), "%" PRId64 ":%s", sl_pg_i64(res, n - 1, "dead_letters"),
+                       sl_pg_str(res, n - 1, "endpoint_id"));
+        json_decref(next);
+        next = api_cursor_json(r, pos);
     }
     PQclear(res);
     return api_reply(r, 200,
-                     json_pack("{s:I, s:o, s:o}", "window_s", (json_int_t)window_s, "endpoint",
-                               ep ? json_string(ep) : json_null(), "data", data));
+                     json_pack("{s:I, s:o, s:o, s:o}", "window_s", (json_int_t)window_s, "endpoint",
+                               ep ? json_string(ep) : json_null(), "data", data, "next_cursor",
+                               next));
 }

@@ -496,8 +496,8 @@
     var ep = $("endpoint").value;
     var win = $("window").value;
     if (!keepStatus) { status("Loading dead letters…"); }
-    var pat = api("/v1/dead-letters/patterns?window_s=" + encodeURIComponent(win) +
-                  (ep ? "&endpoint=" + encodeURIComponent(ep) : ""));
+    var pat = apiAll("/v1/dead-letters/patterns?limit=500&window_s=" + encodeURIComponent(win) +
+                     (ep ? "&endpoint=" + encodeURIComponent(ep) : ""), 10000);
     return Promise.all([pat, loadLetters(false)]).then(function (r) {
       fillPatterns(r[0].data);
       var sel = $("endpoint");

@@ -362,6 +362,15 @@ def test_dead_letter_patterns_name_the_auth_spike_and_the_cluster(run):
                    run.read)
     assert [x["endpoint"] for x in one["data"]] == [run.eps["dead"]]
     assert one["endpoint"] == run.eps["dead"] and one["window_s"] == 3600
+    assert j["next_cursor"] is None and one["next_cursor"] is None
+    # pages of one: most dead letters first, the cursor carries on after it, the last is null
+    p1 = get_json(run.api, "/v1/dead-letters/patterns?limit=1", run.read)
+    assert [x["endpoint"] for x in p1["data"]] == [run.eps["auth"]] and p1["next_cursor"]
+    p2 = get_json(run.api, f"/v1/dead-letters/patterns?limit=1&cursor={p1['next_cursor']}",
+                  run.read)
+    assert [x["endpoint"] for x in p2["data"]] == [run.eps["dead"]]
+    assert p2["next_cursor"] is None
+    assert p2["data"][0] == by[run.eps["dead"]]
 
 
 def test_bad_parameters_are_problems_naming_the_parameter(run):
@@ -381,6 +390,8 @@ def test_bad_parameters_are_problems_naming_the_parameter(run):
     problem(api, "/v1/endpoints/bad%20id/latency", k, 404, "id")
     problem(api, "/v1/dead-letters/patterns?endpoint=bad%20id", k, 400, "endpoint")
     problem(api, "/v1/dead-letters/patterns?window_s=0", k, 400, "window_s")
+    problem(api, "/v1/dead-letters/patterns?cursor=2e2e2f", k, 400, "cursor")
+    problem(api, "/v1/dead-letters/patterns?limit=0", k, 400, "limit")
     # the key: none is 401, a publish-only key 403
     problem(api, "/v1/endpoint-stats", None, 401, "Authorization")
     st, _, _ = call(api, "GET", "/v1/endpoint-stats", run.publish)
@@ -405,6 +416,7 @@ def test_answers_on_real_data_conform_to_the_contract(run):
              ("/v1/endpoints/{id}/latency", {"id": run.eps["dead"]},
               {"window_s": "3600", "bucket_s": "10"}, 200),
              ("/v1/dead-letters/patterns", {}, {}, 200),
+             ("/v1/dead-letters/patterns", {}, {"limit": "1"}, 200),
              ("/v1/endpoint-stats", {}, {"window_s": "7"}, 400),
              ("/v1/endpoints/{id}/latency", {"id": "nope"}, {}, 404)]
     for path, params, query, want in calls:
