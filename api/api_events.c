@@ -530,11 +530,14 @@ static size_t put_str(char *o, const char *s)
     return n + 1;
 }
 
+/* Copy s (without its NUL) to o (o == NULL: count only); returns the bytes. */
 static size_t put_raw(char *o, const char *s)
 {
-    size_t n = strlen(s);
-    if (o)
-        memcpy(o, s, n);
+    size_t n = 0;
+    for (; s[n]; n++) {
+        if (o)
+            o[n] = s[n];
+    }
     return n;
 }
 
