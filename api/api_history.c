@@ -92,7 +92,9 @@ static PGresult *query(struct api_req *r, const char *sql, int n, const char *co
     }
     PGresult *res = PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        sl_warn("history", "query_failed", "history query failed: %s", PQerrorMessage(pg));
+        char why[512];
+        sl_warn("history", "query_failed", "history query failed: %s",
+                sl_pg_reason(res, pg, why, sizeof(why)));
         PQclear(res);
         api_pg_reset();
         r->retry_after_s = 2;

@@ -426,13 +426,9 @@ int sl_apikey_db_insert(PGconn *pg, const struct sl_apikey *k, sl_err_t *err)
         if (state && strcmp(state, "23505") == 0) {
             rc = sl_err_set(err, SL_ESTATE, "api key %s already exists", k->id);
         } else {
-            const char *m = PQresultErrorMessage(res);
-            if (!m || !*m)
-                m = PQerrorMessage(pg);
-            size_t n = strlen(m);
-            while (n > 0 && m[n - 1] == '\n')
-                n--;
-            rc = sl_err_set(err, SL_EPG, "could not insert api key %s: %.*s", k->id, (int)n, m);
+            char why[512];
+            rc = sl_err_set(err, SL_EPG, "could not insert api key %s: %s", k->id,
+                            sl_pg_reason(res, pg, why, sizeof(why)));
         }
     }
     PQclear(res);

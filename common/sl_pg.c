@@ -67,6 +67,24 @@ PGconn *sl_pg_connect(const char *dsn, sl_err_t *err)
     return pg;
 }
 
+const char *sl_pg_reason(const PGresult *res, PGconn *pg, char *buf, size_t cap)
+{
+    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    const char *prim = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+    if (state && prim) {
+        (void)snprintf(buf, cap, "%s %s", state, prim);
+        return buf;
+    }
+    const char *m = pg && PQstatus(pg) != CONNECTION_OK ? PQerrorMessage(pg) : NULL;
+    if (!m || !*m)
+        m = res ? PQresStatus(PQresultStatus(res)) : "no result (out of memory)";
+    size_t n = strlen(m);
+    while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
+        n--;
+    (void)snprintf(buf, cap, "%.*s", (int)n, m);
+    return buf;
+}
+
 PGresult *sl_pg_exec(PGconn *pg,
                      const char *what,
                      const char *sql,
@@ -78,13 +96,8 @@ PGresult *sl_pg_exec(PGconn *pg,
     ExecStatusType st = PQresultStatus(res);
     if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
         return res;
-    const char *m = PQresultErrorMessage(res);
-    if (!m || !*m)
-        m = PQerrorMessage(pg);
-    size_t n = strlen(m);
-    while (n > 0 && m[n - 1] == '\n')
-        n--;
-    sl_err_set(err, SL_EPG, "could not %s: %.*s", what, (int)n, m);
+    char why[512];
+    sl_err_set(err, SL_EPG, "could not %s: %s", what, sl_pg_reason(res, pg, why, sizeof(why)));
     PQclear(res);
     return NULL;
 }

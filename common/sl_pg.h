@@ -33,8 +33,16 @@ PGconn *sl_pg_open(const char *dsn, const char *app);
  * message). */
 PGconn *sl_pg_connect(const char *dsn, sl_err_t *err);
 
+/*
+ * A failed statement's reason for an error message or a log line: its SQLSTATE and primary
+ * message only ("23514 new row for relation ... violates check constraint ..."), never the
+ * DETAIL, which may quote the row (an endpoint's URL, a sealed secret). Without a result
+ * (connection lost), the connection's own message, whose text names no row. Into buf.
+ */
+const char *sl_pg_reason(const PGresult *res, PGconn *pg, char *buf, size_t cap);
+
 /* PQexecParams with text params; returns the result (caller PQclear) when its status is
- * COMMAND_OK or TUPLES_OK, else NULL with err filled ("could not <what>: <pg message>"). */
+ * COMMAND_OK or TUPLES_OK, else NULL with err filled ("could not <what>: <sl_pg_reason>"). */
 PGresult *sl_pg_exec(PGconn *pg,
                      const char *what,
                      const char *sql,

@@ -210,11 +210,9 @@ PGconn *ctl_ops_pg_open(const struct sl_config *cfg, sl_err_t *err)
     PGresult *res = PQexec(pg, "set timezone = 'UTC'; set datestyle = 'ISO'; "
                                "set statement_timeout = '60s'; set lock_timeout = '30s'");
     if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-        const char *m = PQresultErrorMessage(res);
-        size_t n = strlen(m);
-        while (n > 0 && m[n - 1] == '\n')
-            n--;
-        sl_err_set(err, SL_EPG, "could not prepare the postgresql session: %.*s", (int)n, m);
+        char why[512];
+        sl_err_set(err, SL_EPG, "could not prepare the postgresql session: %s",
+                   sl_pg_reason(res, pg, why, sizeof(why)));
         PQclear(res);
         PQfinish(pg);
         return NULL;

@@ -248,6 +248,95 @@ def test_requests_on_the_wire_verify_with_the_official_library(make_world, captu
         Webhook(old).verify(req["body"] + b" ", h)
 
 
+def api_call(api, method, path, body, key):
+    """One JSON request to sluice-api: (status, parsed answer)."""
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", api.port, timeout=30)
+    c.request(method, path, body=json.dumps(body),
+              headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    r = c.getresponse()
+    text = r.read()
+    c.close()
+    return r.status, json.loads(text) if text else None
+
+
+def test_events_published_through_the_api_cross_the_wire_as_posted(make_world, capture):
+    """The API's publish fields, end to end: endpoints made over the API (an extra header
+    holding a credential, a URL query token, a GET postback template), a `body_base64` event
+    with its `content_type` and event headers to an explicit endpoint, and a fan-out event
+    whose macros fill the postback. On the wire: the exact bytes and headers, the macros
+    percent-encoded, each signature verifying with the secret the API returned once. And none
+    of the credentials, macro values, body bytes or keys in sluice-api's or the consumer's log,
+    both at log_level=debug with every debug context on."""
+    w = make_world()
+    tag = w.tag
+    hsecret, qsecret = "Hdr" + os.urandom(8).hex(), "Qry" + os.urandom(8).hex()
+    note, click = "Note" + os.urandom(8).hex(), "clk " + os.urandom(6).hex() + "/é&=?#"
+    admin, pub = w.api_key("admin"), w.api_key("publish")
+    api = w.api(log_level="debug", debug="all")
+    st, b = api_call(api, "POST", "/v1/endpoints",
+                     {"id": "apibin" + tag, "url": capture.base + f"/hooks/apibin?tok={qsecret}",
+                      "headers": {"X-Api-Token": hsecret}, "types": ["blob.*"]}, admin)
+    assert st == 201 and b["secret"].startswith("whsec_"), b
+    bin_secret = b["secret"]
+    st, b = api_call(api, "POST", "/v1/endpoints",
+                     {"id": "apipb" + tag, "url": capture.base + "/pb/{click_id}?payout={payout}",
+                      "template": True, "method": "GET", "types": [f"conv{tag}.*"]}, admin)
+    assert st == 201, b
+    pb_secret = b["secret"]
+    c = w.consumer(log_level="debug", debug="all")
+    ev_bin = {"type": "blob.stored", "endpoint": "apibin" + tag,
+              "content_type": "application/octet-stream",
+              "body_base64": base64.b64encode(BINARY).decode(), "headers": {"X-Event-Note": note}}
+    got = {}
+
+    def published():  # sluice-api sees a new endpoint a moment after it made it
+        got["bin"] = api_call(api, "POST", "/v1/events", ev_bin, pub)
+        return got["bin"][0] == 202
+    wait_until(published, 30, 0.2, "sluice-api to know the new endpoint")
+    bin_id = got["bin"][1]["id"]
+    st, b = api_call(api, "POST", "/v1/events",
+                     {"type": f"conv{tag}.approved", "body": {"n": 1},
+                      "macros": {"click_id": click, "payout": "12.50"}}, pub)
+    assert st == 202 and b["endpoints"] == ["apipb" + tag], b
+    pb_id = b["id"]
+    wait_until(lambda: len(capture.requests) >= 2, 90, 0.5, "both deliveries")
+    time.sleep(1.0)
+    assert len(capture.requests) == 2, [(q["method"], q["target"]) for q in capture.requests]
+
+    (req,) = capture.by_path_prefix("/hooks/apibin")
+    h = headers_of(req)
+    assert req["method"] == "POST" and req["query"] == f"tok={qsecret}"
+    assert req["body"] == BINARY and h["content-type"] == "application/octet-stream"
+    assert h["x-api-token"] == hsecret and h["x-event-note"] == note, h
+    (entry,) = check_signed_headers(h, bin_id)
+    signed = f"{h['webhook-id']}.{h['webhook-timestamp']}.".encode() + req["body"]
+    mac = swh.hmac_data(Webhook(bin_secret)._whsecret, signed)
+    assert entry == "v1," + base64.b64encode(mac).decode()
+
+    (req,) = capture.by_path_prefix("/pb/")
+    h = headers_of(req)
+    assert req["method"] == "GET" and req["body"] == b""
+    assert urllib.parse.unquote(req["path"][len("/pb/"):]) == click
+    assert urllib.parse.parse_qs(req["query"], strict_parsing=True) == {"payout": ["12.50"]}
+    check_signed_headers(h, pb_id)
+    Webhook(pb_secret).verify(b"", h, json_parse=False)
+    assert not verifies(bin_secret, b"", h)
+
+    assert c.term() == 0
+    assert api.proc.term() == 0
+    logs = api.proc.logs() + c.logs()
+    # the logs do speak of these endpoints (their ids), only never of their secrets
+    assert "apibin" + tag in logs and "apipb" + tag in logs, "nothing to check"
+    for what, text in (("an endpoint header value", hsecret), ("a URL query value", qsecret),
+                       ("an event header value", note), ("a macro value", click),
+                       ("a macro value (encoded)", urllib.parse.quote(click, safe="")),
+                       ("a signing secret", bin_secret), ("a signing secret", pb_secret),
+                       ("an API key", admin), ("an API key", pub),
+                       ("the body", base64.b64encode(BINARY).decode()[:40])):
+        assert text not in logs, f"{what} reached a log line"
+
+
 # ==== Ed25519 (v1a) ====
 
 WHPK = re.compile(r"^whpk_[A-Za-z0-9+/]{43}=$")
