@@ -5,8 +5,10 @@
  * shared listening socket (common/sl_httpd: our loops, not libmicrohttpd's internal threads,
  * whose loop stalls with exactly 128 connections ready). Each loop beats the liveness probe.
  *
- * Connections past api_max_connections are refused, and one idle or stalled for
- * api_idle_timeout_s is closed (slow clients cannot pin a loop). A handler must never wait
+ * Connections past api_max_connections are refused, one idle or stalled for
+ * api_idle_timeout_s is closed, and so is one that has not sent a whole request within
+ * api_request_timeout_s of opening or of its previous answer (a client trickling bytes):
+ * slow clients cannot hold the connection slots. A handler must never wait
  * for Kafka on a loop thread: publishes suspend the connection (MHD_suspend_connection) and
  * the producer's report thread resumes it.
  *
@@ -681,9 +683,7 @@ static enum api_hret dispatch(struct api_req *r)
                                "answer)");
         }
         const char *why = "";
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-        struct api_auth_memo *memo = ci ? ci->socket_context : NULL;
+        struct api_auth_memo *memo = sl_httpd_conn_ctx(r->conn);
         st = api_keys_check(a->keys, api_header(r, "Authorization"), r->route->scope, memo,
                             &r->auth, &why);
         if (st != 0) {
@@ -826,6 +826,7 @@ api_server_t *api_server_start(struct api *a, sl_err_t *err)
     o.threads = (unsigned)a->cfg->api_threads;
     o.max_conns = (unsigned)a->cfg->api_max_connections;
     o.idle_timeout_s = (unsigned)a->cfg->api_idle_timeout_s;
+    o.request_timeout_s = (unsigned)a->cfg->api_request_timeout_s;
     o.conn_memory = API_CONN_MEMORY;
     o.thread_name = "api-http";
     o.beat = true;

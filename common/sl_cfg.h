@@ -112,6 +112,8 @@ struct sl_config {
     int64_t api_max_connections;    /* open client connections before new ones are refused */
     int64_t api_idle_timeout_s;     /* a connection idle (or stalled mid-request) this long is
                                        closed, s */
+    int64_t api_request_timeout_s;  /* a whole request within this of the connection's opening
+                                     * or previous answer, else the connection is closed (s) */
     int64_t api_max_request_bytes;  /* largest request body, bytes (413 past it) */
     int64_t api_batch_max;          /* events in one POST /v1/events/batch */
     int64_t api_fanout_max;         /* endpoints one event may fan out to */

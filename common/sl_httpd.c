@@ -4,6 +4,9 @@
  * Owns the listening socket the daemons share, one daemon and one thread per loop, each
  * loop's wake-up eventfd and liveness beat, and the commands that move every loop forward
  * together: RUN -> QUIESCE (each loop quiesces its own daemon, on its own thread) -> STOP.
+ * Also each loop's list of its connections, for the request deadline (sl_httpd.h): the
+ * callbacks given are wrapped so that a connection's clock restarts when it opens and when a
+ * request completes, and stops once its request is whole.
  */
 #include "common/sl_httpd.h"
 
@@ -15,17 +18,32 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/sl_kafka.h" /* sl_mono_ms */
+#include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_probe.h"
 
 /* What the loops are asked to do; only ever moves forward. */
 enum loop_cmd { LOOP_RUN, LOOP_QUIESCE, LOOP_STOP };
 
+/* One open connection (its libmicrohttpd socket context), on its loop's list. */
+struct conn {
+    struct conn *prev, *next;
+    struct MHD_Connection *c;
+    int64_t since_ms; /* the request deadline counts from here */
+    bool receiving;   /* the client owes a whole request (false once it came) */
+    bool in_request;  /* the handler has seen this request */
+    bool cut;         /* its socket was shut for the deadline */
+    void *user;       /* on_connection's socket context */
+};
+
 struct sl_httpd_loop {
     struct sl_httpd *h;
+    struct conn conns; /* list head (sentinel): the loop's connections */
+    int64_t swept_ms;  /* last deadline sweep */
     struct MHD_Daemon *d;
     pthread_t thr;
     bool started;
@@ -41,6 +59,9 @@ struct sl_httpd {
     atomic_int cmd; /* enum loop_cmd */
     size_t n;
     struct sl_httpd_loop *loops;
+    struct sl_httpd_opts o;     /* the callbacks the wrappers call */
+    int64_t request_timeout_ms; /* 0 = no deadline */
+    _Atomic uint64_t timed_out; /* connections cut for the deadline */
 };
 
 static _Thread_local struct sl_httpd_loop *tl_loop;
@@ -68,6 +89,124 @@ void sl_httpd_resume(sl_httpd_loop_t *l, struct MHD_Connection *conn)
 {
     MHD_resume_connection(conn);
     loop_wake(l);
+}
+
+/* ==== the connections and the request deadline ==== */
+
+static struct conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+void *sl_httpd_conn_ctx(struct MHD_Connection *c)
+{
+    struct conn *n = conn_of(c);
+    return n ? n->user : NULL;
+}
+
+uint64_t sl_httpd_timed_out(const sl_httpd_t *h)
+{
+    return atomic_load(&h->timed_out);
+}
+
+static void on_conn(void *cls,
+                    struct MHD_Connection *c,
+                    void **socket_context,
+                    enum MHD_ConnectionNotificationCode toe)
+{
+    struct sl_httpd *h = cls;
+    struct conn *n = *socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) { /* on the loop that accepted it */
+        struct sl_httpd_loop *l = tl_loop;
+        n = sl_xcalloc(1, sizeof(*n));
+        n->c = c;
+        n->since_ms = sl_mono_ms();
+        n->receiving = true;
+        if (l) {
+            n->next = l->conns.next;
+            n->prev = &l->conns;
+            l->conns.next->prev = n;
+            l->conns.next = n;
+        }
+        *socket_context = n;
+        if (h->o.on_connection)
+            h->o.on_connection(h->o.connection_cls, c, &n->user, toe);
+        return;
+    }
+    if (!n)
+        return;
+    if (h->o.on_connection)
+        h->o.on_connection(h->o.connection_cls, c, &n->user, toe);
+    if (n->next) { /* (closed by MHD_stop_daemon after the loops ended: the lists are idle) */
+        n->prev->next = n->next;
+        n->next->prev = n->prev;
+    }
+    free(n);
+    *socket_context = NULL;
+}
+
+static enum MHD_Result on_req(void *cls,
+                              struct MHD_Connection *c,
+                              const char *url,
+                              const char *method,
+                              const char *version,
+                              const char *upload_data,
+                              size_t *upload_data_size,
+                              void **con_cls)
+{
+    struct sl_httpd *h = cls;
+    struct conn *n = conn_of(c);
+    if (n) {
+        if (n->in_request && *upload_data_size == 0)
+            n->receiving = false; /* headers and body are in: the rest is the server's time */
+        n->in_request = true;
+    }
+    return h->o.on_request(h->o.request_cls, c, url, method, version, upload_data, upload_data_size,
+                           con_cls);
+}
+
+static void
+on_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    struct sl_httpd *h = cls;
+    struct conn *n = conn_of(c);
+    if (n) { /* the next request's clock starts now */
+        n->in_request = false;
+        n->receiving = true;
+        n->since_ms = sl_mono_ms();
+    }
+    if (h->o.on_completed)
+        h->o.on_completed(h->o.completed_cls, c, con_cls, toe);
+}
+
+/* Shut the socket of every connection of l past the request deadline (at most once a
+ * second); libmicrohttpd sees the socket end and closes the connection. */
+static void sweep(struct sl_httpd_loop *l, int64_t now)
+{
+    struct sl_httpd *h = l->h;
+    if (h->request_timeout_ms <= 0 || now - l->swept_ms < 1000)
+        return;
+    l->swept_ms = now;
+    unsigned cut = 0;
+    for (struct conn *n = l->conns.next; n != &l->conns; n = n->next) {
+        if (!n->receiving || n->cut || now - n->since_ms < h->request_timeout_ms)
+            continue;
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(n->c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci && shutdown(ci->connect_fd, SHUT_RDWR) == 0) {
+            n->cut = true;
+            cut++;
+        }
+    }
+    if (cut > 0) {
+        atomic_fetch_add(&h->timed_out, cut);
+        SL_LOG_EVERY(10000, SL_LOG_WARN, "http", "request_timeout",
+                     "closed %u connection(s) that did not send a whole request within %lld s "
+                     "(slow or stalled clients)",
+                     cut, (long long)(h->request_timeout_ms / 1000));
+    }
 }
 
 /* One loop thread: wait for the daemon's epoll set (or a command), then run the daemon. */
@@ -98,6 +237,7 @@ static void *loop_main(void *arg)
             atomic_store(&l->wake_set, false);
         }
         (void)MHD_run(l->d);
+        sweep(l, sl_mono_ms());
     }
     return NULL;
 }
@@ -156,21 +296,16 @@ static int loop_start(struct sl_httpd *h, const struct sl_httpd_opts *o, size_t 
     if (o->conn_memory)
         opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_MEMORY_LIMIT,
                                             (intptr_t)o->conn_memory, NULL};
-    if (o->on_completed)
-        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)o->on_completed,
-                                            o->completed_cls};
-    if (o->on_connection)
-        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION,
-                                            (intptr_t)o->on_connection, o->connection_cls};
+    /* ours, calling the caller's (see "the connections and the request deadline") */
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_done, h};
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_conn, h};
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     /* the logger goes first so libmicrohttpd never falls back to its own stderr logging */
-    l->d = o->log ? MHD_start_daemon(flags, 0, NULL, NULL, o->on_request, o->request_cls,
-                                     MHD_OPTION_EXTERNAL_LOGGER, o->log, o->log_cls,
-                                     MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->lsock,
-                                     MHD_OPTION_ARRAY, opts, MHD_OPTION_END)
-                  : MHD_start_daemon(flags, 0, NULL, NULL, o->on_request, o->request_cls,
-                                     MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->lsock,
-                                     MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
+    l->d = o->log ? MHD_start_daemon(flags, 0, NULL, NULL, on_req, h, MHD_OPTION_EXTERNAL_LOGGER,
+                                     o->log, o->log_cls, MHD_OPTION_LISTEN_SOCKET,
+                                     (MHD_socket)h->lsock, MHD_OPTION_ARRAY, opts, MHD_OPTION_END)
+                  : MHD_start_daemon(flags, 0, NULL, NULL, on_req, h, MHD_OPTION_LISTEN_SOCKET,
+                                     (MHD_socket)h->lsock, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
     l->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (!l->d || l->wake < 0)
         return sl_err_set(err, SL_EIO, "could not start HTTP loop %zu of %zu on %s", i + 1, h->n,
@@ -203,7 +338,10 @@ sl_httpd_t *sl_httpd_start(const struct sl_httpd_opts *o, sl_err_t *err)
         h->loops[i].h = h;
         h->loops[i].wake = -1;
         h->loops[i].beat = -1;
+        h->loops[i].conns.next = h->loops[i].conns.prev = &h->loops[i].conns;
     }
+    h->o = *o;
+    h->request_timeout_ms = (int64_t)o->request_timeout_s * 1000;
     struct sl_httpd_opts oo = *o;
     oo.max_conns = max;
     for (size_t i = 0; i < h->n; i++) {

@@ -13,6 +13,14 @@
  * an internal thread), so a connection suspended on a loop must be resumed with
  * sl_httpd_resume, which wakes its loop: note sl_httpd_loop_current() when suspending.
  *
+ * Slow clients: libmicrohttpd's connection timeout closes a connection only once nothing
+ * moves on it for idle_timeout_s, so a client trickling a byte now and then would hold its
+ * slot for ever. With request_timeout_s, each connection must deliver a whole request
+ * (headers and body) within that many seconds of opening or of its previous answer; a loop
+ * looks once a second and shuts the socket of one that did not (libmicrohttpd then closes
+ * it). A request held by the server (suspended while it waits for Kafka) is not the client's
+ * time and never counts.
+ *
  * Threads: sl_httpd_start/quiesce/stop from one controlling thread; sl_httpd_resume from
  * any; the callbacks run on the loops.
  */
@@ -37,6 +45,8 @@ struct sl_httpd_opts {
     unsigned threads;                    /* loops, at least 1 (at most max_conns) */
     unsigned max_conns;                  /* open connections, shared out over the loops */
     unsigned idle_timeout_s;             /* an idle or stalled connection is closed; 0 never */
+    unsigned request_timeout_s;          /* a whole request within this of the connection's
+                                          * opening or previous answer, else closed; 0 never */
     size_t conn_memory;                  /* per-connection pool; 0: libmicrohttpd's default */
     int backlog;                         /* listen(2) backlog; 0: SOMAXCONN */
     const char *thread_name;             /* loops' thread name (at most 15 characters) */
@@ -45,7 +55,8 @@ struct sl_httpd_opts {
     void *request_cls;
     MHD_RequestCompletedCallback on_completed; /* optional */
     void *completed_cls;
-    MHD_NotifyConnectionCallback on_connection; /* optional */
+    MHD_NotifyConnectionCallback on_connection; /* optional; its socket_context is the one
+                                                 * sl_httpd_conn_ctx returns */
     void *connection_cls;
     MHD_LogCallback log; /* optional: libmicrohttpd's messages */
     void *log_cls;
@@ -57,6 +68,10 @@ sl_httpd_t *sl_httpd_start(const struct sl_httpd_opts *o, sl_err_t *err);
 unsigned sl_httpd_port(const sl_httpd_t *h);
 /* The loop of the calling thread; NULL outside the loops. */
 sl_httpd_loop_t *sl_httpd_loop_current(void);
+/* The context on_connection set for conn (NULL when none; on conn's loop). */
+void *sl_httpd_conn_ctx(struct MHD_Connection *conn);
+/* Connections closed for not sending a whole request within request_timeout_s, so far. */
+uint64_t sl_httpd_timed_out(const sl_httpd_t *h);
 /* Resume conn, suspended on loop l, and wake l (any thread). */
 void sl_httpd_resume(sl_httpd_loop_t *l, struct MHD_Connection *conn);
 /* Stop accepting new connections (idempotent; each loop quiesces on its next turn). */

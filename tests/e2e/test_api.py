@@ -104,6 +104,43 @@ def test_fanout_reaches_exactly_the_subscribed_enabled_endpoints_once_signed(mak
     assert api.proc.term() == 0, "sluice-api did not exit 0 on SIGTERM"
 
 
+def test_disable_and_enable_over_the_api_move_an_endpoint_out_of_and_back_into_fanout(
+        make_world):
+    """POST /v1/endpoints/{id}/disable takes an endpoint out of every fan-out (the other
+    subscribers still get the event, and the consumers do not deliver to it), .../enable puts
+    it back; both show in GET /v1/endpoints/{id}."""
+    w = make_world()
+    rcv = w.receiver()
+    t = w.tag
+    a = w.add_endpoint(f"a_{t}", rcv.url("ok", f"a_{t}"), "--types", f"sw{t}.*")
+    b = w.add_endpoint(f"b_{t}", rcv.url("ok", f"b_{t}"), "--types", f"sw{t}.*")
+    admin, key = w.api_key("admin"), w.api_key("publish")
+    api = w.api()
+    c = w.consumer()
+
+    def fan():
+        st, _, r = call(api, "POST", "/v1/events", {"type": f"sw{t}.x", "body": 1}, key)
+        assert st == 202, r
+        return r
+    assert sorted(fan()["endpoints"]) == sorted([a, b])
+    st, _, r = call(api, "POST", f"/v1/endpoints/{b}/disable", {"reason": "maintenance"}, admin)
+    assert st == 200 and r["enabled"] is False, r
+    wait_until(lambda: fan()["endpoints"] == [a], 30 * MULT, 0.3, "b out of the fan-out")
+    off = fan()
+    assert off["endpoints"] == [a] and off["deliveries"] == 1
+    st, _, r = call(api, "GET", f"/v1/endpoints/{b}", None, admin)
+    assert st == 200 and r["enabled"] is False and r["disabled_reason"] == "maintenance", r
+    st, _, r = call(api, "POST", f"/v1/endpoints/{b}/enable", None, admin)
+    assert st == 200 and r["enabled"] is True, r
+    wait_until(lambda: sorted(fan()["endpoints"]) == sorted([a, b]), 30 * MULT, 0.3,
+               "b back in the fan-out")
+    on = fan()
+    wait_until(lambda: (on["id"], b) in delivered_pairs(rcv) and (off["id"], a) in
+               delivered_pairs(rcv), 60 * MULT, 0.5, "the events after the changes delivered")
+    assert (off["id"], b) not in delivered_pairs(rcv), "a disabled endpoint got the event"
+    assert c.term() == 0 and api.proc.term() == 0
+
+
 def test_idempotent_retry_after_a_crash_between_publish_and_answer(make_world):
     w = make_world()
     rcv = w.receiver(secrets_list=[w.secret], extra=["--reject-bad-sig"])
@@ -402,6 +439,66 @@ def test_bad_input_gets_a_problem_naming_the_field_and_publishes_nothing(make_wo
         h.close()
     extra.close()
     wait_until(lambda: call(api, "GET", "/healthz")[0] == 200, 10, 0.2, "healthz again")
+    assert api.proc.term() == 0
+
+
+def test_a_client_trickling_its_request_is_closed_after_api_request_timeout_s(make_world):
+    """A slow client (slowloris) keeps its connection busy, so the idle timeout never fires:
+    api_request_timeout_s bounds the time to send a whole request, headers or body. The
+    server's own wait (a publish suspended until Kafka answers) does not count, and a
+    keep-alive connection whose requests come whole is served on and on."""
+    w = make_world()
+    ep = w.add_endpoint(f"e_{w.tag}", "http://127.0.0.1:9/never")
+    key = w.api_key("publish")
+    api = w.api(api_idle_timeout_s=30, api_request_timeout_s=2, api_publish_timeout_ms=4000,
+                topic_deliveries=f"missing{w.tag}.deliveries")
+    port = api.port
+
+    def trickle(first, each):
+        """Send first, then `each` every 0.3 s until the server closes: seconds it took."""
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(first)
+        t0 = time.monotonic()
+        try:
+            while time.monotonic() - t0 < 20 * MULT:
+                time.sleep(0.3)
+                s.sendall(each)
+                s.settimeout(0.01)
+                try:
+                    if s.recv(100) == b"":
+                        break
+                except socket.timeout:
+                    pass
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            s.close()
+        return time.monotonic() - t0
+
+    # headers a line at a time, never finished
+    took = trickle(b"POST /v1/events HTTP/1.1\r\nHost: x\r\n", b"X-Slow: 1\r\n")
+    assert 1.5 <= took < 6 * MULT, f"a trickled header was cut after {took:.1f} s"
+    # whole headers, then a body a byte at a time
+    took = trickle(b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Authorization: Bearer " + key.encode() + b"\r\nContent-Length: 500\r\n\r\n",
+                   b" ")
+    assert 1.5 <= took < 6 * MULT, f"a trickled body was cut after {took:.1f} s"
+    # a keep-alive connection sending whole requests is served past the timeout
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10 * MULT)
+    for _ in range(4):
+        c.request("GET", "/healthz")
+        r = c.getresponse()
+        assert r.status == 200
+        r.read()
+        time.sleep(1.0)
+    c.close()
+    # the server's wait is not the client's: a publish Kafka never acknowledges is answered
+    # 503 after api_publish_timeout_ms (4 s), not cut at 2
+    t0 = time.monotonic()
+    problem(*call(api, "POST", "/v1/events", {"type": "t", "endpoint": ep, "body": 1}, key), 503)
+    assert time.monotonic() - t0 >= 3.5
+    cut = api.proc.events("request_timeout")
+    assert cut and "did not send a whole request within 2 s" in cut[0]["msg"], cut
     assert api.proc.term() == 0
 
 
@@ -794,6 +891,18 @@ def test_sigterm_answers_what_is_in_flight_and_exits_within_the_bound(make_world
     time.sleep(0.5)
     t0 = time.monotonic()
     api.proc.stop(signal.SIGTERM)
+    # while that publish is still waiting, the instance no longer serves a new connection
+    time.sleep(0.2)
+    assert t.is_alive(), "the publish was answered before the check"
+    try:
+        fresh = socket.create_connection(("127.0.0.1", api.port), timeout=2)
+        fresh.settimeout(0.5)
+        fresh.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        served = fresh.recv(100)
+        fresh.close()
+    except (socket.timeout, ConnectionError, OSError):
+        served = b""
+    assert not served.startswith(b"HTTP/1.1"), "a new connection was served while stopping"
     t.join(30 * MULT)
     assert not t.is_alive(), "the request in flight was never answered"
     st, hdrs, p = got["r"]
@@ -807,6 +916,54 @@ def test_sigterm_answers_what_is_in_flight_and_exits_within_the_bound(make_world
         raise AssertionError("a stopped server answered")
     except (ConnectionError, OSError):
         pass
+
+
+def test_sigterm_under_load_answers_the_acknowledged_and_every_202_is_on_kafka(make_world):
+    """SIGTERM while 16 clients publish without pause: requests Kafka acknowledges during the
+    shutdown still get their 202, every 202 names an event whose record is on the deliveries
+    topic (the producer was flushed, nothing acknowledged was dropped), and the process exits
+    0 within api_shutdown_ms and a margin."""
+    import threading
+    w = make_world()
+    ep = w.add_endpoint(f"e_{w.tag}", "http://127.0.0.1:9/never")
+    key = w.api_key("publish")
+    api = w.api(api_shutdown_ms=3000)
+    accepted, late, lock = [], [], threading.Lock()
+    state = {"sigterm_at": None, "answers": collections.Counter()}
+
+    def client(n):
+        i = 0
+        while True:
+            i += 1
+            try:
+                st, _, b = call(api, "POST", "/v1/events",
+                                {"type": "t", "endpoint": ep, "body": i, "id": f"evt_{n}_{i}_{w.tag}"},
+                                key)
+            except (ConnectionError, OSError, http.client.HTTPException):
+                return  # refused or closed: the instance is gone (the load balancer's retry)
+            now = time.monotonic()
+            with lock:
+                state["answers"][st] += 1
+                if st == 202:
+                    accepted.append(b["id"])
+                    if state["sigterm_at"] is not None and now > state["sigterm_at"]:
+                        late.append(b["id"])
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    with lock:
+        state["sigterm_at"] = time.monotonic()
+    api.proc.stop(signal.SIGTERM)
+    assert api.proc.p.wait(15 * MULT) == 0
+    assert time.monotonic() - state["sigterm_at"] < 8 * MULT
+    for t in threads:
+        t.join(30 * MULT)
+    assert set(state["answers"]) <= {202, 503}, state["answers"]
+    assert len(accepted) > 100 and late, (len(accepted), len(late), state["answers"])
+    on_kafka = {r["id"] for r in w.dump("deliveries")}
+    missing = set(accepted) - on_kafka
+    assert not missing, f"{len(missing)} answered 202 but not on Kafka, e.g. {sorted(missing)[:3]}"
 
 
 def test_sigterm_during_a_replay_waits_for_its_batch_and_answers_it(make_world):
