@@ -267,6 +267,11 @@ def test_generated_ids_follow_the_request_not_only_its_idempotency_key(make_worl
     first = {"type": "t", "endpoint": ep, "body": {"n": 1}}
     st, _, a = call(api, "POST", "/v1/events", first, key, headers=hdr)
     assert st == 202, a
+    # the answer is kept under the key for api_idempotency_ttl_s (24 h by default)
+    idem = redis_cmd(w.env["SLUICE_REDIS_URL"], "KEYS", "sluice:idem:*") or []
+    assert idem, "no idempotency state in Redis"
+    ttls = [int(redis_cmd(w.env["SLUICE_REDIS_URL"], "TTL", k)) for k in idem]
+    assert all(86400 - 60 <= t <= 86400 for t in ttls), ttls
 
     def forget():  # what the TTL does
         url = w.env["SLUICE_REDIS_URL"]
@@ -578,6 +583,21 @@ def test_kafka_not_acknowledging_is_503_with_retry_after(make_world):
     problem(st, hdrs, p, 503)
     assert p["id"] == f"evt_{w.tag}" and int(hdrs["retry-after"]) >= 1
     assert time.monotonic() - t0 < 15 * MULT
+    # the same key while its first request is still waiting for Kafka: 409, not a second
+    # publish; once that one answered 503 (its state deleted), the retry is tried again
+    import threading
+    hdr = {"Idempotency-Key": f"live-{w.tag}"}
+    ev = {"type": "t", "endpoint": ep, "body": 2, "id": f"evt2_{w.tag}"}
+    got = {}
+    t = threading.Thread(target=lambda: got.update(r=call(api, "POST", "/v1/events", ev, key,
+                                                          headers=hdr)))
+    t.start()
+    time.sleep(0.4)
+    assert t.is_alive(), "the first request was answered before the check"
+    problem(*call(api, "POST", "/v1/events", ev, key, headers=hdr), 409)
+    t.join(30 * MULT)
+    problem(*got["r"], 503)
+    problem(*call(api, "POST", "/v1/events", ev, key, headers=hdr), 503)
     assert api.proc.term() == 0
 
 
