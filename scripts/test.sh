@@ -13,7 +13,9 @@
 #     replicas; Kafka and PostgreSQL are the test stack's); then the chaos suite's CI
 #     profile (tests/chaos/run.sh ci: its own stack, one fault per scenario, figures printed
 #     per scenario)
-#  4. clang build with ASan + UBSan; the whole suite again (except the chaos suite)
+#  4. clang build with ASan + UBSan; the whole suite again (except the chaos suite, the clock-skew
+#     test, and the e2e files that run no C code of ours or only what the others run:
+#     tests/e2e/CMakeLists.txt)
 #  5. clang libFuzzer build; every fuzzer replays its corpus
 #  6. source checks (clang-format, banned functions)
 # The stack is stopped on exit; logs of a failed run stay under .stack/test and build/.
