@@ -492,8 +492,26 @@ static void prepare(struct api_req *r,
     refuse_if_too_large(a, it, ptr);
 }
 
+/*
+ * Test builds only (-DSL_FAULT_INJECTION=ON): SL_FAULT=api_ack_slow holds each record's
+ * acknowledgement for SL_FAULT_DELAY_MS (default 150 ms) before it is counted, as a slow
+ * broker would, so that publishes are surely still waiting when a test stops the process
+ * (tests/e2e/test_api.py). Reports are served one at a time: the delays add up.
+ */
+static void fault_ack_slow(void)
+{
+#ifdef SL_FAULT_INJECTION
+    const char *f = getenv("SL_FAULT");
+    if (f && strcmp(f, "api_ack_slow") == 0) {
+        const char *d = getenv("SL_FAULT_DELAY_MS");
+        sl_sleep_ms(d ? strtol(d, NULL, 10) : 150);
+    }
+#endif
+}
+
 static void on_done(void *opaque, int status, const char *reason)
 {
+    fault_ack_slow();
     struct rec_ctx *c = opaque;
     struct api_pub *p = c->pub;
     struct pub_item *it = &p->items[c->item];

@@ -88,7 +88,7 @@ static const char SQL_TREND[] =
     "  from endpoint_latency l where l.endpoint_id = $1 and l.ts >= w.lo group by 1) b on true "
     "order by b.t_ms";
 /* $1 window s, $2 endpoint or NULL; the page after the cursor ($3 dead letters, $4 endpoint;
- * NULL = the first page) in the function's order (most dead letters first, then by id), $5
+ * NULL = the first page), most dead letters first, then by id in byte order as every list, $5
  * rows at most; $6 the endpoints a key limited to channels sees (NULL = every endpoint) */
 static const char SQL_PATTERNS[] =
     "select endpoint_id, dead_letters, unreplayed, without_payload, top_error, top_error_count, "
@@ -100,9 +100,9 @@ static const char SQL_PATTERNS[] =
     "  (extract(epoch from cluster_start) * 1000)::bigint as cluster_ms "
     "from sluice_dead_letter_analysis(make_interval(secs => $1::float8), $2) "
     "where ($3::bigint is null or dead_letters < $3::bigint "
-    "       or (dead_letters = $3::bigint and endpoint_id > $4::text)) "
+    "       or (dead_letters = $3::bigint and endpoint_id collate \"C\" > $4::text)) "
     "  and ($6::text[] is null or endpoint_id = any($6::text[])) "
-    "order by dead_letters desc, endpoint_id limit $5::int";
+    "order by dead_letters desc, endpoint_id collate \"C\" limit $5::int";
 /* clang-format on */
 
 /* ==== Shared ==== */

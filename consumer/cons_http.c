@@ -383,6 +383,8 @@ int cons_http_run(cons_http_t *h, int max_wait_ms, int *extra_ready)
     }
     if (extra_ready)
         *extra_ready = 0;
+    if (wait < 0)
+        wait = 0; /* never an endless wait */
     /* a wait that may block: its time is the loop's idle time */
     int64_t t0 = wait > 0 ? sl_mono_us() : 0;
     int n = epoll_wait(h->epfd, evs, (int)(sizeof(evs) / sizeof(evs[0])), wait);
