@@ -40,20 +40,22 @@
 #include "producer/prod_lib.h"
 
 struct MHD_Connection;
+struct sl_httpd;
 
 struct api {
-    const struct sl_config *cfg; /* loaded configuration (borrowed from main) */
-    sl_endpoints_t *eps;         /* endpoint table (fan-out, explicit endpoint checks) */
-    api_fanout_t *fanout;        /* subscription index over eps */
-    sluice_producer_t *prod;     /* the producer library: every publish goes through it */
-    api_keys_t *keys;            /* API key cache */
-    struct sl_masterkey mk;      /* seals new endpoint secrets */
-    atomic_long active;          /* requests begun and not yet completed */
-    atomic_bool stopping;        /* SIGTERM seen: readiness fails, new requests get 503 */
-    atomic_int replays;          /* dead-letter replays running on their threads (their
-                                    requests suspended): shutdown waits for them */
-    atomic_llong qfull_until_ms; /* Kafka's local queue stayed full: until this monotonic ms
-                                    publishes fail at once (api_events.c) */
+    const struct sl_config *cfg;      /* loaded configuration (borrowed from main) */
+    sl_endpoints_t *eps;              /* endpoint table (fan-out, explicit endpoint checks) */
+    api_fanout_t *fanout;             /* subscription index over eps */
+    sluice_producer_t *prod;          /* the producer library: every publish goes through it */
+    api_keys_t *keys;                 /* API key cache */
+    struct sl_masterkey mk;           /* seals new endpoint secrets */
+    atomic_long active;               /* requests begun and not yet completed */
+    atomic_bool stopping;             /* SIGTERM seen: readiness fails, new requests get 503 */
+    atomic_int replays;               /* dead-letter replays running on their threads (their
+                                         requests suspended): shutdown waits for them */
+    atomic_llong qfull_until_ms;      /* Kafka's local queue stayed full: until this monotonic ms
+                                         publishes fail at once (api_events.c) */
+    _Atomic(struct sl_httpd *) httpd; /* the HTTP loops once started (metrics read them) */
 };
 
 /* ms a publish waits for room in the producer's full local queue (its enqueue_timeout_ms);

@@ -843,6 +843,7 @@ api_server_t *api_server_start(struct api *a, sl_err_t *err)
         free(s);
         return NULL;
     }
+    atomic_store(&a->httpd, s->h);
     return s;
 }
 
@@ -865,6 +866,7 @@ void api_server_stop(api_server_t *s)
 {
     if (!s)
         return;
+    atomic_store(&s->api->httpd, NULL);
     sl_httpd_stop(s->h);
     free(s);
 }

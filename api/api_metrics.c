@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "common/sl_httpd.h"
 #include "common/sl_metrics.h"
 #include "common/sl_probe.h"
 
@@ -42,6 +43,12 @@ static void collect(struct sl_buf *out, void *arg)
     sl_metrics_write_sample(out, "sluice_api_producer_queue_messages", NULL,
                             g_api && g_api->prod ? (double)sluice_producer_outstanding(g_api->prod)
                                                  : 0.0);
+    struct sl_httpd *h = g_api ? atomic_load(&g_api->httpd) : NULL;
+    sl_metrics_write_head(out, "sluice_api_request_timeouts_total", "counter",
+                          "Connections closed for not sending a whole request within "
+                          "api_request_timeout_s (slow or stalled clients).");
+    sl_metrics_write_sample(out, "sluice_api_request_timeouts_total", NULL,
+                            h ? (double)sl_httpd_timed_out(h) : 0.0);
 }
 
 void api_metrics_init(struct api *a)

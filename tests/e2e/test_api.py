@@ -455,9 +455,21 @@ def test_a_client_trickling_its_request_is_closed_after_api_request_timeout_s(ma
     w = make_world()
     ep = w.add_endpoint(f"e_{w.tag}", "http://127.0.0.1:9/never")
     key = w.api_key("publish")
+    from sluice_e2e import free_port
+    mport = free_port()
     api = w.api(api_idle_timeout_s=30, api_request_timeout_s=1, api_publish_timeout_ms=2500,
-                topic_deliveries=f"missing{w.tag}.deliveries")
+                topic_deliveries=f"missing{w.tag}.deliveries", metrics_listen=f"127.0.0.1:{mport}")
     port = api.port
+
+    def timeouts():
+        c = http.client.HTTPConnection("127.0.0.1", mport, timeout=10)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        c.close()
+        (line,) = [l for l in text.splitlines()
+                   if l.startswith("sluice_api_request_timeouts_total ")]
+        return float(line.split()[1])
+    assert timeouts() == 0
 
     def trickle(first, each):
         """Send first, then `each` every 0.3 s until the server closes: seconds it took."""
@@ -504,6 +516,7 @@ def test_a_client_trickling_its_request_is_closed_after_api_request_timeout_s(ma
     assert time.monotonic() - t0 >= 2.2
     cut = api.proc.events("request_timeout")
     assert cut and "did not send a whole request within 1 s" in cut[0]["msg"], cut
+    assert timeouts() == 2, "the two trickling connections are counted, the others are not"
     assert api.proc.term() == 0
 
 

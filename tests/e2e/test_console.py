@@ -116,7 +116,7 @@ def run(tmp_path_factory):
             "auth": w.add_endpoint(f"auth_{t}", rcv.url("unauth", f"auth_{t}")),
             "dead": w.add_endpoint(f"dead_{t}", f"http://127.0.0.1:{dead_port}/hook",
                                    "--max-attempts", "1", "--breaker-threshold", "1",
-                                   "--breaker-cooldown-ms", "3600000"),
+                                   "--breaker-cooldown-ms", "3600000", "--channels", "tenant_b"),
         }
         names = {v: k for k, v in eps.items()}
         rec = Proc([w.bin("recorder/sluice-recorder")],
@@ -127,6 +127,7 @@ def run(tmp_path_factory):
         admin = w.api_key("admin")
         read = w.api_key("read")
         tenant = w.api_key("read", channels="tenant_a")
+        tenant_b = w.api_key("read", channels="tenant_b")
         publish = w.api_key("publish")
         api = w.api()
         ids = {k: [] for k in COUNTS}
@@ -161,6 +162,7 @@ def run(tmp_path_factory):
         r.w, r.db, r.rcv, r.api, r.c, r.rec = w, db, rcv, api, c, rec
         r.eps, r.names, r.ids, r.final = eps, names, ids, fin
         r.admin, r.read, r.tenant, r.publish = admin, read, tenant, publish
+        r.tenant_b = tenant_b
         r.outcomes = w.outcomes()
         r.ledger = rcv.ledger()
         r.art = os.path.join(os.environ["SL_BINARY_DIR"], "test-artifacts", "console")
@@ -433,6 +435,9 @@ def test_a_key_limited_to_channels_sees_only_its_endpoints(run):
     assert get_json(api, f"/v1/endpoints/{run.eps['ok']}/latency", k)["samples"] == COUNTS["ok"]
     problem(api, f"/v1/endpoints/{run.eps['slow']}/latency", k, 404, "id")
     assert get_json(api, "/v1/dead-letters/patterns", k)["data"] == []
+    # a tenant whose endpoint has dead letters sees that endpoint's entry, and only it
+    j = get_json(api, "/v1/dead-letters/patterns?limit=1", run.tenant_b)
+    assert [x["endpoint"] for x in j["data"]] == [run.eps["dead"]] and j["next_cursor"] is None, j
 
 
 # ==== the browser ====
