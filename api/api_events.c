@@ -35,6 +35,7 @@
 #include <openssl/rand.h>
 
 #include "api/api.h"
+#include "common/sl_fault.h"
 #include "common/sl_hex.h"
 #include "common/sl_jsonl.h"
 #include "common/sl_kafka.h"
@@ -500,13 +501,8 @@ static void prepare(struct api_req *r,
  */
 static void fault_ack_slow(void)
 {
-#ifdef SL_FAULT_INJECTION
-    const char *f = getenv("SL_FAULT");
-    if (f && strcmp(f, "api_ack_slow") == 0) {
-        const char *d = getenv("SL_FAULT_DELAY_MS");
-        sl_sleep_ms(d ? strtol(d, NULL, 10) : 150);
-    }
-#endif
+    if (sl_fault_is("api_ack_slow"))
+        sl_sleep_ms(sl_fault_delay_ms(150));
 }
 
 static void on_done(void *opaque, int status, const char *reason)
@@ -623,13 +619,8 @@ static json_t *unacked_problem(const struct pub_item *it)
  */
 static void fault_point(const char *name)
 {
-#ifdef SL_FAULT_INJECTION
-    const char *f = getenv("SL_FAULT");
-    if (f && strcmp(f, name) == 0)
+    if (sl_fault_is(name))
         (void)raise(SIGKILL);
-#else
-    (void)name;
-#endif
 }
 
 static enum api_hret finish(struct api_req *r)
@@ -702,12 +693,9 @@ static enum api_hret finish(struct api_req *r)
 static int
 publish_record(struct api *a, const struct sl_delivery *d, struct rec_ctx *c, sl_err_t *err)
 {
-#ifdef SL_FAULT_INJECTION
-    const char *f = getenv("SL_FAULT");
-    if (f && strcmp(f, "api_queue_full") == 0)
+    if (sl_fault_is("api_queue_full"))
         return sl_err_set(err, SL_ETIMEDOUT, "local queue full for %d ms (SL_FAULT)",
                           API_ENQUEUE_WAIT_MS);
-#endif
     return prod_lib_publish(a->prod, d, on_done, c, err);
 }
 

@@ -19,6 +19,7 @@
 #include <microhttpd.h>
 
 #include "api/api.h"
+#include "common/sl_fault.h"
 #include "common/sl_log.h"
 #include "common/sl_replay.h"
 
@@ -216,16 +217,11 @@ static void sleep_ms(long ms)
  */
 static void fault_slow_batch(struct api *a)
 {
-#ifdef SL_FAULT_INJECTION
-    const char *f = getenv("SL_FAULT");
-    if (!f || strcmp(f, "api_replay_slow") != 0)
+    if (!sl_fault_is("api_replay_slow"))
         return;
     for (int i = 0; i < 1200 && !atomic_load(&a->stopping); i++)
         sleep_ms(50);
     sleep_ms((long)a->cfg->api_shutdown_ms + 3000);
-#else
-    (void)a;
-#endif
 }
 
 static void *run_main(void *arg)

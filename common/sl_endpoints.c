@@ -23,6 +23,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "common/sl_fault.h"
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_map.h"
@@ -990,13 +991,8 @@ bool sl_endpoints_synced(sl_endpoints_t *t, uint64_t ticket)
  * (tests/e2e/test_delivery.py). */
 static void fault_slow_apply(void)
 {
-#ifdef SL_FAULT_INJECTION
-    const char *f = getenv("SL_FAULT");
-    if (f && strcmp(f, "endpoints_slow_apply") == 0) {
-        const char *d = getenv("SL_FAULT_DELAY_MS");
-        sl_sleep_ms(d ? strtol(d, NULL, 10) : 1500);
-    }
-#endif
+    if (sl_fault_is("endpoints_slow_apply"))
+        sl_sleep_ms(sl_fault_delay_ms(1500));
 }
 
 static void *updater_main(void *arg)

@@ -21,6 +21,7 @@
 #include <curl/curl.h>
 #include <librdkafka/rdkafka.h>
 
+#include "common/sl_fault.h"
 #include "consumer/cons_backoff.h"
 #include "consumer/cons_engine_int.h"
 
@@ -60,8 +61,7 @@ static bool fault_active(const char *name, int times)
 #ifdef SL_FAULT_INJECTION
     static atomic_int used[3];
     static const char *const names[3] = {"loop_stall", "records_refused", "records_unacked"};
-    const char *f = getenv("SL_FAULT");
-    if (!f || strcmp(f, name) != 0)
+    if (!sl_fault_is(name))
         return false;
     for (int i = 0; i < 3; i++) {
         if (strcmp(names[i], name) == 0)
