@@ -405,14 +405,13 @@ static int result_error(rec_db_t *db, PGresult *res, const char *what, sl_err_t 
     if (!db->pg || PQstatus(db->pg) != CONNECTION_OK || !res)
         return conn_error(db, what, err);
     const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-    const char *prim = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
     if (!state)
-        state = "?????";
-    if (!prim)
-        prim = PQresStatus(PQresultStatus(res));
+        state = "";
     int code = (strncmp(state, "22", 2) == 0 || strncmp(state, "23", 2) == 0) ? SL_EINVAL : SL_EPG;
     db->last_class40 = strncmp(state, "40", 2) == 0;
-    return sl_err_set(err, code, "could not %s: %s %s", what, state, prim);
+    char why[256];
+    return sl_err_set(err, code, "could not %s: %s", what,
+                      sl_pg_reason(res, db->pg, why, sizeof(why)));
 }
 
 /* Run a command; 0 or an error (see result_error). */

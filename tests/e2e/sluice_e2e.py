@@ -714,6 +714,16 @@ def event(ep, i, tag, body=None, **extra):
     return e
 
 
+def delivered_ids(outcomes):
+    """The (event id, endpoint) pairs with a delivered outcome."""
+    return {(o["id"], o["endpoint"]) for o in outcomes if o["state"] == "delivered"}
+
+
+def ledger_ok(receiver):
+    """The receiver's ledger lines answered 2xx."""
+    return [l for l in receiver.ledger() if 200 <= l["status"] < 300]
+
+
 def final_states(outcomes):
     """Latest outcome per (event id, endpoint) by outcome timestamp."""
     last = {}

@@ -14,7 +14,7 @@ import signal
 import socket
 import time
 
-from sluice_e2e import PrivateDb, wait_until
+from sluice_e2e import PrivateDb, ledger_ok, wait_until
 
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
 
@@ -34,10 +34,6 @@ def call(api, method, path, body=None, key=None, headers=None, raw=None):
     hdrs = {k.lower(): v for k, v in r.getheaders()}
     c.close()
     return r.status, hdrs, (json.loads(text) if text else None)
-
-
-def ledger_ok(rcv):
-    return [l for l in rcv.ledger() if 200 <= l["status"] < 300]
 
 
 def delivered_pairs(rcv):
