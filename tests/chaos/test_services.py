@@ -1,5 +1,5 @@
 """Chaos scenarios on the services: Kafka broker restart (under the consumers, and under
-sluice-api with retrying clients), Redis restart (AOF keeps the schedule), Redis loss
+sluice-api with retrying clients, also a frozen broker there), Redis restart (AOF keeps the schedule), Redis loss
 followed by `sluicectl retries rebuild`, a PostgreSQL outage under the recorder, and
 delivered markers across a Redis outage. The stack is the suite's own
 (conftest), so killing its services is safe. The scenarios that need sluice-recorder or
@@ -7,8 +7,11 @@ delivered markers across a Redis outage. The stack is the suite's own
 
 import collections
 import json
+import os
 import signal
 import time
+
+import pytest
 
 from chaos_lib import PROFILE, accepted_pairs, kafka_lag, psql, redis_cmd, verify, wait_until
 
@@ -319,14 +322,17 @@ def api_publish(api, body, key, idem):
         c.close()
 
 
-def test_api_publishes_through_a_broker_restart(make_world, stack):
-    """sluice-api while its only broker is killed and restarted, four clients publishing
-    fan-out events (3 subscribed endpoints), each retrying the same request under its
-    Idempotency-Key until it is accepted, as docs/API.md tells clients to. During the outage
-    publishes answer 503 with Retry-After (Kafka did not acknowledge them); afterwards every
-    event is accepted, and each endpoint receives each accepted event exactly once: a record
-    Kafka took whose acknowledgement was lost is published again by the retry, and the
-    consumers' delivered markers suppress the copy."""
+@pytest.mark.parametrize("how", ["restarted", "frozen"])
+def test_api_publishes_through_a_broker_outage(make_world, stack, how):
+    """sluice-api while its only broker is out, four clients publishing fan-out events (3
+    subscribed endpoints), each retrying the same request under its Idempotency-Key until it
+    is accepted, as docs/API.md tells clients to. The outage: the broker killed and restarted
+    (connections refused), or frozen with SIGSTOP for 6 s (connections open, nothing answers:
+    what a network partition looks like to a client). During the outage publishes answer 503
+    with Retry-After (Kafka did not acknowledge them within api_publish_timeout_ms);
+    afterwards every event is accepted, and each endpoint receives each accepted event exactly
+    once: a record Kafka took whose acknowledgement was lost or late is published again by
+    the retry, and the consumers' delivered markers suppress the copy."""
     import threading
     w = make_world()
     rcv = w.receiver()
@@ -373,7 +379,17 @@ def test_api_publishes_through_a_broker_restart(make_world, stack):
     w.mark("fault_start")
     with lock:
         outage["on"] = True
-    w.notes["broker_down_s"] = round(stack.bounce_kafka(down_s=3.0), 1)
+    if how == "restarted":
+        w.notes["broker_down_s"] = round(stack.bounce_kafka(down_s=3.0), 1)
+    else:
+        pid = stack.kafka_pid()
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(6.0)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        w.notes["broker_down_s"] = round(time.monotonic() - t0, 1)
     with lock:
         outage["on"] = False
     w.mark("fault_end")
@@ -384,7 +400,7 @@ def test_api_publishes_through_a_broker_restart(make_world, stack):
     print(f"sluice-api answers by status: {dict(statuses)}; 503 during the outage: "
           f"{outage['503']}; broker down {w.notes['broker_down_s']} s")
     assert len(accepted) == 4 * per_client
-    assert outage["503"] > 0, f"no 503 while the broker was down: {dict(statuses)}"
+    assert outage["503"] > 0, f"no 503 while the broker was out: {dict(statuses)}"
     want = {(eid, ep) for eid in accepted.values() for ep in eps}
     wait_until(lambda: want <= set(accepted_pairs(rcv.ledger())), 120, 1.0,
                "every accepted event delivered to each endpoint")
