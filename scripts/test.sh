@@ -159,7 +159,10 @@ if stage gcc; then
       exit 1
     fi
   fi
-  [ "$ctest_rc" = 0 ] || { echo "ctest failed in build/test-gcc (exit $ctest_rc): see its output above" >&2; exit "$ctest_rc"; }
+  if [ "$ctest_rc" != 0 ]; then
+    echo "ctest failed in build/test-gcc (exit $ctest_rc): see its output above" >&2
+    exit "$ctest_rc"
+  fi
   # The chaos suite starts, kills and restarts its own stack (Kafka, Redis, PostgreSQL) and
   # wants both cores, so it runs alone, after the rest; it prints its figures per scenario.
   if [ "${SLUICE_TEST_CHAOS:-1}" = 1 ] && [ -z "$LABELS" ]; then

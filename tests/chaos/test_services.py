@@ -1,7 +1,7 @@
 """Chaos scenarios on the services: Kafka broker restart (under the consumers, and under
-sluice-api with retrying clients, also a frozen broker there), Redis restart (AOF keeps the schedule), Redis loss
-followed by `sluicectl retries rebuild`, a PostgreSQL outage under the recorder, and
-delivered markers across a Redis outage. The stack is the suite's own
+sluice-api with retrying clients), a frozen broker under sluice-api, Redis restart (AOF keeps
+the schedule), Redis loss followed by `sluicectl retries rebuild`, a PostgreSQL outage under
+the recorder, and delivered markers across a Redis outage. The stack is the suite's own
 (conftest), so killing its services is safe. The scenarios that need sluice-recorder or
 `sluicectl retries rebuild` fail in a build without them."""
 
