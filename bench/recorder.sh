@@ -5,7 +5,7 @@
 # writes them into PostgreSQL. Prints outcomes/s from the recorder's start to the moment every
 # row is committed in PostgreSQL (offsets are committed within the next second), checks the
 # row counts exactly, and prints the CPU split (recorder, its PostgreSQL backends), the
-# machine, and the exact command to reproduce.
+# recorder's peak RSS, the machine, and the exact command to reproduce.
 #
 #   bench/recorder.sh                    # 1,000,000 outcomes, 1000 endpoints
 #
@@ -18,7 +18,7 @@
 #                          <repo>/build/bench, then <repo>/build)
 #   SLUICE_MASTER_KEY      the recorder's (it signs the endpoint records it disables); unset =
 #                          a random key for this run
-#   SLUICE_RECORDER_BATCH  rows per batch (the recorder's own option; default 5000)
+#   SLUICE_RECORDER_BATCH  rows per batch (the recorder's own option; default 20000)
 #   SLUICE_RECORDER_LANES  parallel write lanes (the recorder's own option; default 2)
 #   BENCH_LOG=FILE         keep the recorder's log (debug, db context) in FILE
 #   BENCH_RECORDS (1000000) BENCH_ENDPOINTS (1000) BENCH_PARTITIONS (4)
@@ -106,6 +106,7 @@ done
 t1=$(date +%s.%N)
 backends=$(pg -c "select string_agg(pid::text, ' ') from pg_stat_activity where application_name = 'sluice-recorder'")
 rec_cpu=$(bench_ticks "$rec_pid"); pg_cpu=$(bench_ticks $backends)
+rec_hwm_kb=$(awk '/^VmHWM:/ { print $2 }' "/proc/$rec_pid/status" 2>/dev/null || echo 0)
 kill -TERM "$rec_pid"; wait "$rec_pid" || die "sluice-recorder exited non-zero on SIGTERM"
 rec_pid=""
 
@@ -129,9 +130,10 @@ echo "CPU:          recorder $(awk -v t="$rec_cpu" -v k="$tck" 'BEGIN { printf "
 # wall time the write lanes spent per phase (summed over lanes; from the batch_written lines)
 phases=$(sed -n 's/.*"event":"batch_written","msg":"rows [0-9]* .*copy \([0-9]*\) us apply \([0-9]*\) us dead \([0-9]*\) us commit \([0-9]*\) us.*/\1 \2 \3 \4/p' "$logf" \
   | awk '{ c += $1; a += $2; d += $3; m += $4; n++ } END { printf "%d transactions: copy %.2f s, apply %.2f s, dead letters %.2f s, commit %.2f s", n, c / 1e6, a / 1e6, d / 1e6, m / 1e6 }')
+echo "memory:       recorder peak RSS $(( ${rec_hwm_kb:-0} / 1024 )) MB (VmHWM, read before SIGTERM)"
 echo "lanes:        ${SLUICE_RECORDER_LANES:-2} (SLUICE_RECORDER_LANES); $phases"
 echo "machine:      nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1), load average before run $load_before, after $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "batch:        ${SLUICE_RECORDER_BATCH:-5000} rows (SLUICE_RECORDER_BATCH)"
+echo "batch:        ${SLUICE_RECORDER_BATCH:-20000} rows (SLUICE_RECORDER_BATCH)"
 echo "reproduce:    SLUICE_KAFKA_BROKERS=$SLUICE_KAFKA_BROKERS SLUICE_PG_DSN='$SLUICE_PG_DSN' BENCH_RECORDS=$N BENCH_ENDPOINTS=$ENDPOINTS BENCH_PARTITIONS=$PARTITIONS${SLUICE_RECORDER_BATCH:+ SLUICE_RECORDER_BATCH=$SLUICE_RECORDER_BATCH}${SLUICE_RECORDER_LANES:+ SLUICE_RECORDER_LANES=$SLUICE_RECORDER_LANES} SLUICE_BUILD_DIR=$BUILD_DIR $SCRIPT_DIR/recorder.sh"
 [ "$check" = ok ] || { echo "result:       row counts do not match" >&2; exit 1; }
 if [ "$rate" -ge "$TARGET" ]; then

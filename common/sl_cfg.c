@@ -461,8 +461,9 @@ static const struct opt opts[] = {
       recorder_batch,
       1,
       1000000,
-      "5000",
-      "outcome rows per COPY batch"),
+      "20000",
+      "outcome rows per batch (split over the lanes, one transaction each); a partial batch "
+      "is written after recorder_flush_ms"),
     I("recorder_flush_ms",
       "SLUICE_RECORDER_FLUSH_MS",
       recorder_flush_ms,
