@@ -4,8 +4,8 @@
 # duplicates, deferrals) to a private topic; then sluice-recorder, in a fresh consumer group,
 # writes them into PostgreSQL. Prints outcomes/s from the recorder's start to the moment every
 # row is committed in PostgreSQL (offsets are committed within the next second), checks the
-# row counts exactly, and prints the CPU split (recorder, its PostgreSQL backends), the
-# recorder's peak RSS, the machine, and the exact command to reproduce.
+# row counts exactly, and prints the CPU split (recorder, its PostgreSQL backends), the WAL
+# written, the recorder's peak RSS, the machine, and the exact command to reproduce.
 #
 #   bench/recorder.sh                    # 1,000,000 outcomes, 1000 endpoints
 #
@@ -89,6 +89,7 @@ events=$(field events); dead=$(field dead_letters); samples=$(field samples)
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "recording ..." >&2
+wal0=$(pg -c "select pg_current_wal_lsn()")
 t0=$(date +%s.%N)
 SLUICE_TOPIC_OUTCOMES="$topic" SLUICE_RECORDER_GROUP="$group" SLUICE_LOG_LEVEL=debug \
   SLUICE_DEBUG=db "$RECORDER" 2>"$logf" &
@@ -104,6 +105,7 @@ while :; do
   [ "$SECONDS" -lt "$deadline" ] || die "only $rows of $N rows after 30 minutes"
 done
 t1=$(date +%s.%N)
+wal_bytes=$(pg -c "select pg_wal_lsn_diff(pg_current_wal_lsn(), '$wal0')::bigint")
 backends=$(pg -c "select string_agg(pid::text, ' ') from pg_stat_activity where application_name = 'sluice-recorder'")
 rec_cpu=$(bench_ticks "$rec_pid"); pg_cpu=$(bench_ticks $backends)
 rec_hwm_kb=$(awk '/^VmHWM:/ { print $2 }' "/proc/$rec_pid/status" 2>/dev/null || echo 0)
@@ -130,6 +132,7 @@ echo "CPU:          recorder $(awk -v t="$rec_cpu" -v k="$tck" 'BEGIN { printf "
 # wall time the write lanes spent per phase (summed over lanes; from the batch_written lines)
 phases=$(sed -n 's/.*"event":"batch_written","msg":"rows [0-9]* .*copy \([0-9]*\) us apply \([0-9]*\) us dead \([0-9]*\) us commit \([0-9]*\) us.*/\1 \2 \3 \4/p' "$logf" \
   | awk '{ c += $1; a += $2; d += $3; m += $4; n++ } END { printf "%d transactions: copy %.2f s, apply %.2f s, dead letters %.2f s, commit %.2f s", n, c / 1e6, a / 1e6, d / 1e6, m / 1e6 }')
+echo "WAL:          $(awk -v w="$wal_bytes" -v n="$N" 'BEGIN { printf "%.0f MB, %.0f bytes per outcome", w / 1e6, w / n }') (the whole server's, recorder start to last commit)"
 echo "memory:       recorder peak RSS $(( ${rec_hwm_kb:-0} / 1024 )) MB (VmHWM, read before SIGTERM)"
 echo "lanes:        ${SLUICE_RECORDER_LANES:-2} (SLUICE_RECORDER_LANES); $phases"
 echo "machine:      nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1), load average before run $load_before, after $(cut -d' ' -f1-3 /proc/loadavg)"
