@@ -13,7 +13,7 @@ flight. CPU and RSS are the figures to compare; the rate moves with the machine'
   python3 bench/consumer_ab.py --build build-x --receiver-port 26210 \\
       --stack-dir .stack/x --bin base=/tmp/base/consumer/sluice-consumer \\
       --bin new=build-x/consumer/sluice-consumer --records 100000 --rounds 2 [--inflight 10000]
-      [--delay-ms 2000]
+      [--delay-ms 2000] [--partitions 8]
 
 --delay-ms makes every endpoint answer after that long, so the consumer holds its whole
 in-flight window (rate = in flight / delay) and RSS and CPU are compared at the same load.
@@ -41,6 +41,8 @@ def main():
     ap.add_argument("--receiver-port", type=int, required=True)
     ap.add_argument("--bin", action="append", required=True, help="name=path, repeatable")
     ap.add_argument("--records", type=int, default=100000)
+    ap.add_argument("--partitions", type=int, default=0,
+                    help="partitions of the deliveries topic (default: bench.py's, 8)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--inflight", type=int, default=10000)
     ap.add_argument("--receiver-threads", type=int, default=2)
@@ -70,7 +72,7 @@ def main():
     else:
         b.register_endpoints()
     env = b.env("ab")
-    b.topics(env)
+    b.topics(env, a.partitions or bench.PARTITIONS)
     run_id = f"ab{b.run_id}"
     bench.log(f"producing {a.records} deliveries")
     b.produce(env, a.records, b.ep_prefix, bench.ENDPOINTS, run_id)

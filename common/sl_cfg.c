@@ -132,11 +132,13 @@ static const struct opt opts[] = {
       consumer_prefetch_kb,
       1024,
       262144,
-      "4096",
+      "8192",
       "records each sluice-consumer delivery loop pre-fetches from Kafka, in KiB "
       "(queued.max.messages.kbytes), on top of its jobs in memory; it also bounds the loop's "
-      "intake, because librdkafka 2.0.2 backs fetching off once this queue is full: 2048 "
-      "halved a loop's rate, 8192 and 16384 did not raise it (bench/README.md)"),
+      "intake: once this queue is full, librdkafka 2.0.2 fetches again only when its broker "
+      "thread next wakes (up to a second), so the queue should hold about a second of the "
+      "loop's deliveries. One loop on a 2-vCPU host: 11,379/s at 4096, 15,920 at 8192, 16,547 "
+      "at 16384; 8,000, 14,700 and 17,300 from a single partition (bench/README.md)"),
     S("kafka_security_protocol",
       "SLUICE_KAFKA_SECURITY_PROTOCOL",
       kafka_security_protocol,
