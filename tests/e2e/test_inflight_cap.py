@@ -124,5 +124,8 @@ def test_a_loop_waiting_on_slow_endpoints_regains_its_window(make_world):
     assert back is not None, "the cap never came back to max_inflight"
     running = max(x.get("sluice_inflight_requests", 0) for x in later[back:])
     assert running >= 900, f"the window never filled again: at most {running} in flight"
-    assert later[-1]["sluice_inflight_limit"] == 1000
+    # and keeps it while it waits: at max_inflight for most of the rest of the drain (a turn
+    # that answers a whole burst of 1,000 at once may look saturated and trim it for a while)
+    limits = sorted(x["sluice_inflight_limit"] for x in later[back:])
+    assert limits[len(limits) // 2] == 1000, limits
     assert later[-1]["sluice_deliveries_total"] == n_fast + n_slow
