@@ -5,6 +5,9 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +18,16 @@ static void oom(size_t n)
     /* The logger may itself need memory; write a fixed line straight to stderr. */
     (void)fprintf(stderr, "{\"level\":\"error\",\"event\":\"out_of_memory\",\"size\":%zu}\n", n);
     abort();
+}
+
+int sl_mem_pin_mmap_threshold(size_t bytes)
+{
+#if defined(__GLIBC__)
+    return mallopt(M_MMAP_THRESHOLD, bytes > (size_t)INT32_MAX ? INT32_MAX : (int)bytes) == 1;
+#else
+    (void)bytes;
+    return 0;
+#endif
 }
 
 void *sl_xmalloc(size_t n)

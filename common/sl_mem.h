@@ -21,6 +21,19 @@ char *sl_xstrndup(const char *s, size_t n);
  * the result with free(). NULL when n is 0. */
 char **sl_strv_dup(const char *const *v, size_t n);
 
+/*
+ * Serve every allocation of at least `bytes` with its own mapping, returned to the system
+ * when freed (glibc's M_MMAP_THRESHOLD, pinned: glibc otherwise raises the threshold to the
+ * size of each mapped block freed, up to 32 MiB, and then serves such blocks from its heaps).
+ * For processes that consume Kafka: librdkafka 2.0.2 decompresses each LZ4 batch into a
+ * buffer of 4 times its compressed size (the frames its producers write carry no content
+ * size) and keeps the buffer until the last record from it is destroyed, so the pre-fetch
+ * queue holds several times its configured bytes; in a mapping of its own, the part never
+ * written is never resident (bench/README.md, "Consumer memory"). Call before starting
+ * threads. Returns 1 if set, 0 where the C library has no such setting.
+ */
+int sl_mem_pin_mmap_threshold(size_t bytes);
+
 /* Overwrite n bytes at p in a way the compiler cannot elide (for secrets). NULL-safe. */
 void sl_secret_wipe(void *p, size_t n);
 

@@ -1,6 +1,8 @@
 /*
  * Unit tests for common/sl_mem: the bounded buffer (growth, the hard maximum leaves the buffer
- * unchanged, NUL termination, printf, reset keeps memory) and sl_secret_wipe.
+ * unchanged, NUL termination, printf, reset keeps memory), sl_secret_wipe and the pinned mmap
+ * threshold (glibc's allocator; under ASan, whose allocator replaces it, that test is skipped
+ * and says so).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,6 +13,18 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED_MALLOC 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED_MALLOC 1
+#endif
 
 #include "common/sl_err.h"
 #include "common/sl_mem.h"
@@ -84,6 +98,37 @@ static void test_secret_wipe(void **state)
     assert_int_equal(key[0], 0xA5);
 }
 
+#if !defined(SANITIZED_MALLOC) && defined(__GLIBC__)
+static void *volatile sink;
+#endif
+
+/* Once a mapped block of 4 MiB is freed, glibc serves a 512 KiB block from its heap (its
+ * dynamic threshold rose to 4 MiB); pinned at 128 KiB, the 512 KiB block is mapped. */
+static void test_pinned_mmap_threshold_maps_large_blocks(void **state)
+{
+    (void)state;
+#if defined(SANITIZED_MALLOC) || !defined(__GLIBC__)
+    skip(); /* not glibc's allocator: nothing to observe */
+#else
+    assert_int_equal(sl_mem_pin_mmap_threshold(128 * 1024), 1);
+    char *big = malloc((size_t)4 << 20);
+    assert_non_null(big);
+    big[0] = 1;
+    sink = big; /* the allocations happen: nothing may elide them */
+    free(big);
+    struct mallinfo2 before = mallinfo2();
+    char *p = malloc(512 * 1024);
+    assert_non_null(p);
+    p[0] = 1;
+    sink = p;
+    struct mallinfo2 during = mallinfo2();
+    assert_int_equal(during.hblks, before.hblks + 1);
+    assert_true(during.hblkhd >= before.hblkhd + 512 * 1024);
+    free(p);
+    assert_int_equal(mallinfo2().hblks, before.hblks); /* unmapped at once */
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -91,6 +136,7 @@ int main(void)
         cmocka_unit_test(test_buf_maximum_leaves_it_unchanged),
         cmocka_unit_test(test_buf_printf_and_reset),
         cmocka_unit_test(test_secret_wipe),
+        cmocka_unit_test(test_pinned_mmap_threshold_maps_large_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
