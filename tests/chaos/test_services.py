@@ -229,7 +229,13 @@ def test_markers_written_during_a_redis_outage_are_kept(make_world, stack):
     twice = sum(n - 1 for n in sent.values())
     w.notes["dead_letters_sent_again"] = twice
     assert len(sent) == PROFILE.n(200)
-    assert twice <= 2, f"{twice} dead letters sent again (2 may be in flight at the kill)"
+    # A dead marker is written once the dead letter's outcome is acknowledged by Kafka (the
+    # outcome producer lingers up to 50 ms, then acks=all), so besides the 2 bad requests in
+    # flight at the kill, those answered in the last 50-70 ms may still wait for theirs: at
+    # 2 requests of 50 ms at a time, up to 3. The regression this guards against re-sent
+    # every letter dead-lettered during the outage (tens).
+    assert twice <= 5, (f"{twice} dead letters sent again (2 may be in flight at the kill, 3 "
+                        "more answered with their outcomes not yet acknowledged)")
 
 
 def test_redis_outage_with_dedup_closed_resends_nothing(make_world, stack):
