@@ -32,7 +32,7 @@
 #include "consumer/cons_engine.h"
 #include "consumer/cons_metrics.h"
 
-#define MMAP_THRESHOLD_BYTES (128 * 1024) /* glibc's initial M_MMAP_THRESHOLD, pinned */
+#define MMAP_THRESHOLD_BYTES ((size_t)128 * 1024) /* glibc's initial M_MMAP_THRESHOLD, pinned */
 
 struct loop {
     cons_engine_t *engine;

@@ -110,20 +110,20 @@ static void test_pinned_mmap_threshold_maps_large_blocks(void **state)
 #if defined(SANITIZED_MALLOC) || !defined(__GLIBC__)
     skip(); /* not glibc's allocator: nothing to observe */
 #else
-    assert_int_equal(sl_mem_pin_mmap_threshold(128 * 1024), 1);
+    assert_int_equal(sl_mem_pin_mmap_threshold((size_t)128 * 1024), 1);
     char *big = malloc((size_t)4 << 20);
     assert_non_null(big);
     big[0] = 1;
     sink = big; /* the allocations happen: nothing may elide them */
     free(big);
     struct mallinfo2 before = mallinfo2();
-    char *p = malloc(512 * 1024);
+    char *p = malloc((size_t)512 * 1024);
     assert_non_null(p);
     p[0] = 1;
     sink = p;
     struct mallinfo2 during = mallinfo2();
     assert_int_equal(during.hblks, before.hblks + 1);
-    assert_true(during.hblkhd >= before.hblkhd + 512 * 1024);
+    assert_true(during.hblkhd >= before.hblkhd + (size_t)512 * 1024);
     free(p);
     assert_int_equal(mallinfo2().hblks, before.hblks); /* unmapped at once */
 #endif
