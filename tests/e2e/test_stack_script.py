@@ -80,18 +80,22 @@ def test_kafka_node_count_cannot_change_under_existing_data(tmp_path):
 
 def cluster_base():
     """A port base whose Redis Cluster ports (base+2, base+9..+13, each also +10000 for the
-    cluster bus) are all free right now."""
+    cluster bus) are all free right now. The bases keep the bus ports below Linux's ephemeral
+    range (32768-60999 here): inside it, a busy suite's client sockets (and their TIME_WAIT
+    entries) hold ports at random, and a probe over 29960..30960 once found every base's bus
+    ports taken. Bound as Redis binds them (SO_REUSEADDR)."""
     import socket
-    for base in range(29960, 30960, 20):
+    for base in range(22400, 22741, 20):
         ports = [base + 2] + [base + i for i in range(9, 14)]
         try:
             for p in ports + [p + 10000 for p in ports]:
                 with socket.socket() as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                     s.bind(("127.0.0.1", p))
         except OSError:
             continue
         return base
-    raise AssertionError("no free port base for a Redis Cluster in 29960..30960")
+    raise AssertionError("no free port base for a Redis Cluster in 22400..22740")
 
 
 def test_redis_cluster_start_status_env_restart_stop(tmp_path):
