@@ -34,6 +34,9 @@ char **sl_strv_dup(const char *const *v, size_t n);
  */
 int sl_mem_pin_mmap_threshold(size_t bytes);
 
+/* The threshold the processes that consume Kafka pin: glibc's initial M_MMAP_THRESHOLD. */
+#define SL_MEM_MMAP_THRESHOLD_BYTES ((size_t)128 * 1024)
+
 /* Overwrite n bytes at p in a way the compiler cannot elide (for secrets). NULL-safe. */
 void sl_secret_wipe(void *p, size_t n);
 

@@ -32,8 +32,6 @@
 #include "consumer/cons_engine.h"
 #include "consumer/cons_metrics.h"
 
-#define MMAP_THRESHOLD_BYTES ((size_t)128 * 1024) /* glibc's initial M_MMAP_THRESHOLD, pinned */
-
 struct loop {
     cons_engine_t *engine;
     pthread_t thr;
@@ -240,7 +238,7 @@ int main(int argc, char **argv)
     }
     /* librdkafka's decompression buffers in mappings of their own: with 10,000 requests in
      * flight, a peak RSS of 226-227 MB fell to 200-201 (sl_mem.h). Before any thread. */
-    (void)sl_mem_pin_mmap_threshold(MMAP_THRESHOLD_BYTES);
+    (void)sl_mem_pin_mmap_threshold(SL_MEM_MMAP_THRESHOLD_BYTES);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     /* the requests in flight, and as many idle keep-alive connections again */
     (void)sl_nofile_ensure(2 * (uint64_t)cfg.max_inflight + SL_NOFILE_RESERVE, "consumer",

@@ -22,8 +22,6 @@
 #include "common/sl_secretbox.h"
 #include "recorder/rec_loop.h"
 
-#define MMAP_THRESHOLD_BYTES ((size_t)128 * 1024) /* glibc's initial M_MMAP_THRESHOLD, pinned */
-
 static rec_loop_t *g_loop;
 static volatile sig_atomic_t g_stop; /* a signal came, maybe before g_loop existed */
 
@@ -143,7 +141,7 @@ int main(int argc, char **argv)
     /* librdkafka's LZ4 decompression buffers (4x each compressed batch) in mappings of their
      * own, as in the consumer: bench/recorder.sh's peak RSS fell from 148-152 MB to 127-133 at
      * the same rate (sl_mem.h). Before any thread. */
-    (void)sl_mem_pin_mmap_threshold(MMAP_THRESHOLD_BYTES);
+    (void)sl_mem_pin_mmap_threshold(SL_MEM_MMAP_THRESHOLD_BYTES);
     g_loop = rec_loop_new(&cfg, &mk, &err);
     if (g_loop && g_stop) /* the signal came before the handler could see the loop */
         rec_loop_stop(g_loop);

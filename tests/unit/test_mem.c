@@ -110,7 +110,7 @@ static void test_pinned_mmap_threshold_maps_large_blocks(void **state)
 #if defined(SANITIZED_MALLOC) || !defined(__GLIBC__)
     skip(); /* not glibc's allocator: nothing to observe */
 #else
-    assert_int_equal(sl_mem_pin_mmap_threshold((size_t)128 * 1024), 1);
+    assert_int_equal(sl_mem_pin_mmap_threshold(SL_MEM_MMAP_THRESHOLD_BYTES), 1);
     char *big = malloc((size_t)4 << 20);
     assert_non_null(big);
     big[0] = 1;
