@@ -836,7 +836,7 @@ class Bench:
             base += warm
             self.wait_delivered(base, [cons], timeout=300)
             t0_ms = int(time.time() * 1000)
-            # at half the drain's rate: the library as shipped (linger_ms 10), common/sl_kafka's
+            # at half the drain's rate: the library as shipped (linger_ms 5), common/sl_kafka's
             # latency profile (linger 2 ms), and the library at linger_ms 50 (fewer produce
             # requests; the linger alone takes up to 50 ms, so it is shown, not judged); then
             # the library as shipped at a quarter of the drain's rate

@@ -172,19 +172,17 @@ struct sluice_producer_opts {
     const char *role;           /* client.id role and the log lines' "proc" (borrowed);
                                    NULL = "sluice-producer" */
     int64_t linger_ms;          /* ms a record may wait for others to share its batch
-                                   (linger.ms); 0 = 10 (twice librdkafka's and Kafka 4.0's
-                                   5: half the produce requests at moderate rates, the
-                                   lower tail on a busy machine; producer/README.md);
-                                   1..900: every record waits up to this long before it is
-                                   even sent, and longer lingers mean fewer, larger produce
-                                   requests (50 halved the broker's produce-side CPU at
-                                   2,880 records/s) */
+                                   (linger.ms); 0 = 5 (librdkafka's default and Kafka
+                                   4.0's); 1..900: every record waits up to this long
+                                   before it is even sent, and longer lingers mean fewer,
+                                   larger produce requests (50 halved the broker's
+                                   produce-side CPU at 2,880 records/s) */
 };
 
 #define SLUICE_PRODUCER_MESSAGE_TIMEOUT_DEFAULT_MS 120000   /* ms */
 #define SLUICE_PRODUCER_CLOSE_TIMEOUT_DEFAULT_MS   10000    /* ms */
 #define SLUICE_PRODUCER_MESSAGE_TIMEOUT_MIN_MS     1000     /* ms; > the largest linger_ms */
-#define SLUICE_PRODUCER_LINGER_DEFAULT_MS          10       /* ms */
+#define SLUICE_PRODUCER_LINGER_DEFAULT_MS          5        /* ms */
 #define SLUICE_PRODUCER_LINGER_MAX_MS              900      /* ms */
 #define SLUICE_PRODUCER_MESSAGE_TIMEOUT_MAX_MS     86400000 /* ms; one day */
 

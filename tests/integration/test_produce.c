@@ -982,7 +982,7 @@ static void lib_linger(const sluice_config_t *cfg, int64_t linger_ms, char *out,
     sluice_producer_destroy(p);
 }
 
-/* opts.linger_ms: 0 keeps the 10 ms default, 1..900 is used as it is, anything else is
+/* opts.linger_ms: 0 keeps the 5 ms default, 1..900 is used as it is, anything else is
  * refused with the option named. No broker is needed. */
 static void test_lib_linger(void **state)
 {
@@ -992,7 +992,7 @@ static void test_lib_linger(void **state)
     sluice_config_t *cfg = lib_cfg("test.produce.nowhere", brokers);
     char v[32];
     lib_linger(cfg, 0, v, sizeof(v));
-    assert_string_equal(v, "10");
+    assert_string_equal(v, "5");
     lib_linger(cfg, 50, v, sizeof(v));
     assert_string_equal(v, "50");
     lib_linger(cfg, SLUICE_PRODUCER_LINGER_MAX_MS, v, sizeof(v));
