@@ -82,8 +82,8 @@ def cluster_base():
     """A port base whose Redis Cluster ports (base+2, base+9..+13, each also +10000 for the
     cluster bus) are all free right now. The bases keep the bus ports below Linux's ephemeral
     range (32768-60999 here): inside it, a busy suite's client sockets (and their TIME_WAIT
-    entries) hold ports at random, and a probe over 29960..30960 once found every base's bus
-    ports taken. Bound as Redis binds them (SO_REUSEADDR)."""
+    entries) hold ports at random, enough to take some bus port of every base. Bound as Redis
+    binds them (SO_REUSEADDR)."""
     import socket
     for base in range(22400, 22741, 20):
         ports = [base + 2] + [base + i for i in range(9, 14)]
