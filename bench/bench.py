@@ -88,7 +88,14 @@ TARGETS = {
     "stack_us": 100,          # whole stack's CPU per delivery in the e2e drain, µs (issue #20)
     "e2e_ratio": 0.45,        # e2e rate / wrk's raw rate in the same repetition (issue #20)
 }
-SCRAPE_PORT_OFFSET = 20  # scrape phase: the consumer's metrics_listen port is PORT_BASE + this
+SCRAPE_PORT_OFFSET = 20  # scrape phase: the consumer's metrics_listen port is the receiver's + this
+LATENCY_PORT_OFFSET = 21  # latency phase: the consumer's metrics_listen port (receiver's + this)
+# The consumer's histograms that split a delivery's time (docs/METRICS.md): the wait before a
+# loop took the record, the wait in the consumer before the request started, the request.
+WAIT_STAGES = (("kafka", "sluice_delivery_wait_seconds", 'stage="kafka"'),
+               ("queue", "sluice_delivery_wait_seconds", 'stage="queue"'),
+               ("http", "sluice_http_phase_seconds", 'phase="total"'),
+               ("total", "sluice_publish_to_delivered_seconds", None))
 
 
 def log(msg):
@@ -129,6 +136,48 @@ def read_pid(path):
 def loadavg():
     with open("/proc/loadavg") as f:
         return [float(x) for x in f.read().split()[:3]]
+
+
+def scrape_stages(url):
+    """{stage: {upper bound in s: cumulative count}} of the WAIT_STAGES histograms."""
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for stage, fam, label in WAIT_STAGES:
+        b = {}
+        for m in re.finditer(r"^" + fam + r"_bucket\{([^}]*)\} (\d+)$", text, re.M):
+            if label and label not in m.group(1):
+                continue
+            le = re.search(r'le="([^"]+)"', m.group(1)).group(1)
+            b[float("inf") if le == "+Inf" else float(le)] = int(m.group(2))
+        out[stage] = b
+    return out
+
+
+def stage_quantiles(before, after, qs=(0.5, 0.99)):
+    """Per stage: the count and the quantiles (ms) of what was observed between two scrapes,
+    interpolated within a bucket as Prometheus's histogram_quantile does (the buckets are
+    1, 2.5, 5, 10, 25, 50, 100 ms...: a quantile is known to its bucket, not closer)."""
+    res = {}
+    for stage, after_b in after.items():
+        les = sorted(after_b)
+        cum = [after_b[le] - before.get(stage, {}).get(le, 0) for le in les]
+        total = cum[-1] if cum else 0
+        r = {"count": total}
+        for q in qs:
+            if not total:
+                continue
+            rank = q * total
+            i = next(k for k, c in enumerate(cum) if c >= rank)
+            lo, hi = (les[i - 1] if i else 0.0), les[i]
+            if hi == float("inf"):
+                v = lo
+            else:
+                below = cum[i - 1] if i else 0
+                v = lo + (hi - lo) * (rank - below) / max(1, cum[i] - below)
+            r[f"p{round(q * 100)}"] = round(v * 1000, 1)
+        res[stage] = r
+    return res
 
 
 def proc_stat_totals():
@@ -809,9 +858,11 @@ class Bench:
         # each on a new connection, and the tail grows to seconds (bench/README.md,
         # "Latency window").
         win = self.latency_inflight
+        murl = f"http://127.0.0.1:{self.a.receiver_port + LATENCY_PORT_OFFSET}/metrics"
         env = self.env("latency", max_inflight=win,
                        max_inflight_per_endpoint=max(1, -(-win // ENDPOINTS)),
-                       consumer_threads=self.threads)
+                       consumer_threads=self.threads,
+                       metrics_listen=f"127.0.0.1:{self.a.receiver_port + LATENCY_PORT_OFFSET}")
         self.new_redis_db(env)
         self.topics(env)
         recv = self.start_receiver("latency")
@@ -848,10 +899,13 @@ class Bench:
                 run_id = f"lat{prof.replace('_', '')}{self.rep_id}"
                 n = r * self.pace_s
                 log(f"latency: pacing {n} deliveries at {r}/s ({' '.join(extra)})")
+                before = scrape_stages(murl)
                 pace = self.pace(env, r, n, run_id, extra)
                 base += n
                 self.wait_delivered(base, [cons], timeout=300)
-                res["runs"][prof] = {"pace": pace, "run_id": run_id, "rate": r, "count": n}
+                time.sleep(0.5)  # the last answers' histograms follow the receiver's count
+                res["runs"][prof] = {"pace": pace, "run_id": run_id, "rate": r, "count": n,
+                                     "stages_ms": stage_quantiles(before, scrape_stages(murl))}
             cpu = proc_cpu_s(cons.pid)
             res["consumer_hwm_kb"] = proc_status_kb(cons.pid, "VmHWM")
         finally:

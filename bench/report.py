@@ -240,6 +240,11 @@ def phase_rows(r, ph):
         add(f"latency at {run_rate_of(lat, run):,}/s{win} ({label}) P50/P95/P99",
             f"{e['p50']:.0f} / {e['p95']:.0f} / {e['p99']:.0f} ms"
             f" (publish->ack P99 {run['pace']['ack_ms']['p99']:.0f} ms)")
+        st = run.get("stages_ms")
+        if st and all("p99" in st.get(k, {}) for k in ("kafka", "queue", "http")):
+            add("  where it waited P50 / P99 (the consumer's histograms)",
+                ", ".join(f"{k} {st[k]['p50']:.1f} / {st[k]['p99']:.1f}"
+                          for k in ("kafka", "queue", "http")) + " ms")
     if "latency" in ph and "failed" in ph["latency"]:
         add("latency", "FAILED: " + ph["latency"]["failed"])
     if "e2e_ms" in e2e:

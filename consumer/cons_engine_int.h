@@ -191,6 +191,8 @@ struct job {
     uint64_t ep_ticket;               /* JOB_EP_WAIT: the endpoint table's catch-up ticket */
     int64_t ep_wait_until;            /* JOB_EP_WAIT: quarantined unknown after this (mono ms) */
     int64_t queued_mono;              /* JOB_QUEUED: when it joined its endpoint's queue */
+    int64_t taken_us;                 /* SRC_KAFKA, not a replay: when intake took its record
+                                         (mono µs); 0 once its first request started */
     bool ep_waited;                   /* its endpoint was looked up again after JOB_EP_WAIT */
     bool ep_synced;                   /* ...once the table had caught up (else: timed out) */
     enum job_state state;             /* see the state table; changed by cons_job_set_state only */

@@ -109,6 +109,14 @@ static bool intake_resolve(cons_engine_t *e, struct job *j)
             return false;
         }
         cons_store_job_id(j->d.ep, j->d.id, j->job_id);
+        /* the wait before intake (sluice_delivery_wait_seconds): not for a replay, whose
+         * creation time is the original event's */
+        if (!j->d.replay && j->d.attempt == 0) {
+            int64_t now = sl_now_ms();
+            if (j->d.ts_ms > 0 && (uint64_t)now >= j->d.ts_ms)
+                sl_histo_observe_us(cons_m.stage_kafka, (now - (int64_t)j->d.ts_ms) * 1000);
+            j->taken_us = sl_mono_us();
+        }
     }
     return intake_endpoint(e, j);
 }

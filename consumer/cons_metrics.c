@@ -107,6 +107,16 @@ void cons_metrics_init(int64_t endpoint_top)
     m->publish_to_delivered =
         sl_metric_histo("sluice_publish_to_delivered_seconds",
                         "From the event's creation to its 2xx answer, seconds.", NULL);
+    static const char SHELP[] =
+        "Where a first attempt from Kafka waited before its request started, seconds: kafka "
+        "from the event's creation until a delivery loop took its record (the publisher's "
+        "batching, the broker, the fetch and the loop's pre-fetch queue), queue from then "
+        "until its request started (the duplicate check, the endpoint's queue, its rate and "
+        "in-flight limits). For a first attempt answered 2xx, the two and "
+        "sluice_http_phase_seconds{phase=\"total\"} add up to its "
+        "sluice_publish_to_delivered_seconds.";
+    m->stage_kafka = sl_metric_histo("sluice_delivery_wait_seconds", SHELP, "stage=\"kafka\"");
+    m->stage_queue = sl_metric_histo("sluice_delivery_wait_seconds", SHELP, "stage=\"queue\"");
     static const char PHELP[] =
         "HTTP request phases: connect and tls are the durations of a new connection's TCP and "
         "TLS set-up, first_byte and total count from the request's start.";

@@ -31,6 +31,7 @@ struct cons_metrics {
     sl_counter_t *brk_to_open, *brk_to_half_open, *brk_to_closed;
     sl_gauge_t *brk_open, *inflight, *inflight_limit, *queued, *records_held;
     sl_histo_t *publish_to_delivered;
+    sl_histo_t *stage_kafka, *stage_queue; /* a first attempt's wait before its request */
     sl_histo_t *phase_connect, *phase_tls, *phase_first_byte, *phase_total;
 };
 

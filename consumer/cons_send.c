@@ -102,6 +102,30 @@ static const struct sl_endpoint *current_endpoint(cons_engine_t *e, struct job *
     return ep;
 }
 
+/* j's request has started: its state, the counts and the loop's in-flight peak. */
+static void note_started(cons_engine_t *e, struct job *j)
+{
+    struct cons_ep *ce = j->ce;
+    if (ce->inflight++ == 0) /* silent from its first request on, not since its last answer */
+        ce->last_answer_mono = sl_mono_ms();
+    cons_job_set_state(e, j, JOB_SENDING);
+    if (j->taken_us) { /* the first request of a record from Kafka */
+        sl_histo_observe_us(cons_m.stage_queue, sl_mono_us() - j->taken_us);
+        j->taken_us = 0;
+    }
+    e->st.sent++;
+    sl_counter_inc(cons_m.attempts);
+    if (ce->m)
+        atomic_fetch_add_explicit(&ce->m->attempts, 1, memory_order_relaxed);
+    int running = cons_http_running(e->http);
+    if (running > e->inflight_max)
+        e->inflight_max = running;
+    if (j->probe) {
+        ce->probe_inflight = true;
+        e->st.probes++;
+    }
+}
+
 /* Build and start the request for j. Returns 0; 1 when j failed on its own (dead-lettered:
  * its template, the endpoint's secret, the endpoint deleted or disabled since it was queued);
  * -1 on a local failure (j deferred a second). */
@@ -173,20 +197,7 @@ static int start_send(cons_engine_t *e, struct job *j)
         cons_defer_job(e, j, sl_now_ms() + 1000, "local_error");
         return -1;
     }
-    if (ce->inflight++ == 0) /* silent from its first request on, not since its last answer */
-        ce->last_answer_mono = sl_mono_ms();
-    cons_job_set_state(e, j, JOB_SENDING);
-    e->st.sent++;
-    sl_counter_inc(cons_m.attempts);
-    if (j->ce->m)
-        atomic_fetch_add_explicit(&j->ce->m->attempts, 1, memory_order_relaxed);
-    int running = cons_http_running(e->http);
-    if (running > e->inflight_max)
-        e->inflight_max = running;
-    if (j->probe) {
-        ce->probe_inflight = true;
-        e->st.probes++;
-    }
+    note_started(e, j);
     return 0;
 }
 

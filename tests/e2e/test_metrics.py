@@ -187,6 +187,12 @@ def test_probes_metrics_and_contract(world):
     assert value(s, "sluice_breaker_transitions_total", to="open") >= 1
     assert value(s, "sluice_publish_to_delivered_seconds_count") == n_ok
     assert value(s, "sluice_http_phase_seconds_count", phase="total") == n_ok
+    # every record taken from Kafka waited once before intake; a first request started for
+    # each healthy one and for the dead endpoint's until its breaker opened (after 3)
+    assert value(s, "sluice_delivery_wait_seconds_count", stage="kafka") == n_ok + n_dead
+    queue_n = value(s, "sluice_delivery_wait_seconds_count", stage="queue")
+    assert n_ok + 3 <= queue_n <= n_ok + n_dead, queue_n
+    assert value(s, "sluice_delivery_wait_seconds_sum", stage="kafka") > 0
     assert value(s, "sluice_http_phase_seconds_count", phase="connect") >= 1
     assert value(s, "sluice_endpoint_request_duration_seconds_count", endpoint=ok) == n_ok
     assert value(s, "sluice_inflight_requests") >= 0

@@ -305,6 +305,7 @@ def test_dashboard_shows_what_an_operator_needs():
     wanted = {
         "sluice_deliveries_total", "sluice_attempts_total",
         "sluice_publish_to_delivered_seconds_bucket", "sluice_http_phase_seconds_bucket",
+        "sluice_delivery_wait_seconds_bucket",
         "sluice_breaker_open_endpoints", "sluice_breaker_transitions_total",
         "sluice_retries_scheduled_total", "sluice_dead_letters_total",
         "sluice_duplicates_suppressed_total", "sluice_inflight_requests", "sluice_queued_jobs",
