@@ -228,6 +228,13 @@ class Monitor(threading.Thread):
 class Bench:
     def __init__(self, a):
         self.a = a
+        self.consumer_set = {}
+        for kv in a.consumer_set:
+            k, sep, v = kv.partition("=")
+            if not sep or not re.fullmatch(r"[a-z][a-z0-9_]*", k):
+                raise SystemExit(f"bench.py: --consumer-set wants KEY=VALUE with a key of "
+                                 f"docs/CONFIG.md, not {kv!r}")
+            self.consumer_set[k] = v
         self.quick = a.quick
         self.run_id = datetime.datetime.now().strftime("%H%M%S") + f"{os.getpid() % 1000:03d}"
         # topic, group and event-id tag of the current repetition (run_id, then run_id + rK);
@@ -417,6 +424,8 @@ class Bench:
     def start_consumer(self, env, name):
         e = dict(env)
         e["SLUICE_INSTANCE_ID"] = name
+        for k, v in self.consumer_set.items():  # --consumer-set: over what the phase chose
+            e["SLUICE_" + k.upper()] = v
         path = os.path.join(self.work, f"consumer-{name}.log")
         logf = open(path, "ab")
         p = subprocess.Popen([self.bin("consumer/sluice-consumer")], env=e, stdout=logf,
@@ -1323,7 +1332,8 @@ class Bench:
                          "consumer_max_inflight_per_endpoint": self.per_ep,
                          "receiver_threads": a.receiver_threads, "wrk_threads": a.wrk_threads,
                          "partitions": PARTITIONS, "body_bytes": BODY_BYTES,
-                         "endpoints": ENDPOINTS, "many_endpoints": MANY_ENDPOINTS},
+                         "endpoints": ENDPOINTS, "many_endpoints": MANY_ENDPOINTS,
+                         "consumer_set": self.consumer_set},
         })
         log(f"machine: {self.results['machine']['nproc']} x {self.results['machine']['model_name']}, "
             f"load average {self.results['machine']['loadavg_start']}")
@@ -1430,6 +1440,9 @@ def main():
                     help="SLUICE_CONSUMER_THREADS of every consumer process")
     ap.add_argument("--receiver-threads", type=int, default=2)
     ap.add_argument("--wrk-threads", type=int, default=2)
+    ap.add_argument("--consumer-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a configuration key (docs/CONFIG.md) for every consumer the phases "
+                         "start, over the phase's own choice; repeatable")
     ap.add_argument("--latency-rate", type=int, default=5000,
                     help="max rate assumed by --only latency without e2e (half is paced)")
     ap.add_argument("--command", default="bench/run.sh")

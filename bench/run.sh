@@ -42,6 +42,10 @@
 #   BENCH_LATENCY_INFLIGHT (1000) SLUICE_MAX_INFLIGHT of the latency phase's consumer
 #   BENCH_CONSUMER_THREADS (2) SLUICE_CONSUMER_THREADS of every consumer process: delivery
 #                             loops per process (one per core of this 2-core machine)
+#   BENCH_CONSUMER_SET        space-separated KEY=VALUE configuration keys (docs/CONFIG.md)
+#                             for every consumer the phases start, over the phase's own
+#                             choice: one binary measured with another setting, e.g.
+#                             BENCH_CONSUMER_SET="adaptive_inflight=false"
 #   BENCH_KEEP_TMP=1          keep the work dir (logs, raw series) under $TMPDIR
 #   BENCH_KEEP_TOPICS=1       keep each phase's topics (with BENCH_STACK_DIR, read them after:
 #                             sluicectl dump outcomes --topic bench.<run>.<phase>.outcomes)
@@ -207,9 +211,11 @@ KNOBS=""
 for v in BENCH_INFLIGHT BENCH_LATENCY_INFLIGHT BENCH_CONSUMER_THREADS BENCH_PORT_BASE BENCH_RC_PORT_BASE \
   SLUICE_BENCH_CONVOY SLUICE_BENCH_SVIX BENCH_PEERS_CONNS BENCH_PEERS_CONVOY_EVENTS \
   BENCH_PEERS_SVIX_EVENTS BENCH_PEERS_SLUICE_EVENTS \
-  BENCH_PEERS_CONVOY_TUNING BENCH_API_CONNS; do
-  [ -n "${!v:-}" ] && KNOBS="$KNOBS$v=${!v} "
+  BENCH_PEERS_CONVOY_TUNING BENCH_API_CONNS BENCH_CONSUMER_SET; do
+  [ -n "${!v:-}" ] && KNOBS="$KNOBS$v=$(printf %q "${!v}") "
 done
+CONSUMER_SET=()
+for kv in ${BENCH_CONSUMER_SET:-}; do CONSUMER_SET+=(--consumer-set "$kv"); done
 CMDLINE="${KNOBS}bench/run.sh${ARGS[*]:+ ${ARGS[*]}}"
 PYTHONDONTWRITEBYTECODE=1 python3 "$SCRIPT_DIR/bench.py" \
   --repo "$REPO_DIR" --build "$BUILD_DIR" --tool "$TOOL" --stack-dir "$STACK_DIR" \
@@ -218,4 +224,4 @@ PYTHONDONTWRITEBYTECODE=1 python3 "$SCRIPT_DIR/bench.py" \
   --consumer-threads "${BENCH_CONSUMER_THREADS:-2}" \
   --latency-inflight "${BENCH_LATENCY_INFLIGHT:-1000}" \
   --redis-cluster-url "$RC_URL" --redis-cluster-dir "$RC_DIR" \
-  --command "$CMDLINE" "$@"
+  "${CONSUMER_SET[@]}" --command "$CMDLINE" "$@"
