@@ -472,6 +472,18 @@ class Bench:
             time.sleep(0.3)
         raise RuntimeError(f"consumers not assigned {total} partitions in {timeout}s")
 
+    def loop_shares(self, p):
+        """Each delivery loop's share of the deliveries of process p (from its last stats
+        lines, which count from the start; largest first). A loop delivers for the endpoints
+        whose records hash to its partitions, so with 100 endpoints the split moves with their
+        names from run to run (bench/README.md, "latency")."""
+        last = {}
+        for ev in self.consumer_log(p):
+            if ev.get("event") == "stats":
+                last[ev.get("loop", 0)] = int(ev.get("delivered", 0))
+        total = sum(last.values())
+        return sorted((round(v / total, 3) for v in last.values()), reverse=True) if total else []
+
     def consumer_peaks(self, p):
         """Largest in-flight and in-memory counts from the stats lines; with several
         delivery loops, the sum of each loop's largest (an upper bound of the process's)."""
@@ -922,6 +934,7 @@ class Bench:
             mon.stop()
             self.stop_proc(recv)
         res["consumer_cpu_s"] = cpu
+        res["loop_shares"] = self.loop_shares(cons)
         res["cpu_series"] = self.cpu_series(mon)
         for prof, rr in res["runs"].items():
             o = self.outcomes(env, rr["count"], f"evt_{rr['run_id']}_", t0_ms, f"latency-{prof}")

@@ -245,6 +245,9 @@ def phase_rows(r, ph):
             add("  where it waited P50 / P99 (the consumer's histograms)",
                 ", ".join(f"{k} {st[k]['p50']:.1f} / {st[k]['p99']:.1f}"
                           for k in ("kafka", "queue", "http")) + " ms")
+    if len(lat.get("loop_shares", [])) > 1:
+        add("latency phase: deliveries per delivery loop (its partitions' endpoints)",
+            " / ".join(f"{v * 100:.0f}%" for v in lat["loop_shares"]))
     if "latency" in ph and "failed" in ph["latency"]:
         add("latency", "FAILED: " + ph["latency"]["failed"])
     if "e2e_ms" in e2e:
