@@ -138,49 +138,6 @@ def loadavg():
         return [float(x) for x in f.read().split()[:3]]
 
 
-def murmur2(data):
-    """Kafka's murmur2 (the Java client's partitioner, and librdkafka's murmur2_random, which
-    common/sl_kafka.c configures for every Sluice producer)."""
-    m, h = 0x5bd1e995, (0x9747b28c ^ len(data)) & 0xffffffff
-    n4 = len(data) // 4
-    for i in range(n4):
-        k = int.from_bytes(data[4 * i:4 * i + 4], "little")
-        k = (k * m) & 0xffffffff
-        k ^= k >> 24
-        k = (k * m) & 0xffffffff
-        h = ((h * m) & 0xffffffff) ^ k
-    rest = data[4 * n4:]
-    if len(rest) >= 3:
-        h ^= rest[2] << 16
-    if len(rest) >= 2:
-        h ^= rest[1] << 8
-    if rest:
-        h = ((h ^ rest[0]) * m) & 0xffffffff
-    h ^= h >> 13
-    h = (h * m) & 0xffffffff
-    return h ^ (h >> 15)
-
-
-def even_prefix(base, n, partitions, groups):
-    """An endpoint-id prefix P (base + a number) whose ids P0..P(n-1) key their records as
-    evenly as any tried over `groups` consumers, each taking the partitions p with
-    p % groups == k (the roundrobin assignment's split when partitions is a multiple of
-    groups). Each delivery loop then carries the same share of a phase's records in every
-    run, as it does over a keyspace of thousands of endpoints; with 100 names picked at
-    random one loop carried 58-62% in most runs (bench/README.md, "latency")."""
-    best, best_max = None, n + 1
-    for k in range(5000):
-        p = f"{base}{k}_"
-        load = [0] * groups
-        for i in range(n):
-            load[(murmur2(f"{p}{i}".encode()) & 0x7fffffff) % partitions % groups] += 1
-        if max(load) < best_max:
-            best, best_max = p, max(load)
-        if best_max <= -(-n // groups):
-            break
-    return best
-
-
 def scrape_stages(url):
     """{stage: {upper bound in s: cumulative count}} of the WAIT_STAGES histograms."""
     with urllib.request.urlopen(url, timeout=10) as r:
@@ -303,8 +260,7 @@ class Bench:
         self.threads = a.consumer_threads
         self.latency_inflight = getattr(a, "latency_inflight", 1000)
         self.per_ep = max(1, min(10000, -(-self.inflight // ENDPOINTS)))
-        # the 1, 2 or 4 consumers of the phases split the partitions evenly over them
-        self.ep_prefix = even_prefix(f"b{self.run_id}", ENDPOINTS, PARTITIONS, 4)
+        self.ep_prefix = f"b{self.run_id}_"
         self.many_prefix = f"m{self.run_id}_"
         self.base_env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         for k in ("SLUICE_KAFKA_BROKERS", "SLUICE_REDIS_URL", "SLUICE_PG_DSN"):
