@@ -15,12 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <jansson.h>
 #include <openssl/rand.h>
 
 #include "common/sl_b64.h"
+#include "common/sl_kafka.h" /* sl_now_ms */
 #include "common/sl_mem.h"
 #include "common/sl_record_int.h"
 
@@ -59,14 +59,6 @@ int sl_jsonl_gen_event_id(char out[SL_JSONL_GEN_ID_LEN + 1], sl_err_t *err)
     }
     out[SL_JSONL_GEN_ID_LEN] = '\0';
     return 0;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
-        return 0;
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 /* A fixed description of a jansson error code: jansson's text would quote the input. */
@@ -316,7 +308,7 @@ get_created(json_t *root, const struct sl_jsonl_opts *opts, uint64_t *ts_ms, sl_
     json_t *ts = json_object_get(root, "created_at_ms");
 
     if (!ts) {
-        *ts_ms = opts && opts->now_ms ? opts->now_ms : now_ms();
+        *ts_ms = opts && opts->now_ms ? opts->now_ms : (uint64_t)sl_now_ms();
         return 0;
     }
     if (!json_is_integer(ts) || json_integer_value(ts) < 0)
