@@ -60,7 +60,8 @@ def main():
                             work=work, results=work, receiver_port=a.receiver_port,
                             inflight=a.inflight, receiver_threads=a.receiver_threads,
                             wrk_threads=2, latency_rate=0, command="", quick=True, only="e2e",
-                            consumer_threads=1)  # each --bin sets its own
+                            consumer_threads=1,  # each --bin sets its own
+                            consumer_set=[])  # --set applies per drain below
     b = bench.Bench(ns)
     if a.delay_ms:
         renv = b.env("setup")
