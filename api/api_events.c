@@ -31,10 +31,10 @@
 #include <string.h>
 
 #include <microhttpd.h>
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 
 #include "api/api.h"
+#include "common/sl_digest.h"
 #include "common/sl_fault.h"
 #include "common/sl_hex.h"
 #include "common/sl_jsonl.h"
@@ -107,13 +107,7 @@ static void pub_free(struct api_pub *p)
 
 static void sha256_parts(const void *const *parts, const size_t *lens, size_t n, uint8_t out[32])
 {
-    EVP_MD_CTX *c = EVP_MD_CTX_new();
-    unsigned len = 32;
-    (void)EVP_DigestInit_ex(c, EVP_sha256(), NULL);
-    for (size_t i = 0; i < n; i++)
-        (void)EVP_DigestUpdate(c, parts[i], lens[i]);
-    (void)EVP_DigestFinal_ex(c, out, &len);
-    EVP_MD_CTX_free(c);
+    (void)sl_digest_parts(SL_SHA256, parts, lens, n, out); /* zeroed if OpenSSL fails */
 }
 
 /* ==== idempotency ==== */

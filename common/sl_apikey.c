@@ -18,10 +18,10 @@
 #include <string.h>
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 
 #include "common/sl_b64.h"
+#include "common/sl_digest.h"
 #include "common/sl_hex.h"
 #include "common/sl_mem.h"
 #include "common/sl_pg.h"
@@ -53,10 +53,8 @@ void sl_apikey_fini(struct sl_apikey *k)
 
 static int sha256(const uint8_t *in, size_t n, uint8_t out[32])
 {
-    unsigned int len = 0;
-    if (EVP_Digest(in, n, out, &len, EVP_sha256(), NULL) != 1 || len != 32)
-        return SL_ECRYPTO;
-    return 0;
+    const void *parts[] = {in};
+    return sl_digest_parts(SL_SHA256, parts, &n, 1, out) == 0 ? 0 : SL_ECRYPTO;
 }
 
 /* A random id: RAND_bytes with rejection sampling, so every character is uniform over 36. */

@@ -33,9 +33,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/evp.h>
 #include <openssl/sha.h>
 
+#include "common/sl_digest.h"
 #include "common/sl_hex.h"
 #include "common/sl_mem.h"
 #include "common/sl_rclock.h"
@@ -394,16 +394,10 @@ static void job_keys(struct job_keys *k, uint32_t shard, const char *job_id)
 
 void sl_rstate_job_id(const char *endpoint_id, const char *event_id, char out[SL_RSTATE_ID_LEN + 1])
 {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int mdlen = 0;
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha1(), NULL) == 1 &&
-             EVP_DigestUpdate(ctx, endpoint_id, strlen(endpoint_id)) == 1 &&
-             EVP_DigestUpdate(ctx, "\n", 1) == 1 &&
-             EVP_DigestUpdate(ctx, event_id, strlen(event_id)) == 1 &&
-             EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 && mdlen == SHA_DIGEST_LENGTH;
-    EVP_MD_CTX_free(ctx);
-    if (!ok) {
+    uint8_t md[SHA_DIGEST_LENGTH];
+    const void *parts[] = {endpoint_id, "\n", event_id};
+    const size_t lens[] = {strlen(endpoint_id), 1, strlen(event_id)};
+    if (sl_digest_parts(SL_SHA1, parts, lens, 3, md) != 0) {
         /* without SHA-1 no job id is possible; a constant id would merge every retry chain */
         (void)fputs("sl_rstate: cannot compute sha-1\n", stderr);
         abort();

@@ -27,14 +27,26 @@
 #include <openssl/rand.h>
 
 #include "common/sl_b64.h"
+#include "common/sl_digest.h"
 #include "common/sl_mem.h"
 
-/* For each i < n exactly one of tmpl[i] (HMAC secret) and pkey[i] (Ed25519 secret) is set. */
+/*
+ * A keyed HMAC-SHA256 (RFC 2104): the SHA-256 states after the key's inner and outer pad
+ * blocks. A signature copies each into the thread's context (sl_digest_ctx) and goes on from
+ * there: two state copies per signature, where EVP_MAC_CTX_dup of a keyed HMAC context made
+ * about fourteen allocations (bench/README.md, "Consumer CPU"). Only read after hmac_key_init,
+ * so threads may share it.
+ */
+struct hmac_key {
+    EVP_MD_CTX *inner; /* SHA-256 after (key ^ ipad), owned */
+    EVP_MD_CTX *outer; /* SHA-256 after (key ^ opad), owned */
+};
+
+/* For each i < n exactly one of hmac[i] (HMAC secret) and pkey[i] (Ed25519 secret) is set. */
 struct sl_signer {
-    EVP_MAC *mac; /* fetched "HMAC", owned; NULL without HMAC secrets */
     size_t n;     /* secrets, 1..SL_SIGNER_MAX_SECRETS */
     bool ed25519; /* some secret is Ed25519: signing joins the message */
-    EVP_MAC_CTX *tmpl[SL_SIGNER_MAX_SECRETS]; /* keyed HMAC-SHA256 templates, owned */
+    struct hmac_key hmac[SL_SIGNER_MAX_SECRETS]; /* keyed HMAC-SHA256 of HMAC secrets */
     EVP_PKEY *pkey[SL_SIGNER_MAX_SECRETS];    /* Ed25519 private keys, owned; only read after
                                                  sl_signer_new, so threads may share them */
 };
@@ -270,30 +282,90 @@ static EVP_MAC_CTX *keyed_ctx(EVP_MAC *mac, const uint8_t *key, size_t len)
     return ctx;
 }
 
-/* MAC of prefix + body with a copy of the keyed template tmpl. Returns 0 or SL_ECRYPTO. */
-static int mac_with(EVP_MAC_CTX *tmpl,
-                    const char *prefix,
-                    size_t plen,
-                    const uint8_t *body,
-                    size_t len,
-                    uint8_t mac[SL_SIGN_MAC_LEN])
+#define HMAC_BLOCK 64 /* SHA-256's block, the length of HMAC's pads */
+
+static void hmac_key_fini(struct hmac_key *k)
 {
-    int rc = SL_ECRYPTO;
+    EVP_MD_CTX_free(k->inner);
+    EVP_MD_CTX_free(k->outer);
+    k->inner = k->outer = NULL;
+}
+
+/* k = SHA-256 after one block of (key ^ pad); NULL on OpenSSL failure. */
+static EVP_MD_CTX *padded_state(const uint8_t block[HMAC_BLOCK], uint8_t pad)
+{
+    uint8_t p[HMAC_BLOCK];
+    for (size_t i = 0; i < HMAC_BLOCK; i++)
+        p[i] = block[i] ^ pad;
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    const EVP_MD *md = sl_digest_md(SL_SHA256);
+    bool ok = c && md && EVP_DigestInit_ex(c, md, NULL) == 1 &&
+              EVP_DigestUpdate(c, p, sizeof(p)) == 1;
+    OPENSSL_cleanse(p, sizeof(p));
+    if (!ok) {
+        EVP_MD_CTX_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* Key k with key/len. RFC 2104 hashes a key longer than the block first; no secret is
+ * (static assertion below), so the key is the block's start. Returns 0 or SL_ECRYPTO (k left
+ * empty). */
+_Static_assert(SL_SECRET_MAX_BYTES <= HMAC_BLOCK, "an HMAC secret fits in one SHA-256 block");
+static int hmac_key_init(struct hmac_key *k, const uint8_t *key, size_t len)
+{
+    uint8_t block[HMAC_BLOCK] = {0};
+    if (len > HMAC_BLOCK)
+        return SL_ECRYPTO;
+    if (len)
+        memcpy(block, key, len);
+    k->inner = padded_state(block, 0x36);
+    k->outer = padded_state(block, 0x5c);
+    OPENSSL_cleanse(block, sizeof(block));
+    if (!k->inner || !k->outer) {
+        hmac_key_fini(k);
+        return SL_ECRYPTO;
+    }
+    return 0;
+}
+
+/* HMAC of prefix + body under k, in the thread's context. Returns 0 or SL_ECRYPTO. */
+static int hmac_with(const struct hmac_key *k,
+                     const char *prefix,
+                     size_t plen,
+                     const uint8_t *body,
+                     size_t len,
+                     uint8_t mac[SL_SIGN_MAC_LEN])
+{
+    uint8_t ih[SL_SIGN_MAC_LEN];
+    unsigned il = 0, ol = 0;
+    EVP_MD_CTX *c = sl_digest_ctx();
+    bool ok = c && EVP_MD_CTX_copy_ex(c, k->inner) == 1 &&
+              EVP_DigestUpdate(c, prefix, plen) == 1 &&
+              (len == 0 || EVP_DigestUpdate(c, body, len) == 1) &&
+              EVP_DigestFinal_ex(c, ih, &il) == 1 && il == sizeof(ih) &&
+              EVP_MD_CTX_copy_ex(c, k->outer) == 1 && EVP_DigestUpdate(c, ih, il) == 1 &&
+              EVP_DigestFinal_ex(c, mac, &ol) == 1 && ol == SL_SIGN_MAC_LEN;
+    OPENSSL_cleanse(ih, sizeof(ih));
+    return ok ? 0 : SL_ECRYPTO;
+}
+
+/* MAC of prefix + body in ctx, a freshly keyed EVP_MAC context (OpenSSL's own HMAC, which
+ * verification uses: signing and verifying share no HMAC code, so each checks the other in
+ * the tests). Returns 0 or SL_ECRYPTO. */
+static int mac_in(EVP_MAC_CTX *ctx,
+                  const char *prefix,
+                  size_t plen,
+                  const uint8_t *body,
+                  size_t len,
+                  uint8_t mac[SL_SIGN_MAC_LEN])
+{
     size_t outl = 0;
-    /* Only reads tmpl, which is why one signer can sign on several threads at once. */
-    EVP_MAC_CTX *ctx = EVP_MAC_CTX_dup(tmpl);
-    if (!ctx)
-        goto out;
-    if (EVP_MAC_update(ctx, (const unsigned char *)prefix, plen) != 1)
-        goto out;
-    if (len && EVP_MAC_update(ctx, body, len) != 1)
-        goto out;
-    if (EVP_MAC_final(ctx, mac, &outl, SL_SIGN_MAC_LEN) != 1 || outl != SL_SIGN_MAC_LEN)
-        goto out;
-    rc = 0;
-out:
-    EVP_MAC_CTX_free(ctx);
-    return rc;
+    bool ok = EVP_MAC_update(ctx, (const unsigned char *)prefix, plen) == 1 &&
+              (len == 0 || EVP_MAC_update(ctx, body, len) == 1) &&
+              EVP_MAC_final(ctx, mac, &outl, SL_SIGN_MAC_LEN) == 1 && outl == SL_SIGN_MAC_LEN;
+    return ok ? 0 : SL_ECRYPTO;
 }
 
 /* ==== Ed25519 helpers ==== */
@@ -421,20 +493,9 @@ int sl_signer_new(const struct sl_secret *secrets, size_t n, sl_signer_t **out, 
                 goto out;
             }
             sg->ed25519 = true;
-        } else {
-            if (!sg->mac)
-                sg->mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
-            if (!sg->mac) {
-                rc = sl_err_set(err, SL_ECRYPTO,
-                                "could not fetch the hmac implementation from openssl");
-                goto out;
-            }
-            sg->tmpl[i] = keyed_ctx(sg->mac, secrets[i].key, secrets[i].len);
-            if (!sg->tmpl[i]) {
-                rc = sl_err_set(err, SL_ECRYPTO, "could not key hmac-sha256 context for secret %zu",
-                                i);
-                goto out;
-            }
+        } else if (hmac_key_init(&sg->hmac[i], secrets[i].key, secrets[i].len) < 0) {
+            rc = sl_err_set(err, SL_ECRYPTO, "could not key hmac-sha256 context for secret %zu", i);
+            goto out;
         }
         sg->n = i + 1;
     }
@@ -450,10 +511,9 @@ void sl_signer_destroy(sl_signer_t *sg)
     if (!sg)
         return;
     for (size_t i = 0; i < SL_SIGNER_MAX_SECRETS; i++) {
-        EVP_MAC_CTX_free(sg->tmpl[i]);
+        hmac_key_fini(&sg->hmac[i]);
         EVP_PKEY_free(sg->pkey[i]);
     }
-    EVP_MAC_free(sg->mac);
     free(sg);
 }
 
@@ -517,7 +577,7 @@ int sl_signer_sign(const sl_signer_t *sg,
             rc = append_entry(out, outlen, &o, "v1a", sig, sizeof(sig));
         } else {
             uint8_t mac[SL_SIGN_MAC_LEN];
-            if (mac_with(sg->tmpl[i], prefix, plen, body, len, mac) < 0) {
+            if (hmac_with(&sg->hmac[i], prefix, plen, body, len, mac) < 0) {
                 rc = sl_err_set(err, SL_ECRYPTO, "could not compute hmac-sha256 for secret %zu", i);
                 goto out;
             }
@@ -734,7 +794,7 @@ static int expected_macs(const struct sl_secret *secrets,
             goto out;
         }
         ctx = keyed_ctx(mac, secrets[i].key, secrets[i].len);
-        if (!ctx || mac_with(ctx, prefix, plen, body, len, expected[i]) < 0) {
+        if (!ctx || mac_in(ctx, prefix, plen, body, len, expected[i]) < 0) {
             rc = sl_err_set(err, SL_ECRYPTO, "could not compute hmac-sha256 for secret %zu", i);
             goto out;
         }

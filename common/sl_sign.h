@@ -13,9 +13,10 @@
  * entry matches any of its secrets (or public keys).
  *
  * Design: a signer (sl_signer_t) is built once per endpoint configuration. For HMAC it
- * fetches the EVP_MAC "HMAC" implementation once and keeps one keyed EVP_MAC_CTX template per
- * secret; each signature duplicates a template (EVP_MAC_CTX_dup) and feeds id, timestamp and
- * body in separate updates, so the body is never copied. For Ed25519 it keeps one EVP_PKEY
+ * keeps per secret the SHA-256 states after the key's inner and outer pad blocks (RFC 2104);
+ * each signature copies them in turn into the thread's hashing context (common/sl_digest.h)
+ * and feeds id, timestamp and body in separate updates, so the body is never copied.
+ * Verification uses OpenSSL's EVP_MAC HMAC instead, so the two check each other. For Ed25519 it keeps one EVP_PKEY
  * per secret; pure Ed25519 has no streaming interface, so when the signer holds an Ed25519
  * secret each signature copies "id.ts." + body into one heap buffer (HMAC-only signers never
  * copy). The message id must not contain '.' (the spec requires it so the id/timestamp/body
@@ -26,8 +27,9 @@
  *
  * thread: sl_secret_* and sl_verify are reentrant. A signer is immutable after
  * sl_signer_new: sl_signer_sign / sl_sign_headers may run concurrently on one signer (the
- * templates are only read, by EVP_MAC_CTX_dup; the EVP_PKEYs are only read, each signature
- * has its own EVP_MD_CTX); sl_signer_destroy must not race with them.
+ * pad states are only read, by EVP_MD_CTX_copy_ex into each thread's own context; the
+ * EVP_PKEYs are only read, each signature has its own EVP_MD_CTX); sl_signer_destroy must
+ * not race with them.
  */
 #ifndef SL_SIGN_H
 #define SL_SIGN_H

@@ -1,13 +1,15 @@
 /*
  * lsan_openssl_leak: the program tests/unit/lsan_openssl.sh runs under LeakSanitizer (ASan
  * builds only). It signs with a real signer (common/sl_sign.c: OpenSSL's one-time
- * initialisation, the HMAC fetch, a keyed template and its per-signature copy), then keys one
- * more HMAC-SHA256 context exactly as sl_signer_new keys its templates (keyed_ctx, reached by
- * including sl_sign.c: it is static there).
+ * initialisation, the SHA-256 fetch, a keyed HMAC and its per-signature copies into the
+ * thread's hashing context of common/sl_digest.c), then keys one more HMAC-SHA256 exactly as
+ * sl_signer_new keys its secrets (hmac_key_init, reached by including sl_sign.c: it is static
+ * there).
  *
- *   lsan_openssl_leak leak    drops that context: LeakSanitizer must report it
- *   lsan_openssl_leak clean   frees it: nothing may be reported (OpenSSL's own one-time
- *                             allocations are not leaks of ours)
+ *   lsan_openssl_leak leak    drops that key's two contexts: LeakSanitizer must report them
+ *   lsan_openssl_leak clean   frees them: nothing may be reported (OpenSSL's own one-time
+ *                             allocations are not leaks of ours, and the thread's hashing
+ *                             context stays reachable from its thread-local storage)
  *
  * Exit status: 0, or 1 when OpenSSL fails, 2 for bad usage (LeakSanitizer's own exit code is
  * set by the driver).
@@ -17,15 +19,14 @@
 
 #include "common/sl_sign.c"
 
-/* The only reference to the leaked context lives here until it is cleared. */
-static EVP_MAC_CTX *volatile held;
+/* The only references to the leaked contexts live here until they are cleared. */
+static struct hmac_key held;
 
-/* Keys a context like sl_signer_new and keeps it only in `held`. noinline: its frame (and any
- * copy of the pointer in it) is gone before the stack is scrubbed. */
-__attribute__((noinline)) static int make_ctx(EVP_MAC *mac, const struct sl_secret *s)
+/* Keys an HMAC like sl_signer_new and keeps it only in `held`. noinline: its frame (and any
+ * copy of the pointers in it) is gone before the stack is scrubbed. */
+__attribute__((noinline)) static int make_key(const struct sl_secret *s)
 {
-    held = keyed_ctx(mac, s->key, s->len);
-    return held ? 0 : -1;
+    return hmac_key_init(&held, s->key, s->len);
 }
 
 /* Overwrite the dead stack below main so no stale copy of the pointer keeps it reachable. */
@@ -55,13 +56,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "lsan_openssl_leak: %s\n", err.msg);
         goto out;
     }
-    if (make_ctx(sg->mac, &s) != 0) {
+    if (make_key(&s) != 0) {
         fprintf(stderr, "lsan_openssl_leak: could not key an hmac-sha256 context\n");
         goto out;
     }
     if (!leak)
-        EVP_MAC_CTX_free(held);
-    held = NULL;
+        hmac_key_fini(&held);
+    *(struct hmac_key *volatile)&held = (struct hmac_key){0};
     scrub_stack();
     rc = 0;
 out:
