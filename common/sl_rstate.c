@@ -36,6 +36,7 @@
 #include <openssl/sha.h>
 
 #include "common/sl_digest.h"
+#include "common/sl_fmt.h"
 #include "common/sl_hex.h"
 #include "common/sl_mem.h"
 #include "common/sl_rclock.h"
@@ -325,55 +326,70 @@ static struct sl_redis_script lua_idem_settle = {
 
 /* ==== Keys ==== */
 
-/* snprintf's result as a key length; -1 (and buf "") when it did not fit. */
-static int key_done(char *buf, size_t cap, int n)
+/* "<prefix>{<tag>}" or, with rest, "<prefix>{<tag>}:<rest>"; the tag is the shard number
+ * when tag is NULL. Returns the key's length, or -1 (buf "") when it did not fit. */
+static int key_of(char *buf,
+                  size_t cap,
+                  const char *prefix,
+                  const char *tag,
+                  uint32_t shard,
+                  const char *rest)
 {
-    if (n < 0 || (size_t)n >= cap) {
-        if (cap > 0)
-            buf[0] = '\0';
-        return -1;
+    struct sl_fmt f;
+    sl_fmt_init(&f, buf, cap);
+    sl_fmt_str(&f, prefix);
+    sl_fmt_mem(&f, "{", 1);
+    if (tag)
+        sl_fmt_str(&f, tag);
+    else
+        sl_fmt_u64(&f, shard);
+    if (rest) {
+        sl_fmt_mem(&f, "}:", 2);
+        sl_fmt_str(&f, rest);
+    } else {
+        sl_fmt_mem(&f, "}", 1);
     }
-    return n;
+    return sl_fmt_end(&f);
 }
 
 int sl_rstate_key_retry(char *buf, size_t cap, uint32_t shard)
 {
-    return key_done(buf, cap, snprintf(buf, cap, "sluice:retry:{%" PRIu32 "}", shard));
+    return key_of(buf, cap, "sluice:retry:", NULL, shard, NULL);
 }
 
 int sl_rstate_key_lease(char *buf, size_t cap, uint32_t shard)
 {
-    return key_done(buf, cap, snprintf(buf, cap, "sluice:lease:{%" PRIu32 "}", shard));
+    return key_of(buf, cap, "sluice:lease:", NULL, shard, NULL);
 }
 
 int sl_rstate_key_job(char *buf, size_t cap, uint32_t shard, const char *job_id)
 {
-    return key_done(buf, cap, snprintf(buf, cap, "sluice:job:{%" PRIu32 "}:%s", shard, job_id));
+    return key_of(buf, cap, "sluice:job:", NULL, shard, job_id);
 }
 
 int sl_rstate_key_breaker(char *buf, size_t cap, const char *endpoint_id)
 {
-    return key_done(buf, cap, snprintf(buf, cap, "sluice:breaker:{%s}", endpoint_id));
+    return key_of(buf, cap, "sluice:breaker:", endpoint_id, 0, NULL);
 }
 
 int sl_rstate_key_rate(char *buf, size_t cap, const char *endpoint_id)
 {
-    return key_done(buf, cap, snprintf(buf, cap, "sluice:rate:{%s}", endpoint_id));
+    return key_of(buf, cap, "sluice:rate:", endpoint_id, 0, NULL);
 }
 
 int sl_rstate_key_done(char *buf, size_t cap, const char *endpoint_id, const char *event_id)
 {
-    return key_done(buf, cap, snprintf(buf, cap, "sluice:done:{%s}:%s", endpoint_id, event_id));
+    return key_of(buf, cap, "sluice:done:", endpoint_id, 0, event_id);
 }
 
 int sl_rstate_key_apirate(char *buf, size_t cap, const char *api_key_id)
 {
-    return key_done(buf, cap, snprintf(buf, cap, "sluice:apirate:{%s}", api_key_id));
+    return key_of(buf, cap, "sluice:apirate:", api_key_id, 0, NULL);
 }
 
 int sl_rstate_key_idem(char *buf, size_t cap, const char *api_key_id, const char *hash_hex)
 {
-    return key_done(buf, cap, snprintf(buf, cap, "sluice:idem:{%s}:%s", api_key_id, hash_hex));
+    return key_of(buf, cap, "sluice:idem:", api_key_id, 0, hash_hex);
 }
 
 /* The three shard keys of a job (job_id "" gives the job key prefix). */

@@ -28,6 +28,7 @@
 
 #include "common/sl_b64.h"
 #include "common/sl_digest.h"
+#include "common/sl_fmt.h"
 #include "common/sl_mem.h"
 
 /*
@@ -443,7 +444,13 @@ static int check_msg_id(const char *msg_id, int code, sl_err_t *err)
 /* Write "id.ts." into buf (PREFIX_MAX bytes); returns its length. Inputs already checked. */
 static size_t build_prefix(char *buf, const char *msg_id, int64_t ts)
 {
-    int n = snprintf(buf, PREFIX_MAX, "%s.%" PRId64 ".", msg_id, ts);
+    struct sl_fmt f;
+    sl_fmt_init(&f, buf, PREFIX_MAX);
+    sl_fmt_str(&f, msg_id);
+    sl_fmt_mem(&f, ".", 1);
+    sl_fmt_i64(&f, ts);
+    sl_fmt_mem(&f, ".", 1);
+    int n = sl_fmt_end(&f);
     return n > 0 ? (size_t)n : 0;
 }
 
@@ -615,9 +622,15 @@ int sl_sign_headers(const sl_signer_t *sg,
         return rc;
     }
     /* msg_id and timestamp were validated by sl_signer_sign, so both lines fit. */
-    (void)snprintf(out->id, sizeof(out->id), "webhook-id: %s", msg_id);
-    (void)snprintf(out->timestamp, sizeof(out->timestamp), "webhook-timestamp: %" PRId64,
-                   timestamp_s);
+    struct sl_fmt f;
+    sl_fmt_init(&f, out->id, sizeof(out->id));
+    sl_fmt_str(&f, "webhook-id: ");
+    sl_fmt_str(&f, msg_id);
+    (void)sl_fmt_end(&f);
+    sl_fmt_init(&f, out->timestamp, sizeof(out->timestamp));
+    sl_fmt_str(&f, "webhook-timestamp: ");
+    sl_fmt_i64(&f, timestamp_s);
+    (void)sl_fmt_end(&f);
     return 0;
 }
 

@@ -17,6 +17,7 @@
 #include <curl/curl.h>
 #include <librdkafka/rdkafka.h>
 
+#include "common/sl_fmt.h"
 #include "common/sl_url.h"
 #include "consumer/cons_backoff.h"
 #include "consumer/cons_engine_int.h"
@@ -168,9 +169,14 @@ static int start_send(cons_engine_t *e, struct job *j)
     lines[nl++] = (struct hdr_line){sh.timestamp, NULL};
     lines[nl++] = (struct hdr_line){sh.signature, NULL};
     char attempt_num[16], created_num[24];
-    (void)snprintf(attempt_num, sizeof(attempt_num), "%u", j->d.attempt + 1);
+    struct sl_fmt f;
+    sl_fmt_init(&f, attempt_num, sizeof(attempt_num));
+    sl_fmt_u64(&f, (uint64_t)j->d.attempt + 1);
+    (void)sl_fmt_end(&f);
     lines[nl++] = (struct hdr_line){"X-Sluice-Attempt", attempt_num};
-    (void)snprintf(created_num, sizeof(created_num), "%llu", (unsigned long long)j->d.ts_ms);
+    sl_fmt_init(&f, created_num, sizeof(created_num));
+    sl_fmt_u64(&f, (uint64_t)j->d.ts_ms);
+    (void)sl_fmt_end(&f);
     lines[nl++] = (struct hdr_line){"X-Sluice-Created-Ms", created_num};
     for (size_t i = 0; i < ep->n_hdr && i < SL_HDR_MAX; i++)
         lines[nl++] = (struct hdr_line){ep->hdr[i].name, ep->hdr[i].value};

@@ -30,6 +30,7 @@
 
 #include <openssl/rand.h>
 
+#include "common/sl_fmt.h"
 #include "common/sl_hex.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
@@ -291,8 +292,17 @@ static int mark_build(void *ctx, size_t i, char *keybuf, const char **argv, size
     argvlen[2] = 1;
     const struct cons_done_info *in = d->info_in ? &d->info_in[i] : NULL;
     if (!d->dead && in && in->attempt > 0) {
-        int n = snprintf(d->val, sizeof(d->val), "1 %" PRIu32 " %" PRId64 " %" PRIu32 " %" PRIu64,
-                         in->attempt, in->ts_ms, in->status, in->lat_us);
+        struct sl_fmt f; /* "1 <attempt> <ts_ms> <status> <lat_us>" */
+        sl_fmt_init(&f, d->val, sizeof(d->val));
+        sl_fmt_mem(&f, "1 ", 2);
+        sl_fmt_u64(&f, in->attempt);
+        sl_fmt_mem(&f, " ", 1);
+        sl_fmt_i64(&f, in->ts_ms);
+        sl_fmt_mem(&f, " ", 1);
+        sl_fmt_u64(&f, in->status);
+        sl_fmt_mem(&f, " ", 1);
+        sl_fmt_u64(&f, in->lat_us);
+        int n = sl_fmt_end(&f);
         if (n > 0 && (size_t)n < sizeof(d->val)) {
             argv[2] = d->val;
             argvlen[2] = (size_t)n;
