@@ -12,9 +12,9 @@
 #include <string.h>
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static EVP_MD *mds[2];          /* by enum sl_digest_alg; NULL = OpenSSL could not fetch it */
-static pthread_key_t ctx_key;   /* its destructor frees a thread's context */
-static bool ctx_key_ok;         /* ctx_key was created */
+static EVP_MD *mds[2];        /* by enum sl_digest_alg; NULL = OpenSSL could not fetch it */
+static pthread_key_t ctx_key; /* its destructor frees a thread's context */
+static bool ctx_key_ok;       /* ctx_key was created */
 static _Thread_local EVP_MD_CTX *tl_ctx; /* this thread's context; NULL = not made yet */
 
 static void ctx_free(void *p)
@@ -52,11 +52,8 @@ EVP_MD_CTX *sl_digest_ctx(void)
     return c;
 }
 
-int sl_digest_parts(enum sl_digest_alg alg,
-                    const void *const *parts,
-                    const size_t *lens,
-                    size_t n,
-                    uint8_t *out)
+int sl_digest_parts(
+    enum sl_digest_alg alg, const void *const *parts, const size_t *lens, size_t n, uint8_t *out)
 {
     const EVP_MD *md = sl_digest_md(alg);
     EVP_MD_CTX *c = sl_digest_ctx();

@@ -43,10 +43,7 @@ EVP_MD_CTX *sl_digest_ctx(void);
  * length is 0). out holds the digest's length (20 or 32 bytes). Returns 0, or -1 when
  * OpenSSL fails (out is then zeroed).
  */
-int sl_digest_parts(enum sl_digest_alg alg,
-                    const void *const *parts,
-                    const size_t *lens,
-                    size_t n,
-                    uint8_t *out);
+int sl_digest_parts(
+    enum sl_digest_alg alg, const void *const *parts, const size_t *lens, size_t n, uint8_t *out);
 
 #endif /* SL_DIGEST_H */

@@ -22,10 +22,10 @@
 #include <stdint.h>
 
 struct sl_fmt {
-    char *buf;    /* start of the caller's buffer */
-    size_t cap;   /* its size in bytes (room for the NUL included) */
-    size_t len;   /* bytes written */
-    bool over;    /* something did not fit: nothing more is written */
+    char *buf;  /* start of the caller's buffer */
+    size_t cap; /* its size in bytes (room for the NUL included) */
+    size_t len; /* bytes written */
+    bool over;  /* something did not fit: nothing more is written */
 };
 
 /* Start writing into buf (cap bytes; cap 0 allowed: everything is then "over"). */

@@ -328,12 +328,8 @@ static struct sl_redis_script lua_idem_settle = {
 
 /* "<prefix>{<tag>}" or, with rest, "<prefix>{<tag>}:<rest>"; the tag is the shard number
  * when tag is NULL. Returns the key's length, or -1 (buf "") when it did not fit. */
-static int key_of(char *buf,
-                  size_t cap,
-                  const char *prefix,
-                  const char *tag,
-                  uint32_t shard,
-                  const char *rest)
+static int
+key_of(char *buf, size_t cap, const char *prefix, const char *tag, uint32_t shard, const char *rest)
 {
     struct sl_fmt f;
     sl_fmt_init(&f, buf, cap);

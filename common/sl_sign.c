@@ -48,8 +48,8 @@ struct sl_signer {
     size_t n;     /* secrets, 1..SL_SIGNER_MAX_SECRETS */
     bool ed25519; /* some secret is Ed25519: signing joins the message */
     struct hmac_key hmac[SL_SIGNER_MAX_SECRETS]; /* keyed HMAC-SHA256 of HMAC secrets */
-    EVP_PKEY *pkey[SL_SIGNER_MAX_SECRETS];    /* Ed25519 private keys, owned; only read after
-                                                 sl_signer_new, so threads may share them */
+    EVP_PKEY *pkey[SL_SIGNER_MAX_SECRETS];       /* Ed25519 private keys, owned; only read after
+                                                    sl_signer_new, so threads may share them */
 };
 
 /* "id." + "ts." : the part of the MAC input that precedes the body. */
@@ -300,8 +300,8 @@ static EVP_MD_CTX *padded_state(const uint8_t block[HMAC_BLOCK], uint8_t pad)
         p[i] = block[i] ^ pad;
     EVP_MD_CTX *c = EVP_MD_CTX_new();
     const EVP_MD *md = sl_digest_md(SL_SHA256);
-    bool ok = c && md && EVP_DigestInit_ex(c, md, NULL) == 1 &&
-              EVP_DigestUpdate(c, p, sizeof(p)) == 1;
+    bool ok =
+        c && md && EVP_DigestInit_ex(c, md, NULL) == 1 && EVP_DigestUpdate(c, p, sizeof(p)) == 1;
     OPENSSL_cleanse(p, sizeof(p));
     if (!ok) {
         EVP_MD_CTX_free(c);
@@ -342,8 +342,7 @@ static int hmac_with(const struct hmac_key *k,
     uint8_t ih[SL_SIGN_MAC_LEN];
     unsigned il = 0, ol = 0;
     EVP_MD_CTX *c = sl_digest_ctx();
-    bool ok = c && EVP_MD_CTX_copy_ex(c, k->inner) == 1 &&
-              EVP_DigestUpdate(c, prefix, plen) == 1 &&
+    bool ok = c && EVP_MD_CTX_copy_ex(c, k->inner) == 1 && EVP_DigestUpdate(c, prefix, plen) == 1 &&
               (len == 0 || EVP_DigestUpdate(c, body, len) == 1) &&
               EVP_DigestFinal_ex(c, ih, &il) == 1 && il == sizeof(ih) &&
               EVP_MD_CTX_copy_ex(c, k->outer) == 1 && EVP_DigestUpdate(c, ih, il) == 1 &&

@@ -16,12 +16,12 @@
  * keeps per secret the SHA-256 states after the key's inner and outer pad blocks (RFC 2104);
  * each signature copies them in turn into the thread's hashing context (common/sl_digest.h)
  * and feeds id, timestamp and body in separate updates, so the body is never copied.
- * Verification uses OpenSSL's EVP_MAC HMAC instead, so the two check each other. For Ed25519 it keeps one EVP_PKEY
- * per secret; pure Ed25519 has no streaming interface, so when the signer holds an Ed25519
- * secret each signature copies "id.ts." + body into one heap buffer (HMAC-only signers never
- * copy). The message id must not contain '.' (the spec requires it so the id/timestamp/body
- * boundaries cannot be shifted) nor anything that is not printable ASCII, as it travels in a
- * header.
+ * Verification uses OpenSSL's EVP_MAC HMAC instead, so the two check each other. For
+ * Ed25519 it keeps one EVP_PKEY per secret; pure Ed25519 has no streaming interface, so when
+ * the signer holds an Ed25519 secret each signature copies "id.ts." + body into one heap
+ * buffer (HMAC-only signers never copy). The message id must not contain '.' (the spec
+ * requires it so the id/timestamp/body boundaries cannot be shifted) nor anything that is not
+ * printable ASCII, as it travels in a header.
  *
  * Secrets never reach error messages: messages name the field and the problem only.
  *

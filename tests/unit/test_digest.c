@@ -21,8 +21,8 @@
 #include "common/sl_digest.h"
 #include "common/sl_hex.h"
 
-static void hex_of(enum sl_digest_alg alg, const void *const *parts, const size_t *lens, size_t n,
-                   char *out)
+static void
+hex_of(enum sl_digest_alg alg, const void *const *parts, const size_t *lens, size_t n, char *out)
 {
     uint8_t md[SL_DIGEST_MAX];
     assert_int_equal(sl_digest_parts(alg, parts, lens, n, md), 0);
@@ -78,10 +78,10 @@ static void test_parts_equal_whole(void **state)
 }
 
 struct worker {
-    EVP_MD_CTX *ctx;  /* the thread's context, as sl_digest_ctx returned it */
-    int same;         /* sl_digest_ctx returned the same one every time */
-    int wrong;        /* digests that differed from the expected value */
-    uint8_t seed;     /* what the thread hashes */
+    EVP_MD_CTX *ctx; /* the thread's context, as sl_digest_ctx returned it */
+    int same;        /* sl_digest_ctx returned the same one every time */
+    int wrong;       /* digests that differed from the expected value */
+    uint8_t seed;    /* what the thread hashes */
 };
 
 static void *worker_main(void *p)

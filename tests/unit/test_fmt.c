@@ -20,8 +20,8 @@
 static void test_integers_as_printf(void **state)
 {
     (void)state;
-    static const uint64_t us[] = {0, 1, 9, 10, 99, 100, 4294967295u, 4294967296u,
-                                  9999999999999999999u, UINT64_MAX};
+    static const uint64_t us[] = {
+        0, 1, 9, 10, 99, 100, 4294967295u, 4294967296u, 9999999999999999999u, UINT64_MAX};
     static const int64_t is[] = {0, 1, -1, 9, -9, 10, -10, INT64_MAX, INT64_MIN, INT64_MIN + 1};
     char got[48], want[48]; /* a u64, a colon and an i64: 42 bytes at most */
     struct sl_fmt f;
