@@ -19,12 +19,15 @@ flight. CPU and RSS are the figures to compare; the rate moves with the machine'
 in-flight window (rate = in flight / delay) and RSS and CPU are compared at the same load.
 
 --build must hold sluice-produce, sluicectl, sluice-receiver and sl-test-topic. Extra
-consumer settings: --set KEY=VALUE (SLUICE_KEY=VALUE for every drain).
+consumer settings: --set KEY=VALUE (SLUICE_KEY=VALUE for every drain). A --bin may be a
+wrapper script; CPU and RSS are read from the process it starts, so a wrapper should exec
+the consumer. Each drain runs in its own process group, killed when the drain ends.
 """
 
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -94,8 +97,10 @@ def main():
             b.topics(e)  # the drain's outcome topic (auto-creation stalls the producer)
             recv = b.start_receiver(tag)
             logf = open(os.path.join(work, f"consumer-{tag}.log"), "ab")
+            # its own process group: what a wrapper starts beside or under the consumer
+            # (heaptrack runs the binary as its child) is stopped with it below
             p = subprocess.Popen([path], env=e, stdout=logf, stderr=logf,
-                                 stdin=subprocess.DEVNULL)
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
             p.logf, p.log_path, p.name = logf, logf.name, tag
             rcpu0 = bench.proc_cpu_s(recv.pid)
             t0 = time.time()
@@ -106,6 +111,10 @@ def main():
                 hwm = bench.proc_status_kb(p.pid, "VmHWM")
             finally:
                 b.stop_proc(p)
+                try:  # anything of the drain's process group still running: a consumer left
+                    os.killpg(p.pid, signal.SIGKILL)  # behind would claim the next drains' jobs
+                except ProcessLookupError:
+                    pass
                 b.stop_proc(recv)
             infl, mem = b.consumer_peaks(p)
             r = {"bin": name, "round": rnd, "wall_s": round(waited, 2),
