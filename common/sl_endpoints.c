@@ -21,8 +21,8 @@
 
 #include <librdkafka/rdkafka.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 
+#include "common/sl_digest.h"
 #include "common/sl_fault.h"
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
@@ -878,7 +878,6 @@ static void apply(sl_endpoints_t *t, const rd_kafka_message_t *m)
 {
     char id[SL_ENDPOINT_ID_MAX + 1];
     uint8_t digest[DIGEST_LEN];
-    unsigned dlen = 0;
     atomic_fetch_add(&t->st_records, 1);
     if (!m->key || !sl_valid_endpoint_id(m->key, m->key_len)) {
         log_invalid(t, "", m, "record key is not a valid endpoint id");
@@ -890,8 +889,8 @@ static void apply(sl_endpoints_t *t, const rd_kafka_message_t *m)
         apply_delete(t, id);
         return;
     }
-    if (EVP_Digest(m->payload, m->len, digest, &dlen, EVP_sha256(), NULL) != 1 ||
-        dlen != DIGEST_LEN) {
+    const void *parts[] = {m->payload};
+    if (sl_digest_parts(SL_SHA256, parts, &m->len, 1, digest) != 0) {
         log_invalid(t, id, m, "could not hash the record");
         return;
     }

@@ -772,16 +772,14 @@ out:
 /* Append "<prefix><n>\r\n" (a RESP array or bulk length) to b. */
 static int resp_len(struct sl_buf *b, char prefix, size_t n)
 {
-    char tmp[24];
-    char *p = tmp + sizeof(tmp);
-    *--p = '\n';
-    *--p = '\r';
-    do {
-        *--p = (char)('0' + n % 10);
-        n /= 10;
-    } while (n);
-    *--p = prefix;
-    return sl_buf_append(b, p, (size_t)(tmp + sizeof(tmp) - p));
+    char tmp[24]; /* prefix, 20 digits, CR LF */
+    struct sl_fmt f;
+    sl_fmt_init(&f, tmp, sizeof(tmp));
+    sl_fmt_mem(&f, &prefix, 1);
+    sl_fmt_u64(&f, n);
+    sl_fmt_mem(&f, "\r\n", 2);
+    int len = sl_fmt_end(&f); /* 23 bytes at most: always fits */
+    return len < 0 ? SL_ETOOBIG : sl_buf_append(b, tmp, (size_t)len);
 }
 
 /*
