@@ -38,9 +38,9 @@
 #include "common/sl_fault.h"
 #include "common/sl_hex.h"
 #include "common/sl_jsonl.h"
-#include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_rstate.h"
+#include "common/sl_time.h"
 
 #define IDEM_KEY_MAX 255
 

@@ -35,10 +35,10 @@
 #include "api/api.h"
 #include "common/sl_hex.h"
 #include "common/sl_httpd.h"
-#include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_probe.h"
 #include "common/sl_secretbox.h"
+#include "common/sl_time.h"
 
 /* Per-connection memory of libmicrohttpd (request line, headers, read and write buffers;
  * bodies stream to the handler). It zeroes the whole pool between requests, so its default

@@ -23,10 +23,10 @@
 #include <unistd.h>
 
 #include "api/api.h"
-#include "common/sl_kafka.h"
 #include "common/sl_limits.h"
 #include "common/sl_log.h"
 #include "common/sl_probe.h"
+#include "common/sl_time.h"
 
 /* SIGTERM and SIGINT are blocked in every thread and taken by sigwait on a thread of their
  * own (signal_main), which sets g_stop, seen by the start-up waits, and ends; the main

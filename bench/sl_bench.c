@@ -92,6 +92,7 @@
 #include "common/sl_record.h"
 #include "common/sl_secretbox.h"
 #include "common/sl_sign.h"
+#include "common/sl_time.h"
 #include "producer/prod_gen.h"
 #include "producer/prod_lib.h"
 

@@ -28,6 +28,7 @@
 #include "common/sl_log.h"
 #include "common/sl_map.h"
 #include "common/sl_mem.h"
+#include "common/sl_time.h"
 #include "common/sl_url.h"
 
 #define READER_GROUP_ID  "sluice-endpoints-reader" /* required by assign() in 2.0.2; unused */

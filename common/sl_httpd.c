@@ -25,6 +25,7 @@
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_probe.h"
+#include "common/sl_time.h"
 
 /* What the loops are asked to do; only ever moves forward. */
 enum loop_cmd { LOOP_RUN, LOOP_QUIESCE, LOOP_STOP };

@@ -23,6 +23,7 @@
 #include "common/sl_kafka.h" /* sl_now_ms */
 #include "common/sl_mem.h"
 #include "common/sl_record_int.h"
+#include "common/sl_time.h"
 
 /* The top-level fields a line may carry. */
 static const char *const jsonl_fields[] = {

@@ -122,11 +122,4 @@ int sl_kafka_produce_hdrs(rd_kafka_t *rk,
 /* Flush with a bound; returns 0, or SL_ETIMEDOUT with the number left in err. */
 int sl_kafka_flush(rd_kafka_t *rk, int timeout_ms, sl_err_t *err);
 
-/* Wall clock in unix ms, and a monotonic clock in ms / µs. */
-int64_t sl_now_ms(void);
-int64_t sl_mono_ms(void);
-int64_t sl_mono_us(void);
-/* Sleep ms (>= 0); a signal may end it early (callers that wait for a flag loop on it). */
-void sl_sleep_ms(int64_t ms);
-
 #endif /* SL_KAFKA_H */

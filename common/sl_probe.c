@@ -16,9 +16,9 @@
 
 #include <microhttpd.h>
 
-#include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_metrics.h"
+#include "common/sl_time.h"
 
 #if MHD_VERSION < 0x00097002
 typedef int MHD_RESULT;

@@ -31,6 +31,7 @@
 #include "common/sl_mem.h"
 #include "common/sl_pg.h"
 #include "common/sl_record.h"
+#include "common/sl_time.h"
 
 #define ENQUEUE_WAIT_MS 10000 /* a full local producer queue, per record */
 

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sl_time.h"
 #include "consumer/cons_backoff.h"
 #include "consumer/cons_engine_int.h"
 

@@ -30,6 +30,7 @@
 #include "common/sl_kafka.h"
 #include "common/sl_kstats.h"
 #include "common/sl_probe.h"
+#include "common/sl_time.h"
 #include "consumer/cons_engine_int.h"
 
 static void store_offsets(cons_engine_t *e, bool force);

@@ -16,9 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "common/sl_time.h"
 
 /*
  * Connection caches. libcurl 7.88 scans a host's whole connection list to find an idle one

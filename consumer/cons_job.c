@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/sl_assert.h"
+#include "common/sl_time.h"
 #include "consumer/cons_engine_int.h"
 
 static const char *const job_state_names[JOB_STATE_COUNT] = {

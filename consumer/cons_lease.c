@@ -10,6 +10,7 @@
  */
 #include <stdlib.h>
 
+#include "common/sl_time.h"
 #include "consumer/cons_engine_int.h"
 
 struct renew_item {

@@ -18,6 +18,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "common/sl_fmt.h"
+#include "common/sl_time.h"
 #include "common/sl_url.h"
 #include "consumer/cons_backoff.h"
 #include "consumer/cons_engine_int.h"

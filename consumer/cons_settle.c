@@ -22,6 +22,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "common/sl_fault.h"
+#include "common/sl_time.h"
 #include "consumer/cons_backoff.h"
 #include "consumer/cons_engine_int.h"
 

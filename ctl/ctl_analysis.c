@@ -17,13 +17,13 @@
 #include <libpq-fe.h>
 
 #include "common/sl_endpoints.h"
-#include "common/sl_kafka.h"
 #include "common/sl_map.h"
 #include "common/sl_mem.h"
 #include "common/sl_pg.h"
 #include "common/sl_record.h"
 #include "common/sl_redis.h"
 #include "common/sl_rstate.h"
+#include "common/sl_time.h"
 #include "ctl/ctl_ops.h"
 #include "ctl/ctl_thresholds.h"
 

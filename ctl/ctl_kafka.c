@@ -22,6 +22,7 @@
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
+#include "common/sl_time.h"
 
 static volatile sig_atomic_t g_stop;
 

@@ -20,11 +20,11 @@
 #include <jansson.h>
 #include <libpq-fe.h>
 
-#include "common/sl_kafka.h"
 #include "common/sl_map.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
 #include "common/sl_replay.h"
+#include "common/sl_time.h"
 #include "ctl/ctl_ops.h"
 
 #define FAILURES_SHOWN 20 /* failures listed in text output */

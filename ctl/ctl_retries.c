@@ -33,6 +33,7 @@
 #include "common/sl_record.h"
 #include "common/sl_redis.h"
 #include "common/sl_rstate.h"
+#include "common/sl_time.h"
 #include "ctl/ctl_ops.h"
 
 #define FETCH_ROWS        500 /* rows per cursor fetch (and per EXISTS pipeline) */

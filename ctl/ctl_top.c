@@ -21,6 +21,7 @@
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
 #include "common/sl_redis.h"
+#include "common/sl_time.h"
 
 #define RING     512 /* latency samples kept per endpoint */
 #define MAX_ROWS 25  /* endpoints shown */

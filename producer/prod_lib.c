@@ -37,6 +37,7 @@
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "common/sl_time.h"
 #include "producer/prod_conf.h"
 #include "producer/prod_lib_int.h"
 #include "producer/sluice_producer.h"

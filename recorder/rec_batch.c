@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/sl_kafka.h" /* sl_now_ms */
+#include "common/sl_time.h"
 
 const uint8_t rec_copy_header[REC_COPY_HEADER_LEN] = {
     'P', 'G', 'C', 'O', 'P', 'Y', '\n', 0xff, '\r', '\n', 0, /* signature */

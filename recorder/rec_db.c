@@ -16,10 +16,10 @@
 
 #include <libpq-fe.h>
 
-#include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_pg.h"
+#include "common/sl_time.h"
 #include "recorder/rec_agg.h"
 #include "recorder/rec_db_int.h"
 

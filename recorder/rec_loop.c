@@ -41,6 +41,7 @@
 #include "common/sl_probe.h"
 #include "common/sl_record.h"
 #include "common/sl_registry.h"
+#include "common/sl_time.h"
 #include "recorder/rec_batch.h"
 #include "recorder/rec_db.h"
 #include "recorder/rec_maint.h"

@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_metrics.h"
+#include "common/sl_time.h"
 #include "recorder/rec_db.h"
 
 struct rec_maint {

@@ -28,6 +28,7 @@
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
+#include "common/sl_time.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
 

@@ -43,6 +43,7 @@
 #include "common/sl_registry.h"
 #include "common/sl_secretbox.h"
 #include "common/sl_sign.h"
+#include "common/sl_time.h"
 #include "sl_testenv.h"
 
 #define SLUICECTL SL_BINARY_DIR "/ctl/sluicectl"

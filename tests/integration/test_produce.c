@@ -35,6 +35,7 @@
 #include "common/sl_jsonl.h"
 #include "common/sl_kafka.h"
 #include "common/sl_record.h"
+#include "common/sl_time.h"
 #include "producer/prod_lib_int.h"
 #include "producer/sluice_producer.h"
 #include "sl_test_kafka.h"

@@ -18,9 +18,9 @@
 
 #include "common/sl_err.h"
 #include "common/sl_jsonl.h"
-#include "common/sl_kafka.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
+#include "common/sl_time.h"
 
 #define NOW 1700000000123ULL
 
