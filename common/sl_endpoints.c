@@ -1287,6 +1287,24 @@ void sl_endpoints_snapshot(sl_endpoints_t *t, const struct sl_endpoint ***out, s
     pthread_rwlock_unlock(&t->lock);
 }
 
+int sl_endpoints_cluster_id(sl_endpoints_t *t, int timeout_ms, char *buf, size_t cap, sl_err_t *err)
+{
+    if (cap > 0)
+        buf[0] = '\0';
+    char *id = rd_kafka_clusterid(t->rk, timeout_ms); /* thread-safe: the metadata cache */
+    if (!id)
+        return sl_err_set(err, SL_EKAFKA, "kafka did not tell its cluster id within %d ms",
+                          timeout_ms);
+    size_t n = strlen(id);
+    int rc = 0;
+    if (n >= cap)
+        rc = sl_err_set(err, SL_ETOOBIG, "kafka cluster id of %zu bytes is too long", n);
+    else
+        memcpy(buf, id, n + 1);
+    rd_kafka_mem_free(t->rk, id);
+    return rc;
+}
+
 void sl_endpoints_close(sl_endpoints_t *t)
 {
     if (!t)

@@ -241,6 +241,14 @@ int sl_endpoint_rec_verify(const struct sl_masterkey *mk,
  */
 void sl_endpoints_snapshot(sl_endpoints_t *t, const struct sl_endpoint ***out, size_t *n);
 
+/*
+ * The id of the Kafka cluster the table is read from (the brokers' metadata) into buf (cap
+ * bytes). Returns 0, or SL_EKAFKA with err filled when no broker told it within timeout_ms,
+ * SL_ETOOBIG when it does not fit.
+ */
+int sl_endpoints_cluster_id(
+    sl_endpoints_t *t, int timeout_ms, char *buf, size_t cap, sl_err_t *err);
+
 /* Stop the updater thread, close the Kafka client, drop the table's references (NULL-safe). */
 void sl_endpoints_close(sl_endpoints_t *t);
 

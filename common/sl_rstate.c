@@ -324,6 +324,18 @@ static struct sl_redis_script lua_idem_settle = {
            "return 1\n",
 };
 
+/*
+ * claim_owner. KEYS[1] sluice:owner. ARGV[1] the caller's deployment. Sets the key when it is
+ * absent; returns {1, value} when this call set it, {0, value} with the value found.
+ */
+static struct sl_redis_script lua_claim_owner = {
+    .name = "claim_owner",
+    .lua = "local v = redis.call('GET', KEYS[1])\n"
+           "if v then return {0, v} end\n"
+           "redis.call('SET', KEYS[1], ARGV[1])\n"
+           "return {1, ARGV[1]}\n",
+};
+
 /* ==== Keys ==== */
 
 /* "<prefix>{<tag>}" or, with rest, "<prefix>{<tag>}:<rest>"; the tag is the shard number
@@ -386,6 +398,14 @@ int sl_rstate_key_apirate(char *buf, size_t cap, const char *api_key_id)
 int sl_rstate_key_idem(char *buf, size_t cap, const char *api_key_id, const char *hash_hex)
 {
     return key_of(buf, cap, "sluice:idem:", api_key_id, 0, hash_hex);
+}
+
+int sl_rstate_key_owner(char *buf, size_t cap)
+{
+    struct sl_fmt f;
+    sl_fmt_init(&f, buf, cap);
+    sl_fmt_str(&f, "sluice:owner");
+    return sl_fmt_end(&f);
 }
 
 /* The three shard keys of a job (job_id "" gives the job key prefix). */
@@ -1174,6 +1194,38 @@ int sl_rstate_idem_settle(sl_redis_t *r,
         rc = (int)rep->integer;
     else
         rc = fail_reply(err, "settle an idempotency key", rep);
+    freeReplyObject(rep);
+    return rc;
+}
+
+int sl_rstate_claim_owner(
+    sl_redis_t *r, const char *owner, char *found, size_t found_cap, sl_err_t *err)
+{
+    static const char op[] = "bind the redis database to this deployment";
+    size_t olen = owner ? strlen(owner) : 0;
+    if (olen == 0 || olen > SL_RSTATE_OWNER_MAX)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: owner empty or over %d bytes", op,
+                          SL_RSTATE_OWNER_MAX);
+    if (!found || found_cap == 0)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: no output buffer", op);
+    found[0] = '\0';
+    char key[32];
+    (void)sl_rstate_key_owner(key, sizeof(key));
+    const char *argv[] = {key, owner};
+    redisReply *rep;
+    int rc = run_script(r, &lua_claim_owner, 1, 2, argv, NULL, 1, op, &rep, err);
+    if (rc != 0)
+        return rc;
+    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
+        rep->element[0]->type == REDIS_REPLY_INTEGER &&
+        rep->element[1]->type == REDIS_REPLY_STRING) {
+        size_t n = rep->element[1]->len < found_cap - 1 ? rep->element[1]->len : found_cap - 1;
+        memcpy(found, rep->element[1]->str, n);
+        found[n] = '\0';
+        rc = rep->element[0]->integer == 1;
+    } else {
+        rc = fail_reply(err, op, rep);
+    }
     freeReplyObject(rep);
     return rc;
 }

@@ -29,6 +29,9 @@
  *                                 <status> <lat_us>]" delivered, "d" dead-lettered.
  *   sluice:apirate:{key}    HASH  sluice-api key bucket: tokens, ts.
  *   sluice:idem:{key}:<h>   STRING sluice-api Idempotency-Key state (api/api_events.c).
+ *   sluice:owner            STRING the deployment this database's state belongs to:
+ *                                 "<Kafka cluster id>/<endpoints topic>", set by the first
+ *                                 consumer to start (sl_rstate_claim_owner).
  * Job id = hex SHA-1 of "<endpoint id>\n<event id>"; shard = its first four hex digits modulo
  * the shard count. Lease tokens are 32 lowercase hex digits, chosen by the caller.
  *
@@ -75,6 +78,7 @@ int sl_rstate_key_rate(char *buf, size_t cap, const char *endpoint_id);
 int sl_rstate_key_done(char *buf, size_t cap, const char *endpoint_id, const char *event_id);
 int sl_rstate_key_apirate(char *buf, size_t cap, const char *api_key_id);
 int sl_rstate_key_idem(char *buf, size_t cap, const char *api_key_id, const char *hash_hex);
+int sl_rstate_key_owner(char *buf, size_t cap);
 
 /* ==== Job ids ==== */
 
@@ -288,5 +292,18 @@ int sl_rstate_idem_settle(sl_redis_t *r,
                           size_t answer_len,
                           int64_t ttl_s,
                           sl_err_t *err);
+
+/* Longest owner value: a Kafka cluster id (22 characters; 64 allowed), '/', a topic name. */
+#define SL_RSTATE_OWNER_MAX 320
+
+/*
+ * Bind the database to owner ("<Kafka cluster id>/<endpoints topic>", 1..SL_RSTATE_OWNER_MAX
+ * bytes) unless it is bound already; the value it is bound to (owner, or the one found) is
+ * copied into found (found_cap bytes, SL_RSTATE_OWNER_MAX + 1 hold any). Returns 1 when this
+ * call bound it, 0 when it was bound already (to owner or another: compare found), or a
+ * negative code with err filled. Retried once after a lost connection (safe to run twice).
+ */
+int sl_rstate_claim_owner(
+    sl_redis_t *r, const char *owner, char *found, size_t found_cap, sl_err_t *err);
 
 #endif /* SL_RSTATE_H */

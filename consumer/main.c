@@ -2,7 +2,8 @@
  * sluice-consumer: delivers the records of sluice.deliveries to their endpoints.
  *
  *   parse args -> load config (exit 78 on any error, before connecting) -> master key ->
- *   endpoint table (sluice.endpoints read to its high watermark) -> engine -> run until
+ *   endpoint table (sluice.endpoints read to its high watermark) -> the Redis database's
+ *   owner checked (exit 78 when it is another deployment's) -> engine -> run until
  *   SIGTERM/SIGINT -> drain, reschedule, flush, commit -> exit 0.
  * A SIGTERM/SIGINT while the endpoint table is still loading (Kafka unreachable: up to 60 s)
  * ends that wait at once: nothing was taken yet, so the process logs start_cancelled and
@@ -28,6 +29,7 @@
 #include "common/sl_mem.h"
 #include "common/sl_probe.h"
 #include "common/sl_redis.h"
+#include "common/sl_rstate.h"
 #include "common/sl_secretbox.h"
 #include "consumer/cons_engine.h"
 #include "consumer/cons_metrics.h"
@@ -116,7 +118,10 @@ static void usage(FILE *f)
            "Configuration comes from SLUICE_* environment variables or a config file; see\n"
            "--help-config. SIGTERM or SIGINT drains in-flight requests and exits cleanly;\n"
            "during start-up (the endpoint table still loading, e.g. Kafka unreachable) it\n"
-           "ends the wait and exits 0 at once.\n");
+           "ends the wait and exits 0 at once.\n"
+           "The Redis database (redis_url) holds one deployment's state: the first consumer\n"
+           "binds it to its Kafka cluster and topic_endpoints (key sluice:owner), and a\n"
+           "consumer of another deployment exits 78 at start-up.\n");
 }
 
 /* A stop request came before anything was taken: one line, then exit 0. */
@@ -164,6 +169,48 @@ load_endpoints(const struct sl_config *cfg, const struct sl_masterkey *mk, sl_en
         return 1;
     }
     return 0;
+}
+
+/*
+ * A Redis database holds one deployment's state. Another deployment's consumers would claim
+ * its retries and send them with their own endpoint table (an id both know goes to the wrong
+ * URL, one they do not know is dead-lettered), and share its breakers, rate buckets and
+ * delivered markers. A deployment is named by the endpoint table its consumers read: Kafka
+ * cluster id and endpoints topic. The first consumer binds the database to it (sluice:owner,
+ * sl_rstate_claim_owner); a consumer of another deployment refuses to start. Returns 0,
+ * SL_CFG_EXIT on a mismatch, 1 when Kafka or Redis did not answer (both logged).
+ */
+static int check_redis_owner(const struct sl_config *cfg, sl_endpoints_t *eps)
+{
+    sl_err_t err;
+    char cluster[96], owner[SL_RSTATE_OWNER_MAX + 1], found[SL_RSTATE_OWNER_MAX + 1];
+    if (sl_endpoints_cluster_id(eps, 10000, cluster, sizeof(cluster), &err) != 0) {
+        sl_error("consumer", "start_failed", "%s", err.msg);
+        return 1;
+    }
+    (void)snprintf(owner, sizeof(owner), "%s/%s", cluster, cfg->topic_endpoints);
+    sl_redis_t *r = sl_redis_connect(cfg->redis_url, (int)cfg->redis_timeout_ms, &err);
+    int rc = r ? sl_rstate_claim_owner(r, owner, found, sizeof(found), &err) : SL_EREDIS;
+    sl_redis_close(r);
+    if (rc < 0) {
+        sl_error("consumer", "start_failed", "%s", err.msg);
+        return 1;
+    }
+    if (rc == 1)
+        sl_info("consumer", "redis_owner_set",
+                "the redis database now holds the state of this deployment (%s)", owner);
+    if (rc == 1 || strcmp(found, owner) == 0)
+        return 0;
+    sl_error("consumer", "redis_owner_mismatch",
+             "the database of redis_url holds the state of another deployment, whose endpoint "
+             "table is %s (Kafka cluster id/endpoints topic), not this consumer's %s: two "
+             "deployments on one database claim each other's retries and send them with the "
+             "wrong endpoint table. Give this deployment a database of its own; if it has "
+             "taken this one over (its Kafka cluster or endpoints topic was replaced), delete "
+             "the key sluice:owner first (docs/OPERATIONS.md, \"One Redis database per "
+             "deployment\")",
+             found, owner);
+    return SL_CFG_EXIT;
 }
 
 /* One engine per loop. Returns 0, or -1 (logged) when one could not be made. */
@@ -266,6 +313,11 @@ int main(int argc, char **argv)
     }
     atomic_store(&rd.endpoints_loaded, true);
     sl_info("consumer", "endpoints_loaded", "%zu endpoints loaded", sl_endpoints_count(eps));
+    erc = check_redis_owner(&cfg, eps);
+    if (erc != 0) {
+        rc = erc;
+        goto out;
+    }
     loops = sl_xcalloc((size_t)n, sizeof(*loops));
     if (new_engines(loops, n, &cfg, eps) == 0) {
         g_loops = loops;

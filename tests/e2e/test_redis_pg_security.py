@@ -3,7 +3,8 @@
 Redis: an ACL user made on the shared stack's Redis for the test (ACL SETUSER, deleted
 afterwards) with a password that needs percent-encoding in the URL; a consumer delivers with
 it (its connections show as that user), a wrong password stops it with an authentication
-error that names Redis and never shows the password.
+error that names Redis and never shows the password. A database holds one deployment's
+state: a consumer of another deployment (another endpoint table) exits 78 naming both.
 
 PostgreSQL: sslmode and sslrootcert travel in the DSN untouched by every process. The shared
 stack's server has no TLS: disable and prefer connect, require is refused. A private server
@@ -14,6 +15,7 @@ server's certificate, or sslmode=disable each fail with a message naming Postgre
 """
 
 import os
+import re
 import subprocess
 import urllib.parse
 
@@ -72,6 +74,58 @@ def test_bad_redis_url_stops_start_up_with_78(make_world):
         assert r.returncode == 78, (url, r.stderr)
         assert "invalid value for redis_url: " in r.stderr and want in r.stderr, r.stderr
         assert "pw%zz" not in r.stderr
+
+
+def test_a_redis_database_of_another_deployment_stops_start_up_with_78(make_world):
+    """The first consumer binds the database to its Kafka cluster and endpoints topic
+    (sluice:owner); a consumer reading another endpoint table exits 78 before it takes a
+    record, naming both, and changes nothing; pods of the bound deployment keep starting;
+    once the key is deleted (the documented take-over) the other deployment binds it."""
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint(f"own_{w.tag}", rcv.url("ok", f"own_{w.tag}"))
+    c = w.consumer()
+    evs = [event(ep, i, w.tag) for i in range(2)]
+    assert w.produce(evs).returncode == 0
+    wait_until(lambda: {l["webhook_id"] for l in rcv.ledger()} >= {e["id"] for e in evs},
+               60 * MULT, 0.2, "delivered by the deployment that bound the database")
+    owner = redis_cmd(w.redis_url, "GET", "sluice:owner").decode()
+    cluster, topic = owner.split("/", 1)
+    assert topic == f"t{w.tag}.endpoints", owner
+    assert re.fullmatch(r"[A-Za-z0-9_-]{16,64}", cluster), owner
+    assert len(c.events("redis_owner_set")) == 1
+
+    other_topic = f"t{w.tag}.other.endpoints"
+    other = {"topic_endpoints": other_topic, "consumer_group": f"g{w.tag}.other"}
+    r = w.ctl("topics", "ensure", "--partitions", "1",
+              env=dict(w.env, SLUICE_TOPIC_ENDPOINTS=other_topic))
+    assert r.returncode == 0, r.stderr
+    bad = w.consumer(name="other", **other)
+    assert bad.p.wait(60 * MULT) == 78, bad.logs()[-3000:]
+    (line,) = bad.events("redis_owner_mismatch")
+    assert f"whose endpoint table is {owner} " in line["msg"], line
+    assert f"not this consumer's {cluster}/{other_topic}:" in line["msg"], line
+    assert "delete the key sluice:owner" in line["msg"], line
+    assert redis_cmd(w.redis_url, "GET", "sluice:owner").decode() == owner
+
+    # another pod of the bound deployment (a restart): starts and delivers
+    assert c.term() == 0
+    c2 = w.consumer(name="c2")
+    more = [event(ep, i, w.tag) for i in range(2, 4)]
+    assert w.produce(more).returncode == 0
+    wait_until(lambda: {l["webhook_id"] for l in rcv.ledger()} >= {e["id"] for e in more},
+               60 * MULT, 0.2, "delivered by a later pod of the bound deployment")
+    assert not c2.events("redis_owner_set") and not c2.events("redis_owner_mismatch")
+    assert c2.term() == 0
+
+    # the take-over: the key deleted, the other deployment binds the database
+    redis_cmd(w.redis_url, "DEL", "sluice:owner")
+    took = w.consumer(name="other2", **other)
+    wait_until(lambda: took.events("redis_owner_set") or not took.alive(), 60 * MULT, 0.2,
+               "the other deployment binds the database once the key is gone")
+    assert took.alive(), took.logs()[-3000:]
+    assert redis_cmd(w.redis_url, "GET", "sluice:owner").decode() == f"{cluster}/{other_topic}"
+    assert took.term() == 0
 
 
 # ==== PostgreSQL ====

@@ -249,6 +249,47 @@ static void test_idempotency_settle_only_under_its_own_lock(void **state)
     assert_string_equal(v, "d:fp:400:{}");
 }
 
+/* The database's owner: set by the first claim, kept against any other, never overwritten. */
+static void test_the_first_owner_keeps_the_database(void **state)
+{
+    struct fx *f = *state;
+    sl_err_t err = {0};
+    char found[SL_RSTATE_OWNER_MAX + 1], k[32], v[SL_RSTATE_OWNER_MAX + 1];
+    assert_int_equal(sl_rstate_key_owner(k, sizeof(k)), (int)strlen("sluice:owner"));
+    assert_string_equal(k, "sluice:owner");
+
+    assert_int_equal(
+        sl_rstate_claim_owner(f->r, "clusterA/sluice.endpoints", found, sizeof(found), &err), 1);
+    assert_string_equal(found, "clusterA/sluice.endpoints");
+    adm_get(f, k, v, sizeof(v));
+    assert_string_equal(v, "clusterA/sluice.endpoints");
+    /* the same deployment again (another pod, a restart): bound already, to it */
+    assert_int_equal(
+        sl_rstate_claim_owner(f->r, "clusterA/sluice.endpoints", found, sizeof(found), &err), 0);
+    assert_string_equal(found, "clusterA/sluice.endpoints");
+    /* another Kafka cluster, another endpoints topic: told whose it is, nothing changed */
+    assert_int_equal(
+        sl_rstate_claim_owner(f->r, "clusterB/sluice.endpoints", found, sizeof(found), &err), 0);
+    assert_string_equal(found, "clusterA/sluice.endpoints");
+    assert_int_equal(
+        sl_rstate_claim_owner(f->r, "clusterA/staging.endpoints", found, sizeof(found), &err), 0);
+    assert_string_equal(found, "clusterA/sluice.endpoints");
+    adm_get(f, k, v, sizeof(v));
+    assert_string_equal(v, "clusterA/sluice.endpoints");
+    assert_int_equal(adm_int(f, "TTL %s", k), -1); /* kept until an operator deletes it */
+    /* a value found that does not fit is cut, still terminated */
+    char small[9];
+    assert_int_equal(sl_rstate_claim_owner(f->r, "x/y", small, sizeof(small), &err), 0);
+    assert_string_equal(small, "clusterA");
+    /* bad arguments: refused before any I/O */
+    char big[SL_RSTATE_OWNER_MAX + 2];
+    memset(big, 'a', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    assert_int_equal(sl_rstate_claim_owner(f->r, big, found, sizeof(found), &err), SL_EINVAL);
+    assert_int_equal(sl_rstate_claim_owner(f->r, "", found, sizeof(found), &err), SL_EINVAL);
+    assert_int_equal(sl_rstate_claim_owner(f->r, "a/b", NULL, 0, &err), SL_EINVAL);
+}
+
 /* Each test starts from an empty Redis, on the group's two connections. */
 static int flush(void **state)
 {
@@ -374,6 +415,7 @@ int main(void)
         cmocka_unit_test_setup(test_endpoint_scripts_write_the_named_keys, flush),
         cmocka_unit_test_setup(test_api_key_bucket, flush),
         cmocka_unit_test_setup(test_idempotency_settle_only_under_its_own_lock, flush),
+        cmocka_unit_test_setup(test_the_first_owner_keeps_the_database, flush),
         cmocka_unit_test(test_a_demoted_server_is_left_for_a_new_connection),
         cmocka_unit_test(test_a_server_that_stops_answering_fails_calls_at_once), /* last */
     };
