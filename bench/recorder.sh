@@ -26,6 +26,11 @@
 #   BENCH_KEEP_ROWS=1      keep the benchmark's rows in PostgreSQL (default: deleted afterwards,
 #                          then the tables vacuumed so the next run starts from the same state)
 #   BENCH_KEEP_TOPIC=1     keep the topic
+#   BENCH_PG_ICU_LOCALE=L  run against a database of the run's own, on the same server, whose
+#                          default collation is ICU's for locale L (en-US, de-DE...), with every
+#                          migration of sql/ applied, dropped afterwards: most installations
+#                          sort text linguistically, the local stack's database sorts bytes (C).
+#                          Needs SLUICE_PG_DSN in key=value form.
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -48,6 +53,22 @@ command -v psql >/dev/null || die "psql not found (apt package postgresql-client
 bench_stack SLUICE_PG_DSN
 export SLUICE_MASTER_KEY="${SLUICE_MASTER_KEY:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
 pg() { PGCONNECT_TIMEOUT=5 psql -X -q -At -v ON_ERROR_STOP=1 "$SLUICE_PG_DSN" "$@"; }
+private_db=""
+given_dsn="$SLUICE_PG_DSN" # the one to print: a private database is made anew by each run
+if [ -n "${BENCH_PG_ICU_LOCALE:-}" ]; then
+  [[ "$BENCH_PG_ICU_LOCALE" =~ ^[A-Za-z0-9_-]+$ ]] \
+    || die "BENCH_PG_ICU_LOCALE: '$BENCH_PG_ICU_LOCALE' is not a locale name (en-US, de-DE...)"
+  [[ "$SLUICE_PG_DSN" != *://* ]] || die "BENCH_PG_ICU_LOCALE needs SLUICE_PG_DSN in key=value form"
+  admin_dsn="$SLUICE_PG_DSN dbname=postgres" # libpq: a keyword given twice takes the last value
+  private_db="bench_icu_$(date +%s)_$$"
+  PGCONNECT_TIMEOUT=5 psql -X -q -v ON_ERROR_STOP=1 "$admin_dsn" -c "create database $private_db \
+    template template0 locale_provider icu icu_locale '$BENCH_PG_ICU_LOCALE' locale 'C'" \
+    || die "could not create a database with ICU locale $BENCH_PG_ICU_LOCALE"
+  SLUICE_PG_DSN="$SLUICE_PG_DSN dbname=$private_db"
+  for f in $(LC_COLLATE=C ls "$REPO_DIR"/sql/[0-9][0-9][0-9][0-9]_*.sql); do
+    PGOPTIONS="-c client_min_messages=warning" pg -1 -f "$f" >/dev/null || die "migration $f failed"
+  done
+fi
 pg -c 'select 1 from delivery_attempts limit 0' >/dev/null \
   || die "no delivery_attempts table at SLUICE_PG_DSN: apply sql/ (scripts/stack.sh start does)"
 
@@ -63,7 +84,10 @@ cleanup() {
     kill -TERM "$rec_pid"; wait "$rec_pid" 2>/dev/null || true
   fi
   [ "${BENCH_KEEP_TOPIC:-0}" = 1 ] || "$TOPIC_TOOL" delete "$topic" >/dev/null 2>&1 || true
-  if [ "${BENCH_KEEP_ROWS:-0}" != 1 ]; then
+  if [ -n "$private_db" ]; then
+    PGCONNECT_TIMEOUT=5 psql -X -q "$admin_dsn" -c "drop database if exists $private_db with (force)" \
+      >/dev/null 2>&1 || true
+  elif [ "${BENCH_KEEP_ROWS:-0}" != 1 ]; then
     pg -c "delete from delivery_attempts where event_id like '$prefix-%'" \
        -c "delete from endpoint_latency where endpoint_id like '$prefix-%'" \
        -c "delete from deliveries where event_id like '$prefix-%'" \
@@ -87,6 +111,7 @@ gen_out=$("$GEN" --generate-outcomes "$N" --topic "$topic" --endpoints "$ENDPOIN
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p" <<<"$gen_out"; }
 events=$(field events); dead=$(field dead_letters); samples=$(field samples)
 
+collation=$(pg -c "select case when datlocprovider = 'i' then 'default collation ICU ' || daticulocale else 'default collation ' || datcollate || ' (libc)' end from pg_database where datname = current_database()")
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "recording ..." >&2
 wal0=$(pg -c "select pg_current_wal_lsn()")
@@ -137,7 +162,8 @@ echo "memory:       recorder peak RSS $(( ${rec_hwm_kb:-0} / 1024 )) MB (VmHWM, 
 echo "lanes:        ${SLUICE_RECORDER_LANES:-2} (SLUICE_RECORDER_LANES); $phases"
 echo "machine:      nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1), load average before run $load_before, after $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "batch:        ${SLUICE_RECORDER_BATCH:-20000} rows (SLUICE_RECORDER_BATCH)"
-echo "reproduce:    SLUICE_KAFKA_BROKERS=$SLUICE_KAFKA_BROKERS SLUICE_PG_DSN='$SLUICE_PG_DSN' BENCH_RECORDS=$N BENCH_ENDPOINTS=$ENDPOINTS BENCH_PARTITIONS=$PARTITIONS${SLUICE_RECORDER_BATCH:+ SLUICE_RECORDER_BATCH=$SLUICE_RECORDER_BATCH}${SLUICE_RECORDER_LANES:+ SLUICE_RECORDER_LANES=$SLUICE_RECORDER_LANES} SLUICE_BUILD_DIR=$BUILD_DIR $SCRIPT_DIR/recorder.sh"
+echo "database:     $collation"
+echo "reproduce:    SLUICE_KAFKA_BROKERS=$SLUICE_KAFKA_BROKERS SLUICE_PG_DSN='$given_dsn' BENCH_RECORDS=$N BENCH_ENDPOINTS=$ENDPOINTS BENCH_PARTITIONS=$PARTITIONS${SLUICE_RECORDER_BATCH:+ SLUICE_RECORDER_BATCH=$SLUICE_RECORDER_BATCH}${SLUICE_RECORDER_LANES:+ SLUICE_RECORDER_LANES=$SLUICE_RECORDER_LANES}${BENCH_PG_ICU_LOCALE:+ BENCH_PG_ICU_LOCALE=$BENCH_PG_ICU_LOCALE} SLUICE_BUILD_DIR=$BUILD_DIR $SCRIPT_DIR/recorder.sh"
 [ "$check" = ok ] || { echo "result:       row counts do not match" >&2; exit 1; }
 if [ "$rate" -ge "$TARGET" ]; then
   echo "result:       target met ($rate >= $TARGET outcomes/s)"

@@ -45,13 +45,13 @@
 /* Per endpoint of the slice: newest success and failure, and the newest outcome by (ts, state)
  * (names as the hb / hl CTEs'). */
 #define REC_HSTAGE_COLUMNS                                                                         \
-    "endpoint_id text, ok_ts timestamptz, fail_ts timestamptz, state outcome_state, "              \
-    "ts timestamptz, http_status int2, err text"
+    "endpoint_id text collate \"C\", ok_ts timestamptz, fail_ts timestamptz, "                     \
+    "state outcome_state, ts timestamptz, http_status int2, err text"
 #define REC_HSTAGE_NCOLS 7
 
 /* The failed attempts (retry_scheduled / dead_letter, attempt > 0) newer than their endpoint's
  * newest success in the slice: the only ones consecutive_failures may count (the hc CTE). */
-#define REC_FSTAGE_COLUMNS "endpoint_id text, ts timestamptz"
+#define REC_FSTAGE_COLUMNS "endpoint_id text collate \"C\", ts timestamptz"
 #define REC_FSTAGE_NCOLS   2
 
 /* The outcome_state labels in PostgreSQL's sort order (sql/0002_history.sql): rec_agg ranks

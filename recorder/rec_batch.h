@@ -33,12 +33,15 @@
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
 
-/* The staging table's columns, in COPY order; rec_db creates the table from this. */
+/* The staging table's columns, in COPY order; rec_db creates the table from this. Ids
+ * collate "C" as in the tables (sql/0010_history_ids_in_byte_order.sql): the apply
+ * statements sort and join on them, and under a linguistic default collation each comparison
+ * would go through strcoll. */
 #define REC_STAGE_COLUMNS                                                                          \
-    "event_id text, endpoint_id text, attempt int8, state outcome_state, http_status int2, "       \
-    "err text, msg text, ts timestamptz, created_at timestamptz, latency_us int8, dns_us int8, "   \
-    "conn_us int8, tls_us int8, ttfb_us int8, next_at timestamptz, pod text, event_type text, "    \
-    "env bytea, resp bytea"
+    "event_id text collate \"C\", endpoint_id text collate \"C\", attempt int8, "                  \
+    "state outcome_state, http_status int2, err text, msg text, ts timestamptz, "                  \
+    "created_at timestamptz, latency_us int8, dns_us int8, conn_us int8, tls_us int8, "            \
+    "ttfb_us int8, next_at timestamptz, pod text, event_type text, env bytea, resp bytea"
 #define REC_STAGE_NCOLS 19
 
 /* Latest outcome timestamp PostgreSQL (and common sense) accepts: 9999-12-31T23:59:59.999Z. */

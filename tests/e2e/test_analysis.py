@@ -10,7 +10,9 @@ oracle is the receiver's ledger and the outcomes topic, never the history the co
 Isolation: besides the World's own topics, groups and Redis db, the run gets a private
 PostgreSQL database on the shared server (the history queries are global, so a shared
 database would mix in other tests' rows), with every migration of sql/ applied, and its own
-sluice-recorder (the World does not start one; this file's Recorder helper does).
+sluice-recorder (the World does not start one; this file's Recorder helper does). That
+database sorts text linguistically (ICU en-US, as most installations' default collation
+does; the shared stack's is C), so the recorder and every command here run on one.
 """
 
 import json
@@ -77,7 +79,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("analysis")
     w = World(tmp, partitions=4, retry_base_ms=200, retry_cap_ms=800,
               max_attempts=MAX_ATTEMPTS, breaker_threshold=100000)
-    db = PrivateDb("sluice_ana_")
+    db = PrivateDb("sluice_ana_", icu_locale="en-US")
     w.env["SLUICE_PG_DSN"] = db.dsn
     rec = Recorder(w)
     try:
@@ -141,6 +143,44 @@ def dead_by_ledger(r, kind):
 def open_final(r):
     return {k: o for k, o in r.final.items()
             if r.names.get(k[1]) == "hold" and o["state"] in ("retry_scheduled", "deferred")}
+
+
+# ==== the database ====
+
+HISTORY = ("delivery_attempts", "deliveries", "endpoint_latency", "endpoint_health",
+           "dead_letters", "replay_log", "pending_payloads")
+
+
+def test_history_ids_compare_as_bytes_under_a_linguistic_collation(run):
+    """sql/0010: the history's ids are collated "C" in every table and partition, so the
+    keys compare bytes (memcmp rather than ICU or strcoll, which halved the recorder's rate)
+    and an ORDER BY over them is byte order, while the database's own default stays
+    linguistic."""
+    assert run.db.q("select daticulocale from pg_database "
+                    "where datname = current_database()") == "en-US"
+    assert run.db.q("select string_agg(x, ',' order by x) "
+                    "from (values ('acme'), ('Beta')) v(x)") == "acme,Beta"  # linguistic
+    rows = run.db.q(
+        "select c.relname, a.attname, co.collname from pg_attribute a "
+        "join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace "
+        "join pg_collation co on co.oid = a.attcollation "
+        "where n.nspname = 'public' and c.relkind in ('r', 'p') and not a.attisdropped "
+        "and a.attname in ('event_id', 'endpoint_id', 'run_id')").splitlines()
+    cols = {tuple(r.split("|")) for r in rows}
+    tables = {t for t, _, _ in cols}
+    for t in HISTORY:
+        assert t in tables, (t, sorted(tables))
+    partitions = {t for t in tables if t.startswith(("delivery_attempts_p", "endpoint_latency_p"))}
+    assert partitions, "the recorder made its partitions"
+    wrong = sorted((t, a, c) for t, a, c in cols
+                   if c != "C" and (t in HISTORY or t in partitions or t.endswith("_default")))
+    assert not wrong, wrong
+    # a column's collation carries into what is built from it
+    assert run.db.q("select string_agg(x, ',' order by x) from (select endpoint_id as x "
+                    "from endpoint_health where false union all select 'acme' "
+                    "union all select 'Beta') s") == "Beta,acme"
+    # the recorder's rows are all there (the oracle: the outcomes topic)
+    assert int(run.db.q("select count(*) from delivery_attempts")) == len(run.outcomes)
 
 
 # ==== health ====
