@@ -111,6 +111,13 @@ gen_out=$("$GEN" --generate-outcomes "$N" --topic "$topic" --endpoints "$ENDPOIN
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p" <<<"$gen_out"; }
 events=$(field events); dead=$(field dead_letters); samples=$(field samples)
 
+# Start right after a checkpoint: the WAL files written since the previous one are then recycled
+# for this run's WAL, as on a server that has been writing for a while. A server that has not
+# (a fresh stack) has none to recycle: the run creates its files, 15-20% slower (bench/README.md,
+# "recorder.sh"); bench/run.sh makes one unjudged run first for that.
+if pg -c checkpoint >/dev/null 2>&1; then ckpt="done"; else ckpt="not run (needs superuser or pg_checkpoint)"; fi
+wal_files() { pg -c "select count(*) from pg_ls_waldir()" 2>/dev/null || echo "?"; }
+wal_files0=$(wal_files)
 collation=$(pg -c "select case when datlocprovider = 'i' then 'default collation ICU ' || daticulocale else 'default collation ' || datcollate || ' (libc)' end from pg_database where datname = current_database()")
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "recording ..." >&2
@@ -131,6 +138,7 @@ while :; do
 done
 t1=$(date +%s.%N)
 wal_bytes=$(pg -c "select pg_wal_lsn_diff(pg_current_wal_lsn(), '$wal0')::bigint")
+wal_files1=$(wal_files)
 backends=$(pg -c "select string_agg(pid::text, ' ') from pg_stat_activity where application_name = 'sluice-recorder'")
 rec_cpu=$(bench_ticks "$rec_pid"); pg_cpu=$(bench_ticks $backends)
 rec_hwm_kb=$(awk '/^VmHWM:/ { print $2 }' "/proc/$rec_pid/status" 2>/dev/null || echo 0)
@@ -157,7 +165,7 @@ echo "CPU:          recorder $(awk -v t="$rec_cpu" -v k="$tck" 'BEGIN { printf "
 # wall time the write lanes spent per phase (summed over lanes; from the batch_written lines)
 phases=$(sed -n 's/.*"event":"batch_written","msg":"rows [0-9]* .*copy \([0-9]*\) us apply \([0-9]*\) us dead \([0-9]*\) us commit \([0-9]*\) us.*/\1 \2 \3 \4/p' "$logf" \
   | awk '{ c += $1; a += $2; d += $3; m += $4; n++ } END { printf "%d transactions: copy %.2f s, apply %.2f s, dead letters %.2f s, commit %.2f s", n, c / 1e6, a / 1e6, d / 1e6, m / 1e6 }')
-echo "WAL:          $(awk -v w="$wal_bytes" -v n="$N" 'BEGIN { printf "%.0f MB, %.0f bytes per outcome", w / 1e6, w / n }') (the whole server's, recorder start to last commit)"
+echo "WAL:          $(awk -v w="$wal_bytes" -v n="$N" 'BEGIN { printf "%.0f MB, %.0f bytes per outcome", w / 1e6, w / n }') (the whole server's, recorder start to last commit); WAL files $wal_files0 before, $wal_files1 after (more: created rather than recycled); checkpoint before the run: $ckpt"
 echo "memory:       recorder peak RSS $(( ${rec_hwm_kb:-0} / 1024 )) MB (VmHWM, read before SIGTERM)"
 echo "lanes:        ${SLUICE_RECORDER_LANES:-2} (SLUICE_RECORDER_LANES); $phases"
 echo "machine:      nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1), load average before run $load_before, after $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -226,6 +226,10 @@ def phase_rows(r, ph):
         if rec.get("available") and rec.get("outcomes_per_s"):
             add(f"recorder: bench/recorder.sh, {rec['records']:,} outcomes into PostgreSQL",
                 fmt(rec["outcomes_per_s"], " outcomes/s"), rec["outcomes_per_s"])
+            first = (rec.get("first_run_on_new_server") or {}).get("outcomes_per_s")
+            if first:
+                add("  first run on the new server (creates its WAL files; not judged)",
+                    fmt(first, " outcomes/s"), first)
         elif rec.get("available") and rec.get("exit"):
             add("recorder", f"FAILED: bench/recorder.sh exited {rec['exit']}")
         else:
@@ -621,6 +625,10 @@ def figures(ph):
             "/ raw HTTP", "ratio", 2, rat(rec["outcomes_per_s"]))
         add("recorder.outcomes_per_s", "recorder outcomes/s", "outcomes/s", 0,
             rec["outcomes_per_s"], False)
+        first = (rec.get("first_run_on_new_server") or {}).get("outcomes_per_s")
+        if first:
+            add("recorder.first_run_ratio", "  first run on the new server (WAL files created; "
+                "not judged) / raw HTTP", "ratio", 2, rat(first))
     api = ph.get("api") or {}
     raw = api.get("raw_healthz_mean_per_s") or (api.get("raw_healthz") or {}).get("requests_per_s")
     if raw:
