@@ -343,6 +343,14 @@ static const struct opt opts[] = {
       "",
       0,
       "comma-separated CIDRs exempt from SSRF refusal (e.g. 127.0.0.0/8 for local demos)"),
+    S("endpoint_ca_file",
+      "SLUICE_ENDPOINT_CA_FILE",
+      endpoint_ca_file,
+      "",
+      0,
+      "PEM file of the CA certificates that verify HTTPS endpoints' certificates, in place of "
+      "the system's trust store (empty = the system's); to trust both, give a file holding "
+      "both. Host names are always checked against the certificate"),
     I("retry_base_ms",
       "SLUICE_RETRY_BASE_MS",
       retry_base_ms,
@@ -975,6 +983,24 @@ static int key_pw_cb(char *buf, int size, int rwflag, void *u)
     return (int)n;
 }
 
+/* A CA file option holds at least one PEM certificate. Returns the number of errors (0 or 1). */
+static int check_pem_ca(const struct sl_config *cfg, FILE *errf, const char *name, const char *path)
+{
+    char kb[96];
+    BIO *b = BIO_new_file(path, "r");
+    X509 *x = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+    int nerr = 0;
+    if (!x) {
+        (void)fprintf(errf, "invalid value for %s: \"%s\": no PEM certificate in it\n",
+                      opt_key(cfg, name, kb, sizeof(kb)), path);
+        nerr++;
+    }
+    X509_free(x);
+    BIO_free(b);
+    ERR_clear_error();
+    return nerr;
+}
+
 /* The certificate, key and CA files load as librdkafka will load them (PEM), the key with
  * its password, and the certificate belongs to the key. Only called for files that are
  * readable. Returns the number of errors. */
@@ -982,18 +1008,8 @@ static int check_pem(const struct sl_config *cfg, FILE *errf)
 {
     char kb[96], kb2[96];
     int nerr = 0;
-    if (cfg->kafka_ssl_ca_file[0]) {
-        BIO *b = BIO_new_file(cfg->kafka_ssl_ca_file, "r");
-        X509 *x = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
-        if (!x) {
-            (void)fprintf(errf, "invalid value for %s: \"%s\": no PEM certificate in it\n",
-                          opt_key(cfg, "kafka_ssl_ca_file", kb, sizeof(kb)),
-                          cfg->kafka_ssl_ca_file);
-            nerr++;
-        }
-        X509_free(x);
-        BIO_free(b);
-    }
+    if (cfg->kafka_ssl_ca_file[0])
+        nerr += check_pem_ca(cfg, errf, "kafka_ssl_ca_file", cfg->kafka_ssl_ca_file);
     X509 *cert = NULL;
     EVP_PKEY *key = NULL;
     if (cfg->kafka_ssl_cert_file[0]) {
@@ -1203,6 +1219,10 @@ static int finalize(struct sl_config *cfg, FILE *errf)
                       "breaker_cooldown_ms (%lld) must not exceed breaker_cooldown_max_ms (%lld)\n",
                       (long long)cfg->breaker_cooldown_ms, (long long)cfg->breaker_cooldown_max_ms);
         nerr++;
+    }
+    if (cfg->endpoint_ca_file[0]) {
+        int e = check_readable(cfg, errf, "endpoint_ca_file", cfg->endpoint_ca_file);
+        nerr += e ? e : check_pem_ca(cfg, errf, "endpoint_ca_file", cfg->endpoint_ca_file);
     }
     if (cfg->response_keep_bytes > cfg->response_max_bytes) {
         (void)fprintf(errf,

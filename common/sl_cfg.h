@@ -74,7 +74,8 @@ struct sl_config {
     int64_t response_keep_bytes;       /* response body prefix kept in outcomes */
     int64_t response_max_bytes;        /* response read past this aborts the transfer */
     char *ssrf_allow_cidrs;            /* comma-separated CIDRs exempt from SSRF refusal */
-    bool ssrf_protection;              /* refuse non-global addresses */
+    char *endpoint_ca_file; /* PEM CA certificates for HTTPS endpoints; "" = libcurl's default */
+    bool ssrf_protection;   /* refuse non-global addresses */
     /* retry */
     int64_t retry_base_ms;      /* full-jitter base, ms */
     int64_t retry_cap_ms;       /* maximum delay, ms */

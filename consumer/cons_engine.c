@@ -394,7 +394,8 @@ cons_engine_t *cons_engine_new(
     struct cons_http_opts ho = {.ssrf = &e->ssrf,
                                 .keep_bytes = (size_t)cfg->response_keep_bytes,
                                 .max_bytes = (uint64_t)cfg->response_max_bytes,
-                                .user_agent = "Sluice/" SL_VERSION};
+                                .user_agent = "Sluice/" SL_VERSION,
+                                .ca_file = cfg->endpoint_ca_file};
     e->http = cons_http_new(&ho, err);
     if (!e->http)
         goto fail;

@@ -226,6 +226,10 @@ static void xfer_init_opts(cons_http_t *h, struct xfer *x)
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
     curl_easy_setopt(e, CURLOPT_BUFFERSIZE, RECV_BUFFER_BYTES);
     curl_easy_setopt(e, CURLOPT_UPLOAD_BUFFERSIZE, UPLOAD_BUFFER_BYTES);
+    if (h->opts.ca_file && h->opts.ca_file[0]) { /* endpoint_ca_file: in place of the system's */
+        curl_easy_setopt(e, CURLOPT_CAINFO, h->opts.ca_file);
+        curl_easy_setopt(e, CURLOPT_CAPATH, (char *)NULL);
+    }
 }
 
 static struct xfer *xfer_get(cons_http_t *h)

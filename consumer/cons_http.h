@@ -70,6 +70,8 @@ struct cons_http_opts {
     size_t keep_bytes;                   /* response prefix kept */
     uint64_t max_bytes;                  /* abort past this */
     const char *user_agent;              /* "Sluice/0.1.0" */
+    const char *ca_file;                 /* PEM CAs for HTTPS, in place of the system's; ""/NULL:
+                                            libcurl's default bundle */
 };
 
 cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err);
