@@ -959,27 +959,26 @@ class Bench:
         e.update({"SLUICE_BUILD_DIR": self.a.build, "BENCH_RECORDS": str(records),
                   "BENCH_TARGET": str(TARGETS["recorder_rate"])})
         e.pop("SLUICE_SSRF_ALLOW_CIDRS", None)
+
+        def run():
+            r = subprocess.run(["bash", script], env=e, capture_output=True, text=True,
+                               timeout=900)
+            m = re.search(r"^outcomes/s:\s+([\d.]+)", r.stdout, re.M)
+            return r, {"exit": r.returncode, "outcomes_per_s": float(m.group(1)) if m else None,
+                       "output": (r.stdout + r.stderr).strip().splitlines()[-40:]}
         warm = None
         if not self.recorder_warmed:
             # The bench's PostgreSQL is new: its first run creates every WAL file it writes,
             # where a server that has been writing for a while recycles them (each run of
             # recorder.sh starts after a checkpoint). One run first, reported but not judged.
             log("recorder: a first run on the new server (creates its WAL files; not judged)")
-            w = subprocess.run(["bash", script], env=e, capture_output=True, text=True,
-                               timeout=900)
-            m = re.search(r"^outcomes/s:\s+([\d.]+)", w.stdout, re.M)
-            warm = {"exit": w.returncode, "outcomes_per_s": float(m.group(1)) if m else None,
-                    "output": (w.stdout + w.stderr).strip().splitlines()[-40:]}
+            warm = run()[1]
             self.recorder_warmed = True
-        r = subprocess.run(["bash", script], env=e, capture_output=True, text=True, timeout=900)
-        out = (r.stdout + r.stderr).strip().splitlines()
-        res = {"available": True, "script": "bench/recorder.sh", "records": records,
-               "exit": r.returncode, "output": out[-40:]}
+        r, res = run()
+        res.update({"available": True, "script": "bench/recorder.sh", "records": records})
         if warm:
             res["first_run_on_new_server"] = warm
-        m = re.search(r"^outcomes/s:\s+([\d.]+)", r.stdout, re.M)
-        res["outcomes_per_s"] = float(m.group(1)) if m else None
-        if m is None and r.returncode == 0:
+        if res["outcomes_per_s"] is None and r.returncode == 0:
             res["reason"] = "bench/recorder.sh printed no 'outcomes/s:' line"
         if r.returncode != 0:
             res["reason"] = f"bench/recorder.sh exited {r.returncode}"
