@@ -116,7 +116,7 @@ events=$(field events); dead=$(field dead_letters); samples=$(field samples)
 
 # Start right after a checkpoint: the WAL files written since the previous one are then recycled
 # for this run's WAL, as on a server that has been writing for a while. A server that has not
-# (a fresh stack) has none to recycle: the run creates its files, 15-20% slower (bench/README.md,
+# (a fresh stack) has none to recycle: the run creates its files, 13-18% slower (bench/README.md,
 # "recorder.sh"); bench/run.sh makes one unjudged run first for that.
 if pg -c checkpoint >/dev/null 2>&1; then ckpt="done"; else ckpt="not run (needs superuser or pg_checkpoint)"; fi
 wal_files() { pg -c "select count(*) from pg_ls_waldir()" 2>/dev/null || echo "?"; }
