@@ -290,8 +290,15 @@ static int loop_start(struct sl_httpd *h, const struct sl_httpd_opts *o, size_t 
         flags |= MHD_USE_IPv6;
     /* every loop gets a share of the connections, as libmicrohttpd's pool divides them */
     unsigned limit = (unsigned)(o->max_conns / h->n + (i < o->max_conns % h->n ? 1 : 0));
-    struct MHD_OptionItem opts[8];
+    struct MHD_OptionItem opts[10];
     size_t n = 0;
+    if (o->tls_cert_pem) {
+        flags |= MHD_USE_TLS;
+        opts[n++] =
+            (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)(uintptr_t)o->tls_key_pem};
+        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0,
+                                            (void *)(uintptr_t)o->tls_cert_pem};
+    }
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, limit, NULL};
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, NULL};
     if (o->conn_memory)
@@ -325,6 +332,14 @@ static int loop_start(struct sl_httpd *h, const struct sl_httpd_opts *o, size_t 
 
 sl_httpd_t *sl_httpd_start(const struct sl_httpd_opts *o, sl_err_t *err)
 {
+    if (o->tls_cert_pem &&
+        (!o->tls_key_pem || MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)) {
+        sl_err_set(err, SL_EINVAL,
+                   "%s: HTTPS needs a key with the certificate and a libmicrohttpd "
+                   "built with TLS",
+                   o->what);
+        return NULL;
+    }
     struct sl_httpd *h = sl_xcalloc(1, sizeof(*h));
     h->lsock = listen_socket(o, &h->port, err);
     if (h->lsock < 0) {

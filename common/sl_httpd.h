@@ -21,6 +21,9 @@
  * it). A request held by the server (suspended while it waits for Kafka) is not the client's
  * time and never counts.
  *
+ * HTTPS: given a certificate and key (PEM text), every loop serves TLS through libmicrohttpd's
+ * GnuTLS; the caller keeps both strings until sl_httpd_stop.
+ *
  * Threads: sl_httpd_start/quiesce/stop from one controlling thread; sl_httpd_resume from
  * any; the callbacks run on the loops.
  */
@@ -49,6 +52,8 @@ struct sl_httpd_opts {
                                           * opening or previous answer, else closed; 0 never */
     size_t conn_memory;                  /* per-connection pool; 0: libmicrohttpd's default */
     int backlog;                         /* listen(2) backlog; 0: SOMAXCONN */
+    const char *tls_cert_pem;            /* HTTPS: certificate chain (PEM text); NULL plain HTTP */
+    const char *tls_key_pem;             /* HTTPS: its private key (PEM text, unencrypted) */
     const char *thread_name;             /* loops' thread name (at most 15 characters) */
     bool beat;                           /* each loop beats the liveness probe (sl_probe) */
     MHD_AccessHandlerCallback on_request;

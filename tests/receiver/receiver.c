@@ -128,6 +128,7 @@ struct plan {
     uint64_t rate;         /* token bucket, requests/s per endpoint; 0 = unlimited */
     int64_t retry_after_s; /* Retry-After value to send, s; -1 = no header */
     uint64_t body_bytes;   /* body size, bytes; UINT64_MAX = the default small body */
+    bool close;            /* Connection: close with the answer (a new connection each time) */
     const char *bad_arg;   /* name of an invalid argument (-> 400); NULL = all valid */
 };
 
@@ -198,12 +199,15 @@ struct app {
     uint64_t endless_bps; /* endless pacing, bytes/s */
     uint64_t max_ids;     /* accepted (endpoint, id) pairs remembered */
     /* run time */
-    recv_sched_t *sched;       /* suspensions */
-    recv_ledger_t *ledger;     /* NULL = no ledger */
-    recv_tables_t *tables;     /* attempts, buckets, accepted ids */
-    struct MHD_Response *r204; /* shared empty 204 (the /ok fast path) */
-    struct stats st;           /* counters for /_stats */
-    atomic_bool started;       /* daemon up: MHD messages become debug */
+    recv_sched_t *sched;             /* suspensions */
+    recv_ledger_t *ledger;           /* NULL = no ledger */
+    recv_tables_t *tables;           /* attempts, buckets, accepted ids */
+    struct MHD_Response *r204;       /* shared empty 204 (the /ok fast path) */
+    struct MHD_Response *r204_close; /* the same with Connection: close (?close=1) */
+    char *tls_cert;                  /* --tls-cert file's text; NULL = plain HTTP */
+    char *tls_key;                   /* --tls-key file's text (wiped at exit) */
+    struct stats st;                 /* counters for /_stats */
+    atomic_bool started;             /* daemon up: MHD messages become debug */
 };
 
 /* ==== small helpers ==== */
@@ -448,6 +452,11 @@ on_query(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
             pl->body_bytes = v;
         else
             pl->bad_arg = "bytes";
+    } else if (strcmp(key, "close") == 0) {
+        if (parse_u64(value, 0, 1, &v) == 0)
+            pl->close = v == 1;
+        else
+            pl->bad_arg = "close";
     }
     return MHD_YES;
 }
@@ -634,7 +643,7 @@ static enum MHD_Result respond(struct req *rq, unsigned status)
     uint64_t body = plain ? UINT64_MAX : rq->plan.body_bytes;
 
     if (status == 204 && rq->retry_after_s < 0 && body == UINT64_MAX)
-        return queue(rq, status, app->r204, true);
+        return queue(rq, status, rq->plan.close ? app->r204_close : app->r204, true);
     if (body != UINT64_MAX) {
         resp = MHD_create_response_from_callback(body, 64 * 1024, big_read, rq, NULL);
         if (resp)
@@ -656,6 +665,8 @@ static enum MHD_Result respond(struct req *rq, unsigned status)
     }
     if (status == 302 && rq->plan.kind == K_REDIRECT && !plain)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_LOCATION, REDIRECT_TARGET);
+    if (rq->plan.close)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     return queue(rq, status, resp, false);
 }
 
@@ -1025,6 +1036,9 @@ static void usage(FILE *f)
           "  --endless-bps N      pace of /endless, bytes/s (default 1048576)\n"
           "  --max-ids N          accepted (endpoint, webhook-id) pairs remembered for\n"
           "                       /_ledger/ids and the dup flag (default 1000000; 0 = none)\n"
+          "  --tls-cert FILE      serve HTTPS with this PEM certificate (chain); needs\n"
+          "                       --tls-key (libmicrohttpd's GnuTLS)\n"
+          "  --tls-key FILE       the certificate's private key (PEM, unencrypted)\n"
           "  --log-level L        error|warn|info|debug (default info; SLUICE_DEBUG=http\n"
           "                       with debug logs per-request decisions)\n"
           "  -h, --help           this text\n"
@@ -1059,6 +1073,8 @@ static void usage(FILE *f)
           "  rate=PER_S           add a token bucket\n"
           "  retry_after=S        add Retry-After: S\n"
           "  bytes=N              body of N bytes instead of the default\n"
+          "  close=1              answer with Connection: close (the next request needs a\n"
+          "                       new connection, and a new TLS handshake over HTTPS)\n"
           "  Order of checks: 413 body too big, 400 bad argument, 401 bad signature (with\n"
           "  --reject-bad-sig), 429 rate limit, flaky failure, then the behaviour.\n"
           "\n"
@@ -1097,6 +1113,8 @@ enum {
     OPT_ENDLESS_BPS,
     OPT_MAX_IDS,
     OPT_LOG_LEVEL,
+    OPT_TLS_CERT,
+    OPT_TLS_KEY,
 };
 
 /* Parse a numeric option; on failure print a message naming the option (values of numeric
@@ -1112,6 +1130,36 @@ static uint64_t num_opt(const char *name, const char *val, uint64_t min, uint64_
         (*errors)++;
     }
     return v;
+}
+
+/* The whole text of a PEM file named by option `name`, or NULL after printing why and
+ * counting the error. */
+static char *read_pem_opt(const char *name, const char *path, int *errors)
+{
+    FILE *f = fopen(path, "rb");
+    struct sl_buf b;
+    char chunk[4096];
+    size_t n = 0;
+    int rc = 0;
+    if (f == NULL) {
+        fprintf(stderr, "sluice-receiver: cannot read --%s \"%s\": %s\n", name, path,
+                strerror(errno));
+        (*errors)++;
+        return NULL;
+    }
+    sl_buf_init(&b, 1024 * 1024);
+    while (rc == 0 && (n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+        rc = sl_buf_append(&b, chunk, n);
+    bool bad = rc != 0 || ferror(f) || b.len == 0 || !strstr((const char *)b.data, "-----BEGIN ");
+    fclose(f);
+    if (bad) {
+        fprintf(stderr, "sluice-receiver: --%s \"%s\" is not a PEM file of at most 1 MiB\n", name,
+                path);
+        (*errors)++;
+        sl_buf_fini(&b);
+        return NULL;
+    }
+    return (char *)b.data; /* NUL-terminated, as libmicrohttpd takes it */
 }
 
 /* Returns 0, or SL_CFG_EXIT after printing every problem, or -1 for --help (exit 0). */
@@ -1133,6 +1181,8 @@ static int parse_args(struct app *app, int argc, char **argv, enum sl_log_level 
         {"endless-bps", required_argument, NULL, OPT_ENDLESS_BPS},
         {"max-ids", required_argument, NULL, OPT_MAX_IDS},
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+        {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+        {"tls-key", required_argument, NULL, OPT_TLS_KEY},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -1216,6 +1266,14 @@ static int parse_args(struct app *app, int argc, char **argv, enum sl_log_level 
                 errors++;
             }
             break;
+        case OPT_TLS_CERT:
+            free(app->tls_cert);
+            app->tls_cert = read_pem_opt("tls-cert", optarg, &errors);
+            break;
+        case OPT_TLS_KEY:
+            free(app->tls_key);
+            app->tls_key = read_pem_opt("tls-key", optarg, &errors);
+            break;
         case 'h':
             usage(stdout);
             return -1;
@@ -1230,6 +1288,10 @@ static int parse_args(struct app *app, int argc, char **argv, enum sl_log_level 
     }
     if (no_tolerance)
         app->tolerance_s = -1;
+    if ((app->tls_cert == NULL) != (app->tls_key == NULL)) {
+        fprintf(stderr, "sluice-receiver: --tls-cert and --tls-key go together\n");
+        errors++;
+    }
     if (app->reject_bad_sig && app->nsecrets == 0) {
         fprintf(stderr, "sluice-receiver: --reject-bad-sig needs at least one --secret\n");
         errors++;
@@ -1276,6 +1338,8 @@ static sl_httpd_t *start_server(struct app *app, sl_err_t *err)
     o.completed_cls = app;
     o.log = mhd_log;
     o.log_cls = app;
+    o.tls_cert_pem = app->tls_cert;
+    o.tls_key_pem = app->tls_key;
     return sl_httpd_start(&o, err);
 }
 
@@ -1315,7 +1379,10 @@ int main(int argc, char **argv)
         goto out;
     }
     app.r204 = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
-    if (app.r204 == NULL) {
+    app.r204_close = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+    if (app.r204_close)
+        MHD_add_response_header(app.r204_close, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (app.r204 == NULL || app.r204_close == NULL) {
         sl_error("main", "start_failed", "could not create the empty answer");
         goto out;
     }
@@ -1349,6 +1416,12 @@ out:
     recv_sched_destroy(app.sched);
     if (app.r204)
         MHD_destroy_response(app.r204);
+    if (app.r204_close)
+        MHD_destroy_response(app.r204_close);
+    if (app.tls_key)
+        sl_secret_wipe(app.tls_key, strlen(app.tls_key));
+    free(app.tls_key);
+    free(app.tls_cert);
     recv_ledger_close(app.ledger);
     recv_tables_destroy(app.tables);
     for (size_t i = 0; i < app.nsecrets; i++)

@@ -64,9 +64,10 @@ class Receiver:
         self.port = int(line[5:])
         check(0 < self.port < 65536, f"{name}: bad port {self.port}")
         self.host = "[::1]" if "--ipv6" in args else "127.0.0.1"
+        self.scheme = "https" if "--tls-cert" in args else "http"
 
     def url(self, path):
-        return f"http://{self.host}:{self.port}{path}"
+        return f"{self.scheme}://{self.host}:{self.port}{path}"
 
     def stop(self):
         """SIGTERM; returns the exit status."""
@@ -208,6 +209,61 @@ def t_keepalive(tmp, r):
                           r.url("/ok/ka"), r.url("/ok/ka")], capture_output=True,
                          timeout=20 * MULT).stdout.decode().split("\n")
     check(out[0] == "204 1" and out[1] == "204 0", f"keep-alive: curl said {out}")
+
+
+def t_close(tmp, r, *extra):
+    # ?close=1 answers with Connection: close, so the next request opens a new connection;
+    # the 204 fast path and a built answer (status=200) both carry it.
+    for q in ("close=1", "close=1&status=200"):
+        out = subprocess.run([CURL, "-s", *extra, "-o", "/dev/null", "-D", "-", "-w",
+                              "%{http_code} %{num_connects}\n", r.url(f"/ok/cl?{q}"),
+                              r.url("/ok/cl")], capture_output=True,
+                             timeout=20 * MULT).stdout.decode()
+        codes = [l for l in out.splitlines() if l and l[0].isdigit()]
+        want = "200 1" if "status=200" in q else "204 1"
+        check(codes == [want, "204 1"], f"close ({q}): curl said {codes}")
+        check(out.lower().count("connection: close") == 1, f"close ({q}): headers {out!r}")
+    bad = curl(tmp, r.url("/ok/cl?close=2"), *extra)
+    check(bad.code == 400, f"close=2: {bad.code}, expected 400")
+
+
+def make_cert(root):
+    """A self-signed P-256 certificate for 127.0.0.1 made with the openssl CLI: (cert, key)."""
+    cert, key = os.path.join(root, "tls.pem"), os.path.join(root, "tls.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
+                    "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True,
+                   timeout=60 * MULT)
+    return cert, key
+
+
+def t_tls(tmp, binary, root):
+    # --tls-cert/--tls-key: HTTPS with that certificate, every behaviour as over HTTP,
+    # keep-alive and ?close=1 included; a client that does not trust it gets nothing.
+    cert, key = make_cert(root)
+    r = Receiver(binary, root, "tls", "--tls-cert", cert, "--tls-key", key)
+    try:
+        ok = curl(tmp, r.url("/ok/ep-tls"), "--cacert", cert, data="x")
+        check(ok.code == 204, f"https /ok: {ok.code} (curl rc {ok.rc})")
+        st = curl(tmp, r.url("/status/503/ep-tls"), "--cacert", cert)
+        check(st.code == 503, f"https /status/503: {st.code}")
+        untrusted = curl(tmp, r.url("/ok/ep-tls"))
+        check(untrusted.rc == 60 and untrusted.code == 0,
+              f"untrusted certificate: curl rc {untrusted.rc}, status {untrusted.code}")
+        plain = curl(tmp, f"http://127.0.0.1:{r.port}/ok/ep-tls")
+        check(plain.code != 204, f"plain HTTP to the HTTPS port answered {plain.code}")
+        out = subprocess.run([CURL, "-s", "--cacert", cert, "-o", "/dev/null", "-w",
+                              "%{http_code} %{num_connects}\n", r.url("/ok/ka"),
+                              r.url("/ok/ka")], capture_output=True,
+                             timeout=20 * MULT).stdout.decode().split("\n")
+        check(out[0] == "204 1" and out[1] == "204 0", f"https keep-alive: curl said {out}")
+        t_close(tmp, r, "--cacert", cert)
+        lines = r.wait_ledger(9)
+        check(sum(1 for l in lines if l["path"] == "/ok/ep-tls" and l["status"] == 204) == 1,
+              "https: the ledger does not hold the /ok request")
+    finally:
+        check(r.stop() == 0, "tls receiver exit status")
 
 
 def t_big(tmp, r):
@@ -565,15 +621,21 @@ def read_status(s):
 
 
 def t_bad_options(tmp, binary):
+    notpem = os.path.join(tmp, "not.pem")
+    with open(notpem, "w") as f:
+        f.write("not a certificate\n")
+    cert, key = make_cert(tmp)
     for args in (["--port", "70000"], ["--secret", "nope"], ["--reject-bad-sig"],
-                 ["--threads", "x"], ["extra"]):
+                 ["--threads", "x"], ["extra"], ["--tls-cert", cert],
+                 ["--tls-key", key], ["--tls-cert", notpem, "--tls-key", key],
+                 ["--tls-cert", cert, "--tls-key", os.path.join(tmp, "missing.key")]):
         p = subprocess.run([binary, *args], capture_output=True, timeout=10 * MULT)
         check(p.returncode == 78, f"{args}: exit {p.returncode}, expected 78")
         check(b"nope" not in p.stderr or args[0] != "--secret", "secret value echoed")
     h = subprocess.run([binary, "--help"], capture_output=True, timeout=10 * MULT)
     check(h.returncode == 0, "--help exit status")
     for word in (b"flaky_n", b"ratelimit", b"endless", b"--no-ledger-ok", b"/_ledger/ids",
-                 b"--no-tolerance", b"port="):
+                 b"--no-tolerance", b"port=", b"--tls-cert", b"close=1"):
         check(word in h.stdout, f"--help does not mention {word!r}")
 
 
@@ -610,6 +672,7 @@ def main():
     run("simple statuses", t_simple_statuses, tmp, main_r)
     run("retry-after and redirect headers", t_headers, tmp, main_r)
     run("keep-alive", t_keepalive, tmp, main_r)
+    run("close=1", t_close, tmp, main_r)
     run("big bodies", t_big, tmp, main_r)
     run("slow does not block others", t_slow_does_not_block, tmp, main_r)
     run("reset", t_reset, tmp, main_r)
@@ -634,6 +697,7 @@ def main():
     run("signatures", t_signatures, tmp, binary, root)
     run("shutdown with requests in flight", t_shutdown_inflight, tmp, binary, root)
     run("128 connections ready at once", t_128_ready_at_once, tmp, binary, root)
+    run("https", t_tls, tmp, binary, root)
     run("bad options", t_bad_options, tmp, binary)
     if main_r.proc.poll() is None:
         main_r.stop()
