@@ -19,6 +19,9 @@ Phases, side by side in one run on this machine:
              machine, started by run.sh), beside the scaling phase's one Redis: what the
              slot routing costs per delivery, and that throughput holds on a cluster
   endpoints  10,000 distinct endpoints, one consumer (compared with the 1-consumer scaling run)
+  tls        the same drain over plain HTTP, over HTTPS on kept-alive connections, and with a
+             new connection for every delivery (the receiver answers Connection: close) over
+             HTTP and over HTTPS (a full TLS handshake each): what TLS costs per delivery
   api        sluice-api publishing over HTTP (wrk), against wrk's rate on its /healthz
   scrape     the e2e drain with /metrics scraped every second vs no metrics listener, runs
              interleaved none/scrape/scrape/none; the ratio of the scraped to the plain rate
@@ -55,7 +58,7 @@ import urllib.request
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PHASES = ["wrk", "produce", "e2e", "rss", "latency", "recorder", "scaling", "rcluster",
-          "endpoints", "api", "scrape", "peers"]
+          "endpoints", "tls", "api", "scrape", "peers"]
 OPT_IN = ("peers",)   # run only when named in --only
 API_CONNS = int(os.environ.get("BENCH_API_CONNS", "256"))  # api phase: wrk connections
                       # (keep-alive); each publish holds its connection until Kafka
@@ -245,6 +248,7 @@ class Bench:
         self.recorder_warmed = False  # the recorder phase's first run on the new server done
         self.results = {"phases": {}}
         self.receiver = None      # the peers phase's receiver (bench/peers.py)
+        self.tls = None           # (certificate, key) the receiver serves HTTPS with, or None
         self.work = a.work
         self.port = a.receiver_port
         self.stack_dir = a.stack_dir
@@ -393,9 +397,10 @@ class Bench:
     # -------------------------------------------------------------------- receiver
     def start_receiver(self, tag):
         logf = open(os.path.join(self.work, f"receiver-{tag}.log"), "ab")
+        tls = ["--tls-cert", self.tls[0], "--tls-key", self.tls[1]] if self.tls else []
         p = subprocess.Popen([self.bin("tests/receiver/sluice-receiver"), "--port", str(self.port),
                               "--no-ledger-ok", "--threads", str(self.a.receiver_threads),
-                              "--max-ids", "0", "--log-level", "warn"],
+                              "--max-ids", "0", "--log-level", "warn", *tls],
                              stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL)
         line = p.stdout.readline().decode().strip()
         if not line.startswith("port="):
@@ -415,7 +420,13 @@ class Bench:
             p.logf.close()
 
     def receiver_stats(self):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_stats", timeout=10) as r:
+        if self.tls:
+            import ssl
+            ctx = ssl.create_default_context(cafile=self.tls[0])
+            url, kw = f"https://127.0.0.1:{self.port}/_stats", {"context": ctx}
+        else:
+            url, kw = f"http://127.0.0.1:{self.port}/_stats", {}
+        with urllib.request.urlopen(url, timeout=10, **kw) as r:
             return json.loads(r.read())
 
     def receiver_ok(self):
@@ -608,6 +619,8 @@ class Bench:
                 log(f"{name}: {consumers} consumer(s) draining")
             waited = self.wait_delivered(n, procs, timeout=max(600, n // 500))
             cpu1 = {k: proc_cpu_s(v) for k, v in mon.pids.items()}
+            # connections the receiver accepted (its stats polls' included)
+            res["receiver_connections"] = self.receiver_stats().get("connections")
             m1 = proc_stat_totals()
             hwm = {p.name: proc_status_kb(p.pid, "VmHWM") for p in procs}
             hwm["receiver"] = proc_status_kb(recv.pid, "VmHWM")
@@ -1054,6 +1067,49 @@ class Bench:
         r["register_s"] = secs
         return r
 
+    # -------------------------------------------------------------------- tls
+    def phase_tls(self):
+        """What HTTPS costs: one consumer drains the same records over plain HTTP, over HTTPS
+        on kept-alive connections, and with a new connection for every delivery (the
+        receiver answers Connection: close, ?close=1), over HTTP and over HTTPS, where each
+        delivery pays a full handshake (libmicrohttpd's GnuTLS resumes no session). The
+        receiver's certificate is a P-256 one made here; the consumer trusts it through
+        endpoint_ca_file. Same receiver, same 100 endpoints' worth of records per run."""
+        cert = os.path.join(self.work, "tls-receiver.pem")
+        key = os.path.join(self.work, "tls-receiver.key")
+        if not os.path.exists(cert):
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                            "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out",
+                            cert, "-days", "30", "-subj", "/CN=127.0.0.1", "-addext",
+                            "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+        kinds = (("http", "http", ""), ("https", "https", ""),
+                 ("http_new_conn", "http", "?close=1"), ("https_new_conn", "https", "?close=1"))
+        if "tls" not in self.registered:  # once per run: later repetitions reuse them
+            setup = self.env("setup")
+            self.topics(setup, 1)
+            for i, (kind, scheme, query) in enumerate(kinds):
+                for j in range(ENDPOINTS):
+                    ep = f"t{i}{self.run_id}_{j}"
+                    self.ctl(setup, "endpoints", "add", "--id", ep, "--url",
+                             f"{scheme}://127.0.0.1:{self.port}/ok/{ep}{query}",
+                             "--types", "bench.tls")
+            self.registered["tls"] = True
+        n_kept = 50_000 if self.quick else 300_000
+        n_new = 10_000 if self.quick else 60_000
+        res = {"certificate": "ECDSA P-256, self-signed, trusted through endpoint_ca_file",
+               "runs": {}}
+        for i, (kind, scheme, query) in enumerate(kinds):
+            n = n_new if query else n_kept
+            log(f"tls: {kind}, {n} deliveries")
+            self.tls = (cert, key) if scheme == "https" else None
+            try:
+                res["runs"][kind] = self.drain(f"tls{i}", n, f"t{i}{self.run_id}_", ENDPOINTS, 1,
+                                               produce_first=True,
+                                               cfg={"endpoint_ca_file": cert})
+            finally:
+                self.tls = None
+        return res
+
     # -------------------------------------------------------------------- scrape
     def phase_scrape(self):
         """Does scraping cost the delivery loop anything? The same drain with the consumer's
@@ -1439,6 +1495,8 @@ class Bench:
                     ph[p] = self.phase_api()
                 elif p == "scrape":
                     ph[p] = self.phase_scrape()
+                elif p == "tls":
+                    ph[p] = self.phase_tls()
                 elif p == "peers":
                     import peers  # bench/peers.py
                     ph[p] = peers.phase(self)

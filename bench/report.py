@@ -35,6 +35,17 @@ def mb(kb):
     return None if kb is None else kb / 1024
 
 
+TLS_KINDS = (("http", "plain HTTP, kept-alive connections"),
+             ("https", "HTTPS, kept-alive connections"),
+             ("http_new_conn", "plain HTTP, a new connection per delivery"),
+             ("https_new_conn", "HTTPS, a new connection and full handshake per delivery"))
+
+
+def us(cpu_s_per_10k):
+    """CPU seconds per 10,000 deliveries as µs per delivery."""
+    return None if cpu_s_per_10k is None else cpu_s_per_10k * 100
+
+
 def run_rate(run):
     """Deliveries/s of a drain: the after-production window when there is one (scaling and
     10,000-endpoint runs), else the median of the per-second counts."""
@@ -221,6 +232,21 @@ def phase_rows(r, ph):
             fmt(rate, " deliv/s") + x, rate)
     elif "endpoints" in ph:
         add("10,000 endpoints", "FAILED: " + ph["endpoints"].get("failed", "?"))
+    tls = ph.get("tls", {})
+    plain = run_rate((tls.get("runs") or {}).get("http") or {})
+    for kind, label in TLS_KINDS:
+        run = (tls.get("runs") or {}).get(kind) or {}
+        if run.get("rate_median_1s"):
+            rate = run_rate(run)
+            cpu = run.get("cpu_s_per_10k") or {}
+            x = f", x{rate / plain:.2f} of plain HTTP" if plain and kind != "http" else ""
+            add(f"tls: {label}, 1 consumer ({run.get('consumer_config', {}).get('SLUICE_CONSUMER_THREADS', 1)} "
+                f"loops), {run['deliveries']:,}", fmt(rate, " deliv/s") + x, rate)
+            add("  CPU per delivery; connections opened", f"consumer "
+                f"{fmt(us(cpu.get('consumers_total')))} µs, receiver {fmt(us(cpu.get('receiver')))} "
+                f"µs; {fmt(run.get('receiver_connections'))} connections")
+    if tls.get("failed"):
+        add("tls", "FAILED: " + tls["failed"])
     rec = ph.get("recorder", {})
     if rec:
         if rec.get("available") and rec.get("outcomes_per_s"):
@@ -619,6 +645,22 @@ def figures(ph):
         if one:
             add("endpoints.x_of_100", "  x of 100 endpoints (1-consumer scaling run)", "", 2,
                 rate / one, ctx="10,000 endpoints")
+    tls = (ph.get("tls") or {}).get("runs") or {}
+    plain = run_rate(tls.get("http") or {})
+    for kind, label in TLS_KINDS:
+        run = tls.get(kind) or {}
+        if not run.get("rate_median_1s"):
+            continue
+        rate = run_rate(run)
+        cpu = run.get("cpu_s_per_10k") or {}
+        add(f"tls.{kind}.ratio", f"tls: {label} / raw HTTP", "ratio", 2, rat(rate))
+        if kind != "http" and plain:
+            add(f"tls.{kind}.x_of_http", "  x of plain HTTP, kept-alive (same phase)", "", 2,
+                rate / plain, ctx=f"tls: {label}")
+        add(f"tls.{kind}.consumer_us", "  consumer CPU per delivery", "us", 0,
+            us(cpu.get("consumers_total")), ctx=f"tls: {label}")
+        add(f"tls.{kind}.receiver_us", "  receiver CPU per delivery", "us", 0,
+            us(cpu.get("receiver")), ctx=f"tls: {label}")
     rec = ph.get("recorder") or {}
     if rec.get("outcomes_per_s"):
         add("recorder.ratio", f"recorder: bench/recorder.sh, {rec.get('records', 0):,} outcomes "

@@ -5,7 +5,7 @@
 #
 #   bench/run.sh            full run (1,000,000 deliveries end to end; 10 to 14 minutes)
 #   bench/run.sh --quick    100,000 deliveries and shorter phases, for iteration (about 5 min)
-#   bench/run.sh --only wrk,produce,e2e,rss,latency,recorder,scaling,rcluster,endpoints,api,scrape
+#   bench/run.sh --only wrk,produce,e2e,rss,latency,recorder,scaling,rcluster,endpoints,tls,api,scrape
 #                           a subset
 #   SLUICE_BENCH_CONVOY=/path/to/convoy SLUICE_BENCH_SVIX=/path/to/svix-server \
 #     bench/run.sh --only peers
@@ -94,13 +94,13 @@ for a in "$@"; do
   [ "$prev" = --only ] && ONLY=$a
   prev=$a
 done
-ALL_PHASES="wrk,produce,e2e,rss,latency,recorder,scaling,rcluster,endpoints,api,scrape"
+ALL_PHASES="wrk,produce,e2e,rss,latency,recorder,scaling,rcluster,endpoints,tls,api,scrape"
 CONSUMING="consumer/sluice-consumer producer/sluice-produce ctl/sluicectl tests/receiver/sluice-receiver tests/integration/sl-test-topic"
 bins_of() {
   case "$1" in
     wrk) echo "tests/receiver/sluice-receiver" ;;
     produce) echo "producer/sluice-produce tests/integration/sl-test-topic" ;;
-    e2e|rss|scaling|rcluster|endpoints|scrape|latency) echo "$CONSUMING" ;;
+    e2e|rss|scaling|rcluster|endpoints|tls|scrape|latency) echo "$CONSUMING" ;;
     recorder) echo "recorder/sluice-recorder tests/integration/sl-test-outcomes tests/integration/sl-test-topic" ;;
     api) echo "api/sluice-api ctl/sluicectl tests/integration/sl-test-topic" ;;
     peers) echo "api/sluice-api $CONSUMING recorder/sluice-recorder" ;;

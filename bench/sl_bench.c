@@ -31,7 +31,7 @@
  *       endpoints one `sluicectl endpoints add` at a time takes about 20 minutes here.
  *
  *   sl-bench http --url URL [--inflight N] [--seconds S] [--body-bytes B] [--endpoints K]
- *                 [--caches C]
+ *                 [--caches C] [--cacert PEM]
  *       The libcurl ceiling: libcurl 7.88 as the consumer drives it (one multi handle with
  *       curl_multi_socket_action on epoll, pooled easy handles keeping their options and
  *       spread over C connection caches (64, the consumer's CONN_CACHES; 1 = the multi's
@@ -41,7 +41,8 @@
  *       requests in flight (1000), for S seconds (10). Prints one JSON object: requests,
  *       non-2xx, errors, elapsed_s, rate, caches, and this process's CPU seconds (user,
  *       system) per 10,000 requests. The rate a consumer that did nothing but its HTTP could
- *       reach with libcurl on this machine.
+ *       reach with libcurl on this machine. --cacert PEM: HTTPS URLs are verified against
+ *       that file alone (as endpoint_ca_file does in the consumer).
  *
  *   sl-bench fanout [--endpoints N] [--match M] [--lookups K]
  *       The fan-out lookup of sluice-api (api/api_fanout.c) on its own: builds N endpoint
@@ -739,6 +740,7 @@ struct hbench {
     size_t n_urls, next_url;
     char *body;
     size_t body_len;
+    const char *cacert; /* CURLOPT_CAINFO (the consumer's endpoint_ca_file); NULL: system's */
     uint64_t done, non2xx, errors;
 };
 
@@ -802,6 +804,10 @@ static void hb_start(struct hbench *b)
         curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)b->body_len);
         curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
         curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+        if (b->cacert) {
+            curl_easy_setopt(e, CURLOPT_CAINFO, b->cacert);
+            curl_easy_setopt(e, CURLOPT_CAPATH, (char *)NULL);
+        }
     }
     curl_easy_setopt(x->easy, CURLOPT_URL, b->urls[b->next_url]);
     b->next_url = (b->next_url + 1) % b->n_urls;
@@ -841,7 +847,7 @@ static double cpu_s(const struct timeval *tv)
 
 static int cmd_http(int argc, char **argv)
 {
-    const char *url = NULL;
+    const char *url = NULL, *cacert = NULL;
     int64_t inflight = 1000, seconds = 10, body_bytes = 512, endpoints = 100, caches = 64;
     static const struct option lo[] = {{"url", required_argument, NULL, 'u'},
                                        {"inflight", required_argument, NULL, 'n'},
@@ -849,6 +855,7 @@ static int cmd_http(int argc, char **argv)
                                        {"body-bytes", required_argument, NULL, 'b'},
                                        {"endpoints", required_argument, NULL, 'k'},
                                        {"caches", required_argument, NULL, 'c'},
+                                       {"cacert", required_argument, NULL, 'a'},
                                        {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -871,16 +878,19 @@ static int cmd_http(int argc, char **argv)
         case 'c':
             caches = num_arg("--caches", optarg, 1, HB_CACHES_MAX);
             break;
+        case 'a':
+            cacert = optarg;
+            break;
         default:
             die("usage: " PROG " http --url URL [--inflight N] [--seconds S] "
-                "[--body-bytes B] [--endpoints K] [--caches C]");
+                "[--body-bytes B] [--endpoints K] [--caches C] [--cacert PEM]");
         }
     }
     if (!url)
         die("http: --url is required");
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
         die("curl_global_init failed");
-    struct hbench b = {.timeout_ms = -1};
+    struct hbench b = {.timeout_ms = -1, .cacert = cacert};
     b.multi = curl_multi_init();
     b.ep = epoll_create1(EPOLL_CLOEXEC);
     if (!b.multi || b.ep < 0)

@@ -180,6 +180,7 @@ struct stats {
     atomic_uint_fast64_t sig_bad;           /* signature checked and invalid/missing */
     atomic_uint_fast64_t bytes_in;          /* request body bytes */
     atomic_uint_fast64_t dups;              /* 2xx for an (endpoint, id) already accepted */
+    atomic_uint_fast64_t connections;       /* connections accepted (TLS: each a handshake) */
 };
 
 struct app {
@@ -731,9 +732,9 @@ static enum MHD_Result serve_stats(struct req *rq)
     sl_buf_init(&b, STATS_OUT_MAX);
     (void)sl_buf_printf(&b,
                         "{\"requests\":%" PRIu64 ",\"waiting\":%zu,\"bytes_in\":%" PRIu64
-                        ",\"dups\":%" PRIu64 ",\"by_status\":{",
+                        ",\"dups\":%" PRIu64 ",\"connections\":%" PRIu64 ",\"by_status\":{",
                         stat_get(&st->requests), recv_sched_waiting(app->sched),
-                        stat_get(&st->bytes_in), stat_get(&st->dups));
+                        stat_get(&st->bytes_in), stat_get(&st->dups), stat_get(&st->connections));
     for (unsigned s = 0; s < 600; s++) {
         uint64_t n = stat_get(&st->by_status[s]);
         if (n == 0)
@@ -1079,7 +1080,8 @@ static void usage(FILE *f)
           "  --reject-bad-sig), 429 rate limit, flaky failure, then the behaviour.\n"
           "\n"
           "control (never in the ledger or the counters):\n"
-          "  GET /_stats                   JSON counters: requests, by_status, by_behaviour,\n"
+          "  GET /_stats                   JSON counters: requests, connections (accepted),\n"
+          "                                by_status, by_behaviour,\n"
           "                                waiting (suspended), sig, ids, ledger, dups\n"
           "  GET /_ledger/ids?endpoint=X   distinct webhook ids answered 2xx for endpoint X\n"
           "                                (\"\" when omitted), one per line\n"
@@ -1305,6 +1307,19 @@ static int parse_args(struct app *app, int argc, char **argv, enum sl_log_level 
 
 /* ==== start-up and shutdown ==== */
 
+/* Counts each accepted connection for /_stats (on the loop that accepted it). */
+static void on_connection(void *cls,
+                          struct MHD_Connection *conn,
+                          void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct app *app = cls;
+    (void)conn;
+    (void)socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED)
+        atomic_fetch_add_explicit(&app->st.connections, 1, memory_order_relaxed);
+}
+
 /* Listen on loopback: app->threads HTTP loops (common/sl_httpd) on one socket. */
 static sl_httpd_t *start_server(struct app *app, sl_err_t *err)
 {
@@ -1336,6 +1351,8 @@ static sl_httpd_t *start_server(struct app *app, sl_err_t *err)
     o.request_cls = app;
     o.on_completed = on_completed;
     o.completed_cls = app;
+    o.on_connection = on_connection;
+    o.connection_cls = app;
     o.log = mhd_log;
     o.log_cls = app;
     o.tls_cert_pem = app->tls_cert;

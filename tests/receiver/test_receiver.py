@@ -147,8 +147,8 @@ def curl(tmp, url, *extra, data=None, headers=(), method=None, max_time=10):
                 float(w[1]) if len(w) > 1 else 0.0, int(w[2]) if len(w) > 2 else 0)
 
 
-def stats(tmp, r):
-    s = curl(tmp, r.url("/_stats"))
+def stats(tmp, r, *extra):
+    s = curl(tmp, r.url("/_stats"), *extra)
     check(s.code == 200, f"/_stats answered {s.code}")
     return json.loads(s.body)
 
@@ -258,7 +258,12 @@ def t_tls(tmp, binary, root):
                               r.url("/ok/ka")], capture_output=True,
                              timeout=20 * MULT).stdout.decode().split("\n")
         check(out[0] == "204 1" and out[1] == "204 0", f"https keep-alive: curl said {out}")
+        c0 = stats(tmp, r, "--cacert", cert)["connections"]
         t_close(tmp, r, "--cacert", cert)
+        # t_close: two curl runs of two requests (the first answered with close) and one more
+        # request, then this stats request: 2 + 2 + 1 + 1 connections
+        c1 = stats(tmp, r, "--cacert", cert)["connections"]
+        check(c1 - c0 == 6, f"https: {c1 - c0} connections counted, expected 6")
         lines = r.wait_ledger(9)
         check(sum(1 for l in lines if l["path"] == "/ok/ep-tls" and l["status"] == 204) == 1,
               "https: the ledger does not hold the /ok request")
