@@ -7,7 +7,7 @@ Each drain gets its own consumer group, Redis database and outcome topic, and a 
 receiver, so every binary delivers the same N records from the start of one topic. Reported
 per drain: consumer CPU s per 10,000 deliveries (utime+stime from /proc/<pid>/stat, start to
 the last 2xx), peak RSS (VmHWM), the receiver's CPU, deliveries/s (wall) and the peak in
-flight. CPU and RSS are the figures to compare; the rate moves with the machine's load.
+flight, and the connections the receiver accepted. CPU and RSS are the figures to compare; the rate moves with the machine's load.
 
   eval "$(scripts/stack.sh env)"      # a running stack (scripts/stack.sh start)
   python3 bench/consumer_ab.py --build build-x --receiver-port 26210 \\
@@ -109,6 +109,7 @@ def main():
                 cpu = bench.proc_cpu_s(p.pid)
                 rcpu = bench.proc_cpu_s(recv.pid)
                 hwm = bench.proc_status_kb(p.pid, "VmHWM")
+                conns = b.receiver_stats().get("connections")
             finally:
                 b.stop_proc(p)
                 try:  # anything of the drain's process group still running: a consumer left
@@ -122,7 +123,7 @@ def main():
                  "cpu_s_per_10k": round(cpu / a.records * 10000, 3),
                  "receiver_cpu_s_per_10k": round((rcpu - rcpu0) / a.records * 10000, 3),
                  "hwm_mb": round(hwm / 1024, 1), "peak_inflight": infl, "peak_in_memory": mem,
-                 "exit": p.returncode, "loadavg": os.getloadavg()[0]}
+                 "connections": conns, "exit": p.returncode, "loadavg": os.getloadavg()[0]}
             rows.append(r)
             bench.log(json.dumps(r))
             if a.keep_outcomes:
@@ -133,11 +134,11 @@ def main():
             _ = t0
     b.delete_topics(env)
     print(f"{'bin':<10} {'round':>5} {'cpu s/10k':>10} {'hwm MB':>8} {'deliv/s':>9} "
-          f"{'recv s/10k':>10} {'inflight':>8} {'load':>5}")
+          f"{'recv s/10k':>10} {'inflight':>8} {'conns':>7} {'load':>5}")
     for r in rows:
         print(f"{r['bin']:<10} {r['round']:>5} {r['cpu_s_per_10k']:>10.3f} {r['hwm_mb']:>8.1f} "
               f"{r['rate']:>9.0f} {r['receiver_cpu_s_per_10k']:>10.3f} {r['peak_inflight']:>8} "
-              f"{r['loadavg']:>5.1f}")
+              f"{r['connections'] or 0:>7} {r['loadavg']:>5.1f}")
     for name, _ in bins:
         mine = [r for r in rows if r["bin"] == name]
         print(f"{name}: mean cpu s/10k {sum(r['cpu_s_per_10k'] for r in mine) / len(mine):.3f}, "

@@ -849,14 +849,11 @@ static int cmd_http(int argc, char **argv)
 {
     const char *url = NULL, *cacert = NULL;
     int64_t inflight = 1000, seconds = 10, body_bytes = 512, endpoints = 100, caches = 64;
-    static const struct option lo[] = {{"url", required_argument, NULL, 'u'},
-                                       {"inflight", required_argument, NULL, 'n'},
-                                       {"seconds", required_argument, NULL, 's'},
-                                       {"body-bytes", required_argument, NULL, 'b'},
-                                       {"endpoints", required_argument, NULL, 'k'},
-                                       {"caches", required_argument, NULL, 'c'},
-                                       {"cacert", required_argument, NULL, 'a'},
-                                       {NULL, 0, NULL, 0}};
+    static const struct option lo[] = {
+        {"url", required_argument, NULL, 'u'},       {"inflight", required_argument, NULL, 'n'},
+        {"seconds", required_argument, NULL, 's'},   {"body-bytes", required_argument, NULL, 'b'},
+        {"endpoints", required_argument, NULL, 'k'}, {"caches", required_argument, NULL, 'c'},
+        {"cacert", required_argument, NULL, 'a'},    {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {

@@ -1,0 +1,56 @@
+"""A quiet endpoint keeps its connection while a busy one fills the window.
+
+Most webhook endpoints receive an event now and then, beside a few that receive most of the
+traffic. The consumer spreads its connections over several libcurl connection caches (to
+keep each cache's scans short when thousands of requests go to one host); a host's
+connections must still be found again by its next request, or a quiet endpoint would open a
+new connection (over HTTPS, a full TLS handshake) for nearly every delivery while its idle
+ones wait in other caches.
+
+Two receivers stand for two hosts: a busy one whose endpoints answer after a delay (their
+requests fill the window, and handles are taken and returned all the time) and a quiet one
+that gets an event now and then, each published once the one before was delivered. The quiet
+host must see one connection, not one per delivery.
+"""
+import json
+import os
+import urllib.request
+
+from sluice_e2e import event, ledger_ok, wait_until
+
+MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
+
+
+def receiver_stats(r):
+    with urllib.request.urlopen(f"{r.base}/_stats", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_a_quiet_host_reuses_its_connection_beside_a_busy_one(make_world):
+    w = make_world(partitions=2)
+    busy = w.receiver(extra=["--no-ledger-ok"])
+    quiet = w.receiver()  # its ledger, read from the file, says when it is done
+    # delays of 100..490 ms: answers come all the time, not in waves
+    busy_eps = [w.add_endpoint(f"busy{i}_{w.tag}", busy.url("ok", f"busy{i}_{w.tag}") +
+                               f"?delay_ms={100 + 10 * i}") for i in range(40)]
+    quiet_ep = w.add_endpoint(f"quiet_{w.tag}", quiet.url("ok", f"quiet_{w.tag}"))
+    # about 10 s of busy traffic: 400 in flight, answered after 300 ms on average
+    assert w.produce([event(ep, i, w.tag) for i in range(300) for ep in busy_eps]
+                     ).returncode == 0
+    before = receiver_stats(quiet)["connections"]  # this request's connection included
+    c = w.consumer(consumer_threads=2, max_inflight=400, max_inflight_per_endpoint=10)
+    wait_until(lambda: receiver_stats(busy)["by_status"].get("204", 0) > 400, 60 * MULT, 0.2,
+               "the busy endpoints' first answers")
+    # the quiet endpoint: an event now and then, each delivered before the next is published
+    rounds = 12
+    for i in range(rounds):
+        assert w.produce([event(quiet_ep, i, w.tag)]).returncode == 0
+        wait_until(lambda: len(ledger_ok(quiet)) > i, 30 * MULT, 0.05, f"quiet delivery {i}")
+    left = 40 * 300 - receiver_stats(busy)["by_status"].get("204", 0)
+    st = receiver_stats(quiet)
+    opened = st["connections"] - before - 1  # less this request's own connection
+    assert c.term() == 0, c.logs()[-3000:]
+    assert left > 0, "the busy endpoints were done before the quiet one: the test proves nothing"
+    assert st["by_status"].get("204", 0) == rounds, st
+    assert opened == 1, (
+        f"{opened} connections opened to the quiet host for {rounds} deliveries, one at a time")
