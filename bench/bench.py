@@ -21,7 +21,8 @@ Phases, side by side in one run on this machine:
   endpoints  10,000 distinct endpoints, one consumer (compared with the 1-consumer scaling run)
   tls        the same drain over plain HTTP, over HTTPS on kept-alive connections, and with a
              new connection for every delivery (the receiver answers Connection: close) over
-             HTTP and over HTTPS (a full TLS handshake each): what TLS costs per delivery
+             HTTP, over HTTPS (a full TLS handshake each) and over HTTPS with session tickets
+             (resumed handshakes): what TLS costs per delivery
   api        sluice-api publishing over HTTP (wrk), against wrk's rate on its /healthz
   scrape     the e2e drain with /metrics scraped every second vs no metrics listener, runs
              interleaved none/scrape/scrape/none; the ratio of the scraped to the plain rate
@@ -248,7 +249,7 @@ class Bench:
         self.recorder_warmed = False  # the recorder phase's first run on the new server done
         self.results = {"phases": {}}
         self.receiver = None      # the peers phase's receiver (bench/peers.py)
-        self.tls = None           # (certificate, key) the receiver serves HTTPS with, or None
+        self.tls = None           # (certificate, key, resume) the receiver serves HTTPS with
         self.work = a.work
         self.port = a.receiver_port
         self.stack_dir = a.stack_dir
@@ -398,6 +399,7 @@ class Bench:
     def start_receiver(self, tag):
         logf = open(os.path.join(self.work, f"receiver-{tag}.log"), "ab")
         tls = ["--tls-cert", self.tls[0], "--tls-key", self.tls[1]] if self.tls else []
+        tls += ["--tls-resume"] if self.tls and self.tls[2] else []
         p = subprocess.Popen([self.bin("tests/receiver/sluice-receiver"), "--port", str(self.port),
                               "--no-ledger-ok", "--threads", str(self.a.receiver_threads),
                               "--max-ids", "0", "--log-level", "warn", *tls],
@@ -619,8 +621,11 @@ class Bench:
                 log(f"{name}: {consumers} consumer(s) draining")
             waited = self.wait_delivered(n, procs, timeout=max(600, n // 500))
             cpu1 = {k: proc_cpu_s(v) for k, v in mon.pids.items()}
-            # connections the receiver accepted (its stats polls' included)
-            res["receiver_connections"] = self.receiver_stats().get("connections")
+            # connections the receiver accepted (its stats polls' included), requests over a
+            # resumed TLS session
+            rst = self.receiver_stats()
+            res["receiver_connections"] = rst.get("connections")
+            res["receiver_tls_resumed"] = rst.get("tls_resumed")
             m1 = proc_stat_totals()
             hwm = {p.name: proc_status_kb(p.pid, "VmHWM") for p in procs}
             hwm["receiver"] = proc_status_kb(recv.pid, "VmHWM")
@@ -1071,8 +1076,9 @@ class Bench:
     def phase_tls(self):
         """What HTTPS costs: one consumer drains the same records over plain HTTP, over HTTPS
         on kept-alive connections, and with a new connection for every delivery (the
-        receiver answers Connection: close, ?close=1), over HTTP and over HTTPS, where each
-        delivery pays a full handshake (libmicrohttpd's GnuTLS resumes no session). The
+        receiver answers Connection: close, ?close=1), over HTTP, over HTTPS where each
+        delivery pays a full handshake, and over HTTPS with the receiver issuing session
+        tickets (--tls-resume), so that the consumer may resume its session. The
         receiver's certificate is a P-256 one made here; the consumer trusts it through
         endpoint_ca_file. Same receiver, same 100 endpoints' worth of records per run."""
         cert = os.path.join(self.work, "tls-receiver.pem")
@@ -1083,7 +1089,8 @@ class Bench:
                             cert, "-days", "30", "-subj", "/CN=127.0.0.1", "-addext",
                             "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
         kinds = (("http", "http", ""), ("https", "https", ""),
-                 ("http_new_conn", "http", "?close=1"), ("https_new_conn", "https", "?close=1"))
+                 ("http_new_conn", "http", "?close=1"), ("https_new_conn", "https", "?close=1"),
+                 ("https_resumed", "https", "?close=1"))
         if "tls" not in self.registered:  # once per run: later repetitions reuse them
             setup = self.env("setup")
             self.topics(setup, 1)
@@ -1101,7 +1108,7 @@ class Bench:
         for i, (kind, scheme, query) in enumerate(kinds):
             n = n_new if query else n_kept
             log(f"tls: {kind}, {n} deliveries")
-            self.tls = (cert, key) if scheme == "https" else None
+            self.tls = (cert, key, kind == "https_resumed") if scheme == "https" else None
             try:
                 res["runs"][kind] = self.drain(f"tls{i}", n, f"t{i}{self.run_id}_", ENDPOINTS, 1,
                                                produce_first=True,

@@ -38,7 +38,8 @@ def mb(kb):
 TLS_KINDS = (("http", "plain HTTP, kept-alive connections"),
              ("https", "HTTPS, kept-alive connections"),
              ("http_new_conn", "plain HTTP, a new connection per delivery"),
-             ("https_new_conn", "HTTPS, a new connection and full handshake per delivery"))
+             ("https_new_conn", "HTTPS, a new connection and full handshake per delivery"),
+             ("https_resumed", "HTTPS, a new connection per delivery, session resumed"))
 
 
 def us(cpu_s_per_10k):
@@ -244,7 +245,9 @@ def phase_rows(r, ph):
                 f"loops), {run['deliveries']:,}", fmt(rate, " deliv/s") + x, rate)
             add("  CPU per delivery; connections opened", f"consumer "
                 f"{fmt(us(cpu.get('consumers_total')))} µs, receiver {fmt(us(cpu.get('receiver')))} "
-                f"µs; {fmt(run.get('receiver_connections'))} connections")
+                f"µs; {fmt(run.get('receiver_connections'))} connections"
+                + (f", {fmt(run['receiver_tls_resumed'])} requests over resumed sessions"
+                   if run.get("receiver_tls_resumed") else ""))
     if tls.get("failed"):
         add("tls", "FAILED: " + tls["failed"])
     rec = ph.get("recorder", {})

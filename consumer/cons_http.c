@@ -36,15 +36,23 @@
  * a connection for), so that the next request to a quiet origin finds its idle connection:
  * while fewer than CONNS_PER_CACHE requests run to an origin, the next one uses the origin's
  * home cache (picked by a hash of the origin); the requests beyond those take the idle
- * handle freed last, of whichever cache, as every request did before. Then a quiet endpoint
- * among busy ones opened a new connection whenever that handle's cache held none of its own
- * (4 of 12 deliveries in tests/e2e/test_connection_reuse.py; over HTTPS each a full
- * handshake, about 1 ms of the consumer's CPU here), while its idle connections waited in
- * other caches until the server closed them. The handle freed last is the one whose
- * connection was just used: a busy origin's requests keep to its connections used last,
- * which costs both sides less than going round them all (that cost 5-6% more of the
- * consumer's CPU and 10-13% more of the receiver's per delivery in an e2e drain:
- * bench/results/2026-12-05-intel-consumer-origin-caches-ab.txt).
+ * handle freed last, of whichever cache. Were every request to take that handle, a quiet
+ * endpoint among busy ones would open a new connection whenever the handle's cache held none
+ * of its own (4 connections for 12 deliveries in tests/e2e/test_connection_reuse.py, against
+ * 1 this way; over HTTPS each a full handshake, about 1 ms of the consumer's CPU here), while
+ * its idle connections waited in other caches until the server closed them. The handle freed
+ * last is the one whose connection was just used: a busy origin's requests keep to the
+ * connections used last, which costs both sides less than going round them all (that cost
+ * 5-6% more of the consumer's CPU and 10-13% more of the receiver's per delivery in an e2e
+ * drain: bench/results/2026-12-05-intel-consumer-origin-caches-ab.txt).
+ *
+ * Each share also holds the TLS sessions of its handles (CURL_LOCK_DATA_SSL_SESSION; libcurl
+ * 7.88 keeps 8 per share, one per origin, the oldest replaced): a new connection to an origin
+ * resumes the session its cache's last one left, whichever of the cache's handles opens it
+ * (unshared, each handle keeps its own 5, and one that has not been to the origin makes a
+ * full handshake). A resumed
+ * handshake skips the certificate's transfer, parsing and verification: about 37% of the
+ * client's CPU for a new connection here (bench/README.md, "tls").
  */
 #define CONN_CACHES     64
 #define CONNS_PER_CACHE 32
@@ -199,8 +207,10 @@ cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err)
     curl_multi_setopt(h->multi, CURLMOPT_MAXCONNECTS, 20000L);
     for (int i = 0; i < CONN_CACHES; i++) {
         h->shares[i] = curl_share_init();
-        if (h->shares[i] && curl_share_setopt(h->shares[i], CURLSHOPT_SHARE,
-                                              CURL_LOCK_DATA_CONNECT) != CURLSHE_OK) {
+        if (h->shares[i] && (curl_share_setopt(h->shares[i], CURLSHOPT_SHARE,
+                                               CURL_LOCK_DATA_CONNECT) != CURLSHE_OK ||
+                             curl_share_setopt(h->shares[i], CURLSHOPT_SHARE,
+                                               CURL_LOCK_DATA_SSL_SESSION) != CURLSHE_OK)) {
             curl_share_cleanup(h->shares[i]);
             h->shares[i] = NULL; /* its handles use the multi's cache */
         }

@@ -10,13 +10,17 @@ ones wait in other caches.
 Two receivers stand for two hosts: a busy one whose endpoints answer after a delay (their
 requests fill the window, and handles are taken and returned all the time) and a quiet one
 that gets an event now and then, each published once the one before was delivered. The quiet
-host must see one connection, not one per delivery.
+host must see one connection, not one per delivery. A quiet HTTPS host that closes every
+connection must see each new connection resume the TLS session of the one before (a resumed
+handshake skips the certificate's transfer, parsing and verification).
 """
 import json
 import os
+import ssl
 import urllib.request
 
 from sluice_e2e import event, ledger_ok, wait_until
+from tls_helpers import CA
 
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
 
@@ -54,3 +58,39 @@ def test_a_quiet_host_reuses_its_connection_beside_a_busy_one(make_world):
     assert st["by_status"].get("204", 0) == rounds, st
     assert opened == 1, (
         f"{opened} connections opened to the quiet host for {rounds} deliveries, one at a time")
+
+
+def test_a_quiet_https_host_resumes_its_tls_session_on_each_new_connection(make_world,
+                                                                           tmp_path):
+    # The quiet host closes every connection (Connection: close) and issues session tickets:
+    # each delivery after the first must resume the TLS session the one before left, whichever
+    # pooled handle sends it (the handles of a connection cache share their sessions).
+    ca = CA(str(tmp_path / "ca"))
+    cert, key = ca.issue("quiet", "127.0.0.1")
+    w = make_world(partitions=2)
+    busy = w.receiver(extra=["--no-ledger-ok"])
+    quiet = w.receiver(extra=["--tls-cert", cert, "--tls-key", key, "--tls-resume"])
+    quiet_base = f"https://127.0.0.1:{quiet.port}"
+    busy_eps = [w.add_endpoint(f"busy{i}_{w.tag}", busy.url("ok", f"busy{i}_{w.tag}") +
+                               f"?delay_ms={100 + 10 * i}") for i in range(40)]
+    quiet_ep = w.add_endpoint(f"quiet_{w.tag}", f"{quiet_base}/ok/quiet_{w.tag}?close=1")
+    assert w.produce([event(ep, i, w.tag) for i in range(300) for ep in busy_eps]
+                     ).returncode == 0
+    c = w.consumer(consumer_threads=2, max_inflight=400, max_inflight_per_endpoint=10,
+                   endpoint_ca_file=ca.cert)
+    wait_until(lambda: receiver_stats(busy)["by_status"].get("204", 0) > 400, 60 * MULT, 0.2,
+               "the busy endpoints' first answers")
+    rounds = 12
+    for i in range(rounds):
+        assert w.produce([event(quiet_ep, i, w.tag)]).returncode == 0
+        wait_until(lambda: len(ledger_ok(quiet)) > i, 30 * MULT, 0.05, f"quiet delivery {i}")
+    left = 40 * 300 - receiver_stats(busy)["by_status"].get("204", 0)
+    ctx = ssl.create_default_context(cafile=ca.cert)
+    with urllib.request.urlopen(f"{quiet_base}/_stats", timeout=10, context=ctx) as resp:
+        st = json.loads(resp.read())
+    assert c.term() == 0, c.logs()[-3000:]
+    assert left > 0, "the busy endpoints were done before the quiet one: the test proves nothing"
+    assert st["by_status"].get("204", 0) == rounds, st
+    assert st["tls_resumed"] == rounds - 1, (
+        f"{st['tls_resumed']} of the {rounds - 1} deliveries after the first resumed the "
+        "TLS session")

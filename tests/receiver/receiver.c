@@ -22,6 +22,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <gnutls/gnutls.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -181,6 +182,7 @@ struct stats {
     atomic_uint_fast64_t bytes_in;          /* request body bytes */
     atomic_uint_fast64_t dups;              /* 2xx for an (endpoint, id) already accepted */
     atomic_uint_fast64_t connections;       /* connections accepted (TLS: each a handshake) */
+    atomic_uint_fast64_t tls_resumed;       /* requests over a resumed TLS session */
 };
 
 struct app {
@@ -207,6 +209,8 @@ struct app {
     struct MHD_Response *r204_close; /* the same with Connection: close (?close=1) */
     char *tls_cert;                  /* --tls-cert file's text; NULL = plain HTTP */
     char *tls_key;                   /* --tls-key file's text (wiped at exit) */
+    bool tls_resume;                 /* --tls-resume: session tickets (resumed handshakes) */
+    gnutls_datum_t ticket_key;       /* the tickets' key, made at start (wiped at exit) */
     struct stats st;                 /* counters for /_stats */
     atomic_bool started;             /* daemon up: MHD messages become debug */
 };
@@ -730,11 +734,12 @@ static enum MHD_Result serve_stats(struct req *rq)
     const char *sep = "";
 
     sl_buf_init(&b, STATS_OUT_MAX);
-    (void)sl_buf_printf(&b,
-                        "{\"requests\":%" PRIu64 ",\"waiting\":%zu,\"bytes_in\":%" PRIu64
-                        ",\"dups\":%" PRIu64 ",\"connections\":%" PRIu64 ",\"by_status\":{",
-                        stat_get(&st->requests), recv_sched_waiting(app->sched),
-                        stat_get(&st->bytes_in), stat_get(&st->dups), stat_get(&st->connections));
+    (void)sl_buf_printf(
+        &b,
+        "{\"requests\":%" PRIu64 ",\"waiting\":%zu,\"bytes_in\":%" PRIu64 ",\"dups\":%" PRIu64
+        ",\"connections\":%" PRIu64 ",\"tls_resumed\":%" PRIu64 ",\"by_status\":{",
+        stat_get(&st->requests), recv_sched_waiting(app->sched), stat_get(&st->bytes_in),
+        stat_get(&st->dups), stat_get(&st->connections), stat_get(&st->tls_resumed));
     for (unsigned s = 0; s < 600; s++) {
         uint64_t n = stat_get(&st->by_status[s]);
         if (n == 0)
@@ -947,6 +952,13 @@ static enum MHD_Result on_request(void *cls,
     if (rq == NULL) {
         rq = req_new(cls, conn, url, method);
         *con_cls = rq;
+        if (rq->app->tls_cert) {
+            const union MHD_ConnectionInfo *ci =
+                MHD_get_connection_info(conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+            if (ci && ci->tls_session &&
+                gnutls_session_is_resumed((gnutls_session_t)ci->tls_session))
+                atomic_fetch_add_explicit(&rq->app->st.tls_resumed, 1, memory_order_relaxed);
+        }
         return on_headers(rq);
     }
     if (*upload_data_size > 0) {
@@ -1040,6 +1052,9 @@ static void usage(FILE *f)
           "  --tls-cert FILE      serve HTTPS with this PEM certificate (chain); needs\n"
           "                       --tls-key (libmicrohttpd's GnuTLS)\n"
           "  --tls-key FILE       the certificate's private key (PEM, unencrypted)\n"
+          "  --tls-resume         issue TLS session tickets, so a client may resume its\n"
+          "                       session on a new connection (default: every handshake\n"
+          "                       is a full one)\n"
           "  --log-level L        error|warn|info|debug (default info; SLUICE_DEBUG=http\n"
           "                       with debug logs per-request decisions)\n"
           "  -h, --help           this text\n"
@@ -1081,6 +1096,7 @@ static void usage(FILE *f)
           "\n"
           "control (never in the ledger or the counters):\n"
           "  GET /_stats                   JSON counters: requests, connections (accepted),\n"
+          "                                tls_resumed (requests over a resumed session),\n"
           "                                by_status, by_behaviour,\n"
           "                                waiting (suspended), sig, ids, ledger, dups\n"
           "  GET /_ledger/ids?endpoint=X   distinct webhook ids answered 2xx for endpoint X\n"
@@ -1117,6 +1133,7 @@ enum {
     OPT_LOG_LEVEL,
     OPT_TLS_CERT,
     OPT_TLS_KEY,
+    OPT_TLS_RESUME,
 };
 
 /* Parse a numeric option; on failure print a message naming the option (values of numeric
@@ -1185,6 +1202,7 @@ static int parse_args(struct app *app, int argc, char **argv, enum sl_log_level 
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
         {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+        {"tls-resume", no_argument, NULL, OPT_TLS_RESUME},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -1272,6 +1290,9 @@ static int parse_args(struct app *app, int argc, char **argv, enum sl_log_level 
             free(app->tls_cert);
             app->tls_cert = read_pem_opt("tls-cert", optarg, &errors);
             break;
+        case OPT_TLS_RESUME:
+            app->tls_resume = true;
+            break;
         case OPT_TLS_KEY:
             free(app->tls_key);
             app->tls_key = read_pem_opt("tls-key", optarg, &errors);
@@ -1294,6 +1315,10 @@ static int parse_args(struct app *app, int argc, char **argv, enum sl_log_level 
         fprintf(stderr, "sluice-receiver: --tls-cert and --tls-key go together\n");
         errors++;
     }
+    if (app->tls_resume && app->tls_cert == NULL) {
+        fprintf(stderr, "sluice-receiver: --tls-resume needs --tls-cert and --tls-key\n");
+        errors++;
+    }
     if (app->reject_bad_sig && app->nsecrets == 0) {
         fprintf(stderr, "sluice-receiver: --reject-bad-sig needs at least one --secret\n");
         errors++;
@@ -1314,10 +1339,17 @@ static void on_connection(void *cls,
                           enum MHD_ConnectionNotificationCode toe)
 {
     struct app *app = cls;
-    (void)conn;
     (void)socket_context;
-    if (toe == MHD_CONNECTION_NOTIFY_STARTED)
-        atomic_fetch_add_explicit(&app->st.connections, 1, memory_order_relaxed);
+    if (toe != MHD_CONNECTION_NOTIFY_STARTED)
+        return;
+    atomic_fetch_add_explicit(&app->st.connections, 1, memory_order_relaxed);
+    if (app->tls_resume) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+        if (ci && ci->tls_session)
+            (void)gnutls_session_ticket_enable_server((gnutls_session_t)ci->tls_session,
+                                                      &app->ticket_key);
+    }
 }
 
 /* Listen on loopback: app->threads HTTP loops (common/sl_httpd) on one socket. */
@@ -1403,6 +1435,10 @@ int main(int argc, char **argv)
         sl_error("main", "start_failed", "could not create the empty answer");
         goto out;
     }
+    if (app.tls_resume && gnutls_session_ticket_key_generate(&app.ticket_key) != 0) {
+        sl_error("main", "start_failed", "could not make a TLS session ticket key");
+        goto out;
+    }
     srv = start_server(&app, &err);
     if (srv == NULL) {
         sl_error("main", "start_failed", "%s", err.msg);
@@ -1437,6 +1473,10 @@ out:
         MHD_destroy_response(app.r204_close);
     if (app.tls_key)
         sl_secret_wipe(app.tls_key, strlen(app.tls_key));
+    if (app.ticket_key.data) {
+        sl_secret_wipe(app.ticket_key.data, app.ticket_key.size);
+        gnutls_free(app.ticket_key.data);
+    }
     free(app.tls_key);
     free(app.tls_cert);
     recv_ledger_close(app.ledger);

@@ -264,11 +264,28 @@ def t_tls(tmp, binary, root):
         # request, then this stats request: 2 + 2 + 1 + 1 connections
         c1 = stats(tmp, r, "--cacert", cert)["connections"]
         check(c1 - c0 == 6, f"https: {c1 - c0} connections counted, expected 6")
+        # t_close's curl runs closed connections between requests: curl resumes a session
+        # on its next connection only when the receiver issues tickets
+        check(stats(tmp, r, "--cacert", cert)["tls_resumed"] == 0, "resumed without tickets")
         lines = r.wait_ledger(9)
         check(sum(1 for l in lines if l["path"] == "/ok/ep-tls" and l["status"] == 204) == 1,
               "https: the ledger does not hold the /ok request")
     finally:
         check(r.stop() == 0, "tls receiver exit status")
+    rr = Receiver(binary, root, "tls-resume", "--tls-cert", cert, "--tls-key", key,
+                  "--tls-resume")
+    try:
+        out = subprocess.run([CURL, "-s", "--cacert", cert, "-o", "/dev/null", "-w",
+                              "%{http_code} %{num_connects}\n", rr.url("/ok/r?close=1"),
+                              rr.url("/ok/r?close=1"), rr.url("/ok/r")], capture_output=True,
+                             timeout=20 * MULT).stdout.decode().split("\n")
+        check(out[:3] == ["204 1", "204 1", "204 1"], f"--tls-resume: curl said {out}")
+        st = stats(tmp, rr, "--cacert", cert)
+        check(st["connections"] == 4 and st["tls_resumed"] == 2,
+              f"--tls-resume: {st['connections']} connections, {st['tls_resumed']} resumed; "
+              "expected 4 (three requests and this one), 2 resumed (the second and third)")
+    finally:
+        check(rr.stop() == 0, "tls-resume receiver exit status")
 
 
 def t_big(tmp, r):
@@ -633,7 +650,8 @@ def t_bad_options(tmp, binary):
     for args in (["--port", "70000"], ["--secret", "nope"], ["--reject-bad-sig"],
                  ["--threads", "x"], ["extra"], ["--tls-cert", cert],
                  ["--tls-key", key], ["--tls-cert", notpem, "--tls-key", key],
-                 ["--tls-cert", cert, "--tls-key", os.path.join(tmp, "missing.key")]):
+                 ["--tls-cert", cert, "--tls-key", os.path.join(tmp, "missing.key")],
+                 ["--tls-resume"]):
         p = subprocess.run([binary, *args], capture_output=True, timeout=10 * MULT)
         check(p.returncode == 78, f"{args}: exit {p.returncode}, expected 78")
         check(b"nope" not in p.stderr or args[0] != "--secret", "secret value echoed")
