@@ -808,17 +808,21 @@ class Bench:
             res["broker_cpu_s_per_10k"] = round(float(m.group(1)) / self.n_produce * 10000, 3)
         return res
 
+    def add_endpoints(self, prefix, url_of, types):
+        """ENDPOINTS endpoints <prefix>0.. with `sluicectl endpoints add`, url_of(id) each, and
+        a type filter of their own: an endpoint without one is subscribed to every type, and
+        would join the api phase's fan-out (sluice-produce names the endpoint)."""
+        setup = self.env("setup")
+        self.topics(setup, 1)  # the shared endpoints topic (and a few unused ones)
+        for i in range(ENDPOINTS):
+            ep = f"{prefix}{i}"
+            self.ctl(setup, "endpoints", "add", "--id", ep, "--url", url_of(ep), "--types", types)
+
     def register_endpoints(self):
-        env = self.env("setup")
-        self.topics(env, 1)   # the shared endpoints topic (and a few unused ones)
         log(f"registering {ENDPOINTS} endpoints with sluicectl endpoints add")
         t = time.time()
-        for i in range(ENDPOINTS):
-            ep = f"{self.ep_prefix}{i}"
-            # a type filter of their own: an endpoint without one is subscribed to every
-            # type, and would join the api phase's fan-out (sluice-produce names the endpoint)
-            self.ctl(env, "endpoints", "add", "--id", ep, "--url",
-                     f"http://127.0.0.1:{self.port}/ok/{ep}", "--types", "bench.e2e")
+        self.add_endpoints(self.ep_prefix, lambda ep: f"http://127.0.0.1:{self.port}/ok/{ep}",
+                           "bench.e2e")
         self.results["setup"] = {"endpoints_add_s": round(time.time() - t, 1)}
 
     def register_many(self):
@@ -846,14 +850,9 @@ class Bench:
         endpoints, and the endpoints over the loops, unevenly."""
         prefix = f"r{self.run_id}_"
         if "rss" not in self.registered:  # once per run: later repetitions reuse them
-            setup = self.env("setup")
-            self.topics(setup, 1)  # the shared endpoints topic, when this phase runs alone
-            # a type filter of their own: the api phase's fan-out type must not reach them
-            for i in range(ENDPOINTS):
-                ep = f"{prefix}{i}"
-                self.ctl(setup, "endpoints", "add", "--id", ep, "--url",
-                         f"http://127.0.0.1:{self.port}/ok/{ep}?delay_ms={RSS_DELAY_MS}",
-                         "--types", "bench.rss")
+            self.add_endpoints(
+                prefix, lambda ep: f"http://127.0.0.1:{self.port}/ok/{ep}?delay_ms={RSS_DELAY_MS}",
+                "bench.rss")
             self.registered["rss"] = True
         n = 60_000 if self.quick else 120_000
         cfg = {"max_inflight": RSS_INFLIGHT,
@@ -1092,14 +1091,11 @@ class Bench:
                  ("http_new_conn", "http", "?close=1"), ("https_new_conn", "https", "?close=1"),
                  ("https_resumed", "https", "?close=1"))
         if "tls" not in self.registered:  # once per run: later repetitions reuse them
-            setup = self.env("setup")
-            self.topics(setup, 1)
             for i, (kind, scheme, query) in enumerate(kinds):
-                for j in range(ENDPOINTS):
-                    ep = f"t{i}{self.run_id}_{j}"
-                    self.ctl(setup, "endpoints", "add", "--id", ep, "--url",
-                             f"{scheme}://127.0.0.1:{self.port}/ok/{ep}{query}",
-                             "--types", "bench.tls")
+                self.add_endpoints(
+                    f"t{i}{self.run_id}_",
+                    lambda ep, sc=scheme, q=query: f"{sc}://127.0.0.1:{self.port}/ok/{ep}{q}",
+                    "bench.tls")
             self.registered["tls"] = True
         n_kept = 50_000 if self.quick else 300_000
         n_new = 10_000 if self.quick else 60_000

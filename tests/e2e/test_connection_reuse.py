@@ -3,9 +3,8 @@
 Most webhook endpoints receive an event now and then, beside a few that receive most of the
 traffic. The consumer spreads its connections over several libcurl connection caches (to
 keep each cache's scans short when thousands of requests go to one host); a host's
-connections must still be found again by its next request, or a quiet endpoint would open a
-new connection (over HTTPS, a full TLS handshake) for nearly every delivery while its idle
-ones wait in other caches.
+connections must still be found again by its next request, or a quiet endpoint would open
+new connections (over HTTPS, each a TLS handshake) while its idle ones wait in other caches.
 
 Two receivers stand for two hosts: a busy one whose endpoints answer after a delay (their
 requests fill the window, and handles are taken and returned all the time) and a quiet one
@@ -30,27 +29,33 @@ def receiver_stats(r):
         return json.loads(resp.read())
 
 
-def test_a_quiet_host_reuses_its_connection_beside_a_busy_one(make_world):
-    w = make_world(partitions=2)
+def quiet_beside_busy(w, quiet, quiet_url, rounds, **cfg):
+    """A busy origin (40 endpoints of their own receiver, answering after 100..490 ms, so
+    answers come all the time, not in waves: about 10 s of traffic at 400 in flight) and,
+    once it is busy, `rounds` events to the quiet endpoint at quiet_url, each published once
+    the one before was delivered (quiet's ledger says so). Returns the consumer (running)
+    and how many busy deliveries were still to come when the quiet ones were done."""
     busy = w.receiver(extra=["--no-ledger-ok"])
-    quiet = w.receiver()  # its ledger, read from the file, says when it is done
-    # delays of 100..490 ms: answers come all the time, not in waves
     busy_eps = [w.add_endpoint(f"busy{i}_{w.tag}", busy.url("ok", f"busy{i}_{w.tag}") +
                                f"?delay_ms={100 + 10 * i}") for i in range(40)]
-    quiet_ep = w.add_endpoint(f"quiet_{w.tag}", quiet.url("ok", f"quiet_{w.tag}"))
-    # about 10 s of busy traffic: 400 in flight, answered after 300 ms on average
+    quiet_ep = w.add_endpoint(f"quiet_{w.tag}", quiet_url)
     assert w.produce([event(ep, i, w.tag) for i in range(300) for ep in busy_eps]
                      ).returncode == 0
-    before = receiver_stats(quiet)["connections"]  # this request's connection included
-    c = w.consumer(consumer_threads=2, max_inflight=400, max_inflight_per_endpoint=10)
+    c = w.consumer(consumer_threads=2, max_inflight=400, max_inflight_per_endpoint=10, **cfg)
     wait_until(lambda: receiver_stats(busy)["by_status"].get("204", 0) > 400, 60 * MULT, 0.2,
                "the busy endpoints' first answers")
-    # the quiet endpoint: an event now and then, each delivered before the next is published
-    rounds = 12
     for i in range(rounds):
         assert w.produce([event(quiet_ep, i, w.tag)]).returncode == 0
         wait_until(lambda: len(ledger_ok(quiet)) > i, 30 * MULT, 0.05, f"quiet delivery {i}")
-    left = 40 * 300 - receiver_stats(busy)["by_status"].get("204", 0)
+    return c, 40 * 300 - receiver_stats(busy)["by_status"].get("204", 0)
+
+
+def test_a_quiet_host_reuses_its_connection_beside_a_busy_one(make_world):
+    w = make_world(partitions=2)
+    quiet = w.receiver()  # its ledger, read from the file, says when it is done
+    before = receiver_stats(quiet)["connections"]  # this request's connection included
+    rounds = 12
+    c, left = quiet_beside_busy(w, quiet, quiet.url("ok", f"quiet_{w.tag}"), rounds)
     st = receiver_stats(quiet)
     opened = st["connections"] - before - 1  # less this request's own connection
     assert c.term() == 0, c.logs()[-3000:]
@@ -68,23 +73,11 @@ def test_a_quiet_https_host_resumes_its_tls_session_on_each_new_connection(make_
     ca = CA(str(tmp_path / "ca"))
     cert, key = ca.issue("quiet", "127.0.0.1")
     w = make_world(partitions=2)
-    busy = w.receiver(extra=["--no-ledger-ok"])
     quiet = w.receiver(extra=["--tls-cert", cert, "--tls-key", key, "--tls-resume"])
     quiet_base = f"https://127.0.0.1:{quiet.port}"
-    busy_eps = [w.add_endpoint(f"busy{i}_{w.tag}", busy.url("ok", f"busy{i}_{w.tag}") +
-                               f"?delay_ms={100 + 10 * i}") for i in range(40)]
-    quiet_ep = w.add_endpoint(f"quiet_{w.tag}", f"{quiet_base}/ok/quiet_{w.tag}?close=1")
-    assert w.produce([event(ep, i, w.tag) for i in range(300) for ep in busy_eps]
-                     ).returncode == 0
-    c = w.consumer(consumer_threads=2, max_inflight=400, max_inflight_per_endpoint=10,
-                   endpoint_ca_file=ca.cert)
-    wait_until(lambda: receiver_stats(busy)["by_status"].get("204", 0) > 400, 60 * MULT, 0.2,
-               "the busy endpoints' first answers")
     rounds = 12
-    for i in range(rounds):
-        assert w.produce([event(quiet_ep, i, w.tag)]).returncode == 0
-        wait_until(lambda: len(ledger_ok(quiet)) > i, 30 * MULT, 0.05, f"quiet delivery {i}")
-    left = 40 * 300 - receiver_stats(busy)["by_status"].get("204", 0)
+    c, left = quiet_beside_busy(w, quiet, f"{quiet_base}/ok/quiet_{w.tag}?close=1", rounds,
+                                endpoint_ca_file=ca.cert)
     ctx = ssl.create_default_context(cafile=ca.cert)
     with urllib.request.urlopen(f"{quiet_base}/_stats", timeout=10, context=ctx) as resp:
         st = json.loads(resp.read())

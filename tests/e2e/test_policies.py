@@ -58,8 +58,11 @@ def test_a_pod_leases_only_the_rate_tokens_it_will_use(make_world):
     tenth of a second of the rate."""
     w = make_world()
     rcv = w.receiver()
-    ep = w.add_endpoint("lease" + w.tag, rcv.url("ok", "lease"), "--rate", "100",
-                        "--rate-period-ms", "1000", "--burst", "100")
+    # 100/s as 3,000 per 30 s: the bucket's key then lives 60 s after the take (twice a
+    # refill's whole periods) rather than 2 s, which the wait for the outcome and the
+    # consumer's shutdown below can outlast on a loaded machine
+    ep = w.add_endpoint("lease" + w.tag, rcv.url("ok", "lease"), "--rate", "3000",
+                        "--rate-period-ms", "30000", "--burst", "100")
     e = event(ep, 0, w.tag)
     assert w.produce([e]).returncode == 0
     c = w.consumer()
