@@ -65,12 +65,10 @@ if [ -n "${BENCH_PG_ICU_LOCALE:-}" ]; then
     template template0 locale_provider icu icu_locale '$BENCH_PG_ICU_LOCALE' locale 'C'" \
     || die "could not create a database with ICU locale $BENCH_PG_ICU_LOCALE"
   SLUICE_PG_DSN="$SLUICE_PG_DSN dbname=$private_db"
-  for f in $(LC_COLLATE=C ls "$REPO_DIR"/sql/[0-9][0-9][0-9][0-9]_*.sql); do
-    PGOPTIONS="-c client_min_messages=warning" pg -1 -f "$f" >/dev/null || {
-      psql -X -q "$admin_dsn" -c "drop database if exists $private_db" >/dev/null 2>&1 || true
-      die "migration $f failed"
-    }
-  done
+  bash "$REPO_DIR/scripts/migrate.sh" "$SLUICE_PG_DSN" >/dev/null || {
+    psql -X -q "$admin_dsn" -c "drop database if exists $private_db" >/dev/null 2>&1 || true
+    die "the migrations of sql/ failed on the private database"
+  }
 fi
 pg -c 'select 1 from delivery_attempts limit 0' >/dev/null \
   || die "no delivery_attempts table at SLUICE_PG_DSN: apply sql/ (scripts/stack.sh start does)"

@@ -941,32 +941,13 @@ EOF
 }
 
 # Apply sql/NNNN_*.sql in order, each once, each in one transaction together with its
-# schema_migrations row. A migration must not BEGIN/COMMIT itself.
+# schema_migrations row (scripts/migrate.sh, which operators run against their database too).
+# A migration must not BEGIN/COMMIT itself.
 pg_migrate() {
-  psql_q sluice -c "create table if not exists schema_migrations (
-      version    text primary key,
-      checksum   text not null,
-      applied_at timestamptz not null default now())" \
-    || fail postgres "$P_LOG" "cannot create schema_migrations"
-  local applied f v sum prev n=0
-  applied=$(psql_q sluice -Atc "select version || ' ' || checksum from schema_migrations") \
-    || fail postgres "$P_LOG" "cannot read schema_migrations"
-  for f in "$SQL_DIR"/[0-9][0-9][0-9][0-9]_*.sql; do
-    [ -f "$f" ] || continue
-    v=${f##*/}
-    [[ "$v" =~ ^[A-Za-z0-9_.-]+$ ]] || fail postgres "" "migration file name not allowed: $f"
-    sum=$(sha256sum "$f" | cut -d' ' -f1)
-    prev=$(printf '%s\n' "$applied" | awk -v v="$v" '$1 == v { print $2 }')
-    if [ -n "$prev" ]; then
-      [ "$prev" = "$sum" ] || warn "postgres: migration $v changed after it was applied (not re-applied)"
-      continue
-    fi
-    psql_q sluice -1 -f "$f" -c "insert into schema_migrations (version, checksum) values ('$v', '$sum')" \
-      >"$P_DIR/migrate.log" 2>&1 || { cat "$P_DIR/migrate.log" >&2; fail postgres "$P_DIR/migrate.log" "migration $v failed (rolled back)"; }
-    say "postgres: applied migration $v"
-    n=$((n + 1))
-  done
-  say "postgres: migrations up to date ($(psql_q sluice -Atc 'select count(*) from schema_migrations') applied, $n new)"
+  SLUICE_SQL_DIR="$SQL_DIR" bash "$SCRIPT_DIR/migrate.sh" \
+    "host=127.0.0.1 port=$PG_PORT dbname=sluice user=sluice" >"$P_DIR/migrate.log" 2>&1 \
+    || { cat "$P_DIR/migrate.log" >&2; fail postgres "$P_DIR/migrate.log" "migrations failed"; }
+  sed -n 's/^\[migrate\] /[stack] postgres: /p' "$P_DIR/migrate.log"
 }
 
 # ------------------------------------------------------------------------- Prometheus

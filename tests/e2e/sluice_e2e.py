@@ -13,7 +13,6 @@ import base64
 import json
 import os
 import random
-import re
 import secrets
 import signal
 import string
@@ -738,6 +737,7 @@ def final_states(outcomes):
 
 REPO_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SQL_DIR = os.path.join(REPO_DIR, "sql")
+MIGRATE = os.path.join(REPO_DIR, "scripts", "migrate.sh")
 
 
 def dsn_with_db(dsn, db):
@@ -770,14 +770,10 @@ class PrivateDb:
         else:
             psql(self.admin, f"create database {self.name}")
         self.dsn = dsn_with_db(base, self.name)
-        for f in sorted(os.listdir(SQL_DIR)):
-            if re.match(r"^\d{4}_.*\.sql$", f):
-                r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-1", self.dsn,
-                                    "-f", os.path.join(SQL_DIR, f)],
-                                   capture_output=True, text=True, timeout=120,
-                                   env={**os.environ,
-                                        "PGOPTIONS": "-c client_min_messages=warning"})
-                assert r.returncode == 0, f"migration {f} failed: {r.stderr}"
+        # as an operator applies them (scripts/stack.sh does the same)
+        r = subprocess.run(["bash", MIGRATE, self.dsn], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "SLUICE_SQL_DIR": SQL_DIR})
+        assert r.returncode == 0, f"scripts/migrate.sh failed: {r.stdout}{r.stderr}"
 
     def q(self, sql):
         return psql(self.dsn, sql)
