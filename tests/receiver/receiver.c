@@ -1332,7 +1332,9 @@ static int parse_args(struct app *app, int argc, char **argv, enum sl_log_level 
 
 /* ==== start-up and shutdown ==== */
 
-/* Counts each accepted connection for /_stats (on the loop that accepted it). */
+/* Counts each accepted connection for /_stats (on the loop that accepted it) and, with
+ * --tls-resume, lets its TLS session issue tickets: the session exists by now, its handshake
+ * has not begun. */
 static void on_connection(void *cls,
                           struct MHD_Connection *conn,
                           void **socket_context,
