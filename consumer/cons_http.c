@@ -51,8 +51,8 @@
  * resumes the session its cache's last one left, whichever of the cache's handles opens it
  * (unshared, each handle keeps its own 5, and one that has not been to the origin makes a
  * full handshake). A resumed handshake skips the certificate's transfer, decoding and
- * verification: 823 against 1,059 µs of the consumer's CPU per delivery with a new
- * connection each in the bench's tls phase (bench/README.md, "tls").
+ * verification: 986 against 1,312 µs of the consumer's CPU per delivery with a new
+ * connection each (medians of three repetitions of the bench's tls phase, bench/README.md).
  */
 #define CONN_CACHES     64
 #define CONNS_PER_CACHE 32
