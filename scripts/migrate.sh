@@ -8,6 +8,12 @@
 #   scripts/migrate.sh DSN          e.g. "host=db.internal dbname=sluice user=sluice_owner"
 #                                   or postgresql://sluice_owner@db.internal/sluice
 #   scripts/migrate.sh --status DSN the migrations of sql/ and whether each is applied
+#   scripts/migrate.sh --baseline VERSION DSN
+#                                   records the migrations up to VERSION (a file name of sql/,
+#                                   e.g. 0010_history_ids_in_byte_order.sql) as applied without
+#                                   running them: for a database whose schema was made by
+#                                   applying sql/ by hand (or by an old compose.yaml), once,
+#                                   while schema_migrations is still empty
 #
 # Needs the psql client (postgresql-client). The role must be able to create the tables
 # (the schema's owner; docs/OPERATIONS.md, "PostgreSQL: roles and retention"). A migration
@@ -27,9 +33,13 @@ LOCK_KEY=7385106 # pg_advisory_xact_lock key of Sluice's migrations
 say() { printf '[migrate] %s\n' "$*"; }
 die() { printf '[migrate] error: %s\n' "$*" >&2; exit 1; }
 
-status=0
-if [ "${1:-}" = --status ]; then status=1; shift; fi
-[ $# -eq 1 ] && [ -n "$1" ] || die "usage: scripts/migrate.sh [--status] DSN (see the header of this script)"
+status=0 baseline=
+if [ "${1:-}" = --status ]; then status=1; shift
+elif [ "${1:-}" = --baseline ]; then
+  [ $# -ge 2 ] && [ -n "$2" ] || die "--baseline needs a VERSION (a file name of sql/)"
+  baseline=$2; shift 2
+fi
+[ $# -eq 1 ] && [ -n "$1" ] || die "usage: scripts/migrate.sh [--status | --baseline VERSION] DSN (see the header of this script)"
 dsn=$1
 command -v psql >/dev/null || die "psql not found: install the PostgreSQL client (postgresql-client)"
 [ -d "$SQL_DIR" ] || die "no migrations directory $SQL_DIR"
@@ -53,6 +63,42 @@ n=0 total=0
 shopt -s nullglob
 files=("$SQL_DIR"/[0-9][0-9][0-9][0-9]_*.sql)
 [ ${#files[@]} -gt 0 ] || die "no migrations (NNNN_*.sql) in $SQL_DIR"
+
+if [ -n "$baseline" ]; then
+  [ -f "$SQL_DIR/$baseline" ] && [[ "$baseline" =~ ^[0-9]{4}_[A-Za-z0-9_.-]+\.sql$ ]] \
+    || die "--baseline: no migration $baseline in $SQL_DIR"
+  [ -z "$applied" ] || die "--baseline: schema_migrations already has rows; a baseline is only for a database whose migrations were all applied without this script"
+  rows= k=0
+  for f in "${files[@]}"; do
+    v=${f##*/}
+    [[ "$v" =~ ^[A-Za-z0-9_.-]+$ ]] || die "migration file name not allowed: $v"
+    rows+="${rows:+,}('$v', '$(sha256sum "$f" | cut -d' ' -f1)')"
+    k=$((k + 1))
+    [ "$v" = "$baseline" ] && break
+  done
+  out=$(q -v lock="$LOCK_KEY" -f - 2>&1 <<SQL
+begin;
+select pg_advisory_xact_lock(:lock) is null as unlocked \gset
+select count(*) = 0 as empty from schema_migrations \gset
+\if :empty
+insert into schema_migrations (version, checksum) values $rows;
+\echo SLUICE_BASELINE_SET
+\endif
+commit;
+SQL
+) || { printf '%s\n' "$out" >&2; die "--baseline failed (rolled back)"; }
+  [[ "$out" == *SLUICE_BASELINE_SET* ]] \
+    || die "--baseline: another runner wrote schema_migrations meanwhile; nothing recorded"
+  say "baseline: $k migrations up to $baseline recorded as applied, none run"
+  exit 0
+fi
+
+# Tables of sql/ but no schema_migrations rows: applied without this script. Running 0001
+# again would fail half-way through; say what to do instead.
+if [ "$status" = 0 ] && [ -z "$applied" ] \
+  && [ "$(q -At -c "select to_regclass('endpoints') is not null")" = t ]; then
+  die "the database has Sluice's tables but no schema_migrations rows (sql/ applied by hand or by an old compose.yaml): record what it has with scripts/migrate.sh --baseline VERSION DSN, VERSION the last file of sql/ it had, then run this again"
+fi
 for f in "${files[@]}"; do
   v=${f##*/}
   total=$((total + 1))

@@ -71,3 +71,45 @@ def test_migrations_apply_once_in_order_and_a_failed_one_is_rolled_back(tmp_path
         assert "[migrate] 9999_bad.sql: pending" in out, out
     finally:
         psql(admin, f"drop database if exists {name} with (force)")
+
+
+def test_a_database_made_without_the_script_is_baselined_then_migrated(tmp_path):
+    """sql/ applied by hand (as compose.yaml's PostgreSQL once did through
+    docker-entrypoint-initdb.d): a plain run refuses and names --baseline instead of failing
+    half-way through 0001; --baseline VERSION records the migrations up to VERSION without
+    running them, only while schema_migrations is empty; later migrations then apply."""
+    base = need_env("SLUICE_PG_DSN")
+    admin = dsn_with_db(base, "postgres")
+    name = "sluice_baseline_" + rand_suffix()
+    psql(admin, f"create database {name}")
+    dsn = dsn_with_db(base, name)
+    try:
+        files = sorted(f for f in os.listdir(SQL_DIR) if f[:4].isdigit() and f.endswith(".sql"))
+        for f in files:
+            subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", dsn, "-f",
+                            os.path.join(SQL_DIR, f)], check=True, capture_output=True)
+        rc, out = finish(migrate(dsn))
+        assert rc == 1 and "--baseline VERSION" in out and "no schema_migrations rows" in out, out
+        assert psql(dsn, "select count(*) from schema_migrations") == "0"
+
+        rc, out = finish(migrate(dsn, "--baseline", "0000_none.sql"))
+        assert rc == 1 and "no migration 0000_none.sql" in out, out
+
+        sql = tmp_path / "sql"
+        shutil.copytree(SQL_DIR, sql)
+        (sql / "9998_next.sql").write_text("create table migrate_next (a int);\n")
+        rc, out = finish(migrate(dsn, "--baseline", files[-1], sql_dir=str(sql)))
+        assert rc == 0 and f"{len(files)} migrations up to {files[-1]} recorded" in out, out
+        assert psql(dsn, "select string_agg(version, ',' order by version) "
+                         "from schema_migrations") == ",".join(files)
+        assert psql(dsn, "select to_regclass('migrate_next') is null") == "t"
+
+        rc, out = finish(migrate(dsn, "--baseline", files[-1], sql_dir=str(sql)))
+        assert rc == 1 and "already has rows" in out, out
+
+        rc, out = finish(migrate(dsn, sql_dir=str(sql)))
+        assert rc == 0 and "applied 9998_next.sql" in out and "1 applied now" in out, out
+        assert "changed after" not in out, out  # the recorded checksums are the files'
+        assert psql(dsn, "select to_regclass('migrate_next') is not null") == "t"
+    finally:
+        psql(admin, f"drop database if exists {name} with (force)")

@@ -360,3 +360,25 @@ def test_compose_provisions_prometheus_and_grafana():
         assert sd["names"] == [service] and listen == f"0.0.0.0:{sd['port']}", (service, listen)
         relabel = jobs[service]["relabel_configs"]
         assert {"target_label": "process", "replacement": process} in relabel, service
+
+
+def test_compose_applies_migrations_before_the_sluice_services():
+    """PostgreSQL gets sql/ through scripts/migrate.sh (schema_migrations rows, later migrations
+    on a later `up`), not docker-entrypoint-initdb.d; every service with a DSN waits for it."""
+    svc = yaml.safe_load(read(os.path.join(REPO, "compose.yaml")))["services"]
+    assert not any("docker-entrypoint-initdb.d" in v for v in svc["postgres"]["volumes"])
+    mig = svc["postgres-migrate"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in mig["volumes"]}
+    assert mig["image"] == svc["postgres"]["image"]  # its psql matches the server
+    assert mig["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    script = mig["entrypoint"][-1]
+    assert mig["entrypoint"][0] == "bash" and mounts[script] == "./scripts/migrate.sh"
+    # migrate.sh finds sql/ beside its own directory unless SLUICE_SQL_DIR says otherwise
+    assert "SLUICE_SQL_DIR" not in mig.get("environment", {})
+    assert mounts[os.path.normpath(os.path.join(os.path.dirname(script), "..", "sql"))] == "./sql"
+    with_db = [n for n, s in svc.items() if "SLUICE_PG_DSN" in s.get("environment", {})]
+    assert sorted(with_db) == ["sluice-api", "sluice-consumer", "sluice-recorder"], with_db
+    for name in with_db:
+        assert svc[name]["environment"]["SLUICE_PG_DSN"] == mig["command"][0], name
+        assert svc[name]["depends_on"]["postgres-migrate"] == \
+            {"condition": "service_completed_successfully"}, name
