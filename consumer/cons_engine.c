@@ -302,6 +302,69 @@ static void store_offsets(cons_engine_t *e, bool force)
     rd_kafka_topic_partition_list_destroy(l);
 }
 
+/*
+ * The database's binding, looked at again while the loop runs (cons_engine_watch_owner).
+ * The key is set once and never expires, so it can only go with everything else (FLUSHALL,
+ * a Redis restarted without its data, a failover to a replica that never had it, or deleted
+ * by hand): the retry schedule, breakers and markers written before may be gone, which no
+ * other check would notice. Bound again at once, so that another deployment cannot take the
+ * database meanwhile. Bound to another deployment (one took it over while this one ran):
+ * the same refusal as at start-up. A Redis that does not answer is left to the other paths'
+ * warnings and looked at again next time. Returns true when the loop must stop.
+ */
+static bool owner_check(cons_engine_t *e)
+{
+    int64_t now = sl_mono_ms();
+    if (!e->db_owner[0] || !cons_timer_expired(&e->timers, T_OWNER, now))
+        return false;
+    cons_timer_arm(&e->timers, T_OWNER, now + OWNER_CHECK_MS);
+    sl_err_t err;
+    char found[SL_RSTATE_OWNER_MAX + 1];
+    int rc = sl_rstate_claim_owner(e->redis, e->db_owner, found, sizeof(found), &err);
+    if (rc < 0) {
+        cons_warn_redis(e, &err);
+        return false;
+    }
+    if (rc == 1) {
+        sl_counter_inc(cons_m.redis_state_lost);
+        sl_error("consumer", "redis_state_lost",
+                 "the key sluice:owner was gone from the redis database (emptied, restarted "
+                 "without its data, failed over to a replica without it, or deleted): retry "
+                 "schedules, breakers and delivered markers written before may be lost; bound "
+                 "it again to this deployment (%s)",
+                 e->db_owner);
+        return false;
+    }
+    if (strcmp(found, e->db_owner) == 0)
+        return false;
+    sl_error("consumer", "redis_owner_mismatch",
+             "the database of redis_url is now bound to another deployment, whose endpoint "
+             "table is %s (Kafka cluster id/endpoints topic), not this consumer's %s: stopping "
+             "(exit 78), as a consumer starting now would (docs/OPERATIONS.md, \"One Redis "
+             "database per deployment\")",
+             found, e->db_owner);
+    e->fatal = SL_CFG_EXIT;
+    return true;
+}
+
+/* Whether the loop must end now (e->fatal set, logged): the outcome producer failed for
+ * good, or the database was bound to another deployment. */
+static bool must_end(cons_engine_t *e)
+{
+    if (rd_kafka_fatal_error(e->producer, NULL, 0) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        sl_error("kafka", "producer_fatal", "outcome producer hit a fatal error; exiting");
+        e->fatal = SL_EKAFKA;
+        return true;
+    }
+    return owner_check(e);
+}
+
+void cons_engine_watch_owner(cons_engine_t *e, const char *owner)
+{
+    (void)snprintf(e->db_owner, sizeof(e->db_owner), "%s", owner);
+    cons_timer_arm(&e->timers, T_OWNER, sl_mono_ms() + OWNER_CHECK_MS);
+}
+
 static void stats_line(cons_engine_t *e, bool force)
 {
     int64_t now = sl_mono_ms();
@@ -609,11 +672,8 @@ int cons_engine_run(cons_engine_t *e)
         adapt_tick(e); /* after the refill: what runs, not what is left after the answers */
         store_offsets(e, false);
         stats_line(e, false);
-        if (rd_kafka_fatal_error(e->producer, NULL, 0) != RD_KAFKA_RESP_ERR_NO_ERROR) {
-            sl_error("kafka", "producer_fatal", "outcome producer hit a fatal error; exiting");
-            e->fatal = SL_EKAFKA;
+        if (must_end(e))
             break;
-        }
     }
     sl_probe_beat_release(e->beat); /* shutting down: the drain is bounded on its own */
     e->beat = -1;

@@ -58,8 +58,17 @@ struct cons_stats {
 cons_engine_t *cons_engine_new(
     const struct sl_config *cfg, sl_endpoints_t *endpoints, int thread, int threads, sl_err_t *err);
 
+/* Make this loop look at the Redis database's binding (sluice:owner) every OWNER_CHECK_MS
+ * while it runs; owner is the deployment bound at start-up ("<Kafka cluster id>/<endpoints
+ * topic>"). The key gone (the database emptied or replaced: the state written before may be
+ * lost) is bound again and reported (event redis_state_lost, sluice_redis_state_lost_total);
+ * the key naming another deployment (it took the database over) ends the run with
+ * SL_CFG_EXIT. One loop per process is enough. Call before cons_engine_run. */
+void cons_engine_watch_owner(cons_engine_t *e, const char *owner);
+
 /* Run until cons_engine_stop; then drain, reschedule, flush, commit. Returns 0 on a clean
- * shutdown, or a negative SL_E* code on a fatal error. */
+ * shutdown, SL_CFG_EXIT when the Redis database was bound to another deployment meanwhile
+ * (cons_engine_watch_owner), or a negative SL_E* code on another fatal error. */
 int cons_engine_run(cons_engine_t *e);
 
 /* Ask the loop to shut down (signal handler). */

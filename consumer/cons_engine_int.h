@@ -31,6 +31,7 @@
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
 #include "common/sl_redis.h"
+#include "common/sl_rstate.h"
 #include "common/sl_sign.h"
 #include "consumer/cons_adapt.h"
 #include "consumer/cons_classify.h"
@@ -51,6 +52,7 @@
 #define MARKS_BATCH        256   /* delivered markers written in one Redis round trip... */
 #define MARKS_DELAY_MS     5     /* ...or once the oldest has waited this long */
 #define STATS_INTERVAL_MS  10000 /* stats log line */
+#define OWNER_CHECK_MS     5000  /* sluice:owner looked at again (cons_engine_watch_owner) */
 #define KSTATS_INTERVAL_MS 5000  /* librdkafka statistics (lag metrics), when metrics are on */
 /* SIGTERM (shutdown_timeout_ms): the drain of requests in flight ends at least
  * SHUTDOWN_RESERVE_MS before the bound, the flush of outcomes and Redis writes at least
@@ -106,6 +108,7 @@ enum loop_timer {
     T_STALL_HOLD,   /* cons_stall_hold: the hold on new sends after a freeze ends */
     T_INTAKE_STUCK, /* cons_intake_kafka: intake full this long without room: pause */
     T_RECORDS,      /* cons_retry_records: records Kafka has not taken are offered again */
+    T_OWNER,        /* owner_check: next look at sluice:owner (armed on the watching loop) */
     T_COUNT
 };
 
@@ -334,11 +337,13 @@ struct cons_engine {
     uint32_t next_shard;          /* round-robin claim cursor */
     int64_t redis_warned_mono;    /* rate limit for Redis warnings */
     int fatal;                    /* fatal error code */
-    struct cons_stats st;         /* counters */
-    struct cons_stats st_last;    /* counters at the last stats line */
-    struct sl_buf enc;            /* scratch for encoding */
-    struct sl_buf canon;          /* scratch: a decoded record encoded again */
-    struct sl_decode_limits lim;  /* record limits (max_body_bytes) for decode and encode */
+    char
+        db_owner[SL_RSTATE_OWNER_MAX + 1]; /* deployment sluice:owner must name, "" = not watched */
+    struct cons_stats st;                  /* counters */
+    struct cons_stats st_last;             /* counters at the last stats line */
+    struct sl_buf enc;                     /* scratch for encoding */
+    struct sl_buf canon;                   /* scratch: a decoded record encoded again */
+    struct sl_decode_limits lim; /* record limits (max_body_bytes) for decode and encode */
 };
 
 /* The only way to change a job's state (cons_job.c); by names the caller in logs. */

@@ -27,6 +27,7 @@ enum cons_m_outcome { CONS_M_DELIVERED, CONS_M_RETRY, CONS_M_DEAD, CONS_M_NOUTCO
 struct cons_metrics {
     sl_counter_t *received, *claimed, *attempts, *retries, *dead, *duplicates, *quarantined;
     sl_counter_t *brk_deferrals, *spills, *rate_limited, *throttled, *redis_errors;
+    sl_counter_t *redis_state_lost;
     sl_counter_t *deliveries[CONS_M_NOUTCOME][CONS_M_NCLASS];
     sl_counter_t *brk_to_open, *brk_to_half_open, *brk_to_closed;
     sl_gauge_t *brk_open, *inflight, *inflight_limit, *queued, *records_held;

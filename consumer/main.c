@@ -121,7 +121,9 @@ static void usage(FILE *f)
            "ends the wait and exits 0 at once.\n"
            "The Redis database (redis_url) holds one deployment's state: the first consumer\n"
            "binds it to its Kafka cluster and topic_endpoints (key sluice:owner), and a\n"
-           "consumer of another deployment exits 78 at start-up.\n");
+           "consumer of another deployment exits 78 at start-up; a running one exits 78\n"
+           "within 5 s when the database is bound to another deployment, and reports a\n"
+           "database that lost the key (emptied or replaced) as redis_state_lost.\n");
 }
 
 /* A stop request came before anything was taken: one line, then exit 0. */
@@ -177,18 +179,20 @@ load_endpoints(const struct sl_config *cfg, const struct sl_masterkey *mk, sl_en
  * URL, one they do not know is dead-lettered), and share its breakers, rate buckets and
  * delivered markers. A deployment is named by the endpoint table its consumers read: Kafka
  * cluster id and endpoints topic. The first consumer binds the database to it (sluice:owner,
- * sl_rstate_claim_owner); a consumer of another deployment refuses to start. Returns 0,
- * SL_CFG_EXIT on a mismatch, 1 when Kafka or Redis did not answer (both logged).
+ * sl_rstate_claim_owner); a consumer of another deployment refuses to start, and one
+ * running stops when the binding changes (cons_engine_watch_owner). owner receives this
+ * deployment's name (SL_RSTATE_OWNER_MAX + 1 bytes). Returns 0, SL_CFG_EXIT on a mismatch,
+ * 1 when Kafka or Redis did not answer (both logged).
  */
-static int check_redis_owner(const struct sl_config *cfg, sl_endpoints_t *eps)
+static int check_redis_owner(const struct sl_config *cfg, sl_endpoints_t *eps, char *owner)
 {
     sl_err_t err;
-    char cluster[96], owner[SL_RSTATE_OWNER_MAX + 1], found[SL_RSTATE_OWNER_MAX + 1];
+    char cluster[96], found[SL_RSTATE_OWNER_MAX + 1];
     if (sl_endpoints_cluster_id(eps, 10000, cluster, sizeof(cluster), &err) != 0) {
         sl_error("consumer", "start_failed", "%s", err.msg);
         return 1;
     }
-    (void)snprintf(owner, sizeof(owner), "%s/%s", cluster, cfg->topic_endpoints);
+    (void)snprintf(owner, SL_RSTATE_OWNER_MAX + 1, "%s/%s", cluster, cfg->topic_endpoints);
     sl_redis_t *r = sl_redis_connect(cfg->redis_url, (int)cfg->redis_timeout_ms, &err);
     int rc = r ? sl_rstate_claim_owner(r, owner, found, sizeof(found), &err) : SL_EREDIS;
     sl_redis_close(r);
@@ -261,7 +265,9 @@ static int run_loops(struct loop *loops, int n, int rc)
             pthread_join(loops[i].thr, NULL);
     }
     for (int i = 0; i < n; i++) {
-        if (loops[i].rc != 0)
+        if (loops[i].rc == SL_CFG_EXIT)
+            rc = SL_CFG_EXIT; /* the database was bound to another deployment meanwhile */
+        else if (loops[i].rc != 0 && rc != SL_CFG_EXIT)
             rc = 1;
         if (cons_engine_abandoned(loops[i].engine)) {
             (void)fflush(stderr);
@@ -313,13 +319,15 @@ int main(int argc, char **argv)
     }
     atomic_store(&rd.endpoints_loaded, true);
     sl_info("consumer", "endpoints_loaded", "%zu endpoints loaded", sl_endpoints_count(eps));
-    erc = check_redis_owner(&cfg, eps);
+    char owner[SL_RSTATE_OWNER_MAX + 1];
+    erc = check_redis_owner(&cfg, eps, owner);
     if (erc != 0) {
         rc = erc;
         goto out;
     }
     loops = sl_xcalloc((size_t)n, sizeof(*loops));
     if (new_engines(loops, n, &cfg, eps) == 0) {
+        cons_engine_watch_owner(loops[0].engine, owner);
         g_loops = loops;
         g_nloops = n;
         atomic_store(&rd.nloops, n);

@@ -45,6 +45,28 @@ static void rule_meta(
     (void)fputc('\n', f);
 }
 
+/*
+ * An expr that is > 0 when any of the n counters rose in the last 15 minutes, summed over
+ * every process. Per counter: its increase over the window, plus, for a process started
+ * within the window, the value of a series that did not exist 15 minutes ago (increase()
+ * needs two samples, so what a new pod counted before its first scrape would be missed).
+ * Each series may be missing (a process not deployed), hence the `or vector(0)`.
+ */
+static void counted_in_15m(FILE *f, const char *const *counters, size_t n)
+{
+    (void)fprintf(f, "        expr: |-\n");
+    for (size_t i = 0; i < n; i++) {
+        const char *c = counters[i];
+        (void)fprintf(f,
+                      "          %s(sum(increase(%s[15m])) or vector(0))\n"
+                      "          + (sum(%s and on (instance) (time() - "
+                      "process_start_time_seconds < 900)\n"
+                      "                 unless %s offset 15m) or vector(0))\n",
+                      i ? "+ " : "", c, c, c);
+    }
+    (void)fprintf(f, "            > 0\n");
+}
+
 void ctl_alert_rules_print(FILE *f, const struct ctl_thresholds *t)
 {
     char factor[32], slow_s[32], oldest[24], window[24], open_for[24], lag_for[24];
@@ -175,10 +197,7 @@ void ctl_alert_rules_print(FILE *f, const struct ctl_thresholds *t)
     rule_meta(f, "warning", "consumer_lag", summary, desc);
 
     /* records_set_aside: nothing waits behind a set-aside record, so no other alert sees
-     * one. Per counter: its increase over the window, plus, for a process started within the
-     * window, the value of a series that did not exist 15 minutes ago (increase() needs two
-     * samples, so what a new pod set aside before its first scrape would be missed). Each
-     * series may be missing (a process not deployed), hence the `or vector(0)`. */
+     * one. */
     static const char *const counters[] = {"sluice_quarantined_total",
                                            "sluice_recorder_quarantined_total",
                                            "sluice_recorder_rejected_total"};
@@ -188,22 +207,28 @@ void ctl_alert_rules_print(FILE *f, const struct ctl_thresholds *t)
            "      # outcome it could not decode, or PostgreSQL rejected an outcome row; also\n"
            "      # what a process started within those 15 minutes set aside before its first\n"
            "      # scrape. None of them is retried: each needs a person.\n"
-           "      - alert: SluiceRecordsSetAside\n"
-           "        expr: |-\n");
-    for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
-        const char *c = counters[i];
-        (void)fprintf(f,
-                      "          %s(sum(increase(%s[15m])) or vector(0))\n"
-                      "          + (sum(%s and on (instance) (time() - "
-                      "process_start_time_seconds < 900)\n"
-                      "                 unless %s offset 15m) or vector(0))\n",
-                      i ? "+ " : "", c, c, c);
-    }
-    (void)fprintf(f, "            > 0\n");
+           "      - alert: SluiceRecordsSetAside\n");
+    counted_in_15m(f, counters, sizeof(counters) / sizeof(counters[0]));
     rule_meta(f, "warning", "records_set_aside", "Records were set aside",
               "Records were quarantined or rejected in the last 15 minutes. Which and why: "
               "sluicectl dump quarantine (each record's sluice-reason header); rejected outcome "
               "rows: the recorder's log");
+
+    /* redis_state_lost: a consumer found the Redis database without its binding; what it
+     * lost (retries, breakers, markers) shows nowhere else. */
+    static const char *const lost[] = {"sluice_redis_state_lost_total"};
+    (void)fprintf(
+        f, "      # redis_state_lost: in the last 15 minutes a consumer found its Redis database\n"
+           "      # without the key sluice:owner (emptied, restarted without its data, failed\n"
+           "      # over to a replica without it): the retry schedule, breakers and delivered\n"
+           "      # markers written before may be lost.\n"
+           "      - alert: SluiceRedisStateLost\n");
+    counted_in_15m(f, lost, 1);
+    rule_meta(f, "critical", "redis_state_lost", "The consumers' Redis database lost its state",
+              "A consumer found the Redis database emptied or replaced in the last 15 minutes: "
+              "retries it had scheduled may be lost (their records are committed in Kafka). "
+              "Restore them with sluicectl retries rebuild; find why the data went "
+              "(persistence, failover)");
 }
 
 void ctl_alert_rules_help(FILE *f)
@@ -219,7 +244,8 @@ void ctl_alert_rules_help(FILE *f)
            "Prints the Prometheus alert rule file (YAML) for the metrics of\n"
            "docs/METRICS.md: SluiceDeadLettersRising, SluiceOldestUndelivered and\n"
            "SluiceSlowEndpoint (the alerts of `sluicectl alerts`, with its thresholds),\n"
-           "SluiceBreakerOpen, SluiceConsumerLag and SluiceRecordsSetAside.\n"
+           "SluiceBreakerOpen, SluiceConsumerLag, SluiceRecordsSetAside and\n"
+           "SluiceRedisStateLost.\n"
            "ops/prometheus/sluice-alerts.yml is this output with the defaults. Needs no\n"
            "configuration and touches no service.\n"
            "\n");

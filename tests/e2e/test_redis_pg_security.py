@@ -18,10 +18,11 @@ import os
 import re
 import subprocess
 import urllib.parse
+import urllib.request
 
 import pytest
 
-from sluice_e2e import Proc, event, redis_cmd, wait_until
+from sluice_e2e import Proc, event, free_port, redis_cmd, wait_until
 from tls_helpers import CA, TlsPostgres
 
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
@@ -205,3 +206,45 @@ def test_tls_postgres_refusals_name_postgresql(make_world, tls_pg, tmp_path):
         assert "could not connect to postgresql" in r.stderr, r.stderr
         for want in wants:
             assert want in r.stderr, (dsn, want, r.stderr)
+
+
+
+def test_a_running_consumer_rebinds_a_database_that_lost_its_binding_and_stops_for_another(
+        make_world):
+    """Looked at every 5 s while running: the key gone (the database emptied or replaced, so
+    its retry schedule and markers may be lost) is reported, counted and bound again at once;
+    the key naming another deployment (one took the database over meanwhile) stops the
+    consumer with 78, as at start-up, after it has drained: nothing it had taken is lost."""
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint(f"watch_{w.tag}", rcv.url("ok", f"watch_{w.tag}"))
+    port = free_port()
+    c = w.consumer(metrics_listen=f"127.0.0.1:{port}", consumer_threads=2)
+    evs = [event(ep, i, w.tag) for i in range(2)]
+    assert w.produce(evs).returncode == 0
+    wait_until(lambda: {l["webhook_id"] for l in rcv.ledger()} >= {e["id"] for e in evs},
+               60 * MULT, 0.2, "delivered")
+    owner = redis_cmd(w.redis_url, "GET", "sluice:owner").decode()
+    assert not c.events("redis_state_lost")
+
+    redis_cmd(w.redis_url, "DEL", "sluice:owner")
+    wait_until(lambda: c.events("redis_state_lost"), 30 * MULT, 0.2, "the lost binding reported")
+    (line,) = c.events("redis_state_lost")  # one loop looks; once per loss
+    assert line["level"] == "error" and f"to this deployment ({owner})" in line["msg"], line
+    assert redis_cmd(w.redis_url, "GET", "sluice:owner").decode() == owner
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        assert "\nsluice_redis_state_lost_total 1\n" in r.read().decode()
+    more = [event(ep, i, w.tag) for i in range(2, 4)]
+    assert w.produce(more).returncode == 0
+    wait_until(lambda: {l["webhook_id"] for l in rcv.ledger()} >= {e["id"] for e in more},
+               60 * MULT, 0.2, "still delivering once bound again")
+
+    other = owner.split("/", 1)[0] + f"/t{w.tag}.other.endpoints"
+    redis_cmd(w.redis_url, "SET", "sluice:owner", other)
+    assert c.p.wait(60 * MULT) == 78, c.logs()[-3000:]
+    (line,) = c.events("redis_owner_mismatch")
+    assert f"whose endpoint table is {other} " in line["msg"], line
+    assert f"not this consumer's {owner}:" in line["msg"], line
+    assert c.events("stopped"), "drained and left the group cleanly"
+    assert redis_cmd(w.redis_url, "GET", "sluice:owner").decode() == other
+    assert len(c.events("redis_state_lost")) == 1
