@@ -27,6 +27,7 @@
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
 #include "common/sl_redis.h"
+#include "common/sl_secretbox.h"
 
 extern char **environ;
 
@@ -1469,7 +1470,27 @@ static void register_secrets(const struct sl_config *cfg)
     PQconninfoFree(pq);
 }
 
-void sl_cfg_main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv)
+/* --check-config of a process that cannot start without master_key: the same checks, and
+ * messages, as its start. Returns the number of problems printed (0 or 1). */
+static int check_master_key(const struct sl_config *cfg, const char *proc)
+{
+    if (!cfg->master_key[0]) {
+        (void)fprintf(stderr, "%s: master_key (SLUICE_MASTER_KEY) is required\n", proc);
+        return 1;
+    }
+    struct sl_masterkey mk;
+    sl_err_t err;
+    int rc = sl_masterkey_parse(&mk, cfg->master_key, &err);
+    sl_masterkey_fini(&mk);
+    if (rc != 0) {
+        (void)fprintf(stderr, "%s: invalid value for master_key: %s\n", proc, err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+static void
+main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv, bool needs_master_key)
 {
     const char *file = NULL;
     bool help = false, print = false, check = false;
@@ -1512,9 +1533,18 @@ void sl_cfg_main_load(struct sl_config *cfg, const char *proc, int *argc, char *
         exit(0);
     }
     if (check) {
+        if (needs_master_key && check_master_key(cfg, proc) != 0) {
+            (void)fprintf(stderr, "%s: 1 configuration error, not starting\n", proc);
+            exit(SL_CFG_EXIT);
+        }
         printf("%s: configuration ok\n", proc);
         exit(0);
     }
+}
+
+void sl_cfg_main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv)
+{
+    main_load(cfg, proc, argc, argv, false);
 }
 
 int sl_cfg_main_daemon(struct sl_config *cfg,
@@ -1534,7 +1564,7 @@ int sl_cfg_main_daemon(struct sl_config *cfg,
             exit(0);
         }
     }
-    sl_cfg_main_load(cfg, proc, argc, argv);
+    main_load(cfg, proc, argc, argv, true);
     if (*argc > 1) {
         (void)fprintf(stderr, "%s: unknown argument \"%s\"\n", proc, argv[1]);
         usage(stderr);

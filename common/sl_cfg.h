@@ -159,11 +159,12 @@ int sl_cfg_source(const struct sl_config *cfg, const char *name);
 void sl_cfg_main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv);
 
 /*
- * The start of a long-running process's main() (sluice-consumer, sluice-recorder): --help
- * or -h (usage to stdout) and --version exit 0; then sl_cfg_main_load (config errors exit
- * SL_CFG_EXIT); an argument left over is reported with usage on stderr and returns 2 (cfg
- * freed). Otherwise SIGTERM and SIGINT go to on_stop, SIGPIPE is ignored, and it returns -1:
- * go on (cfg loaded; the caller calls sl_cfg_fini).
+ * The start of a long-running process's main() (sluice-consumer, sluice-recorder,
+ * sluice-api): --help or -h (usage to stdout) and --version exit 0; then sl_cfg_main_load
+ * (config errors exit SL_CFG_EXIT), whose --check-config also checks master_key, which each
+ * of them needs to start (present and well-formed); an argument left over is reported with usage on
+ * stderr and returns 2 (cfg freed). Otherwise SIGTERM and SIGINT go to on_stop, SIGPIPE is ignored,
+ * and it returns -1: go on (cfg loaded; the caller calls sl_cfg_fini).
  */
 int sl_cfg_main_daemon(struct sl_config *cfg,
                        const char *proc,

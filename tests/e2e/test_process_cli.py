@@ -1,4 +1,4 @@
-"""Command line of the long-running processes (sluice-consumer, sluice-recorder) and of
+"""Command line of the long-running processes (sluice-consumer, sluice-recorder, sluice-api) and of
 sluice-produce (config options spelled out, SIGINT while waiting for input): --help,
 --version, an unknown argument (exit 2, named), bad configuration (exit 78 before anything
 connects, the option named, its secret value never echoed), --check-config. Needs no stack."""
@@ -42,6 +42,23 @@ def test_bad_config_exits_78_naming_the_option(rel):
     assert secret not in r.stderr + r.stdout
     r = run(rel, "--check-config", env={"SLUICE_MASTER_KEY": "0" * 64})
     assert r.returncode == 0 and "configuration ok" in r.stdout
+
+
+@pytest.mark.parametrize("rel", PROCS + ["api/sluice-api"])
+def test_check_config_checks_the_master_key_each_needs_to_start(rel):
+    """--check-config is a deployment gate: a master key missing or malformed fails it with
+    78, as the start would, naming the option and the form, never echoing the value."""
+    name = os.path.basename(rel)
+    r = run(rel, "--check-config")
+    assert r.returncode == 78 and "configuration ok" not in r.stdout, r.stdout
+    assert f"{name}: master_key (SLUICE_MASTER_KEY) is required" in r.stderr, r.stderr
+    r = run(rel, "--check-config", env={"SLUICE_MASTER_KEY": "not-a-key-XYZ"})
+    assert r.returncode == 78, r.stdout
+    assert f"{name}: invalid value for master_key: " in r.stderr, r.stderr
+    assert "64 hex characters" in r.stderr and "got 13 characters" in r.stderr, r.stderr
+    assert "not-a-key-XYZ" not in r.stderr + r.stdout
+    r = run(rel, "--check-config", env={"SLUICE_MASTER_KEY": "ab" * 32})
+    assert r.returncode == 0 and "configuration ok" in r.stdout, r.stderr
 
 
 def test_config_reference_is_the_option_table():
