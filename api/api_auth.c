@@ -280,7 +280,12 @@ int api_keys_check(api_keys_t *k,
     out->set = s;
     out->key = key;
     if (need && !sl_apikey_allows(key, need)) {
-        *why = "the API key lacks the scope this operation needs";
+        *why = need == SL_SCOPE_ADMIN     ? "this operation needs an API key with the admin scope"
+               : need == SL_SCOPE_READ    ? "this operation needs an API key with the read scope "
+                                            "(or admin)"
+               : need == SL_SCOPE_PUBLISH ? "this operation needs an API key with the publish "
+                                            "scope (or admin)"
+                                          : "the API key lacks the scope this operation needs";
         return 403;
     }
     return 0;

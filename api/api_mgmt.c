@@ -653,7 +653,8 @@ enum api_hret api_endpoints_create(struct api_req *r)
         !sl_valid_endpoint_id(json_string_value(idv), json_string_length(idv))) {
         json_decref(j);
         return api_problem(r, 400, idv ? "invalid-field" : "missing-field", "/id",
-                           "field \"id\" is required: 1..64 characters of A-Z a-z 0-9 _ -");
+                           idv ? "field \"id\" must be 1..64 characters of A-Z a-z 0-9 _ -"
+                               : "field \"id\" is required: 1..64 characters of A-Z a-z 0-9 _ -");
     }
     if (!urlv) {
         json_decref(j);

@@ -893,8 +893,8 @@ static int load_env(struct sl_config *cfg, char *const *envp, FILE *errf)
     return nerr;
 }
 
-/* host:port or [v6]:port; resolving waits for start-up (nothing connects here). Returns the
- * number of errors printed (0 or 1). */
+/* host:port or [v6]:port; resolving waits for start-up (nothing connects here). name: the
+ * key as the operator wrote it (opt_key). Returns the number of errors printed (0 or 1). */
 static int check_listen(FILE *errf, const char *name, const char *l)
 {
     const char *colon = strrchr(l, ':');
@@ -1192,9 +1192,11 @@ static int finalize(struct sl_config *cfg, FILE *errf)
                       (long long)cfg->http_connect_timeout_ms, (long long)cfg->http_timeout_ms);
         nerr++;
     }
-    nerr += check_listen(errf, "api_listen", cfg->api_listen);
+    char kb[96];
+    nerr += check_listen(errf, opt_key(cfg, "api_listen", kb, sizeof(kb)), cfg->api_listen);
     if (cfg->metrics_listen[0])
-        nerr += check_listen(errf, "metrics_listen", cfg->metrics_listen);
+        nerr +=
+            check_listen(errf, opt_key(cfg, "metrics_listen", kb, sizeof(kb)), cfg->metrics_listen);
     if (cfg->shutdown_drain_ms > cfg->shutdown_timeout_ms - 5000) {
         (void)fprintf(errf,
                       "shutdown_drain_ms (%lld) must leave at least 5000 ms of shutdown_timeout_ms "

@@ -307,6 +307,7 @@ if [ "${SLUICE_DEMO_HOLD:-1}" = 1 ]; then
   echo "Prometheus:   $SLUICE_STACK_PROMETHEUS_URL   (alerts: $SLUICE_STACK_PROMETHEUS_URL/alerts)"
   echo "events keep flowing: ~$HOLD_RATE/s through sluice-produce, one invoice every 2 s through the API"
   echo "Ctrl-C stops the demo's processes (the stack and Prometheus stay up)"
+  echo "by hand on this stack: export SLUICE_MASTER_KEY=\$(cat $DEMO_DIR/master.key) (its endpoints are sealed with it)"
   while :; do
     sleep 3600 &
     HOLD_SLEEP=$!
@@ -314,4 +315,4 @@ if [ "${SLUICE_DEMO_HOLD:-1}" = 1 ]; then
     wait "$HOLD_SLEEP" || true
   done
 fi
-say "done"
+say "done (by hand on this stack: export SLUICE_MASTER_KEY=\$(cat $DEMO_DIR/master.key); README, \"Running the processes by hand\")"

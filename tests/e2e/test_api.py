@@ -211,8 +211,14 @@ def test_key_scopes_channels_revocation_and_rate_limit(make_world):
 
     problem(*call(api, "POST", "/v1/events", ev), 401, "Authorization")
     problem(*call(api, "POST", "/v1/events", ev, "slk_nope"), 401, "Authorization")
-    problem(*call(api, "POST", "/v1/events", ev, read), 403)
-    problem(*call(api, "GET", "/v1/endpoints", None, pub), 403)
+    for (method, path, body, key), scope in (
+            (("POST", "/v1/events", ev, read), "publish scope (or admin)"),
+            (("GET", "/v1/endpoints", None, pub), "read scope (or admin)"),
+            (("POST", "/v1/endpoints", {"id": "x", "url": "http://x.invalid/"}, read),
+             "admin scope")):
+        answer = call(api, method, path, body, key)
+        problem(*answer, 403)
+        assert answer[2]["detail"] == f"this operation needs an API key with the {scope}", answer
     assert call(api, "POST", "/v1/events", ev, admin)[0] == 202  # admin implies publish
     assert call(api, "GET", "/v1/dead-letters", None, read)[0] == 200
     # a key limited to channels publishes only where those channels lead
@@ -538,6 +544,12 @@ def test_ed25519_secrets_on_create_and_rotate(make_world):
     ep = f"ed_{w.tag}"
     problem(*call(api, "POST", "/v1/endpoints", {"id": ep, "url": "http://127.0.0.1:9/x",
                                                  "signature": "rsa"}, admin), 400, "/signature")
+    for idv, want in (("bad id!", 'field "id" must be 1..64 characters'),
+                      (None, 'field "id" is required: 1..64 characters')):
+        answer = call(api, "POST", "/v1/endpoints",
+                      {"url": "http://127.0.0.1:9/x", **({"id": idv} if idv else {})}, admin)
+        problem(*answer, 400, "/id")
+        assert answer[2]["detail"].startswith(want), answer
     problem(*call(api, "POST", "/v1/endpoints", {"id": ep, "url": "http://127.0.0.1:9/x",
                                                  "signature": 1}, admin), 400, "/signature")
     st, _, b = call(api, "POST", "/v1/endpoints", {"id": ep, "url": "http://127.0.0.1:9/x",

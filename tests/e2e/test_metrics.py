@@ -277,7 +277,8 @@ def test_bad_metrics_listen_fails_at_start(world):
     for binary in ("consumer/sluice-consumer", "recorder/sluice-recorder", "api/sluice-api"):
         r = subprocess.run([w.bin(binary)], env=env, capture_output=True, text=True, timeout=30)
         assert r.returncode == 78, (binary, r.returncode, r.stderr)
-        assert "metrics_listen" in r.stderr and "host:port" in r.stderr, r.stderr
+        assert 'invalid value for SLUICE_METRICS_LISTEN (env): "no-port-here": expected ' \
+            'host:port' in r.stderr, r.stderr
 
 
 def test_healthz_fails_while_a_delivery_loop_stalls(world):

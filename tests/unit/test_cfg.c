@@ -403,7 +403,7 @@ static void test_api_listen(void **state)
         int nerr;
         char *env[] = {bad[i], NULL};
         char *errs = load_errs(&cfg, NULL, env, &nerr);
-        if (nerr != 1 || !strstr(errs, "invalid value for api_listen"))
+        if (nerr != 1 || !strstr(errs, "invalid value for SLUICE_API_LISTEN (env)"))
             fail_msg("%s: %d errors: %s", bad[i], nerr, errs);
         free(errs);
         sl_cfg_fini(&cfg);
