@@ -7,7 +7,9 @@
  * The history is written asynchronously by sluice-recorder, so an event just accepted may
  * not be listed for a moment. Times are RFC 3339 UTC strings, latencies milliseconds.
  * A key limited to channels sees only endpoints that carry one of its channels.
- * Payloads are never returned (replay reads them; docs/OPERATIONS-analysis.md).
+ * Payloads are never returned (replay reads them; docs/OPERATIONS-analysis.md). A dead
+ * letter's response body (the first 4 KiB the endpoint answered) goes to admin keys only:
+ * it is the endpoint owner's text, as the analyst role of sql/0002 cannot read it either.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -15,8 +17,10 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "common/sl_b64.h"
 #include "common/sl_log.h"
 #include "common/sl_map.h"
+#include "common/sl_mem.h"
 #include "common/sl_pg.h"
 
 /* Endpoint ids in the order of their bytes, as the merge of deliveries and attempts compares
@@ -38,11 +42,12 @@ static const char SQL_ATTEMPTS[] =
     "and ($2::text is null or endpoint_id " ID_BYTES " > $2) and endpoint_id " ID_BYTES " <= $3 "
     "order by endpoint_id " ID_BYTES ", ts, attempt";
 /* $1 endpoint or NULL, $2..$4 the cursor (dead_at µs, event id, endpoint id) or NULLs,
- * $5 include resolved, $6 limit + 1 */
+ * $5 include resolved, $6 limit + 1, $7 with the response body (admin keys) */
 static const char SQL_DEAD_LETTERS[] =
     "select event_id, endpoint_id, event_type, error_class, last_status, last_msg, attempts, "
     TS("created_at") ", " TS("first_failed_at") ", " TS("dead_at") ", " TS("replayed_at") ", "
-    "replay_count, " TS("resolved_at") ", (extract(epoch from dead_at) * 1000000)::bigint "
+    "replay_count, " TS("resolved_at") ", (extract(epoch from dead_at) * 1000000)::bigint, "
+    "case when $7::bool then last_response end "
     "from dead_letters where ($1::text is null or endpoint_id = $1) "
     "and ($5::bool or resolved_at is null) "
     "and ($2::bigint is null or (dead_at, event_id, endpoint_id) < "
@@ -169,6 +174,35 @@ enum api_hret api_event_deliveries(struct api_req *r)
         r, 200, json_pack("{s:s, s:o, s:o}", "event_id", id, "data", data, "next_cursor", next));
 }
 
+/* A bytea column (text format) as last_response (its bytes when they are UTF-8) or
+ * last_response_base64 (otherwise); the other, and both for NULL, JSON null. */
+static void response_json(const PGresult *res, int row, int col, json_t **text, json_t **b64)
+{
+    *text = json_null();
+    *b64 = json_null();
+    if (PQgetisnull(res, row, col))
+        return;
+    size_t n = 0;
+    unsigned char *raw = PQunescapeBytea((const unsigned char *)PQgetvalue(res, row, col), &n);
+    if (!raw)
+        return;
+    json_t *t = json_stringn((const char *)raw, n); /* NULL unless valid UTF-8 */
+    if (t) {
+        json_decref(*text);
+        *text = t;
+    } else {
+        size_t cap = SL_B64_ENCODED_LEN(n) + 1;
+        char *enc = sl_xmalloc(cap);
+        long len = sl_b64_encode(raw, n, enc, cap);
+        if (len >= 0) {
+            json_decref(*b64);
+            *b64 = json_stringn(enc, (size_t)len);
+        }
+        free(enc);
+    }
+    PQfreemem(raw);
+}
+
 enum api_hret api_dead_letters_list(struct api_req *r)
 {
     long limit;
@@ -202,8 +236,9 @@ enum api_hret api_dead_letters_list(struct api_req *r)
                        have ? cev : NULL,
                        have ? cep : NULL,
                        inc && strcmp(inc, "true") == 0 ? "t" : "f",
-                       lim};
-    PGresult *res = query(r, SQL_DEAD_LETTERS, 6, p);
+                       lim,
+                       sl_apikey_allows(r->auth.key, SL_SCOPE_ADMIN) ? "t" : "f"};
+    PGresult *res = query(r, SQL_DEAD_LETTERS, 7, p);
     if (!res)
         return API_DONE;
     json_t *data = json_array();
@@ -219,9 +254,13 @@ enum api_hret api_dead_letters_list(struct api_req *r)
         }
         if (!api_key_sees(r, PQgetvalue(res, i, 1)))
             continue;
+        json_t *text = NULL, *b64 = NULL;
+        response_json(res, i, 14, &text, &b64);
         json_array_append_new(
-            data, json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
-                            "event_id", col_str(res, i, 0), "endpoint", col_str(res, i, 1), "type",
+            data, json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, "
+                            "s:o, s:o}",
+                            "last_response", text, "last_response_base64", b64, "event_id",
+                            col_str(res, i, 0), "endpoint", col_str(res, i, 1), "type",
                             col_str(res, i, 2), "error", col_str(res, i, 3), "last_status",
                             col_int(res, i, 4), "last_message", col_str(res, i, 5), "attempts",
                             col_int(res, i, 6), "created_at", col_str(res, i, 7), "first_failed_at",

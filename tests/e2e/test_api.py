@@ -14,7 +14,7 @@ import signal
 import socket
 import time
 
-from sluice_e2e import PrivateDb, ledger_ok, wait_until
+from sluice_e2e import PrivateDb, ledger_ok, psql, wait_until
 
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
 
@@ -670,6 +670,7 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     ep = w.add_endpoint(f"pay_{w.tag}", rcv.url("unauth", f"pay_{w.tag}"), "--types", "pay.*")
     ok = w.add_endpoint(f"pbx_{w.tag}", rcv.url("ok", f"pbx_{w.tag}"), "--types", "pay.*")
     admin = w.api_key("admin")
+    read = w.api_key("read")
     tenant_read = w.api_key("read", channels="zz")
     tenant_admin = w.api_key("admin", channels="zz")
     api = w.api()
@@ -696,6 +697,24 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     got = {d["event_id"] for d in page["data"] + rest["data"]}
     assert st == 200 and got == set(ids) and rest["next_cursor"] is None, rest
     assert all(d["error"] == "http_4xx" and d["last_status"] == 401 for d in page["data"])
+    # what the endpoint answered, for admin keys only (the endpoint owner's text)
+    assert all(d["last_response"] == '{"status":401}\n' and d["last_response_base64"] is None
+               for d in page["data"]), page
+    st, _, rd = call(api, "GET", f"/v1/dead-letters?endpoint={ep}&limit=2", None, read)
+    assert st == 200 and len(rd["data"]) == 2, rd
+    assert all(d["last_response"] is None and d["last_response_base64"] is None
+               for d in rd["data"]), rd
+    # bytes that are not UTF-8 come as base64
+    binep = f"bin_{w.tag}"
+    psql(w.env["SLUICE_PG_DSN"],
+         "insert into dead_letters (event_id, endpoint_id, attempts, first_failed_at, dead_at, "
+         f"last_response) values ('evt_{w.tag}', '{binep}', 1, now(), now(), '\\xff00'::bytea)")
+    try:
+        st, _, bd = call(api, "GET", f"/v1/dead-letters?endpoint={binep}", None, admin)
+        assert st == 200 and [(d["last_response"], d["last_response_base64"])
+                              for d in bd["data"]] == [(None, "/wA=")], bd
+    finally:
+        psql(w.env["SLUICE_PG_DSN"], f"delete from dead_letters where endpoint_id = '{binep}'")
     # a forged cursor is a 400 naming it, not a server error
     problem(*call(api, "GET", "/v1/dead-letters?cursor=61626320612062", None, admin), 400,
             "cursor")
