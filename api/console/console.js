@@ -455,6 +455,22 @@
     if (!rows.length) { emptyRow(tbody, 10, "No dead letters in the window."); }
   }
 
+  /* What the endpoint answered last (admin keys only: null for others, and for no body):
+   * its text, cut at 200 characters with the whole in the title, or the size of a body that
+   * is not text. Shown as text nodes, never as markup. */
+  function responseCell(d) {
+    var t = d.last_response, b = d.last_response_base64;
+    if (t !== null && t !== undefined && t !== "") {
+      var shown = t.length > 200 ? t.slice(0, 200) + "…" : t;
+      return el("td", { className: "resp", title: t }, el("code", null, shown));
+    }
+    if (b) {
+      var n = Math.floor(b.length / 4) * 3 - (b.match(/=*$/)[0].length);
+      return el("td", { className: "resp" }, "binary, " + n + " bytes");
+    }
+    return el("td", { className: "resp" }, "–");
+  }
+
   function appendLetters(rows) {
     var tbody = document.querySelector("#letters tbody");
     rows.forEach(function (d) {
@@ -466,6 +482,7 @@
         el("td", null, d.type || "–"),
         el("td", null, d.error || "–"),
         el("td", null, d.last_status === null ? "no response" : d.last_status),
+        responseCell(d),
         el("td", { className: "num" }, d.attempts),
         el("td", null, fmtTime(d.dead_at)),
         el("td", null, d.replayed_at ? fmtTime(d.replayed_at) + " (" + d.replay_count + "×)" : "–"),
@@ -485,8 +502,9 @@
       appendLetters(j.data);
       lettersCursor = j.next_cursor;
       $("letters-more").hidden = !lettersCursor;
-      if (!tbody.firstChild) { emptyRow(tbody, 9, "No unresolved dead letters."); }
-      $("letters-caption").textContent = "Newest first" + (ep ? ", endpoint " + ep : "") + ".";
+      if (!tbody.firstChild) { emptyRow(tbody, 10, "No unresolved dead letters."); }
+      $("letters-caption").textContent = "Newest first" + (ep ? ", endpoint " + ep : "") +
+        ". Response: the start of the body the endpoint answered last (shown to admin keys).";
       return j.data.length;
     });
   }

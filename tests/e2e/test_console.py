@@ -655,6 +655,9 @@ def test_dead_letters_page_with_a_read_only_key_has_no_working_replay(run, conso
         "data-patterns", "clustered outage|auth/permission spike")
     expect(auth.locator("td").nth(1)).to_have_text(str(COUNTS["auth"]))  # unreplayed
     expect(p.locator("#letters tbody tr")).to_have_count(COUNTS["auth"] + COUNTS["dead"])
+    # what the endpoint answered is for admin keys: a read key sees none
+    expect(p.locator("#letters tbody td.resp")).to_have_text(
+        ["–"] * (COUNTS["auth"] + COUNTS["dead"]))
     c.shot("dead-letters")
     before = len(run.rcv.ledger())
     c.allow(403, "/v1/dead-letters/replay")
@@ -682,6 +685,9 @@ def test_replay_from_the_console_delivers_each_dead_letter_once(run, console):
     c = console(run.admin)
     p = c.open("dead-letters", "#endpoint=" + auth_ep)
     expect(c.status()).to_contain_text("Loaded dead letters of 1 endpoint ")
+    # an admin key sees what the endpoint answered: the receiver's 401 body, as text
+    expect(p.locator("#letters tbody td.resp code")).to_have_text(
+        ['{"status":401}'] * COUNTS["auth"])
     button = p.get_by_role("button", name=f"Replay the unreplayed dead letters of {auth_ep}")
     # cancelling sends nothing
     button.click()
