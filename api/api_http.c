@@ -572,6 +572,48 @@ static void log_server_error(const struct api_req *r)
                    "request answered with a server error");
 }
 
+/*
+ * The audit trail. Every answer to a change (an admin route other than GET) names the route,
+ * the key that asked, the endpoint it was about (from the path, or the id a create answered
+ * with) and the status; a key refused (401, 403) is logged at most once a second per
+ * process (the metrics count every one). Only ids reach these lines: never a secret, a
+ * body, a query or a header value. A refused token's id is its "slk_<id>_" part when that
+ * is well-formed (an unknown or revoked key still in use shows who), else "-".
+ */
+static void audit(struct api_req *r)
+{
+    if (!r->route || !r->route->scope)
+        return;
+    char id[SL_APIKEY_ID_LEN + 1] = "-";
+    if (r->auth.key) {
+        (void)snprintf(id, sizeof(id), "%s", r->auth.key->id);
+    } else {
+        const char *h = api_header(r, "Authorization");
+        if (h && strncasecmp(h, "Bearer slk_", 11) == 0 && strlen(h) > 11 + SL_APIKEY_ID_LEN &&
+            h[11 + SL_APIKEY_ID_LEN] == '_' && sl_apikey_id_valid(h + 11, SL_APIKEY_ID_LEN))
+            (void)snprintf(id, sizeof(id), "%.*s", SL_APIKEY_ID_LEN, h + 11);
+    }
+    if (r->status == 401 || r->status == 403) {
+        SL_LOGKV_EVERY(1000, SL_LOG_WARN, "auth", "auth_refused",
+                       ((struct sl_log_kv[]){SL_KV_S("route", r->route->name),
+                                             SL_KV_S("key_id", id), SL_KV_I("status", r->status)}),
+                       "request refused: %s",
+                       r->status == 401 ? "no valid API key" : "the key lacks the scope");
+        return;
+    }
+    if (r->route->scope != SL_SCOPE_ADMIN || strcmp(r->route->method, "GET") == 0)
+        return;
+    const char *ep = r->params[0];
+    if (!ep && r->status == 201 && json_is_object(r->json))
+        ep = json_string_value(json_object_get(r->json, "id"));
+    if (!ep || !sl_valid_endpoint_id(ep, strlen(ep)))
+        ep = "-";
+    SL_LOGKV(SL_LOG_INFO, "api", "api_change",
+             ((struct sl_log_kv[]){SL_KV_S("route", r->route->name), SL_KV_S("key_id", id),
+                                   SL_KV_S("endpoint_id", ep), SL_KV_I("status", r->status)}),
+             "%s by key %s answered %d", r->route->name, id, r->status);
+}
+
 /* ==== the access handler ==== */
 
 static void req_free(struct api_req *r)
@@ -633,6 +675,7 @@ static enum MHD_Result send_answer(struct api_req *r)
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)r->status, resp);
     MHD_destroy_response(resp);
     api_metrics_answer(r->route ? r->route->name : NULL, r->status, sl_mono_us() - r->t0_us);
+    audit(r);
     if (r->status >= 500)
         log_server_error(r);
     return ret;

@@ -219,6 +219,20 @@ def test_key_scopes_channels_revocation_and_rate_limit(make_world):
         answer = call(api, method, path, body, key)
         problem(*answer, 403)
         assert answer[2]["detail"] == f"this operation needs an API key with the {scope}", answer
+    # the audit trail: refusals (at most one line a second) and every change name the key by
+    # its id, never its secret
+    refused = api.proc.events("auth_refused")
+    assert refused and refused[0]["route"] == "events.publish" and refused[0]["status"] == 401
+    aud = f"aud_{w.tag}"
+    assert call(api, "POST", "/v1/endpoints", {"id": aud, "url": "http://x.invalid/"},
+                admin)[0] == 201
+    assert call(api, "POST", f"/v1/endpoints/{aud}/disable", None, admin)[0] == 200
+    wait_until(lambda: len(api.proc.events("api_change")) >= 2, 10 * MULT, 0.1, "audit lines")
+    assert [(e["route"], e["key_id"], e["endpoint_id"], e["status"])
+            for e in api.proc.events("api_change")] == \
+        [("endpoints.create", admin[4:20], aud, 201), ("endpoints.disable", admin[4:20], aud, 200)]
+    logs = api.proc.logs()
+    assert not any(k[21:] in logs for k in (admin, read, pub)), "a key's secret reached the log"
     assert call(api, "POST", "/v1/events", ev, admin)[0] == 202  # admin implies publish
     assert call(api, "GET", "/v1/dead-letters", None, read)[0] == 200
     # a key limited to channels publishes only where those channels lead
