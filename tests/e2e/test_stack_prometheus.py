@@ -20,7 +20,8 @@ import pytest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 STACK = os.path.join(REPO, "scripts", "stack.sh")
 RULES = ("SluiceDeadLettersRising", "SluiceOldestUndelivered", "SluiceSlowEndpoint",
-         "SluiceBreakerOpen", "SluiceConsumerLag", "SluiceRecordsSetAside")
+         "SluiceBreakerOpen", "SluiceConsumerLag", "SluiceRecordsSetAside",
+         "SluiceRedisStateLost")
 
 
 def free_port():
