@@ -113,8 +113,7 @@ def test_redis_flushall_then_retries_rebuild(make_world, stack):
     eps = w.endpoints(rcv, "down", 4, "status/503")
     w.produce_for(eps, PROFILE.n(40))
     w.recorder()
-    w.consumer("a")
-    w.consumer("b")
+    ca, cb = w.consumer("a"), w.consumer("b")
     # every delivery failed once and waits in Redis; the history has recorded that
     want = w.want()
 
@@ -133,6 +132,12 @@ def test_redis_flushall_then_retries_rebuild(make_world, stack):
     jobs = w.redis_state()[2]
     redis_cmd(w.redis_url, "FLUSHALL")
     w.notes["jobs_lost"] = jobs
+    # the loss does not go unseen: a consumer finds the database's binding gone within its
+    # 5-s look, says so and binds it again (the one that looks first; the other then finds
+    # the key in place)
+    wait_until(lambda: ca.events("redis_state_lost") or cb.events("redis_state_lost"),
+               PROFILE.t(30), 0.5, "a consumer to report the lost state")
+    assert redis_cmd(w.redis_url, "GET", "sluice:owner"), "bound again"
     for ep in eps:
         w.set_url(rcv, ep, "ok")
     r = w.ctl("retries", "rebuild", "--json")
