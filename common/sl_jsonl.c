@@ -12,6 +12,7 @@
  */
 #include "common/sl_jsonl.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,9 +223,13 @@ static int get_kv(json_t *root,
             texts[i] = number_text(val);
             kv[i].value = texts[i];
         } else {
-            return sl_err_set(err, SL_EDECODE, "field \"%s\": value of %s %zu must be a %s",
-                              spec->field, spec->what, i,
-                              spec->numbers ? "string or a number" : "string");
+            /* named when the name is a plain token (names are not secret; values may be) */
+            bool plain = klen > 0 && klen <= 64;
+            for (size_t c = 0; plain && c < klen; c++)
+                plain = isalnum((unsigned char)key[c]) || key[c] == '_' || key[c] == '-';
+            return sl_err_set(err, SL_EDECODE, "field \"%s\": value of %s %zu%s%s%s must be a %s",
+                              spec->field, spec->what, i, plain ? " (\"" : "", plain ? key : "",
+                              plain ? "\")" : "", spec->numbers ? "string or a number" : "string");
         }
         i++;
         *n_out = i;
