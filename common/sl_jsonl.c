@@ -174,6 +174,31 @@ struct kv_spec {
     bool numbers;      /* numbers accepted as values (macros) */
 };
 
+/* Whether a header or macro name may be quoted in an error: 1..64 of A-Z a-z 0-9 _ -. */
+static bool plain_name(const char *key, size_t klen)
+{
+    if (klen == 0 || klen > 64)
+        return false;
+    for (size_t c = 0; c < klen; c++) {
+        if (!isalnum((unsigned char)key[c]) && key[c] != '_' && key[c] != '-')
+            return false;
+    }
+    return true;
+}
+
+/* Entry i's value has the wrong type; named when the name is a plain token (names are not
+ * secret; values may be). */
+static int
+kv_type_error(const struct kv_spec *spec, size_t i, const char *key, size_t klen, sl_err_t *err)
+{
+    const char *want = spec->numbers ? "string or a number" : "string";
+    if (plain_name(key, klen))
+        return sl_err_set(err, SL_EDECODE, "field \"%s\": value of %s %zu (\"%s\") must be a %s",
+                          spec->field, spec->what, i, key, want);
+    return sl_err_set(err, SL_EDECODE, "field \"%s\": value of %s %zu must be a %s", spec->field,
+                      spec->what, i, want);
+}
+
 /*
  * On return (success or not) *out and *owned hold what was allocated (the caller frees them
  * with free_kv), *n_out the entries filled so far.
@@ -223,13 +248,7 @@ static int get_kv(json_t *root,
             texts[i] = number_text(val);
             kv[i].value = texts[i];
         } else {
-            /* named when the name is a plain token (names are not secret; values may be) */
-            bool plain = klen > 0 && klen <= 64;
-            for (size_t c = 0; plain && c < klen; c++)
-                plain = isalnum((unsigned char)key[c]) || key[c] == '_' || key[c] == '-';
-            return sl_err_set(err, SL_EDECODE, "field \"%s\": value of %s %zu%s%s%s must be a %s",
-                              spec->field, spec->what, i, plain ? " (\"" : "", plain ? key : "",
-                              plain ? "\")" : "", spec->numbers ? "string or a number" : "string");
+            return kv_type_error(spec, i, key, klen, err);
         }
         i++;
         *n_out = i;
