@@ -1247,3 +1247,166 @@ int ctl_latency_main(struct ctl *c, int argc, char **argv)
     PQclear(res);
     return CTL_EXIT_OK;
 }
+
+/* ==== event ==== */
+
+void ctl_event_help(FILE *f)
+{
+    (void)fprintf(
+        f, "usage: sluicectl event EVENT_ID [--json]\n"
+           "\n"
+           "One event's deliveries from the history: per endpoint its state, attempts, last\n"
+           "status and error, when it was delivered or is due again; then every attempt\n"
+           "(time, state, status, error, latency, pod). What GET /v1/events/{id}/deliveries\n"
+           "answers, without the API. The recorder writes the history a moment after the\n"
+           "consumers: an event just published may not be there yet. Payloads are never\n"
+           "shown.\n"
+           "\n"
+           "  --json   machine-readable output\n"
+           "\n"
+           "Exit: 0; 1 database error, or no delivery of that event in the history; 2 usage.\n");
+}
+
+#define EV_TS(col) "to_char(" col " at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS') as " col
+static const char SQL_EV_DELIVERIES[] =
+    "select endpoint_id, event_type, state::text as state, attempts, last_status, last_error,"
+    "       last_msg, " EV_TS("delivered_at") ", " EV_TS(
+        "next_attempt_at") " from deliveries"
+                           " where event_id = $1 order by endpoint_id collate \"C\"";
+static const char SQL_EV_ATTEMPTS[] =
+    "select endpoint_id, attempt, state::text as state, http_status, err, msg, " EV_TS(
+        "ts") ","
+              "       round(latency_us / 1000.0, 1) as latency_ms, pod from delivery_attempts"
+              " where event_id = $1 order by endpoint_id collate \"C\", ts, attempt";
+
+static void event_json(const char *id, const PGresult *d, const PGresult *a)
+{
+    json_t *arr = json_array();
+    int na = PQntuples(a), k = 0;
+    for (int i = 0; i < PQntuples(d); i++) {
+        const char *ep = sl_pg_str(d, i, "endpoint_id");
+        json_t *log = json_array();
+        for (; k < na && strcmp(sl_pg_str(a, k, "endpoint_id"), ep) <= 0; k++) {
+            if (strcmp(sl_pg_str(a, k, "endpoint_id"), ep) != 0)
+                continue; /* an attempt recorded before its delivery row: not listed */
+            json_array_append_new(
+                log,
+                json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "attempt",
+                          sl_pg_json_int(a, k, "attempt"), "state", sl_pg_json_str(a, k, "state"),
+                          "http_status", sl_pg_json_int(a, k, "http_status"), "error",
+                          sl_pg_json_str(a, k, "err"), "message", sl_pg_json_str(a, k, "msg"), "at",
+                          sl_pg_json_str(a, k, "ts"), "latency_ms",
+                          sl_pg_json_real(a, k, "latency_ms"), "pod", sl_pg_json_str(a, k, "pod")));
+        }
+        json_array_append_new(
+            arr,
+            json_pack("{s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "endpoint_id", ep,
+                      "type", sl_pg_json_str(d, i, "event_type"), "state",
+                      sl_pg_json_str(d, i, "state"), "attempts", sl_pg_json_int(d, i, "attempts"),
+                      "last_status", sl_pg_json_int(d, i, "last_status"), "last_error",
+                      sl_pg_json_str(d, i, "last_error"), "last_message",
+                      sl_pg_json_str(d, i, "last_msg"), "delivered_at",
+                      sl_pg_json_str(d, i, "delivered_at"), "next_attempt_at",
+                      sl_pg_json_str(d, i, "next_attempt_at"), "attempts_log", log));
+    }
+    ctl_ops_print_json(json_pack("{s:s, s:o}", "event_id", id, "deliveries", arr));
+}
+
+/* A column's text, or "-" for NULL. */
+static const char *or_dash(const PGresult *res, int row, const char *col)
+{
+    const char *s = sl_pg_str(res, row, col);
+    return s ? s : "-";
+}
+
+static void event_text(const char *id, const PGresult *d, const PGresult *a)
+{
+    int nd = PQntuples(d);
+    printf("event %s: %d deliver%s\n\n", id, nd, nd == 1 ? "y" : "ies");
+    static const char *const dh[] = {
+        "endpoint",    "type",       "state",           "attempts",
+        "last status", "last error", "delivered (UTC)", "next attempt (UTC)"};
+    struct ctl_table t;
+    ctl_table_init(&t, 8, dh, "lllrllll");
+    for (int i = 0; i < nd; i++) {
+        ctl_table_add(&t, "%s", or_dash(d, i, "endpoint_id"));
+        ctl_table_add(&t, "%s", or_dash(d, i, "event_type"));
+        ctl_table_add(&t, "%s", or_dash(d, i, "state"));
+        ctl_table_add(&t, "%s", or_dash(d, i, "attempts"));
+        ctl_table_add(&t, "%s", or_dash(d, i, "last_status"));
+        ctl_table_add(&t, "%s", or_dash(d, i, "last_error"));
+        ctl_table_add(&t, "%s", or_dash(d, i, "delivered_at"));
+        ctl_table_add(&t, "%s", or_dash(d, i, "next_attempt_at"));
+    }
+    ctl_table_print(&t, stdout, 2);
+    ctl_table_fini(&t);
+    static const char *const ah[] = {"endpoint", "#",          "at (UTC)", "state",  "status",
+                                     "error",    "latency ms", "pod",      "message"};
+    ctl_table_init(&t, 9, ah, "lrllrlrll");
+    for (int i = 0; i < PQntuples(a); i++) {
+        static const char *const cols[] = {"endpoint_id", "attempt",     "ts",
+                                           "state",       "http_status", "err",
+                                           "latency_ms",  "pod",         "msg"};
+        for (size_t c = 0; c < sizeof(cols) / sizeof(cols[0]); c++)
+            ctl_table_add(&t, "%s", or_dash(a, i, cols[c]));
+    }
+    printf("\nattempts:\n");
+    ctl_table_print(&t, stdout, 2);
+    ctl_table_fini(&t);
+}
+
+static int event_opt(void *ctx, int val, const char *arg)
+{
+    (void)val;
+    (void)arg;
+    *(bool *)ctx = true; /* --json */
+    return 0;
+}
+
+int ctl_event_main(struct ctl *c, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"json", no_argument, NULL, O_JSON}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    bool json = false;
+    int first = 0;
+    int rc = parse_flags("event", argc, argv, longopts, event_opt, &json, &first);
+    if (rc < 0) {
+        ctl_event_help(stdout);
+        return CTL_EXIT_OK;
+    }
+    if (rc != 0)
+        return rc;
+    if (first >= argc)
+        return ctl_usage_error("event", "missing the event id");
+    const char *id = argv[first];
+    if (!sl_valid_event_id(id, strlen(id)))
+        return ctl_usage_error("event", "invalid event id: expected 1..128 visible ASCII "
+                                        "characters without '.'");
+    if ((rc = ctl_extra_args("event", argc, argv, first + 1)) != 0)
+        return rc;
+    const struct sl_config *cfg = ctl_config(c);
+    const char *params[1] = {id};
+    sl_err_t err;
+    sl_err_clear(&err);
+    PGresult *d = query(cfg, "read the event's deliveries", SQL_EV_DELIVERIES, 1, params, &err);
+    if (!d)
+        return ctl_fail("event", "%s", err.msg);
+    PGresult *a = query(cfg, "read the event's attempts", SQL_EV_ATTEMPTS, 1, params, &err);
+    if (!a) {
+        PQclear(d);
+        return ctl_fail("event", "%s", err.msg);
+    }
+    int n = PQntuples(d);
+    if (json)
+        event_json(id, d, a);
+    else if (n > 0)
+        event_text(id, d, a);
+    PQclear(d);
+    PQclear(a);
+    if (n == 0)
+        return ctl_fail("event",
+                        "no delivery of event %s in the history (not published, not "
+                        "recorded yet, or past history_retention_d)",
+                        id);
+    return CTL_EXIT_OK;
+}

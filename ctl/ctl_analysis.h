@@ -9,6 +9,7 @@
  *   sluicectl dead-letters [--window 24h] [--endpoint ID]
  *   sluicectl alerts [thresholds]              exit 3 when an alert fires (cron, monitoring)
  *   sluicectl latency ENDPOINT [--window 24h]  percentiles and a text histogram
+ *   sluicectl event EVENT_ID                   one event's deliveries and their attempts
  *
  * Every command validates its flags before loading the configuration or touching a service,
  * prints a table (or --json), and exits 0 / 1 (a service failed) / 2 (usage) / 78 (config);
@@ -34,5 +35,7 @@ int ctl_alerts_main(struct ctl *c, int argc, char **argv);
 void ctl_alerts_help(FILE *f);
 int ctl_latency_main(struct ctl *c, int argc, char **argv);
 void ctl_latency_help(FILE *f);
+int ctl_event_main(struct ctl *c, int argc, char **argv);
+void ctl_event_help(FILE *f);
 
 #endif /* SL_CTL_ANALYSIS_H */

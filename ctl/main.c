@@ -44,6 +44,8 @@ static const struct ctl_command commands[] = {
      ctl_alert_rules_main, ctl_alert_rules_help},
     {"latency", "percentiles and histogram of one endpoint's latency", ctl_latency_main,
      ctl_latency_help},
+    {"event", "one event's deliveries and every attempt, from the history", ctl_event_main,
+     ctl_event_help},
     {"replay", "re-publish dead letters (each once) and mark them replayed", ctl_replay_main,
      ctl_replay_help},
     {"retries", "rebuild the Redis retry schedule from the history (rebuild)", ctl_retries_main,

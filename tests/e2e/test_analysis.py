@@ -277,6 +277,33 @@ def test_latency_histogram(run):
     assert none["samples"] == 0 and none["p50_ms"] is None
 
 
+# ==== one event ====
+
+def test_event_shows_each_delivery_with_every_attempt(run):
+    """sluicectl event ID: the history of one event, each attempt the consumer reported."""
+    r = run
+    for kind, state, status in (("dead", "dead_letter", 500), ("ok", "delivered", 204)):
+        e = next(e for e in r.events if r.names[e["endpoint"]] == kind)
+        sent = sorted(o["attempt"] for o in r.outcomes
+                      if o["id"] == e["id"] and o["endpoint"] == e["endpoint"])
+        j = ctl_json(r.w, "event", e["id"])
+        assert j["event_id"] == e["id"] and len(j["deliveries"]) == 1, j
+        (d,) = j["deliveries"]
+        assert (d["endpoint_id"], d["state"], d["last_status"]) == (e["endpoint"], state, status)
+        assert d["attempts"] == len(sent) == (MAX_ATTEMPTS if kind == "dead" else 1), d
+        assert [a["attempt"] for a in d["attempts_log"]] == sent, d
+        assert all(a["http_status"] == status and a["latency_ms"] is not None
+                   for a in d["attempts_log"]), d
+        assert (d["delivered_at"] is not None) == (kind == "ok"), d
+        t = r.w.ctl("event", e["id"])
+        assert t.returncode == 0, t.stderr
+        assert t.stdout.startswith(f"event {e['id']}: 1 delivery\n"), t.stdout
+        assert state in t.stdout and "attempts:" in t.stdout, t.stdout
+        assert t.stdout.count(f"  {e['endpoint']} ") == 1 + len(sent), t.stdout
+    none = r.w.ctl("event", "nosuch" + r.w.tag)
+    assert none.returncode == 1 and "no delivery of event nosuch" in none.stderr, none.stderr
+
+
 # ==== dead letters, alerts ====
 
 def test_dead_letter_analysis(run):
@@ -330,7 +357,8 @@ def test_alerts_exit_codes(run):
     ("health", "--window", "5x"), ("health", "--window", "0s"), ("health", "--window", "1h30m"),
     ("health", "extra"), ("slow", "--threshold-ms", "-1"), ("slow", "--min-samples", "0"),
     ("dead-letters", "--endpoint", "bad id"), ("alerts", "--dead-rise-factor", "1e3"),
-    ("alerts", "--oldest-max", "367d"), ("latency",), ("latency", "a.b"),
+    ("alerts", "--oldest-max", "367d"), ("latency",), ("latency", "a.b"), ("event",),
+    ("event", "a.b"), ("event", "x", "y"),
     ("replay",), ("replay", "--ids", "a.b"), ("replay", "--since", "yesterday", "--all"),
     ("replay", "--since", "1h", "--until", "2h"), ("replay", "--error", "HTTP"),
     ("retries",), ("retries", "frob"), ("retries", "rebuild", "--lookback", "7"),
