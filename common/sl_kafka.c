@@ -62,13 +62,26 @@ static enum fail_kind fail_kind(const char *fac, const char *buf)
 
 /* librdkafka syslog levels -> ours. Runs on librdkafka threads; must not call librdkafka
  * (rd_kafka_version, which returns a constant, aside). */
-static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+int sl_kafka_log_level(int level, const char *fac, const char *buf)
 {
-    (void)rk;
     int lv = level <= 3   ? SL_LOG_ERROR
              : level <= 4 ? SL_LOG_WARN
              : level <= 6 ? SL_LOG_INFO
                           : SL_LOG_DEBUG;
+    /* A broker just started is still loading its transaction coordinator when an idempotent
+     * producer asks for its producer id; librdkafka 2.0.2 retries by itself
+     * (rdkafka_idempotence.c) and says so at warning level. Not the operator's business:
+     * a producer that never gets its id fails its sends, which are logged. */
+    if (lv == SL_LOG_WARN && strcmp(fac, "GETPID") == 0 &&
+        strstr(buf, "Coordinator load in progress") && strstr(buf, ": retrying"))
+        return SL_LOG_DEBUG;
+    return lv;
+}
+
+static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+{
+    (void)rk;
+    int lv = sl_kafka_log_level(level, fac, buf);
     if (lv == SL_LOG_DEBUG) {
         sl_debug(SL_DBG_KAFKA, "kafka", "rdkafka_log", "%s: %s", fac, buf);
         return;

@@ -45,6 +45,11 @@ rd_kafka_conf_t *sl_kafka_conf_new(const struct sl_config *cfg, const char *role
  */
 void sl_kafka_log_error(rd_kafka_t *rk, int err, const char *reason);
 
+/* The level (SL_LOG_*) at which a librdkafka log line (syslog level, facility, text) is
+ * logged: librdkafka's, except transient notices it retries by itself (a new broker's
+ * coordinator still loading), which are debug. */
+int sl_kafka_log_level(int level, const char *fac, const char *buf);
+
 /* Set one property; returns 0 or SL_EKAFKA with the property named in err. */
 int sl_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, sl_err_t *err);
 
