@@ -107,6 +107,31 @@ static PGresult *query(const struct sl_config *cfg,
     return res;
 }
 
+/* What a command's one positional argument must be. */
+struct id_kind {
+    const char *name;                       /* "endpoint id" */
+    bool (*valid)(const char *s, size_t n); /* sl_valid_endpoint_id, ... */
+    const char *form;                       /* the form, for the usage error */
+};
+static const struct id_kind ID_ENDPOINT = {"endpoint id", sl_valid_endpoint_id,
+                                           "1..64 characters [A-Za-z0-9_-]"};
+static const struct id_kind ID_EVENT = {"event id", sl_valid_event_id,
+                                        "1..128 visible ASCII characters without '.'"};
+
+/* The command's single positional argument (argv[first]), checked: 0 with *out set, or the
+ * usage exit (missing, invalid, or more arguments after it). */
+static int one_id(
+    const char *cmd, int argc, char **argv, int first, const struct id_kind *kind, const char **out)
+{
+    if (first >= argc)
+        return ctl_usage_error(cmd, "missing the %s", kind->name);
+    const char *v = argv[first];
+    if (!kind->valid(v, strlen(v)))
+        return ctl_usage_error(cmd, "invalid %s: expected %s", kind->name, kind->form);
+    *out = v;
+    return ctl_extra_args(cmd, argc, argv, first + 1);
+}
+
 /* ==== health ==== */
 
 struct health_opts {
@@ -1184,13 +1209,8 @@ int ctl_latency_main(struct ctl *c, int argc, char **argv)
     }
     if (rc != 0)
         return rc;
-    if (first >= argc)
-        return ctl_usage_error("latency", "missing the endpoint id");
-    const char *ep = argv[first];
-    if (!sl_valid_endpoint_id(ep, strlen(ep)))
-        return ctl_usage_error("latency",
-                               "invalid endpoint id: expected 1..64 characters [A-Za-z0-9_-]");
-    if ((rc = ctl_extra_args("latency", argc, argv, first + 1)) != 0)
+    const char *ep = NULL;
+    if ((rc = one_id("latency", argc, argv, first, &ID_ENDPOINT, &ep)) != 0)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
     char p2[24];
@@ -1376,22 +1396,21 @@ int ctl_event_main(struct ctl *c, int argc, char **argv)
     }
     if (rc != 0)
         return rc;
-    if (first >= argc)
-        return ctl_usage_error("event", "missing the event id");
-    const char *id = argv[first];
-    if (!sl_valid_event_id(id, strlen(id)))
-        return ctl_usage_error("event", "invalid event id: expected 1..128 visible ASCII "
-                                        "characters without '.'");
-    if ((rc = ctl_extra_args("event", argc, argv, first + 1)) != 0)
+    const char *id = NULL;
+    if ((rc = one_id("event", argc, argv, first, &ID_EVENT, &id)) != 0)
         return rc;
     const struct sl_config *cfg = ctl_config(c);
     const char *params[1] = {id};
     sl_err_t err;
     sl_err_clear(&err);
-    PGresult *d = query(cfg, "read the event's deliveries", SQL_EV_DELIVERIES, 1, params, &err);
-    if (!d)
+    PGconn *pg = ctl_ops_pg_open(cfg, &err);
+    if (!pg)
         return ctl_fail("event", "%s", err.msg);
-    PGresult *a = query(cfg, "read the event's attempts", SQL_EV_ATTEMPTS, 1, params, &err);
+    /* one connection for both reads */
+    PGresult *d = sl_pg_exec(pg, "read the event's deliveries", SQL_EV_DELIVERIES, 1, params, &err);
+    PGresult *a =
+        d ? sl_pg_exec(pg, "read the event's attempts", SQL_EV_ATTEMPTS, 1, params, &err) : NULL;
+    PQfinish(pg);
     if (!a) {
         PQclear(d);
         return ctl_fail("event", "%s", err.msg);
