@@ -28,6 +28,7 @@
 #include "common/sl_record.h"
 #include "common/sl_redis.h"
 #include "common/sl_secretbox.h"
+#include "common/sl_ssrf.h"
 
 extern char **environ;
 
@@ -337,13 +338,15 @@ static const struct opt opts[] = {
       "SLUICE_SSRF_PROTECTION",
       ssrf_protection,
       "true",
-      "refuse to connect to loopback, private, link-local and other non-global addresses"),
+      "refuse to connect to loopback, private, link-local and other non-global addresses, and "
+      "to register an endpoint whose host is one"),
     S("ssrf_allow_cidrs",
       "SLUICE_SSRF_ALLOW_CIDRS",
       ssrf_allow_cidrs,
       "",
       0,
-      "comma-separated CIDRs exempt from SSRF refusal (e.g. 127.0.0.0/8 for local demos)"),
+      "comma-separated CIDRs exempt from SSRF refusal, at delivery and at registration (e.g. "
+      "127.0.0.0/8 for local demos)"),
     S("endpoint_ca_file",
       "SLUICE_ENDPOINT_CA_FILE",
       endpoint_ca_file,
@@ -1152,6 +1155,22 @@ static int check_kafka_security(struct sl_config *cfg, FILE *errf)
     return nerr;
 }
 
+/* ==== Endpoint addresses ==== */
+
+/* ssrf_allow_cidrs must parse in every process: the consumers apply it to each connection,
+ * sluice-api and sluicectl to the URLs they register (sl_ssrf.h). */
+static int check_ssrf(const struct sl_config *cfg, FILE *errf)
+{
+    struct sl_ssrf_policy p;
+    sl_err_t err;
+    if (sl_ssrf_parse(&p, cfg->ssrf_protection, cfg->ssrf_allow_cidrs, &err) == 0)
+        return 0;
+    char kb[96];
+    (void)fprintf(errf, "invalid value for %s: %s\n",
+                  opt_key(cfg, "ssrf_allow_cidrs", kb, sizeof(kb)), err.msg);
+    return 1;
+}
+
 static int finalize(struct sl_config *cfg, FILE *errf)
 {
     int nerr = 0;
@@ -1227,6 +1246,7 @@ static int finalize(struct sl_config *cfg, FILE *errf)
         int e = check_readable(cfg, errf, "endpoint_ca_file", cfg->endpoint_ca_file);
         nerr += e ? e : check_pem_ca(cfg, errf, "endpoint_ca_file", cfg->endpoint_ca_file);
     }
+    nerr += check_ssrf(cfg, errf);
     if (cfg->response_keep_bytes > cfg->response_max_bytes) {
         (void)fprintf(errf,
                       "response_keep_bytes (%lld) must not exceed response_max_bytes (%lld)\n",

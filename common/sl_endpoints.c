@@ -401,6 +401,24 @@ out:
     return rc;
 }
 
+int sl_endpoint_url_host(const char *url, bool tpl, char *out, size_t outlen)
+{
+    if (outlen)
+        out[0] = '\0';
+    if (!url)
+        return SL_EDECODE;
+    if (!tpl)
+        return sl_url_host(url, out, outlen);
+    size_t len = strnlen(url, SL_URL_MAX + 1);
+    if (len > SL_URL_MAX)
+        return SL_ETOOBIG;
+    char *x = sl_xmalloc(len + 1);
+    substitute(url, 'x', x);
+    int rc = sl_url_host(x, out, outlen);
+    free(x);
+    return rc;
+}
+
 /* ==== Reading the topic ==== */
 
 struct reader {

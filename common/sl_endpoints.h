@@ -315,6 +315,13 @@ int sl_endpoint_template_syntax(const char *tpl, sl_err_t *err);
 int sl_endpoint_url_check(const char *url, bool tpl, sl_err_t *err);
 
 /*
+ * The host of an endpoint URL (template or not: a template's macros cannot be in its host)
+ * into out (outlen bytes), as sl_url_host writes it. Returns 0, or SL_EDECODE / SL_ETOOBIG
+ * (out = "") for a URL that sl_endpoint_url_check would refuse.
+ */
+int sl_endpoint_url_host(const char *url, bool tpl, char *out, size_t outlen);
+
+/*
  * Read cfg->topic_endpoints from the beginning up to the high watermarks it has when called
  * (as sl_endpoints_open does, without decrypting or keeping anything): fn is called for
  * every record in partition order (key/val borrowed for the call; val NULL for a

@@ -27,6 +27,8 @@
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
 #include "common/sl_pg.h"
+#include "common/sl_ssrf.h"
+#include "common/sl_url.h"
 
 /* Advisory lock keys (see sql/0001_endpoints.sql): the registry (int8 key space) and one
  * endpoint (int4 pair: class 'SLEP', hashtext(id)). */
@@ -989,6 +991,28 @@ static int codec_msg(int rc, sl_err_t *err)
 }
 
 /*
+ * The address rules of the process's configuration (pub->cfg: ssrf_protection,
+ * ssrf_allow_cidrs) for a new or changed URL whose host is an address or a loopback name
+ * (sl_ssrf_check_host): such an endpoint's deliveries would all be refused, so its
+ * registration is. Names resolving elsewhere are the consumers' check, at each connection.
+ */
+static int address_check(const struct sl_reg_pub *pub, const struct sl_reg_ep *ep, sl_err_t *err)
+{
+    if (!pub || !pub->cfg)
+        return 0;
+    struct sl_ssrf_policy policy;
+    sl_err_t e2;
+    if (sl_ssrf_parse(&policy, pub->cfg->ssrf_protection, pub->cfg->ssrf_allow_cidrs, &e2) != 0)
+        return sl_err_set(err, SL_EINVAL, "ssrf_allow_cidrs: %s", e2.msg);
+    char host[SL_URL_MAX + 1];
+    if (sl_endpoint_url_host(ep->url, ep->tpl, host, sizeof(host)) != 0)
+        return 0; /* sl_endpoint_url_check has answered for this URL */
+    if (sl_ssrf_check_host(&policy, host, &e2) != 0)
+        return sl_err_set(err, SL_EINVAL, "field \"url\": %s", e2.msg);
+    return 0;
+}
+
+/*
  * sl_reg_ep_check, limited to what changed when before (borrowed) is given: the URL rules
  * only when url or tpl differ, policy ranges only for values that differ (rows written under
  * older rules stay editable); cross-field, types/channels and codec rules always.
@@ -1259,6 +1283,8 @@ int sl_reg_create(PGconn *pg,
     }
     ep_fill_empty(ep);
     rc = sl_reg_ep_check(ep, err);
+    if (rc == 0)
+        rc = address_check(pub, ep, err);
     if (rc != 0) {
         op_begin(&op, NULL, NULL, NULL, res, NULL);
         return op_end(&op, rc);
@@ -1327,6 +1353,8 @@ int sl_reg_update(PGconn *pg,
         goto done;
     }
     rc = ep_check(before_url, before_tpl, before_num, out, err);
+    if (rc == 0 && (strcmp(before_url, out->url) != 0 || before_tpl != out->tpl))
+        rc = address_check(pub, out, err);
     if (rc == 0)
         rc = sl_reg_ep_encode(out, pub->mk, &op.rec, err);
     if (rc != 0) {

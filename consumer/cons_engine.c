@@ -452,8 +452,11 @@ cons_engine_t *cons_engine_new(
         (void)snprintf(e->owner, sizeof(e->owner), "%s#%d", e->pod, thread);
     else
         (void)snprintf(e->owner, sizeof(e->owner), "%s", e->pod);
-    if (cons_ssrf_parse(&e->ssrf, cfg->ssrf_protection, cfg->ssrf_allow_cidrs, err) != 0)
+    sl_err_t perr;
+    if (sl_ssrf_parse(&e->ssrf, cfg->ssrf_protection, cfg->ssrf_allow_cidrs, &perr) != 0) {
+        sl_err_set(err, SL_EINVAL, "ssrf_allow_cidrs: %s", perr.msg);
         goto fail;
+    }
     struct cons_http_opts ho = {.ssrf = &e->ssrf,
                                 .keep_bytes = (size_t)cfg->response_keep_bytes,
                                 .max_bytes = (uint64_t)cfg->response_max_bytes,

@@ -33,6 +33,7 @@
 #include "common/sl_redis.h"
 #include "common/sl_rstate.h"
 #include "common/sl_sign.h"
+#include "common/sl_ssrf.h"
 #include "consumer/cons_adapt.h"
 #include "consumer/cons_classify.h"
 #include "consumer/cons_engine.h"
@@ -40,7 +41,6 @@
 #include "consumer/cons_list.h"
 #include "consumer/cons_metrics.h"
 #include "consumer/cons_offsets.h"
-#include "consumer/cons_ssrf.h"
 #include "consumer/cons_store.h"
 #include "consumer/cons_timer.h"
 
@@ -268,75 +268,75 @@ struct pmark {
 };
 
 struct cons_engine {
-    const struct sl_config *cfg;  /* borrowed */
-    sl_endpoints_t *endpoints;    /* borrowed */
-    rd_kafka_t *consumer;         /* group consumer on topic_deliveries */
-    rd_kafka_t *producer;         /* outcomes and quarantine */
-    rd_kafka_queue_t *cq;         /* consumer queue (io events) */
-    rd_kafka_queue_t *pq;         /* producer main queue (io events) */
-    sl_redis_t *redis;            /* shared state */
-    cons_http_t *http;            /* transfers */
-    cons_offsets_t *offsets;      /* contiguous offsets */
-    struct cons_ssrf_policy ssrf; /* address policy */
-    sl_map_t *eps;                /* endpoint id -> struct cons_ep */
-    struct cons_list ready;       /* endpoints ready to send (ready_link), FIFO */
-    struct cons_list blocked;     /* endpoints paused by a rate limit or Retry-After */
-    struct cons_list held;        /* JOB_REDIS_HELD: Redis write failed, retried */
-    struct cons_list inflight;    /* JOB_SENDING: a request running */
-    struct cons_list marks;       /* JOB_MARKING: delivered, marker write pending */
-    struct cons_list epwait;      /* JOB_EP_WAIT: unknown endpoint, table catching up */
-    sl_map_t *live_ids;           /* job id -> the Kafka job of that delivery live in this
-                                     loop: a copy read meanwhile is not sent beside it */
-    sl_map_t *epwait_ids;         /* endpoint id -> jobs of it in epwait (intptr_t): its
-                                     later records wait behind them, in order */
-    struct cons_list ihold;       /* JOB_DEDUP_WAIT: duplicate check failed
-                                     (dedup_fail_open=false), waiting for Redis */
-    struct cons_list leased;      /* claimed retry jobs in memory whose leases we
-                                     keep (lease_link; any state) */
-    struct pmark *pmarks;         /* delivered markers whose write failed (owned) */
-    struct cons_list hrecs;       /* records Kafka has not taken yet, FIFO (owned) */
-    int64_t hrec_logged_mono;     /* last records_held log line (mono ms) */
-    size_t npmarks, cap_pmarks;   /* entries in pmarks / allocated */
-    struct cons_timers timers;    /* the loop's deadlines (enum loop_timer) */
-    int64_t last_dispatch_mono;   /* previous dispatch call, for stall detection (mono ms) */
-    int64_t hold_until_mono;      /* after a stall: no new send before this (mono ms) */
-    bool await_revoke;            /* a stall outlived the session: hold until the group's
-                                     revocation is served (or hold_until_mono passes) */
-    int64_t last_revoke_mono;     /* last revocation served (mono ms; 0 = none) */
-    int64_t marks_since_mono;     /* when the oldest entry of marks was added (mono ms) */
-    int wake[2];                  /* pipe librdkafka writes to */
-    char pod[SL_POD_MAX + 1];     /* instance id (the process's: every loop of it) */
-    char owner[SL_POD_MAX + 13];  /* this loop's breaker owner id: pod, or pod#i when the
-                                     process runs several loops ("#" and an int) */
-    int thread;                   /* this loop's index (0..threads-1) */
-    int threads;                  /* loops in this process (consumer_threads) */
-    int64_t max_inflight;         /* this loop's share of max_inflight */
-    struct cons_adapt adapt;      /* the cap dispatch works under now (cons_adapt.h) */
-    uint64_t live;                /* jobs in memory */
-    uint64_t spills_live;         /* of those, spilled to the schedule and not freed yet (its
-                                     write or its outcome's acknowledgement outstanding) */
-    int inflight_max;             /* most requests in flight since the last stats line */
-    uint64_t live_max;            /* most jobs in memory since the last stats line */
-    uint64_t live_cap;            /* intake takes no record at this many jobs in memory */
-    uint64_t live_resume;         /* a pause of intake ends below this many */
-    bool paused;                  /* partitions paused by us */
-    int64_t full_since_mono;      /* intake full and taking nothing since (mono ms; 0 = not) */
-    int64_t evict_next_mono;      /* next pass of spill_stuck_queues while full (mono ms) */
-    bool kafka_more;              /* the consumer queue may hold more records */
-    rd_kafka_queue_t *commit_q;   /* answers of our own offset commits */
-    int commits_pending;          /* commits sent whose answer has not been served */
-    const char *commit_why;       /* what the last commit was for (log lines) */
-    atomic_int stop;              /* shutdown requested (any thread, signal handlers) */
-    _Atomic int64_t stop_mono;    /* when it was requested (mono ms; the exit bound starts) */
-    atomic_bool joined;           /* a partition assignment was served (readiness) */
-    int64_t shutdown_deadline;    /* SIGTERM: the whole exit ends by then (mono ms; 0 = running) */
-    bool redis_failed_stopping;   /* a Redis write failed during shutdown: hold, do not retry */
-    bool abandoned;               /* leaving the group outlived the bound: do not destroy */
-    int beat;                     /* liveness heartbeat slot (sl_probe), -1 = none */
-    bool stopping;                /* shutdown in progress */
-    uint32_t next_shard;          /* round-robin claim cursor */
-    int64_t redis_warned_mono;    /* rate limit for Redis warnings */
-    int fatal;                    /* fatal error code */
+    const struct sl_config *cfg; /* borrowed */
+    sl_endpoints_t *endpoints;   /* borrowed */
+    rd_kafka_t *consumer;        /* group consumer on topic_deliveries */
+    rd_kafka_t *producer;        /* outcomes and quarantine */
+    rd_kafka_queue_t *cq;        /* consumer queue (io events) */
+    rd_kafka_queue_t *pq;        /* producer main queue (io events) */
+    sl_redis_t *redis;           /* shared state */
+    cons_http_t *http;           /* transfers */
+    cons_offsets_t *offsets;     /* contiguous offsets */
+    struct sl_ssrf_policy ssrf;  /* address policy */
+    sl_map_t *eps;               /* endpoint id -> struct cons_ep */
+    struct cons_list ready;      /* endpoints ready to send (ready_link), FIFO */
+    struct cons_list blocked;    /* endpoints paused by a rate limit or Retry-After */
+    struct cons_list held;       /* JOB_REDIS_HELD: Redis write failed, retried */
+    struct cons_list inflight;   /* JOB_SENDING: a request running */
+    struct cons_list marks;      /* JOB_MARKING: delivered, marker write pending */
+    struct cons_list epwait;     /* JOB_EP_WAIT: unknown endpoint, table catching up */
+    sl_map_t *live_ids;          /* job id -> the Kafka job of that delivery live in this
+                                    loop: a copy read meanwhile is not sent beside it */
+    sl_map_t *epwait_ids;        /* endpoint id -> jobs of it in epwait (intptr_t): its
+                                    later records wait behind them, in order */
+    struct cons_list ihold;      /* JOB_DEDUP_WAIT: duplicate check failed
+                                    (dedup_fail_open=false), waiting for Redis */
+    struct cons_list leased;     /* claimed retry jobs in memory whose leases we
+                                    keep (lease_link; any state) */
+    struct pmark *pmarks;        /* delivered markers whose write failed (owned) */
+    struct cons_list hrecs;      /* records Kafka has not taken yet, FIFO (owned) */
+    int64_t hrec_logged_mono;    /* last records_held log line (mono ms) */
+    size_t npmarks, cap_pmarks;  /* entries in pmarks / allocated */
+    struct cons_timers timers;   /* the loop's deadlines (enum loop_timer) */
+    int64_t last_dispatch_mono;  /* previous dispatch call, for stall detection (mono ms) */
+    int64_t hold_until_mono;     /* after a stall: no new send before this (mono ms) */
+    bool await_revoke;           /* a stall outlived the session: hold until the group's
+                                    revocation is served (or hold_until_mono passes) */
+    int64_t last_revoke_mono;    /* last revocation served (mono ms; 0 = none) */
+    int64_t marks_since_mono;    /* when the oldest entry of marks was added (mono ms) */
+    int wake[2];                 /* pipe librdkafka writes to */
+    char pod[SL_POD_MAX + 1];    /* instance id (the process's: every loop of it) */
+    char owner[SL_POD_MAX + 13]; /* this loop's breaker owner id: pod, or pod#i when the
+                                    process runs several loops ("#" and an int) */
+    int thread;                  /* this loop's index (0..threads-1) */
+    int threads;                 /* loops in this process (consumer_threads) */
+    int64_t max_inflight;        /* this loop's share of max_inflight */
+    struct cons_adapt adapt;     /* the cap dispatch works under now (cons_adapt.h) */
+    uint64_t live;               /* jobs in memory */
+    uint64_t spills_live;        /* of those, spilled to the schedule and not freed yet (its
+                                    write or its outcome's acknowledgement outstanding) */
+    int inflight_max;            /* most requests in flight since the last stats line */
+    uint64_t live_max;           /* most jobs in memory since the last stats line */
+    uint64_t live_cap;           /* intake takes no record at this many jobs in memory */
+    uint64_t live_resume;        /* a pause of intake ends below this many */
+    bool paused;                 /* partitions paused by us */
+    int64_t full_since_mono;     /* intake full and taking nothing since (mono ms; 0 = not) */
+    int64_t evict_next_mono;     /* next pass of spill_stuck_queues while full (mono ms) */
+    bool kafka_more;             /* the consumer queue may hold more records */
+    rd_kafka_queue_t *commit_q;  /* answers of our own offset commits */
+    int commits_pending;         /* commits sent whose answer has not been served */
+    const char *commit_why;      /* what the last commit was for (log lines) */
+    atomic_int stop;             /* shutdown requested (any thread, signal handlers) */
+    _Atomic int64_t stop_mono;   /* when it was requested (mono ms; the exit bound starts) */
+    atomic_bool joined;          /* a partition assignment was served (readiness) */
+    int64_t shutdown_deadline;   /* SIGTERM: the whole exit ends by then (mono ms; 0 = running) */
+    bool redis_failed_stopping;  /* a Redis write failed during shutdown: hold, do not retry */
+    bool abandoned;              /* leaving the group outlived the bound: do not destroy */
+    int beat;                    /* liveness heartbeat slot (sl_probe), -1 = none */
+    bool stopping;               /* shutdown in progress */
+    uint32_t next_shard;         /* round-robin claim cursor */
+    int64_t redis_warned_mono;   /* rate limit for Redis warnings */
+    int fatal;                   /* fatal error code */
     char
         db_owner[SL_RSTATE_OWNER_MAX + 1]; /* deployment sluice:owner must name, "" = not watched */
     struct cons_stats st;                  /* counters */

@@ -175,7 +175,7 @@ static curl_socket_t opensocket_cb(void *clientp, curlsocktype purpose, struct c
     struct xfer *x = clientp;
     (void)purpose;
     const char *why = NULL;
-    if (x->h->opts.ssrf && !cons_ssrf_allowed(x->h->opts.ssrf, &addr->addr, addr->addrlen, &why)) {
+    if (x->h->opts.ssrf && !sl_ssrf_allowed(x->h->opts.ssrf, &addr->addr, addr->addrlen, &why)) {
         x->refusal = CONS_REFUSAL_SSRF;
         x->refusal_why = why;
         return CURL_SOCKET_BAD;

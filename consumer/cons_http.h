@@ -25,8 +25,8 @@
 #include <curl/curl.h>
 
 #include "common/sl_err.h"
+#include "common/sl_ssrf.h"
 #include "consumer/cons_classify.h"
-#include "consumer/cons_ssrf.h"
 
 typedef struct cons_http cons_http_t;
 
@@ -66,12 +66,12 @@ struct cons_http_req {
 };
 
 struct cons_http_opts {
-    const struct cons_ssrf_policy *ssrf; /* borrowed for the engine's life */
-    size_t keep_bytes;                   /* response prefix kept */
-    uint64_t max_bytes;                  /* abort past this */
-    const char *user_agent;              /* "Sluice/0.1.0" */
-    const char *ca_file;                 /* PEM CAs for HTTPS, in place of the system's; ""/NULL:
-                                            libcurl's default bundle */
+    const struct sl_ssrf_policy *ssrf; /* borrowed for the engine's life */
+    size_t keep_bytes;                 /* response prefix kept */
+    uint64_t max_bytes;                /* abort past this */
+    const char *user_agent;            /* "Sluice/0.1.0" */
+    const char *ca_file;               /* PEM CAs for HTTPS, in place of the system's; ""/NULL:
+                                          libcurl's default bundle */
 };
 
 cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err);

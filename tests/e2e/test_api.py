@@ -1167,3 +1167,53 @@ def test_a_loop_holding_exactly_128_ready_connections_answers_them_at_once(make_
         for s in conns:
             s.close()
     assert api.proc.term() == 0
+
+
+def test_an_endpoint_at_a_refused_address_is_refused_when_registered(make_world):
+    """sluicectl and sluice-api refuse a URL whose host is a non-global literal or a loopback
+    name, under their own ssrf_protection / ssrf_allow_cidrs (the World allows 127.0.0.0/8),
+    naming the host and the range; nothing is written; names are left to the consumers."""
+    w = make_world()
+    refused = {
+        "http://10.0.0.1/hook": "(private)",
+        "http://167772161/hook": "host 10.0.0.1 ",         # curl reads a number as IPv4
+        "http://169.254.169.254/latest/meta-data/": "(link-local)",
+        "http://[fd00:ec2::254]/": "(unique-local)",
+        "http://[::1]:9/x": "(loopback)",                  # only 127.0.0.0/8 is allowed
+    }
+    for i, (url, why) in enumerate(refused.items()):
+        r = w.ctl("endpoints", "add", "--id", f"r{i}{w.tag}", "--url", url)
+        assert r.returncode == 1, r.stderr
+        assert 'field "url": host ' in r.stderr and why in r.stderr, r.stderr
+        assert "ssrf_allow_cidrs" in r.stderr
+    r = w.ctl("endpoints", "add", "--id", f"t{w.tag}", "--template",
+              "--url", "http://192.168.1.1/pb?c={click_id}")
+    assert r.returncode == 1 and "(private)" in r.stderr, r.stderr
+    ok = w.add_endpoint(f"ok{w.tag}", "http://127.0.0.1:9/x")   # allowed range
+    named = w.add_endpoint(f"nm{w.tag}", "http://sluice-test.invalid/x")  # a name: delivery's
+    r = w.ctl("endpoints", "update", ok, "--url", "http://10.0.0.1/x")
+    assert r.returncode == 1 and "(private)" in r.stderr, r.stderr
+    r = w.ctl("endpoints", "list", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {e["id"]: e for e in json.loads(r.stdout) if e["id"].endswith(w.tag)}
+    assert set(rows) == {ok, named}, sorted(rows)   # the registry is shared by every World
+    assert rows[ok]["url"] == "http://127.0.0.1:9/x"
+
+    key = w.api_key("admin")
+    api = w.api()
+    for url, why in refused.items():
+        st, hdrs, b = call(api, "POST", "/v1/endpoints", {"id": f"a{w.tag}", "url": url}, key)
+        assert st == 400 and b["field"] == "/url" and why in b["detail"], (url, st, b)
+        assert hdrs["content-type"] == "application/problem+json"
+    st, _, b = call(api, "PATCH", f"/v1/endpoints/{ok}", {"url": "http://[::1]:9/y"}, key)
+    assert st == 400 and b["field"] == "/url" and "host [::1] " in b["detail"], b
+    st, _, b = call(api, "GET", f"/v1/endpoints/{ok}", None, key)
+    assert st == 200 and b["url"] == "http://127.0.0.1:9/x", b
+    # the operator's allowlist is sluice-api's too: without one, localhost is loopback
+    st, _, b = call(w.api(ssrf_allow_cidrs=""), "POST", "/v1/endpoints",
+                    {"id": f"a{w.tag}", "url": "http://localhost:9/"}, key)
+    assert st == 400 and "host localhost is a non-global address (loopback)" in b["detail"], b
+    api2 = w.api(ssrf_allow_cidrs="127.0.0.0/8,10.0.0.0/8")
+    st, _, b = call(api2, "POST", "/v1/endpoints", {"id": f"a{w.tag}", "url": "http://10.0.0.1/"},
+                    key)
+    assert st == 201, b

@@ -166,6 +166,36 @@ static void test_cross_field(void **state)
     sl_cfg_fini(&cfg);
 }
 
+/* ssrf_allow_cidrs is checked at load by every process (it also governs registration), named
+ * as written: env or file line. */
+static void test_ssrf_allow_cidrs(void **state)
+{
+    (void)state;
+    struct sl_config cfg;
+    int nerr;
+    char *env[] = {"SLUICE_SSRF_ALLOW_CIDRS=127.0.0.0/8, 10.0.0.0/33", NULL};
+    char *errs = load_errs(&cfg, NULL, env, &nerr);
+    assert_int_equal(nerr, 1);
+    assert_non_null(strstr(errs, "invalid value for SLUICE_SSRF_ALLOW_CIDRS (env): entry 2 "
+                                 "(\"10.0.0.0/33\"): not a CIDR"));
+    free(errs);
+    sl_cfg_fini(&cfg);
+    char *path = write_tmp("ssrf_allow_cidrs = nonsense\n");
+    errs = load_errs(&cfg, path, NULL, &nerr);
+    assert_int_equal(nerr, 1);
+    assert_non_null(strstr(errs, "invalid value for ssrf_allow_cidrs ("));
+    assert_non_null(strstr(errs, "entry 1 (\"nonsense\")"));
+    free(errs);
+    sl_cfg_fini(&cfg);
+    unlink(path);
+    free(path);
+    char *ok[] = {"SLUICE_SSRF_ALLOW_CIDRS=127.0.0.0/8,::1/128", NULL};
+    errs = load_errs(&cfg, NULL, ok, &nerr);
+    assert_int_equal(nerr, 0);
+    free(errs);
+    sl_cfg_fini(&cfg);
+}
+
 /* The recorder's tunables: defaults, file < env, inclusive bounds, and a rejection that names
  * the option and its range. */
 static void test_recorder_tunables(void **state)
@@ -680,6 +710,7 @@ int main(void)
         cmocka_unit_test(test_strict_and_all_errors),
         cmocka_unit_test(test_bounds_inclusive),
         cmocka_unit_test(test_cross_field),
+        cmocka_unit_test(test_ssrf_allow_cidrs),
         cmocka_unit_test(test_recorder_tunables),
         cmocka_unit_test(test_max_queued_and_dedup_fail_open),
         cmocka_unit_test(test_kafka_fetch_settings),

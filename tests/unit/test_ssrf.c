@@ -1,7 +1,8 @@
 /*
  * SSRF policy on the address actually connected: every non-global range refused, embedded
  * IPv4 forms unwrapped (mapped, compatible, NAT64, 6to4), the allowlist exempting only its
- * ranges, and protection off allowing everything.
+ * ranges, and protection off allowing everything; and the registration check on a URL's host
+ * (sl_ssrf_check_host): literals and loopback names judged, other names left to delivery.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -12,9 +13,9 @@
 
 #include <cmocka.h>
 
-#include "consumer/cons_ssrf.h"
+#include "common/sl_ssrf.h"
 
-static bool allowed(const struct cons_ssrf_policy *p, const char *ip, const char **why)
+static bool allowed(const struct sl_ssrf_policy *p, const char *ip, const char **why)
 {
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof(ss));
@@ -30,15 +31,15 @@ static bool allowed(const struct cons_ssrf_policy *p, const char *ip, const char
         assert_int_equal(inet_pton(AF_INET, ip, &s4->sin_addr), 1);
         len = sizeof(*s4);
     }
-    return cons_ssrf_allowed(p, (struct sockaddr *)&ss, len, why);
+    return sl_ssrf_allowed(p, (struct sockaddr *)&ss, len, why);
 }
 
 static void test_refused_ranges(void **state)
 {
     (void)state;
-    struct cons_ssrf_policy p;
+    struct sl_ssrf_policy p;
     sl_err_t err;
-    assert_int_equal(cons_ssrf_parse(&p, true, "", &err), 0);
+    assert_int_equal(sl_ssrf_parse(&p, true, "", &err), 0);
     static const struct {
         const char *ip;
         const char *why;
@@ -82,9 +83,9 @@ static void test_refused_ranges(void **state)
 static void test_global_allowed(void **state)
 {
     (void)state;
-    struct cons_ssrf_policy p;
+    struct sl_ssrf_policy p;
     sl_err_t err;
-    assert_int_equal(cons_ssrf_parse(&p, true, NULL, &err), 0);
+    assert_int_equal(sl_ssrf_parse(&p, true, NULL, &err), 0);
     const char *ok[] = {"93.184.216.34",  "8.8.8.8",    "2606:4700::1111",
                         "::ffff:1.1.1.1", "172.32.0.1", "11.0.0.1"};
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
@@ -94,28 +95,79 @@ static void test_global_allowed(void **state)
 static void test_allowlist_exempts_only_its_ranges(void **state)
 {
     (void)state;
-    struct cons_ssrf_policy p;
+    struct sl_ssrf_policy p;
     sl_err_t err;
-    assert_int_equal(cons_ssrf_parse(&p, true, "127.0.0.0/8, ::1/128", &err), 0);
+    assert_int_equal(sl_ssrf_parse(&p, true, "127.0.0.0/8, ::1/128", &err), 0);
     assert_true(allowed(&p, "127.0.0.1", NULL));
     assert_true(allowed(&p, "::ffff:127.0.0.1", NULL));
     assert_true(allowed(&p, "::1", NULL));
     assert_false(allowed(&p, "10.0.0.1", NULL));
     assert_false(allowed(&p, "169.254.169.254", NULL));
-    assert_int_equal(cons_ssrf_parse(&p, true, "127.0.0.0/33", &err), SL_EINVAL);
+    assert_int_equal(sl_ssrf_parse(&p, true, "127.0.0.0/33", &err), SL_EINVAL);
     assert_non_null(strstr(err.msg, "entry 1"));
-    assert_int_equal(cons_ssrf_parse(&p, true, "10.0.0.0/8,nonsense", &err), SL_EINVAL);
+    assert_int_equal(sl_ssrf_parse(&p, true, "10.0.0.0/8,nonsense", &err), SL_EINVAL);
     assert_non_null(strstr(err.msg, "entry 2"));
 }
 
 static void test_disabled_allows_all(void **state)
 {
     (void)state;
-    struct cons_ssrf_policy p;
+    struct sl_ssrf_policy p;
     sl_err_t err;
-    assert_int_equal(cons_ssrf_parse(&p, false, "", &err), 0);
+    assert_int_equal(sl_ssrf_parse(&p, false, "", &err), 0);
     assert_true(allowed(&p, "127.0.0.1", NULL));
     assert_true(allowed(&p, "169.254.169.254", NULL));
+}
+
+/* 0 when host may be registered; else the message must name the host and the range. */
+static int check(const struct sl_ssrf_policy *p, const char *host, const char *why)
+{
+    sl_err_t err;
+    int rc = sl_ssrf_check_host(p, host, &err);
+    if (rc != 0) {
+        assert_int_equal(rc, SL_EINVAL);
+        assert_non_null(strstr(err.msg, host));
+        assert_non_null(strstr(err.msg, "ssrf_allow_cidrs"));
+        if (why)
+            assert_non_null(strstr(err.msg, why));
+    }
+    return rc;
+}
+
+static void test_registration_judges_literals_and_loopback_names(void **state)
+{
+    (void)state;
+    struct sl_ssrf_policy p;
+    sl_err_t err;
+    assert_int_equal(sl_ssrf_parse(&p, true, "", &err), 0);
+    assert_int_equal(check(&p, "127.0.0.1", "(loopback)"), SL_EINVAL);
+    assert_int_equal(check(&p, "10.1.2.3", "(private)"), SL_EINVAL);
+    assert_int_equal(check(&p, "169.254.169.254", "(link-local)"), SL_EINVAL);
+    assert_int_equal(check(&p, "[::1]", "(loopback)"), SL_EINVAL);
+    assert_int_equal(check(&p, "[fd00:ec2::254]", "(unique-local)"), SL_EINVAL);
+    assert_int_equal(check(&p, "[::ffff:10.0.0.1]", "(private)"), SL_EINVAL);
+    assert_int_equal(check(&p, "localhost", "(loopback)"), SL_EINVAL);
+    assert_int_equal(check(&p, "LocalHost.", "(loopback)"), SL_EINVAL);
+    assert_int_equal(check(&p, "api.localhost", "(loopback)"), SL_EINVAL);
+    /* global literals and every other name pass (names: the consumers check each connection) */
+    assert_int_equal(check(&p, "93.184.216.34", NULL), 0);
+    assert_int_equal(check(&p, "[2606:4700::1111]", NULL), 0);
+    assert_int_equal(check(&p, "example.com", NULL), 0);
+    assert_int_equal(check(&p, "notlocalhost", NULL), 0);
+    assert_int_equal(check(&p, "localhost.example.com", NULL), 0);
+    assert_int_equal(check(&p, "[not-an-address]", NULL), 0);
+    /* the allowlist and protection off */
+    assert_int_equal(sl_ssrf_parse(&p, true, "127.0.0.0/8", &err), 0);
+    assert_int_equal(check(&p, "127.0.0.1", NULL), 0);
+    assert_int_equal(check(&p, "localhost", NULL), 0);
+    assert_int_equal(check(&p, "[::1]", "(loopback)"), SL_EINVAL);
+    assert_int_equal(check(&p, "10.0.0.1", "(private)"), SL_EINVAL);
+    assert_int_equal(sl_ssrf_parse(&p, true, "::1/128", &err), 0);
+    assert_int_equal(check(&p, "localhost", NULL), 0); /* reachable over ::1 */
+    assert_int_equal(check(&p, "127.0.0.1", "(loopback)"), SL_EINVAL);
+    assert_int_equal(sl_ssrf_parse(&p, false, "", &err), 0);
+    assert_int_equal(check(&p, "10.0.0.1", NULL), 0);
+    assert_int_equal(check(&p, "localhost", NULL), 0);
 }
 
 int main(void)
@@ -125,6 +177,7 @@ int main(void)
         cmocka_unit_test(test_global_allowed),
         cmocka_unit_test(test_allowlist_exempts_only_its_ranges),
         cmocka_unit_test(test_disabled_allows_all),
+        cmocka_unit_test(test_registration_judges_literals_and_loopback_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,15 +1,16 @@
 /*
- * cons_ssrf: address policy (see cons_ssrf.h). Everything is normalised to a 16-byte IPv6
+ * sl_ssrf: address policy (see sl_ssrf.h). Everything is normalised to a 16-byte IPv6
  * form first (IPv4 as ::ffff:a.b.c.d), embedded IPv4 forms are unwrapped, then the address
  * is matched against the allowlist and the table of non-global ranges.
  */
-#include "consumer/cons_ssrf.h"
+#include "common/sl_ssrf.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const uint8_t v4mapped_prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
 
@@ -89,7 +90,7 @@ static const struct range denied[] = {
     {"ff00::/8", "multicast"},
 };
 
-static int parse_cidr(const char *s, struct cons_cidr *out)
+static int parse_cidr(const char *s, struct sl_cidr *out)
 {
     char buf[80];
     size_t n = strlen(s);
@@ -127,7 +128,7 @@ static int parse_cidr(const char *s, struct cons_cidr *out)
     return 0;
 }
 
-int cons_ssrf_parse(struct cons_ssrf_policy *p, bool enabled, const char *cidrs, sl_err_t *err)
+int sl_ssrf_parse(struct sl_ssrf_policy *p, bool enabled, const char *cidrs, sl_err_t *err)
 {
     memset(p, 0, sizeof(*p));
     p->enabled = enabled;
@@ -144,13 +145,13 @@ int cons_ssrf_parse(struct cons_ssrf_policy *p, bool enabled, const char *cidrs,
         char one[80];
         size_t n = (size_t)(e - s);
         idx++;
-        if (n >= sizeof(one) || p->n_allow == CONS_SSRF_MAX_ALLOW)
-            return sl_err_set(err, SL_EINVAL, "ssrf_allow_cidrs entry %d: too long or too many",
-                              idx);
+        if (n >= sizeof(one) || p->n_allow == SL_SSRF_MAX_ALLOW)
+            return sl_err_set(err, SL_EINVAL, "entry %d: too long, or more than %d entries", idx,
+                              SL_SSRF_MAX_ALLOW);
         memcpy(one, s, n);
         one[n] = '\0';
         if (parse_cidr(one, &p->allow[p->n_allow]) != 0)
-            return sl_err_set(err, SL_EINVAL, "ssrf_allow_cidrs entry %d (\"%s\"): not a CIDR", idx,
+            return sl_err_set(err, SL_EINVAL, "entry %d (\"%s\"): not a CIDR (address/prefix)", idx,
                               one);
         p->n_allow++;
         s = e;
@@ -158,10 +159,10 @@ int cons_ssrf_parse(struct cons_ssrf_policy *p, bool enabled, const char *cidrs,
     return 0;
 }
 
-bool cons_ssrf_allowed(const struct cons_ssrf_policy *p,
-                       const struct sockaddr *sa,
-                       socklen_t len,
-                       const char **why)
+bool sl_ssrf_allowed(const struct sl_ssrf_policy *p,
+                     const struct sockaddr *sa,
+                     socklen_t len,
+                     const char **why)
 {
     uint8_t a[16];
     if (why)
@@ -193,7 +194,7 @@ bool cons_ssrf_allowed(const struct cons_ssrf_policy *p,
         return false;
     }
     for (size_t i = 0; i < sizeof(denied) / sizeof(denied[0]); i++) {
-        struct cons_cidr c;
+        struct sl_cidr c;
         if (parse_cidr(denied[i].cidr, &c) != 0)
             continue;
         if (prefix_match(a, c.addr, c.prefix) || prefix_match(raw, c.addr, c.prefix)) {
@@ -203,4 +204,61 @@ bool cons_ssrf_allowed(const struct cons_ssrf_policy *p,
         }
     }
     return true;
+}
+
+/* "localhost", "LOCALHOST.", "a.localhost": names RFC 6761 reserves for loopback. */
+static bool loopback_name(const char *host)
+{
+    size_t n = strlen(host);
+    if (n > 0 && host[n - 1] == '.')
+        n--;
+    static const char suffix[] = "localhost";
+    const size_t sn = sizeof(suffix) - 1;
+    if (n < sn || strncasecmp(host + n - sn, suffix, sn) != 0)
+        return false;
+    return n == sn || host[n - sn - 1] == '.';
+}
+
+int sl_ssrf_check_host(const struct sl_ssrf_policy *p, const char *host, sl_err_t *err)
+{
+    if (!p->enabled || !host)
+        return 0;
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof(ss));
+    socklen_t len;
+    char lit[64];
+    size_t n = strlen(host);
+    struct sockaddr_in *s4 = (struct sockaddr_in *)(void *)&ss;
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)(void *)&ss;
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']' && n - 2 < sizeof(lit)) {
+        memcpy(lit, host + 1, n - 2);
+        lit[n - 2] = '\0';
+        if (inet_pton(AF_INET6, lit, &s6->sin6_addr) != 1)
+            return 0; /* not an address curl would connect to as written */
+        s6->sin6_family = AF_INET6;
+        len = sizeof(*s6);
+    } else if (inet_pton(AF_INET, host, &s4->sin_addr) == 1 || loopback_name(host)) {
+        if (loopback_name(host))
+            s4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        s4->sin_family = AF_INET;
+        len = sizeof(*s4);
+    } else {
+        return 0;
+    }
+    const char *why = NULL;
+    if (sl_ssrf_allowed(p, (const struct sockaddr *)&ss, len, &why))
+        return 0;
+    if (loopback_name(host)) { /* it may resolve to ::1 too: refused only if both are */
+        struct sockaddr_in6 lo6;
+        memset(&lo6, 0, sizeof(lo6));
+        lo6.sin6_family = AF_INET6;
+        lo6.sin6_addr = in6addr_loopback;
+        if (sl_ssrf_allowed(p, (const struct sockaddr *)&lo6, sizeof(lo6), NULL))
+            return 0;
+    }
+    return sl_err_set(err, SL_EINVAL,
+                      "host %s is a non-global address (%s), where the consumers refuse to "
+                      "deliver (ssrf_protection); to allow it, add its range to "
+                      "ssrf_allow_cidrs here and in the consumers' configuration",
+                      host, why ? why : "unsupported");
 }
