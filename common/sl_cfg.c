@@ -29,6 +29,7 @@
 #include "common/sl_redis.h"
 #include "common/sl_secretbox.h"
 #include "common/sl_ssrf.h"
+#include "common/sl_url.h"
 
 extern char **environ;
 
@@ -347,6 +348,15 @@ static const struct opt opts[] = {
       0,
       "comma-separated CIDRs exempt from SSRF refusal, at delivery and at registration (e.g. "
       "127.0.0.0/8 for local demos)"),
+    S("delivery_proxy",
+      "SLUICE_DELIVERY_PROXY",
+      delivery_proxy,
+      "",
+      F_URL,
+      "proxy every delivery is tunnelled through (CONNECT; http://, https://, socks5:// or "
+      "socks5h://host:port, user:password@ allowed), e.g. an egress proxy with fixed addresses "
+      "that endpoints allow (empty = connect directly); the consumers then connect to nothing "
+      "else, and an endpoint whose host is a refused address is still refused"),
     S("endpoint_ca_file",
       "SLUICE_ENDPOINT_CA_FILE",
       endpoint_ca_file,
@@ -1158,17 +1168,26 @@ static int check_kafka_security(struct sl_config *cfg, FILE *errf)
 /* ==== Endpoint addresses ==== */
 
 /* ssrf_allow_cidrs must parse in every process: the consumers apply it to each connection,
- * sluice-api and sluicectl to the URLs they register (sl_ssrf.h). */
-static int check_ssrf(const struct sl_config *cfg, FILE *errf)
+ * sluice-api and sluicectl to the URLs they register (sl_ssrf.h). delivery_proxy must be a
+ * proxy URL curl tunnels through. Returns the number of errors printed. */
+static int check_endpoint_reach(const struct sl_config *cfg, FILE *errf)
 {
+    int nerr = 0;
     struct sl_ssrf_policy p;
     sl_err_t err;
-    if (sl_ssrf_parse(&p, cfg->ssrf_protection, cfg->ssrf_allow_cidrs, &err) == 0)
-        return 0;
     char kb[96];
-    (void)fprintf(errf, "invalid value for %s: %s\n",
-                  opt_key(cfg, "ssrf_allow_cidrs", kb, sizeof(kb)), err.msg);
-    return 1;
+    if (sl_ssrf_parse(&p, cfg->ssrf_protection, cfg->ssrf_allow_cidrs, &err) != 0) {
+        (void)fprintf(errf, "invalid value for %s: %s\n",
+                      opt_key(cfg, "ssrf_allow_cidrs", kb, sizeof(kb)), err.msg);
+        nerr++;
+    }
+    if (cfg->delivery_proxy[0] && sl_url_proxy_check(cfg->delivery_proxy, &err) != 0) {
+        /* the message never echoes the URL: it may hold a password */
+        (void)fprintf(errf, "invalid value for %s: %s\n",
+                      opt_key(cfg, "delivery_proxy", kb, sizeof(kb)), err.msg);
+        nerr++;
+    }
+    return nerr;
 }
 
 static int finalize(struct sl_config *cfg, FILE *errf)
@@ -1246,7 +1265,7 @@ static int finalize(struct sl_config *cfg, FILE *errf)
         int e = check_readable(cfg, errf, "endpoint_ca_file", cfg->endpoint_ca_file);
         nerr += e ? e : check_pem_ca(cfg, errf, "endpoint_ca_file", cfg->endpoint_ca_file);
     }
-    nerr += check_ssrf(cfg, errf);
+    nerr += check_endpoint_reach(cfg, errf);
     if (cfg->response_keep_bytes > cfg->response_max_bytes) {
         (void)fprintf(errf,
                       "response_keep_bytes (%lld) must not exceed response_max_bytes (%lld)\n",
@@ -1456,6 +1475,22 @@ int sl_cfg_source(const struct sl_config *cfg, const char *name)
     return o ? cfg->sources[o - opts] : -1;
 }
 
+/* The password of scheme://user:password@host as written (maybe percent-encoded). */
+static void register_url_password(const char *url)
+{
+    const char *s = strstr(url, "://");
+    const char *at = s ? strrchr(s + 3, '@') : NULL;
+    if (s && at) {
+        const char *colon = memchr(s + 3, ':', (size_t)(at - (s + 3)));
+        if (colon && colon + 1 < at) {
+            char *pw = sl_xstrndup(colon + 1, (size_t)(at - colon - 1));
+            sl_log_add_secret(pw);
+            sl_secret_wipe(pw, strlen(pw));
+            free(pw);
+        }
+    }
+}
+
 static void register_secrets(const struct sl_config *cfg)
 {
     /* every secret option: master_key, kafka_sasl_password, kafka_ssl_key_password */
@@ -1463,18 +1498,9 @@ static void register_secrets(const struct sl_config *cfg)
         if (opts[i].type == T_STR && (opts[i].flags & F_SECRET))
             sl_log_add_secret(*(char *const *)(const void *)((const char *)cfg + opts[i].off));
     }
-    /* the redis password as written (maybe percent-encoded) and as sent */
-    const char *s = strstr(cfg->redis_url, "://");
-    const char *at = s ? strrchr(s + 3, '@') : NULL;
-    if (s && at) {
-        const char *colon = memchr(s + 3, ':', (size_t)(at - (s + 3)));
-        if (colon) {
-            char *pw = sl_xstrndup(colon + 1, (size_t)(at - colon - 1));
-            sl_log_add_secret(pw);
-            sl_secret_wipe(pw, strlen(pw));
-            free(pw);
-        }
-    }
+    /* the passwords in URLs: redis (as written and as sent), the delivery proxy */
+    register_url_password(cfg->redis_url);
+    register_url_password(cfg->delivery_proxy);
     struct sl_redis_url ru;
     if (sl_redis_url_parse(cfg->redis_url, &ru, NULL) == 0 && ru.password)
         sl_log_add_secret(ru.password);

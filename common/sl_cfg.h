@@ -75,6 +75,7 @@ struct sl_config {
     int64_t response_max_bytes;        /* response read past this aborts the transfer */
     char *ssrf_allow_cidrs;            /* comma-separated CIDRs exempt from SSRF refusal */
     char *endpoint_ca_file; /* PEM CA certificates for HTTPS endpoints; "" = libcurl's default */
+    char *delivery_proxy;   /* proxy every delivery is tunnelled through; "" = direct */
     bool ssrf_protection;   /* refuse non-global addresses */
     /* retry */
     int64_t retry_base_ms;      /* full-jitter base, ms */

@@ -219,10 +219,12 @@ static bool loopback_name(const char *host)
     return n == sn || host[n - sn - 1] == '.';
 }
 
-int sl_ssrf_check_host(const struct sl_ssrf_policy *p, const char *host, sl_err_t *err)
+bool sl_ssrf_host_allowed(const struct sl_ssrf_policy *p, const char *host, const char **why)
 {
+    if (why)
+        *why = NULL;
     if (!p->enabled || !host)
-        return 0;
+        return true;
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof(ss));
     socklen_t len;
@@ -230,32 +232,40 @@ int sl_ssrf_check_host(const struct sl_ssrf_policy *p, const char *host, sl_err_
     size_t n = strlen(host);
     struct sockaddr_in *s4 = (struct sockaddr_in *)(void *)&ss;
     struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)(void *)&ss;
+    bool name = loopback_name(host);
     if (n >= 2 && host[0] == '[' && host[n - 1] == ']' && n - 2 < sizeof(lit)) {
         memcpy(lit, host + 1, n - 2);
         lit[n - 2] = '\0';
         if (inet_pton(AF_INET6, lit, &s6->sin6_addr) != 1)
-            return 0; /* not an address curl would connect to as written */
+            return true; /* not an address curl would connect to as written */
         s6->sin6_family = AF_INET6;
         len = sizeof(*s6);
-    } else if (inet_pton(AF_INET, host, &s4->sin_addr) == 1 || loopback_name(host)) {
-        if (loopback_name(host))
+    } else if (name || inet_pton(AF_INET, host, &s4->sin_addr) == 1) {
+        if (name)
             s4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         s4->sin_family = AF_INET;
         len = sizeof(*s4);
     } else {
-        return 0;
+        return true;
     }
-    const char *why = NULL;
-    if (sl_ssrf_allowed(p, (const struct sockaddr *)&ss, len, &why))
-        return 0;
-    if (loopback_name(host)) { /* it may resolve to ::1 too: refused only if both are */
+    if (sl_ssrf_allowed(p, (const struct sockaddr *)&ss, len, why))
+        return true;
+    if (name) { /* it may resolve to ::1 too: refused only if both are */
         struct sockaddr_in6 lo6;
         memset(&lo6, 0, sizeof(lo6));
         lo6.sin6_family = AF_INET6;
         lo6.sin6_addr = in6addr_loopback;
         if (sl_ssrf_allowed(p, (const struct sockaddr *)&lo6, sizeof(lo6), NULL))
-            return 0;
+            return true;
     }
+    return false;
+}
+
+int sl_ssrf_check_host(const struct sl_ssrf_policy *p, const char *host, sl_err_t *err)
+{
+    const char *why = NULL;
+    if (sl_ssrf_host_allowed(p, host, &why))
+        return 0;
     return sl_err_set(err, SL_EINVAL,
                       "host %s is a non-global address (%s), where the consumers refuse to "
                       "deliver (ssrf_protection); to allow it, add its range to "

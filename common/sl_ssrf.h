@@ -18,6 +18,10 @@
  * it is registered; a name is left to the delivery-time check, since what it resolves to can
  * change.
  *
+ * Through a delivery proxy (delivery_proxy) every connection is to the proxy, which resolves
+ * and connects: the consumers then check each connection's target host as the registry does
+ * (sl_ssrf_host_allowed), and what a name resolves to is the proxy's to police.
+ *
  * thread: a policy is immutable after parsing and may be shared.
  */
 #ifndef SL_SSRF_H
@@ -55,6 +59,14 @@ bool sl_ssrf_allowed(const struct sl_ssrf_policy *p,
                      const struct sockaddr *sa,
                      socklen_t len,
                      const char **why);
+
+/*
+ * Is host (a URL's host as curl normalises it) allowed by what the URL alone says? False
+ * for an IP literal or a loopback name the policy refuses (rules as sl_ssrf_check_host),
+ * *why (optional) the range's static reason; true for every other name. The consumers apply
+ * it, through a delivery proxy, to each new connection's target.
+ */
+bool sl_ssrf_host_allowed(const struct sl_ssrf_policy *p, const char *host, const char **why);
 
 /*
  * Would the policy refuse every delivery to host (borrowed; a URL's host as curl normalises

@@ -187,6 +187,55 @@ out:
     return rc;
 }
 
+int sl_url_proxy_check(const char *url, sl_err_t *err)
+{
+    if (!url || !*url)
+        return sl_err_set(err, SL_EINVAL, "empty");
+    CURLU *h = curl_url();
+    if (!h)
+        return sl_err_set(err, SL_ENOMEM, "could not allocate url parser");
+    int rc = 0;
+    char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *rest = NULL;
+    CURLUcode uc = curl_url_set(h, CURLUPART_URL, url, CURLU_NON_SUPPORT_SCHEME);
+    if (uc != CURLUE_OK || !strstr(url, "://")) {
+        rc = sl_err_set(err, SL_EINVAL, "expected scheme://host:port (%s)",
+                        uc != CURLUE_OK ? curl_url_strerror(uc) : "no scheme");
+        goto out;
+    }
+    scheme = get_part(h, CURLUPART_SCHEME);
+    static const char *const schemes[] = {"http", "https", "socks5", "socks5h"};
+    bool known = false;
+    for (size_t i = 0; scheme && i < sizeof(schemes) / sizeof(schemes[0]); i++)
+        known = known || strcasecmp(scheme, schemes[i]) == 0;
+    if (!known) {
+        rc = sl_err_set(err, SL_EINVAL, "the scheme must be http, https, socks5 or socks5h");
+        goto out;
+    }
+    host = get_part(h, CURLUPART_HOST);
+    port = get_part(h, CURLUPART_PORT);
+    path = get_part(h, CURLUPART_PATH);
+    rest = get_part(h, CURLUPART_QUERY);
+    if (!rest)
+        rest = get_part(h, CURLUPART_FRAGMENT);
+    if (!rest)
+        rest = get_part(h, CURLUPART_ZONEID);
+    if (!host || !*host)
+        rc = sl_err_set(err, SL_EINVAL, "no host");
+    else if (port && strspn(port, "0") == strlen(port))
+        rc = sl_err_set(err, SL_EINVAL, "the port must be 1..65535");
+    else if ((path && strcmp(path, "/") != 0) || rest)
+        rc = sl_err_set(err, SL_EINVAL,
+                        "nothing may follow host:port (no path, query, fragment or zone id)");
+out:
+    curl_free(scheme);
+    curl_free(host);
+    curl_free(port);
+    curl_free(path);
+    curl_free(rest);
+    curl_url_cleanup(h);
+    return rc;
+}
+
 int sl_url_validate(const char *url, sl_err_t *err)
 {
     int rc = check_text(url, err);

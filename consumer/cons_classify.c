@@ -156,6 +156,11 @@ cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const 
          * went on to an allowed address after a refused one, which then decides) */
         cls = CONS_CLASS_SSRF;
         v = CONS_PERMANENT;
+    } else if (refusal == CONS_REFUSAL_PROXY) {
+        /* the proxy, not the endpoint, said no (credentials, its rules, its limits): nothing
+         * reached the endpoint, and a fixed proxy or its rules deliver it on a retry */
+        cls = CONS_CLASS_PROXY;
+        v = CONS_RETRY;
     } else if (http_status >= 200 && http_status < 300) {
         /* the endpoint accepted it: what happens to the body after the status line (cut
          * off by our cap, timed out, reset) does not undo that, and a retry would send it

@@ -40,6 +40,7 @@ enum cons_refusal {
     CONS_REFUSAL_NONE = 0,     /* libcurl's result stands */
     CONS_REFUSAL_SSRF = 1,     /* opensocket callback refused the resolved address */
     CONS_REFUSAL_BODY_CAP = 2, /* write callback stopped an over-long response body */
+    CONS_REFUSAL_PROXY = 3,    /* the delivery proxy answered CONNECT with a non-2xx status */
 };
 
 /* Error classes (the strings returned through *error_class). */
@@ -65,6 +66,7 @@ enum cons_refusal {
 #define CONS_CLASS_HTTP_5XX     "http_5xx"
 #define CONS_CLASS_HTTP_INVALID "http_invalid_status" /* no status, or outside 100..599 */
 #define CONS_CLASS_SSRF         "ssrf_refused"
+#define CONS_CLASS_PROXY        "proxy_refused" /* delivery_proxy refused the tunnel */
 #define CONS_CLASS_TOO_LARGE    "response_too_large"
 
 /*

@@ -461,6 +461,7 @@ cons_engine_t *cons_engine_new(
                                 .keep_bytes = (size_t)cfg->response_keep_bytes,
                                 .max_bytes = (uint64_t)cfg->response_max_bytes,
                                 .user_agent = "Sluice/" SL_VERSION,
+                                .proxy = cfg->delivery_proxy,
                                 .ca_file = cfg->endpoint_ca_file};
     e->http = cons_http_new(&ho, err);
     if (!e->http)

@@ -19,6 +19,7 @@
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_time.h"
+#include "common/sl_url.h"
 #include "consumer/cons_list.h"
 
 /*
@@ -94,6 +95,7 @@ struct xfer {
     uint64_t resp_total;          /* bytes received */
     enum cons_refusal refusal;    /* set by our callbacks */
     const char *refusal_why;      /* static SSRF reason */
+    const char *url;              /* the running request's URL (borrowed from its request) */
     char errbuf[CURL_ERROR_SIZE]; /* libcurl's error text */
     struct cons_link all;         /* in cons_http.idle while idle */
     struct cons_link same;        /* in cons_http.idle_in[cache] while idle */
@@ -117,6 +119,7 @@ struct cons_http {
     struct origin origins[ORIGIN_SLOTS]; /* requests running per origin (see ORIGIN_SLOTS) */
     int64_t idle_us;                     /* time spent waiting in epoll_wait, not yet taken */
     int64_t answered;                    /* transfers finished, not yet taken */
+    bool proxied;                        /* opts.proxy set: every request goes through it */
 };
 
 static int sock_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
@@ -170,12 +173,26 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *userp)
     return n;
 }
 
+/*
+ * Every new connection. Direct: the address about to be connected must pass the SSRF policy.
+ * Through the proxy (every connection is to it; it resolves the target's name): the target's
+ * host must, as the registry judges it (an IP literal or a loopback name), since a tunnel
+ * carries one origin, a refused target's request always opens a connection of its own.
+ */
 static curl_socket_t opensocket_cb(void *clientp, curlsocktype purpose, struct curl_sockaddr *addr)
 {
     struct xfer *x = clientp;
     (void)purpose;
     const char *why = NULL;
-    if (x->h->opts.ssrf && !sl_ssrf_allowed(x->h->opts.ssrf, &addr->addr, addr->addrlen, &why)) {
+    bool refused = false;
+    if (x->h->opts.ssrf && x->h->proxied) {
+        char host[SL_URL_MAX + 1];
+        refused = sl_url_host(x->url, host, sizeof(host)) == 0 &&
+                  !sl_ssrf_host_allowed(x->h->opts.ssrf, host, &why);
+    } else if (x->h->opts.ssrf) {
+        refused = !sl_ssrf_allowed(x->h->opts.ssrf, &addr->addr, addr->addrlen, &why);
+    }
+    if (refused) {
         x->refusal = CONS_REFUSAL_SSRF;
         x->refusal_why = why;
         return CURL_SOCKET_BAD;
@@ -187,6 +204,7 @@ cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err)
 {
     cons_http_t *h = sl_xcalloc(1, sizeof(*h));
     h->opts = *opts;
+    h->proxied = opts->proxy && opts->proxy[0];
     h->timer_deadline_ms = -1;
     cons_list_init(&h->idle);
     for (int i = 0; i < CONN_CACHES; i++)
@@ -258,7 +276,13 @@ static void xfer_init_opts(cons_http_t *h, struct xfer *x)
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(e, CURLOPT_PROXY, "");
+    if (h->proxied) { /* a tunnel per origin: the proxy relays bytes, sees host and port only */
+        curl_easy_setopt(e, CURLOPT_PROXY, h->opts.proxy);
+        curl_easy_setopt(e, CURLOPT_NOPROXY, "");
+        curl_easy_setopt(e, CURLOPT_HTTPPROXYTUNNEL, 1L);
+    } else {
+        curl_easy_setopt(e, CURLOPT_PROXY, ""); /* and never one from the environment */
+    }
     curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(e, CURLOPT_USERAGENT, h->opts.user_agent);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
@@ -359,6 +383,7 @@ int cons_http_start(cons_http_t *h,
     x->done = req->done;
     x->opaque = req->opaque;
     /* per request (the rest: xfer_init_opts); each of these is set on every request */
+    x->url = req->url;
     curl_easy_setopt(e, CURLOPT_URL, req->url);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, req->timeout_ms);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, req->connect_timeout_ms);
@@ -429,6 +454,13 @@ static void finish(cons_http_t *h, CURL *e, CURLcode code)
         r.retry_after_s = (long)ra;
     r.refusal = x->refusal;
     r.refusal_why = x->refusal_why;
+    long connect_code = 0;
+    if (h->proxied && code != CURLE_OK && r.refusal == CONS_REFUSAL_NONE &&
+        curl_easy_getinfo(e, CURLINFO_HTTP_CONNECTCODE, &connect_code) == CURLE_OK &&
+        connect_code != 0 && (connect_code < 200 || connect_code > 299)) {
+        r.refusal = CONS_REFUSAL_PROXY;
+        r.status = 0; /* the proxy's answer, not the endpoint's */
+    }
     int64_t dns = info_us(e, CURLINFO_NAMELOOKUP_TIME_T);
     int64_t conn = info_us(e, CURLINFO_CONNECT_TIME_T);
     int64_t app = info_us(e, CURLINFO_APPCONNECT_TIME_T);

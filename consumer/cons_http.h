@@ -72,6 +72,8 @@ struct cons_http_opts {
     const char *user_agent;            /* "Sluice/0.1.0" */
     const char *ca_file;               /* PEM CAs for HTTPS, in place of the system's; ""/NULL:
                                           libcurl's default bundle */
+    const char *proxy;                 /* delivery_proxy: every request tunnelled (CONNECT)
+                                          through it; ""/NULL: direct */
 };
 
 cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err);

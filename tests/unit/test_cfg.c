@@ -196,6 +196,30 @@ static void test_ssrf_allow_cidrs(void **state)
     sl_cfg_fini(&cfg);
 }
 
+/* delivery_proxy: checked at load, never echoed (it may hold a password), masked in print. */
+static void test_delivery_proxy(void **state)
+{
+    (void)state;
+    struct sl_config cfg;
+    int nerr;
+    char *env[] = {"SLUICE_DELIVERY_PROXY=ftp://u:pr0xypw@px.example:21", NULL};
+    char *errs = load_errs(&cfg, NULL, env, &nerr);
+    assert_int_equal(nerr, 1);
+    assert_non_null(strstr(errs, "invalid value for SLUICE_DELIVERY_PROXY (env): the scheme"));
+    assert_null(strstr(errs, "pr0xypw"));
+    free(errs);
+    sl_cfg_fini(&cfg);
+    char *ok[] = {"SLUICE_DELIVERY_PROXY=http://u:pr0xypw@px.example:3128", NULL};
+    errs = load_errs(&cfg, NULL, ok, &nerr);
+    assert_int_equal(nerr, 0);
+    free(errs);
+    char *out = printed(&cfg);
+    assert_non_null(strstr(out, "http://[redacted]@px.example:3128"));
+    assert_null(strstr(out, "pr0xypw"));
+    free(out);
+    sl_cfg_fini(&cfg);
+}
+
 /* The recorder's tunables: defaults, file < env, inclusive bounds, and a rejection that names
  * the option and its range. */
 static void test_recorder_tunables(void **state)
@@ -711,6 +735,7 @@ int main(void)
         cmocka_unit_test(test_bounds_inclusive),
         cmocka_unit_test(test_cross_field),
         cmocka_unit_test(test_ssrf_allow_cidrs),
+        cmocka_unit_test(test_delivery_proxy),
         cmocka_unit_test(test_recorder_tunables),
         cmocka_unit_test(test_max_queued_and_dedup_fail_open),
         cmocka_unit_test(test_kafka_fetch_settings),

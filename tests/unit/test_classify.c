@@ -203,6 +203,11 @@ static void test_refusals(void **state)
          CONS_CLASS_HTTP_410},
         {CURLE_WRITE_ERROR, 404, CONS_REFUSAL_BODY_CAP, CONS_PERMANENT, CONS_CLASS_HTTP_4XX},
         {CURLE_WRITE_ERROR, 0, CONS_REFUSAL_BODY_CAP, CONS_PERMANENT, CONS_CLASS_TOO_LARGE},
+        /* the delivery proxy refused the tunnel (407, 403, 502...): retried, never the
+         * endpoint's verdict */
+        {CURLE_RECV_ERROR, 0, CONS_REFUSAL_PROXY, CONS_RETRY, CONS_CLASS_PROXY},
+        {CURLE_COULDNT_CONNECT, 0, CONS_REFUSAL_PROXY, CONS_RETRY, CONS_CLASS_PROXY},
+        {CURLE_RECV_ERROR, 403, CONS_REFUSAL_PROXY, CONS_RETRY, CONS_CLASS_PROXY},
         {CURLE_OK, 200, CONS_REFUSAL_NONE, CONS_DELIVERED, NULL},
     };
     run_table(rows, N(rows));

@@ -260,6 +260,44 @@ static void test_validate_length_and_secrecy(void **state)
     assert_int_equal(sl_url_validate("ftp://h/", NULL), SL_EINVAL);
 }
 
+/* delivery_proxy: the schemes curl tunnels through, host[:port] only, never echoed. */
+static void test_proxy_check(void **state)
+{
+    (void)state;
+    static const char *const good[] = {
+        "http://127.0.0.1:3128",  "http://egress.internal:3128/", "https://user:p%40ss@px.example",
+        "socks5://10.0.0.1:1080", "socks5h://[2001:db8::1]:1080", "HTTP://PX.EXAMPLE:8080",
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        sl_err_t err = {0};
+        if (sl_url_proxy_check(good[i], &err) != 0)
+            fail_msg("case %zu: %s", i, err.msg);
+    }
+    static const struct {
+        const char *in;
+        const char *msg_part;
+    } bad[] = {
+        {"", "empty"},
+        {"127.0.0.1:3128", "scheme"},
+        {"ftp://u:s3cr3t@px.example:21", "scheme"},
+        {"socks4://px.example:1080", "scheme"},
+        {"http://u:s3cr3t@px.example:3128/path", "nothing may follow"},
+        {"http://px.example:3128/?q=s3cr3t", "nothing may follow"},
+        {"http://px.example:0", "port"},
+        {"http://[fe80::1%25eth0]:3128", "nothing may follow"},
+        {"http://", "expected scheme://host:port"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        sl_err_t err = {0};
+        if (sl_url_proxy_check(bad[i].in, &err) != SL_EINVAL)
+            fail_msg("case %zu (%s) accepted", i, bad[i].in);
+        if (!strstr(err.msg, bad[i].msg_part))
+            fail_msg("case %zu: message \"%s\" lacks \"%s\"", i, err.msg, bad[i].msg_part);
+        assert_null(strstr(err.msg, "s3cr3t"));
+        assert_null(strstr(err.msg, "px.example"));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -270,6 +308,7 @@ int main(void)
         cmocka_unit_test(test_validate_accepts),
         cmocka_unit_test(test_validate_rejects),
         cmocka_unit_test(test_validate_length_and_secrecy),
+        cmocka_unit_test(test_proxy_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,165 @@
+"""Deliveries through an egress proxy (delivery_proxy), as platforms whose endpoints allow only
+fixed source addresses run them.
+
+tinyproxy (Debian's tinyproxy-bin, started here on loopback with basic authentication)
+stands in for the egress proxy. The consumer tunnels every request through it with CONNECT,
+plain HTTP and HTTPS alike: both endpoints get their signed requests and the proxy's log
+shows one tunnel target per endpoint. An endpoint whose host is a refused address is still
+refused (ssrf_refused) and never asked of the proxy, although the proxy itself is on
+loopback. With the proxy down the consumer does not go direct: deliveries are retried
+(connect) until it is back; a proxy that refuses the consumer's credentials (407) gives
+proxy_refused, retried. The proxy's password reaches neither a log line nor
+--print-config, and a proxy URL of another scheme is refused at start-up (78).
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+
+from sluice_e2e import event, final_states, free_port, wait_until
+from test_https_endpoints import TlsReceiver, signature_ok
+from tls_helpers import CA
+
+MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
+TINYPROXY = shutil.which("tinyproxy") or "/usr/bin/tinyproxy"
+
+
+class Tinyproxy:
+    """tinyproxy in the foreground on 127.0.0.1:port, basic auth user/password, its log in
+    dir/tinyproxy.log; start() / stop() keep the port."""
+
+    def __init__(self, d, user, password):
+        self.dir, self.port = d, free_port()
+        self.log = os.path.join(d, "tinyproxy.log")
+        self.conf = os.path.join(d, "tinyproxy.conf")
+        with open(self.conf, "w") as f:
+            # no ConnectPort line: CONNECT to any port (the test servers' are random)
+            f.write(f"Port {self.port}\nListen 127.0.0.1\nTimeout 30\nMaxClients 200\n"
+                    f"Allow 127.0.0.1\nBasicAuth {user} {password}\nLogLevel Info\n"
+                    f"LogFile \"{self.log}\"\nDisableViaHeader Yes\n")
+        open(self.log, "a").close()
+        os.chmod(self.log, 0o666)   # tinyproxy may drop to nobody when started as root
+        os.chmod(d, 0o777)
+        self.p = None
+
+    def start(self):
+        self.p = subprocess.Popen([TINYPROXY, "-d", "-c", self.conf], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        def up():
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+        wait_until(up, 20 * MULT, 0.1, "tinyproxy to listen")
+
+    def stop(self):
+        if self.p and self.p.poll() is None:
+            self.p.terminate()
+            self.p.wait(10)
+
+    def connects(self):
+        """The CONNECT targets the proxy was asked for, in order."""
+        out = []
+        for line in open(self.log, errors="replace"):
+            i = line.find("CONNECT ", line.find("Request"))
+            if "Request" in line and i >= 0:
+                out.append(line[i + 8:].split()[0])
+        return out
+
+
+def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp_path):
+    assert os.access(TINYPROXY, os.X_OK), "tinyproxy not installed: run scripts/setup.sh"
+    password = "Pr0xyPa55wd"
+    ca = CA(str(tmp_path / "ca"))
+    tls = TlsReceiver(*ca.issue("tls", "127.0.0.1"))
+    # short breaker cooldowns: with the proxy down, the endpoint's breaker opens as for any
+    # network failure, and probes it again once the proxy is back
+    w = make_world(endpoint_ca_file=ca.cert, retry_base_ms=300, retry_cap_ms=600,
+                   max_attempts=30, breaker_cooldown_ms=1000, breaker_cooldown_max_ms=2000)
+    proxy = Tinyproxy(w.dir, "sluice", password)
+    proxy.start()
+    try:
+        rcv = w.receiver()
+        ep_http = w.add_endpoint(f"ph_{w.tag}", rcv.url("ok", f"ph_{w.tag}"))
+        ep_tls = w.add_endpoint(f"pt_{w.tag}", tls.url("hook"))
+        # registered without the registry's rules: the consumer's own check must refuse it
+        r = w.ctl("endpoints", "add", "--id", f"pp_{w.tag}", "--url", "http://10.0.0.1/x",
+                  "--secret", w.secret, env=dict(w.env, SLUICE_SSRF_PROTECTION="false"))
+        assert r.returncode == 0, r.stderr
+        ep_priv = f"pp_{w.tag}"
+        evs = ([event(ep_http, i, w.tag) for i in range(10)]
+               + [event(ep_tls, i, w.tag) for i in range(10)] + [event(ep_priv, 0, w.tag)])
+        assert w.produce(evs).returncode == 0
+        proxy_url = f"http://sluice:{password}@127.0.0.1:{proxy.port}"
+        c = w.consumer(delivery_proxy=proxy_url)
+
+        def settled():
+            fin = final_states(w.outcomes())
+            return len(fin) == len(evs) and fin
+        fin = wait_until(settled, 60 * MULT, 0.5, "every delivery to end")
+        for e in evs:
+            o = fin[(e["id"], e["endpoint"])]
+            if e["endpoint"] == ep_priv:
+                assert o["state"] == "dead_letter" and o["err"] == "ssrf_refused", o
+            else:
+                assert o["state"] == "delivered", o
+        assert len(tls.requests) == 10
+        assert all(signature_ok(w.secret, h, b) for _, h, b in tls.requests)
+        assert len([l for l in rcv.ledger() if l["endpoint"] == ep_http]) == 10
+        targets = set(proxy.connects())
+        assert targets == {f"127.0.0.1:{rcv.port}", f"127.0.0.1:{tls.port}"}, targets
+
+        # the proxy down: retried, never sent around it; delivered once it is back
+        proxy.stop()
+        more = [event(ep_http, i, w.tag) for i in range(10, 15)]
+        assert w.produce(more).returncode == 0
+
+        def retried():
+            outs = [o for o in w.outcomes() if o["id"] == more[0]["id"]]
+            return any(o["state"] == "retry_scheduled" for o in outs) and outs
+        outs = wait_until(retried, 30 * MULT, 0.3, "a retry while the proxy is down")
+        assert all(o.get("err") == "connect" for o in outs if o["state"] == "retry_scheduled")
+        assert len([l for l in rcv.ledger() if l["endpoint"] == ep_http]) == 10
+        proxy.start()
+
+        def delivered_more():
+            fin = final_states(w.outcomes())
+            return all(fin.get((e["id"], ep_http), {}).get("state") == "delivered"
+                       for e in more)
+        wait_until(delivered_more, 60 * MULT, 0.5, "delivery once the proxy is back")
+        assert c.term() == 0
+
+        # credentials the proxy refuses (407): proxy_refused, retried, not the endpoint's 4xx
+        late = event(ep_http, 99, w.tag)
+        assert w.produce([late]).returncode == 0
+        c2 = w.consumer(delivery_proxy=f"http://sluice:wrong@127.0.0.1:{proxy.port}")
+
+        def refused():
+            outs = [o for o in w.outcomes() if o["id"] == late["id"]]
+            return any(o["state"] == "retry_scheduled" for o in outs) and outs
+        outs = wait_until(refused, 30 * MULT, 0.3, "a retry after the proxy's 407")
+        assert all(o.get("err") == "proxy_refused" and not o.get("http")
+                   for o in outs if o["state"] == "retry_scheduled"), outs
+        assert c2.term() == 0
+        c3 = w.consumer(delivery_proxy=proxy_url)
+        wait_until(lambda: final_states(w.outcomes()).get((late["id"], ep_http), {})
+                   .get("state") == "delivered", 60 * MULT, 0.5, "delivered with the password")
+        assert c3.term() == 0
+
+        # the password: not in any log line, masked by --print-config
+        logs = "".join(open(os.path.join(w.dir, f), errors="replace").read()
+                       for f in os.listdir(w.dir) if f.endswith(".log") and "tinyproxy" not in f)
+        assert len(logs) > 200 and password not in logs
+        env = dict(w.env, SLUICE_DELIVERY_PROXY=proxy_url)
+        r = w.run("consumer/sluice-consumer", "--print-config", env=env)
+        assert r.returncode == 0 and password not in r.stdout + r.stderr
+        assert f'delivery_proxy = "http://[redacted]@127.0.0.1:{proxy.port}"' in r.stdout, r.stdout
+        for bad, why in (("ftp://127.0.0.1:21", "scheme"), ("http://127.0.0.1:3128/path", "path"),
+                         (f"127.0.0.1:{proxy.port}", "scheme")):
+            r = w.run("consumer/sluice-consumer", "--check-config",
+                      env=dict(w.env, SLUICE_DELIVERY_PROXY=bad))
+            assert r.returncode == 78, r.stderr
+            assert "SLUICE_DELIVERY_PROXY (env)" in r.stderr and why in r.stderr, r.stderr
+            assert bad not in r.stderr
+    finally:
+        proxy.stop()
+        tls.close()
