@@ -69,6 +69,15 @@ enum cons_refusal {
 #define CONS_CLASS_PROXY        "proxy_refused" /* delivery_proxy refused the tunnel */
 #define CONS_CLASS_TOO_LARGE    "response_too_large"
 
+/* Every class above, for the failures counter (sluice_attempt_failures_total{class}). */
+#define CONS_CLASSES                                                                               \
+    CONS_CLASS_TIMEOUT, CONS_CLASS_CONNECT, CONS_CLASS_DNS, CONS_CLASS_TLS, CONS_CLASS_SEND,       \
+        CONS_CLASS_RECV, CONS_CLASS_EMPTY_REPLY, CONS_CLASS_PARTIAL, CONS_CLASS_PROTOCOL,          \
+        CONS_CLASS_INTERNAL, CONS_CLASS_TRANSFER, CONS_CLASS_INVALID_URL, CONS_CLASS_HTTP_1XX,     \
+        CONS_CLASS_HTTP_3XX, CONS_CLASS_HTTP_408, CONS_CLASS_HTTP_410, CONS_CLASS_HTTP_425,        \
+        CONS_CLASS_HTTP_429, CONS_CLASS_HTTP_4XX, CONS_CLASS_HTTP_5XX, CONS_CLASS_HTTP_INVALID,    \
+        CONS_CLASS_SSRF, CONS_CLASS_PROXY, CONS_CLASS_TOO_LARGE
+
 /*
  * Classify one finished attempt. curl_code is the CURLcode from CURLMSG_DONE (as int);
  * http_status is CURLINFO_RESPONSE_CODE (0 when no response); refusal is what our own

@@ -11,6 +11,7 @@
 
 #include "common/sl_map.h"
 #include "common/sl_mem.h"
+#include "consumer/cons_classify.h"
 
 struct cons_metrics cons_m;
 
@@ -24,6 +25,8 @@ static size_t g_nprod, g_cap_prod;
 
 static const char *const OUTCOME[CONS_M_NOUTCOME] = {"delivered", "retry", "dead_letter"};
 static const char *const CLASS[CONS_M_NCLASS] = {"none", "1xx", "2xx", "3xx", "4xx", "5xx"};
+static const char *const ERROR[] = {CONS_CLASSES};
+_Static_assert(sizeof(ERROR) / sizeof(ERROR[0]) == CONS_M_NERROR, "CONS_M_NERROR");
 
 static void collect_outq(struct sl_buf *out, void *arg);
 static void collect_endpoints(struct sl_buf *out, void *arg);
@@ -58,6 +61,14 @@ void cons_metrics_init(int64_t endpoint_top)
                            CLASS[c]);
             m->deliveries[o][c] = sl_metric_counter("sluice_deliveries_total", DHELP, labels);
         }
+    }
+    static const char FHELP[] =
+        "Failed HTTP attempts by error class (the outcome's err): timeouts, connection and "
+        "TLS failures, refusals by the SSRF rules or the delivery proxy, HTTP status classes.";
+    for (int c = 0; c < CONS_M_NERROR; c++) {
+        char labels[64];
+        (void)snprintf(labels, sizeof(labels), "class=\"%s\"", ERROR[c]);
+        m->failures[c] = sl_metric_counter("sluice_attempt_failures_total", FHELP, labels);
     }
     m->retries = sl_metric_counter("sluice_retries_scheduled_total",
                                    "Retries written to the Redis schedule.", NULL);
@@ -157,6 +168,16 @@ void cons_metrics_outcome(struct cons_ep_metrics *em, enum cons_m_outcome outcom
     sl_counter_inc(cons_m.deliveries[outcome][cls]);
     if (em)
         atomic_fetch_add_explicit(&em->outcomes[outcome], 1, memory_order_relaxed);
+}
+
+void cons_metrics_failure(const char *cls)
+{
+    for (int c = 0; cls && c < CONS_M_NERROR; c++) {
+        if (strcmp(cls, ERROR[c]) == 0) {
+            sl_counter_inc(cons_m.failures[c]);
+            return;
+        }
+    }
 }
 
 void cons_metrics_breaker_open(const char *id, struct cons_ep_metrics *em, bool open)

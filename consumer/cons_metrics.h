@@ -24,11 +24,15 @@ enum cons_m_outcome { CONS_M_DELIVERED, CONS_M_RETRY, CONS_M_DEAD, CONS_M_NOUTCO
 /* status classes: 0 = none (no HTTP status), 1..5 = 1xx..5xx */
 #define CONS_M_NCLASS 6
 
+/* error classes of failed attempts (consumer/cons_classify.h's CONS_CLASSES) */
+#define CONS_M_NERROR 24
+
 struct cons_metrics {
     sl_counter_t *received, *claimed, *attempts, *retries, *dead, *duplicates, *quarantined;
     sl_counter_t *brk_deferrals, *spills, *rate_limited, *throttled, *redis_errors;
     sl_counter_t *redis_state_lost;
     sl_counter_t *deliveries[CONS_M_NOUTCOME][CONS_M_NCLASS];
+    sl_counter_t *failures[CONS_M_NERROR]; /* by error class, in CONS_CLASSES' order */
     sl_counter_t *brk_to_open, *brk_to_half_open, *brk_to_closed;
     sl_gauge_t *brk_open, *inflight, *inflight_limit, *queued, *records_held;
     sl_histo_t *publish_to_delivered;
@@ -56,6 +60,9 @@ struct cons_ep_metrics *cons_metrics_endpoint(const char *id);
 
 /* A finished HTTP attempt that led to outcome (status 0 = none). */
 void cons_metrics_outcome(struct cons_ep_metrics *em, enum cons_m_outcome outcome, long status);
+
+/* A finished HTTP attempt that failed with error class cls (cons_classify's; NULL: none). */
+void cons_metrics_failure(const char *cls);
 
 /* A loop's view of endpoint id's breaker went from open to not open or back (open: now
  * open). Keeps sluice_breaker_open_endpoints a count of endpoints, whatever the loops. */

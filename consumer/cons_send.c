@@ -426,6 +426,8 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
     const char *cls = NULL;
     /* a 2xx whose body we cut off or that failed later is delivered: cons_classify.h */
     enum cons_verdict v = cons_classify(r->curl_code, r->status, r->refusal, &cls);
+    if (v != CONS_DELIVERED)
+        cons_metrics_failure(cls);
     struct sl_log_ctx ctx;
     cons_set_ctx(&ctx, j);
     int64_t now = sl_now_ms();

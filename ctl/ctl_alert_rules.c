@@ -229,6 +229,21 @@ void ctl_alert_rules_print(FILE *f, const struct ctl_thresholds *t)
               "retries it had scheduled may be lost (their records are committed in Kafka). "
               "Restore them with sluicectl retries rebuild; find why the data went "
               "(persistence, failover)");
+
+    /* proxy_refused: the delivery proxy answers CONNECT with an error; every endpoint's
+     * deliveries are retried meanwhile, and nothing says why but this class. */
+    (void)fprintf(f,
+                  "      # proxy_refusing: the delivery proxy (delivery_proxy) refused tunnels\n"
+                  "      # throughout the last 5 minutes: its credentials (407), its rules (403)\n"
+                  "      # or its limits; those deliveries are retried.\n"
+                  "      - alert: SluiceProxyRefusing\n"
+                  "        expr: sum(rate(sluice_attempt_failures_total{class=\"proxy_refused\"}"
+                  "[5m])) > 0\n"
+                  "        for: 5m\n");
+    rule_meta(f, "warning", "proxy_refusing", "The delivery proxy refuses tunnels",
+              "{{ $value | printf \"%.2f\" }} attempts/s refused by the delivery proxy "
+              "(err proxy_refused): check delivery_proxy's credentials and the proxy's rules "
+              "and log; the deliveries are retried until it lets them through");
 }
 
 void ctl_alert_rules_help(FILE *f)
@@ -244,8 +259,8 @@ void ctl_alert_rules_help(FILE *f)
            "Prints the Prometheus alert rule file (YAML) for the metrics of\n"
            "docs/METRICS.md: SluiceDeadLettersRising, SluiceOldestUndelivered and\n"
            "SluiceSlowEndpoint (the alerts of `sluicectl alerts`, with its thresholds),\n"
-           "SluiceBreakerOpen, SluiceConsumerLag, SluiceRecordsSetAside and\n"
-           "SluiceRedisStateLost.\n"
+           "SluiceBreakerOpen, SluiceConsumerLag, SluiceRecordsSetAside,\n"
+           "SluiceRedisStateLost and SluiceProxyRefusing.\n"
            "ops/prometheus/sluice-alerts.yml is this output with the defaults. Needs no\n"
            "configuration and touches no service.\n"
            "\n");

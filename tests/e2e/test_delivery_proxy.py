@@ -8,7 +8,7 @@ shows one tunnel target per endpoint. An endpoint whose host is a refused addres
 refused (ssrf_refused) and never asked of the proxy, although the proxy itself is on
 loopback. With the proxy down the consumer does not go direct: deliveries are retried
 (connect) until it is back; a proxy that refuses the consumer's credentials (407) gives
-proxy_refused, retried. The proxy's password reaches neither a log line nor
+proxy_refused, retried and counted in sluice_attempt_failures_total. The proxy's password reaches neither a log line nor
 --print-config, and a proxy URL of another scheme is refused at start-up (78).
 """
 
@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import subprocess
+import urllib.request
 
 from sluice_e2e import event, final_states, free_port, wait_until
 from test_https_endpoints import TlsReceiver, signature_ok
@@ -131,7 +132,9 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
         # credentials the proxy refuses (407): proxy_refused, retried, not the endpoint's 4xx
         late = event(ep_http, 99, w.tag)
         assert w.produce([late]).returncode == 0
-        c2 = w.consumer(delivery_proxy=f"http://sluice:wrong@127.0.0.1:{proxy.port}")
+        mport = free_port()
+        c2 = w.consumer(delivery_proxy=f"http://sluice:wrong@127.0.0.1:{proxy.port}",
+                        metrics_listen=f"127.0.0.1:{mport}")
 
         def refused():
             outs = [o for o in w.outcomes() if o["id"] == late["id"]]
@@ -139,6 +142,11 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
         outs = wait_until(refused, 30 * MULT, 0.3, "a retry after the proxy's 407")
         assert all(o.get("err") == "proxy_refused" and not o.get("http")
                    for o in outs if o["state"] == "retry_scheduled"), outs
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read()
+        counts = {l.split("}")[0].split('class="')[1].rstrip('"'): float(l.split()[-1])
+                  for l in metrics.decode().splitlines()
+                  if l.startswith("sluice_attempt_failures_total{")}
+        assert counts["proxy_refused"] >= 1 and counts["connect"] == 0, counts
         assert c2.term() == 0
         c3 = w.consumer(delivery_proxy=proxy_url)
         wait_until(lambda: final_states(w.outcomes()).get((late["id"], ep_http), {})
