@@ -353,7 +353,7 @@ static const struct opt opts[] = {
       delivery_proxy,
       "",
       F_URL,
-      "proxy every delivery is tunnelled through (CONNECT; http://, https://, socks5:// or "
+      "proxy every delivery is tunnelled through (CONNECT; http://, https:// or "
       "socks5h://host:port, user:password@ allowed), e.g. an egress proxy with fixed addresses "
       "that endpoints allow (empty = connect directly); the consumers then connect to nothing "
       "else, and an endpoint whose host is a refused address is still refused"),

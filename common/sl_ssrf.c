@@ -219,6 +219,21 @@ static bool loopback_name(const char *host)
     return n == sn || host[n - sn - 1] == '.';
 }
 
+/* "192.0.2.1" or "192.0.2.1." (one trailing dot, as a name may end: a proxy that drops it
+ * would connect to the address) as an IPv4 address. */
+static bool v4_literal(const char *host, struct in_addr *out)
+{
+    char lit[INET_ADDRSTRLEN + 1];
+    size_t n = strlen(host);
+    if (n > 0 && host[n - 1] == '.')
+        n--;
+    if (n == 0 || n >= sizeof(lit))
+        return false;
+    memcpy(lit, host, n);
+    lit[n] = '\0';
+    return inet_pton(AF_INET, lit, out) == 1;
+}
+
 bool sl_ssrf_host_allowed(const struct sl_ssrf_policy *p, const char *host, const char **why)
 {
     if (why)
@@ -240,7 +255,7 @@ bool sl_ssrf_host_allowed(const struct sl_ssrf_policy *p, const char *host, cons
             return true; /* not an address curl would connect to as written */
         s6->sin6_family = AF_INET6;
         len = sizeof(*s6);
-    } else if (name || inet_pton(AF_INET, host, &s4->sin_addr) == 1) {
+    } else if (name || v4_literal(host, &s4->sin_addr)) {
         if (name)
             s4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         s4->sin_family = AF_INET;

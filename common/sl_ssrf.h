@@ -18,9 +18,10 @@
  * it is registered; a name is left to the delivery-time check, since what it resolves to can
  * change.
  *
- * Through a delivery proxy (delivery_proxy) every connection is to the proxy, which resolves
- * and connects: the consumers then check each connection's target host as the registry does
- * (sl_ssrf_host_allowed), and what a name resolves to is the proxy's to police.
+ * Through a delivery proxy (delivery_proxy: HTTP CONNECT or socks5h, never socks5) every
+ * connection is to the proxy, which resolves and connects: the consumers then check each
+ * request's target host as the registry does (sl_ssrf_host_allowed), and what a name
+ * resolves to is the proxy's to police.
  *
  * thread: a policy is immutable after parsing and may be shared.
  */

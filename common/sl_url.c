@@ -203,12 +203,26 @@ int sl_url_proxy_check(const char *url, sl_err_t *err)
         goto out;
     }
     scheme = get_part(h, CURLUPART_SCHEME);
-    static const char *const schemes[] = {"http", "https", "socks5", "socks5h"};
+    static const char *const schemes[] = {"http", "https", "socks5h"};
     bool known = false;
     for (size_t i = 0; scheme && i < sizeof(schemes) / sizeof(schemes[0]); i++)
         known = known || strcasecmp(scheme, schemes[i]) == 0;
+    if (scheme && strcasecmp(scheme, "socks5") == 0) {
+        /* curl would resolve names here and send the proxy addresses, which nothing
+         * checks (the consumers see only the proxy's address) */
+        rc = sl_err_set(err, SL_EINVAL,
+                        "socks5:// resolves names before the proxy: use socks5h://, which lets "
+                        "the proxy resolve them");
+        goto out;
+    }
     if (!known) {
-        rc = sl_err_set(err, SL_EINVAL, "the scheme must be http, https, socks5 or socks5h");
+        rc = sl_err_set(err, SL_EINVAL, "the scheme must be http, https or socks5h");
+        goto out;
+    }
+    const curl_version_info_data *vi = curl_version_info(CURLVERSION_NOW);
+    if (strcasecmp(scheme, "https") == 0 && !(vi->features & CURL_VERSION_HTTPS_PROXY)) {
+        rc =
+            sl_err_set(err, SL_EINVAL, "this libcurl (%s) cannot talk TLS to a proxy", vi->version);
         goto out;
     }
     host = get_part(h, CURLUPART_HOST);

@@ -51,10 +51,11 @@ int sl_url_host(const char *url, char *out, size_t outlen);
 int sl_url_validate(const char *url, sl_err_t *err);
 
 /*
- * Check a delivery proxy URL (delivery_proxy): parsable by curl, scheme http, https, socks5
- * or socks5h, a host, nothing after the authority but "/", no zone id, port 1..65535 when
- * given; user:password@ allowed. Returns 0 or SL_EINVAL naming the rule, never echoing the
- * URL (its userinfo is a credential).
+ * Check a delivery proxy URL (delivery_proxy): parsable by curl, scheme http, https (when
+ * this libcurl has HTTPS-proxy support) or socks5h (not socks5: its names would be resolved
+ * here, past the SSRF rules), a host, nothing after the authority but "/", no zone id, port
+ * 1..65535 when given; user:password@ allowed. Returns 0 or SL_EINVAL naming the rule, never
+ * echoing the URL (its userinfo is a credential).
  */
 int sl_url_proxy_check(const char *url, sl_err_t *err);
 

@@ -146,6 +146,32 @@ static enum cons_verdict classify_status(long status, const char **cls)
     }
 }
 
+enum cons_refusal cons_proxy_refusal(long connect_code, int proxy_error)
+{
+    if (connect_code == 407 || connect_code == 401 || connect_code == 403)
+        return CONS_REFUSAL_PROXY;
+    if (connect_code != 0 && (connect_code < 200 || connect_code > 299))
+        return CONS_REFUSAL_TUNNEL;
+    switch ((CURLproxycode)proxy_error) {
+    case CURLPX_REPLY_NOT_ALLOWED:
+    case CURLPX_USER_REJECTED:
+    case CURLPX_NO_AUTH:
+    case CURLPX_SEND_AUTH:
+    case CURLPX_RECV_AUTH:
+    case CURLPX_REQUEST_FAILED: /* SOCKS4: request rejected */
+        return CONS_REFUSAL_PROXY;
+    case CURLPX_REPLY_CONNECTION_REFUSED:
+    case CURLPX_REPLY_HOST_UNREACHABLE:
+    case CURLPX_REPLY_NETWORK_UNREACHABLE:
+    case CURLPX_REPLY_TTL_EXPIRED:
+    case CURLPX_REPLY_GENERAL_SERVER_FAILURE:
+    case CURLPX_RESOLVE_HOST:
+        return CONS_REFUSAL_TUNNEL;
+    default:
+        return CONS_REFUSAL_NONE;
+    }
+}
+
 enum cons_verdict
 cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const char **error_class)
 {
@@ -157,9 +183,13 @@ cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const 
         cls = CONS_CLASS_SSRF;
         v = CONS_PERMANENT;
     } else if (refusal == CONS_REFUSAL_PROXY) {
-        /* the proxy, not the endpoint, said no (credentials, its rules, its limits): nothing
-         * reached the endpoint, and a fixed proxy or its rules deliver it on a retry */
+        /* the proxy, not the endpoint, said no (credentials, its rules): nothing reached the
+         * endpoint, and a fixed proxy or its rules deliver it on a retry */
         cls = CONS_CLASS_PROXY;
+        v = CONS_RETRY;
+    } else if (refusal == CONS_REFUSAL_TUNNEL) {
+        /* the proxy could not reach the endpoint: as a failed connection of our own */
+        cls = CONS_CLASS_CONNECT;
         v = CONS_RETRY;
     } else if (http_status >= 200 && http_status < 300) {
         /* the endpoint accepted it: what happens to the body after the status line (cut

@@ -40,8 +40,21 @@ enum cons_refusal {
     CONS_REFUSAL_NONE = 0,     /* libcurl's result stands */
     CONS_REFUSAL_SSRF = 1,     /* opensocket callback refused the resolved address */
     CONS_REFUSAL_BODY_CAP = 2, /* write callback stopped an over-long response body */
-    CONS_REFUSAL_PROXY = 3,    /* the delivery proxy answered CONNECT with a non-2xx status */
+    CONS_REFUSAL_PROXY = 3,    /* the delivery proxy refused us: credentials, its rules */
+    CONS_REFUSAL_TUNNEL = 4,   /* the delivery proxy could not reach the endpoint */
 };
+
+/*
+ * What a failed transfer through the delivery proxy says, from the proxy's answer:
+ * connect_code is CURLINFO_HTTP_CONNECTCODE (an HTTP proxy's answer to CONNECT; 0 = none),
+ * proxy_error CURLINFO_PROXY_ERROR (a SOCKS proxy's, after CURLE_PROXY; 0 = none). 407 and
+ * 401 (credentials: tinyproxy answers 401), 403 (its rules), and SOCKS authentication
+ * failures and rule denials, are CONS_REFUSAL_PROXY; any
+ * other non-2xx answer, and SOCKS "unreachable / refused / not resolved", are
+ * CONS_REFUSAL_TUNNEL (tinyproxy answers 500, Squid and smokescreen 502-504 when the
+ * endpoint is down); anything else CONS_REFUSAL_NONE (curl's code decides).
+ */
+enum cons_refusal cons_proxy_refusal(long connect_code, int proxy_error);
 
 /* Error classes (the strings returned through *error_class). */
 #define CONS_CLASS_TIMEOUT      "timeout"          /* CURLE_OPERATION_TIMEDOUT */
@@ -66,7 +79,7 @@ enum cons_refusal {
 #define CONS_CLASS_HTTP_5XX     "http_5xx"
 #define CONS_CLASS_HTTP_INVALID "http_invalid_status" /* no status, or outside 100..599 */
 #define CONS_CLASS_SSRF         "ssrf_refused"
-#define CONS_CLASS_PROXY        "proxy_refused" /* delivery_proxy refused the tunnel */
+#define CONS_CLASS_PROXY        "proxy_refused" /* delivery_proxy refused us the tunnel */
 #define CONS_CLASS_TOO_LARGE    "response_too_large"
 
 /* Every class above, for the failures counter (sluice_attempt_failures_total{class}). */

@@ -494,7 +494,13 @@ int64_t cons_ep_observe(cons_engine_t *e,
     bool failure = v == CONS_RETRY && r->status != 429;
     if (failure)
         ce->last_failure_mono = sl_mono_ms();
-    observe_breaker(e, ce, was_probe, failure);
-    observe_failing(e, ce, j, r, v);
+    /* the delivery proxy refused us (credentials, its rules): that says nothing about the
+     * endpoint, so it neither opens its breaker nor counts toward disabling it; a probe
+     * refused so keeps the breaker open (the probe did not get through) */
+    bool proxy = r->refusal == CONS_REFUSAL_PROXY;
+    if (!proxy || was_probe)
+        observe_breaker(e, ce, was_probe, failure);
+    if (!proxy)
+        observe_failing(e, ce, j, r, v);
     return ra_ms;
 }

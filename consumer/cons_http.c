@@ -95,7 +95,8 @@ struct xfer {
     uint64_t resp_total;          /* bytes received */
     enum cons_refusal refusal;    /* set by our callbacks */
     const char *refusal_why;      /* static SSRF reason */
-    const char *url;              /* the running request's URL (borrowed from its request) */
+    bool target_refused;          /* through the proxy: the target host is a refused address */
+    const char *target_why;       /* its static reason */
     char errbuf[CURL_ERROR_SIZE]; /* libcurl's error text */
     struct cons_link all;         /* in cons_http.idle while idle */
     struct cons_link same;        /* in cons_http.idle_in[cache] while idle */
@@ -120,7 +121,27 @@ struct cons_http {
     int64_t idle_us;                     /* time spent waiting in epoll_wait, not yet taken */
     int64_t answered;                    /* transfers finished, not yet taken */
     bool proxied;                        /* opts.proxy set: every request goes through it */
+    char *proxy_pw[2]; /* its password as written and decoded (NULL = none): scrubbed from
+                          libcurl's error texts, which may quote the proxy URL */
 };
+
+static void free_proxy_pw(cons_http_t *h)
+{
+    for (int i = 0; i < 2; i++) {
+        if (h->proxy_pw[i])
+            sl_secret_wipe(h->proxy_pw[i], strlen(h->proxy_pw[i]));
+        free(h->proxy_pw[i]);
+        h->proxy_pw[i] = NULL;
+    }
+}
+
+/* Overwrite every occurrence of pw (NULL or "": none) in buf with '*'. */
+static void scrub(char *buf, const char *pw)
+{
+    size_t n = pw ? strlen(pw) : 0;
+    for (char *p = n ? strstr(buf, pw) : NULL; p; p = strstr(p + n, pw))
+        memset(p, '*', n);
+}
 
 static int sock_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
@@ -175,9 +196,10 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *userp)
 
 /*
  * Every new connection. Direct: the address about to be connected must pass the SSRF policy.
- * Through the proxy (every connection is to it; it resolves the target's name): the target's
- * host must, as the registry judges it (an IP literal or a loopback name), since a tunnel
- * carries one origin, a refused target's request always opens a connection of its own.
+ * Through the proxy every connection is to it, and it resolves the target's name: the
+ * target's host must pass as the registry judges it (an IP literal or a loopback name;
+ * judged when the request started, target_refused). A tunnel carries one origin, so a
+ * refused target's request always opens a connection of its own and is refused here.
  */
 static curl_socket_t opensocket_cb(void *clientp, curlsocktype purpose, struct curl_sockaddr *addr)
 {
@@ -185,10 +207,9 @@ static curl_socket_t opensocket_cb(void *clientp, curlsocktype purpose, struct c
     (void)purpose;
     const char *why = NULL;
     bool refused = false;
-    if (x->h->opts.ssrf && x->h->proxied) {
-        char host[SL_URL_MAX + 1];
-        refused = sl_url_host(x->url, host, sizeof(host)) == 0 &&
-                  !sl_ssrf_host_allowed(x->h->opts.ssrf, host, &why);
+    if (x->h->proxied) {
+        refused = x->target_refused;
+        why = x->target_why;
     } else if (x->h->opts.ssrf) {
         refused = !sl_ssrf_allowed(x->h->opts.ssrf, &addr->addr, addr->addrlen, &why);
     }
@@ -205,6 +226,19 @@ cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err)
     cons_http_t *h = sl_xcalloc(1, sizeof(*h));
     h->opts = *opts;
     h->proxied = opts->proxy && opts->proxy[0];
+    if (h->proxied) {
+        CURLU *u = curl_url();
+        for (int i = 0; u && i < 2; i++) {
+            char *pw = NULL;
+            if (curl_url_set(u, CURLUPART_URL, opts->proxy, CURLU_NON_SUPPORT_SCHEME) ==
+                    CURLUE_OK &&
+                curl_url_get(u, CURLUPART_PASSWORD, &pw, i ? CURLU_URLDECODE : 0) == CURLUE_OK &&
+                pw && pw[0])
+                h->proxy_pw[i] = sl_xstrdup(pw);
+            curl_free(pw);
+        }
+        curl_url_cleanup(u);
+    }
     h->timer_deadline_ms = -1;
     cons_list_init(&h->idle);
     for (int i = 0; i < CONN_CACHES; i++)
@@ -212,6 +246,7 @@ cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err)
     h->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (h->epfd < 0) {
         sl_err_set(err, -errno, "could not create epoll set: %s", strerror(errno));
+        free_proxy_pw(h);
         free(h);
         return NULL;
     }
@@ -258,6 +293,7 @@ void cons_http_destroy(cons_http_t *h)
     for (int i = 0; i < CONN_CACHES; i++)
         curl_share_cleanup(h->shares[i]);
     close(h->epfd);
+    free_proxy_pw(h);
     free(h);
 }
 
@@ -383,7 +419,17 @@ int cons_http_start(cons_http_t *h,
     x->done = req->done;
     x->opaque = req->opaque;
     /* per request (the rest: xfer_init_opts); each of these is set on every request */
-    x->url = req->url;
+    x->target_refused = false;
+    x->target_why = NULL;
+    if (h->proxied && h->opts.ssrf && h->opts.ssrf->enabled) {
+        char host[SL_URL_MAX + 1];
+        if (sl_url_host(req->url, host, sizeof(host)) != 0) {
+            x->target_refused = true; /* fail closed: curl would not get far with it either */
+            x->target_why = "unparsable-host";
+        } else {
+            x->target_refused = !sl_ssrf_host_allowed(h->opts.ssrf, host, &x->target_why);
+        }
+    }
     curl_easy_setopt(e, CURLOPT_URL, req->url);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, req->timeout_ms);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, req->connect_timeout_ms);
@@ -454,12 +500,16 @@ static void finish(cons_http_t *h, CURL *e, CURLcode code)
         r.retry_after_s = (long)ra;
     r.refusal = x->refusal;
     r.refusal_why = x->refusal_why;
-    long connect_code = 0;
-    if (h->proxied && code != CURLE_OK && r.refusal == CONS_REFUSAL_NONE &&
-        curl_easy_getinfo(e, CURLINFO_HTTP_CONNECTCODE, &connect_code) == CURLE_OK &&
-        connect_code != 0 && (connect_code < 200 || connect_code > 299)) {
-        r.refusal = CONS_REFUSAL_PROXY;
-        r.status = 0; /* the proxy's answer, not the endpoint's */
+    if (h->proxied && code != CURLE_OK && r.refusal == CONS_REFUSAL_NONE) {
+        long connect_code = 0, proxy_error = 0;
+        (void)curl_easy_getinfo(e, CURLINFO_HTTP_CONNECTCODE, &connect_code);
+        if (code == CURLE_PROXY)
+            (void)curl_easy_getinfo(e, CURLINFO_PROXY_ERROR, &proxy_error);
+        r.refusal = cons_proxy_refusal(connect_code, (int)proxy_error);
+        if (r.refusal != CONS_REFUSAL_NONE)
+            r.status = 0; /* the proxy's answer, not the endpoint's */
+        scrub(x->errbuf, h->proxy_pw[0]);
+        scrub(x->errbuf, h->proxy_pw[1]);
     }
     int64_t dns = info_us(e, CURLINFO_NAMELOOKUP_TIME_T);
     int64_t conn = info_us(e, CURLINFO_CONNECT_TIME_T);

@@ -234,8 +234,8 @@ void ctl_alert_rules_print(FILE *f, const struct ctl_thresholds *t)
      * deliveries are retried meanwhile, and nothing says why but this class. */
     (void)fprintf(f,
                   "      # proxy_refusing: the delivery proxy (delivery_proxy) refused tunnels\n"
-                  "      # throughout the last 5 minutes: its credentials (407), its rules (403)\n"
-                  "      # or its limits; those deliveries are retried.\n"
+                  "      # throughout the last 5 minutes: our credentials (407, 401) or its rules\n"
+                  "      # (403); those deliveries are retried.\n"
                   "      - alert: SluiceProxyRefusing\n"
                   "        expr: sum(rate(sluice_attempt_failures_total{class=\"proxy_refused\"}"
                   "[5m])) > 0\n"

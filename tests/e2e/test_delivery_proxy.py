@@ -7,11 +7,14 @@ plain HTTP and HTTPS alike: both endpoints get their signed requests and the pro
 shows one tunnel target per endpoint. An endpoint whose host is a refused address is still
 refused (ssrf_refused) and never asked of the proxy, although the proxy itself is on
 loopback. With the proxy down the consumer does not go direct: deliveries are retried
-(connect) until it is back; a proxy that refuses the consumer's credentials (407) gives
-proxy_refused, retried and counted in sluice_attempt_failures_total. The proxy's password reaches neither a log line nor
+(connect) until it is back, and an endpoint the proxy cannot reach fails with connect as
+without a proxy. A proxy that refuses the consumer's credentials (401 from tinyproxy) gives proxy_refused:
+retried, counted in sluice_attempt_failures_total, and no failure of the endpoint's (its
+breaker stays closed). The proxy's password reaches neither a log line nor
 --print-config, and a proxy URL of another scheme is refused at start-up (78).
 """
 
+import json
 import os
 import shutil
 import socket
@@ -73,9 +76,10 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
     ca = CA(str(tmp_path / "ca"))
     tls = TlsReceiver(*ca.issue("tls", "127.0.0.1"))
     # short breaker cooldowns: with the proxy down, the endpoint's breaker opens as for any
-    # network failure, and probes it again once the proxy is back
+    # network failure, and probes it again once the proxy is back; 5 failures open it
     w = make_world(endpoint_ca_file=ca.cert, retry_base_ms=300, retry_cap_ms=600,
-                   max_attempts=30, breaker_cooldown_ms=1000, breaker_cooldown_max_ms=2000)
+                   max_attempts=30, breaker_cooldown_ms=1000, breaker_cooldown_max_ms=2000,
+                   breaker_threshold=5)
     proxy = Tinyproxy(w.dir, "sluice", password)
     proxy.start()
     try:
@@ -87,8 +91,12 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
                   "--secret", w.secret, env=dict(w.env, SLUICE_SSRF_PROTECTION="false"))
         assert r.returncode == 0, r.stderr
         ep_priv = f"pp_{w.tag}"
+        # an endpoint the proxy cannot reach (nothing listens there): tinyproxy answers 500
+        down_port = free_port()
+        ep_down = w.add_endpoint(f"pd_{w.tag}", f"http://127.0.0.1:{down_port}/x")
         evs = ([event(ep_http, i, w.tag) for i in range(10)]
-               + [event(ep_tls, i, w.tag) for i in range(10)] + [event(ep_priv, 0, w.tag)])
+               + [event(ep_tls, i, w.tag) for i in range(10)] + [event(ep_priv, 0, w.tag)]
+               + [event(ep_down, 0, w.tag)])
         assert w.produce(evs).returncode == 0
         proxy_url = f"http://sluice:{password}@127.0.0.1:{proxy.port}"
         c = w.consumer(delivery_proxy=proxy_url)
@@ -101,13 +109,18 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
             o = fin[(e["id"], e["endpoint"])]
             if e["endpoint"] == ep_priv:
                 assert o["state"] == "dead_letter" and o["err"] == "ssrf_refused", o
+            elif e["endpoint"] == ep_down:   # the endpoint's failure, not the proxy's
+                tries = [x for x in w.outcomes() if x["endpoint"] == ep_down
+                         and x["state"] == "retry_scheduled"]
+                assert tries and all(x["err"] == "connect" for x in tries), tries
             else:
                 assert o["state"] == "delivered", o
         assert len(tls.requests) == 10
         assert all(signature_ok(w.secret, h, b) for _, h, b in tls.requests)
         assert len([l for l in rcv.ledger() if l["endpoint"] == ep_http]) == 10
         targets = set(proxy.connects())
-        assert targets == {f"127.0.0.1:{rcv.port}", f"127.0.0.1:{tls.port}"}, targets
+        assert targets == {f"127.0.0.1:{rcv.port}", f"127.0.0.1:{tls.port}",
+                           f"127.0.0.1:{down_port}"}, targets
 
         # the proxy down: retried, never sent around it; delivered once it is back
         proxy.stop()
@@ -129,19 +142,22 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
         wait_until(delivered_more, 60 * MULT, 0.5, "delivery once the proxy is back")
         assert c.term() == 0
 
-        # credentials the proxy refuses (407): proxy_refused, retried, not the endpoint's 4xx
-        late = event(ep_http, 99, w.tag)
-        assert w.produce([late]).returncode == 0
+        # credentials the proxy refuses (tinyproxy answers 401): proxy_refused, retried, not the endpoint's 4xx,
+        # and not the endpoint's failure: eight of them do not open its breaker (5 would)
+        lates = [event(ep_http, 90 + i, w.tag) for i in range(8)]
+        assert w.produce(lates).returncode == 0
         mport = free_port()
         c2 = w.consumer(delivery_proxy=f"http://sluice:wrong@127.0.0.1:{proxy.port}",
                         metrics_listen=f"127.0.0.1:{mport}")
 
         def refused():
-            outs = [o for o in w.outcomes() if o["id"] == late["id"]]
-            return any(o["state"] == "retry_scheduled" for o in outs) and outs
-        outs = wait_until(refused, 30 * MULT, 0.3, "a retry after the proxy's 407")
-        assert all(o.get("err") == "proxy_refused" and not o.get("http")
-                   for o in outs if o["state"] == "retry_scheduled"), outs
+            ids = {e["id"] for e in lates}
+            outs = [o for o in w.outcomes() if o["id"] in ids and o["state"] == "retry_scheduled"]
+            return len({o["id"] for o in outs}) == len(lates) and outs
+        outs = wait_until(refused, 30 * MULT, 0.3, "a retry of each after the proxy's 401")
+        assert all(o.get("err") == "proxy_refused" and not o.get("http") for o in outs), \
+            [(o.get("err"), o.get("http"), o.get("msg")) for o in outs]
+        assert f"breaker opened for endpoint {ep_http}" not in c2.logs()
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read()
         counts = {l.split("}")[0].split('class="')[1].rstrip('"'): float(l.split()[-1])
                   for l in metrics.decode().splitlines()
@@ -149,14 +165,16 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
         assert counts["proxy_refused"] >= 1 and counts["connect"] == 0, counts
         assert c2.term() == 0
         c3 = w.consumer(delivery_proxy=proxy_url)
-        wait_until(lambda: final_states(w.outcomes()).get((late["id"], ep_http), {})
-                   .get("state") == "delivered", 60 * MULT, 0.5, "delivered with the password")
+        wait_until(lambda: all(final_states(w.outcomes()).get((e["id"], ep_http), {})
+                               .get("state") == "delivered" for e in lates),
+                   60 * MULT, 0.5, "delivered with the password")
         assert c3.term() == 0
 
         # the password: not in any log line, masked by --print-config
         logs = "".join(open(os.path.join(w.dir, f), errors="replace").read()
                        for f in os.listdir(w.dir) if f.endswith(".log") and "tinyproxy" not in f)
         assert len(logs) > 200 and password not in logs
+        assert password not in json.dumps(w.outcomes())   # curl's error texts in them
         env = dict(w.env, SLUICE_DELIVERY_PROXY=proxy_url)
         r = w.run("consumer/sluice-consumer", "--print-config", env=env)
         assert r.returncode == 0 and password not in r.stdout + r.stderr

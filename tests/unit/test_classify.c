@@ -208,6 +208,9 @@ static void test_refusals(void **state)
         {CURLE_RECV_ERROR, 0, CONS_REFUSAL_PROXY, CONS_RETRY, CONS_CLASS_PROXY},
         {CURLE_COULDNT_CONNECT, 0, CONS_REFUSAL_PROXY, CONS_RETRY, CONS_CLASS_PROXY},
         {CURLE_RECV_ERROR, 403, CONS_REFUSAL_PROXY, CONS_RETRY, CONS_CLASS_PROXY},
+        /* the proxy could not reach the endpoint: a failed connection, retried */
+        {CURLE_RECV_ERROR, 0, CONS_REFUSAL_TUNNEL, CONS_RETRY, CONS_CLASS_CONNECT},
+        {CURLE_PROXY, 0, CONS_REFUSAL_TUNNEL, CONS_RETRY, CONS_CLASS_CONNECT},
         {CURLE_OK, 200, CONS_REFUSAL_NONE, CONS_DELIVERED, NULL},
     };
     run_table(rows, N(rows));
@@ -269,6 +272,29 @@ static void test_retry_after(void **state)
     }
 }
 
+/* The delivery proxy's answers: its own refusals against the endpoint being out of reach. */
+static void test_proxy_refusal(void **state)
+{
+    (void)state;
+    assert_int_equal(cons_proxy_refusal(407, 0), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(401, 0), CONS_REFUSAL_PROXY); /* tinyproxy's 407 */
+    assert_int_equal(cons_proxy_refusal(403, 0), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(500, 0), CONS_REFUSAL_TUNNEL); /* tinyproxy: down */
+    assert_int_equal(cons_proxy_refusal(502, 0), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(503, 0), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(504, 0), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(404, 0), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(200, 0), CONS_REFUSAL_NONE); /* tunnel made */
+    assert_int_equal(cons_proxy_refusal(0, 0), CONS_REFUSAL_NONE);   /* no answer at all */
+    assert_int_equal(cons_proxy_refusal(0, CURLPX_REPLY_NOT_ALLOWED), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(0, CURLPX_USER_REJECTED), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(0, CURLPX_RECV_AUTH), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(0, CURLPX_REPLY_CONNECTION_REFUSED), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(0, CURLPX_REPLY_HOST_UNREACHABLE), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(0, CURLPX_RESOLVE_HOST), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(0, CURLPX_BAD_VERSION), CONS_REFUSAL_NONE);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -276,6 +302,7 @@ int main(void)
         cmocka_unit_test(test_curl_codes),
         cmocka_unit_test(test_transfer_error_after_status),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_proxy_refusal),
         cmocka_unit_test(test_verdict_names),
         cmocka_unit_test(test_retry_after),
     };

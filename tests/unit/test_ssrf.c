@@ -142,6 +142,7 @@ static void test_registration_judges_literals_and_loopback_names(void **state)
     assert_int_equal(sl_ssrf_parse(&p, true, "", &err), 0);
     assert_int_equal(check(&p, "127.0.0.1", "(loopback)"), SL_EINVAL);
     assert_int_equal(check(&p, "10.1.2.3", "(private)"), SL_EINVAL);
+    assert_int_equal(check(&p, "127.0.0.1.", "(loopback)"), SL_EINVAL); /* a name's final dot */
     assert_int_equal(check(&p, "169.254.169.254", "(link-local)"), SL_EINVAL);
     assert_int_equal(check(&p, "[::1]", "(loopback)"), SL_EINVAL);
     assert_int_equal(check(&p, "[fd00:ec2::254]", "(unique-local)"), SL_EINVAL);

@@ -265,8 +265,8 @@ static void test_proxy_check(void **state)
 {
     (void)state;
     static const char *const good[] = {
-        "http://127.0.0.1:3128",  "http://egress.internal:3128/", "https://user:p%40ss@px.example",
-        "socks5://10.0.0.1:1080", "socks5h://[2001:db8::1]:1080", "HTTP://PX.EXAMPLE:8080",
+        "http://127.0.0.1:3128",   "http://egress.internal:3128/", "https://user:p%40ss@px.example",
+        "socks5h://10.0.0.1:1080", "socks5h://[2001:db8::1]:1080", "HTTP://PX.EXAMPLE:8080",
     };
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         sl_err_t err = {0};
@@ -281,6 +281,7 @@ static void test_proxy_check(void **state)
         {"127.0.0.1:3128", "scheme"},
         {"ftp://u:s3cr3t@px.example:21", "scheme"},
         {"socks4://px.example:1080", "scheme"},
+        {"socks5://u:s3cr3t@px.example:1080", "use socks5h://"},
         {"http://u:s3cr3t@px.example:3128/path", "nothing may follow"},
         {"http://px.example:3128/?q=s3cr3t", "nothing may follow"},
         {"http://px.example:0", "port"},
