@@ -223,6 +223,7 @@ void api_server_stop(api_server_t *s);
 /* api_events.c */
 enum api_hret api_events_publish(struct api_req *r);
 enum api_hret api_events_publish_batch(struct api_req *r);
+enum api_hret api_endpoints_test(struct api_req *r); /* POST /v1/endpoints/{id}/test */
 /* api_mgmt.c */
 enum api_hret api_endpoints_list(struct api_req *r);
 enum api_hret api_endpoints_create(struct api_req *r);

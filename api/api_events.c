@@ -1,5 +1,6 @@
 /*
- * api_events: POST /v1/events and POST /v1/events/batch (see api.h for a request's life).
+ * api_events: POST /v1/events, POST /v1/events/batch and POST /v1/endpoints/{id}/test (see
+ * api.h for a request's life).
  *
  * An event object is sluice-produce's JSON line (common/sl_jsonl: the same fields, rules and
  * messages) with "endpoint" optional and one more field, "channels". With an endpoint it is
@@ -857,5 +858,45 @@ enum api_hret api_events_publish_batch(struct api_req *r)
     free(offs);
     free(lens);
     json_decref(j);
+    return publish_all(r, p);
+}
+
+/*
+ * POST /v1/endpoints/{id}/test: one test event to endpoint id by the path of any explicit
+ * publish (signed, retried, recorded): type "sluice.test", a small JSON body naming the
+ * endpoint and the time, a new id; the answer is POST /v1/events's, and GET
+ * /v1/events/{id}/deliveries then tells what the endpoint answered. The request has no body
+ * (or {}); Idempotency-Key works as for an event.
+ */
+enum api_hret api_endpoints_test(struct api_req *r)
+{
+    const char *id = r->params[0];
+    if (r->body.len > 0) {
+        json_t *b = api_body_json(r);
+        if (!b)
+            return API_DONE;
+        bool empty = json_is_object(b) && json_object_size(b) == 0;
+        json_decref(b);
+        if (!empty)
+            return api_problem(r, 400, "invalid-field", "/",
+                               "a test takes no fields: send no body, or {}");
+    }
+    if (!sl_valid_endpoint_id(id, strlen(id)))
+        return api_problem(r, 404, "unknown-endpoint", NULL, "no endpoint has that id");
+    json_t *ev = json_pack("{s:s, s:s, s:{s:s, s:s, s:I, s:s}}", "endpoint", id, "type",
+                           "sluice.test", "body", "type", "sluice.test", "endpoint", id,
+                           "sent_at_ms", (json_int_t)sl_now_ms(), "message",
+                           "A test event from Sluice (POST /v1/endpoints/{id}/test).");
+    char *text = json_dumps(ev, JSON_COMPACT);
+    struct api_pub *p = pub_new(1, false);
+    if (begin(r, p) != IDEM_OWNER) {
+        free(text);
+        json_decref(ev);
+        pub_free(p);
+        return API_DONE;
+    }
+    prepare(r, p, ev, text, strlen(text), 0, "", &p->items[0]);
+    free(text);
+    json_decref(ev);
     return publish_all(r, p);
 }

@@ -485,6 +485,7 @@ static const struct api_route routes[] = {
     {"POST", "/v1/endpoints/{}/enable", SL_SCOPE_ADMIN, api_endpoints_enable, "endpoints.enable"},
     {"POST", "/v1/endpoints/{}/disable", SL_SCOPE_ADMIN, api_endpoints_disable,
      "endpoints.disable"},
+    {"POST", "/v1/endpoints/{}/test", SL_SCOPE_PUBLISH, api_endpoints_test, "endpoints.test"},
     {"POST", "/v1/endpoints/{}/rotate-secret", SL_SCOPE_ADMIN, api_endpoints_rotate,
      "endpoints.rotate_secret"},
     {"GET", "/v1/dead-letters", SL_SCOPE_READ, api_dead_letters_list, "dead_letters.list"},

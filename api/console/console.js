@@ -198,6 +198,49 @@
       fmtTime(le.at);
   }
 
+  /*
+   * Test: POST /v1/endpoints/{id}/test (publish scope), then its delivery log until the
+   * endpoint has answered (or 30 s went by): the outcome in the live region.
+   */
+  function testEndpoint(id, btn) {
+    btn.disabled = true;
+    status("Sending a test event to " + id + "…");
+    var done = function () { btn.disabled = false; };
+    return api("/v1/endpoints/" + encodeURIComponent(id) + "/test", {}).then(function (ev) {
+      var deadline = Date.now() + 30000;
+      function poll() {
+        return api("/v1/events/" + encodeURIComponent(ev.id) + "/deliveries").then(function (d) {
+          var e = d.data.filter(function (x) { return x.endpoint === id; })[0];
+          var last = e && e.attempts_log.length ? e.attempts_log[e.attempts_log.length - 1] : null;
+          if (!last && Date.now() < deadline) {
+            status("Test event " + ev.id + " sent to " + id + "; waiting for its answer…");
+            return new Promise(function (ok) { setTimeout(ok, 1000); }).then(poll);
+          }
+          done();
+          if (!last) {
+            status("Test event " + ev.id + " to " + id + ": no answer recorded within 30 s; " +
+                   "see the Events page.", "error");
+          } else if (last.state === "delivered") {
+            status("Test event " + ev.id + " to " + id + ": delivered, HTTP " + last.http_status +
+                   " in " + fmtMs(last.latency_ms) + " ms.", "ok");
+          } else {
+            status("Test event " + ev.id + " to " + id + ": " + last.state + " (" +
+                   (last.error || "?") + (last.http_status ? " " + last.http_status : "") +
+                   (last.message ? ": " + last.message : "") + ").", "error");
+          }
+        });
+      }
+      return poll();
+    }).then(null, function (e) { done(); failed(e); });
+  }
+
+  function testButton(id) {
+    var b = el("button", { type: "button", className: "test",
+                           "aria-label": "Send a test event to " + id }, "Test");
+    b.addEventListener("click", function () { testEndpoint(id, b); });
+    return b;
+  }
+
   function loadEndpoints() {
     var sel = $("window");
     var tbody = document.querySelector("#endpoints tbody");
@@ -226,12 +269,13 @@
             el("td", { className: "num" }, fmtMs(e.latency.p95_ms)),
             el("td", { className: "num" }, fmtMs(e.latency.p99_ms)),
             el("td", null, e.slow ? el("span", { className: "slow-badge" }, "slow") : "no"),
-            el("td", null, lastErrorText(e.last_error)));
+            el("td", null, lastErrorText(e.last_error)),
+            el("td", null, testButton(e.id)));
           if (e.slow) { tr.classList.add("is-slow"); slow++; }
           if (!e.enabled) { tr.classList.add("is-disabled"); }
           tbody.appendChild(tr);
         });
-        if (!res.data.length) { emptyRow(tbody, 12, "No endpoints."); }
+        if (!res.data.length) { emptyRow(tbody, 13, "No endpoints."); }
         status("Loaded " + count(res.data.length, "endpoint", "endpoints") + " (" + slow +
                " slow) over the " +
                windowLabel(sel) + ".", "ok");

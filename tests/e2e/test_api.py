@@ -1217,3 +1217,45 @@ def test_an_endpoint_at_a_refused_address_is_refused_when_registered(make_world)
     st, _, b = call(api2, "POST", "/v1/endpoints", {"id": f"a{w.tag}", "url": "http://10.0.0.1/"},
                     key)
     assert st == 201, b
+
+
+def test_a_test_event_reaches_one_endpoint_signed_and_its_log_says_what_it_answered(make_world):
+    """POST /v1/endpoints/{id}/test: one sluice.test event to that endpoint alone, signed
+    (the receiver checks the secret), in the delivery log; the publish scope, the key's
+    channels and the endpoint's existence are checked as for an explicit publish."""
+    from sluice_e2e import Proc
+    w = make_world()
+    rcv = w.receiver(secrets_list=[w.secret], extra=["--reject-bad-sig"])
+    ep = w.add_endpoint(f"tst_{w.tag}", rcv.url("ok", f"tst_{w.tag}"), "--types", "order.*",
+                        "--channels", "aa")
+    other = w.add_endpoint(f"oth_{w.tag}", rcv.url("ok", f"oth_{w.tag}"))
+    pub = w.api_key("publish")
+    read = w.api_key("read")
+    tenant = w.api_key("publish", channels="zz")
+    api = w.api()
+    c = w.consumer()
+    env = dict(w.env, SLUICE_INSTANCE_ID="rec", SLUICE_RECORDER_FLUSH_MS="100")
+    rec = Proc([w.bin("recorder/sluice-recorder")], env, os.path.join(w.dir, "recorder.log"))
+    w.consumers.append(rec)
+    st, _, b = call(api, "POST", f"/v1/endpoints/{ep}/test", None, pub)
+    assert st == 202 and b["type"] == "sluice.test" and b["endpoints"] == [ep], b
+    # a type filter of the endpoint's does not apply: the test is addressed to it
+    got = wait_until(lambda: [l for l in ledger_ok(rcv) if l["webhook_id"] == b["id"]],
+                     30 * MULT, 0.2, "the test event at the receiver")
+    assert [(l["endpoint"], l["sig_ok"]) for l in got] == [(ep, True)], got
+    assert not [l for l in rcv.ledger() if l["endpoint"] == other]
+
+    def logged():
+        s, _, d = call(api, "GET", f"/v1/events/{b['id']}/deliveries", None, read)
+        return d if s == 200 and d["data"] and d["data"][0]["state"] == "delivered" else None
+    d = wait_until(logged, 30 * MULT, 0.3, "the test in the delivery log")
+    assert [(x["endpoint"], x["type"], x["last_status"]) for x in d["data"]] == \
+        [(ep, "sluice.test", 204)], d
+    # {} is a body too; anything in it is refused, naming it
+    st, _, b2 = call(api, "POST", f"/v1/endpoints/{ep}/test", {}, pub)
+    assert st == 202 and b2["id"] != b["id"], b2
+    problem(*call(api, "POST", f"/v1/endpoints/{ep}/test", {"type": "x"}, pub), 400, "/")
+    problem(*call(api, "POST", f"/v1/endpoints/{ep}/test", None, read), 403)
+    problem(*call(api, "POST", f"/v1/endpoints/nope_{w.tag}/test", None, pub), 404)
+    problem(*call(api, "POST", f"/v1/endpoints/{ep}/test", None, tenant), 404)  # not its channel
+    assert c.term() == 0 and rec.term() == 0

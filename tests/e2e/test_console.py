@@ -726,3 +726,28 @@ def test_replay_from_the_console_delivers_each_dead_letter_once(run, console):
     wait_until(lambda: sentinel in ledger_ok_ids(run, "auth"), 60 * MULT, 0.3, "the sentinel")
     got = ledger_ok_ids(run, "auth")
     assert sorted(got) == sorted(want + [sentinel]), "a dead letter was delivered twice"
+
+
+def test_the_test_button_sends_a_test_event_and_shows_what_the_endpoint_answered(run, console):
+    """Last in this file: it adds a delivery to the ok endpoint's history."""
+    from playwright.sync_api import expect
+    ok_ep = run.eps["ok"]
+    # a read-only key: the button's POST is refused, and the page says so
+    c = console(run.read)
+    c.allow(403, f"/v1/endpoints/{ok_ep}/test")
+    p = c.open("endpoints")
+    expect(c.status()).to_contain_text("Loaded")
+    p.get_by_role("button", name=f"Send a test event to {ok_ep}").click()
+    expect(c.status()).to_contain_text("HTTP 403")
+    # a key that may publish and read (admin): sent, then the endpoint's answer from the history
+    c2 = console(run.admin)
+    p2 = c2.open("endpoints")
+    expect(c2.status()).to_contain_text("Loaded")
+    before = len([l for l in run.rcv.ledger() if l["endpoint"] == ok_ep])
+    button = p2.get_by_role("button", name=f"Send a test event to {ok_ep}")
+    button.click()
+    expect(c2.status()).to_contain_text(f"to {ok_ep}: delivered, HTTP 204 in ")
+    expect(button).to_be_enabled()
+    got = [l for l in run.rcv.ledger() if l["endpoint"] == ok_ep]
+    assert len(got) == before + 1 and 200 <= got[-1]["status"] < 300, got[-1:]
+    c2.shot("endpoint-tested")
