@@ -866,7 +866,8 @@ enum api_hret api_events_publish_batch(struct api_req *r)
  * publish (signed, retried, recorded): type "sluice.test", a small JSON body naming the
  * endpoint and the time, a new id; the answer is POST /v1/events's, and GET
  * /v1/events/{id}/deliveries then tells what the endpoint answered. The request has no body
- * (or {}); Idempotency-Key works as for an event.
+ * (or {}); Idempotency-Key works as for an event. A disabled endpoint is 409 (its test would
+ * only be a dead letter).
  */
 enum api_hret api_endpoints_test(struct api_req *r)
 {
@@ -881,13 +882,27 @@ enum api_hret api_endpoints_test(struct api_req *r)
             return api_problem(r, 400, "invalid-field", "/",
                                "a test takes no fields: send no body, or {}");
     }
-    if (!sl_valid_endpoint_id(id, strlen(id)))
+    /* as for an explicit publish, an endpoint the key cannot see does not exist for it */
+    const struct sl_endpoint *e =
+        sl_valid_endpoint_id(id, strlen(id)) ? sl_endpoints_get(r->api->eps, id) : NULL;
+    if (!e || !endpoint_channels_ok(r->auth.key, e)) {
+        sl_endpoint_release(e);
         return api_problem(r, 404, "unknown-endpoint", NULL, "no endpoint has that id");
+    }
+    bool enabled = e->enabled;
+    sl_endpoint_release(e);
+    if (!enabled) /* it would end as a dead letter that a later replay would send */
+        return api_problem(r, 409, "endpoint-disabled", NULL,
+                           "endpoint %s is disabled: enable it first, then test it", id);
     json_t *ev = json_pack("{s:s, s:s, s:{s:s, s:s, s:I, s:s}}", "endpoint", id, "type",
                            "sluice.test", "body", "type", "sluice.test", "endpoint", id,
                            "sent_at_ms", (json_int_t)sl_now_ms(), "message",
                            "A test event from Sluice (POST /v1/endpoints/{id}/test).");
-    char *text = json_dumps(ev, JSON_COMPACT);
+    char *text = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
+    if (!text) {
+        json_decref(ev);
+        return api_problem(r, 500, "internal", NULL, "could not build the test event");
+    }
     struct api_pub *p = pub_new(1, false);
     if (begin(r, p) != IDEM_OWNER) {
         free(text);

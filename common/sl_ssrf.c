@@ -234,6 +234,16 @@ static bool v4_literal(const char *host, struct in_addr *out)
     return inet_pton(AF_INET, lit, out) == 1;
 }
 
+/* A host curl left as a name that a resolver or a proxy may still read as an IPv4 number:
+ * "127.1.", "2130706433.", "0x7f.0.0.1." (a digit first, then digits, hex digits, x and
+ * dots only). No registered name looks like that. */
+static bool numeric_looking(const char *host)
+{
+    if (host[0] < '0' || host[0] > '9')
+        return false;
+    return host[strspn(host, "0123456789abcdefABCDEFxX.")] == '\0';
+}
+
 bool sl_ssrf_host_allowed(const struct sl_ssrf_policy *p, const char *host, const char **why)
 {
     if (why)
@@ -260,6 +270,10 @@ bool sl_ssrf_host_allowed(const struct sl_ssrf_policy *p, const char *host, cons
             s4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         s4->sin_family = AF_INET;
         len = sizeof(*s4);
+    } else if (numeric_looking(host)) {
+        if (why)
+            *why = "numeric-host";
+        return false;
     } else {
         return true;
     }
@@ -281,6 +295,11 @@ int sl_ssrf_check_host(const struct sl_ssrf_policy *p, const char *host, sl_err_
     const char *why = NULL;
     if (sl_ssrf_host_allowed(p, host, &why))
         return 0;
+    if (why && strcmp(why, "numeric-host") == 0)
+        return sl_err_set(err, SL_EINVAL,
+                          "host %s reads as a number but not as an IP address as written: "
+                          "write the address in dotted-decimal form (ssrf_protection)",
+                          host);
     return sl_err_set(err, SL_EINVAL,
                       "host %s is a non-global address (%s), where the consumers refuse to "
                       "deliver (ssrf_protection); to allow it, add its range to "

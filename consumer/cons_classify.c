@@ -146,9 +146,9 @@ static enum cons_verdict classify_status(long status, const char **cls)
     }
 }
 
-enum cons_refusal cons_proxy_refusal(long connect_code, int proxy_error)
+enum cons_refusal cons_proxy_refusal(int curl_code, long connect_code, int proxy_error)
 {
-    if (connect_code == 407 || connect_code == 401 || connect_code == 403)
+    if (connect_code == 407 || connect_code == 401 || connect_code == 403 || connect_code == 429)
         return CONS_REFUSAL_PROXY;
     if (connect_code != 0 && (connect_code < 200 || connect_code > 299))
         return CONS_REFUSAL_TUNNEL;
@@ -168,8 +168,12 @@ enum cons_refusal cons_proxy_refusal(long connect_code, int proxy_error)
     case CURLPX_RESOLVE_HOST:
         return CONS_REFUSAL_TUNNEL;
     default:
-        return CONS_REFUSAL_NONE;
+        break;
     }
+    if (connect_code == 0 && proxy_error == 0 &&
+        (curl_code == CURLE_COULDNT_CONNECT || curl_code == CURLE_COULDNT_RESOLVE_PROXY))
+        return CONS_REFUSAL_PROXY_DOWN;
+    return CONS_REFUSAL_NONE;
 }
 
 enum cons_verdict
@@ -186,6 +190,10 @@ cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const 
         /* the proxy, not the endpoint, said no (credentials, its rules): nothing reached the
          * endpoint, and a fixed proxy or its rules deliver it on a retry */
         cls = CONS_CLASS_PROXY;
+        v = CONS_RETRY;
+    } else if (refusal == CONS_REFUSAL_PROXY_DOWN) {
+        /* nothing left this host: the proxy is down or its name does not resolve */
+        cls = CONS_CLASS_PROXY_DOWN;
         v = CONS_RETRY;
     } else if (refusal == CONS_REFUSAL_TUNNEL) {
         /* the proxy could not reach the endpoint: as a failed connection of our own */

@@ -37,24 +37,27 @@ enum cons_verdict {
 
 /* Why we aborted or refused a transfer ourselves (set by the callbacks that did it). */
 enum cons_refusal {
-    CONS_REFUSAL_NONE = 0,     /* libcurl's result stands */
-    CONS_REFUSAL_SSRF = 1,     /* opensocket callback refused the resolved address */
-    CONS_REFUSAL_BODY_CAP = 2, /* write callback stopped an over-long response body */
-    CONS_REFUSAL_PROXY = 3,    /* the delivery proxy refused us: credentials, its rules */
-    CONS_REFUSAL_TUNNEL = 4,   /* the delivery proxy could not reach the endpoint */
+    CONS_REFUSAL_NONE = 0,       /* libcurl's result stands */
+    CONS_REFUSAL_SSRF = 1,       /* opensocket callback refused the resolved address */
+    CONS_REFUSAL_BODY_CAP = 2,   /* write callback stopped an over-long response body */
+    CONS_REFUSAL_PROXY = 3,      /* the delivery proxy refused us: credentials, rules, limits */
+    CONS_REFUSAL_TUNNEL = 4,     /* the delivery proxy could not reach the endpoint */
+    CONS_REFUSAL_PROXY_DOWN = 5, /* the delivery proxy itself could not be reached */
 };
 
 /*
  * What a failed transfer through the delivery proxy says, from the proxy's answer:
  * connect_code is CURLINFO_HTTP_CONNECTCODE (an HTTP proxy's answer to CONNECT; 0 = none),
- * proxy_error CURLINFO_PROXY_ERROR (a SOCKS proxy's, after CURLE_PROXY; 0 = none). 407 and
- * 401 (credentials: tinyproxy answers 401), 403 (its rules), and SOCKS authentication
- * failures and rule denials, are CONS_REFUSAL_PROXY; any
- * other non-2xx answer, and SOCKS "unreachable / refused / not resolved", are
- * CONS_REFUSAL_TUNNEL (tinyproxy answers 500, Squid and smokescreen 502-504 when the
- * endpoint is down); anything else CONS_REFUSAL_NONE (curl's code decides).
+ * proxy_error CURLINFO_PROXY_ERROR (a SOCKS proxy's, after CURLE_PROXY; 0 = none),
+ * curl_code the transfer's CURLcode. 407 and 401 (credentials: tinyproxy answers 401), 403
+ * (its rules), 429 (its limits), and SOCKS authentication failures and rule denials, are
+ * CONS_REFUSAL_PROXY; any other non-2xx answer, and SOCKS "unreachable / refused / not
+ * resolved", are CONS_REFUSAL_TUNNEL (tinyproxy answers 500, Squid and smokescreen 502-504
+ * when the endpoint is down); no answer at all because the proxy could not be connected to
+ * or its name did not resolve is CONS_REFUSAL_PROXY_DOWN; anything else CONS_REFUSAL_NONE
+ * (curl's code decides).
  */
-enum cons_refusal cons_proxy_refusal(long connect_code, int proxy_error);
+enum cons_refusal cons_proxy_refusal(int curl_code, long connect_code, int proxy_error);
 
 /* Error classes (the strings returned through *error_class). */
 #define CONS_CLASS_TIMEOUT      "timeout"          /* CURLE_OPERATION_TIMEDOUT */
@@ -79,7 +82,8 @@ enum cons_refusal cons_proxy_refusal(long connect_code, int proxy_error);
 #define CONS_CLASS_HTTP_5XX     "http_5xx"
 #define CONS_CLASS_HTTP_INVALID "http_invalid_status" /* no status, or outside 100..599 */
 #define CONS_CLASS_SSRF         "ssrf_refused"
-#define CONS_CLASS_PROXY        "proxy_refused" /* delivery_proxy refused us the tunnel */
+#define CONS_CLASS_PROXY        "proxy_refused"     /* delivery_proxy refused us the tunnel */
+#define CONS_CLASS_PROXY_DOWN   "proxy_unreachable" /* delivery_proxy could not be reached */
 #define CONS_CLASS_TOO_LARGE    "response_too_large"
 
 /* Every class above, for the failures counter (sluice_attempt_failures_total{class}). */
@@ -89,7 +93,7 @@ enum cons_refusal cons_proxy_refusal(long connect_code, int proxy_error);
         CONS_CLASS_INTERNAL, CONS_CLASS_TRANSFER, CONS_CLASS_INVALID_URL, CONS_CLASS_HTTP_1XX,     \
         CONS_CLASS_HTTP_3XX, CONS_CLASS_HTTP_408, CONS_CLASS_HTTP_410, CONS_CLASS_HTTP_425,        \
         CONS_CLASS_HTTP_429, CONS_CLASS_HTTP_4XX, CONS_CLASS_HTTP_5XX, CONS_CLASS_HTTP_INVALID,    \
-        CONS_CLASS_SSRF, CONS_CLASS_PROXY, CONS_CLASS_TOO_LARGE
+        CONS_CLASS_SSRF, CONS_CLASS_PROXY, CONS_CLASS_PROXY_DOWN, CONS_CLASS_TOO_LARGE
 
 /*
  * Classify one finished attempt. curl_code is the CURLcode from CURLMSG_DONE (as int);

@@ -491,16 +491,15 @@ int64_t cons_ep_observe(cons_engine_t *e,
     observe_latency(ce, r);
     int64_t ra_ms = cons_retry_after_ms(r->status, r->retry_after_s, 0, e->cfg->retry_after_max_ms);
     observe_throttle(e, ce, r, v, ra_ms);
+    /* the delivery proxy refused us or could not be reached: that says nothing about the
+     * endpoint, so it neither counts on its breaker (a probe's lease runs out by itself, and
+     * the next one probes again without a longer cooldown) nor toward disabling it */
+    if (r->refusal == CONS_REFUSAL_PROXY || r->refusal == CONS_REFUSAL_PROXY_DOWN)
+        return ra_ms;
     bool failure = v == CONS_RETRY && r->status != 429;
     if (failure)
         ce->last_failure_mono = sl_mono_ms();
-    /* the delivery proxy refused us (credentials, its rules): that says nothing about the
-     * endpoint, so it neither opens its breaker nor counts toward disabling it; a probe
-     * refused so keeps the breaker open (the probe did not get through) */
-    bool proxy = r->refusal == CONS_REFUSAL_PROXY;
-    if (!proxy || was_probe)
-        observe_breaker(e, ce, was_probe, failure);
-    if (!proxy)
-        observe_failing(e, ce, j, r, v);
+    observe_breaker(e, ce, was_probe, failure);
+    observe_failing(e, ce, j, r, v);
     return ra_ms;
 }

@@ -235,6 +235,8 @@ cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err)
                 curl_url_get(u, CURLUPART_PASSWORD, &pw, i ? CURLU_URLDECODE : 0) == CURLUE_OK &&
                 pw && pw[0])
                 h->proxy_pw[i] = sl_xstrdup(pw);
+            if (pw)
+                sl_secret_wipe(pw, strlen(pw));
             curl_free(pw);
         }
         curl_url_cleanup(u);
@@ -505,9 +507,11 @@ static void finish(cons_http_t *h, CURL *e, CURLcode code)
         (void)curl_easy_getinfo(e, CURLINFO_HTTP_CONNECTCODE, &connect_code);
         if (code == CURLE_PROXY)
             (void)curl_easy_getinfo(e, CURLINFO_PROXY_ERROR, &proxy_error);
-        r.refusal = cons_proxy_refusal(connect_code, (int)proxy_error);
+        r.refusal = cons_proxy_refusal((int)code, connect_code, (int)proxy_error);
         if (r.refusal != CONS_REFUSAL_NONE)
             r.status = 0; /* the proxy's answer, not the endpoint's */
+    }
+    if (h->proxied) {
         scrub(x->errbuf, h->proxy_pw[0]);
         scrub(x->errbuf, h->proxy_pw[1]);
     }

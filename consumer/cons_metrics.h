@@ -25,7 +25,7 @@ enum cons_m_outcome { CONS_M_DELIVERED, CONS_M_RETRY, CONS_M_DEAD, CONS_M_NOUTCO
 #define CONS_M_NCLASS 6
 
 /* error classes of failed attempts (consumer/cons_classify.h's CONS_CLASSES) */
-#define CONS_M_NERROR 24
+#define CONS_M_NERROR 25
 
 struct cons_metrics {
     sl_counter_t *received, *claimed, *attempts, *retries, *dead, *duplicates, *quarantined;

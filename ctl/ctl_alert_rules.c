@@ -232,18 +232,19 @@ void ctl_alert_rules_print(FILE *f, const struct ctl_thresholds *t)
 
     /* proxy_refused: the delivery proxy answers CONNECT with an error; every endpoint's
      * deliveries are retried meanwhile, and nothing says why but this class. */
-    (void)fprintf(f,
-                  "      # proxy_refusing: the delivery proxy (delivery_proxy) refused tunnels\n"
-                  "      # throughout the last 5 minutes: our credentials (407, 401) or its rules\n"
-                  "      # (403); those deliveries are retried.\n"
-                  "      - alert: SluiceProxyRefusing\n"
-                  "        expr: sum(rate(sluice_attempt_failures_total{class=\"proxy_refused\"}"
-                  "[5m])) > 0\n"
-                  "        for: 5m\n");
+    (void)fprintf(
+        f, "      # proxy_refusing: the delivery proxy (delivery_proxy) has refused tunnels\n"
+           "      # for 5 minutes (some in every 5-minute window): our credentials (407,\n"
+           "      # 401), its rules for some target (403) or its limits (429); those\n"
+           "      # deliveries are retried.\n"
+           "      - alert: SluiceProxyRefusing\n"
+           "        expr: sum(rate(sluice_attempt_failures_total{class=\"proxy_refused\"}"
+           "[5m])) > 0\n"
+           "        for: 5m\n");
     rule_meta(f, "warning", "proxy_refusing", "The delivery proxy refuses tunnels",
               "{{ $value | printf \"%.2f\" }} attempts/s refused by the delivery proxy "
-              "(err proxy_refused): check delivery_proxy's credentials and the proxy's rules "
-              "and log; the deliveries are retried until it lets them through");
+              "(err proxy_refused): check delivery_proxy's credentials and the proxy's rules, "
+              "limits and log; the deliveries are retried until it lets them through");
 }
 
 void ctl_alert_rules_help(FILE *f)

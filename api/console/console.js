@@ -72,8 +72,9 @@
     this.message = "HTTP " + st + " " + title + detail;
   }
 
-  /* GET or POST path (a /v1 route) with the key; resolves to the parsed JSON. */
-  function api(path, body) {
+  /* GET or POST path (a /v1 route) with the key; resolves to the parsed JSON. timeoutMs
+   * (optional): give up on an answer after it, as on no answer at all. */
+  function api(path, body, timeoutMs) {
     var k = getKey();
     if (!k) {
       return Promise.reject(new ApiError(401, { title: "No API key",
@@ -85,6 +86,11 @@
     if (body) {
       opts.headers["Content-Type"] = "application/json";
       opts.body = JSON.stringify(body);
+    }
+    if (timeoutMs && typeof AbortController === "function") {
+      var ctl = new AbortController();
+      opts.signal = ctl.signal;
+      setTimeout(function () { ctl.abort(); }, timeoutMs);
     }
     return fetch(path, opts).then(function (resp) {
       return resp.text().then(function (text) {
@@ -200,38 +206,49 @@
 
   /*
    * Test: POST /v1/endpoints/{id}/test (publish scope), then its delivery log until the
-   * endpoint has answered (or 30 s went by): the outcome in the live region.
+   * endpoint has answered (a deferral is not an answer: breaker open, rate limit) or 30 s
+   * went by: the outcome in the live region. Every request is bounded by what is left.
    */
   function testEndpoint(id, btn) {
+    var deadline = Date.now() + 30000;
+    var left = function () { return Math.max(1000, deadline - Date.now()); };
     btn.disabled = true;
     status("Sending a test event to " + id + "…");
-    var done = function () { btn.disabled = false; };
-    return api("/v1/endpoints/" + encodeURIComponent(id) + "/test", {}).then(function (ev) {
-      var deadline = Date.now() + 30000;
+    return api("/v1/endpoints/" + encodeURIComponent(id) + "/test", {}, left()).then(function (ev) {
+      var what = "Test event " + ev.id + " to " + id;
       function poll() {
-        return api("/v1/events/" + encodeURIComponent(ev.id) + "/deliveries").then(function (d) {
-          var e = d.data.filter(function (x) { return x.endpoint === id; })[0];
-          var last = e && e.attempts_log.length ? e.attempts_log[e.attempts_log.length - 1] : null;
-          if (!last && Date.now() < deadline) {
-            status("Test event " + ev.id + " sent to " + id + "; waiting for its answer…");
-            return new Promise(function (ok) { setTimeout(ok, 1000); }).then(poll);
-          }
-          done();
-          if (!last) {
-            status("Test event " + ev.id + " to " + id + ": no answer recorded within 30 s; " +
-                   "see the Events page.", "error");
-          } else if (last.state === "delivered") {
-            status("Test event " + ev.id + " to " + id + ": delivered, HTTP " + last.http_status +
-                   " in " + fmtMs(last.latency_ms) + " ms.", "ok");
-          } else {
-            status("Test event " + ev.id + " to " + id + ": " + last.state + " (" +
-                   (last.error || "?") + (last.http_status ? " " + last.http_status : "") +
-                   (last.message ? ": " + last.message : "") + ").", "error");
-          }
-        });
+        return api("/v1/events/" + encodeURIComponent(ev.id) + "/deliveries", null, left())
+          .then(function (d) {
+            var e = d.data.filter(function (x) { return x.endpoint === id; })[0];
+            var log = e ? e.attempts_log : [];
+            var last = log.length ? log[log.length - 1] : null;
+            var answered = last && last.state !== "deferred";
+            if (!answered && Date.now() < deadline) {
+              status(what + ": sent; " + (last ? "deferred (" + (last.error || "?") + ")" :
+                     "waiting for its answer") + "…");
+              return new Promise(function (ok) { setTimeout(ok, 1000); }).then(poll);
+            }
+            btn.disabled = false;
+            if (!answered) {
+              status(what + ": no answer recorded within 30 s" +
+                     (last ? " (deferred: " + (last.error || "?") + ")" : "") +
+                     "; see the Event search page.", "error");
+            } else if (last.state === "delivered") {
+              status(what + ": delivered, HTTP " + last.http_status + " in " +
+                     fmtMs(last.latency_ms) + " ms.", "ok");
+            } else {
+              status(what + ": " + last.state + " (" + (last.error || "?") +
+                     (last.http_status ? " " + last.http_status : "") +
+                     (last.message ? ": " + last.message : "") + ").", "error");
+            }
+          }, function (e) {
+            btn.disabled = false;
+            status(what + ": sent, but its answer could not be read (" +
+                   (e && e.message ? e.message : String(e)) + ").", "error");
+          });
       }
       return poll();
-    }).then(null, function (e) { done(); failed(e); });
+    }, function (e) { btn.disabled = false; failed(e); });
   }
 
   function testButton(id) {
@@ -270,7 +287,7 @@
             el("td", { className: "num" }, fmtMs(e.latency.p99_ms)),
             el("td", null, e.slow ? el("span", { className: "slow-badge" }, "slow") : "no"),
             el("td", null, lastErrorText(e.last_error)),
-            el("td", null, testButton(e.id)));
+            el("td", null, e.enabled ? testButton(e.id) : "–"));
           if (e.slow) { tr.classList.add("is-slow"); slow++; }
           if (!e.enabled) { tr.classList.add("is-disabled"); }
           tbody.appendChild(tr);

@@ -1258,4 +1258,13 @@ def test_a_test_event_reaches_one_endpoint_signed_and_its_log_says_what_it_answe
     problem(*call(api, "POST", f"/v1/endpoints/{ep}/test", None, read), 403)
     problem(*call(api, "POST", f"/v1/endpoints/nope_{w.tag}/test", None, pub), 404)
     problem(*call(api, "POST", f"/v1/endpoints/{ep}/test", None, tenant), 404)  # not its channel
+    # a disabled endpoint: 409, nothing published (its test would only be a dead letter)
+    r = w.ctl("endpoints", "disable", other, "--reason", "testing the test")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: call(api, "POST", f"/v1/endpoints/{other}/test", None, pub)[0] == 409,
+               30 * MULT, 0.3, "the API to see the endpoint disabled")
+    st, _, b3 = call(api, "POST", f"/v1/endpoints/{other}/test", None, pub)
+    problem(st, {"content-type": "application/problem+json"}, b3, 409)
+    assert b3["type"].endswith("endpoint-disabled") and "enable it first" in b3["detail"], b3
     assert c.term() == 0 and rec.term() == 0
+    assert not [l for l in rcv.ledger() if l["endpoint"] == other]

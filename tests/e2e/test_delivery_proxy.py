@@ -7,8 +7,8 @@ plain HTTP and HTTPS alike: both endpoints get their signed requests and the pro
 shows one tunnel target per endpoint. An endpoint whose host is a refused address is still
 refused (ssrf_refused) and never asked of the proxy, although the proxy itself is on
 loopback. With the proxy down the consumer does not go direct: deliveries are retried
-(connect) until it is back, and an endpoint the proxy cannot reach fails with connect as
-without a proxy. A proxy that refuses the consumer's credentials (401 from tinyproxy) gives proxy_refused:
+(proxy_unreachable) until it is back, and an endpoint the proxy cannot reach fails with
+connect as without a proxy. A proxy that refuses the consumer's credentials (401 from tinyproxy) gives proxy_refused:
 retried, counted in sluice_attempt_failures_total, and no failure of the endpoint's (its
 breaker stays closed). The proxy's password reaches neither a log line nor
 --print-config, and a proxy URL of another scheme is refused at start-up (78).
@@ -75,8 +75,8 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
     password = "Pr0xyPa55wd"
     ca = CA(str(tmp_path / "ca"))
     tls = TlsReceiver(*ca.issue("tls", "127.0.0.1"))
-    # short breaker cooldowns: with the proxy down, the endpoint's breaker opens as for any
-    # network failure, and probes it again once the proxy is back; 5 failures open it
+    # 5 failures open a breaker: the endpoint the proxy cannot reach opens its own; the
+    # proxy's own failures (down, 401) are charged to no endpoint
     w = make_world(endpoint_ca_file=ca.cert, retry_base_ms=300, retry_cap_ms=600,
                    max_attempts=30, breaker_cooldown_ms=1000, breaker_cooldown_max_ms=2000,
                    breaker_threshold=5)
@@ -127,11 +127,13 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
         more = [event(ep_http, i, w.tag) for i in range(10, 15)]
         assert w.produce(more).returncode == 0
 
-        def retried():
-            outs = [o for o in w.outcomes() if o["id"] == more[0]["id"]]
-            return any(o["state"] == "retry_scheduled" for o in outs) and outs
-        outs = wait_until(retried, 30 * MULT, 0.3, "a retry while the proxy is down")
-        assert all(o.get("err") == "connect" for o in outs if o["state"] == "retry_scheduled")
+        ids = {e["id"] for e in more}
+
+        def retried():  # more failures than open a breaker (5)
+            outs = [o for o in w.outcomes() if o["id"] in ids and o["state"] == "retry_scheduled"]
+            return len(outs) >= 8 and outs
+        outs = wait_until(retried, 30 * MULT, 0.3, "retries while the proxy is down")
+        assert all(o.get("err") == "proxy_unreachable" for o in outs), outs
         assert len([l for l in rcv.ledger() if l["endpoint"] == ep_http]) == 10
         proxy.start()
 
@@ -140,10 +142,11 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
             return all(fin.get((e["id"], ep_http), {}).get("state") == "delivered"
                        for e in more)
         wait_until(delivered_more, 60 * MULT, 0.5, "delivery once the proxy is back")
+        assert f"breaker opened for endpoint {ep_http}" not in c.logs()
         assert c.term() == 0
 
-        # credentials the proxy refuses (tinyproxy answers 401): proxy_refused, retried, not the endpoint's 4xx,
-        # and not the endpoint's failure: eight of them do not open its breaker (5 would)
+        # credentials the proxy refuses (tinyproxy answers 401): proxy_refused, retried, not
+        # the endpoint's 4xx nor its failure: eight of them do not open its breaker (5 would)
         lates = [event(ep_http, 90 + i, w.tag) for i in range(8)]
         assert w.produce(lates).returncode == 0
         mport = free_port()

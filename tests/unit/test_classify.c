@@ -211,6 +211,7 @@ static void test_refusals(void **state)
         /* the proxy could not reach the endpoint: a failed connection, retried */
         {CURLE_RECV_ERROR, 0, CONS_REFUSAL_TUNNEL, CONS_RETRY, CONS_CLASS_CONNECT},
         {CURLE_PROXY, 0, CONS_REFUSAL_TUNNEL, CONS_RETRY, CONS_CLASS_CONNECT},
+        {CURLE_COULDNT_CONNECT, 0, CONS_REFUSAL_PROXY_DOWN, CONS_RETRY, CONS_CLASS_PROXY_DOWN},
         {CURLE_OK, 200, CONS_REFUSAL_NONE, CONS_DELIVERED, NULL},
     };
     run_table(rows, N(rows));
@@ -276,23 +277,35 @@ static void test_retry_after(void **state)
 static void test_proxy_refusal(void **state)
 {
     (void)state;
-    assert_int_equal(cons_proxy_refusal(407, 0), CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(401, 0), CONS_REFUSAL_PROXY); /* tinyproxy's 407 */
-    assert_int_equal(cons_proxy_refusal(403, 0), CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(500, 0), CONS_REFUSAL_TUNNEL); /* tinyproxy: down */
-    assert_int_equal(cons_proxy_refusal(502, 0), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(503, 0), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(504, 0), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(404, 0), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(200, 0), CONS_REFUSAL_NONE); /* tunnel made */
-    assert_int_equal(cons_proxy_refusal(0, 0), CONS_REFUSAL_NONE);   /* no answer at all */
-    assert_int_equal(cons_proxy_refusal(0, CURLPX_REPLY_NOT_ALLOWED), CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(0, CURLPX_USER_REJECTED), CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(0, CURLPX_RECV_AUTH), CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(0, CURLPX_REPLY_CONNECTION_REFUSED), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(0, CURLPX_REPLY_HOST_UNREACHABLE), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(0, CURLPX_RESOLVE_HOST), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(0, CURLPX_BAD_VERSION), CONS_REFUSAL_NONE);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 407, 0), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 401, 0),
+                     CONS_REFUSAL_PROXY); /* tinyproxy's 407 */
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 403, 0), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 500, 0),
+                     CONS_REFUSAL_TUNNEL); /* tinyproxy: down */
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 502, 0), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 503, 0), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 504, 0), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 404, 0), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 200, 0),
+                     CONS_REFUSAL_NONE); /* tunnel made */
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 0, 0), CONS_REFUSAL_NONE);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 429, 0), CONS_REFUSAL_PROXY);
+    /* no answer at all: the proxy is down or its name does not resolve */
+    assert_int_equal(cons_proxy_refusal(CURLE_COULDNT_CONNECT, 0, 0), CONS_REFUSAL_PROXY_DOWN);
+    assert_int_equal(cons_proxy_refusal(CURLE_COULDNT_RESOLVE_PROXY, 0, 0),
+                     CONS_REFUSAL_PROXY_DOWN);
+    assert_int_equal(cons_proxy_refusal(CURLE_OPERATION_TIMEDOUT, 0, 0), CONS_REFUSAL_NONE);
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_REPLY_NOT_ALLOWED),
+                     CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_USER_REJECTED), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_RECV_AUTH), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_REPLY_CONNECTION_REFUSED),
+                     CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_REPLY_HOST_UNREACHABLE),
+                     CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_RESOLVE_HOST), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_BAD_VERSION), CONS_REFUSAL_NONE);
 }
 
 int main(void)
