@@ -249,29 +249,44 @@ static void scrub_prefixed(struct line *l, const char *pfx, const char *red)
     }
 }
 
-/* Replace every registered secret in the line with [redacted] (in place, may shorten). */
-static void scrub(struct line *l)
+/* Replace every registered secret in buf[0..len) with [redacted] (in place, never longer);
+ * returns the new length. */
+static size_t scrub_registered(char *buf, size_t len)
 {
     static const char red[] = "[redacted]";
     pthread_mutex_lock(&g_secret_mu);
     for (size_t i = 0; i < g_nsecrets; i++) {
         size_t slen = strlen(g_secrets[i]);
-        char *p = l->buf;
+        char *p = buf;
         for (;;) {
-            char *hit = memmem(p, l->len - (size_t)(p - l->buf), g_secrets[i], slen);
+            char *hit = memmem(p, len - (size_t)(p - buf), g_secrets[i], slen);
             if (!hit)
                 break;
-            size_t tail = l->len - (size_t)(hit - l->buf) - slen;
+            size_t tail = len - (size_t)(hit - buf) - slen;
             size_t rlen = sizeof(red) - 1;
             if (rlen > slen)
                 rlen = slen >= 3 ? 3 : slen; /* never grow the line: "[r]" style fallback */
             memcpy(hit, rlen == sizeof(red) - 1 ? red : "***", rlen);
             memmove(hit + rlen, hit + slen, tail);
-            l->len -= slen - rlen;
+            len -= slen - rlen;
             p = hit + rlen;
         }
     }
     pthread_mutex_unlock(&g_secret_mu);
+    return len;
+}
+
+void sl_log_scrub(char *text)
+{
+    if (text)
+        text[scrub_registered(text, strlen(text))] = '\0';
+}
+
+/* Replace every registered secret in the line with [redacted] (in place, may shorten). */
+static void scrub(struct line *l)
+{
+    static const char red[] = "[redacted]";
+    l->len = scrub_registered(l->buf, l->len);
     /* Any Standard Webhooks secret, registered or not (there may be thousands of endpoint
      * secrets): "whsec_" (HMAC) or "whsk_" (Ed25519 private key) followed by its base64 text
      * becomes "whsec_[redacted]" / "whsk_[redacted]". Public keys (whpk_) stay readable. */

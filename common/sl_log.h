@@ -73,6 +73,10 @@ void sl_log_set_fd(int fd);
 /* Register a secret value that must never appear in output (copied; <= 16 secrets of >= 4
  * bytes each; shorter values are ignored as they would redact ordinary text). */
 void sl_log_add_secret(const char *value);
+/* Replace every registered secret in text (NUL-terminated; NULL allowed) with [redacted], in
+ * place (it never grows): for text that leaves the process other than as a log line, such as
+ * libcurl's error texts in outcome records. */
+void sl_log_scrub(char *text);
 /* Forget all registered secrets (wiping the copies). */
 void sl_log_clear_secrets(void);
 /* Tag every later line of this thread with key (a static string): value, e.g. the

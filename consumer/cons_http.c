@@ -121,27 +121,7 @@ struct cons_http {
     int64_t idle_us;                     /* time spent waiting in epoll_wait, not yet taken */
     int64_t answered;                    /* transfers finished, not yet taken */
     bool proxied;                        /* opts.proxy set: every request goes through it */
-    char *proxy_pw[2]; /* its password as written and decoded (NULL = none): scrubbed from
-                          libcurl's error texts, which may quote the proxy URL */
 };
-
-static void free_proxy_pw(cons_http_t *h)
-{
-    for (int i = 0; i < 2; i++) {
-        if (h->proxy_pw[i])
-            sl_secret_wipe(h->proxy_pw[i], strlen(h->proxy_pw[i]));
-        free(h->proxy_pw[i]);
-        h->proxy_pw[i] = NULL;
-    }
-}
-
-/* Overwrite every occurrence of pw (NULL or "": none) in buf with '*'. */
-static void scrub(char *buf, const char *pw)
-{
-    size_t n = pw ? strlen(pw) : 0;
-    for (char *p = n ? strstr(buf, pw) : NULL; p; p = strstr(p + n, pw))
-        memset(p, '*', n);
-}
 
 static int sock_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
@@ -226,21 +206,6 @@ cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err)
     cons_http_t *h = sl_xcalloc(1, sizeof(*h));
     h->opts = *opts;
     h->proxied = opts->proxy && opts->proxy[0];
-    if (h->proxied) {
-        CURLU *u = curl_url();
-        for (int i = 0; u && i < 2; i++) {
-            char *pw = NULL;
-            if (curl_url_set(u, CURLUPART_URL, opts->proxy, CURLU_NON_SUPPORT_SCHEME) ==
-                    CURLUE_OK &&
-                curl_url_get(u, CURLUPART_PASSWORD, &pw, i ? CURLU_URLDECODE : 0) == CURLUE_OK &&
-                pw && pw[0])
-                h->proxy_pw[i] = sl_xstrdup(pw);
-            if (pw)
-                sl_secret_wipe(pw, strlen(pw));
-            curl_free(pw);
-        }
-        curl_url_cleanup(u);
-    }
     h->timer_deadline_ms = -1;
     cons_list_init(&h->idle);
     for (int i = 0; i < CONN_CACHES; i++)
@@ -248,7 +213,6 @@ cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err)
     h->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (h->epfd < 0) {
         sl_err_set(err, -errno, "could not create epoll set: %s", strerror(errno));
-        free_proxy_pw(h);
         free(h);
         return NULL;
     }
@@ -295,7 +259,6 @@ void cons_http_destroy(cons_http_t *h)
     for (int i = 0; i < CONN_CACHES; i++)
         curl_share_cleanup(h->shares[i]);
     close(h->epfd);
-    free_proxy_pw(h);
     free(h);
 }
 
@@ -511,10 +474,8 @@ static void finish(cons_http_t *h, CURL *e, CURLcode code)
         if (r.refusal != CONS_REFUSAL_NONE)
             r.status = 0; /* the proxy's answer, not the endpoint's */
     }
-    if (h->proxied) {
-        scrub(x->errbuf, h->proxy_pw[0]);
-        scrub(x->errbuf, h->proxy_pw[1]);
-    }
+    if (h->proxied) /* libcurl's texts may quote the proxy URL: its password is registered */
+        sl_log_scrub(x->errbuf);
     int64_t dns = info_us(e, CURLINFO_NAMELOOKUP_TIME_T);
     int64_t conn = info_us(e, CURLINFO_CONNECT_TIME_T);
     int64_t app = info_us(e, CURLINFO_APPCONNECT_TIME_T);

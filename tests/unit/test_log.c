@@ -168,6 +168,12 @@ static void test_planted_secret_never_logged(void **state)
     assert_null(strstr(out, "PLANTED"));
     assert_non_null(strstr(out, "[redacted]"));
     free(out);
+    /* the same secrets out of a text that is not a log line (libcurl's error texts) */
+    char text[256];
+    snprintf(text, sizeof(text), "failed: %s and %s, twice %s", pgpw, planted, pgpw);
+    sl_log_scrub(text);
+    assert_string_equal(text, "failed: [redacted] and [redacted], twice [redacted]");
+    sl_log_scrub(NULL);
     /* an endpoint secret nobody registered is still caught by its whsec_ form */
     path = capture_begin(&fd);
     sl_warn("x", "leak_attempt", "endpoint secret whsec_UNREGISTEREDc2VjcmV0IHZhbHVl+/= end");
