@@ -207,7 +207,8 @@
   /*
    * Test: POST /v1/endpoints/{id}/test (publish scope), then its delivery log until the
    * endpoint has answered (a deferral is not an answer: breaker open, rate limit) or 30 s
-   * went by: the outcome in the live region. Every request is bounded by what is left.
+   * went by: the outcome in the live region, then the table reloaded (quietly: the status
+   * keeps the outcome) so that the row counts the test, focus back on the row's button.
    */
   function testEndpoint(id, btn) {
     var deadline = Date.now() + 30000;
@@ -229,6 +230,15 @@
               return new Promise(function (ok) { setTimeout(ok, 1000); }).then(poll);
             }
             btn.disabled = false;
+            var refocus = document.activeElement === btn || document.activeElement === null ||
+              document.activeElement === document.body;
+            var reload = function () {
+              return loadEndpoints(true).then(function () {
+                var again = document.querySelector("#endpoints tr[data-endpoint=\"" +
+                                                   CSS.escape(id) + "\"] button.test");
+                if (again && refocus) { again.focus(); }
+              });
+            };
             if (!answered) {
               status(what + ": no answer recorded within 30 s" +
                      (last ? " (deferred: " + (last.error || "?") + ")" : "") +
@@ -241,6 +251,7 @@
                      (last.http_status ? " " + last.http_status : "") +
                      (last.message ? ": " + last.message : "") + ").", "error");
             }
+            return reload();
           }, function (e) {
             btn.disabled = false;
             status(what + ": sent, but its answer could not be read (" +
@@ -258,10 +269,13 @@
     return b;
   }
 
-  function loadEndpoints() {
+  /* quiet: the status line is left as it is (a reload after a test keeps its outcome); a
+   * quiet reload that fails leaves the table as it was */
+  function loadEndpoints(quiet) {
+    quiet = quiet === true;
     var sel = $("window");
     var tbody = document.querySelector("#endpoints tbody");
-    status("Loading endpoints…");
+    if (!quiet) { status("Loading endpoints…"); }
     return apiAll("/v1/endpoint-stats?limit=500&window_s=" + encodeURIComponent(sel.value), 10000)
       .then(function (res) {
         var first = res.first;
@@ -293,10 +307,11 @@
           tbody.appendChild(tr);
         });
         if (!res.data.length) { emptyRow(tbody, 13, "No endpoints."); }
-        status("Loaded " + count(res.data.length, "endpoint", "endpoints") + " (" + slow +
-               " slow) over the " +
-               windowLabel(sel) + ".", "ok");
-      }, failed);
+        if (!quiet) {
+          status("Loaded " + count(res.data.length, "endpoint", "endpoints") + " (" + slow +
+                 " slow) over the " + windowLabel(sel) + ".", "ok");
+        }
+      }, quiet ? function () {} : failed);
   }
 
   function pageEndpoints() {

@@ -744,10 +744,18 @@ def test_the_test_button_sends_a_test_event_and_shows_what_the_endpoint_answered
     p2 = c2.open("endpoints")
     expect(c2.status()).to_contain_text("Loaded")
     before = len([l for l in run.rcv.ledger() if l["endpoint"] == ok_ep])
+    # the row's "delivered" count over the window (the 5th cell) before the test
+    delivered = p2.locator(f'#endpoints tr[data-endpoint="{ok_ep}"] > :nth-child(5)')
+    shown_before = int(delivered.inner_text())
     button = p2.get_by_role("button", name=f"Send a test event to {ok_ep}")
     button.click()
     expect(c2.status()).to_contain_text(f"to {ok_ep}: delivered, HTTP 204 in ")
-    expect(button).to_be_enabled()
     got = [l for l in run.rcv.ledger() if l["endpoint"] == ok_ep]
     assert len(got) == before + 1 and 200 <= got[-1]["status"] < 300, got[-1:]
+    # the table is reloaded after the answer, quietly: the row counts the test, the status
+    # still says what the endpoint answered, and focus is back on the row's (new) button
+    expect(delivered).to_have_text(str(shown_before + 1))
+    expect(c2.status()).to_contain_text(f"to {ok_ep}: delivered, HTTP 204 in ")
+    expect(button).to_be_enabled()
+    expect(button).to_be_focused()
     c2.shot("endpoint-tested")
