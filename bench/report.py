@@ -1012,7 +1012,11 @@ def strip(r):
 def write(r, outdir, work, quick=False):
     os.makedirs(outdir, exist_ok=True)
     day = r["date"][:10]
-    stem = f"{day}-{r['machine']['host']}" + ("-quick" if quick else "")
+    base = f"{day}-{r['machine']['host']}" + ("-quick" if quick else "")
+    stem, n = base, 1
+    while os.path.exists(os.path.join(outdir, f"{stem}.json")):  # a run earlier that day
+        n += 1
+        stem = f"{base}-{n}"
     made = plots(r, outdir, stem, work)
     r["plots"] = [os.path.basename(p) for p in made if p.endswith(".png")]
     r["summary"] = summarize(r)
