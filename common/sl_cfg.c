@@ -357,6 +357,14 @@ static const struct opt opts[] = {
       "socks5h://host:port, user:password@ allowed), e.g. an egress proxy with fixed addresses "
       "that endpoints allow (empty = connect directly); the consumers then connect to nothing "
       "else, and an endpoint whose host is a refused address is still refused"),
+    S("delivery_proxy_ca_file",
+      "SLUICE_DELIVERY_PROXY_CA_FILE",
+      delivery_proxy_ca_file,
+      "",
+      0,
+      "PEM file of the CA certificates that verify an https:// delivery_proxy's own "
+      "certificate, in place of the system's trust store (empty = the system's); only with an "
+      "https:// delivery_proxy. The endpoints' certificates are endpoint_ca_file's"),
     S("endpoint_ca_file",
       "SLUICE_ENDPOINT_CA_FILE",
       endpoint_ca_file,
@@ -1186,6 +1194,22 @@ static int check_endpoint_reach(const struct sl_config *cfg, FILE *errf)
         (void)fprintf(errf, "invalid value for %s: %s\n",
                       opt_key(cfg, "delivery_proxy", kb, sizeof(kb)), err.msg);
         nerr++;
+    }
+    if (cfg->delivery_proxy_ca_file[0]) {
+        if (strncasecmp(cfg->delivery_proxy, "https://", 8) != 0) {
+            char kb2[96];
+            (void)fprintf(errf,
+                          "%s is set, but %s is not an https:// proxy: nothing would use it\n",
+                          opt_key(cfg, "delivery_proxy_ca_file", kb, sizeof(kb)),
+                          opt_key(cfg, "delivery_proxy", kb2, sizeof(kb2)));
+            nerr++;
+        } else {
+            int e =
+                check_readable(cfg, errf, "delivery_proxy_ca_file", cfg->delivery_proxy_ca_file);
+            nerr +=
+                e ? e
+                  : check_pem_ca(cfg, errf, "delivery_proxy_ca_file", cfg->delivery_proxy_ca_file);
+        }
     }
     return nerr;
 }

@@ -76,7 +76,8 @@ struct sl_config {
     char *ssrf_allow_cidrs;            /* comma-separated CIDRs exempt from SSRF refusal */
     char *endpoint_ca_file; /* PEM CA certificates for HTTPS endpoints; "" = libcurl's default */
     char *delivery_proxy;   /* proxy every delivery is tunnelled through; "" = direct */
-    bool ssrf_protection;   /* refuse non-global addresses */
+    char *delivery_proxy_ca_file; /* PEM CAs for an https:// proxy's certificate; "" = system's */
+    bool ssrf_protection;         /* refuse non-global addresses */
     /* retry */
     int64_t retry_base_ms;      /* full-jitter base, ms */
     int64_t retry_cap_ms;       /* maximum delay, ms */

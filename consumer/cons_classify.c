@@ -146,7 +146,26 @@ static enum cons_verdict classify_status(long status, const char **cls)
     }
 }
 
-enum cons_refusal cons_proxy_refusal(int curl_code, long connect_code, int proxy_error)
+/* the CURLcodes of a TLS handshake that failed or a certificate that did not verify */
+static bool tls_setup_failure(int curl_code)
+{
+    switch ((CURLcode)curl_code) {
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+    case CURLE_SSL_INVALIDCERTSTATUS:
+        return true;
+    default:
+        return false;
+    }
+}
+
+enum cons_refusal
+cons_proxy_refusal(int curl_code, long connect_code, int proxy_error, bool proxy_tls)
 {
     if (connect_code == 407 || connect_code == 401 || connect_code == 403 || connect_code == 429)
         return CONS_REFUSAL_PROXY;
@@ -173,6 +192,8 @@ enum cons_refusal cons_proxy_refusal(int curl_code, long connect_code, int proxy
     if (connect_code == 0 && proxy_error == 0 &&
         (curl_code == CURLE_COULDNT_CONNECT || curl_code == CURLE_COULDNT_RESOLVE_PROXY))
         return CONS_REFUSAL_PROXY_DOWN;
+    if (proxy_tls && connect_code == 0 && proxy_error == 0 && tls_setup_failure(curl_code))
+        return CONS_REFUSAL_PROXY_DOWN; /* TLS to the proxy: no tunnel was asked for yet */
     return CONS_REFUSAL_NONE;
 }
 

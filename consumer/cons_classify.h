@@ -26,6 +26,7 @@
 #ifndef CONS_CLASSIFY_H
 #define CONS_CLASSIFY_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 enum cons_verdict {
@@ -54,10 +55,13 @@ enum cons_refusal {
  * CONS_REFUSAL_PROXY; any other non-2xx answer, and SOCKS "unreachable / refused / not
  * resolved", are CONS_REFUSAL_TUNNEL (tinyproxy answers 500, Squid and smokescreen 502-504
  * when the endpoint is down); no answer at all because the proxy could not be connected to
- * or its name did not resolve is CONS_REFUSAL_PROXY_DOWN; anything else CONS_REFUSAL_NONE
- * (curl's code decides).
+ * or its name did not resolve is CONS_REFUSAL_PROXY_DOWN, and so is, for an https:// proxy
+ * (proxy_tls), a TLS handshake or certificate failure before any answer to CONNECT: that
+ * TLS is to the proxy (the endpoint's own comes after a 2xx); anything else
+ * CONS_REFUSAL_NONE (curl's code decides).
  */
-enum cons_refusal cons_proxy_refusal(int curl_code, long connect_code, int proxy_error);
+enum cons_refusal
+cons_proxy_refusal(int curl_code, long connect_code, int proxy_error, bool proxy_tls);
 
 /* Error classes (the strings returned through *error_class). */
 #define CONS_CLASS_TIMEOUT      "timeout"          /* CURLE_OPERATION_TIMEDOUT */

@@ -462,7 +462,8 @@ cons_engine_t *cons_engine_new(
                                 .max_bytes = (uint64_t)cfg->response_max_bytes,
                                 .user_agent = "Sluice/" SL_VERSION,
                                 .proxy = cfg->delivery_proxy,
-                                .ca_file = cfg->endpoint_ca_file};
+                                .ca_file = cfg->endpoint_ca_file,
+                                .proxy_ca_file = cfg->delivery_proxy_ca_file};
     e->http = cons_http_new(&ho, err);
     if (!e->http)
         goto fail;

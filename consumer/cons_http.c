@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <time.h>
 #include <unistd.h>
@@ -121,6 +122,7 @@ struct cons_http {
     int64_t idle_us;                     /* time spent waiting in epoll_wait, not yet taken */
     int64_t answered;                    /* transfers finished, not yet taken */
     bool proxied;                        /* opts.proxy set: every request goes through it */
+    bool proxy_tls;                      /* an https:// proxy: TLS to it before the CONNECT */
 };
 
 static int sock_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
@@ -206,6 +208,7 @@ cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err)
     cons_http_t *h = sl_xcalloc(1, sizeof(*h));
     h->opts = *opts;
     h->proxied = opts->proxy && opts->proxy[0];
+    h->proxy_tls = h->proxied && strncasecmp(opts->proxy, "https://", 8) == 0;
     h->timer_deadline_ms = -1;
     cons_list_init(&h->idle);
     for (int i = 0; i < CONN_CACHES; i++)
@@ -281,6 +284,10 @@ static void xfer_init_opts(cons_http_t *h, struct xfer *x)
         curl_easy_setopt(e, CURLOPT_PROXY, h->opts.proxy);
         curl_easy_setopt(e, CURLOPT_NOPROXY, "");
         curl_easy_setopt(e, CURLOPT_HTTPPROXYTUNNEL, 1L);
+        if (h->opts.proxy_ca_file && h->opts.proxy_ca_file[0]) { /* delivery_proxy_ca_file */
+            curl_easy_setopt(e, CURLOPT_PROXY_CAINFO, h->opts.proxy_ca_file);
+            curl_easy_setopt(e, CURLOPT_PROXY_CAPATH, (char *)NULL);
+        }
     } else {
         curl_easy_setopt(e, CURLOPT_PROXY, ""); /* and never one from the environment */
     }
@@ -470,7 +477,7 @@ static void finish(cons_http_t *h, CURL *e, CURLcode code)
         (void)curl_easy_getinfo(e, CURLINFO_HTTP_CONNECTCODE, &connect_code);
         if (code == CURLE_PROXY)
             (void)curl_easy_getinfo(e, CURLINFO_PROXY_ERROR, &proxy_error);
-        r.refusal = cons_proxy_refusal((int)code, connect_code, (int)proxy_error);
+        r.refusal = cons_proxy_refusal((int)code, connect_code, (int)proxy_error, h->proxy_tls);
         if (r.refusal != CONS_REFUSAL_NONE)
             r.status = 0; /* the proxy's answer, not the endpoint's */
     }

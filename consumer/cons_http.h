@@ -74,6 +74,8 @@ struct cons_http_opts {
                                           libcurl's default bundle */
     const char *proxy;                 /* delivery_proxy: every request tunnelled (CONNECT)
                                           through it; ""/NULL: direct */
+    const char *proxy_ca_file;         /* PEM CAs for an https:// proxy's certificate, in place
+                                          of the system's; ""/NULL: libcurl's default bundle */
 };
 
 cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err);

@@ -43,6 +43,7 @@ APT_PACKAGES=(
   openjdk-17-jdk-headless maven
   kcat wrk gnuplot-nox jq python3 python3-venv curl faketime
   prometheus chromium chromium-driver fonts-dejavu-core tinyproxy-bin
+  microsocks stunnel4
 )
 # Go builds kustomize (step 4): Debian's golang-go only where no Go toolchain is installed.
 if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then

@@ -12,6 +12,19 @@ connect as without a proxy. A proxy that refuses the consumer's credentials (401
 retried, counted in sluice_attempt_failures_total, and no failure of the endpoint's (its
 breaker stays closed). The proxy's password reaches neither a log line nor
 --print-config, and a proxy URL of another scheme is refused at start-up (78).
+
+The same through a SOCKS5 proxy (Debian's microsocks, user and password): socks5h:// (the
+proxy resolves names, so the consumers' own resolution cannot be bypassed by one) carries
+plain HTTP and HTTPS; the refused literal is still never asked of it; an endpoint it cannot
+reach is the endpoint's connect failure; its refusal of the credentials is proxy_refused and
+opens no breaker; socks5:// (names resolved here, where the SSRF rules would not see the
+address connected to) is refused at start-up.
+
+And through an https:// proxy (stunnel, Debian's stunnel4, terminating TLS in front of
+tinyproxy) whose certificate is from a CA of its own: verified against
+delivery_proxy_ca_file, plain HTTP and HTTPS endpoints delivered through it; without that
+file its certificate does not verify, which is the proxy's failure (proxy_unreachable, no
+endpoint's breaker opened), not the endpoints' tls.
 """
 
 import json
@@ -27,6 +40,8 @@ from tls_helpers import CA
 
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
 TINYPROXY = shutil.which("tinyproxy") or "/usr/bin/tinyproxy"
+MICROSOCKS = shutil.which("microsocks") or "/usr/bin/microsocks"
+STUNNEL = shutil.which("stunnel4") or shutil.which("stunnel") or "/usr/bin/stunnel4"
 
 
 class Tinyproxy:
@@ -68,6 +83,63 @@ class Tinyproxy:
             if "Request" in line and i >= 0:
                 out.append(line[i + 8:].split()[0])
         return out
+
+
+class Microsocks:
+    """microsocks (a SOCKS5 server) on 127.0.0.1:port with user/password authentication, its
+    output (one line per connection it made) in dir/microsocks.log."""
+
+    def __init__(self, d, user, password):
+        self.port, self.user, self.password = free_port(), user, password
+        self.log = os.path.join(d, "microsocks.log")
+        self.p = None
+
+    def start(self):
+        with open(self.log, "a") as out:
+            self.p = subprocess.Popen([MICROSOCKS, "-i", "127.0.0.1", "-p", str(self.port),
+                                       "-u", self.user, "-P", self.password],
+                                      stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        def up():
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+        wait_until(up, 20 * MULT, 0.1, "microsocks to listen")
+
+    def stop(self):
+        if self.p and self.p.poll() is None:
+            self.p.terminate()
+            self.p.wait(10)
+
+    def connects(self):
+        """The targets the proxy connected to ("client[5] 127.0.0.1: connected to h:p")."""
+        return [l.rsplit("connected to ", 1)[1].strip()
+                for l in open(self.log, errors="replace") if "connected to " in l]
+
+
+class Stunnel:
+    """stunnel in the foreground: TLS with cert/key on 127.0.0.1:port, relayed in the clear to
+    127.0.0.1:target_port (here tinyproxy), so that the pair is an https:// proxy."""
+
+    def __init__(self, d, cert, key, target_port):
+        self.port = free_port()
+        self.conf = os.path.join(d, "stunnel.conf")
+        with open(self.conf, "w") as f:
+            f.write(f"foreground = yes\npid =\noutput = {os.path.join(d, 'stunnel.log')}\n"
+                    f"[proxy]\naccept = 127.0.0.1:{self.port}\n"
+                    f"connect = 127.0.0.1:{target_port}\ncert = {cert}\nkey = {key}\n")
+        self.p = None
+
+    def start(self):
+        self.p = subprocess.Popen([STUNNEL, self.conf], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        def up():
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+        wait_until(up, 20 * MULT, 0.1, "stunnel to listen")
+
+    def stop(self):
+        if self.p and self.p.poll() is None:
+            self.p.terminate()
+            self.p.wait(10)
 
 
 def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp_path):
@@ -191,4 +263,148 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
             assert bad not in r.stderr
     finally:
         proxy.stop()
+        tls.close()
+
+
+def test_deliveries_through_a_socks5h_proxy_keep_the_rules_and_the_failures_apart(make_world,
+                                                                                  tmp_path):
+    assert os.access(MICROSOCKS, os.X_OK), "microsocks not installed: run scripts/setup.sh"
+    password = "S0cksPa55wd"
+    ca = CA(str(tmp_path / "ca"))
+    tls = TlsReceiver(*ca.issue("tls", "127.0.0.1"))
+    w = make_world(endpoint_ca_file=ca.cert, retry_base_ms=300, retry_cap_ms=600,
+                   max_attempts=30, breaker_cooldown_ms=1000, breaker_cooldown_max_ms=2000,
+                   breaker_threshold=5)
+    proxy = Microsocks(w.dir, "sluice", password)
+    proxy.start()
+    try:
+        rcv = w.receiver()
+        ep_http = w.add_endpoint(f"sh_{w.tag}", rcv.url("ok", f"sh_{w.tag}"))
+        ep_tls = w.add_endpoint(f"st_{w.tag}", tls.url("hook"))
+        r = w.ctl("endpoints", "add", "--id", f"sp_{w.tag}", "--url", "http://10.0.0.1/x",
+                  "--secret", w.secret, env=dict(w.env, SLUICE_SSRF_PROTECTION="false"))
+        assert r.returncode == 0, r.stderr
+        ep_priv = f"sp_{w.tag}"
+        down_port = free_port()   # nothing listens: microsocks answers "connection refused"
+        ep_down = w.add_endpoint(f"sd_{w.tag}", f"http://127.0.0.1:{down_port}/x")
+        evs = ([event(ep_http, i, w.tag) for i in range(10)]
+               + [event(ep_tls, i, w.tag) for i in range(10)] + [event(ep_priv, 0, w.tag)]
+               + [event(ep_down, 0, w.tag)])
+        assert w.produce(evs).returncode == 0
+        proxy_url = f"socks5h://sluice:{password}@127.0.0.1:{proxy.port}"
+        c = w.consumer(delivery_proxy=proxy_url)
+
+        def settled():
+            fin = final_states(w.outcomes())
+            return len(fin) == len(evs) and fin
+        fin = wait_until(settled, 60 * MULT, 0.5, "every delivery to end")
+        for e in evs:
+            o = fin[(e["id"], e["endpoint"])]
+            if e["endpoint"] == ep_priv:
+                assert o["state"] == "dead_letter" and o["err"] == "ssrf_refused", o
+            elif e["endpoint"] == ep_down:
+                tries = [x for x in w.outcomes() if x["endpoint"] == ep_down
+                         and x["state"] == "retry_scheduled"]
+                assert tries and all(x["err"] == "connect" for x in tries), tries
+            else:
+                assert o["state"] == "delivered", o
+        assert len(tls.requests) == 10
+        assert all(signature_ok(w.secret, h, b) for _, h, b in tls.requests)
+        assert len([l for l in rcv.ledger() if l["endpoint"] == ep_http]) == 10
+        targets = set(proxy.connects())   # connected: the endpoint that is down is not listed
+        assert targets == {f"127.0.0.1:{rcv.port}", f"127.0.0.1:{tls.port}"}, targets
+        assert c.term() == 0
+
+        # credentials the proxy refuses: proxy_refused, retried, no breaker opened (5 would)
+        lates = [event(ep_http, 90 + i, w.tag) for i in range(8)]
+        assert w.produce(lates).returncode == 0
+        c2 = w.consumer(delivery_proxy=f"socks5h://sluice:wrong@127.0.0.1:{proxy.port}")
+        ids = {e["id"] for e in lates}
+
+        def refused():
+            outs = [o for o in w.outcomes() if o["id"] in ids and o["state"] == "retry_scheduled"]
+            return len({o["id"] for o in outs}) == len(lates) and outs
+        outs = wait_until(refused, 30 * MULT, 0.3, "a retry of each after the refusal")
+        assert all(o.get("err") == "proxy_refused" and not o.get("http") for o in outs), \
+            [(o.get("err"), o.get("http"), o.get("msg")) for o in outs]
+        assert f"breaker opened for endpoint {ep_http}" not in c2.logs()
+        assert c2.term() == 0
+        c3 = w.consumer(delivery_proxy=proxy_url)
+        wait_until(lambda: all(final_states(w.outcomes()).get((e["id"], ep_http), {})
+                               .get("state") == "delivered" for e in lates),
+                   60 * MULT, 0.5, "delivered with the password")
+        assert c3.term() == 0
+        logs = "".join(open(os.path.join(w.dir, f), errors="replace").read()
+                       for f in os.listdir(w.dir) if f.endswith(".log") and "microsocks" not in f)
+        assert len(logs) > 200 and password not in logs
+        assert password not in json.dumps(w.outcomes())
+
+        # socks5:// would resolve names here, outside the proxy's and the consumers' rules
+        bad = f"socks5://sluice:{password}@127.0.0.1:{proxy.port}"
+        r = w.run("consumer/sluice-consumer", "--check-config",
+                  env=dict(w.env, SLUICE_DELIVERY_PROXY=bad))
+        assert r.returncode == 78, r.stderr
+        assert "SLUICE_DELIVERY_PROXY (env)" in r.stderr and "socks5h" in r.stderr, r.stderr
+        assert password not in r.stderr
+    finally:
+        proxy.stop()
+        tls.close()
+
+
+def test_an_https_proxy_is_verified_against_its_own_ca_and_its_tls_failure_is_the_proxys(
+        make_world, tmp_path):
+    assert os.access(STUNNEL, os.X_OK), "stunnel4 not installed: run scripts/setup.sh"
+    assert os.access(TINYPROXY, os.X_OK), "tinyproxy not installed: run scripts/setup.sh"
+    password = "Tl5Pr0xyPw"
+    ca = CA(str(tmp_path / "ca"))            # the endpoints'
+    pca = CA(str(tmp_path / "pca"), "pca")   # the proxy's own, a CA of its own
+    tls = TlsReceiver(*ca.issue("tls", "127.0.0.1"))
+    w = make_world(endpoint_ca_file=ca.cert, retry_base_ms=300, retry_cap_ms=600,
+                   max_attempts=30, breaker_cooldown_ms=1000, breaker_cooldown_max_ms=2000,
+                   breaker_threshold=5)
+    tiny = Tinyproxy(w.dir, "sluice", password)
+    tiny.start()
+    st = Stunnel(w.dir, *pca.issue("proxy", "127.0.0.1"), tiny.port)
+    st.start()
+    try:
+        rcv = w.receiver()
+        ep_http = w.add_endpoint(f"th_{w.tag}", rcv.url("ok", f"th_{w.tag}"))
+        ep_tls = w.add_endpoint(f"tt_{w.tag}", tls.url("hook"))
+        proxy_url = f"https://sluice:{password}@127.0.0.1:{st.port}"
+
+        # without delivery_proxy_ca_file the proxy's certificate does not verify: the
+        # proxy's failure, retried, charged to no endpoint (8 failures each; 5 open a breaker)
+        evs = [event(ep, i, w.tag) for ep in (ep_http, ep_tls) for i in range(8)]
+        assert w.produce(evs).returncode == 0
+        c = w.consumer(delivery_proxy=proxy_url)
+        ids = {e["id"] for e in evs}
+
+        def failed_each():
+            outs = [o for o in w.outcomes() if o["id"] in ids and o["state"] == "retry_scheduled"]
+            return len({(o["id"], o["endpoint"]) for o in outs}) == len(evs) and outs
+        outs = wait_until(failed_each, 30 * MULT, 0.3, "a retry of each: the proxy's TLS")
+        assert all(o.get("err") == "proxy_unreachable" and not o.get("http") for o in outs), \
+            [(o.get("err"), o.get("http"), o.get("msg")) for o in outs]
+        assert "breaker opened for endpoint" not in c.logs()
+        assert tiny.connects() == []   # nothing got past the proxy's TLS
+        assert c.term() == 0
+
+        # with it: verified, and every request tunnelled through it
+        c2 = w.consumer(delivery_proxy=proxy_url, delivery_proxy_ca_file=pca.cert)
+        wait_until(lambda: all(final_states(w.outcomes()).get((e["id"], e["endpoint"]), {})
+                               .get("state") == "delivered" for e in evs),
+                   60 * MULT, 0.5, "delivered through the https:// proxy")
+        assert len(tls.requests) == 8
+        assert all(signature_ok(w.secret, h, b) for _, h, b in tls.requests)
+        assert len([l for l in rcv.ledger() if l["endpoint"] == ep_http]) == 8
+        assert set(tiny.connects()) == {f"127.0.0.1:{rcv.port}", f"127.0.0.1:{tls.port}"}
+        assert c2.term() == 0
+        logs = "".join(open(os.path.join(w.dir, f), errors="replace").read()
+                       for f in os.listdir(w.dir)
+                       if f.endswith(".log") and f not in ("tinyproxy.log", "stunnel.log"))
+        assert len(logs) > 200 and password not in logs
+        assert password not in json.dumps(w.outcomes())
+    finally:
+        st.stop()
+        tiny.stop()
         tls.close()

@@ -218,6 +218,23 @@ static void test_delivery_proxy(void **state)
     assert_null(strstr(out, "pr0xypw"));
     free(out);
     sl_cfg_fini(&cfg);
+    /* delivery_proxy_ca_file: only for an https:// proxy, and a file that can be read */
+    char *plain[] = {"SLUICE_DELIVERY_PROXY=http://px.example:3128",
+                     "SLUICE_DELIVERY_PROXY_CA_FILE=/etc/hostname", NULL};
+    errs = load_errs(&cfg, NULL, plain, &nerr);
+    assert_int_equal(nerr, 1);
+    assert_non_null(strstr(errs, "SLUICE_DELIVERY_PROXY_CA_FILE (env) is set, but "
+                                 "SLUICE_DELIVERY_PROXY (env) is not an https:// proxy"));
+    free(errs);
+    sl_cfg_fini(&cfg);
+    char *missing[] = {"SLUICE_DELIVERY_PROXY=https://px.example:3129",
+                       "SLUICE_DELIVERY_PROXY_CA_FILE=/nonexistent/proxy-ca.pem", NULL};
+    errs = load_errs(&cfg, NULL, missing, &nerr);
+    assert_int_equal(nerr, 1);
+    assert_non_null(strstr(errs, "invalid value for SLUICE_DELIVERY_PROXY_CA_FILE (env): "
+                                 "\"/nonexistent/proxy-ca.pem\": cannot read it"));
+    free(errs);
+    sl_cfg_fini(&cfg);
 }
 
 /* The recorder's tunables: defaults, file < env, inclusive bounds, and a rejection that names

@@ -277,35 +277,55 @@ static void test_retry_after(void **state)
 static void test_proxy_refusal(void **state)
 {
     (void)state;
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 407, 0), CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 401, 0),
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 407, 0, false), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 401, 0, false),
                      CONS_REFUSAL_PROXY); /* tinyproxy's 407 */
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 403, 0), CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 500, 0),
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 403, 0, false), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 500, 0, false),
                      CONS_REFUSAL_TUNNEL); /* tinyproxy: down */
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 502, 0), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 503, 0), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 504, 0), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 404, 0), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 200, 0),
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 502, 0, false), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 503, 0, false), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 504, 0, false), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 404, 0, false), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 200, 0, false),
                      CONS_REFUSAL_NONE); /* tunnel made */
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 0, 0), CONS_REFUSAL_NONE);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 429, 0), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 0, 0, false), CONS_REFUSAL_NONE);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 429, 0, false), CONS_REFUSAL_PROXY);
     /* no answer at all: the proxy is down or its name does not resolve */
-    assert_int_equal(cons_proxy_refusal(CURLE_COULDNT_CONNECT, 0, 0), CONS_REFUSAL_PROXY_DOWN);
-    assert_int_equal(cons_proxy_refusal(CURLE_COULDNT_RESOLVE_PROXY, 0, 0),
+    assert_int_equal(cons_proxy_refusal(CURLE_COULDNT_CONNECT, 0, 0, false),
                      CONS_REFUSAL_PROXY_DOWN);
-    assert_int_equal(cons_proxy_refusal(CURLE_OPERATION_TIMEDOUT, 0, 0), CONS_REFUSAL_NONE);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_REPLY_NOT_ALLOWED),
+    assert_int_equal(cons_proxy_refusal(CURLE_COULDNT_RESOLVE_PROXY, 0, 0, false),
+                     CONS_REFUSAL_PROXY_DOWN);
+    assert_int_equal(cons_proxy_refusal(CURLE_OPERATION_TIMEDOUT, 0, 0, false), CONS_REFUSAL_NONE);
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_REPLY_NOT_ALLOWED, false),
                      CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_USER_REJECTED), CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_RECV_AUTH), CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_REPLY_CONNECTION_REFUSED),
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_USER_REJECTED, false),
+                     CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_RECV_AUTH, false),
+                     CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_REPLY_CONNECTION_REFUSED, false),
                      CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_REPLY_HOST_UNREACHABLE),
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_REPLY_HOST_UNREACHABLE, false),
                      CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_RESOLVE_HOST), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_BAD_VERSION), CONS_REFUSAL_NONE);
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_RESOLVE_HOST, false),
+                     CONS_REFUSAL_TUNNEL);
+    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_BAD_VERSION, false),
+                     CONS_REFUSAL_NONE);
+    /* an https:// proxy: TLS before any answer to CONNECT is to the proxy; after a 2xx (or
+     * through a plain HTTP or SOCKS proxy) it is the endpoint's */
+    assert_int_equal(cons_proxy_refusal(CURLE_PEER_FAILED_VERIFICATION, 0, 0, true),
+                     CONS_REFUSAL_PROXY_DOWN);
+    assert_int_equal(cons_proxy_refusal(CURLE_SSL_CONNECT_ERROR, 0, 0, true),
+                     CONS_REFUSAL_PROXY_DOWN);
+    assert_int_equal(cons_proxy_refusal(CURLE_PEER_FAILED_VERIFICATION, 200, 0, true),
+                     CONS_REFUSAL_NONE);
+    assert_int_equal(cons_proxy_refusal(CURLE_PEER_FAILED_VERIFICATION, 0, 0, false),
+                     CONS_REFUSAL_NONE);
+    assert_int_equal(cons_proxy_refusal(CURLE_SSL_CONNECT_ERROR, 0, 0, false), CONS_REFUSAL_NONE);
+    assert_int_equal(cons_proxy_refusal(CURLE_OPERATION_TIMEDOUT, 0, 0, true), CONS_REFUSAL_NONE);
+    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 407, 0, true), CONS_REFUSAL_PROXY);
+    assert_int_equal(cons_proxy_refusal(CURLE_COULDNT_CONNECT, 0, 0, true),
+                     CONS_REFUSAL_PROXY_DOWN);
 }
 
 int main(void)
