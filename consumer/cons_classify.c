@@ -164,14 +164,14 @@ static bool tls_setup_failure(int curl_code)
     }
 }
 
-enum cons_refusal
-cons_proxy_refusal(int curl_code, long connect_code, int proxy_error, bool proxy_tls)
+enum cons_refusal cons_proxy_refusal(const struct cons_proxy_answer *a)
 {
-    if (connect_code == 407 || connect_code == 401 || connect_code == 403 || connect_code == 429)
+    long cc = a->connect_code;
+    if (cc == 407 || cc == 401 || cc == 403 || cc == 429)
         return CONS_REFUSAL_PROXY;
-    if (connect_code != 0 && (connect_code < 200 || connect_code > 299))
+    if (cc != 0 && (cc < 200 || cc > 299))
         return CONS_REFUSAL_TUNNEL;
-    switch ((CURLproxycode)proxy_error) {
+    switch ((CURLproxycode)a->proxy_error) {
     case CURLPX_REPLY_NOT_ALLOWED:
     case CURLPX_USER_REJECTED:
     case CURLPX_NO_AUTH:
@@ -189,10 +189,17 @@ cons_proxy_refusal(int curl_code, long connect_code, int proxy_error, bool proxy
     default:
         break;
     }
-    if (connect_code == 0 && proxy_error == 0 &&
-        (curl_code == CURLE_COULDNT_CONNECT || curl_code == CURLE_COULDNT_RESOLVE_PROXY))
+    if (cc != 0 || a->proxy_error != 0)
+        return CONS_REFUSAL_NONE; /* the tunnel was made: the endpoint's failure */
+    if (a->curl_code == CURLE_COULDNT_CONNECT || a->curl_code == CURLE_COULDNT_RESOLVE_PROXY)
         return CONS_REFUSAL_PROXY_DOWN;
-    if (proxy_tls && connect_code == 0 && proxy_error == 0 && tls_setup_failure(curl_code))
+    if (a->kind == CONS_PROXY_SOCKS || a->new_connections <= 0)
+        return CONS_REFUSAL_NONE; /* SOCKS has no CONNECT code; a reused tunnel had one before */
+    /* a new connection to an HTTP(S) proxy that never answered CONNECT */
+    if (a->curl_code == CURLE_RECV_ERROR || a->curl_code == CURLE_SEND_ERROR ||
+        a->curl_code == CURLE_GOT_NOTHING)
+        return CONS_REFUSAL_PROXY_DOWN;
+    if (a->kind == CONS_PROXY_HTTPS && tls_setup_failure(a->curl_code))
         return CONS_REFUSAL_PROXY_DOWN; /* TLS to the proxy: no tunnel was asked for yet */
     return CONS_REFUSAL_NONE;
 }

@@ -46,22 +46,37 @@ enum cons_refusal {
     CONS_REFUSAL_PROXY_DOWN = 5, /* the delivery proxy itself could not be reached */
 };
 
+/* The delivery proxy's kind, from its URL's scheme. */
+enum cons_proxy_kind {
+    CONS_PROXY_HTTP = 0,  /* http://: CONNECT in the clear */
+    CONS_PROXY_HTTPS = 1, /* https://: TLS to the proxy, then CONNECT inside it */
+    CONS_PROXY_SOCKS = 2, /* socks5h:// */
+};
+
+/* What libcurl says of a failed transfer through the delivery proxy. */
+struct cons_proxy_answer {
+    int curl_code;             /* the transfer's CURLcode */
+    long connect_code;         /* CURLINFO_HTTP_CONNECTCODE: the answer to CONNECT; 0 = none
+                                  (reset per transfer; a reused tunnel has none) */
+    int proxy_error;           /* CURLINFO_PROXY_ERROR after CURLE_PROXY (SOCKS); 0 = none */
+    long new_connections;      /* CURLINFO_NUM_CONNECTS: connections this transfer opened */
+    enum cons_proxy_kind kind; /* the proxy's */
+};
+
 /*
- * What a failed transfer through the delivery proxy says, from the proxy's answer:
- * connect_code is CURLINFO_HTTP_CONNECTCODE (an HTTP proxy's answer to CONNECT; 0 = none),
- * proxy_error CURLINFO_PROXY_ERROR (a SOCKS proxy's, after CURLE_PROXY; 0 = none),
- * curl_code the transfer's CURLcode. 407 and 401 (credentials: tinyproxy answers 401), 403
- * (its rules), 429 (its limits), and SOCKS authentication failures and rule denials, are
- * CONS_REFUSAL_PROXY; any other non-2xx answer, and SOCKS "unreachable / refused / not
- * resolved", are CONS_REFUSAL_TUNNEL (tinyproxy answers 500, Squid and smokescreen 502-504
- * when the endpoint is down); no answer at all because the proxy could not be connected to
- * or its name did not resolve is CONS_REFUSAL_PROXY_DOWN, and so is, for an https:// proxy
- * (proxy_tls), a TLS handshake or certificate failure before any answer to CONNECT: that
- * TLS is to the proxy (the endpoint's own comes after a 2xx); anything else
- * CONS_REFUSAL_NONE (curl's code decides).
+ * Whose failure a transfer through the delivery proxy is. 407 and 401 (credentials:
+ * tinyproxy answers 401), 403 (its rules), 429 (its limits), and SOCKS authentication
+ * failures and rule denials, are CONS_REFUSAL_PROXY; any other non-2xx answer to CONNECT, and
+ * SOCKS "unreachable / refused / not resolved", are CONS_REFUSAL_TUNNEL (tinyproxy answers
+ * 500, Squid and smokescreen 502-504 when the endpoint is down). CONS_REFUSAL_PROXY_DOWN: the
+ * proxy could not be connected to or its name did not resolve; or an HTTP(S) proxy took a new
+ * connection and dropped it without answering CONNECT (a send or receive error, nothing
+ * received); or, for an https:// proxy, a TLS handshake or certificate failure before any
+ * answer to CONNECT (that TLS is to the proxy: the endpoint's own comes after a 2xx). A
+ * timeout with no answer stays the endpoint's: a proxy answers CONNECT only once it has
+ * reached the endpoint. Anything else is CONS_REFUSAL_NONE (curl's code decides).
  */
-enum cons_refusal
-cons_proxy_refusal(int curl_code, long connect_code, int proxy_error, bool proxy_tls);
+enum cons_refusal cons_proxy_refusal(const struct cons_proxy_answer *a);
 
 /* Error classes (the strings returned through *error_class). */
 #define CONS_CLASS_TIMEOUT      "timeout"          /* CURLE_OPERATION_TIMEDOUT */

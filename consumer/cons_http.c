@@ -122,7 +122,7 @@ struct cons_http {
     int64_t idle_us;                     /* time spent waiting in epoll_wait, not yet taken */
     int64_t answered;                    /* transfers finished, not yet taken */
     bool proxied;                        /* opts.proxy set: every request goes through it */
-    bool proxy_tls;                      /* an https:// proxy: TLS to it before the CONNECT */
+    enum cons_proxy_kind proxy_kind;     /* http://, https:// (TLS before CONNECT), socks5h:// */
 };
 
 static int sock_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
@@ -208,7 +208,10 @@ cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err)
     cons_http_t *h = sl_xcalloc(1, sizeof(*h));
     h->opts = *opts;
     h->proxied = opts->proxy && opts->proxy[0];
-    h->proxy_tls = h->proxied && strncasecmp(opts->proxy, "https://", 8) == 0;
+    h->proxy_kind = !h->proxied                                    ? CONS_PROXY_HTTP
+                    : strncasecmp(opts->proxy, "https://", 8) == 0 ? CONS_PROXY_HTTPS
+                    : strncasecmp(opts->proxy, "socks", 5) == 0    ? CONS_PROXY_SOCKS
+                                                                   : CONS_PROXY_HTTP;
     h->timer_deadline_ms = -1;
     cons_list_init(&h->idle);
     for (int i = 0; i < CONN_CACHES; i++)
@@ -473,11 +476,14 @@ static void finish(cons_http_t *h, CURL *e, CURLcode code)
     r.refusal = x->refusal;
     r.refusal_why = x->refusal_why;
     if (h->proxied && code != CURLE_OK && r.refusal == CONS_REFUSAL_NONE) {
-        long connect_code = 0, proxy_error = 0;
-        (void)curl_easy_getinfo(e, CURLINFO_HTTP_CONNECTCODE, &connect_code);
-        if (code == CURLE_PROXY)
+        struct cons_proxy_answer a = {.curl_code = (int)code, .kind = h->proxy_kind};
+        long proxy_error = 0;
+        (void)curl_easy_getinfo(e, CURLINFO_HTTP_CONNECTCODE, &a.connect_code);
+        (void)curl_easy_getinfo(e, CURLINFO_NUM_CONNECTS, &a.new_connections);
+        if (code == CURLE_PROXY) /* set by the SOCKS code with it, stale otherwise */
             (void)curl_easy_getinfo(e, CURLINFO_PROXY_ERROR, &proxy_error);
-        r.refusal = cons_proxy_refusal((int)code, connect_code, (int)proxy_error, h->proxy_tls);
+        a.proxy_error = (int)proxy_error;
+        r.refusal = cons_proxy_refusal(&a);
         if (r.refusal != CONS_REFUSAL_NONE)
             r.status = 0; /* the proxy's answer, not the endpoint's */
     }

@@ -208,12 +208,27 @@
    * Test: POST /v1/endpoints/{id}/test (publish scope), then its delivery log until the
    * endpoint has answered (a deferral is not an answer: breaker open, rate limit) or 30 s
    * went by: the outcome in the live region, then the table reloaded (quietly: the status
-   * keeps the outcome) so that the row counts the test, focus back on the row's button.
+   * keeps the outcome) so that the row counts the test. While a test runs its endpoint's
+   * button stays disabled, across reloads of the table (testing); focus goes back to the
+   * row's button when the reload left it nowhere.
    */
-  function testEndpoint(id, btn) {
+  var testing = {};
+
+  function rowButton(id) {
+    return document.querySelector("#endpoints tr[data-endpoint=\"" + CSS.escape(id) +
+                                  "\"] button.test");
+  }
+
+  function testEndpoint(id) {
     var deadline = Date.now() + 30000;
     var left = function () { return Math.max(1000, deadline - Date.now()); };
-    btn.disabled = true;
+    var end = function () {
+      delete testing[id];
+      var b = rowButton(id);
+      if (b) { b.disabled = false; }
+    };
+    testing[id] = true;
+    rowButton(id).disabled = true;
     status("Sending a test event to " + id + "…");
     return api("/v1/endpoints/" + encodeURIComponent(id) + "/test", {}, left()).then(function (ev) {
       var what = "Test event " + ev.id + " to " + id;
@@ -229,16 +244,7 @@
                      "waiting for its answer") + "…");
               return new Promise(function (ok) { setTimeout(ok, 1000); }).then(poll);
             }
-            btn.disabled = false;
-            var refocus = document.activeElement === btn || document.activeElement === null ||
-              document.activeElement === document.body;
-            var reload = function () {
-              return loadEndpoints(true).then(function () {
-                var again = document.querySelector("#endpoints tr[data-endpoint=\"" +
-                                                   CSS.escape(id) + "\"] button.test");
-                if (again && refocus) { again.focus(); }
-              });
-            };
+            end();
             if (!answered) {
               status(what + ": no answer recorded within 30 s" +
                      (last ? " (deferred: " + (last.error || "?") + ")" : "") +
@@ -251,21 +257,24 @@
                      (last.http_status ? " " + last.http_status : "") +
                      (last.message ? ": " + last.message : "") + ").", "error");
             }
-            return reload();
+            return loadEndpoints(true).then(function () {
+              var a = document.activeElement, again = rowButton(id);
+              if (again && (!a || a === document.body)) { again.focus(); }
+            });
           }, function (e) {
-            btn.disabled = false;
+            end();
             status(what + ": sent, but its answer could not be read (" +
                    (e && e.message ? e.message : String(e)) + ").", "error");
           });
       }
       return poll();
-    }, function (e) { btn.disabled = false; failed(e); });
+    }, function (e) { end(); failed(e); });
   }
 
   function testButton(id) {
-    var b = el("button", { type: "button", className: "test",
+    var b = el("button", { type: "button", className: "test", disabled: !!testing[id],
                            "aria-label": "Send a test event to " + id }, "Test");
-    b.addEventListener("click", function () { testEndpoint(id, b); });
+    b.addEventListener("click", function () { testEndpoint(id); });
     return b;
   }
 

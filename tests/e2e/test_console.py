@@ -729,7 +729,7 @@ def test_replay_from_the_console_delivers_each_dead_letter_once(run, console):
 
 
 def test_the_test_button_sends_a_test_event_and_shows_what_the_endpoint_answered(run, console):
-    """Last in this file: it adds a delivery to the ok endpoint's history."""
+    """Last in this file: it adds a delivery to the ok and the slow endpoints' history."""
     from playwright.sync_api import expect
     ok_ep = run.eps["ok"]
     # a read-only key: the button's POST is refused, and the page says so
@@ -759,3 +759,15 @@ def test_the_test_button_sends_a_test_event_and_shows_what_the_endpoint_answered
     expect(button).to_be_enabled()
     expect(button).to_be_focused()
     c2.shot("endpoint-tested")
+    # a test still running (the slow endpoint answers after 2.3 s) keeps its button disabled
+    # when the table is reloaded meanwhile, and one test's end does not enable another's
+    slow_ep = run.eps["slow"]
+    slow_button = p2.get_by_role("button", name=f"Send a test event to {slow_ep}")
+    slow_button.click()
+    expect(c2.status()).to_contain_text(f"to {slow_ep}")
+    p2.get_by_role("button", name="Refresh").click()
+    expect(c2.status()).to_contain_text("Loaded")
+    expect(slow_button).to_be_disabled()
+    expect(button).to_be_enabled()
+    expect(c2.status()).to_contain_text(f"to {slow_ep}: delivered, HTTP ", timeout=30000)
+    expect(slow_button).to_be_enabled()

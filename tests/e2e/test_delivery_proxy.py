@@ -44,6 +44,19 @@ MICROSOCKS = shutil.which("microsocks") or "/usr/bin/microsocks"
 STUNNEL = shutil.which("stunnel4") or shutil.which("stunnel") or "/usr/bin/stunnel4"
 
 
+def settled(w, evs, ep_down):
+    """The latest outcomes once every event has ended (delivered or dead-lettered) and the
+    one to ep_down, which nothing reaches, has been tried (retried, or deferred once its
+    breaker opened); else None."""
+    fin = final_states(w.outcomes())
+    for e in evs:
+        st = fin.get((e["id"], e["endpoint"]), {}).get("state")
+        if st not in (("retry_scheduled", "deferred", "dead_letter") if e["endpoint"] == ep_down
+                      else ("delivered", "dead_letter")):
+            return None
+    return fin
+
+
 class Tinyproxy:
     """tinyproxy in the foreground on 127.0.0.1:port, basic auth user/password, its log in
     dir/tinyproxy.log; start() / stop() keep the port."""
@@ -173,10 +186,8 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
         proxy_url = f"http://sluice:{password}@127.0.0.1:{proxy.port}"
         c = w.consumer(delivery_proxy=proxy_url)
 
-        def settled():
-            fin = final_states(w.outcomes())
-            return len(fin) == len(evs) and fin
-        fin = wait_until(settled, 60 * MULT, 0.5, "every delivery to end")
+        fin = wait_until(lambda: settled(w, evs, ep_down), 60 * MULT, 0.5,
+                         "every delivery to end (the unreachable endpoint's: a retry)")
         for e in evs:
             o = fin[(e["id"], e["endpoint"])]
             if e["endpoint"] == ep_priv:
@@ -294,10 +305,8 @@ def test_deliveries_through_a_socks5h_proxy_keep_the_rules_and_the_failures_apar
         proxy_url = f"socks5h://sluice:{password}@127.0.0.1:{proxy.port}"
         c = w.consumer(delivery_proxy=proxy_url)
 
-        def settled():
-            fin = final_states(w.outcomes())
-            return len(fin) == len(evs) and fin
-        fin = wait_until(settled, 60 * MULT, 0.5, "every delivery to end")
+        fin = wait_until(lambda: settled(w, evs, ep_down), 60 * MULT, 0.5,
+                         "every delivery to end (the unreachable endpoint's: a retry)")
         for e in evs:
             o = fin[(e["id"], e["endpoint"])]
             if e["endpoint"] == ep_priv:
@@ -359,6 +368,8 @@ def test_an_https_proxy_is_verified_against_its_own_ca_and_its_tls_failure_is_th
     ca = CA(str(tmp_path / "ca"))            # the endpoints'
     pca = CA(str(tmp_path / "pca"), "pca")   # the proxy's own, a CA of its own
     tls = TlsReceiver(*ca.issue("tls", "127.0.0.1"))
+    other = CA(str(tmp_path / "other"), "other")   # trusted by nobody here
+    untrusted = TlsReceiver(*other.issue("untrusted", "127.0.0.1"))
     w = make_world(endpoint_ca_file=ca.cert, retry_base_ms=300, retry_cap_ms=600,
                    max_attempts=30, breaker_cooldown_ms=1000, breaker_cooldown_max_ms=2000,
                    breaker_threshold=5)
@@ -398,6 +409,25 @@ def test_an_https_proxy_is_verified_against_its_own_ca_and_its_tls_failure_is_th
         assert all(signature_ok(w.secret, h, b) for _, h, b in tls.requests)
         assert len([l for l in rcv.ledger() if l["endpoint"] == ep_http]) == 8
         assert set(tiny.connects()) == {f"127.0.0.1:{rcv.port}", f"127.0.0.1:{tls.port}"}
+
+        # an endpoint's own certificate that does not verify, through the verified proxy: the
+        # endpoint's failure (tls), charged to its breaker as without a proxy
+        ep_bad = w.add_endpoint(f"tb_{w.tag}", untrusted.url("hook"))
+        bads = [event(ep_bad, i, w.tag) for i in range(8)]
+        assert w.produce(bads).returncode == 0
+        bad_ids = {e["id"] for e in bads}
+
+        def bad_failed():
+            outs = [o for o in w.outcomes() if o["id"] in bad_ids and o.get("err")]
+            return len(outs) >= 5 and outs
+        outs = wait_until(bad_failed, 30 * MULT, 0.3, "the endpoint's tls failures")
+        assert all(o["err"] in ("tls", "breaker_open") for o in outs), \
+            [(o.get("err"), o.get("msg")) for o in outs]
+        assert any(o["err"] == "tls" for o in outs)
+        wait_until(lambda: f"breaker opened for endpoint {ep_bad}" in c2.logs(), 30 * MULT, 0.3,
+                   "its breaker to open")
+        assert untrusted.requests == []
+        assert f"127.0.0.1:{untrusted.port}" in tiny.connects()   # tunnelled, then refused
         assert c2.term() == 0
         logs = "".join(open(os.path.join(w.dir, f), errors="replace").read()
                        for f in os.listdir(w.dir)
@@ -408,3 +438,4 @@ def test_an_https_proxy_is_verified_against_its_own_ca_and_its_tls_failure_is_th
         st.stop()
         tiny.stop()
         tls.close()
+        untrusted.close()

@@ -273,59 +273,71 @@ static void test_retry_after(void **state)
     }
 }
 
+/* cons_proxy_refusal of a transfer through a proxy of that kind: curl's code, the answer to
+ * CONNECT, the SOCKS error, the connections the transfer opened. */
+static enum cons_refusal
+refusal(enum cons_proxy_kind kind, int curl_code, long connect_code, int proxy_error, long conns)
+{
+    struct cons_proxy_answer a = {.curl_code = curl_code,
+                                  .connect_code = connect_code,
+                                  .proxy_error = proxy_error,
+                                  .new_connections = conns,
+                                  .kind = kind};
+    return cons_proxy_refusal(&a);
+}
+
 /* The delivery proxy's answers: its own refusals against the endpoint being out of reach. */
 static void test_proxy_refusal(void **state)
 {
     (void)state;
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 407, 0, false), CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 401, 0, false),
-                     CONS_REFUSAL_PROXY); /* tinyproxy's 407 */
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 403, 0, false), CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 500, 0, false),
-                     CONS_REFUSAL_TUNNEL); /* tinyproxy: down */
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 502, 0, false), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 503, 0, false), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 504, 0, false), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 404, 0, false), CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 200, 0, false),
-                     CONS_REFUSAL_NONE); /* tunnel made */
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 0, 0, false), CONS_REFUSAL_NONE);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 429, 0, false), CONS_REFUSAL_PROXY);
+    const enum cons_proxy_kind H = CONS_PROXY_HTTP, S = CONS_PROXY_HTTPS, K = CONS_PROXY_SOCKS;
+    assert_int_equal(refusal(H, CURLE_RECV_ERROR, 407, 0, 1), CONS_REFUSAL_PROXY);
+    assert_int_equal(refusal(H, CURLE_RECV_ERROR, 401, 0, 1), CONS_REFUSAL_PROXY); /* tinyproxy */
+    assert_int_equal(refusal(H, CURLE_RECV_ERROR, 403, 0, 1), CONS_REFUSAL_PROXY);
+    assert_int_equal(refusal(H, CURLE_RECV_ERROR, 429, 0, 1), CONS_REFUSAL_PROXY);
+    assert_int_equal(refusal(H, CURLE_RECV_ERROR, 500, 0, 1), CONS_REFUSAL_TUNNEL); /* tinyproxy */
+    assert_int_equal(refusal(H, CURLE_RECV_ERROR, 502, 0, 1), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(refusal(H, CURLE_RECV_ERROR, 503, 0, 1), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(refusal(H, CURLE_RECV_ERROR, 504, 0, 1), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(refusal(H, CURLE_RECV_ERROR, 404, 0, 1), CONS_REFUSAL_TUNNEL);
+    /* the tunnel was made: what follows is the endpoint's */
+    assert_int_equal(refusal(H, CURLE_RECV_ERROR, 200, 0, 1), CONS_REFUSAL_NONE);
+    assert_int_equal(refusal(H, CURLE_GOT_NOTHING, 200, 0, 1), CONS_REFUSAL_NONE);
     /* no answer at all: the proxy is down or its name does not resolve */
-    assert_int_equal(cons_proxy_refusal(CURLE_COULDNT_CONNECT, 0, 0, false),
-                     CONS_REFUSAL_PROXY_DOWN);
-    assert_int_equal(cons_proxy_refusal(CURLE_COULDNT_RESOLVE_PROXY, 0, 0, false),
-                     CONS_REFUSAL_PROXY_DOWN);
-    assert_int_equal(cons_proxy_refusal(CURLE_OPERATION_TIMEDOUT, 0, 0, false), CONS_REFUSAL_NONE);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_REPLY_NOT_ALLOWED, false),
-                     CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_USER_REJECTED, false),
-                     CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_RECV_AUTH, false),
-                     CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_REPLY_CONNECTION_REFUSED, false),
+    assert_int_equal(refusal(H, CURLE_COULDNT_CONNECT, 0, 0, 0), CONS_REFUSAL_PROXY_DOWN);
+    assert_int_equal(refusal(H, CURLE_COULDNT_RESOLVE_PROXY, 0, 0, 0), CONS_REFUSAL_PROXY_DOWN);
+    assert_int_equal(refusal(K, CURLE_COULDNT_CONNECT, 0, 0, 0), CONS_REFUSAL_PROXY_DOWN);
+    /* a new connection dropped before any answer to CONNECT: the proxy's (a TLS terminator
+     * whose proxy is down); on a reused tunnel (no new connection) the endpoint's */
+    assert_int_equal(refusal(H, CURLE_RECV_ERROR, 0, 0, 1), CONS_REFUSAL_PROXY_DOWN);
+    assert_int_equal(refusal(S, CURLE_GOT_NOTHING, 0, 0, 1), CONS_REFUSAL_PROXY_DOWN);
+    assert_int_equal(refusal(S, CURLE_SEND_ERROR, 0, 0, 1), CONS_REFUSAL_PROXY_DOWN);
+    assert_int_equal(refusal(H, CURLE_RECV_ERROR, 0, 0, 0), CONS_REFUSAL_NONE);
+    assert_int_equal(refusal(S, CURLE_GOT_NOTHING, 0, 0, 0), CONS_REFUSAL_NONE);
+    /* SOCKS has no CONNECT code: after its tunnel, the endpoint's */
+    assert_int_equal(refusal(K, CURLE_GOT_NOTHING, 0, 0, 1), CONS_REFUSAL_NONE);
+    assert_int_equal(refusal(K, CURLE_PEER_FAILED_VERIFICATION, 0, 0, 1), CONS_REFUSAL_NONE);
+    /* a timeout stays the endpoint's: a proxy answers CONNECT once it reached the endpoint */
+    assert_int_equal(refusal(H, CURLE_OPERATION_TIMEDOUT, 0, 0, 1), CONS_REFUSAL_NONE);
+    assert_int_equal(refusal(S, CURLE_OPERATION_TIMEDOUT, 0, 0, 1), CONS_REFUSAL_NONE);
+    /* SOCKS answers */
+    assert_int_equal(refusal(K, CURLE_PROXY, 0, CURLPX_REPLY_NOT_ALLOWED, 1), CONS_REFUSAL_PROXY);
+    assert_int_equal(refusal(K, CURLE_PROXY, 0, CURLPX_USER_REJECTED, 1), CONS_REFUSAL_PROXY);
+    assert_int_equal(refusal(K, CURLE_PROXY, 0, CURLPX_RECV_AUTH, 1), CONS_REFUSAL_PROXY);
+    assert_int_equal(refusal(K, CURLE_PROXY, 0, CURLPX_REPLY_CONNECTION_REFUSED, 1),
                      CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_REPLY_HOST_UNREACHABLE, false),
+    assert_int_equal(refusal(K, CURLE_PROXY, 0, CURLPX_REPLY_HOST_UNREACHABLE, 1),
                      CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_RESOLVE_HOST, false),
-                     CONS_REFUSAL_TUNNEL);
-    assert_int_equal(cons_proxy_refusal(CURLE_PROXY, 0, CURLPX_BAD_VERSION, false),
-                     CONS_REFUSAL_NONE);
+    assert_int_equal(refusal(K, CURLE_PROXY, 0, CURLPX_RESOLVE_HOST, 1), CONS_REFUSAL_TUNNEL);
+    assert_int_equal(refusal(K, CURLE_PROXY, 0, CURLPX_BAD_VERSION, 1), CONS_REFUSAL_NONE);
     /* an https:// proxy: TLS before any answer to CONNECT is to the proxy; after a 2xx (or
-     * through a plain HTTP or SOCKS proxy) it is the endpoint's */
-    assert_int_equal(cons_proxy_refusal(CURLE_PEER_FAILED_VERIFICATION, 0, 0, true),
-                     CONS_REFUSAL_PROXY_DOWN);
-    assert_int_equal(cons_proxy_refusal(CURLE_SSL_CONNECT_ERROR, 0, 0, true),
-                     CONS_REFUSAL_PROXY_DOWN);
-    assert_int_equal(cons_proxy_refusal(CURLE_PEER_FAILED_VERIFICATION, 200, 0, true),
-                     CONS_REFUSAL_NONE);
-    assert_int_equal(cons_proxy_refusal(CURLE_PEER_FAILED_VERIFICATION, 0, 0, false),
-                     CONS_REFUSAL_NONE);
-    assert_int_equal(cons_proxy_refusal(CURLE_SSL_CONNECT_ERROR, 0, 0, false), CONS_REFUSAL_NONE);
-    assert_int_equal(cons_proxy_refusal(CURLE_OPERATION_TIMEDOUT, 0, 0, true), CONS_REFUSAL_NONE);
-    assert_int_equal(cons_proxy_refusal(CURLE_RECV_ERROR, 407, 0, true), CONS_REFUSAL_PROXY);
-    assert_int_equal(cons_proxy_refusal(CURLE_COULDNT_CONNECT, 0, 0, true),
-                     CONS_REFUSAL_PROXY_DOWN);
+     * through a plain HTTP proxy) it is the endpoint's */
+    assert_int_equal(refusal(S, CURLE_PEER_FAILED_VERIFICATION, 0, 0, 1), CONS_REFUSAL_PROXY_DOWN);
+    assert_int_equal(refusal(S, CURLE_SSL_CONNECT_ERROR, 0, 0, 1), CONS_REFUSAL_PROXY_DOWN);
+    assert_int_equal(refusal(S, CURLE_PEER_FAILED_VERIFICATION, 200, 0, 1), CONS_REFUSAL_NONE);
+    assert_int_equal(refusal(S, CURLE_SSL_CONNECT_ERROR, 200, 0, 1), CONS_REFUSAL_NONE);
+    assert_int_equal(refusal(H, CURLE_PEER_FAILED_VERIFICATION, 0, 0, 1), CONS_REFUSAL_NONE);
+    assert_int_equal(refusal(S, CURLE_RECV_ERROR, 407, 0, 1), CONS_REFUSAL_PROXY);
 }
 
 int main(void)
