@@ -24,7 +24,9 @@ And through an https:// proxy (stunnel, Debian's stunnel4, terminating TLS in fr
 tinyproxy) whose certificate is from a CA of its own: verified against
 delivery_proxy_ca_file, plain HTTP and HTTPS endpoints delivered through it; without that
 file its certificate does not verify, which is the proxy's failure (proxy_unreachable, no
-endpoint's breaker opened), not the endpoints' tls.
+endpoint's breaker opened), not the endpoints' tls, while an endpoint's own certificate that
+does not verify is its tls; with the proxy behind the TLS terminator down, the connections
+dropped before any answer to CONNECT are proxy_unreachable as well.
 """
 
 import json
@@ -428,7 +430,33 @@ def test_an_https_proxy_is_verified_against_its_own_ca_and_its_tls_failure_is_th
                    "its breaker to open")
         assert untrusted.requests == []
         assert f"127.0.0.1:{untrusted.port}" in tiny.connects()   # tunnelled, then refused
+
         assert c2.term() == 0
+
+        # the TLS terminator up, the proxy behind it down: new connections it takes and drops
+        # before any answer to CONNECT are the proxy's failure, charged to no endpoint (a new
+        # consumer: a kept-alive tunnel that dies is a reused connection, which curl retries
+        # on a new one, or after five such retries on one handle reports as the endpoint's
+        # send failure: it cannot tell whose end closed it)
+        tiny.stop()
+        c3 = w.consumer(delivery_proxy=proxy_url, delivery_proxy_ca_file=pca.cert)
+        downs = [event(ep_http, 50 + i, w.tag) for i in range(6)]
+        assert w.produce(downs).returncode == 0
+        down_ids = {e["id"] for e in downs}
+
+        def dropped():
+            outs = [o for o in w.outcomes()
+                    if o["id"] in down_ids and o["state"] == "retry_scheduled"]
+            return len({o["id"] for o in outs}) == len(downs) and outs
+        outs = wait_until(dropped, 30 * MULT, 0.3, "a retry of each, the proxy behind TLS down")
+        assert all(o.get("err") == "proxy_unreachable" for o in outs), \
+            [(o.get("err"), o.get("msg")) for o in outs]
+        assert f"breaker opened for endpoint {ep_http}" not in c3.logs()
+        tiny.start()
+        wait_until(lambda: all(final_states(w.outcomes()).get((e["id"], ep_http), {})
+                               .get("state") == "delivered" for e in downs),
+                   60 * MULT, 0.5, "delivered once the proxy is back")
+        assert c3.term() == 0
         logs = "".join(open(os.path.join(w.dir, f), errors="replace").read()
                        for f in os.listdir(w.dir)
                        if f.endswith(".log") and f not in ("tinyproxy.log", "stunnel.log"))
