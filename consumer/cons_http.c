@@ -85,6 +85,9 @@ struct origin {
  */
 #define UPLOAD_BUFFER_BYTES 16384L
 
+/* restart_died starts a transfer again only with at least this much of its timeout left */
+#define RESTART_MIN_MS 100
+
 struct xfer {
     CURL *easy;                   /* pooled easy handle */
     cons_http_t *h;               /* owner */
@@ -103,6 +106,8 @@ struct xfer {
     struct cons_link same;        /* in cons_http.idle_in[cache] while idle */
     uint16_t cache;               /* index of its connection cache (h->shares) */
     uint16_t origin;              /* slot of the running request's origin (h->origins) */
+    long timeout_ms;              /* the running request's CURLOPT_TIMEOUT_MS */
+    bool restarted;               /* started again once after curl gave up (restart_died) */
 };
 
 struct cons_http {
@@ -393,6 +398,8 @@ int cons_http_start(cons_http_t *h,
     CURL *e = x->easy;
     x->done = req->done;
     x->opaque = req->opaque;
+    x->timeout_ms = req->timeout_ms;
+    x->restarted = false;
     /* per request (the rest: xfer_init_opts); each of these is set on every request */
     x->target_refused = false;
     x->target_why = NULL;
@@ -462,10 +469,51 @@ static int64_t info_us(CURL *e, CURLINFO what)
     return (int64_t)v;
 }
 
+/*
+ * libcurl 7.88 sends a request again on a new connection when the reused connection it was
+ * sent on died before any answer, and counts those retries per easy handle
+ * (state.retrycount), resetting the count only when it gives up after five. On a pooled
+ * handle, never reset, the count grows over its transfers, so now and then a transfer fails
+ * at once ("Connection died, tried 5 times before giving up", CURLE_SEND_ERROR) where curl
+ * would have retried: about one in thirty dropped kept-alive connections in
+ * tests/e2e/test_connection_reuse.py. Such a transfer (that error, no connection of its own,
+ * nothing received) is started again once, on the same handle (the count is back to zero),
+ * within what is left of its timeout: what curl does for the others. Without this it would
+ * fail as `send`, charged to an endpoint that did nothing wrong.
+ */
+static bool restart_died(cons_http_t *h, CURL *e, struct xfer *x, CURLcode code)
+{
+    if (code != CURLE_SEND_ERROR || x->restarted || x->refusal != CONS_REFUSAL_NONE ||
+        x->resp_total != 0)
+        return false;
+    long conns = 0, header_bytes = 0;
+    (void)curl_easy_getinfo(e, CURLINFO_NUM_CONNECTS, &conns);
+    (void)curl_easy_getinfo(e, CURLINFO_HEADER_SIZE, &header_bytes);
+    if (conns != 0 || header_bytes != 0)
+        return false; /* a connection of its own failed, or an answer had begun */
+    int64_t left = (int64_t)x->timeout_ms - info_us(e, CURLINFO_TOTAL_TIME_T) / 1000;
+    if (left < RESTART_MIN_MS)
+        return false;
+    char why[CURL_ERROR_SIZE];
+    memcpy(why, x->errbuf, sizeof(why));
+    curl_multi_remove_handle(h->multi, e);
+    x->restarted = true;
+    x->errbuf[0] = '\0';
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)left);
+    if (curl_multi_add_handle(h->multi, e) != CURLM_OK) {
+        memcpy(x->errbuf, why, sizeof(why)); /* reported as it was */
+        return false;
+    }
+    h->answered--; /* still running */
+    return true;
+}
+
 static void finish(cons_http_t *h, CURL *e, CURLcode code)
 {
     struct xfer *x = NULL;
     curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)(void *)&x);
+    if (restart_died(h, e, x, code))
+        return;
     struct cons_http_result r;
     memset(&r, 0, sizeof(r));
     r.curl_code = (int)code;

@@ -12,13 +12,21 @@ that gets an event now and then, each published once the one before was delivere
 host must see one connection, not one per delivery. A quiet HTTPS host that closes every
 connection must see each new connection resume the TLS session of the one before (a resumed
 handshake skips the certificate's transfer, parsing and verification).
+
+A host that drops a kept-alive connection when the next request arrives on it (a server
+whose idle timeout raced the request) gets that request again on a new connection, every
+time: libcurl counts such retries per handle and, on the consumer's pooled handles, would
+otherwise give up now and then without a retry ("Connection died, tried 5 times"), a `send`
+failure charged to an endpoint that did nothing wrong.
 """
 import json
 import os
+import socket
 import ssl
+import threading
 import urllib.request
 
-from sluice_e2e import event, ledger_ok, wait_until
+from sluice_e2e import event, final_states, ledger_ok, wait_until
 from tls_helpers import CA
 
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
@@ -87,3 +95,83 @@ def test_a_quiet_https_host_resumes_its_tls_session_on_each_new_connection(make_
     assert st["tls_resumed"] == rounds - 1, (
         f"{st['tls_resumed']} of the {rounds - 1} deliveries after the first resumed the "
         "TLS session")
+
+
+class DropsSecondRequest:
+    """An HTTP/1.1 server on loopback that answers the first request on each connection
+    (204, kept alive) and closes the connection, unanswered, once the second has arrived."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(256)
+        self.port = self.sock.getsockname()[1]
+        self.answered = self.dropped = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    @staticmethod
+    def _request(c, buf):
+        """(True, what follows it) once a whole request is in; (False, b"") at EOF."""
+        while b"\r\n\r\n" not in buf:
+            d = c.recv(65536)
+            if not d:
+                return False, b""
+            buf += d
+        head, rest = buf.split(b"\r\n\r\n", 1)
+        n = next((int(l.split(b":")[1]) for l in head.split(b"\r\n")
+                  if l.lower().startswith(b"content-length:")), 0)
+        while len(rest) < n:
+            d = c.recv(65536)
+            if not d:
+                return False, b""
+            rest += d
+        return True, rest[n:]
+
+    def _serve(self, c):
+        with c:
+            ok, rest = self._request(c, b"")
+            if not ok:
+                return
+            c.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+            with self.lock:
+                self.answered += 1
+            ok, _ = self._request(c, rest)
+            if ok:
+                with self.lock:
+                    self.dropped += 1
+
+    def close(self):
+        self.sock.close()
+
+
+def test_a_request_on_a_connection_that_died_is_sent_again_every_time(make_world):
+    srv = DropsSecondRequest()
+    try:
+        w = make_world(retry_base_ms=300, retry_cap_ms=600)
+        ep = w.add_endpoint(f"dr_{w.tag}", f"http://127.0.0.1:{srv.port}/hook")
+        evs = [event(ep, i, w.tag) for i in range(300)]
+        assert w.produce(evs).returncode == 0
+        c = w.consumer()
+
+        def delivered():
+            fin = final_states(w.outcomes())
+            return all(fin.get((e["id"], ep), {}).get("state") == "delivered" for e in evs)
+        wait_until(delivered, 120 * MULT, 0.5, "every event delivered")
+        # most requests went out on a kept-alive connection that then died unanswered: each
+        # was sent again on a new one, and no attempt failed
+        assert srv.dropped >= 100, (srv.answered, srv.dropped)
+        failed = [(o.get("err"), o.get("msg")) for o in w.outcomes() if o.get("err")]
+        assert failed == [], failed[:5]
+        assert c.term() == 0
+    finally:
+        srv.close()
