@@ -14,8 +14,8 @@ connection must see each new connection resume the TLS session of the one before
 handshake skips the certificate's transfer, parsing and verification).
 
 A host that drops a kept-alive connection when the next request arrives on it (a server
-whose idle timeout raced the request) gets that request again on a new connection, every
-time: libcurl counts such retries per handle and, on the consumer's pooled handles, would
+whose idle timeout raced the request), closing it or resetting it, gets that request again
+on a new connection, every time: libcurl counts such retries per handle and, on the consumer's pooled handles, would
 otherwise give up now and then without a retry ("Connection died, tried 5 times"), a `send`
 failure charged to an endpoint that did nothing wrong.
 """
@@ -23,8 +23,11 @@ import json
 import os
 import socket
 import ssl
+import struct
 import threading
 import urllib.request
+
+import pytest
 
 from sluice_e2e import event, final_states, ledger_ok, wait_until
 from tls_helpers import CA
@@ -99,9 +102,11 @@ def test_a_quiet_https_host_resumes_its_tls_session_on_each_new_connection(make_
 
 class DropsSecondRequest:
     """An HTTP/1.1 server on loopback that answers the first request on each connection
-    (204, kept alive) and closes the connection, unanswered, once the second has arrived."""
+    (204, kept alive) and closes the connection, unanswered, once the second has arrived:
+    cleanly, or with a reset (SO_LINGER 0, as some load balancers do)."""
 
-    def __init__(self):
+    def __init__(self, reset=False):
+        self.reset = reset
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -147,6 +152,8 @@ class DropsSecondRequest:
                 self.answered += 1
             ok, _ = self._request(c, rest)
             if ok:
+                if self.reset:
+                    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 with self.lock:
                     self.dropped += 1
 
@@ -154,8 +161,9 @@ class DropsSecondRequest:
         self.sock.close()
 
 
-def test_a_request_on_a_connection_that_died_is_sent_again_every_time(make_world):
-    srv = DropsSecondRequest()
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+def test_a_request_on_a_connection_that_died_is_sent_again_every_time(make_world, reset):
+    srv = DropsSecondRequest(reset)
     try:
         w = make_world(retry_base_ms=300, retry_cap_ms=600)
         ep = w.add_endpoint(f"dr_{w.tag}", f"http://127.0.0.1:{srv.port}/hook")
