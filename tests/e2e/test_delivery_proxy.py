@@ -59,6 +59,79 @@ def settled(w, evs, ep_down):
     return fin
 
 
+def deliver_through(w, proxy_url, rcv, tls, px):
+    """Four endpoints (plain HTTP on rcv, HTTPS on tls, a refused literal registered without
+    the registry's rules, and one on a port nothing listens on), ten events to each of the
+    first two and one to each other, sent by a consumer through proxy_url: the first two
+    delivered and signed, the literal refused by the consumer's own rules (never asked of the
+    proxy), the last the endpoint's connect failure. Returns (the consumer, still running,
+    the HTTP endpoint's id, the port nothing listens on)."""
+    ep_http = w.add_endpoint(f"{px}h_{w.tag}", rcv.url("ok", f"{px}h_{w.tag}"))
+    ep_tls = w.add_endpoint(f"{px}t_{w.tag}", tls.url("hook"))
+    r = w.ctl("endpoints", "add", "--id", f"{px}p_{w.tag}", "--url", "http://10.0.0.1/x",
+              "--secret", w.secret, env=dict(w.env, SLUICE_SSRF_PROTECTION="false"))
+    assert r.returncode == 0, r.stderr
+    ep_priv = f"{px}p_{w.tag}"
+    down_port = free_port()
+    ep_down = w.add_endpoint(f"{px}d_{w.tag}", f"http://127.0.0.1:{down_port}/x")
+    evs = ([event(ep_http, i, w.tag) for i in range(10)]
+           + [event(ep_tls, i, w.tag) for i in range(10)] + [event(ep_priv, 0, w.tag)]
+           + [event(ep_down, 0, w.tag)])
+    assert w.produce(evs).returncode == 0
+    c = w.consumer(delivery_proxy=proxy_url)
+    fin = wait_until(lambda: settled(w, evs, ep_down), 60 * MULT, 0.5,
+                     "every delivery to end (the unreachable endpoint's: a retry)")
+    for e in evs:
+        o = fin[(e["id"], e["endpoint"])]
+        if e["endpoint"] == ep_priv:
+            assert o["state"] == "dead_letter" and o["err"] == "ssrf_refused", o
+        elif e["endpoint"] == ep_down:   # the endpoint's failure, not the proxy's
+            tries = [x for x in w.outcomes() if x["endpoint"] == ep_down
+                     and x["state"] == "retry_scheduled"]
+            assert tries and all(x["err"] == "connect" for x in tries), tries
+        else:
+            assert o["state"] == "delivered", o
+    assert len(tls.requests) == 10
+    assert all(signature_ok(w.secret, h, b) for _, h, b in tls.requests)
+    assert len([l for l in rcv.ledger() if l["endpoint"] == ep_http]) == 10
+    return c, ep_http, down_port
+
+
+def refused_then_delivered(w, ep_http, bad_url, good_url, while_refused=None, **cfg):
+    """Eight events to ep_http through bad_url, whose credentials the proxy refuses: a retry
+    of each as proxy_refused, not the endpoint's failure (no breaker opened: 5 would);
+    while_refused() runs then; once sent through good_url, all delivered."""
+    lates = [event(ep_http, 90 + i, w.tag) for i in range(8)]
+    assert w.produce(lates).returncode == 0
+    c = w.consumer(delivery_proxy=bad_url, **cfg)
+    ids = {e["id"] for e in lates}
+
+    def refused():
+        outs = [o for o in w.outcomes() if o["id"] in ids and o["state"] == "retry_scheduled"]
+        return len({o["id"] for o in outs}) == len(lates) and outs
+    outs = wait_until(refused, 30 * MULT, 0.3, "a retry of each after the proxy's refusal")
+    assert all(o.get("err") == "proxy_refused" and not o.get("http") for o in outs), \
+        [(o.get("err"), o.get("http"), o.get("msg")) for o in outs]
+    assert f"breaker opened for endpoint {ep_http}" not in c.logs()
+    if while_refused:
+        while_refused()
+    assert c.term() == 0
+    c2 = w.consumer(delivery_proxy=good_url)
+    wait_until(lambda: all(final_states(w.outcomes()).get((e["id"], ep_http), {})
+                           .get("state") == "delivered" for e in lates),
+               60 * MULT, 0.5, "delivered with the password")
+    assert c2.term() == 0
+
+
+def password_nowhere(w, password, *proxy_logs):
+    """Not in any of the world's log files (but the proxies' own) nor in any outcome (curl's
+    error texts are in them)."""
+    logs = "".join(open(os.path.join(w.dir, f), errors="replace").read()
+                   for f in os.listdir(w.dir) if f.endswith(".log") and f not in proxy_logs)
+    assert len(logs) > 200 and password not in logs
+    assert password not in json.dumps(w.outcomes())
+
+
 class Tinyproxy:
     """tinyproxy in the foreground on 127.0.0.1:port, basic auth user/password, its log in
     dir/tinyproxy.log; start() / stop() keep the port."""
@@ -171,38 +244,9 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
     proxy.start()
     try:
         rcv = w.receiver()
-        ep_http = w.add_endpoint(f"ph_{w.tag}", rcv.url("ok", f"ph_{w.tag}"))
-        ep_tls = w.add_endpoint(f"pt_{w.tag}", tls.url("hook"))
-        # registered without the registry's rules: the consumer's own check must refuse it
-        r = w.ctl("endpoints", "add", "--id", f"pp_{w.tag}", "--url", "http://10.0.0.1/x",
-                  "--secret", w.secret, env=dict(w.env, SLUICE_SSRF_PROTECTION="false"))
-        assert r.returncode == 0, r.stderr
-        ep_priv = f"pp_{w.tag}"
-        # an endpoint the proxy cannot reach (nothing listens there): tinyproxy answers 500
-        down_port = free_port()
-        ep_down = w.add_endpoint(f"pd_{w.tag}", f"http://127.0.0.1:{down_port}/x")
-        evs = ([event(ep_http, i, w.tag) for i in range(10)]
-               + [event(ep_tls, i, w.tag) for i in range(10)] + [event(ep_priv, 0, w.tag)]
-               + [event(ep_down, 0, w.tag)])
-        assert w.produce(evs).returncode == 0
         proxy_url = f"http://sluice:{password}@127.0.0.1:{proxy.port}"
-        c = w.consumer(delivery_proxy=proxy_url)
-
-        fin = wait_until(lambda: settled(w, evs, ep_down), 60 * MULT, 0.5,
-                         "every delivery to end (the unreachable endpoint's: a retry)")
-        for e in evs:
-            o = fin[(e["id"], e["endpoint"])]
-            if e["endpoint"] == ep_priv:
-                assert o["state"] == "dead_letter" and o["err"] == "ssrf_refused", o
-            elif e["endpoint"] == ep_down:   # the endpoint's failure, not the proxy's
-                tries = [x for x in w.outcomes() if x["endpoint"] == ep_down
-                         and x["state"] == "retry_scheduled"]
-                assert tries and all(x["err"] == "connect" for x in tries), tries
-            else:
-                assert o["state"] == "delivered", o
-        assert len(tls.requests) == 10
-        assert all(signature_ok(w.secret, h, b) for _, h, b in tls.requests)
-        assert len([l for l in rcv.ledger() if l["endpoint"] == ep_http]) == 10
+        # tinyproxy answers 500 for the endpoint it cannot reach
+        c, ep_http, down_port = deliver_through(w, proxy_url, rcv, tls, "p")
         targets = set(proxy.connects())
         assert targets == {f"127.0.0.1:{rcv.port}", f"127.0.0.1:{tls.port}",
                            f"127.0.0.1:{down_port}"}, targets
@@ -230,39 +274,22 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
         assert f"breaker opened for endpoint {ep_http}" not in c.logs()
         assert c.term() == 0
 
-        # credentials the proxy refuses (tinyproxy answers 401): proxy_refused, retried, not
-        # the endpoint's 4xx nor its failure: eight of them do not open its breaker (5 would)
-        lates = [event(ep_http, 90 + i, w.tag) for i in range(8)]
-        assert w.produce(lates).returncode == 0
+        # credentials the proxy refuses (tinyproxy answers 401): proxy_refused, not the
+        # endpoint's 4xx nor its failure, and counted as such
         mport = free_port()
-        c2 = w.consumer(delivery_proxy=f"http://sluice:wrong@127.0.0.1:{proxy.port}",
-                        metrics_listen=f"127.0.0.1:{mport}")
 
-        def refused():
-            ids = {e["id"] for e in lates}
-            outs = [o for o in w.outcomes() if o["id"] in ids and o["state"] == "retry_scheduled"]
-            return len({o["id"] for o in outs}) == len(lates) and outs
-        outs = wait_until(refused, 30 * MULT, 0.3, "a retry of each after the proxy's 401")
-        assert all(o.get("err") == "proxy_refused" and not o.get("http") for o in outs), \
-            [(o.get("err"), o.get("http"), o.get("msg")) for o in outs]
-        assert f"breaker opened for endpoint {ep_http}" not in c2.logs()
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read()
-        counts = {l.split("}")[0].split('class="')[1].rstrip('"'): float(l.split()[-1])
-                  for l in metrics.decode().splitlines()
-                  if l.startswith("sluice_attempt_failures_total{")}
-        assert counts["proxy_refused"] >= 1 and counts["connect"] == 0, counts
-        assert c2.term() == 0
-        c3 = w.consumer(delivery_proxy=proxy_url)
-        wait_until(lambda: all(final_states(w.outcomes()).get((e["id"], ep_http), {})
-                               .get("state") == "delivered" for e in lates),
-                   60 * MULT, 0.5, "delivered with the password")
-        assert c3.term() == 0
+        def counted():
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics",
+                                             timeout=10).read()
+            counts = {l.split("}")[0].split('class="')[1].rstrip('"'): float(l.split()[-1])
+                      for l in metrics.decode().splitlines()
+                      if l.startswith("sluice_attempt_failures_total{")}
+            assert counts["proxy_refused"] >= 1 and counts["connect"] == 0, counts
+        refused_then_delivered(w, ep_http, f"http://sluice:wrong@127.0.0.1:{proxy.port}",
+                               proxy_url, counted, metrics_listen=f"127.0.0.1:{mport}")
 
         # the password: not in any log line, masked by --print-config
-        logs = "".join(open(os.path.join(w.dir, f), errors="replace").read()
-                       for f in os.listdir(w.dir) if f.endswith(".log") and "tinyproxy" not in f)
-        assert len(logs) > 200 and password not in logs
-        assert password not in json.dumps(w.outcomes())   # curl's error texts in them
+        password_nowhere(w, password, "tinyproxy.log")
         env = dict(w.env, SLUICE_DELIVERY_PROXY=proxy_url)
         r = w.run("consumer/sluice-consumer", "--print-config", env=env)
         assert r.returncode == 0 and password not in r.stdout + r.stderr
@@ -292,63 +319,15 @@ def test_deliveries_through_a_socks5h_proxy_keep_the_rules_and_the_failures_apar
     proxy.start()
     try:
         rcv = w.receiver()
-        ep_http = w.add_endpoint(f"sh_{w.tag}", rcv.url("ok", f"sh_{w.tag}"))
-        ep_tls = w.add_endpoint(f"st_{w.tag}", tls.url("hook"))
-        r = w.ctl("endpoints", "add", "--id", f"sp_{w.tag}", "--url", "http://10.0.0.1/x",
-                  "--secret", w.secret, env=dict(w.env, SLUICE_SSRF_PROTECTION="false"))
-        assert r.returncode == 0, r.stderr
-        ep_priv = f"sp_{w.tag}"
-        down_port = free_port()   # nothing listens: microsocks answers "connection refused"
-        ep_down = w.add_endpoint(f"sd_{w.tag}", f"http://127.0.0.1:{down_port}/x")
-        evs = ([event(ep_http, i, w.tag) for i in range(10)]
-               + [event(ep_tls, i, w.tag) for i in range(10)] + [event(ep_priv, 0, w.tag)]
-               + [event(ep_down, 0, w.tag)])
-        assert w.produce(evs).returncode == 0
         proxy_url = f"socks5h://sluice:{password}@127.0.0.1:{proxy.port}"
-        c = w.consumer(delivery_proxy=proxy_url)
-
-        fin = wait_until(lambda: settled(w, evs, ep_down), 60 * MULT, 0.5,
-                         "every delivery to end (the unreachable endpoint's: a retry)")
-        for e in evs:
-            o = fin[(e["id"], e["endpoint"])]
-            if e["endpoint"] == ep_priv:
-                assert o["state"] == "dead_letter" and o["err"] == "ssrf_refused", o
-            elif e["endpoint"] == ep_down:
-                tries = [x for x in w.outcomes() if x["endpoint"] == ep_down
-                         and x["state"] == "retry_scheduled"]
-                assert tries and all(x["err"] == "connect" for x in tries), tries
-            else:
-                assert o["state"] == "delivered", o
-        assert len(tls.requests) == 10
-        assert all(signature_ok(w.secret, h, b) for _, h, b in tls.requests)
-        assert len([l for l in rcv.ledger() if l["endpoint"] == ep_http]) == 10
+        # microsocks answers "connection refused" for the endpoint it cannot reach
+        c, ep_http, _ = deliver_through(w, proxy_url, rcv, tls, "s")
         targets = set(proxy.connects())   # connected: the endpoint that is down is not listed
         assert targets == {f"127.0.0.1:{rcv.port}", f"127.0.0.1:{tls.port}"}, targets
         assert c.term() == 0
-
-        # credentials the proxy refuses: proxy_refused, retried, no breaker opened (5 would)
-        lates = [event(ep_http, 90 + i, w.tag) for i in range(8)]
-        assert w.produce(lates).returncode == 0
-        c2 = w.consumer(delivery_proxy=f"socks5h://sluice:wrong@127.0.0.1:{proxy.port}")
-        ids = {e["id"] for e in lates}
-
-        def refused():
-            outs = [o for o in w.outcomes() if o["id"] in ids and o["state"] == "retry_scheduled"]
-            return len({o["id"] for o in outs}) == len(lates) and outs
-        outs = wait_until(refused, 30 * MULT, 0.3, "a retry of each after the refusal")
-        assert all(o.get("err") == "proxy_refused" and not o.get("http") for o in outs), \
-            [(o.get("err"), o.get("http"), o.get("msg")) for o in outs]
-        assert f"breaker opened for endpoint {ep_http}" not in c2.logs()
-        assert c2.term() == 0
-        c3 = w.consumer(delivery_proxy=proxy_url)
-        wait_until(lambda: all(final_states(w.outcomes()).get((e["id"], ep_http), {})
-                               .get("state") == "delivered" for e in lates),
-                   60 * MULT, 0.5, "delivered with the password")
-        assert c3.term() == 0
-        logs = "".join(open(os.path.join(w.dir, f), errors="replace").read()
-                       for f in os.listdir(w.dir) if f.endswith(".log") and "microsocks" not in f)
-        assert len(logs) > 200 and password not in logs
-        assert password not in json.dumps(w.outcomes())
+        refused_then_delivered(w, ep_http, f"socks5h://sluice:wrong@127.0.0.1:{proxy.port}",
+                               proxy_url)
+        password_nowhere(w, password, "microsocks.log")
 
         # socks5:// would resolve names here, outside the proxy's and the consumers' rules
         bad = f"socks5://sluice:{password}@127.0.0.1:{proxy.port}"
@@ -457,11 +436,7 @@ def test_an_https_proxy_is_verified_against_its_own_ca_and_its_tls_failure_is_th
                                .get("state") == "delivered" for e in downs),
                    60 * MULT, 0.5, "delivered once the proxy is back")
         assert c3.term() == 0
-        logs = "".join(open(os.path.join(w.dir, f), errors="replace").read()
-                       for f in os.listdir(w.dir)
-                       if f.endswith(".log") and f not in ("tinyproxy.log", "stunnel.log"))
-        assert len(logs) > 200 and password not in logs
-        assert password not in json.dumps(w.outcomes())
+        password_nowhere(w, password, "tinyproxy.log", "stunnel.log")
     finally:
         st.stop()
         tiny.stop()
