@@ -228,7 +228,8 @@
       if (b) { b.disabled = false; }
     };
     testing[id] = true;
-    rowButton(id).disabled = true;
+    var first = rowButton(id);
+    if (first) { first.disabled = true; }
     status("Sending a test event to " + id + "…");
     return api("/v1/endpoints/" + encodeURIComponent(id) + "/test", {}, left()).then(function (ev) {
       var what = "Test event " + ev.id + " to " + id;
