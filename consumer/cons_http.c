@@ -478,8 +478,8 @@ static int64_t info_us(CURL *e, CURLINFO what)
  * handle, never reset, the count grows over its transfers, so now and then a transfer fails
  * at once where curl would have retried: "Connection died, tried 5 times before giving up"
  * (CURLE_SEND_ERROR) after a clean close, or the receive error itself after a reset (curl
- * keeps the first error); about one in thirty dropped kept-alive connections in
- * tests/e2e/test_connection_reuse.py (fixed in curl 8.17.0). Such a transfer (one of those
+ * keeps the first error): every sixth such death on a handle (tests/e2e/
+ * test_connection_reuse.py; fixed in curl 8.17.0). Such a transfer (one of those
  * errors, no connection of its own, nothing received) is started again once, on the same
  * handle (the count is back to zero), within what is left of its timeout: what curl does for
  * the others. Without this it would fail as `send` or `recv`, charged to an endpoint that
