@@ -1023,6 +1023,15 @@ static int check_pem_ca(const struct sl_config *cfg, FILE *errf, const char *nam
     return nerr;
 }
 
+/* A CA file option for libcurl (endpoint_ca_file, delivery_proxy_ca_file): readable, and at
+ * least one PEM certificate in it. Returns the number of errors (0 or 1). */
+static int
+check_curl_ca(const struct sl_config *cfg, FILE *errf, const char *name, const char *path)
+{
+    int e = check_readable(cfg, errf, name, path);
+    return e ? e : check_pem_ca(cfg, errf, name, path);
+}
+
 /* The certificate, key and CA files load as librdkafka will load them (PEM), the key with
  * its password, and the certificate belongs to the key. Only called for files that are
  * readable. Returns the number of errors. */
@@ -1204,11 +1213,7 @@ static int check_endpoint_reach(const struct sl_config *cfg, FILE *errf)
                           opt_key(cfg, "delivery_proxy", kb2, sizeof(kb2)));
             nerr++;
         } else {
-            int e =
-                check_readable(cfg, errf, "delivery_proxy_ca_file", cfg->delivery_proxy_ca_file);
-            nerr +=
-                e ? e
-                  : check_pem_ca(cfg, errf, "delivery_proxy_ca_file", cfg->delivery_proxy_ca_file);
+            nerr += check_curl_ca(cfg, errf, "delivery_proxy_ca_file", cfg->delivery_proxy_ca_file);
         }
     }
     return nerr;
@@ -1285,10 +1290,8 @@ static int finalize(struct sl_config *cfg, FILE *errf)
                       (long long)cfg->breaker_cooldown_ms, (long long)cfg->breaker_cooldown_max_ms);
         nerr++;
     }
-    if (cfg->endpoint_ca_file[0]) {
-        int e = check_readable(cfg, errf, "endpoint_ca_file", cfg->endpoint_ca_file);
-        nerr += e ? e : check_pem_ca(cfg, errf, "endpoint_ca_file", cfg->endpoint_ca_file);
-    }
+    if (cfg->endpoint_ca_file[0])
+        nerr += check_curl_ca(cfg, errf, "endpoint_ca_file", cfg->endpoint_ca_file);
     nerr += check_endpoint_reach(cfg, errf);
     if (cfg->response_keep_bytes > cfg->response_max_bytes) {
         (void)fprintf(errf,
