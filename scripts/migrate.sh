@@ -94,9 +94,11 @@ SQL
 fi
 
 # Tables of sql/ but no schema_migrations rows: applied without this script. Running 0001
-# again would fail half-way through; say what to do instead.
+# again would fail half-way through; say what to do instead. Both looked at in one query: a
+# runner beside this one may have committed 0001 with its row since $applied was read.
 if [ "$status" = 0 ] && [ -z "$applied" ] \
-  && [ "$(q -At -c "select to_regclass('endpoints') is not null")" = t ]; then
+  && [ "$(q -At -c "select to_regclass('endpoints') is not null
+                    and not exists (select 1 from schema_migrations)")" = t ]; then
   die "the database has Sluice's tables but no schema_migrations rows (sql/ applied by hand or by an old compose.yaml): record what it has with scripts/migrate.sh --baseline VERSION DSN, VERSION the last file of sql/ it had, then run this again"
 fi
 for f in "${files[@]}"; do
