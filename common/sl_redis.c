@@ -306,6 +306,11 @@ redisContext *sl_redis_ctx(sl_redis_t *r)
     return r->one.c;
 }
 
+int sl_redis_key_slot(const char *key, size_t len)
+{
+    return sl_rcluster_key_slot(key, len);
+}
+
 /* Cluster mode: format argv and hand it to the router. */
 static redisReply *cluster_cmd(sl_redis_t *r,
                                int idempotent,

@@ -102,6 +102,10 @@ redisReply *sl_redis_eval(sl_redis_t *r,
 int sl_redis_append(sl_redis_t *r, int argc, const char **argv, const size_t *argvlen);
 redisReply *sl_redis_get_reply(sl_redis_t *r, sl_err_t *err);
 
+/* The Redis Cluster hash slot of key (0..16383): CRC16 of its hash tag ({...}, when not
+ * empty) or of the whole key. A key's slot is the same whatever the URL's kind. */
+int sl_redis_key_slot(const char *key, size_t len);
+
 /* The underlying context (borrowed), e.g. for redisAppendCommand; NULL while disconnected
  * and always in cluster mode (use sl_redis_append there). */
 redisContext *sl_redis_ctx(sl_redis_t *r);

@@ -29,6 +29,7 @@
 #include "common/sl_rstate.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -406,6 +407,41 @@ int sl_rstate_key_owner(char *buf, size_t cap)
     sl_fmt_init(&f, buf, cap);
     sl_fmt_str(&f, "sluice:owner");
     return sl_fmt_end(&f);
+}
+
+/* The witnesses' tags: the i-th is the first of "w0", "w1", ... whose hash slot is in the
+ * i-th 1/SL_RSTATE_WITNESSES of the slots (found within the first few hundred). */
+#define WITNESS_SLOTS (16384 / SL_RSTATE_WITNESSES)
+static char witness_tags[SL_RSTATE_WITNESSES][8];
+static pthread_once_t witness_once = PTHREAD_ONCE_INIT;
+
+static void witness_init(void)
+{
+    int found = 0;
+    for (unsigned n = 0; found < SL_RSTATE_WITNESSES && n < 100000; n++) {
+        char t[8];
+        struct sl_fmt f;
+        sl_fmt_init(&f, t, sizeof(t));
+        sl_fmt_mem(&f, "w", 1);
+        sl_fmt_u64(&f, n);
+        int len = sl_fmt_end(&f);
+        int i = sl_redis_key_slot(t, (size_t)len) / WITNESS_SLOTS;
+        if (!witness_tags[i][0]) {
+            memcpy(witness_tags[i], t, (size_t)len + 1);
+            found++;
+        }
+    }
+}
+
+int sl_rstate_key_witness(char *buf, size_t cap, int i)
+{
+    if (i < 0 || i >= SL_RSTATE_WITNESSES) {
+        if (cap)
+            buf[0] = '\0';
+        return -1;
+    }
+    pthread_once(&witness_once, witness_init);
+    return key_of(buf, cap, "sluice:owner:", witness_tags[i], 0, NULL);
 }
 
 /* The three shard keys of a job (job_id "" gives the job key prefix). */
@@ -1227,5 +1263,63 @@ int sl_rstate_claim_owner(
         rc = fail_reply(err, op, rep);
     }
     freeReplyObject(rep);
+    return rc;
+}
+
+struct witness_ctx {
+    const char *owner;
+    size_t owner_len;
+    int overwrite;
+    int restored; /* OUT: SET NX that set */
+    int failed;   /* OUT: error replies */
+};
+
+static int witness_build(void *ctx, size_t i, char *keybuf, const char **argv, size_t *argvlen)
+{
+    const struct witness_ctx *x = ctx;
+    argv[0] = "SET";
+    argvlen[0] = 3;
+    argv[1] = keybuf;
+    argvlen[1] = (size_t)sl_rstate_key_witness(keybuf, SL_RSTATE_KEY_MAX, (int)i);
+    argv[2] = x->owner;
+    argvlen[2] = x->owner_len;
+    if (x->overwrite)
+        return 3;
+    argv[3] = "NX";
+    argvlen[3] = 2;
+    return 4;
+}
+
+static int witness_check(void *ctx, size_t i, const redisReply *rep)
+{
+    (void)i;
+    struct witness_ctx *x = ctx;
+    if (rep->type == REDIS_REPLY_ERROR) { /* that master down: the others still count */
+        x->failed++;
+        return 0;
+    }
+    if (rep->type == REDIS_REPLY_NIL) /* NX: in place */
+        return 0;
+    if (!reply_is(rep, "OK"))
+        return -1;
+    x->restored += !x->overwrite;
+    return 0;
+}
+
+int sl_rstate_witnesses(
+    sl_redis_t *r, const char *owner, int overwrite, int *restored, int *failed, sl_err_t *err)
+{
+    static const char op[] = "write the redis database's binding witnesses";
+    size_t olen = owner ? strlen(owner) : 0;
+    if (olen == 0 || olen > SL_RSTATE_OWNER_MAX)
+        return sl_err_set(err, SL_EINVAL, "cannot %s: owner empty or over %d bytes", op,
+                          SL_RSTATE_OWNER_MAX);
+    struct witness_ctx x = {.owner = owner, .owner_len = olen, .overwrite = overwrite != 0};
+    struct sl_rstate_pipe p = {.build = witness_build, .check = witness_check, .ctx = &x};
+    int rc = sl_rstate_pipe_run(r, &p, SL_RSTATE_WITNESSES, op, err);
+    if (restored)
+        *restored = x.restored;
+    if (failed)
+        *failed = x.failed;
     return rc;
 }

@@ -32,6 +32,12 @@
  *   sluice:owner            STRING the deployment this database's state belongs to:
  *                                 "<Kafka cluster id>/<endpoints topic>", set by the first
  *                                 consumer to start (sl_rstate_claim_owner).
+ *   sluice:owner:{<tag>}    STRING the binding's witnesses, SL_RSTATE_WITNESSES of them, the
+ *                                 i-th tag hashing into the i-th 1/SL_RSTATE_WITNESSES of
+ *                                 the cluster's hash slots: every master of a Redis Cluster
+ *                                 holds some, so a master that lost its data is seen
+ *                                 (sl_rstate_witnesses), not only the one holding
+ *                                 sluice:owner. Value: the deployment, as sluice:owner.
  * Job id = hex SHA-1 of "<endpoint id>\n<event id>"; shard = its first four hex digits modulo
  * the shard count. Lease tokens are 32 lowercase hex digits, chosen by the caller.
  *
@@ -305,5 +311,27 @@ int sl_rstate_idem_settle(sl_redis_t *r,
  */
 int sl_rstate_claim_owner(
     sl_redis_t *r, const char *owner, char *found, size_t found_cap, sl_err_t *err);
+
+/* Witnesses of the binding: one key in each 1/64 of the hash slots (256 slots). */
+#define SL_RSTATE_WITNESSES 64
+
+/* The i-th witness key (0 <= i < SL_RSTATE_WITNESSES): "sluice:owner:{<tag>}", its tag the
+ * first of "w0", "w1", ... whose slot is in [i * 256, (i + 1) * 256). Returns its length, or
+ * -1 (buf "") when it did not fit or i is out of range. */
+int sl_rstate_key_witness(char *buf, size_t cap, int i);
+
+/*
+ * Write the binding's witnesses (one round trip, pipelined over a cluster's masters).
+ * overwrite 1: every one is set to owner (the database was bound just now). overwrite 0:
+ * each one missing is set to owner (SET NX), and *restored counts those this call set: a
+ * witness goes only with the data around it (the database or a cluster master emptied,
+ * restarted without its data, failed over to a replica without it), so restored > 0 while
+ * sluice:owner is in place means part of the state was lost, and one caller of several
+ * counts each witness. *failed counts witnesses whose command got an error reply (a cluster
+ * master down: CLUSTERDOWN), which are looked at again next time. Returns 0 (even with
+ * failed > 0), or a negative code with err filled when Redis did not answer.
+ */
+int sl_rstate_witnesses(
+    sl_redis_t *r, const char *owner, int overwrite, int *restored, int *failed, sl_err_t *err);
 
 #endif /* SL_RSTATE_H */

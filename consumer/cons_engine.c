@@ -308,10 +308,24 @@ static void store_offsets(cons_engine_t *e, bool force)
  * a Redis restarted without its data, a failover to a replica that never had it, or deleted
  * by hand): the retry schedule, breakers and markers written before may be gone, which no
  * other check would notice. Bound again at once, so that another deployment cannot take the
- * database meanwhile. Bound to another deployment (one took it over while this one ran):
- * the same refusal as at start-up. A Redis that does not answer is left to the other paths'
- * warnings and looked at again next time. Returns true when the loop must stop.
+ * database meanwhile. On a Redis Cluster the key lives on one master; the binding's
+ * witnesses, one in each 1/64 of the hash slots, show a loss on any master: one gone while
+ * the key is in place is written again and the loss reported the same way. Bound to another
+ * deployment (one took it over while this one ran): the same refusal as at start-up. A
+ * Redis that does not answer is left to the other paths' warnings and looked at again next
+ * time. Returns true when the loop must stop.
  */
+static void state_lost(cons_engine_t *e, const char *what)
+{
+    sl_counter_inc(cons_m.redis_state_lost);
+    sl_error("consumer", "redis_state_lost",
+             "%s (emptied, restarted without its data, failed over to a replica without it, "
+             "or deleted): retry schedules, breakers and delivered markers written before may "
+             "be lost (sluicectl retries rebuild restores the schedule); bound it again to this "
+             "deployment (%s)",
+             what, e->db_owner);
+}
+
 static bool owner_check(cons_engine_t *e)
 {
     int64_t now = sl_mono_ms();
@@ -325,26 +339,33 @@ static bool owner_check(cons_engine_t *e)
         cons_warn_redis(e, &err);
         return false;
     }
-    if (rc == 1) {
-        sl_counter_inc(cons_m.redis_state_lost);
-        sl_error("consumer", "redis_state_lost",
-                 "the key sluice:owner was gone from the redis database (emptied, restarted "
-                 "without its data, failed over to a replica without it, or deleted): retry "
-                 "schedules, breakers and delivered markers written before may be lost; bound "
-                 "it again to this deployment (%s)",
-                 e->db_owner);
+    if (rc == 0 && strcmp(found, e->db_owner) != 0) {
+        sl_error("consumer", "redis_owner_mismatch",
+                 "the database of redis_url is now bound to another deployment, whose endpoint "
+                 "table is %s (Kafka cluster id/endpoints topic), not this consumer's %s: "
+                 "stopping (exit 78), as a consumer starting now would (docs/OPERATIONS.md, "
+                 "\"One Redis database per deployment\")",
+                 found, e->db_owner);
+        e->fatal = SL_CFG_EXIT;
+        return true;
+    }
+    if (rc == 1)
+        state_lost(e, "the key sluice:owner was gone from the redis database");
+    int restored = 0, failed = 0;
+    if (sl_rstate_witnesses(e->redis, e->db_owner, rc == 1, &restored, &failed, &err) != 0) {
+        cons_warn_redis(e, &err);
         return false;
     }
-    if (strcmp(found, e->db_owner) == 0)
-        return false;
-    sl_error("consumer", "redis_owner_mismatch",
-             "the database of redis_url is now bound to another deployment, whose endpoint "
-             "table is %s (Kafka cluster id/endpoints topic), not this consumer's %s: stopping "
-             "(exit 78), as a consumer starting now would (docs/OPERATIONS.md, \"One Redis "
-             "database per deployment\")",
-             found, e->db_owner);
-    e->fatal = SL_CFG_EXIT;
-    return true;
+    if (restored > 0) {
+        char what[256];
+        (void)snprintf(what, sizeof(what),
+                       "%d of the %d witnesses of the binding (sluice:owner:{...}) were gone "
+                       "while sluice:owner was in place: part of the redis database was lost "
+                       "(on a Redis Cluster, the master or masters that held them)",
+                       restored, SL_RSTATE_WITNESSES);
+        state_lost(e, what);
+    }
+    return false;
 }
 
 /* Whether the loop must end now (e->fatal set, logged): the outcome producer failed for

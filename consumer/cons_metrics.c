@@ -117,8 +117,9 @@ void cons_metrics_init(int64_t endpoint_top)
         sl_metric_counter("sluice_redis_errors_total", "Redis calls that failed.", NULL);
     m->redis_state_lost = sl_metric_counter(
         "sluice_redis_state_lost_total",
-        "Times the Redis database was found without its binding (sluice:owner) while running: "
-        "emptied or replaced, its retry schedule, breakers and markers possibly lost.",
+        "Times the Redis database was found without its binding (sluice:owner) or some of "
+        "its witnesses (sluice:owner:{...}) while running: emptied or replaced, in whole or "
+        "on a cluster master, its retry schedule, breakers and markers possibly lost.",
         NULL);
     m->publish_to_delivered =
         sl_metric_histo("sluice_publish_to_delivered_seconds",

@@ -174,6 +174,32 @@ load_endpoints(const struct sl_config *cfg, const struct sl_masterkey *mk, sl_en
 }
 
 /*
+ * The binding's witnesses (sl_rstate.h) at start-up: all written when the database was bound
+ * just now, else the missing ones, silently: a database bound by a consumer without them, or
+ * a pod starting beside the one that bound it. A loss while consumers run is the watching
+ * loop's to report. Returns 0, or a negative code with err filled (a master that answered
+ * with an error counts: the start fails as with a Redis that does not answer).
+ */
+static int write_witnesses(sl_redis_t *r, const char *owner, bool bound_now, sl_err_t *err)
+{
+    int restored = 0, failed = 0;
+    int rc = sl_rstate_witnesses(r, owner, bound_now, &restored, &failed, err);
+    if (rc != 0)
+        return rc;
+    if (failed > 0)
+        return sl_err_set(err, SL_EREDIS,
+                          "could not write the redis database's binding witnesses: %d of %d "
+                          "got an error reply (a cluster master down?)",
+                          failed, SL_RSTATE_WITNESSES);
+    if (restored > 0)
+        sl_info("consumer", "redis_owner_witnesses_set",
+                "wrote %d of the %d witnesses of the redis database's binding that were "
+                "missing (a database bound by an older consumer, or by a pod starting now)",
+                restored, SL_RSTATE_WITNESSES);
+    return 0;
+}
+
+/*
  * A Redis database holds one deployment's state. Another deployment's consumers would claim
  * its retries and send them with their own endpoint table (an id both know goes to the wrong
  * URL, one they do not know is dead-lettered), and share its breakers, rate buckets and
@@ -195,6 +221,11 @@ static int check_redis_owner(const struct sl_config *cfg, sl_endpoints_t *eps, c
     (void)snprintf(owner, SL_RSTATE_OWNER_MAX + 1, "%s/%s", cluster, cfg->topic_endpoints);
     sl_redis_t *r = sl_redis_connect(cfg->redis_url, (int)cfg->redis_timeout_ms, &err);
     int rc = r ? sl_rstate_claim_owner(r, owner, found, sizeof(found), &err) : SL_EREDIS;
+    if (rc == 1 || (rc == 0 && strcmp(found, owner) == 0)) {
+        int wrc = write_witnesses(r, owner, rc == 1, &err);
+        if (wrc < 0)
+            rc = wrc;
+    }
     sl_redis_close(r);
     if (rc < 0) {
         sl_error("consumer", "start_failed", "%s", err.msg);

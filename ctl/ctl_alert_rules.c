@@ -219,9 +219,10 @@ void ctl_alert_rules_print(FILE *f, const struct ctl_thresholds *t)
     static const char *const lost[] = {"sluice_redis_state_lost_total"};
     (void)fprintf(
         f, "      # redis_state_lost: in the last 15 minutes a consumer found its Redis database\n"
-           "      # without the key sluice:owner (emptied, restarted without its data, failed\n"
-           "      # over to a replica without it): the retry schedule, breakers and delivered\n"
-           "      # markers written before may be lost.\n"
+           "      # without the key sluice:owner or some of its witnesses (emptied, restarted\n"
+           "      # without its data, failed over to a replica without it; on a Redis Cluster,\n"
+           "      # any master): the retry schedule, breakers and delivered markers written\n"
+           "      # before may be lost.\n"
            "      - alert: SluiceRedisStateLost\n");
     counted_in_15m(f, lost, 1);
     rule_meta(f, "critical", "redis_state_lost", "The consumers' Redis database lost its state",

@@ -22,7 +22,8 @@ import urllib.request
 
 import pytest
 
-from sluice_e2e import Proc, event, free_port, redis_cmd, wait_until
+from sluice_e2e import (Proc, cluster_masters, cluster_slots, event, free_port, key_slot,
+                        parse_redis_url, redis_cmd, redis_node_cmd, wait_until)
 from tls_helpers import CA, TlsPostgres
 
 MULT = float(os.environ.get("SL_TEST_TIMEOUT_MULT", "1"))
@@ -248,3 +249,54 @@ def test_a_running_consumer_rebinds_a_database_that_lost_its_binding_and_stops_f
     assert c.events("stopped"), "drained and left the group cleanly"
     assert redis_cmd(w.redis_url, "GET", "sluice:owner").decode() == other
     assert len(c.events("redis_state_lost")) == 1
+
+
+def test_a_loss_beside_the_binding_is_seen(make_world):
+    """The binding's 64 witnesses (sluice:owner:{w...}), one in each 256 hash slots, show a
+    loss that leaves sluice:owner in place: on a Redis Cluster, a master other than the one
+    holding the key comes back empty (here: FLUSHALL on that node); on one Redis, the same
+    keys deleted. A running consumer writes the missing ones again and reports the loss
+    once, by its count; the binding itself is untouched and deliveries go on. (Also run
+    against a Redis Cluster by scripts/test.sh.)"""
+    w = make_world()
+    rcv = w.receiver()
+    ep = w.add_endpoint(f"wit_{w.tag}", rcv.url("ok", f"wit_{w.tag}"))
+    port = free_port()
+    c = w.consumer(metrics_listen=f"127.0.0.1:{port}", consumer_threads=2)
+    evs = [event(ep, i, w.tag) for i in range(2)]
+    assert w.produce(evs).returncode == 0
+    wait_until(lambda: {l["webhook_id"] for l in rcv.ledger()} >= {e["id"] for e in evs},
+               60 * MULT, 0.2, "delivered")
+    owner = redis_cmd(w.redis_url, "GET", "sluice:owner")
+    witnesses = sorted(k.decode() for k in redis_cmd(w.redis_url, "KEYS", "sluice:owner:*"))
+    assert sorted(key_slot(k) // 256 for k in witnesses) == list(range(64)), witnesses
+    assert all(redis_cmd(w.redis_url, "GET", k) == owner for k in witnesses)
+
+    if parse_redis_url(w.redis_url)["cluster"]:
+        def master(slot):
+            return next(a for first, last, a in cluster_slots(w.redis_url, refresh=True)
+                        if first <= slot <= last)
+        keeper = master(key_slot("sluice:owner"))
+        victim = next(m for m in cluster_masters(w.redis_url) if m != keeper)
+        gone = [k for k in witnesses if master(key_slot(k)) == victim]
+        redis_node_cmd(w.redis_url, *victim, "FLUSHALL")
+    else:
+        gone = witnesses[10:15]
+        for k in gone:
+            assert redis_cmd(w.redis_url, "DEL", k) == 1
+    assert gone
+    wait_until(lambda: c.events("redis_state_lost"), 30 * MULT, 0.2, "the loss reported")
+    (line,) = c.events("redis_state_lost")
+    assert line["level"] == "error", line
+    assert f"{len(gone)} of the 64 witnesses of the binding" in line["msg"], line
+    assert "while sluice:owner was in place" in line["msg"], line
+    assert redis_cmd(w.redis_url, "GET", "sluice:owner") == owner
+    assert all(redis_cmd(w.redis_url, "GET", k) == owner for k in witnesses), "written again"
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        assert "\nsluice_redis_state_lost_total 1\n" in r.read().decode()
+    more = [event(ep, i, w.tag) for i in range(2, 4)]
+    assert w.produce(more).returncode == 0
+    wait_until(lambda: {l["webhook_id"] for l in rcv.ledger()} >= {e["id"] for e in more},
+               60 * MULT, 0.2, "still delivering")
+    assert len(c.events("redis_state_lost")) == 1  # once per loss
+    assert c.term() == 0

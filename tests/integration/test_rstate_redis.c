@@ -287,6 +287,58 @@ static void test_the_first_owner_keeps_the_database(void **state)
     assert_int_equal(sl_rstate_claim_owner(f->r, "a/b", NULL, 0, &err), SL_EINVAL);
 }
 
+/* The binding's witnesses: one key in each 256 hash slots, written whole at a bind, the
+ * missing ones (and only those, counted) otherwise. */
+static void test_the_binding_has_a_witness_in_every_slot_range(void **state)
+{
+    struct fx *f = *state;
+    sl_err_t err = {0};
+    char k[SL_RSTATE_WITNESSES][48], v[SL_RSTATE_OWNER_MAX + 1];
+    for (int i = 0; i < SL_RSTATE_WITNESSES; i++) {
+        int n = sl_rstate_key_witness(k[i], sizeof(k[i]), i);
+        assert_true(n > (int)strlen("sluice:owner:{}"));
+        assert_int_equal(strncmp(k[i], "sluice:owner:{w", 15), 0);
+        assert_int_equal(sl_redis_key_slot(k[i], (size_t)n) / (16384 / SL_RSTATE_WITNESSES), i);
+    }
+    char small[8];
+    assert_int_equal(sl_rstate_key_witness(small, sizeof(small), 0), -1);
+    assert_string_equal(small, "");
+    assert_int_equal(sl_rstate_key_witness(k[0], sizeof(k[0]), SL_RSTATE_WITNESSES), -1);
+    assert_int_equal(sl_rstate_key_witness(k[0], sizeof(k[0]), -1), -1);
+    (void)sl_rstate_key_witness(k[0], sizeof(k[0]), 0);
+
+    int restored = -1, failed = -1;
+    assert_int_equal(sl_rstate_witnesses(f->r, "cA/t.endpoints", 1, &restored, &failed, &err), 0);
+    assert_int_equal(restored, 0); /* a bind writes them all and counts nothing */
+    assert_int_equal(failed, 0);
+    assert_int_equal(adm_int(f, "DBSIZE", NULL), SL_RSTATE_WITNESSES);
+    for (int i = 0; i < SL_RSTATE_WITNESSES; i++) {
+        adm_get(f, k[i], v, sizeof(v));
+        assert_string_equal(v, "cA/t.endpoints");
+        assert_int_equal(adm_int(f, "TTL %s", k[i]), -1);
+    }
+    /* all in place: nothing written */
+    assert_int_equal(sl_rstate_witnesses(f->r, "cA/t.endpoints", 0, &restored, &failed, &err), 0);
+    assert_int_equal(restored, 0);
+    /* three gone (what a master that lost its data leaves): those three written again */
+    for (int i = 5; i < 8; i++)
+        assert_int_equal(adm_int(f, "DEL %s", k[i]), 1);
+    assert_int_equal(sl_rstate_witnesses(f->r, "cA/t.endpoints", 0, &restored, &failed, &err), 0);
+    assert_int_equal(restored, 3);
+    assert_int_equal(adm_int(f, "DBSIZE", NULL), SL_RSTATE_WITNESSES);
+    assert_int_equal(sl_rstate_witnesses(f->r, "cA/t.endpoints", 0, &restored, &failed, &err), 0);
+    assert_int_equal(restored, 0); /* counted once */
+    /* a bind overwrites: the database taken over by another deployment */
+    assert_int_equal(sl_rstate_witnesses(f->r, "cB/t.endpoints", 1, &restored, &failed, &err), 0);
+    adm_get(f, k[63], v, sizeof(v));
+    assert_string_equal(v, "cB/t.endpoints");
+    char big[SL_RSTATE_OWNER_MAX + 2];
+    memset(big, 'a', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    assert_int_equal(sl_rstate_witnesses(f->r, big, 0, &restored, &failed, &err), SL_EINVAL);
+    assert_int_equal(sl_rstate_witnesses(f->r, "", 0, &restored, &failed, &err), SL_EINVAL);
+}
+
 /* Each test starts from an empty Redis, on the group's two connections. */
 static int flush(void **state)
 {
@@ -413,6 +465,7 @@ int main(void)
         cmocka_unit_test_setup(test_api_key_bucket, flush),
         cmocka_unit_test_setup(test_idempotency_settle_only_under_its_own_lock, flush),
         cmocka_unit_test_setup(test_the_first_owner_keeps_the_database, flush),
+        cmocka_unit_test_setup(test_the_binding_has_a_witness_in_every_slot_range, flush),
         cmocka_unit_test(test_a_demoted_server_is_left_for_a_new_connection),
         cmocka_unit_test(test_a_server_that_stops_answering_fails_calls_at_once), /* last */
     };
