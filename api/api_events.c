@@ -240,7 +240,7 @@ static void idem_finish(struct api_req *r, struct api_pub *p)
         struct sl_buf v;
         sl_buf_init(&v, (size_t)64 << 20);
         char *text = r->text   ? sl_xstrdup(r->text)
-                     : r->json ? json_dumps(r->json, JSON_COMPACT)
+                     : r->json ? json_dumps(r->json, JSON_COMPACT | JSON_REAL_PRECISION(15))
                                : NULL;
         (void)sl_buf_printf(&v, "d:%s:%03d:%s", p->fp, r->status, text ? text : "null");
         free(text);

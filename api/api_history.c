@@ -361,8 +361,9 @@ enum api_hret api_event_types(struct api_req *r)
         intptr_t row = (intptr_t)sl_map_get(seen, names[i]);
         size_t subs = 0;
         for (size_t e = 0; e < neps; e++) {
-            /* the endpoint's own channels satisfy its channel rule: count type filters only */
-            if (eps[e]->enabled && eps[e]->n_types > 0 &&
+            /* the endpoint's own channels satisfy its channel rule: count the type filters
+             * (none takes every type) */
+            if (eps[e]->enabled &&
                 sl_endpoint_subscribed(eps[e], names[i], strlen(names[i]),
                                        (const char *const *)eps[e]->channels, eps[e]->n_channels))
                 subs++;

@@ -256,11 +256,25 @@ const char *api_query(struct api_req *r, const char *name)
     return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
 }
 
+/* Whether a Content-Type names application/json: the media type (any case), then nothing or
+ * parameters ("; charset=utf-8"). */
+static bool is_json_type(const char *ct)
+{
+    static const char want[] = "application/json";
+    size_t n = sizeof(want) - 1;
+    if (strncasecmp(ct, want, n) != 0)
+        return false;
+    ct += n;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    return *ct == '\0' || *ct == ';';
+}
+
 static json_t *body_json(struct api_req *r, const enum sl_json_shape *shape, bool *elided)
 {
     json_error_t jerr;
     const char *ct = api_header(r, "Content-Type");
-    if (ct && strncasecmp(ct, "application/json", 16) != 0) {
+    if (ct && !is_json_type(ct)) {
         api_problem(r, 415, "unsupported-media-type", "Content-Type",
                     "the request body must be application/json");
         return NULL;
@@ -290,7 +304,11 @@ static json_t *body_json(struct api_req *r, const enum sl_json_shape *shape, boo
         }
         json_decref(j); /* not expected: the full parse below decides */
     }
-    json_t *j = json_loadb((const char *)r->body.data, r->body.len, JSON_REJECT_DUPLICATES, &jerr);
+    /* an event's string body may hold \u0000 (its bytes are sent as they are), as in
+     * sluice-produce's lines; the events' other strings refuse it by name (sl_jsonl). The
+     * other requests' strings are read as C strings: \u0000 is invalid JSON there. */
+    size_t flags = JSON_REJECT_DUPLICATES | (shape ? JSON_ALLOW_NUL : 0);
+    json_t *j = json_loadb((const char *)r->body.data, r->body.len, flags, &jerr);
     if (!j) {
         /* jansson's text quotes the input: report the position only */
         api_problem(r, 400, "invalid-json", "/",
@@ -636,7 +654,9 @@ static enum MHD_Result send_answer(struct api_req *r)
     char *text = r->text;
     r->text = NULL; /* the response owns it now */
     if (!text && r->json)
-        text = json_dumps(r->json, JSON_COMPACT | JSON_ENCODE_ANY);
+        /* 15 significant digits: a figure rounded to 0.001 prints as 3.341, not as the
+         * 17-digit 3.3410000000000002 of jansson's default */
+        text = json_dumps(r->json, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(15));
     if (r->raw) { /* a static answer: its bytes and type win */
         free(text);
         text = NULL;

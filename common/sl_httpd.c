@@ -280,6 +280,42 @@ static int listen_socket(const struct sl_httpd_opts *o, unsigned *port, sl_err_t
     return fd;
 }
 
+static int hex_val(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/*
+ * The path and the query's names and values, percent-decoded in place as libmicrohttpd's own
+ * unescaper does, except "%00", which stays as it is: decoded, its NUL would end the C string
+ * the handlers read, so "/v1/endpoints/a%00b" would name endpoint "a". Kept, the '%' makes
+ * such an id invalid wherever it is checked. Returns the new length.
+ */
+static size_t unescape_keep_nul(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    (void)c;
+    char *w = s;
+    for (const char *p = s; *p; p++) {
+        int hi, lo;
+        if (p[0] == '%' && (hi = hex_val(p[1])) >= 0 && (lo = hex_val(p[2])) >= 0 &&
+            (hi | lo) != 0) {
+            *w++ = (char)(hi * 16 + lo);
+            p += 2;
+        } else {
+            *w++ = *p;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
+}
+
 /* Start loop i's daemon and thread. */
 static int loop_start(struct sl_httpd *h, const struct sl_httpd_opts *o, size_t i, sl_err_t *err)
 {
@@ -290,7 +326,7 @@ static int loop_start(struct sl_httpd *h, const struct sl_httpd_opts *o, size_t 
         flags |= MHD_USE_IPv6;
     /* every loop gets a share of the connections, as libmicrohttpd's pool divides them */
     unsigned limit = (unsigned)(o->max_conns / h->n + (i < o->max_conns % h->n ? 1 : 0));
-    struct MHD_OptionItem opts[10];
+    struct MHD_OptionItem opts[11];
     size_t n = 0;
     if (o->tls_cert_pem) {
         flags |= MHD_USE_TLS;
@@ -307,6 +343,8 @@ static int loop_start(struct sl_httpd *h, const struct sl_httpd_opts *o, size_t 
     /* ours, calling the caller's (see "the connections and the request deadline") */
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_done, h};
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_conn, h};
+    opts[n++] =
+        (struct MHD_OptionItem){MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)unescape_keep_nul, NULL};
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     /* the logger goes first so libmicrohttpd never falls back to its own stderr logging */
     l->d = o->log ? MHD_start_daemon(flags, 0, NULL, NULL, on_req, h, MHD_OPTION_EXTERNAL_LOGGER,

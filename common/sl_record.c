@@ -191,16 +191,22 @@ bool sl_valid_header_value(const char *s, size_t len)
     return (s || len == 0) && len <= SL_HDR_VALUE_MAX && header_value_problem(s, len) == NULL;
 }
 
-/* Headers Sluice computes itself; a record may not override them. */
+/* Headers Sluice computes itself; a record may not override them, nor add a second value
+ * of one (the Standard Webhooks headers webhook-*, Sluice's own X-Sluice-*). */
 static const char *const reserved_headers[] = {
-    "webhook-id", "webhook-timestamp", "webhook-signature", "content-type", "content-length",
-    "host",       "user-agent",        "transfer-encoding", "connection",
+    "content-type", "content-length", "host", "user-agent", "transfer-encoding", "connection",
 };
+static const char *const reserved_prefixes[] = {"webhook-", "x-sluice-"};
 
 bool sl_header_is_reserved(const char *name, size_t len)
 {
     if (!name)
         return false;
+    for (size_t i = 0; i < sizeof(reserved_prefixes) / sizeof(reserved_prefixes[0]); i++) {
+        size_t pl = strlen(reserved_prefixes[i]);
+        if (len >= pl && strncasecmp(reserved_prefixes[i], name, pl) == 0)
+            return true;
+    }
     for (size_t i = 0; i < sizeof(reserved_headers) / sizeof(reserved_headers[0]); i++) {
         if (strlen(reserved_headers[i]) == len && strncasecmp(reserved_headers[i], name, len) == 0)
             return true;

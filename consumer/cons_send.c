@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <curl/curl.h>
 #include <librdkafka/rdkafka.h>
@@ -79,6 +80,17 @@ static struct curl_slist *hdr_block(const struct hdr_line *l, size_t n)
         *p++ = '\0';
     }
     return nodes;
+}
+
+/* Whether the endpoint sets header name itself (any case): an event's header of that name is
+ * left out, so a publisher cannot add a second value of an endpoint's credential. */
+static bool ep_sets_header(const struct sl_endpoint *ep, const char *name)
+{
+    for (size_t i = 0; i < ep->n_hdr && i < SL_HDR_MAX; i++) {
+        if (strcasecmp(ep->hdr[i].name, name) == 0)
+            return true;
+    }
+    return false;
 }
 
 /*
@@ -181,8 +193,10 @@ static int start_send(cons_engine_t *e, struct job *j)
     lines[nl++] = (struct hdr_line){"X-Sluice-Created-Ms", created_num};
     for (size_t i = 0; i < ep->n_hdr && i < SL_HDR_MAX; i++)
         lines[nl++] = (struct hdr_line){ep->hdr[i].name, ep->hdr[i].value};
-    for (size_t i = 0; i < j->d.n_hdr && i < SL_HDR_MAX; i++)
-        lines[nl++] = (struct hdr_line){j->d.hdr[i].name, j->d.hdr[i].value};
+    for (size_t i = 0; i < j->d.n_hdr && i < SL_HDR_MAX; i++) {
+        if (!ep_sets_header(ep, j->d.hdr[i].name))
+            lines[nl++] = (struct hdr_line){j->d.hdr[i].name, j->d.hdr[i].value};
+    }
     lines[nl++] = (struct hdr_line){"Expect:", NULL};
     struct curl_slist *h = hdr_block(lines, nl);
     sl_secret_wipe(&sh, sizeof(sh));

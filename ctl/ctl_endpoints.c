@@ -824,7 +824,7 @@ static json_t *ep_json(const struct sl_reg_ep *ep, const struct show_opts *so)
 /* Print j (consumed) to stdout, then a newline. */
 static void print_json(json_t *j)
 {
-    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
     if (s)
         printf("%s\n", s);
     free(s);

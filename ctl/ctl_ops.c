@@ -403,7 +403,8 @@ void ctl_table_fini(struct ctl_table *t)
 
 void ctl_ops_print_json(json_t *j)
 {
-    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    /* 15 significant digits: 0.4, not jansson's default 0.40000000000000002 */
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
     if (s) {
         puts(s);
         free(s);

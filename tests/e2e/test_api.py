@@ -10,6 +10,7 @@ import collections
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -34,6 +35,17 @@ def call(api, method, path, body=None, key=None, headers=None, raw=None):
     hdrs = {k.lower(): v for k, v in r.getheaders()}
     c.close()
     return r.status, hdrs, (json.loads(text) if text else None)
+
+
+def call_text(api, path, key):
+    """GET path: (status, the answer's bytes as sent)."""
+    host, port = api.base.split("//")[1].split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=30 * MULT)
+    c.request("GET", path, headers={"Authorization": f"Bearer {key}"})
+    r = c.getresponse()
+    out = r.status, r.read()
+    c.close()
+    return out
 
 
 def delivered_pairs(rcv):
@@ -369,6 +381,7 @@ def test_bad_input_gets_a_problem_naming_the_field_and_publishes_nothing(make_wo
     rcv = w.receiver()
     ep = w.add_endpoint(f"e_{w.tag}", rcv.url("ok", f"e_{w.tag}"))
     key = w.api_key("publish")
+    admin = w.api_key("admin")
     api = w.api(api_max_request_bytes=4096, api_batch_max=3, api_idle_timeout_s=2,
                 api_max_connections=4)
     P = "/v1/events"
@@ -400,12 +413,18 @@ def test_bad_input_gets_a_problem_naming_the_field_and_publishes_nothing(make_wo
             "/body")
     problem(*call(api, "POST", P, {"type": "a", "body": 1, "channels": ["no space"]}, key), 400,
             "/channels")
-    problem(*call(api, "POST", P, {"type": "a", "body": 1, "headers": {"webhook-id": "x"}}, key),
-            400, "/headers")
+    for name in ("webhook-id", "Webhook-Other", "X-Sluice-Attempt"):  # Sluice sets these
+        problem(*call(api, "POST", P, {"type": "a", "body": 1, "headers": {name: "x"}}, key),
+                400, "/headers")
     problem(*call(api, "POST", P, {"type": "a", "endpoint": "nope_" + w.tag, "body": 1}, key), 404,
             "/endpoint")
-    problem(*call(api, "POST", P, {"type": "a", "body": 1}, key,
-                  headers={"Content-Type": "text/plain"}), 415, "Content-Type")
+    for ct in ("text/plain", "application/jsonx", "application/json-seq"):
+        problem(*call(api, "POST", P, {"type": "a", "body": 1}, key,
+                      headers={"Content-Type": ct}), 415, "Content-Type")
+    # an id in the path or the query with an encoded NUL is not read as the id before it
+    problem(*call(api, "DELETE", f"/v1/endpoints/{ep}%00zzz", None, admin), 404)
+    problem(*call(api, "GET", f"/v1/endpoints/{ep}%00", None, admin), 404)
+    assert call(api, "GET", f"/v1/endpoints/{ep}", None, admin)[0] == 200
     problem(*call(api, "POST", P, {"type": "a", "body": 1}, key,
                   headers={"Idempotency-Key": ""}), 400, "Idempotency-Key")
     problem(*call(api, "POST", P + "/batch", {"events": [{"type": "a", "body": 1}] * 4}, key), 413,
@@ -430,6 +449,19 @@ def test_bad_input_gets_a_problem_naming_the_field_and_publishes_nothing(make_wo
     r = w.ctl("dump", "deliveries", "--idle-ms", "1500", "--show-payloads")
     assert r.returncode == 0, r.stderr
     assert [json.loads(l)["body"] for l in r.stdout.splitlines() if l.strip()] == [body0]
+    # \u0000 is a character like any other in an event's body; in its other strings it is
+    # refused by name (never read as the end of the string)
+    ids = []
+    raw = '{"type":"nul","endpoint":"%s","body":%s}'
+    for body in ('{"k":"a\\u0000b"}', '"a\\u0000b"'):
+        st, _, b = call(api, "POST", P, None, key, raw=raw % (ep, body),
+                        headers={"Content-Type": "application/json; charset=utf-8"})
+        assert st == 202, (body, b)
+        ids.append(b["id"])
+    problem(*call(api, "POST", P, None, key, raw='{"type":"a\\u0000b","body":1}'), 400, "/type")
+    r = w.ctl("dump", "deliveries", "--idle-ms", "1500", "--show-payloads")
+    got = {d["id"]: d["body"] for d in map(json.loads, r.stdout.splitlines()) if d["id"] in ids}
+    assert got[ids[0]] == '{"k":"a\\u0000b"}' and got[ids[1]] == "a\u0000b", got
 
     # a stalled client (headers never finished) is disconnected after api_idle_timeout_s
     s = socket.create_connection(("127.0.0.1", int(api.base.rsplit(":", 1)[1])))
@@ -748,6 +780,9 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     att = d["data"][0]["attempts_log"]
     assert d["data"][0]["state"] == "dead_letter" and att[-1]["http_status"] == 401, d
     assert att[-1]["latency_ms"] is not None and "first_byte_ms" in att[-1]["phases"]
+    # figures rounded to 0.001 ms are written so, not as 17 significant digits
+    st, text = call_text(api, f"/v1/events/{ids[0]}/deliveries", admin)
+    assert st == 200 and b"_ms" in text and not re.search(rb"\d\.\d{7,}", text), text
 
     # a key limited to channels sees and changes only its tenant's endpoints
     st, _, lst = call(api, "GET", "/v1/endpoints?limit=500", None, tenant_read)
@@ -822,6 +857,7 @@ def test_header_values_are_write_only_and_a_shared_endpoint_needs_all_channels(m
     shared = create("shared", ["ta", "tb"], ["ta.paid"], {"Authorization": "Basic c2VjcmV0"})
     own = create("own", ["ta"], ["ta.paid"])
     other = create("other", ["tc"], ["tc.secret_type"])
+    create("all", ["ta"], [])  # no type filter: takes every type
 
     # a postback URL's query values and fragment are for admin keys only
     token = "s3cr3t" + w.tag
@@ -878,6 +914,14 @@ def test_header_values_are_write_only_and_a_shared_endpoint_needs_all_channels(m
                "sluice-api to see the endpoints")
     seen = types(tenant)
     assert "ta.paid" in seen and "tc.secret_type" not in seen, seen
+
+    def subscribed():
+        st, _, b = call(api, "GET", "/v1/event-types?limit=500", None, admin)
+        return {t["type"]: t["subscribed_endpoints"] for t in b["data"]}
+    # an endpoint without a type filter takes every type: counted for each ("own" is gone)
+    wait_until(lambda: {k: v for k, v in subscribed().items() if k in ("ta.paid", "pb.x",
+                        "tc.secret_type")} == {"ta.paid": 2, "pb.x": 2, "tc.secret_type": 2},
+               30 * MULT, 0.2, "the subscriptions counted")
     # the action bodies name an unknown member (rotate and disable named their own field;
     # enable ignored its body)
     problem(*call(api, "POST", f"/v1/endpoints/{shared}/rotate-secret", {"foo": 1}, admin), 400,

@@ -245,6 +245,63 @@ def test_header_injection_refused_everywhere(make_world):
     assert all(l["webhook_id"] != f"evt_{w.tag}_raw" for l in rcv.ledger())
 
 
+class HeaderRecorder:
+    """An HTTP/1.1 server on loopback that answers 204 and keeps each request's header lines
+    [(name, value)], in order, repeats included."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        rec = self.requests = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                rec.append(list(self.headers.items()))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def test_an_event_cannot_add_a_value_to_its_endpoints_headers_or_sluices_own(make_world):
+    """Sluice's own headers (webhook-*, X-Sluice-*) are refused in an event at publish, and
+    an event's header named as one its endpoint sets (a credential, typically) is left out:
+    the receiver gets the endpoint's value once, never a second value from a publisher."""
+    w = make_world()
+    srv = HeaderRecorder()
+    try:
+        ep = w.add_endpoint("hd" + w.tag, f"http://127.0.0.1:{srv.port}/h",
+                            "--header", "X-Tenant: from-endpoint")
+        for i, name in enumerate(("X-Sluice-Attempt", "x-sluice-created-ms", "Webhook-Foo")):
+            r = w.produce([event(ep, i, w.tag, headers={name: "99"})])
+            assert r.returncode == 1 and "reserved" in r.stderr, (name, r.stderr)
+        ok = event(ep, 9, w.tag, headers={"x-tenant": "from-event", "X-Note": "n"})
+        assert w.produce([ok]).returncode == 0
+        c = w.consumer()
+        wait_until(lambda: srv.requests, 60, 0.2, "the delivery")
+        assert c.term() == 0
+        (hs,) = srv.requests
+        values = lambda n: [v for k, v in hs if k.lower() == n]
+        assert values("x-tenant") == ["from-endpoint"], hs
+        assert values("x-note") == ["n"], hs
+        assert values("x-sluice-attempt") == ["1"], hs
+        assert values("webhook-id") == [ok["id"]], hs
+    finally:
+        srv.close()
+
+
 def test_slow_endpoints_get_a_lower_breaker_threshold(make_world):
     import json as _json
     w = make_world(breaker_threshold=10, breaker_slow_threshold=2, breaker_slow_p95_ms=200,

@@ -1359,6 +1359,11 @@ static void test_validators(void **state)
     assert_false(sl_header_is_reserved("Hostname", 8));
     assert_false(sl_header_is_reserved("hos", 3));
     assert_false(sl_header_is_reserved("X-Webhook-Id", 12));
+    assert_true(sl_header_is_reserved("webhook-foo", 11)); /* the Standard Webhooks names */
+    assert_true(sl_header_is_reserved("X-Sluice-Attempt", 16));
+    assert_true(sl_header_is_reserved("x-sluice-anything", 17));
+    assert_false(sl_header_is_reserved("X-Sluice", 8));
+    assert_false(sl_header_is_reserved("webhook", 7));
     assert_false(sl_header_is_reserved(NULL, 0));
 
     assert_true(sl_valid_macro_name("click_ID9", 9));
