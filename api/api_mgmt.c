@@ -751,6 +751,14 @@ static enum api_hret run_update(struct api_req *r, struct patch *p)
     sl_err_t err;
     p->r = r;
     int rc = sl_reg_update(pg, thread_pub(r->api), id, modify, p, &out, &res, &err);
+    if (rc == 0 && !p->answered && !res.changed) {
+        /* nothing to change: the endpoint's committed state is published again, so that
+         * repeating a change whose publish failed ("published": false) repairs it */
+        sl_err_t perr;
+        res.published = sl_reg_republish(pg, thread_pub(r->api), id, &perr) == 0;
+        if (!res.published)
+            sl_warn("mgmt", "endpoint_republish_failed", "%s", perr.msg);
+    }
     if (p->answered)
         ; /* the problem is set */
     else if (rc == 0 || (rc == SL_EKAFKA && res.committed))

@@ -296,12 +296,13 @@ static enum api_hret finish(struct api_req *r)
         return API_DONE;
     }
     json_t *ans =
-        json_pack("{s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:O}", "run_id", x->run_id,
-                  "complete", j->rc == 0, "replayed", (json_int_t)x->replayed, "failed",
+        json_pack("{s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:O}", "run_id",
+                  x->run_id, "complete", j->rc == 0, "replayed", (json_int_t)x->replayed, "failed",
                   (json_int_t)x->failed, "invalid", (json_int_t)x->invalid, "recovered",
                   (json_int_t)x->recovered, "unconfirmed", (json_int_t)x->unconfirmed, "unmarked",
                   (json_int_t)x->unmarked, "unmarked_lost", (json_int_t)x->unmarked_lost,
-                  "without_payload", (json_int_t)x->without_payload, "letters", j->letters);
+                  "without_payload", (json_int_t)x->without_payload, "unregistered",
+                  (json_int_t)x->unregistered, "letters", j->letters);
     if (j->rc != 0) /* our own words; libpq's or librdkafka's (hosts, ports) only logged */
         json_object_set_new(ans, "error",
                             json_string(outage(j->rc)
@@ -340,9 +341,10 @@ enum api_hret api_dead_letters_replay(struct api_req *r)
                     : SL_EPG;
         if (rc == 0) {
             api_reply(r, 200,
-                      json_pack("{s:b, s:I, s:I, s:o}", "dry_run", 1, "would_replay",
+                      json_pack("{s:b, s:I, s:I, s:I, s:o}", "dry_run", 1, "would_replay",
                                 (json_int_t)out.would_replay, "without_payload",
-                                (json_int_t)out.without_payload, "candidates", cands));
+                                (json_int_t)out.without_payload, "unregistered",
+                                (json_int_t)out.unregistered, "candidates", cands));
         } else {
             json_decref(cands);
             if (pg)

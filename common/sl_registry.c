@@ -14,6 +14,7 @@
 #include "common/sl_registry.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include <jansson.h>
 
 #include "common/sl_endpoints.h"
+#include "common/sl_fault.h"
 #include "common/sl_hex.h"
 #include "common/sl_kafka.h"
 #include "common/sl_log.h"
@@ -883,8 +885,8 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 {
     (void)rk;
     struct sl_reg_pub *p = opaque;
-    if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
-        return;
+    if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR || (uintptr_t)m->_private != p->gen)
+        return; /* delivered, or an earlier operation's record (its flush gave up on it) */
     if (p->failed++ == 0)
         (void)snprintf(p->first_err, sizeof(p->first_err), "%s", rd_kafka_err2str(m->err));
 }
@@ -928,8 +930,8 @@ int sl_reg_pub_open(const struct sl_config *cfg, struct sl_reg_pub *p, sl_err_t 
 int sl_reg_pub_send(
     struct sl_reg_pub *p, const char *id, const void *val, size_t len, sl_err_t *err)
 {
-    int rc =
-        sl_kafka_produce(p->rk, p->topic, id, strlen(id), val, val ? len : 0, NULL, 10000, err);
+    int rc = sl_kafka_produce(p->rk, p->topic, id, strlen(id), val, val ? len : 0, (void *)p->gen,
+                              10000, err);
     if (rc == 0)
         p->sent++;
     return rc;
@@ -1162,12 +1164,22 @@ static int op_end(struct op *op, int rc)
 /*
  * Publish val (NULL = tombstone) for the committed change and wait for the acknowledgement.
  * SL_EKAFKA saying the change is committed but not visible when that fails.
+ *
+ * Test builds only (-DSL_FAULT_INJECTION=ON): SL_FAULT=reg_publish_first_fails fails the
+ * process's first publish as an unreachable Kafka would (tests/e2e/test_api.py).
  */
+static atomic_int fault_publishes;
+
 static int op_publish(struct op *op, const void *val, size_t len, sl_err_t *err)
 {
     struct sl_reg_pub *pub = op->pub;
     sl_err_t e2 = {0, ""};
     int rc = 0;
+    if (sl_fault_is("reg_publish_first_fails") && atomic_fetch_add(&fault_publishes, 1) == 0)
+        return sl_err_set(err, SL_EKAFKA,
+                          "the change to endpoint %s is committed in PostgreSQL but was NOT "
+                          "published (SL_FAULT)",
+                          op->id);
     if (!pub->rk) {
         if (!pub->cfg)
             rc = sl_err_set(&e2, SL_EINVAL, "the publisher has no configuration to open with");
@@ -1175,7 +1187,9 @@ static int op_publish(struct op *op, const void *val, size_t len, sl_err_t *err)
             rc = sl_reg_pub_open(pub->cfg, pub, &e2);
     }
     if (rc == 0) {
-        /* counters per operation: an earlier failure must not be reported again */
+        /* counters per operation: an earlier failure must not be reported again, nor a
+         * late report on an earlier operation's record counted (gen) */
+        pub->gen++;
         pub->sent = 0;
         pub->failed = 0;
         pub->first_err[0] = '\0';

@@ -244,6 +244,8 @@ struct sl_reg_pub {
     int flush_timeout_ms;          /* change operations' flush bound, ms; 0 = the default */
     int sent;                      /* records produced (since the last change operation) */
     int failed;                    /* delivery reports with an error (likewise) */
+    uintptr_t gen;                 /* change operations so far: each one's records carry it, so
+                                    * a late report on an earlier one's is not counted */
     char first_err[256];           /* first delivery error ("" = none) */
 };
 
@@ -369,8 +371,9 @@ int sl_reg_remove(
 /*
  * Publish endpoint id's (borrowed) committed state again, under its lock: its record, or a
  * tombstone when the registry no longer has it. The repair for a change that returned
- * SL_EKAFKA (committed, not published): doing that change again finds nothing to change and
- * publishes nothing. Returns 0 once Kafka acknowledged, SL_EPG, or SL_EKAFKA.
+ * SL_EKAFKA (committed, not published): doing that change again with sl_reg_update finds
+ * nothing to change and publishes nothing (sluice-api calls this then). Returns 0 once Kafka
+ * acknowledged, SL_EPG, or SL_EKAFKA.
  */
 int sl_reg_republish(PGconn *pg, struct sl_reg_pub *pub, const char *id, sl_err_t *err);
 

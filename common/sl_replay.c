@@ -49,6 +49,10 @@
     " and ($4::text is null or d.error_class = $4)"                                                \
     " and ($5::text[] is null or d.event_id = any($5::text[]))"
 
+/* The letter's endpoint is in the registry: a letter of an endpoint deleted since is not
+ * sent (the consumers would quarantine it as unknown), only counted (SQL_UNREGISTERED). */
+#define REGISTERED_SQL " and exists (select 1 from endpoints e where e.id = d.endpoint_id)"
+
 /* A run's batch: $6 run id (its own journal rows are skipped), $7 batch size. */
 static const char SQL_SELECT[] =
     "select d.event_id, d.endpoint_id,"
@@ -58,7 +62,7 @@ static const char SQL_SELECT[] =
     "                  and l.endpoint_id = d.endpoint_id and l.dead_at = d.dead_at"
     "                  and l.state = 'sending') as unconfirmed"
     "  from dead_letters d"
-    " where" FILTER_SQL " and d.payload is not null"
+    " where" FILTER_SQL " and d.payload is not null" REGISTERED_SQL
     "   and not exists (select 1 from replay_log l where l.run_id = $6"
     "                      and l.event_id = d.event_id and l.endpoint_id = d.endpoint_id)"
     " order by d.dead_at, d.endpoint_id, d.event_id"
@@ -70,18 +74,23 @@ static const char SQL_DRY[] =
     "select d.event_id, d.endpoint_id, (extract(epoch from d.dead_at) * 1000)::bigint as dead_ms,"
     "       d.error_class, d.last_status, d.attempts, d.replay_count, length(d.payload) as bytes"
     "  from dead_letters d"
-    " where" FILTER_SQL " and d.payload is not null"
+    " where" FILTER_SQL " and d.payload is not null" REGISTERED_SQL
     " order by d.dead_at, d.endpoint_id, d.event_id"
     " limit $6::bigint";
 
 /* How many the dry run would select ($6: the limit), when only the first few are fetched. */
 static const char SQL_DRY_COUNT[] =
     "select count(*) as n from (select 1 from dead_letters d"
-    " where" FILTER_SQL " and d.payload is not null limit $6::bigint) x";
+    " where" FILTER_SQL " and d.payload is not null" REGISTERED_SQL " limit $6::bigint) x";
 
 /* Letters matching the selection that cannot be replayed (no stored record). */
 static const char SQL_NOPAYLOAD[] =
     "select count(*) as n from dead_letters d where" FILTER_SQL " and d.payload is null";
+
+/* Letters matching the selection, with a stored record, of endpoints no longer registered. */
+static const char SQL_UNREGISTERED[] =
+    "select count(*) as n from dead_letters d where" FILTER_SQL " and d.payload is not null"
+    " and not exists (select 1 from endpoints e where e.id = d.endpoint_id)";
 
 static const char SQL_JOURNAL_INSERT[] =
     "insert into replay_log (run_id, event_id, endpoint_id, dead_at, state, error)"
@@ -181,8 +190,13 @@ static void filter_params(const struct sl_replay_sel *sel,
     params[4] = *ids_lit;
 }
 
-static int
-count_without_payload(PGconn *pg, const struct sl_replay_sel *sel, int64_t *n, sl_err_t *err)
+/* The letters matching sel that no run sends: without a stored record (*without), of an
+ * endpoint no longer registered (*unregistered). */
+static int count_unsendable(PGconn *pg,
+                            const struct sl_replay_sel *sel,
+                            int64_t *without,
+                            int64_t *unregistered,
+                            sl_err_t *err)
 {
     char since[24], until[24];
     char *ids_lit = NULL;
@@ -190,12 +204,18 @@ count_without_payload(PGconn *pg, const struct sl_replay_sel *sel, int64_t *n, s
     filter_params(sel, since, until, &ids_lit, params);
     PGresult *res =
         sl_pg_exec(pg, "count dead letters without a record", SQL_NOPAYLOAD, 5, params, err);
+    PGresult *res2 = res ? sl_pg_exec(pg, "count dead letters of endpoints no longer registered",
+                                      SQL_UNREGISTERED, 5, params, err)
+                         : NULL;
     free(ids_lit);
-    if (!res)
-        return SL_EPG;
-    *n = sl_pg_i64(res, 0, "n");
+    int rc = res && res2 ? 0 : SL_EPG;
+    if (rc == 0) {
+        *without = sl_pg_i64(res, 0, "n");
+        *unregistered = sl_pg_i64(res2, 0, "n");
+    }
     PQclear(res);
-    return 0;
+    PQclear(res2);
+    return rc;
 }
 
 /* ==== One letter of a batch ==== */
@@ -675,7 +695,7 @@ int sl_replay_run(PGconn *pg,
     if (RAND_bytes(rnd, sizeof(rnd)) != 1)
         return sl_err_set(err, SL_ECRYPTO, "cannot generate a run id: no random bytes");
     sl_hex_encode(rnd, sizeof(rnd), out->run_id);
-    rc = count_without_payload(pg, sel, &out->without_payload, err);
+    rc = count_unsendable(pg, sel, &out->without_payload, &out->unregistered, err);
     if (rc != 0)
         return rc;
     out->started = true;
@@ -708,7 +728,7 @@ int sl_replay_dry_run(PGconn *pg,
     int rc = sl_replay_sel_check(sel, err);
     if (rc != 0)
         return rc;
-    rc = count_without_payload(pg, sel, &out->without_payload, err);
+    rc = count_unsendable(pg, sel, &out->without_payload, &out->unregistered, err);
     if (rc != 0)
         return rc;
     char since[24], until[24], lim[24];

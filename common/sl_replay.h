@@ -6,8 +6,9 @@
  * (dead_letters.payload) to topic_deliveries with attempt = 0 and replay = true (the consumer
  * treats it as a fresh delivery with a new attempt budget) and marks the letter replayed
  * (replayed_at = now(), replay_count + 1). Selected are letters matching the selection that
- * are neither replayed since their latest death nor resolved and have a stored record, oldest
- * death first. Each letter is sent once, also by runs that overlap: per batch,
+ * are neither replayed since their latest death nor resolved, have a stored record and whose
+ * endpoint is still registered (sql/0011), oldest death first. Each letter is sent once, also by
+ * runs that overlap: per batch,
  *
  *   pg         (transaction)  select the letters FOR UPDATE SKIP LOCKED
  *   pg                        mark those another run had acknowledged ('acked' in the
@@ -142,6 +143,9 @@ struct sl_replay_result {
                                 sends them again */
     int64_t without_payload; /* letters matching the selection without a stored record: they
                                 cannot be replayed */
+    int64_t unregistered;    /* letters matching the selection whose endpoint is no longer in
+                                the registry (deleted): not sent, left as they are (the
+                                consumers would set them aside as for an unknown endpoint) */
 };
 
 /* The summary of a dry run. */
@@ -149,6 +153,7 @@ struct sl_replay_dry_result {
     int64_t would_replay;    /* letters a run would select now (also those another running
                                 replay holds locked) */
     int64_t without_payload; /* as in sl_replay_result */
+    int64_t unregistered;    /* as in sl_replay_result */
 };
 
 /* An error class as outcomes carry it: 1..SL_ERR_CLASS_MAX characters [a-z0-9_]. s borrowed. */

@@ -264,6 +264,15 @@ static void on_warning(void *opaque, const char *msg)
     (void)fprintf(stderr, "sluicectl replay: warning: %s\n", msg);
 }
 
+/* The letters left because their endpoint was deleted, in words. */
+static void print_unregistered(int64_t n)
+{
+    if (n > 0)
+        printf("  %" PRId64 " matching dead letter%s of endpoints no longer registered (deleted) "
+               "left as they are: register the endpoint again to replay them\n",
+               n, n == 1 ? "" : "s");
+}
+
 static void print_run(const struct sl_config *cfg,
                       struct report *p,
                       const struct sl_replay_result *r,
@@ -283,13 +292,14 @@ static void print_run(const struct sl_config *cfg,
                                                  (json_int_t)c->failed));
         }
         json_t *j =
-            json_pack("{s:s, s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:O}", "run_id",
+            json_pack("{s:s, s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:O}", "run_id",
                       r->run_id, "dry_run", 0, "topic", cfg->topic_deliveries, "recovered",
                       (json_int_t)r->recovered, "replayed", (json_int_t)r->replayed, "failed",
                       (json_int_t)r->failed, "invalid", (json_int_t)r->invalid,
                       "unconfirmed_resent", (json_int_t)r->unconfirmed, "acknowledged_unmarked",
                       (json_int_t)r->unmarked + (json_int_t)r->unmarked_lost, "without_payload",
-                      (json_int_t)r->without_payload, "endpoints", eps, "failures", p->failures);
+                      (json_int_t)r->without_payload, "unregistered", (json_int_t)r->unregistered,
+                      "endpoints", eps, "failures", p->failures);
         if (rc != 0)
             json_object_set_new(j, "error", json_string(err->msg));
         ctl_ops_print_json(j);
@@ -309,6 +319,7 @@ static void print_run(const struct sl_config *cfg,
         printf("  %" PRId64 " matching dead letter%s without a stored record cannot be "
                "replayed\n",
                r->without_payload, r->without_payload == 1 ? "" : "s");
+    print_unregistered(r->unregistered);
     if (sl_map_count(p->per_ep) > 0) {
         static const char *const head[] = {"endpoint", "replayed", "failed"};
         struct ctl_table tb;
@@ -365,9 +376,10 @@ print_dry(const struct sl_config *cfg, struct report *p, const struct sl_replay_
 {
     int n = (int)d->would_replay;
     if (p->o->json) {
-        ctl_ops_print_json(json_pack("{s:b, s:s, s:i, s:I, s:O}", "dry_run", 1, "topic",
+        ctl_ops_print_json(json_pack("{s:b, s:s, s:i, s:I, s:I, s:O}", "dry_run", 1, "topic",
                                      cfg->topic_deliveries, "would_replay", n, "without_payload",
-                                     (json_int_t)d->without_payload, "letters", p->letters));
+                                     (json_int_t)d->without_payload, "unregistered",
+                                     (json_int_t)d->unregistered, "letters", p->letters));
         return;
     }
     printf("dry run: %d dead letter%s would be re-published to %s\n", n, n == 1 ? "" : "s",
@@ -376,6 +388,7 @@ print_dry(const struct sl_config *cfg, struct report *p, const struct sl_replay_
         printf("  %" PRId64 " matching dead letter%s without a stored record cannot be "
                "replayed\n",
                d->without_payload, d->without_payload == 1 ? "" : "s");
+    print_unregistered(d->unregistered);
     if (n > 0) {
         static const char *const head[] = {"endpoint", "would replay"};
         struct ctl_table tb;

@@ -1312,3 +1312,29 @@ def test_a_test_event_reaches_one_endpoint_signed_and_its_log_says_what_it_answe
     assert b3["type"].endswith("endpoint-disabled") and "enable it first" in b3["detail"], b3
     assert c.term() == 0 and rec.term() == 0
     assert not [l for l in rcv.ledger() if l["endpoint"] == other]
+
+
+def test_repeating_a_change_whose_publish_failed_publishes_the_endpoint(make_world):
+    """A create whose publish failed (Kafka unreachable; here the test fault) is committed
+    and answered "published": false, and the endpoint cannot take events yet. Repeating a
+    change, which then finds nothing to change, publishes the endpoint's committed state
+    again: "published": true, and events reach it."""
+    w = make_world()
+    rcv = w.receiver()
+    admin = w.api_key("admin")
+    api = w.api(_fault="reg_publish_first_fails")
+    ep = f"late_{w.tag}"
+    body = {"id": ep, "url": rcv.url("ok", ep)}
+    st, _, b = call(api, "POST", "/v1/endpoints", body, admin)
+    assert st == 201 and b["published"] is False, b
+    ev = {"type": "t", "endpoint": ep, "body": 1}
+    problem(*call(api, "POST", "/v1/events", ev, admin), 404, "/endpoint")
+    st, _, b = call(api, "PATCH", f"/v1/endpoints/{ep}", {"url": body["url"]}, admin)
+    assert st == 200 and b["changed"] is False and b["published"] is True, b
+    wait_until(lambda: call(api, "POST", "/v1/events", ev, admin)[0] == 202, 30 * MULT, 0.3,
+               "the endpoint taking events")
+    st, _, b = call(api, "POST", f"/v1/endpoints/{ep}/enable", None, admin)
+    assert st == 200 and b["published"] is True, b  # nothing to change either: published
+    assert "endpoint_not_published" in api.proc.logs()  # the failed create only, once
+    assert api.proc.logs().count("endpoint_not_published") == 1
+    assert api.proc.term() == 0

@@ -93,7 +93,8 @@ def test_dry_run_text_and_json(run):
     assert lines[6:] == [""]
     # one endpoint, JSON: every field of every letter, oldest death first
     out = ctl_json(r.w, "replay", "--endpoint", r.a, "--dry-run")
-    assert list(out) == ["dry_run", "topic", "would_replay", "without_payload", "letters"]
+    assert list(out) == ["dry_run", "topic", "would_replay", "without_payload", "unregistered",
+                         "letters"]
     assert out["dry_run"] is True and out["topic"] == r.topic
     assert out["would_replay"] == N and out["without_payload"] == 0
     assert sorted(x["event_id"] for x in out["letters"]) == sorted(r.ids[(r.a, i)]
@@ -159,7 +160,7 @@ def test_second_run_sends_nothing_and_still_lists_the_bad(run):
     out = ctl_json(r.w, "replay", "--all", rc=1)
     assert list(out) == ["run_id", "dry_run", "topic", "recovered", "replayed", "failed",
                          "invalid", "unconfirmed_resent", "acknowledged_unmarked",
-                         "without_payload", "endpoints", "failures"]
+                         "without_payload", "unregistered", "endpoints", "failures"]
     assert re.fullmatch(r"[0-9a-f]{32}", out["run_id"])
     assert (out["dry_run"], out["topic"]) == (False, r.topic)
     assert [out[k] for k in ("recovered", "replayed", "failed", "invalid", "unconfirmed_resent",
@@ -176,3 +177,26 @@ def test_second_run_sends_nothing_and_still_lists_the_bad(run):
     assert res.returncode == 0 and res.stderr == "", res.stderr
     assert re.fullmatch(rf"replay run [0-9a-f]{{32}}: 0 dead letters re-published to "
                         rf"{re.escape(r.topic)} and marked replayed\n", res.stdout)
+
+
+def test_letters_of_a_deleted_endpoint_are_counted_and_left(run):
+    """Last in the module: endpoint b is deleted. Its two letters with a stored record are
+    not sent (the consumers would set them aside as for an unknown endpoint) nor marked:
+    counted as unregistered, in the dry run and in the run."""
+    r = run
+    assert r.w.ctl("endpoints", "delete", r.b).returncode == 0
+    res = r.w.ctl("replay", "--endpoint", r.b, "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[:3] == [
+        f"dry run: 0 dead letters would be re-published to {r.topic}",
+        "  1 matching dead letter without a stored record cannot be replayed",
+        "  2 matching dead letters of endpoints no longer registered (deleted) left as they "
+        "are: register the endpoint again to replay them"]
+    before = len(r.w.dump("deliveries"))
+    out = ctl_json(r.w, "replay", "--endpoint", r.b)
+    assert [out[k] for k in ("replayed", "failed", "invalid", "without_payload",
+                             "unregistered")] == [0, 0, 0, 1, 2], out
+    assert len(r.w.dump("deliveries")) == before, "nothing was sent"
+    assert r.db.q(f"select count(*) from dead_letters where endpoint_id = '{r.b}'"
+                  f" and replayed_at is null") == "3"
+

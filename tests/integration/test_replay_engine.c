@@ -119,10 +119,18 @@ static int64_t topic_records(void)
     return total;
 }
 
-/* Insert dead letter ev of ep, died `ago_ms` ms ago (microsecond precision), with its stored
- * delivery record. */
+/* Insert dead letter ev of ep (registered, unless it is already), died `ago_ms` ms ago
+ * (microsecond precision), with its stored delivery record. */
 static void dead_letter(const char *ev, const char *ep, int64_t ago_us)
 {
+    const char *pe[1] = {ep};
+    PGresult *re = PQexecParams(T.pg,
+                                "insert into endpoints (id, url) values ($1, 'https://x.test/')"
+                                " on conflict do nothing",
+                                1, NULL, pe, NULL, NULL, 0);
+    if (PQresultStatus(re) != PGRES_COMMAND_OK)
+        fail_msg("register endpoint: %s", PQresultErrorMessage(re));
+    PQclear(re);
     struct sl_delivery d = {.id = ev,
                             .ep = ep,
                             .type = "order.created",
@@ -409,6 +417,49 @@ static void test_letter_acknowledged_by_a_run_interrupted_meanwhile_is_not_resen
     assert_string_equal(q1("select count(*) from replay_log where event_id = 'c2'"), "1");
 }
 
+/* A letter of an endpoint deleted since is not sent (the consumers would set it aside as for
+ * an unknown endpoint, and the letter, marked replayed, would drop out of the unreplayed):
+ * counted, left as it is, and replayed once the endpoint is registered again. */
+static void test_a_deleted_endpoints_letters_wait_until_it_is_registered_again(void **state)
+{
+    (void)state;
+    dead_letter("u1", "ep_gone", 2000000);
+    dead_letter("u2", "ep_kept", 1000000);
+    exec_on(T.pg, "delete from endpoints where id = 'ep_gone'");
+    int64_t before = topic_records();
+    PGconn *a = engine_conn(false), *b = engine_conn(false);
+    struct sl_replay_sel sel = {.all = true};
+    struct sl_replay_dry_result d;
+    struct seen s = {.ordered = true};
+    sl_err_t err;
+    sl_err_clear(&err);
+    assert_int_equal(sl_replay_dry_run(a, &sel, 0, count_candidate, &s, &d, &err), 0);
+    assert_int_equal(d.would_replay, 1);
+    assert_int_equal(d.unregistered, 1);
+    assert_int_equal(s.n, 1);
+    assert_string_equal(s.first, "u2");
+    struct sl_replay_opts o = {.batch_size = 10, .kafka_role = "test-replay"};
+    struct sl_replay_result res;
+    assert_int_equal(sl_replay_run(a, b, &T.cfg, &sel, &o, &res, &err), 0);
+    assert_int_equal(res.replayed, 1);
+    assert_int_equal(res.unregistered, 1);
+    assert_int_equal(topic_records() - before, 1);
+    assert_string_equal(q1("select string_agg(event_id || ':' || replay_count, ','"
+                           " order by event_id) from dead_letters"),
+                        "u1:0,u2:1");
+    assert_string_equal(q1("select count(*) from replay_log where event_id = 'u1'"), "0");
+    exec_on(T.pg, "insert into endpoints (id, url) values ('ep_gone', 'https://x.test/')");
+    assert_int_equal(sl_replay_run(a, b, &T.cfg, &sel, &o, &res, &err), 0);
+    assert_int_equal(res.replayed, 1);
+    assert_int_equal(res.unregistered, 0);
+    assert_int_equal(topic_records() - before, 2);
+    assert_string_equal(q1("select string_agg(event_id || ':' || replay_count, ','"
+                           " order by event_id) from dead_letters"),
+                        "u1:1,u2:1");
+    PQfinish(a);
+    PQfinish(b);
+}
+
 static atomic_bool stop_after_first;
 
 /* on_letter of the first batch: a stop is asked for (Ctrl-C, SIGTERM) while it is sent. */
@@ -493,6 +544,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_concurrent_runs_send_each_letter_once, empty),
         cmocka_unit_test_setup(test_dry_run_changes_nothing, empty),
+        cmocka_unit_test_setup(test_a_deleted_endpoints_letters_wait_until_it_is_registered_again,
+                               empty),
         cmocka_unit_test_setup(test_acknowledged_letter_is_recovered_not_resent, empty),
         cmocka_unit_test_setup(
             test_letter_acknowledged_by_a_run_interrupted_meanwhile_is_not_resent, empty),
