@@ -1287,7 +1287,9 @@ void ctl_event_help(FILE *f)
            "Exit: 0; 1 database error, or no delivery of that event in the history; 2 usage.\n");
 }
 
-#define EV_TS(col) "to_char(" col " at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS') as " col
+/* RFC 3339 in UTC to the ms, as every other time sluicectl and sluice-api write */
+#define EV_TS(col)                                                                                 \
+    "to_char(" col " at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') as " col
 static const char SQL_EV_DELIVERIES[] =
     "select endpoint_id, event_type, state::text as state, attempts, last_status, last_error,"
     "       last_msg, " EV_TS("delivered_at") ", " EV_TS(

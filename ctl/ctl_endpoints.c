@@ -1007,7 +1007,12 @@ op_fail(struct run *r, const struct sl_reg_result *res, const char *prefix, cons
     if (res->committed)
         return ctl_fail(r->cmd, "%s; run '%s endpoints sync' once Kafka is reachable", err->msg,
                         CTL_PROG);
-    return ctl_fail(r->cmd, "%s%s", prefix, err->msg);
+    int rc = ctl_fail(r->cmd, "%s%s", prefix, err->msg);
+    /* a value the registry refused (a field's rule, an address the SSRF rules refuse): a
+     * validation failure, as those found before the registry is opened (ctl/README.md) */
+    if (err->code == SL_EINVAL || err->code == SL_ETOOBIG || err->code == SL_EMISSING)
+        rc = CTL_EXIT_USAGE;
+    return rc;
 }
 
 /* ==== Subcommands ==== */

@@ -17,6 +17,7 @@ does; the shared stack's is C), so the recorder and every command here run on on
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -295,6 +296,9 @@ def test_event_shows_each_delivery_with_every_attempt(run):
         assert all(a["http_status"] == status and a["latency_ms"] is not None
                    for a in d["attempts_log"]), d
         assert (d["delivered_at"] is not None) == (kind == "ok"), d
+        rfc3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+        assert all(rfc3339.fullmatch(a["at"]) for a in d["attempts_log"]), d
+        assert kind != "ok" or rfc3339.fullmatch(d["delivered_at"]), d
         t = r.w.ctl("event", e["id"])
         assert t.returncode == 0, t.stderr
         assert t.stdout.startswith(f"event {e['id']}: 1 delivery\n"), t.stdout

@@ -1227,16 +1227,16 @@ def test_an_endpoint_at_a_refused_address_is_refused_when_registered(make_world)
     }
     for i, (url, why) in enumerate(refused.items()):
         r = w.ctl("endpoints", "add", "--id", f"r{i}{w.tag}", "--url", url)
-        assert r.returncode == 1, r.stderr
+        assert r.returncode == 2, r.stderr  # a validation failure, nothing written
         assert 'field "url": host ' in r.stderr and why in r.stderr, r.stderr
         assert "ssrf_allow_cidrs" in r.stderr
     r = w.ctl("endpoints", "add", "--id", f"t{w.tag}", "--template",
               "--url", "http://192.168.1.1/pb?c={click_id}")
-    assert r.returncode == 1 and "(private)" in r.stderr, r.stderr
+    assert r.returncode == 2 and "(private)" in r.stderr, r.stderr
     ok = w.add_endpoint(f"ok{w.tag}", "http://127.0.0.1:9/x")   # allowed range
     named = w.add_endpoint(f"nm{w.tag}", "http://sluice-test.invalid/x")  # a name: delivery's
     r = w.ctl("endpoints", "update", ok, "--url", "http://10.0.0.1/x")
-    assert r.returncode == 1 and "(private)" in r.stderr, r.stderr
+    assert r.returncode == 2 and "(private)" in r.stderr, r.stderr
     r = w.ctl("endpoints", "list", "--json")
     assert r.returncode == 0, r.stderr
     rows = {e["id"]: e for e in json.loads(r.stdout) if e["id"].endswith(w.tag)}
