@@ -33,6 +33,7 @@
 #include <microhttpd.h>
 
 #include "api/api.h"
+#include "common/sl_digest.h"
 #include "common/sl_hex.h"
 #include "common/sl_httpd.h"
 #include "common/sl_log.h"
@@ -353,15 +354,77 @@ static long query_limit(struct api_req *r)
 }
 
 /*
- * Cursors are the hex of a position text sealed with the master key (sl_secretbox, associated
- * data CURSOR_AD): opaque, so a key limited to channels learns nothing from a cursor made
- * after a row it may not see (its id, an event's dead_at), and a forged one is refused.
- * Every sluice-api behind one load balancer has the same master key, so any of them opens
- * a cursor another made; one sealed with a key since removed from master_key is a 400.
+ * Cursors are the hex of a position text sealed with the master key (sl_secretbox): opaque,
+ * so a key limited to channels learns nothing from a cursor made after a row it may not see
+ * (its id, an event's dead_at), and a forged one is refused. The associated data binds a
+ * cursor to its list and filters (cursor_ad): the request's path and its query parameters
+ * other than cursor and limit, so one list's cursor, or one made under other filters, is a
+ * 400 rather than a page of something else. Every sluice-api behind one load balancer has
+ * the same master key, so any of them opens a cursor another made; one sealed with a key
+ * since removed from master_key is a 400.
  */
-#define CURSOR_AD      "sluice-api cursor"
+#define CURSOR_AD      "sluice-api cursor "
 #define CURSOR_POS_MAX 512 /* bytes of a position text */
 #define CURSOR_BOX_MAX (CURSOR_POS_MAX + SL_SECRETBOX_OVERHEAD)
+#define CURSOR_ARGS    32 /* query parameters bound (a list takes a few) */
+
+struct query_args {
+    const char *kv[CURSOR_ARGS][2];
+    size_t n;
+    bool over; /* more than CURSOR_ARGS */
+};
+
+static enum MHD_Result collect_arg(void *cls, enum MHD_ValueKind kind, const char *k, const char *v)
+{
+    (void)kind;
+    struct query_args *a = cls;
+    if (strcmp(k, "cursor") == 0 || strcmp(k, "limit") == 0)
+        return MHD_YES;
+    if (a->n == CURSOR_ARGS) {
+        a->over = true;
+        return MHD_NO;
+    }
+    a->kv[a->n][0] = k;
+    a->kv[a->n][1] = v ? v : "";
+    a->n++;
+    return MHD_YES;
+}
+
+static int cmp_arg(const void *x, const void *y)
+{
+    const char *const *a = x, *const *b = y;
+    int c = strcmp(a[0], b[0]);
+    return c ? c : strcmp(a[1], b[1]);
+}
+
+/* CURSOR_AD + hex SHA-256 of the path and the sorted filters ("\n" + name "=" value each):
+ * what a cursor is for. Returns false when it cannot be made. */
+static bool cursor_ad(struct api_req *r, char out[sizeof(CURSOR_AD) + 2 * SL_DIGEST_MAX])
+{
+    struct query_args a = {.n = 0};
+    (void)MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, collect_arg, &a);
+    if (a.over)
+        return false;
+    qsort(a.kv, a.n, sizeof(a.kv[0]), cmp_arg);
+    const void *parts[1 + 4 * CURSOR_ARGS];
+    size_t lens[1 + 4 * CURSOR_ARGS], np = 0;
+    parts[np] = r->url;
+    lens[np++] = strlen(r->url);
+    for (size_t i = 0; i < a.n; i++) {
+        parts[np] = "\n";
+        lens[np++] = 1;
+        parts[np] = a.kv[i][0];
+        lens[np++] = strlen(a.kv[i][0]) + 1; /* with its NUL: name and value kept apart */
+        parts[np] = a.kv[i][1];
+        lens[np++] = strlen(a.kv[i][1]);
+    }
+    uint8_t md[SL_DIGEST_MAX];
+    if (sl_digest_parts(SL_SHA256, parts, lens, np, md) != 0)
+        return false;
+    memcpy(out, CURSOR_AD, sizeof(CURSOR_AD) - 1);
+    sl_hex_encode(md, 32, out + sizeof(CURSOR_AD) - 1);
+    return true;
+}
 
 /* Decode ?cursor= into buf (NUL-terminated) or answer 400. */
 static int query_cursor(struct api_req *r, char *buf, size_t cap, bool *have)
@@ -381,13 +444,16 @@ static int query_cursor(struct api_req *r, char *buf, size_t cap, bool *have)
     }
     size_t len = 0;
     sl_err_t err;
+    char ad[sizeof(CURSOR_AD) + 2 * SL_DIGEST_MAX];
     if (ok)
-        ok = cap > 0 && sl_secretbox_open(&r->api->mk, CURSOR_AD, box, n / 2, (uint8_t *)buf,
-                                          cap - 1, &len, &err) == 0;
+        ok = cap > 0 && cursor_ad(r, ad) &&
+             sl_secretbox_open(&r->api->mk, ad, box, n / 2, (uint8_t *)buf, cap - 1, &len, &err) ==
+                 0;
     for (size_t i = 0; ok && i < len; i++)
         ok = buf[i] >= 0x20 && buf[i] < 0x7f;
     if (!ok) {
-        api_problem(r, 400, "invalid-parameter", "cursor", "cursor is not one this API returned");
+        api_problem(r, 400, "invalid-parameter", "cursor",
+                    "cursor is not one this API returned for this list with these filters");
         return -1;
     }
     buf[len] = '\0';
@@ -423,8 +489,10 @@ json_t *api_cursor_json(struct api_req *r, const char *pos)
     char out[2 * CURSOR_BOX_MAX + 1];
     size_t n = strlen(pos), boxlen = 0;
     sl_err_t err;
-    if (n > CURSOR_POS_MAX || sl_secretbox_seal(&r->api->mk, CURSOR_AD, (const uint8_t *)pos, n,
-                                                box, sizeof(box), &boxlen, &err) != 0) {
+    char ad[sizeof(CURSOR_AD) + 2 * SL_DIGEST_MAX];
+    if (n > CURSOR_POS_MAX || !cursor_ad(r, ad) ||
+        sl_secretbox_seal(&r->api->mk, ad, (const uint8_t *)pos, n, box, sizeof(box), &boxlen,
+                          &err) != 0) {
         sl_error("http", "cursor_failed",
                  "could not make a page cursor: the page says no next one");
         return json_null();

@@ -454,6 +454,7 @@
   /* ==== page: dead letters ==== */
 
   var lettersCursor = null;
+  var lettersEndpoint = ""; /* the filter the shown pages were read with: "more" keeps it */
 
   /* Ask in the dialog; resolves true when confirmed. */
   function confirmDialog(text, okLabel) {
@@ -579,7 +580,9 @@
   }
 
   function loadLetters(more) {
-    var ep = $("endpoint").value;
+    /* a cursor is valid only with the filters of its first page (the API refuses others) */
+    var ep = more ? lettersEndpoint : $("endpoint").value;
+    lettersEndpoint = ep;
     var tbody = document.querySelector("#letters tbody");
     var path = "/v1/dead-letters?limit=50" + (ep ? "&endpoint=" + encodeURIComponent(ep) : "") +
       (more && lettersCursor ? "&cursor=" + encodeURIComponent(lettersCursor) : "");

@@ -743,6 +743,16 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     got = {d["event_id"] for d in page["data"] + rest["data"]}
     assert st == 200 and got == set(ids) and rest["next_cursor"] is None, rest
     assert all(d["error"] == "http_4xx" and d["last_status"] == 401 for d in page["data"])
+    # a cursor pages its own list with its own filters only (any limit): under other filters
+    # or on another list it is a 400, not a page of something else
+    cur = page["next_cursor"]
+    for path in (f"/v1/dead-letters?cursor={cur}", f"/v1/event-types?cursor={cur}",
+                 f"/v1/dead-letters?endpoint={ok}&cursor={cur}", f"/v1/endpoints?cursor={cur}",
+                 f"/v1/endpoint-stats?cursor={cur}"):
+        problem(*call(api, "GET", path, None, admin), 400, "cursor")
+    st, _, same = call(api, "GET", f"/v1/dead-letters?cursor={cur}&limit=5&endpoint={ep}",
+                       None, admin)
+    assert st == 200 and same["data"] == rest["data"], same
     # what the endpoint answered, for admin keys only (the endpoint owner's text)
     assert all(d["last_response"] == '{"status":401}\n' and d["last_response_base64"] is None
                for d in page["data"]), page
