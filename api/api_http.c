@@ -367,6 +367,7 @@ static long query_limit(struct api_req *r)
 #define CURSOR_POS_MAX 512 /* bytes of a position text */
 #define CURSOR_BOX_MAX (CURSOR_POS_MAX + SL_SECRETBOX_OVERHEAD)
 #define CURSOR_ARGS    32 /* query parameters bound (a list takes a few) */
+#define CURSOR_AD_MAX  (sizeof(CURSOR_AD) + 2 * (size_t)SL_DIGEST_MAX) /* with the hash's hex */
 
 struct query_args {
     const char *kv[CURSOR_ARGS][2];
@@ -399,7 +400,7 @@ static int cmp_arg(const void *x, const void *y)
 
 /* CURSOR_AD + hex SHA-256 of the path and the sorted filters ("\n" + name "=" value each):
  * what a cursor is for. Returns false when it cannot be made. */
-static bool cursor_ad(struct api_req *r, char out[sizeof(CURSOR_AD) + 2 * SL_DIGEST_MAX])
+static bool cursor_ad(struct api_req *r, char out[CURSOR_AD_MAX])
 {
     struct query_args a = {.n = 0};
     (void)MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, collect_arg, &a);
@@ -444,7 +445,7 @@ static int query_cursor(struct api_req *r, char *buf, size_t cap, bool *have)
     }
     size_t len = 0;
     sl_err_t err;
-    char ad[sizeof(CURSOR_AD) + 2 * SL_DIGEST_MAX];
+    char ad[CURSOR_AD_MAX];
     if (ok)
         ok = cap > 0 && cursor_ad(r, ad) &&
              sl_secretbox_open(&r->api->mk, ad, box, n / 2, (uint8_t *)buf, cap - 1, &len, &err) ==
@@ -489,7 +490,7 @@ json_t *api_cursor_json(struct api_req *r, const char *pos)
     char out[2 * CURSOR_BOX_MAX + 1];
     size_t n = strlen(pos), boxlen = 0;
     sl_err_t err;
-    char ad[sizeof(CURSOR_AD) + 2 * SL_DIGEST_MAX];
+    char ad[CURSOR_AD_MAX];
     if (n > CURSOR_POS_MAX || !cursor_ad(r, ad) ||
         sl_secretbox_seal(&r->api->mk, ad, (const uint8_t *)pos, n, box, sizeof(box), &boxlen,
                           &err) != 0) {
