@@ -34,6 +34,7 @@ struct job {
     struct sl_replay_result res;
     int rc;
     sl_err_t err;
+    char actor[64]; /* "sluice-api key <id>", copied on the loop thread (replay_log.actor) */
 };
 
 static void job_free(struct job *j)
@@ -237,6 +238,7 @@ static void *run_main(void *arg)
     } else {
         struct sl_replay_opts o = {0};
         o.kafka_role = "sluice-api-replay";
+        o.actor = j->actor;
         o.opaque = j;
         o.on_letter = on_letter;
         o.on_warning = on_warning;
@@ -327,6 +329,8 @@ enum api_hret api_dead_letters_replay(struct api_req *r)
     j->r = r;
     j->body = body;
     j->letters = json_array();
+    (void)snprintf(j->actor, sizeof(j->actor), "sluice-api key %s",
+                   r->auth.key ? r->auth.key->id : "(none)");
     bool dry = false;
     if (parse_sel(r, j, &dry) != 0) {
         job_free(j);

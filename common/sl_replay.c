@@ -93,8 +93,8 @@ static const char SQL_UNREGISTERED[] =
     " and not exists (select 1 from endpoints e where e.id = d.endpoint_id)";
 
 static const char SQL_JOURNAL_INSERT[] =
-    "insert into replay_log (run_id, event_id, endpoint_id, dead_at, state, error)"
-    " select $1, u.e, u.p, u.t::timestamptz, u.s, nullif(u.x, '')"
+    "insert into replay_log (run_id, event_id, endpoint_id, dead_at, state, error, actor)"
+    " select $1, u.e, u.p, u.t::timestamptz, u.s, nullif(u.x, ''), $7"
     "   from unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])"
     "        as u(e, p, t, s, x)";
 
@@ -370,8 +370,9 @@ static int journal(struct run *r, struct row *rows, int n, bool insert, sl_err_t
     char *at = sl_pg_text_array(t, k), *as = sl_pg_text_array(s, k);
     char *ax = sl_pg_text_array(x, k);
     if (insert) {
-        const char *params[6] = {r->out->run_id, ae, ap, at, as, ax};
-        rc = sl_pg_cmd(r->b, "journal the replay", SQL_JOURNAL_INSERT, 6, params, err);
+        const char *params[7] = {
+            r->out->run_id, ae, ap, at, as, ax, r->o->actor ? r->o->actor : ""};
+        rc = sl_pg_cmd(r->b, "journal the replay", SQL_JOURNAL_INSERT, 7, params, err);
     } else {
         const char *params[5] = {r->out->run_id, ae, ap, as, ax};
         rc = sl_pg_cmd(r->b, "journal the acknowledgements", SQL_JOURNAL_UPDATE, 5, params, err);

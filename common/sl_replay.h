@@ -110,6 +110,9 @@ struct sl_replay_opts {
                                1..SL_REPLAY_BATCH_MAX */
     const char *kafka_role; /* client.id role of the run's producer (sl_kafka_conf_new):
                                "sluicectl-replay", "sluice-api-replay"; NULL = "sluice-replay" */
+    const char *actor;      /* who runs it, journalled with each letter (replay_log.actor,
+                               sql/0012; at most 256 bytes): "sluicectl <user>@<host>",
+                               "sluice-api key <id>"; NULL = "" */
     void *opaque;           /* passed to the callbacks */
     /* Each letter's outcome, in selection order, once its batch committed (letters of a
      * batch whose commit failed are not reported: they are counted in unmarked /

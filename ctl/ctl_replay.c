@@ -11,6 +11,7 @@
 
 #include <getopt.h>
 #include <inttypes.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -352,6 +353,26 @@ static void print_run(const struct sl_config *cfg,
     }
 }
 
+/* "sluicectl <user>@<host>": who ran the replay, for its journal (replay_log.actor). */
+static void replay_actor(char *out, size_t cap)
+{
+    char host[128] = "";
+    const char *user = NULL;
+    struct passwd *pw = getpwuid(geteuid());
+    if (pw && pw->pw_name && pw->pw_name[0])
+        user = pw->pw_name;
+    if (!user)
+        user = getenv("USER");
+    if (gethostname(host, sizeof(host) - 1) != 0)
+        host[0] = '\0';
+    host[sizeof(host) - 1] = '\0';
+    if (user && user[0])
+        (void)snprintf(out, cap, "sluicectl %.64s@%.128s", user, host[0] ? host : "?");
+    else
+        (void)snprintf(out, cap, "sluicectl uid %u@%.128s", (unsigned)geteuid(),
+                       host[0] ? host : "?");
+}
+
 /* sl_replay_dry_run's callback: --json collects the letters, text counts per endpoint. */
 static void on_candidate(void *opaque, const struct sl_replay_candidate *c)
 {
@@ -481,8 +502,11 @@ int ctl_replay_main(struct ctl *c, int argc, char **argv)
         rc = ctl_fail("replay", "%s", err.msg);
         goto out;
     }
+    char actor[256];
+    replay_actor(actor, sizeof(actor));
     struct sl_replay_opts ropts = {.batch_size = o.batch,
                                    .kafka_role = "sluicectl-replay",
+                                   .actor = actor,
                                    .opaque = &p,
                                    .on_letter = on_letter,
                                    .on_warning = on_warning,

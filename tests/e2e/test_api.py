@@ -832,6 +832,11 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     st, _, run = call(api, "POST", "/v1/dead-letters/replay", {"endpoint": ep}, admin)
     assert st == 200 and run["complete"] and run["replayed"] == 3, run
     assert {x["outcome"] for x in run["letters"]} == {"replayed"}
+    # the journal says who replayed: the API key's id (never the key)
+    actors = psql(w.env["SLUICE_PG_DSN"], "select string_agg(distinct actor, ',')"
+                  f" from replay_log where run_id = '{run['run_id']}'")
+    assert re.fullmatch(r"sluice-api key [a-z0-9]{16}", actors), actors
+    assert actors.split()[-1] in admin, "the id of the admin key"
     wait_until(lambda: {(x, ep) for x in ids} <= set(delivered_pairs(rcv)), 60 * MULT, 0.5,
                "replayed letters delivered")
     st, _, again = call(api, "POST", "/v1/dead-letters/replay", {"endpoint": ep}, admin)

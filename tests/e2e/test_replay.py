@@ -150,6 +150,10 @@ def test_run_sends_the_good_letters_once_and_lists_the_bad(run):
                  f" ',' order by event_id) from replay_log where run_id = '{run_id}'")
     log = sorted(log.split(","))
     assert log[:N] == [f"{e} acked -" for e in good]
+    # and who replayed: the operating-system user and host of the sluicectl run
+    actors = r.db.q(f"select string_agg(distinct actor, ',') from replay_log"
+                    f" where run_id = '{run_id}'")
+    assert re.fullmatch(r"sluicectl [^@,]+@[^,]+", actors), actors
     assert log[N].startswith(f"{b0} failed stored record does not decode: ")
     assert log[N + 1] == f"{b1} failed stored record belongs to another event"
 

@@ -438,11 +438,15 @@ static void test_a_deleted_endpoints_letters_wait_until_it_is_registered_again(v
     assert_int_equal(d.unregistered, 1);
     assert_int_equal(s.n, 1);
     assert_string_equal(s.first, "u2");
-    struct sl_replay_opts o = {.batch_size = 10, .kafka_role = "test-replay"};
+    struct sl_replay_opts o = {
+        .batch_size = 10, .kafka_role = "test-replay", .actor = "sluicectl ops@host1"};
     struct sl_replay_result res;
     assert_int_equal(sl_replay_run(a, b, &T.cfg, &sel, &o, &res, &err), 0);
     assert_int_equal(res.replayed, 1);
     assert_int_equal(res.unregistered, 1);
+    /* the journal says who */
+    assert_string_equal(q1("select string_agg(event_id || ' ' || actor, ',') from replay_log"),
+                        "u2 sluicectl ops@host1");
     assert_int_equal(topic_records() - before, 1);
     assert_string_equal(q1("select string_agg(event_id || ':' || replay_count, ','"
                            " order by event_id) from dead_letters"),
