@@ -751,6 +751,7 @@ static int set_value(struct sl_config *cfg,
                           "invalid value for %s (%s): \"%s\": expected an integer in %lld..%lld\n",
                           key, src_name(src, file, sb, sizeof(sb), line), shown(o, val),
                           (long long)o->min, (long long)o->max);
+            cfg->sources[o - opts] = SL_CFG_SRC_BAD;
             return -1;
         }
         *int_field(cfg, o) = v;
@@ -764,6 +765,7 @@ static int set_value(struct sl_config *cfg,
         } else {
             (void)fprintf(errf, "invalid value for %s (%s): \"%s\": expected true or false\n", key,
                           src_name(src, file, sb, sizeof(sb), line), shown(o, val));
+            cfg->sources[o - opts] = SL_CFG_SRC_BAD;
             return -1;
         }
         break;
@@ -1219,6 +1221,15 @@ static int check_endpoint_reach(const struct sl_config *cfg, FILE *errf)
     return nerr;
 }
 
+/* Whether options a and b hold values that were not refused: a check across them then
+ * judges what the operator wrote, not the default a refused value left in place. */
+static bool both_taken(const struct sl_config *cfg, const char *a, const char *b)
+{
+    return sl_cfg_source(cfg, a) != SL_CFG_SRC_BAD && sl_cfg_source(cfg, b) != SL_CFG_SRC_BAD;
+}
+
+/* The checks across options and of values' contents. Run also when some value was refused
+ * (every problem is listed at once); checks across a refused value are left out. */
 static int finalize(struct sl_config *cfg, FILE *errf)
 {
     int nerr = 0;
@@ -1253,7 +1264,8 @@ static int finalize(struct sl_config *cfg, FILE *errf)
             nerr++;
         }
     }
-    if (cfg->http_connect_timeout_ms > cfg->http_timeout_ms) {
+    if (both_taken(cfg, "http_connect_timeout_ms", "http_timeout_ms") &&
+        cfg->http_connect_timeout_ms > cfg->http_timeout_ms) {
         (void)fprintf(errf,
                       "http_connect_timeout_ms (%lld) must not exceed http_timeout_ms (%lld)\n",
                       (long long)cfg->http_connect_timeout_ms, (long long)cfg->http_timeout_ms);
@@ -1264,14 +1276,15 @@ static int finalize(struct sl_config *cfg, FILE *errf)
     if (cfg->metrics_listen[0])
         nerr +=
             check_listen(errf, opt_key(cfg, "metrics_listen", kb, sizeof(kb)), cfg->metrics_listen);
-    if (cfg->shutdown_drain_ms > cfg->shutdown_timeout_ms - 5000) {
+    if (both_taken(cfg, "shutdown_drain_ms", "shutdown_timeout_ms") &&
+        cfg->shutdown_drain_ms > cfg->shutdown_timeout_ms - 5000) {
         (void)fprintf(errf,
                       "shutdown_drain_ms (%lld) must leave at least 5000 ms of shutdown_timeout_ms "
                       "(%lld) for flushing, committing and leaving the group\n",
                       (long long)cfg->shutdown_drain_ms, (long long)cfg->shutdown_timeout_ms);
         nerr++;
     }
-    if (cfg->lease_ms <= cfg->http_timeout_ms) {
+    if (both_taken(cfg, "lease_ms", "http_timeout_ms") && cfg->lease_ms <= cfg->http_timeout_ms) {
         (void)fprintf(
             errf,
             "lease_ms (%lld) must exceed http_timeout_ms (%lld) so a slow request's retry "
@@ -1279,12 +1292,14 @@ static int finalize(struct sl_config *cfg, FILE *errf)
             (long long)cfg->lease_ms, (long long)cfg->http_timeout_ms);
         nerr++;
     }
-    if (cfg->retry_base_ms > cfg->retry_cap_ms) {
+    if (both_taken(cfg, "retry_base_ms", "retry_cap_ms") &&
+        cfg->retry_base_ms > cfg->retry_cap_ms) {
         (void)fprintf(errf, "retry_base_ms (%lld) must not exceed retry_cap_ms (%lld)\n",
                       (long long)cfg->retry_base_ms, (long long)cfg->retry_cap_ms);
         nerr++;
     }
-    if (cfg->breaker_cooldown_ms > cfg->breaker_cooldown_max_ms) {
+    if (both_taken(cfg, "breaker_cooldown_ms", "breaker_cooldown_max_ms") &&
+        cfg->breaker_cooldown_ms > cfg->breaker_cooldown_max_ms) {
         (void)fprintf(errf,
                       "breaker_cooldown_ms (%lld) must not exceed breaker_cooldown_max_ms (%lld)\n",
                       (long long)cfg->breaker_cooldown_ms, (long long)cfg->breaker_cooldown_max_ms);
@@ -1293,7 +1308,8 @@ static int finalize(struct sl_config *cfg, FILE *errf)
     if (cfg->endpoint_ca_file[0])
         nerr += check_curl_ca(cfg, errf, "endpoint_ca_file", cfg->endpoint_ca_file);
     nerr += check_endpoint_reach(cfg, errf);
-    if (cfg->response_keep_bytes > cfg->response_max_bytes) {
+    if (both_taken(cfg, "response_keep_bytes", "response_max_bytes") &&
+        cfg->response_keep_bytes > cfg->response_max_bytes) {
         (void)fprintf(errf,
                       "response_keep_bytes (%lld) must not exceed response_max_bytes (%lld)\n",
                       (long long)cfg->response_keep_bytes, (long long)cfg->response_max_bytes);
@@ -1315,7 +1331,8 @@ static int finalize(struct sl_config *cfg, FILE *errf)
     sl_err_t rerr;
     if (sl_redis_url_parse(cfg->redis_url, &ru, &rerr) != 0) {
         /* the message never echoes the URL: it may hold a password */
-        (void)fprintf(errf, "invalid value for redis_url: %s\n", rerr.msg);
+        (void)fprintf(errf, "invalid value for %s: %s\n", opt_key(cfg, "redis_url", kb, sizeof(kb)),
+                      rerr.msg);
         nerr++;
     }
     sl_redis_url_fini(&ru);
@@ -1344,8 +1361,7 @@ int sl_cfg_load(struct sl_config *cfg, const char *file, char *const *envp, FILE
     if (file)
         nerr += load_file(cfg, file, errf);
     nerr += load_env(cfg, envp, errf);
-    if (nerr == 0)
-        nerr += finalize(cfg, errf);
+    nerr += finalize(cfg, errf);
     return nerr;
 }
 
@@ -1482,7 +1498,9 @@ void sl_cfg_print_markdown(FILE *f)
            "Precedence: default < config file (`--config FILE` or `SLUICE_CONFIG_FILE`, "
            "lines of `name = value`) < environment. Bad values fail start-up with exit code "
            "78 and a message naming the key, its source and the value (secrets are never "
-           "echoed).\n\n"
+           "echoed); every problem is listed at once, the rules across two keys included "
+           "(one whose value was refused is left out of them), and `--check-config` "
+           "checks the same without starting.\n\n"
            "| name | environment | type | range | default | description |\n"
            "|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < NOPTS; i++) {
@@ -1545,12 +1563,16 @@ static void register_secrets(const struct sl_config *cfg)
     PQconninfoFree(pq);
 }
 
-/* --check-config of a process that cannot start without master_key: the same checks, and
- * messages, as its start. Returns the number of problems printed (0 or 1). */
+/* master_key of a process that cannot start without it (its start and --check-config),
+ * counted with the other configuration errors. Returns the number of problems printed (0 or
+ * 1). */
 static int check_master_key(const struct sl_config *cfg, const char *proc)
 {
     if (!cfg->master_key[0]) {
-        (void)fprintf(stderr, "%s: master_key (SLUICE_MASTER_KEY) is required\n", proc);
+        (void)fprintf(stderr,
+                      "%s: master_key (SLUICE_MASTER_KEY) is required (it seals and opens the "
+                      "endpoints' signing secrets)\n",
+                      proc);
         return 1;
     }
     struct sl_masterkey mk;
@@ -1564,8 +1586,15 @@ static int check_master_key(const struct sl_config *cfg, const char *proc)
     return 0;
 }
 
-static void
-main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv, bool needs_master_key)
+/* Load the configuration for proc: its flags out of argv (the rest stays), the load, and
+ * --help-config, --print-config, --check-config. A daemon (usage given) takes no other
+ * argument: one left is a usage error (exit 2) before the configuration is judged. */
+static void main_load(struct sl_config *cfg,
+                      const char *proc,
+                      int *argc,
+                      char **argv,
+                      bool needs_master_key,
+                      void (*usage)(FILE *f))
 {
     const char *file = NULL;
     bool help = false, print = false, check = false;
@@ -1573,6 +1602,10 @@ main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv, bool 
     for (int i = 1; i < *argc; i++) {
         if (strcmp(argv[i], "--config") == 0 && i + 1 < *argc) {
             file = argv[++i];
+        } else if (strcmp(argv[i], "--config") == 0) {
+            (void)fprintf(stderr, "%s: --config needs a FILE (--config FILE or --config=FILE)\n",
+                          proc);
+            exit(2);
         } else if (strncmp(argv[i], "--config=", 9) == 0) {
             file = argv[i] + 9;
         } else if (strcmp(argv[i], "--help-config") == 0) {
@@ -1587,14 +1620,21 @@ main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv, bool 
     }
     argv[out] = NULL;
     *argc = out;
+    if (usage && *argc > 1) {
+        (void)fprintf(stderr, "%s: unknown argument \"%s\"\n", proc, argv[1]);
+        usage(stderr);
+        exit(2);
+    }
     if (help) {
         sl_cfg_print_help(stdout);
         exit(0);
     }
     int nerr = sl_cfg_load(cfg, file, NULL, stderr);
+    if (needs_master_key)
+        nerr += check_master_key(cfg, proc);
     if (nerr > 0) {
-        (void)fprintf(stderr, "%s: %d configuration error%s, not starting\n", proc, nerr,
-                      nerr == 1 ? "" : "s");
+        (void)fprintf(stderr, "%s: %d configuration error%s%s\n", proc, nerr, nerr == 1 ? "" : "s",
+                      check ? "" : ", not starting");
         exit(SL_CFG_EXIT);
     }
     enum sl_log_level lv = SL_LOG_INFO;
@@ -1608,10 +1648,6 @@ main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv, bool 
         exit(0);
     }
     if (check) {
-        if (needs_master_key && check_master_key(cfg, proc) != 0) {
-            (void)fprintf(stderr, "%s: 1 configuration error, not starting\n", proc);
-            exit(SL_CFG_EXIT);
-        }
         printf("%s: configuration ok\n", proc);
         exit(0);
     }
@@ -1619,7 +1655,7 @@ main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv, bool 
 
 void sl_cfg_main_load(struct sl_config *cfg, const char *proc, int *argc, char **argv)
 {
-    main_load(cfg, proc, argc, argv, false);
+    main_load(cfg, proc, argc, argv, false, NULL);
 }
 
 int sl_cfg_main_daemon(struct sl_config *cfg,
@@ -1639,13 +1675,7 @@ int sl_cfg_main_daemon(struct sl_config *cfg,
             exit(0);
         }
     }
-    main_load(cfg, proc, argc, argv, true);
-    if (*argc > 1) {
-        (void)fprintf(stderr, "%s: unknown argument \"%s\"\n", proc, argv[1]);
-        usage(stderr);
-        sl_cfg_fini(cfg);
-        return 2;
-    }
+    main_load(cfg, proc, argc, argv, true, usage);
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_stop;

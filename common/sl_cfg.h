@@ -134,7 +134,9 @@ struct sl_config {
     unsigned char sources[96]; /* enum sl_cfg_source per option, indexed like the table */
 };
 
-enum sl_cfg_source { SL_CFG_SRC_DEFAULT = 0, SL_CFG_SRC_FILE, SL_CFG_SRC_ENV };
+/* SL_CFG_SRC_BAD: a value given for it was refused (sl_cfg_load then fails; the checks
+ * across options leave it out rather than judge its default) */
+enum sl_cfg_source { SL_CFG_SRC_DEFAULT = 0, SL_CFG_SRC_FILE, SL_CFG_SRC_ENV, SL_CFG_SRC_BAD };
 
 /* Load defaults, then file (may be NULL: then SLUICE_CONFIG_FILE if set), then the environment
  * (envp NULL = environ). Errors are appended to errs (one line each, NUL-separated text in a
@@ -162,11 +164,13 @@ void sl_cfg_main_load(struct sl_config *cfg, const char *proc, int *argc, char *
 
 /*
  * The start of a long-running process's main() (sluice-consumer, sluice-recorder,
- * sluice-api): --help or -h (usage to stdout) and --version exit 0; then sl_cfg_main_load
- * (config errors exit SL_CFG_EXIT), whose --check-config also checks master_key, which each
- * of them needs to start (present and well-formed); an argument left over is reported with usage on
- * stderr and returns 2 (cfg freed). Otherwise SIGTERM and SIGINT go to on_stop, SIGPIPE is ignored,
- * and it returns -1: go on (cfg loaded; the caller calls sl_cfg_fini).
+ * sluice-api): --help or -h (usage to stdout) and --version exit 0; an argument that is not
+ * a configuration flag exits 2 with usage on stderr; then sl_cfg_main_load, which also
+ * checks master_key, which each of them needs to start (present and well-formed): every
+ * configuration error is listed, then exit SL_CFG_EXIT (--check-config the same, without
+ * starting). Otherwise SIGTERM and SIGINT go to on_stop, SIGPIPE is ignored, and it returns
+ * -1: go on (cfg loaded; the caller calls sl_cfg_fini). It never returns 2 now; callers
+ * keep returning what it returns when it is >= 0.
  */
 int sl_cfg_main_daemon(struct sl_config *cfg,
                        const char *proc,

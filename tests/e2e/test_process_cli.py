@@ -38,8 +38,21 @@ def test_bad_config_exits_78_naming_the_option(rel):
                       "SLUICE_PG_DSN": f"host=127.0.0.1 password={secret}"})
     assert r.returncode == 78, r.stderr
     assert "SLUICE_MAX_QUEUED" in r.stderr and "SLUICE_RECORDER_LANES" in r.stderr
-    assert "2 configuration errors, not starting" in r.stderr
+    assert "master_key (SLUICE_MASTER_KEY) is required" in r.stderr
+    assert "3 configuration errors, not starting" in r.stderr
     assert secret not in r.stderr + r.stdout
+    # every problem at once: a refused value beside a rule across two others; a rule across
+    # a refused value is left out (it would judge the default left in its place)
+    r = run(rel, "--check-config", env={
+        "SLUICE_MASTER_KEY": "0" * 64, "SLUICE_MAX_QUEUED": "1", "SLUICE_RETRY_BASE_MS": "5000",
+        "SLUICE_RETRY_CAP_MS": "1000", "SLUICE_LEASE_MS": "x", "SLUICE_HTTP_TIMEOUT_MS": "120000",
+        "SLUICE_REDIS_URL": "redis://127.0.0.1:99999/0"})
+    assert r.returncode == 78, r.stderr
+    assert "SLUICE_MAX_QUEUED" in r.stderr and "SLUICE_LEASE_MS" in r.stderr, r.stderr
+    assert "retry_base_ms (5000) must not exceed retry_cap_ms (1000)" in r.stderr, r.stderr
+    assert "lease_ms (" not in r.stderr, r.stderr
+    assert "invalid value for SLUICE_REDIS_URL (env): " in r.stderr, r.stderr
+    assert r.stderr.rstrip().endswith("4 configuration errors"), r.stderr
     r = run(rel, "--check-config", env={"SLUICE_MASTER_KEY": "0" * 64})
     assert r.returncode == 0 and "configuration ok" in r.stdout
 

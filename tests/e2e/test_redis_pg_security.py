@@ -74,7 +74,8 @@ def test_bad_redis_url_stops_start_up_with_78(make_world):
         r = subprocess.run([path, "--check-config"], env=dict(w.env, SLUICE_REDIS_URL=url),
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 78, (url, r.stderr)
-        assert "invalid value for redis_url: " in r.stderr and want in r.stderr, r.stderr
+        assert "invalid value for SLUICE_REDIS_URL (env): " in r.stderr and want in r.stderr, \
+            r.stderr
         assert "pw%zz" not in r.stderr
 
 

@@ -688,7 +688,9 @@ static void test_redis_url(void **state)
         struct sl_config cfg;
         int nerr;
         char *errs = load_errs(&cfg, NULL, env, &nerr);
-        if (nerr != 1 || !strstr(errs, "invalid value for redis_url: ") || !strstr(errs, bad[i][1]))
+        /* named as given, with its source, as the other keys are */
+        if (nerr != 1 || !strstr(errs, "invalid value for SLUICE_REDIS_URL (env): ") ||
+            !strstr(errs, bad[i][1]))
             fail_msg("%s: %d errors: %s", bad[i][0], nerr, errs);
         free(errs);
         sl_cfg_fini(&cfg);
