@@ -82,15 +82,16 @@ static const struct {
     [S_LIST] = {"list", "[--json]", "list every endpoint (URLs without their query string)", 0},
     [S_UPDATE] = {"update", "ID [flags]",
                   "change the given settings of an endpoint (others stay as they are)", 1},
-    [S_DISABLE] = {"disable", "ID --reason TEXT",
+    [S_DISABLE] = {"disable", "ID --reason TEXT [--json]",
                    "stop deliveries to an endpoint (reported as disabled)", 1},
-    [S_ENABLE] = {"enable", "ID", "resume deliveries to a disabled endpoint", 1},
+    [S_ENABLE] = {"enable", "ID [--json]", "resume deliveries to a disabled endpoint", 1},
     [S_ROTATE] = {"rotate-secret",
-                  "ID [--overlap-s N] [--signature hmac|ed25519] [--secret whsec_...|whsk_...]",
+                  "ID [--overlap-s N] [--signature hmac|ed25519] [--secret whsec_...|whsk_...] "
+                  "[--json]",
                   "make a new signing secret current; the previous one keeps signing for the "
                   "overlap; prints the new secret (and an Ed25519 one's public key)",
                   1},
-    [S_DELETE] = {"delete", "ID", "remove an endpoint (tombstone on the topic)", 1},
+    [S_DELETE] = {"delete", "ID [--json]", "remove an endpoint (tombstone on the topic)", 1},
     [S_SYNC] = {"sync", "[--json]",
                 "republish every endpoint and delete topic entries the registry lacks "
                 "(repairs a failed publish)",
@@ -742,8 +743,6 @@ static json_t *secret_json(const struct sl_reg_ep *ep, const struct show_opts *s
     ctl_fmt_time(s->created_ms, t, sizeof(t));
     json_object_set_new(j, "created", json_string(t));
     json_object_set_new(j, "expires_ms", s->exp_ms ? json_integer(s->exp_ms) : json_null());
-    if (s->expired)
-        return j;
     if (so->mk) {
         char pk[SL_PUBKEY_STR_MAX];
         sl_err_t err;
@@ -757,6 +756,8 @@ static json_t *secret_json(const struct sl_reg_ep *ep, const struct show_opts *s
         json_object_set_new(j, "signature", json_null()); /* unknown without master_key */
         json_object_set_new(j, "public_key", json_null());
     }
+    if (s->expired) /* its scheme and public key as the others'; its text no longer */
+        return j;
     if (so->show_secrets) {
         char plain[SL_SECRET_ENC_MAX + 1];
         sl_err_t err;

@@ -32,13 +32,14 @@ static void on_sigint(int sig)
     g_stop = 1;
 }
 
-static int parse_int(const char *flag, const char *s, long min, long max, long *out)
+static int
+parse_int(const char *cmd, const char *flag, const char *s, long min, long max, long *out)
 {
     char *end;
     long v = strtol(s, &end, 10);
     if (*s == '\0' || *end != '\0' || v < min || v > max) {
-        (void)fprintf(stderr, "sluicectl: %s expects an integer in %ld..%ld, got \"%s\"\n", flag,
-                      min, max, s);
+        (void)fprintf(stderr, "sluicectl %s: %s expects an integer in %ld..%ld, got \"%s\"\n", cmd,
+                      flag, min, max, s);
         return -1;
     }
     *out = v;
@@ -66,11 +67,11 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
     while ((c = getopt_long(argc - 1, argv + 1, ":p:r:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'p':
-            if (parse_int("--partitions", optarg, 1, 10000, &partitions) != 0)
+            if (parse_int("topics", "--partitions", optarg, 1, 10000, &partitions) != 0)
                 return 2;
             break;
         case 'r':
-            if (parse_int("--replication-factor", optarg, 1, 32, &replication) != 0)
+            if (parse_int("topics", "--replication-factor", optarg, 1, 32, &replication) != 0)
                 return 2;
             break;
         case 'h':
@@ -85,7 +86,7 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
     sl_err_t err;
     rd_kafka_t *rk = sl_kafka_producer_new(cfg, "sluicectl", SL_KAFKA_LATENCY, NULL, NULL, &err);
     if (!rk) {
-        (void)fprintf(stderr, "sluicectl: %s\n", err.msg);
+        (void)fprintf(stderr, "sluicectl topics: %s\n", err.msg);
         return 1;
     }
     struct {
@@ -102,7 +103,7 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
         nts[i] = rd_kafka_NewTopic_new(want[i].name, want[i].parts, (int)replication, errstr,
                                        sizeof(errstr));
         if (!nts[i]) {
-            (void)fprintf(stderr, "sluicectl: cannot describe topic %s: %s\n", want[i].name,
+            (void)fprintf(stderr, "sluicectl topics: cannot describe topic %s: %s\n", want[i].name,
                           errstr);
             return 1;
         }
@@ -117,11 +118,12 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
     rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 60000);
     int rc = 0;
     if (!ev) {
-        (void)fprintf(stderr, "sluicectl: could not create topics: no answer from %s in 60 s\n",
+        (void)fprintf(stderr,
+                      "sluicectl topics: could not create topics: no answer from %s in 60 s\n",
                       cfg->kafka_brokers);
         rc = 1;
     } else if (rd_kafka_event_error(ev)) {
-        (void)fprintf(stderr, "sluicectl: could not create topics: %s\n",
+        (void)fprintf(stderr, "sluicectl topics: could not create topics: %s\n",
                       rd_kafka_event_error_string(ev));
         rc = 1;
     } else {
@@ -136,7 +138,7 @@ static int topics_main(const struct sl_config *cfg, int argc, char **argv)
             } else if (te == RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
                 printf("exists  %s\n", name);
             } else {
-                (void)fprintf(stderr, "sluicectl: could not create topic %s: %s\n", name,
+                (void)fprintf(stderr, "sluicectl topics: could not create topic %s: %s\n", name,
                               rd_kafka_topic_result_error_string(tr[i]));
                 rc = 1;
             }
@@ -273,7 +275,7 @@ static int dump_parse(const struct sl_config *cfg, int argc, char **argv, struct
             o->topic = *(const char *const *)((const char *)cfg + kinds[i].topic_off);
     }
     if (!o->topic) {
-        (void)fprintf(stderr, "sluicectl: unknown dump kind \"%s\"\n", o->kind);
+        (void)fprintf(stderr, "sluicectl dump: unknown dump kind \"%s\"\n", o->kind);
         dump_usage(stderr);
         return 2;
     }
@@ -286,11 +288,11 @@ static int dump_parse(const struct sl_config *cfg, int argc, char **argv, struct
             o->topic = optarg;
             break;
         case 'm':
-            if (parse_int("--max", optarg, 1, 1000000000L, &o->max) != 0)
+            if (parse_int("dump", "--max", optarg, 1, 1000000000L, &o->max) != 0)
                 return 2;
             break;
         case 'i':
-            if (parse_int("--idle-ms", optarg, 1, 3600000L, &o->idle_ms) != 0)
+            if (parse_int("dump", "--idle-ms", optarg, 1, 3600000L, &o->idle_ms) != 0)
                 return 2;
             break;
         case 'f':
@@ -348,7 +350,7 @@ static int dump_open(const struct sl_config *cfg, const struct dump_opts *o, str
     sl_err_t err = {0};
     rd_kafka_conf_t *conf = sl_kafka_conf_new(cfg, "sluicectl-dump", &err);
     if (!conf) {
-        (void)fprintf(stderr, "sluicectl: %s\n", err.msg);
+        (void)fprintf(stderr, "sluicectl dump: %s\n", err.msg);
         return 1;
     }
     char errstr[256];
@@ -357,7 +359,7 @@ static int dump_open(const struct sl_config *cfg, const struct dump_opts *o, str
     rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, sizeof(errstr));
     st->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
     if (!st->rk) {
-        (void)fprintf(stderr, "sluicectl: could not create kafka consumer: %s\n", errstr);
+        (void)fprintf(stderr, "sluicectl dump: could not create kafka consumer: %s\n", errstr);
         return 1;
     }
     const struct rd_kafka_metadata *md = NULL;
@@ -368,7 +370,7 @@ static int dump_open(const struct sl_config *cfg, const struct dump_opts *o, str
         rd_kafka_resp_err_t why = ke              ? ke
                                   : md->topic_cnt ? md->topics[0].err
                                                   : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
-        (void)fprintf(stderr, "sluicectl: could not read metadata of topic %s: %s\n", o->topic,
+        (void)fprintf(stderr, "sluicectl dump: could not read metadata of topic %s: %s\n", o->topic,
                       rd_kafka_err2str(why));
         if (md)
             rd_kafka_metadata_destroy(md);
@@ -498,7 +500,7 @@ static int dump_main(const struct sl_config *cfg, int argc, char **argv)
         }
         last = sl_mono_ms();
         if (m->err) {
-            (void)fprintf(stderr, "sluicectl: %s\n", rd_kafka_message_errstr(m));
+            (void)fprintf(stderr, "sluicectl dump: %s\n", rd_kafka_message_errstr(m));
             rd_kafka_message_destroy(m);
             rc = 1;
             break;

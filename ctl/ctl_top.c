@@ -97,12 +97,12 @@ static void take(sl_map_t *m, const struct sl_outcome *o)
         s->other++;
         break;
     }
-    if (o->http)
+    /* the last attempt's answer: its status and error together (a timeout has no status:
+     * shown alone, not beside an earlier attempt's) */
+    if (o->http || o->err) {
         s->last_http = o->http;
-    if (o->err)
-        (void)snprintf(s->last_err, sizeof(s->last_err), "%s", o->err);
-    else if (o->state == SL_OUTCOME_DELIVERED)
-        s->last_err[0] = '\0';
+        (void)snprintf(s->last_err, sizeof(s->last_err), "%s", o->err ? o->err : "");
+    }
     if (o->http && o->lat_us) {
         s->lat_us[s->lat_pos] = o->lat_us > UINT32_MAX ? UINT32_MAX : (uint32_t)o->lat_us;
         s->lat_pos = (s->lat_pos + 1) % RING;
@@ -162,14 +162,26 @@ static void frame(sl_map_t *m, sl_redis_t *r, double secs, bool tty, uint64_t fr
         double p50, p95, p99;
         percentiles(s, &p50, &p95, &p99);
         char last[48];
-        if (s->last_err[0])
+        if (s->last_err[0] && s->last_http)
             (void)snprintf(last, sizeof(last), "%s %u", s->last_err, s->last_http);
-        else
+        else if (s->last_err[0])
+            (void)snprintf(last, sizeof(last), "%s", s->last_err);
+        else if (s->last_http)
             (void)snprintf(last, sizeof(last), "%u", s->last_http);
-        printf("%-24.24s %9.1f %7llu %6llu %8.1f %8.1f %8.1f %8llu %-9s %s\n", s->id,
+        else
+            (void)snprintf(last, sizeof(last), "-");
+        char q[3][16]; /* no latency sample yet: "-", not 0.0 */
+        const double pv[3] = {p50, p95, p99};
+        for (int k = 0; k < 3; k++) {
+            if (s->nlat)
+                (void)snprintf(q[k], sizeof(q[k]), "%.1f", pv[k]);
+            else
+                (void)snprintf(q[k], sizeof(q[k]), "-");
+        }
+        printf("%-24.24s %9.1f %7llu %6llu %8s %8s %8s %8llu %-9s %s\n", s->id,
                (double)s->delivered / secs, (unsigned long long)s->retried,
-               (unsigned long long)s->dead, p50, p95, p99, (unsigned long long)s->total_delivered,
-               breaker_state(r, s->id), last);
+               (unsigned long long)s->dead, q[0], q[1], q[2],
+               (unsigned long long)s->total_delivered, breaker_state(r, s->id), last);
     }
     if (n > MAX_ROWS)
         printf("(%zu more endpoints)\n", n - MAX_ROWS);

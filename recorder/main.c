@@ -73,7 +73,8 @@ static void usage(FILE *f)
            "recorder_flush_ms) and idempotent; Kafka offsets are committed only after the\n"
            "batch's transaction commits. A PostgreSQL outage pauses intake until it is back.\n"
            "Also maintains partitions, retention and endpoint latency percentiles.\n"
-           "Run one per consumer group (recorder_group); more share the partitions.\n"
+           "Any number may run in one consumer group (recorder_group): they split the\n"
+           "partitions.\n"
            "Configuration comes from SLUICE_* environment variables or a config file; see\n"
            "--help-config. SIGTERM or SIGINT writes the last batch, commits and exits 0;\n"
            "before the group was joined (e.g. Kafka unreachable) it exits 0 at once.\n");

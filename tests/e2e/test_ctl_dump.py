@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 
-from sluice_e2e import event
+from sluice_e2e import event, free_port
 
 
 def test_dump_stops_at_the_start_ends_while_a_partition_grows(make_world):
@@ -128,14 +128,16 @@ def test_top_shows_each_endpoints_deliveries_dead_letters_and_breaker(make_world
     rcv = w.receiver()
     ok = w.add_endpoint("topok" + w.tag, rcv.url("ok", "topok"))
     bad = w.add_endpoint("topbad" + w.tag, rcv.url("status/400", "topbad"))
+    # nothing listens there: attempts with no answer (no status, no latency sample)
+    down = w.add_endpoint("topdn" + w.tag, f"http://127.0.0.1:{free_port()}/x")
     r = w.produce([event(ok, i, w.tag) for i in range(30)] +
-                  [event(bad, i, w.tag) for i in range(5)])
+                  [event(bad, i, w.tag) for i in range(5)] + [event(down, 0, w.tag)])
     assert r.returncode == 0, r.stderr
     c = w.consumer()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         states = [o["state"] for o in w.outcomes()]
-        if states.count("delivered") >= 30 and states.count("dead_letter") >= 5:
+        if states.count("delivered") >= 30 and states.count("dead_letter") >= 6:
             break
         time.sleep(0.5)
     assert c.term() == 0, c.logs()[-3000:]
@@ -152,13 +154,15 @@ def test_top_shows_each_endpoints_deliveries_dead_letters_and_breaker(make_world
     for f in frames:
         for line in f.splitlines()[2:]:
             cols = line.split()
-            if cols and cols[0] in (ok[:24], bad[:24]):
+            if cols and cols[0] in (ok[:24], bad[:24], down[:24]):
                 dead[cols[0]] += int(cols[3])
                 last[cols[0]] = cols
     assert int(last[ok[:24]][7]) == 30 and last[ok[:24]][9:] == ["204"], last  # total, last
     assert last[bad[:24]][7] == "0" and last[bad[:24]][9:] == ["http_4xx", "400"], last
-    assert dead == {ok[:24]: 0, bad[:24]: 5}, dead
-    assert sum(int(f.split("dead ", 1)[1].split()[0]) for f in frames) == 5, r.stdout
+    # the last attempt's error alone when it had no answer; no samples: no percentiles
+    assert last[down[:24]][4:7] == ["-", "-", "-"] and last[down[:24]][9:] == ["connect"], last
+    assert dead == {ok[:24]: 0, bad[:24]: 5, down[:24]: 1}, dead
+    assert sum(int(f.split("dead ", 1)[1].split()[0]) for f in frames) == 6, r.stdout
     assert last[ok[:24]][8] == "closed" and last[bad[:24]][8] == "closed", last  # from Redis
     r = w.ctl("top", "--interval-ms", "5")
     assert r.returncode == 2 and "--interval-ms expects 100..600000" in r.stderr, r

@@ -515,3 +515,13 @@ def test_rotate_without_signature_refuses_to_guess_the_scheme(make_world):
     assert "cannot tell the scheme" in r.stderr and "--signature" in r.stderr, r.stderr
     r = w.ctl("endpoints", "show", ep, "--json")
     assert r.returncode == 0 and len(json.loads(r.stdout)["secrets"]) == 1, r.stdout
+    # rotated with no overlap: the previous secret is listed as expired, with its scheme and
+    # public key like the others (a receiver may still ask which key it was), not its text
+    r = w.ctl("endpoints", "rotate-secret", ep, "--overlap-s", "0")
+    assert r.returncode == 0, r.stderr
+    r = w.ctl("endpoints", "show", ep, "--json", "--show-secrets")
+    assert r.returncode == 0, r.stderr
+    secrets = json.loads(r.stdout)["secrets"]
+    (old,) = [s for s in secrets if s["state"] == "expired"]
+    assert old["signature"] == "ed25519" and old["public_key"].startswith("whpk_"), old
+    assert "secret" not in old, old
