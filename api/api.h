@@ -102,6 +102,7 @@ struct api_req {
     int64_t retry_after_s; /* Retry-After header when > 0 */
     bool idem_replayed;    /* Idempotent-Replayed: true */
     char allow[64];        /* Allow header for 405 ("" = none) */
+    char location[96];     /* Location header of a 201: the created resource ("" = none) */
     /* a static answer (api_console.c) instead of JSON: raw wins over json and text */
     const char *raw;            /* body bytes (static, not owned; "" with raw_len 0 for none) */
     size_t raw_len;             /* bytes of raw */

@@ -311,10 +311,18 @@ static json_t *body_json(struct api_req *r, const enum sl_json_shape *shape, boo
     size_t flags = JSON_REJECT_DUPLICATES | (shape ? JSON_ALLOW_NUL : 0);
     json_t *j = json_loadb((const char *)r->body.data, r->body.len, flags, &jerr);
     if (!j) {
-        /* jansson's text quotes the input: report the position only */
+        /* jansson's text quotes the input: report the position, and the kind when it is
+         * one a client can act on */
+        enum json_error_code code = json_error_code(&jerr);
         api_problem(r, 400, "invalid-json", "/",
-                    "the request body is not valid JSON (error at byte %d, line %d)", jerr.position,
-                    jerr.line);
+                    "the request body is not valid JSON (%s at byte %d, line %d)",
+                    code == json_error_duplicate_key            ? "a key repeated in one object"
+                    : code == json_error_null_byte_in_key       ? "\\u0000 in an object key"
+                    : code == json_error_null_character         ? "\\u0000 in a string"
+                    : code == json_error_invalid_utf8           ? "invalid UTF-8"
+                    : code == json_error_premature_end_of_input ? "unexpected end"
+                                                                : "error",
+                    jerr.position, jerr.line);
         return NULL;
     }
     if (!json_is_object(j)) {
@@ -686,7 +694,8 @@ static void audit(struct api_req *r)
                        ((struct sl_log_kv[]){SL_KV_S("route", r->route->name),
                                              SL_KV_S("key_id", id), SL_KV_I("status", r->status)}),
                        "request refused: %s",
-                       r->status == 401 ? "no valid API key" : "the key lacks the scope");
+                       r->status == 401 ? "no valid API key"
+                                        : "the key lacks the scope or the channels it needs");
         return;
     }
     if (r->route->scope != SL_SCOPE_ADMIN || strcmp(r->route->method, "GET") == 0)
@@ -758,6 +767,8 @@ static enum MHD_Result send_answer(struct api_req *r)
     }
     if (r->allow[0] && r->status == 405)
         MHD_add_response_header(resp, "Allow", r->allow);
+    if (r->location[0] && r->status == 201)
+        MHD_add_response_header(resp, "Location", r->location);
     if (r->idem_replayed)
         MHD_add_response_header(resp, "Idempotent-Replayed", "true");
     if (r->status == 401)

@@ -440,7 +440,7 @@ static int apply_fields(struct api_req *r, json_t *j, struct sl_reg_ep *ep, bool
                (strcmp(ep_fields[i].name, k) != 0 || (ep_fields[i].create_only && !allow_id)))
             i++;
         if (i == sizeof(ep_fields) / sizeof(ep_fields[0])) {
-            api_problem(r, 400, "invalid-field", field, "unknown field");
+            api_problem(r, 400, "invalid-field", field, "unknown field \"%.60s\"", k);
             return -1;
         }
         int rc = ep_fields[i].fn(r, k, v, ep, field);
@@ -500,7 +500,8 @@ static enum api_hret problem_for(struct api_req *r, int rc, const sl_err_t *err,
         r->retry_after_s = 2;
         /* the reason (PostgreSQL's or Kafka's own text) is logged above, not answered */
         return api_problem(r, 503, "registry-unavailable", NULL,
-                           "the endpoint registry could not be changed; retry later");
+                           "the endpoint registry could not be %s; retry later",
+                           strcmp(r->method, "GET") == 0 ? "read" : "changed");
     }
 }
 
@@ -679,12 +680,15 @@ enum api_hret api_endpoints_create(struct api_req *r)
             if (rc == 0)
                 rc = sl_reg_create(pg, thread_pub(r->api), &r->api->mk, &ep, &secret, whsec, &res,
                                    &err);
-            if (rc == 0 || (rc == SL_EKAFKA && res.committed))
+            if (rc == 0 || (rc == SL_EKAFKA && res.committed)) {
+                /* the id is [A-Za-z0-9_-]{1,64}: a path segment as it stands */
+                (void)snprintf(r->location, sizeof(r->location), "/v1/endpoints/%s", ep.id);
                 changed(r, 201, &ep, &res,
                         pk[0] ? json_pack("{s:s, s:s}", "secret", whsec, "public_key", pk)
                               : json_pack("{s:s}", "secret", whsec));
-            else
+            } else {
                 problem_for(r, rc, &err, ep.id);
+            }
         }
     }
     sl_secret_wipe(whsec, sizeof(whsec));
@@ -801,7 +805,7 @@ static bool only_members(struct api_req *r, json_t *j, const char *const *allowe
         if (!ok) {
             char field[SL_ERR_MSG_MAX / 2];
             (void)snprintf(field, sizeof(field), "/%s", k);
-            api_problem(r, 400, "invalid-field", field, "unknown field");
+            api_problem(r, 400, "invalid-field", field, "unknown field \"%.60s\"", k);
             return false;
         }
     }
@@ -936,7 +940,10 @@ enum api_hret api_endpoints_rotate(struct api_req *r)
                            &res, &err);
     if (rc == 0 || (rc == SL_EKAFKA && res.committed))
         rotate_answer(r, &out, whsec, pk, res.published);
-    else
+    else if (rc == SL_ETOOBIG) { /* too many unexpired secrets: the overlap is what to change */
+        api_reply(r, 400, api_problem_json(400, "too-large", "/overlap_s", "%s", err.msg));
+        r->problem = true;
+    } else
         problem_for(r, rc, &err, id);
     sl_secret_wipe(whsec, sizeof(whsec));
     sl_secret_fini(&secret);

@@ -143,7 +143,7 @@ static int parse_sel(struct api_req *r, struct job *j, bool *dry)
         char field[80];
         (void)snprintf(field, sizeof(field), "/%.70s", k);
         if (!known) {
-            api_problem(r, 400, "invalid-field", field, "unknown field");
+            api_problem(r, 400, "invalid-field", field, "unknown field \"%.60s\"", k);
             return -1;
         }
         if (!sel_field(j, k, v, dry)) {

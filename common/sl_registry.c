@@ -860,7 +860,7 @@ int sl_reg_db_rotate(PGconn *pg,
     if (active > SL_SECRETS_MAX)
         return sl_err_set(err, SL_ETOOBIG,
                           "endpoint %s would have %" PRId64 " unexpired secrets, limit %d: wait "
-                          "for older ones to expire or rotate with a shorter --overlap-s",
+                          "for older ones to expire or rotate with a shorter overlap",
                           id, active, SL_SECRETS_MAX);
     return sl_pg_cmd(pg, "touch the endpoint",
                      "update endpoints set updated_at = " SQL_UPDATED_NEXT " where id = $1", 1, p1,

@@ -394,6 +394,9 @@ def test_bad_input_gets_a_problem_naming_the_field_and_publishes_nothing(make_wo
                 '{"type":"a","endpoint":"%s","body":{"k":01}}',
                 '{"type":"a","endpoint":"%s","body":{"k":[1,]}}'):
         problem(*call(api, "POST", P, None, key, raw=(bad % ep).encode("latin-1")), 400, "/")
+    st, hdrs, b = call(api, "POST", P, None, key, raw='{"type":"a","type":"b","body":1}')
+    problem(st, hdrs, b, 400, "/")
+    assert "a key repeated in one object" in b["detail"], b
     problem(*call(api, "POST", P, None, key, raw="x" * 5000), 413, "/")
     # the same without a declared length (chunked): read, dropped past the cap, then 413
     host, port = api.base.split("//")[1].split(":")
@@ -937,10 +940,21 @@ def test_header_values_are_write_only_and_a_shared_endpoint_needs_all_channels(m
     wait_until(lambda: {k: v for k, v in subscribed().items() if k in ("ta.paid", "pb.x",
                         "tc.secret_type")} == {"ta.paid": 2, "pb.x": 2, "tc.secret_type": 2},
                30 * MULT, 0.2, "the subscriptions counted")
+    # past 8 unexpired secrets a rotation is refused naming the overlap, the value to change
+    rot = create("rot", ["ta"], [])
+    for _ in range(7):
+        st, _, b = call(api, "POST", f"/v1/endpoints/{rot}/rotate-secret", {"overlap_s": 3600},
+                        admin)
+        assert st == 200, b
+    st, hdrs, b = call(api, "POST", f"/v1/endpoints/{rot}/rotate-secret", {"overlap_s": 3600},
+                       admin)
+    problem(st, hdrs, b, 400, "/overlap_s")
+    assert "limit 8" in b["detail"] and "--overlap-s" not in b["detail"], b
     # the action bodies name an unknown member (rotate and disable named their own field;
     # enable ignored its body)
-    problem(*call(api, "POST", f"/v1/endpoints/{shared}/rotate-secret", {"foo": 1}, admin), 400,
-            "/foo")
+    st, hdrs, b = call(api, "POST", f"/v1/endpoints/{shared}/rotate-secret", {"foo": 1}, admin)
+    problem(st, hdrs, b, 400, "/foo")
+    assert b["detail"] == 'unknown field "foo"', b
     problem(*call(api, "POST", f"/v1/endpoints/{shared}/disable", {"reason": "r", "bar": 2},
                   admin), 400, "/bar")
     problem(*call(api, "POST", f"/v1/endpoints/{shared}/enable", {"x": 1}, admin), 400, "/x")
@@ -1340,8 +1354,9 @@ def test_repeating_a_change_whose_publish_failed_publishes_the_endpoint(make_wor
     api = w.api(_fault="reg_publish_first_fails")
     ep = f"late_{w.tag}"
     body = {"id": ep, "url": rcv.url("ok", ep)}
-    st, _, b = call(api, "POST", "/v1/endpoints", body, admin)
+    st, hdrs, b = call(api, "POST", "/v1/endpoints", body, admin)
     assert st == 201 and b["published"] is False, b
+    assert hdrs["location"] == f"/v1/endpoints/{ep}", hdrs
     ev = {"type": "t", "endpoint": ep, "body": 1}
     problem(*call(api, "POST", "/v1/events", ev, admin), 404, "/endpoint")
     st, _, b = call(api, "PATCH", f"/v1/endpoints/{ep}", {"url": body["url"]}, admin)
