@@ -162,9 +162,14 @@ static int parse_sel(struct api_req *r, struct job *j, bool *dry)
         return -1;
     }
     if (!sel_channels_allowed(r, j)) {
-        api_problem(r, 403, "forbidden", "/endpoint",
-                    "a key limited to channels replays only an endpoint of its channels, "
-                    "named in \"endpoint\"");
+        /* naming one it may not see (or none there is): not there for it, as on the other
+         * routes; naming none: it must */
+        if (j->sel.endpoint)
+            api_problem(r, 404, "unknown-endpoint", "/endpoint", "no endpoint has that id");
+        else
+            api_problem(r, 403, "forbidden", "/endpoint",
+                        "a key limited to channels replays only an endpoint of its channels, "
+                        "named in \"endpoint\"");
         return -1;
     }
     return 0;

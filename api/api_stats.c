@@ -501,6 +501,9 @@ enum api_hret api_dead_letter_patterns(struct api_req *r)
     if (ep && !sl_valid_endpoint_id(ep, strlen(ep)))
         return api_problem(r, 400, "invalid-parameter", "endpoint",
                            "endpoint must be 1..64 characters of A-Z a-z 0-9 _ -");
+    /* an endpoint the key may not see is not there for it, as in GET /v1/dead-letters */
+    if (ep && !api_key_sees(r, ep))
+        return api_problem(r, 404, "unknown-endpoint", "endpoint", "no endpoint has that id");
     char cur_n[24] = "", cur_id[SL_ENDPOINT_ID_MAX + 1] = "";
     if (have_cur && patterns_cursor(r, cur, cur_n, sizeof(cur_n), cur_id, sizeof(cur_id)) != 0)
         return API_DONE;

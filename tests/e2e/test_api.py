@@ -819,8 +819,13 @@ def test_delivery_log_dead_letters_replay_and_channel_limited_management(make_wo
     problem(*call(api, "POST", "/v1/endpoints",
                   {"id": f"t_{w.tag}", "url": rcv.url("ok", "t")}, tenant_admin), 403,
             "/channels")
-    problem(*call(api, "POST", "/v1/dead-letters/replay", {"endpoint": ep}, tenant_admin), 403,
+    # nor replays them (another tenant's endpoint is not there for it), and must name one
+    problem(*call(api, "POST", "/v1/dead-letters/replay", {"endpoint": ep}, tenant_admin), 404,
             "/endpoint")
+    problem(*call(api, "POST", "/v1/dead-letters/replay", {"all": True}, tenant_admin), 403,
+            "/endpoint")
+    problem(*call(api, "GET", f"/v1/dead-letters/patterns?endpoint={ep}", None, tenant_read),
+            404, "endpoint")
 
     # the endpoint is fixed; a dry run shows what a replay would send; the replay sends each
     # letter once; a second replay sends nothing
