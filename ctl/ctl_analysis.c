@@ -635,8 +635,10 @@ int ctl_health_main(struct ctl *c, int argc, char **argv)
     if (o.json) {
         json_t *j = health_json(cfg, &o, &lag, krc ? &kerr : NULL, &sc, rrc ? &rerr : NULL, res,
                                 &perr, now);
-        json_object_set_new(j, "endpoint_records",
-                            recs ? json_incref(recs) : json_pack("{s:s}", "error", eerr.msg));
+        /* shaped as the other sources: "available", and an "error" when it is not */
+        json_t *er = recs ? json_copy(recs) : json_pack("{s:s}", "error", eerr.msg);
+        json_object_set_new(er, "available", json_boolean(recs != NULL));
+        json_object_set_new(j, "endpoint_records", er);
         ctl_ops_print_json(j);
     } else {
         health_text(cfg, &o, &lag, krc ? &kerr : NULL, &sc, rrc ? &rerr : NULL, res, &perr, now);

@@ -193,6 +193,7 @@ def test_health_matches_ledger_kafka_and_redis(run):
     assert len(opens) == COUNTS["hold"], "every held delivery is open"
     # Kafka: only the records produced after the consumer stopped
     assert h["kafka"]["available"] and h["kafka"]["lag"] == EXTRA_OK
+    assert h["endpoint_records"]["available"] is True, h["endpoint_records"]
     assert h["pending"]["queued_in_kafka"] == EXTRA_OK
     # Redis: the open deliveries are the schedule; nothing is leased once the consumer stopped
     assert h["redis"]["scheduled"] == COUNTS["hold"]
