@@ -23,6 +23,7 @@
 #include <openssl/x509.h>
 
 #include "common/sl_err.h"
+#include "common/sl_hex.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_record.h"
@@ -1520,7 +1521,31 @@ int sl_cfg_source(const struct sl_config *cfg, const char *name)
     return o ? cfg->sources[o - opts] : -1;
 }
 
-/* The password of scheme://user:password@host as written (maybe percent-encoded). */
+/* pw's percent escapes decoded (%00 kept), registered with the logger when there were any. */
+static void register_decoded(const char *pw)
+{
+    if (!strchr(pw, '%'))
+        return;
+    size_t n = strlen(pw), o = 0;
+    char *dec = sl_xmalloc(n + 1);
+    for (size_t i = 0; i < n; i++) {
+        int hi = i + 2 < n && pw[i] == '%' ? sl_hex_digit(pw[i + 1]) : -1;
+        int lo = hi >= 0 ? sl_hex_digit(pw[i + 2]) : -1;
+        if (hi >= 0 && lo >= 0 && (hi | lo) != 0) {
+            dec[o++] = (char)(hi * 16 + lo);
+            i += 2;
+        } else {
+            dec[o++] = pw[i];
+        }
+    }
+    dec[o] = '\0';
+    sl_log_add_secret(dec);
+    sl_secret_wipe(dec, o);
+    free(dec);
+}
+
+/* The password of scheme://user:password@host as written and, when it holds percent
+ * escapes, as decoded (what the client sends, and what a library's text could quote). */
 static void register_url_password(const char *url)
 {
     const char *s = strstr(url, "://");
@@ -1530,6 +1555,7 @@ static void register_url_password(const char *url)
         if (colon && colon + 1 < at) {
             char *pw = sl_xstrndup(colon + 1, (size_t)(at - colon - 1));
             sl_log_add_secret(pw);
+            register_decoded(pw);
             sl_secret_wipe(pw, strlen(pw));
             free(pw);
         }

@@ -4,8 +4,10 @@
  * Full jitter: delay = uniform(0, min(cap, base * 2^attempt)) ms, integers, both ends
  * included, where attempt = attempts already spent (0-based). The ceiling is computed
  * without overflow for any attempt (it saturates at cap long before 2^attempt would wrap).
- * A Retry-After (already clamped by cons_retry_after_ms) wins when it is longer than the
- * jittered delay, still bounded by cap. The due time saturates at INT64_MAX.
+ * A Retry-After given here (already clamped by cons_retry_after_ms) wins when it is longer
+ * than the jittered delay, still bounded by cap. The consumer's retries pass none: there an
+ * endpoint's Retry-After is bounded by retry_after_max_ms alone, not by the backoff cap
+ * (conclude_retry in cons_send.c). The due time saturates at INT64_MAX.
  *
  * Randomness is injectable (struct cons_rng) so tests are deterministic; the default is a
  * per-thread xoshiro256** seeded from getrandom(2) on first use. It is not a CSPRNG and

@@ -210,8 +210,8 @@ cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const 
     const char *cls = NULL;
     enum cons_verdict v;
     if (refusal == CONS_REFUSAL_SSRF && http_status == 0) {
-        /* no answer: every address the name resolved to was refused (an answer means libcurl
-         * went on to an allowed address after a refused one, which then decides) */
+        /* every address the name resolved to was refused (cons_http reports the refusal only
+         * then: with an allowed address beside, that address's outcome decides) */
         cls = CONS_CLASS_SSRF;
         v = CONS_PERMANENT;
     } else if (refusal == CONS_REFUSAL_PROXY) {
@@ -235,10 +235,10 @@ cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const 
     } else if (refusal == CONS_REFUSAL_BODY_CAP && http_status == 0) {
         cls = CONS_CLASS_TOO_LARGE;
         v = CONS_PERMANENT;
-    } else if (curl_code == CURLE_OK || refusal == CONS_REFUSAL_BODY_CAP ||
-               (curl_code == CURLE_HTTP_RETURNED_ERROR && http_status != 0)) {
-        /* a body cut off by our cap: its status line decides (a 503 with a huge error page
-         * is retried, a 410 still disables) */
+    } else if (curl_code == CURLE_OK || refusal == CONS_REFUSAL_BODY_CAP || http_status >= 300) {
+        /* an answer's status line decides, also when its body was then cut off by our cap,
+         * timed out or reset: a 503 with a huge error page is retried, a 410 disables, a 400
+         * is not sent again */
         v = classify_status(http_status, &cls);
     } else {
         v = classify_curl(curl_code, &cls);

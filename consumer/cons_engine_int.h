@@ -340,9 +340,10 @@ struct cons_engine {
     char
         db_owner[SL_RSTATE_OWNER_MAX + 1]; /* deployment sluice:owner must name, "" = not watched */
     struct cons_stats st;                  /* counters */
-    struct cons_stats st_last;             /* counters at the last stats line */
-    struct sl_buf enc;                     /* scratch for encoding */
-    struct sl_buf canon;                   /* scratch: a decoded record encoded again */
+    unsigned proxy_down_run;     /* proxy_unreachable answers in a row (defer_for_proxy) */
+    struct cons_stats st_last;   /* counters at the last stats line */
+    struct sl_buf enc;           /* scratch for encoding */
+    struct sl_buf canon;         /* scratch: a decoded record encoded again */
     struct sl_decode_limits lim; /* record limits (max_body_bytes) for decode and encode */
 };
 

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/sl_fault.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
 #include "common/sl_time.h"
@@ -99,6 +100,8 @@ struct xfer {
     uint64_t resp_total;          /* bytes received */
     enum cons_refusal refusal;    /* set by our callbacks */
     const char *refusal_why;      /* static SSRF reason */
+    bool addr_allowed;            /* an address of the target passed the SSRF policy: a refused
+                                     one beside it does not decide the outcome */
     bool target_refused;          /* through the proxy: the target host is a refused address */
     const char *target_why;       /* its static reason */
     char errbuf[CURL_ERROR_SIZE]; /* libcurl's error text */
@@ -128,6 +131,7 @@ struct cons_http {
     int64_t idle_us;                     /* time spent waiting in epoll_wait, not yet taken */
     int64_t answered;                    /* transfers finished, not yet taken */
     bool proxied;                        /* opts.proxy set: every request goes through it */
+    struct curl_slist *fault_resolve;    /* test builds: SL_FAULT=resolve's names (below) */
     enum cons_proxy_kind proxy_kind;     /* http://, https:// (TLS before CONNECT), socks5h:// */
 };
 
@@ -206,6 +210,7 @@ static curl_socket_t opensocket_cb(void *clientp, curlsocktype purpose, struct c
         x->refusal_why = why;
         return CURL_SOCKET_BAD;
     }
+    x->addr_allowed = true;
     return socket(addr->family, addr->socktype, addr->protocol);
 }
 
@@ -246,6 +251,22 @@ cons_http_t *cons_http_new(const struct cons_http_opts *opts, sl_err_t *err)
             h->shares[i] = NULL; /* its handles use the multi's cache */
         }
     }
+    /* Test builds only (-DSL_FAULT_INJECTION=ON): SL_FAULT=resolve resolves the names of
+     * SL_FAULT_RESOLVE (entries "host:port:addr[,addr...]", CURLOPT_RESOLVE's form, apart by
+     * ';') as it says, so a test can give a name several addresses (tests/e2e/
+     * test_delivery.py) without touching the system's resolver. */
+    const char *fr = sl_fault_is("resolve") ? getenv("SL_FAULT_RESOLVE") : NULL;
+    for (const char *p = fr; p && *p;) {
+        const char *end = strchr(p, ';');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char entry[256];
+        if (n > 0 && n < sizeof(entry)) {
+            memcpy(entry, p, n);
+            entry[n] = '\0';
+            h->fault_resolve = curl_slist_append(h->fault_resolve, entry);
+        }
+        p = end ? end + 1 : p + n;
+    }
     return h;
 }
 
@@ -271,6 +292,7 @@ void cons_http_destroy(cons_http_t *h)
     for (int i = 0; i < CONN_CACHES; i++)
         curl_share_cleanup(h->shares[i]);
     close(h->epfd);
+    curl_slist_free_all(h->fault_resolve);
     free(h);
 }
 
@@ -313,6 +335,8 @@ static void xfer_init_opts(cons_http_t *h, struct xfer *x)
         curl_easy_setopt(e, CURLOPT_CAINFO, h->opts.ca_file);
         curl_easy_setopt(e, CURLOPT_CAPATH, (char *)NULL);
     }
+    if (h->fault_resolve)
+        curl_easy_setopt(e, CURLOPT_RESOLVE, h->fault_resolve);
 }
 
 /*
@@ -348,6 +372,7 @@ static struct xfer *xfer_get(cons_http_t *h, int cache)
     x->resp_total = 0;
     x->refusal = CONS_REFUSAL_NONE;
     x->refusal_why = NULL;
+    x->addr_allowed = false;
     x->errbuf[0] = '\0';
     return x;
 }
@@ -529,6 +554,13 @@ static void finish(cons_http_t *h, CURL *e, CURLcode code)
         r.retry_after_s = (long)ra;
     r.refusal = x->refusal;
     r.refusal_why = x->refusal_why;
+    if (r.refusal == CONS_REFUSAL_SSRF && x->addr_allowed) {
+        /* a name with refused and allowed addresses (a private AAAA beside a public A, say):
+         * libcurl went on to an allowed one, whose outcome (an answer, a refused connection,
+         * a timeout) is the endpoint's; only a name with no allowed address is refused */
+        r.refusal = CONS_REFUSAL_NONE;
+        r.refusal_why = NULL;
+    }
     if (h->proxied && code != CURLE_OK && r.refusal == CONS_REFUSAL_NONE) {
         struct cons_proxy_answer a = {.curl_code = (int)code, .kind = h->proxy_kind};
         long proxy_error = 0;

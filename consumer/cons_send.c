@@ -94,14 +94,16 @@ static bool ep_sets_header(const struct sl_endpoint *ep, const char *name)
 }
 
 /*
- * j's endpoint as the registry has it now (ce is read again when anything changed since), or
- * NULL when it was deleted or disabled since j was queued: j then ends as intake would have
- * ended it, with no attempt spent.
+ * j's endpoint as the registry has it now (ce is read again when anything changed since, or
+ * when a secret of its signer has expired meanwhile: a job held for a Retry-After pause must
+ * not go out signed with it), or NULL when it was deleted or disabled since j was queued: j
+ * then ends as intake would have ended it, with no attempt spent.
  */
 static const struct sl_endpoint *current_endpoint(cons_engine_t *e, struct job *j)
 {
     struct cons_ep *ce = j->ce;
-    if (ce->ep_gen != sl_endpoints_generation(e->endpoints))
+    if (ce->ep_gen != sl_endpoints_generation(e->endpoints) ||
+        (ce->signer_until_ms && sl_now_ms() >= ce->signer_until_ms))
         (void)cons_ep_refresh(e, ce);
     const struct sl_endpoint *ep = ce->ep;
     if (!ep) {
@@ -402,9 +404,34 @@ static void conclude_permanent(cons_engine_t *e,
 }
 
 /*
+ * The delivery proxy did not answer (proxy_unreachable: down, its name unresolved, its TLS
+ * failing): nothing reached the endpoint, so no attempt is spent, or an outage of the proxy
+ * longer than the retry schedule (about 7.5 minutes for 5 attempts from a 30 s base) would
+ * dead-letter everything sent meanwhile. j is deferred (an outcome "deferred"), full jitter
+ * under a ceiling that doubles with the loop's run of such answers, 1 s to 60 s, so a proxy
+ * that is back gets the backlog within a minute and one that stays down is asked about once
+ * per job per half minute on average. Any other answer through it ends the run.
+ */
+#define PROXY_DEFER_BASE_MS 1000
+#define PROXY_DEFER_CAP_MS  60000
+
+static void defer_for_proxy(cons_engine_t *e, struct job *j, int64_t now)
+{
+    unsigned s = e->proxy_down_run < 6 ? e->proxy_down_run : 6;
+    e->proxy_down_run++;
+    int64_t ceiling = (int64_t)PROXY_DEFER_BASE_MS << s;
+    if (ceiling > PROXY_DEFER_CAP_MS)
+        ceiling = PROXY_DEFER_CAP_MS;
+    int64_t due = now + 1 + (int64_t)cons_rng_uniform(cons_rng_default(), (uint64_t)ceiling);
+    e->st.deferred++;
+    cons_defer_job(e, j, due, CONS_CLASS_PROXY_DOWN);
+}
+
+/*
  * What becomes of j after its answer: delivered (its marker is batched, the outcome follows
- * it), a retry scheduled in Redis, or a dead letter (attempts exhausted, or a permanent
- * failure). cls: the classifier's error class; ra_ms: the Retry-After the answer asked for.
+ * it), a retry scheduled in Redis, deferred (the proxy did not answer: defer_for_proxy), or a
+ * dead letter (attempts exhausted, or a permanent failure). cls: the classifier's error
+ * class; ra_ms: the Retry-After the answer asked for.
  */
 static void job_conclude(cons_engine_t *e,
                          struct job *j,
@@ -419,7 +446,10 @@ static void job_conclude(cons_engine_t *e,
         conclude_delivered(e, j, r, now);
         break;
     case CONS_RETRY:
-        conclude_retry(e, j, r, cls, ra_ms, now);
+        if (r->refusal == CONS_REFUSAL_PROXY_DOWN)
+            defer_for_proxy(e, j, now);
+        else
+            conclude_retry(e, j, r, cls, ra_ms, now);
         break;
     case CONS_PERMANENT:
     case CONS_PERMANENT_DISABLE:
@@ -446,6 +476,8 @@ static void on_http_done(void *opaque, const struct cons_http_result *r)
     cons_set_ctx(&ctx, j);
     int64_t now = sl_now_ms();
     int64_t ra_ms = cons_ep_observe(e, ce, j, was_probe, r, v);
+    if (r->refusal != CONS_REFUSAL_PROXY_DOWN)
+        e->proxy_down_run = 0; /* the proxy answered (or there is none) */
     job_conclude(e, j, r, v, cls, ra_ms, now);
     sl_log_ctx_clear();
     if (!cons_list_empty(&ce->queue))

@@ -451,3 +451,47 @@ def test_records_kafka_did_not_take_are_held_and_produced_again(make_world, faul
     assert len(ledger_ok(rcv)) == len(events), "records were read again after the clean stop"
     assert c2.term() == 0
     assert len([o for o in w.outcomes() if o["state"] == "delivered"]) == n_out
+
+
+def test_a_name_with_a_refused_address_beside_an_allowed_one_is_judged_by_the_allowed_one(
+        make_world):
+    """A name that resolves to a refused address (::1: only 127.0.0.0/8 is allowed here) and an
+    allowed one (127.0.0.1), as a split DNS can give: the refused one is skipped and the
+    allowed one's outcome decides. Nothing listening there is a `connect` failure, retried
+    (it was a permanent `ssrf_refused` dead letter at the first attempt); a receiver there gets the
+    delivery. A name with only refused addresses stays `ssrf_refused`, dead at once. The names are
+    resolved by the consumer's test fault (SL_FAULT=resolve), not the system's resolver."""
+    from sluice_e2e import free_port
+    w = make_world(max_attempts=2, retry_base_ms=200, retry_cap_ms=400)
+    rcv = w.receiver()
+    rport = int(rcv.base.rsplit(":", 1)[1])
+    closed = free_port()
+    down = w.add_endpoint(f"dn_{w.tag}", f"http://dual.test:{closed}/x")
+    up = w.add_endpoint(f"up_{w.tag}", rcv.url("ok", f"up_{w.tag}").replace("127.0.0.1",
+                                                                              "dual.test"))
+    v6 = w.add_endpoint(f"v6_{w.tag}", rcv.url("ok", f"v6_{w.tag}").replace("127.0.0.1",
+                                                                              "v6only.test"))
+    evs = [event(ep, 0, w.tag) for ep in (down, up, v6)]
+    assert w.produce(evs).returncode == 0
+    env_resolve = (f"dual.test:{closed}:[::1],127.0.0.1;dual.test:{rport}:[::1],127.0.0.1;"
+                   f"v6only.test:{rport}:[::1]")
+    w.env["SL_FAULT_RESOLVE"] = env_resolve
+    try:
+        c = w.consumer(_fault="resolve")
+    finally:
+        del w.env["SL_FAULT_RESOLVE"]
+
+    def ended():
+        fin = final_states(w.outcomes())
+        got = {ep: fin.get((e["id"], ep), {}) for e, ep in zip(evs, (down, up, v6))}
+        return got if all(o.get("state") in ("delivered", "dead_letter")
+                          for o in got.values()) else None
+    got = wait_until(ended, 60, 0.3, "every delivery ended")
+    assert got[up]["state"] == "delivered", got[up]
+    assert (got[down]["state"], got[down]["err"], got[down]["attempt"]) == \
+        ("dead_letter", "connect", 2), got[down]
+    assert (got[v6]["state"], got[v6]["err"], got[v6]["attempt"]) == \
+        ("dead_letter", "ssrf_refused", 1), got[v6]
+    outs = [o for o in w.outcomes() if o.get("endpoint") == down]
+    assert [o["err"] for o in outs] == ["connect", "connect"], outs
+    assert c.term() == 0

@@ -251,26 +251,32 @@ def test_deliveries_tunnel_through_the_proxy_and_never_around_it(make_world, tmp
         assert targets == {f"127.0.0.1:{rcv.port}", f"127.0.0.1:{tls.port}",
                            f"127.0.0.1:{down_port}"}, targets
 
-        # the proxy down: retried, never sent around it; delivered once it is back
+        # the proxy down: deferred without spending an attempt (an outage longer than the
+        # retry schedule dead-letters nothing), never sent around it; delivered once it is
+        # back, each at its first attempt
         proxy.stop()
         more = [event(ep_http, i, w.tag) for i in range(10, 15)]
         assert w.produce(more).returncode == 0
 
         ids = {e["id"] for e in more}
 
-        def retried():  # more failures than open a breaker (5)
-            outs = [o for o in w.outcomes() if o["id"] in ids and o["state"] == "retry_scheduled"]
+        def deferred():  # more failures than open a breaker (5)
+            outs = [o for o in w.outcomes() if o["id"] in ids and o["state"] == "deferred"]
             return len(outs) >= 8 and outs
-        outs = wait_until(retried, 30 * MULT, 0.3, "retries while the proxy is down")
+        outs = wait_until(deferred, 30 * MULT, 0.3, "deferrals while the proxy is down")
         assert all(o.get("err") == "proxy_unreachable" for o in outs), outs
+        assert not [o for o in w.outcomes() if o["id"] in ids
+                    and o["state"] in ("retry_scheduled", "dead_letter")]
         assert len([l for l in rcv.ledger() if l["endpoint"] == ep_http]) == 10
         proxy.start()
 
         def delivered_more():
             fin = final_states(w.outcomes())
             return all(fin.get((e["id"], ep_http), {}).get("state") == "delivered"
-                       for e in more)
-        wait_until(delivered_more, 60 * MULT, 0.5, "delivery once the proxy is back")
+                       for e in more) and fin
+        fin = wait_until(delivered_more, 90 * MULT, 0.5, "delivery once the proxy is back")
+        assert all(fin[(e["id"], ep_http)]["attempt"] == 1 for e in more), \
+            [fin[(e["id"], ep_http)] for e in more]
         assert f"breaker opened for endpoint {ep_http}" not in c.logs()
         assert c.term() == 0
 
@@ -365,16 +371,17 @@ def test_an_https_proxy_is_verified_against_its_own_ca_and_its_tls_failure_is_th
         proxy_url = f"https://sluice:{password}@127.0.0.1:{st.port}"
 
         # without delivery_proxy_ca_file the proxy's certificate does not verify: the
-        # proxy's failure, retried, charged to no endpoint (8 failures each; 5 open a breaker)
+        # proxy's failure, deferred with no attempt spent, charged to no endpoint (8 failures
+        # each; 5 open a breaker)
         evs = [event(ep, i, w.tag) for ep in (ep_http, ep_tls) for i in range(8)]
         assert w.produce(evs).returncode == 0
         c = w.consumer(delivery_proxy=proxy_url)
         ids = {e["id"] for e in evs}
 
         def failed_each():
-            outs = [o for o in w.outcomes() if o["id"] in ids and o["state"] == "retry_scheduled"]
+            outs = [o for o in w.outcomes() if o["id"] in ids and o["state"] == "deferred"]
             return len({(o["id"], o["endpoint"]) for o in outs}) == len(evs) and outs
-        outs = wait_until(failed_each, 30 * MULT, 0.3, "a retry of each: the proxy's TLS")
+        outs = wait_until(failed_each, 30 * MULT, 0.3, "a deferral of each: the proxy's TLS")
         assert all(o.get("err") == "proxy_unreachable" and not o.get("http") for o in outs), \
             [(o.get("err"), o.get("http"), o.get("msg")) for o in outs]
         assert "breaker opened for endpoint" not in c.logs()
@@ -424,10 +431,9 @@ def test_an_https_proxy_is_verified_against_its_own_ca_and_its_tls_failure_is_th
         down_ids = {e["id"] for e in downs}
 
         def dropped():
-            outs = [o for o in w.outcomes()
-                    if o["id"] in down_ids and o["state"] == "retry_scheduled"]
+            outs = [o for o in w.outcomes() if o["id"] in down_ids and o["state"] == "deferred"]
             return len({o["id"] for o in outs}) == len(downs) and outs
-        outs = wait_until(dropped, 30 * MULT, 0.3, "a retry of each, the proxy behind TLS down")
+        outs = wait_until(dropped, 30 * MULT, 0.3, "a deferral of each, the proxy behind TLS down")
         assert all(o.get("err") == "proxy_unreachable" for o in outs), \
             [(o.get("err"), o.get("msg")) for o in outs]
         assert f"breaker opened for endpoint {ep_http}" not in c3.logs()

@@ -53,10 +53,11 @@ def new_secret():
 
 
 class Capture:
-    """A loopback HTTP/1.1 server that answers 204 to everything and records each request
-    (method, target, path, query, header list, raw body bytes) in arrival order."""
+    """A loopback HTTP/1.1 server that answers 204 to everything (the first request `first`,
+    (status, {header: value}), when given) and records each request (method, target, path,
+    query, header list, raw body bytes) in arrival order."""
 
-    def __init__(self):
+    def __init__(self, first=None):
         self.requests = []
         self.lock = threading.Lock()
         cap = self
@@ -75,7 +76,11 @@ class Capture:
                         "method": self.command, "target": self.path, "path": target.path,
                         "query": target.query, "headers": list(self.headers.items()),
                         "body": body})
-                self.send_response(204)
+                    n = len(cap.requests)
+                status, extra = first if first and n == 1 else (204, {})
+                self.send_response(status)
+                for k, v in extra.items():
+                    self.send_header(k, v)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -525,3 +530,39 @@ def test_rotate_without_signature_refuses_to_guess_the_scheme(make_world):
     (old,) = [s for s in secrets if s["state"] == "expired"]
     assert old["signature"] == "ed25519" and old["public_key"].startswith("whpk_"), old
     assert "secret" not in old, old
+
+
+def test_a_job_held_past_its_secrets_overlap_is_signed_without_the_expired_secret(make_world):
+    """A rotation's previous secret signs only during the overlap. A job taken in while both
+    signed, then held in memory behind a Retry-After pause until the overlap is over, goes out
+    signed with the new secret alone (the expired one was still on it: the signer was
+    rebuilt only when the registry changed or a new record came in)."""
+    cap = Capture(first=(429, {"Retry-After": "12"}))
+    try:
+        w = make_world()
+        ep = "hold" + w.tag
+        old, new = new_secret(), new_secret()
+        r = w.ctl("endpoints", "add", "--id", ep, "--url", cap.base + "/hooks/hold",
+                  "--secret", old)
+        assert r.returncode == 0, r.stderr
+        r = w.ctl("endpoints", "rotate-secret", ep, "--secret", new, "--overlap-s", "8")
+        assert r.returncode == 0, r.stderr
+        t_rot = time.monotonic()
+        first = {"id": f"evt_{w.tag}_a", "endpoint": ep, "type": "t", "body": {"n": 1}}
+        assert w.produce([first]).returncode == 0
+        c = w.consumer()
+        wait_until(lambda: cap.requests, 60, 0.1, "the first request (answered 429)")
+        held = {"id": f"evt_{w.tag}_b", "endpoint": ep, "type": "t", "body": {"n": 2}}
+        assert w.produce([held]).returncode == 0
+        wait_until(lambda: any(q["body"] == b'{"n":2}' for q in cap.requests), 60, 0.2,
+                   "the held job sent once the pause is over")
+        assert time.monotonic() - t_rot > 8, "sent before the overlap ended"
+        (req,) = [q for q in cap.requests if q["body"] == b'{"n":2}']
+        h = headers_of(req)
+        sigs = h["webhook-signature"].split(" ")
+        assert len(sigs) == 1, sigs
+        Webhook(new).verify(req["body"], h, json_parse=False)  # the new secret's
+        assert c.term() == 0
+    finally:
+        cap.stop()
+

@@ -163,8 +163,10 @@ static void test_curl_codes(void **state)
     run_table(rows, N(rows));
 }
 
-/* A transfer error after a status line decides, unless the status was 2xx: the endpoint
- * accepted the event, so it is delivered whatever happened to the body. */
+/* After a status line, the status decides whatever happens to the body (stalled, reset, cut
+ * off): a 2xx is delivered, a 410 disables, another 4xx is not sent again, a 5xx is retried
+ * as a 5xx. Only a status below 300 that is not 2xx (none was whole) leaves it to the
+ * transfer error. */
 static void test_transfer_error_after_status(void **state)
 {
     (void)state;
@@ -176,10 +178,13 @@ static void test_transfer_error_after_status(void **state)
         {CURLE_WRITE_ERROR, 201, CONS_REFUSAL_NONE, CONS_DELIVERED, NULL},
         {CURLE_FILESIZE_EXCEEDED, 200, CONS_REFUSAL_NONE, CONS_DELIVERED, NULL},
         {CURLE_OPERATION_TIMEDOUT, 199, CONS_REFUSAL_NONE, CONS_RETRY, CONS_CLASS_TIMEOUT},
-        {CURLE_OPERATION_TIMEDOUT, 300, CONS_REFUSAL_NONE, CONS_RETRY, CONS_CLASS_TIMEOUT},
-        {CURLE_OPERATION_TIMEDOUT, 404, CONS_REFUSAL_NONE, CONS_RETRY, CONS_CLASS_TIMEOUT},
-        {CURLE_OPERATION_TIMEDOUT, 410, CONS_REFUSAL_NONE, CONS_RETRY, CONS_CLASS_TIMEOUT},
-        {CURLE_RECV_ERROR, 503, CONS_REFUSAL_NONE, CONS_RETRY, CONS_CLASS_RECV},
+        {CURLE_OPERATION_TIMEDOUT, 300, CONS_REFUSAL_NONE, CONS_PERMANENT, CONS_CLASS_HTTP_3XX},
+        {CURLE_OPERATION_TIMEDOUT, 404, CONS_REFUSAL_NONE, CONS_PERMANENT, CONS_CLASS_HTTP_4XX},
+        {CURLE_OPERATION_TIMEDOUT, 410, CONS_REFUSAL_NONE, CONS_PERMANENT_DISABLE,
+         CONS_CLASS_HTTP_410},
+        {CURLE_RECV_ERROR, 400, CONS_REFUSAL_NONE, CONS_PERMANENT, CONS_CLASS_HTTP_4XX},
+        {CURLE_OPERATION_TIMEDOUT, 429, CONS_REFUSAL_NONE, CONS_RETRY, CONS_CLASS_HTTP_429},
+        {CURLE_RECV_ERROR, 503, CONS_REFUSAL_NONE, CONS_RETRY, CONS_CLASS_HTTP_5XX},
     };
     run_table(rows, N(rows));
 }

@@ -152,6 +152,8 @@ static void test_planted_secret_never_logged(void **state)
     char dsn[256];
     snprintf(dsn, sizeof(dsn), "host=127.0.0.1 password=%s dbname=x", pgpw);
     setenv("SLUICE_PG_DSN", dsn, 1);
+    /* a proxy password with a percent escape: caught as written and as sent (decoded) */
+    setenv("SLUICE_DELIVERY_PROXY", "http://u:PLANTED%40proxy@127.0.0.1:3128", 1);
     struct sl_config cfg;
     char *argv[] = {"test", NULL};
     int argc = 1;
@@ -173,6 +175,9 @@ static void test_planted_secret_never_logged(void **state)
     snprintf(text, sizeof(text), "failed: %s and %s, twice %s", pgpw, planted, pgpw);
     sl_log_scrub(text);
     assert_string_equal(text, "failed: [redacted] and [redacted], twice [redacted]");
+    snprintf(text, sizeof(text), "proxy u:PLANTED%%40proxy, sent as PLANTED@proxy");
+    sl_log_scrub(text);
+    assert_string_equal(text, "proxy u:[redacted], sent as [redacted]");
     sl_log_scrub(NULL);
     /* an endpoint secret nobody registered is still caught by its whsec_ form */
     path = capture_begin(&fd);
@@ -192,6 +197,7 @@ static void test_planted_secret_never_logged(void **state)
     sl_cfg_fini(&cfg);
     unsetenv("SLUICE_MASTER_KEY");
     unsetenv("SLUICE_PG_DSN");
+    unsetenv("SLUICE_DELIVERY_PROXY");
 }
 
 int main(void)
