@@ -199,7 +199,9 @@ enum cons_refusal cons_proxy_refusal(const struct cons_proxy_answer *a)
     if (a->curl_code == CURLE_RECV_ERROR || a->curl_code == CURLE_SEND_ERROR ||
         a->curl_code == CURLE_GOT_NOTHING)
         return CONS_REFUSAL_PROXY_DOWN;
-    if (a->kind == CONS_PROXY_HTTPS && tls_setup_failure(a->curl_code))
+    if (a->kind == CONS_PROXY_HTTPS &&
+        (tls_setup_failure(a->curl_code) ||
+         (a->curl_code == CURLE_OPERATION_TIMEDOUT && a->tls_timed_out)))
         return CONS_REFUSAL_PROXY_DOWN; /* TLS to the proxy: no tunnel was asked for yet */
     return CONS_REFUSAL_NONE;
 }

@@ -61,6 +61,8 @@ struct cons_proxy_answer {
     int proxy_error;           /* CURLINFO_PROXY_ERROR after CURLE_PROXY (SOCKS); 0 = none */
     long new_connections;      /* CURLINFO_NUM_CONNECTS: connections this transfer opened */
     enum cons_proxy_kind kind; /* the proxy's */
+    bool tls_timed_out;        /* a timeout in a TLS handshake (libcurl 7.88's error text
+                                  "SSL connection timeout"; cons_http) */
 };
 
 /*
@@ -71,10 +73,11 @@ struct cons_proxy_answer {
  * 500, Squid and smokescreen 502-504 when the endpoint is down). CONS_REFUSAL_PROXY_DOWN: the
  * proxy could not be connected to or its name did not resolve; or an HTTP(S) proxy took a new
  * connection and dropped it without answering CONNECT (a send or receive error, nothing
- * received); or, for an https:// proxy, a TLS handshake or certificate failure before any
- * answer to CONNECT (that TLS is to the proxy: the endpoint's own comes after a 2xx). A
- * timeout with no answer stays the endpoint's: a proxy answers CONNECT only once it has
- * reached the endpoint. Anything else is CONS_REFUSAL_NONE (curl's code decides).
+ * received); or, for an https:// proxy, a TLS handshake or certificate failure, or a timeout
+ * in that handshake, before any answer to CONNECT (that TLS is to the proxy: the endpoint's
+ * own comes after a 2xx). Any other timeout with no answer stays the endpoint's: a proxy
+ * answers CONNECT only once it has reached the endpoint. Anything else is CONS_REFUSAL_NONE (curl's
+ * code decides).
  */
 enum cons_refusal cons_proxy_refusal(const struct cons_proxy_answer *a);
 

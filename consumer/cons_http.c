@@ -566,6 +566,9 @@ static void finish(cons_http_t *h, CURL *e, CURLcode code)
         long proxy_error = 0;
         (void)curl_easy_getinfo(e, CURLINFO_HTTP_CONNECTCODE, &a.connect_code);
         (void)curl_easy_getinfo(e, CURLINFO_NUM_CONNECTS, &a.new_connections);
+        /* libcurl 7.88 (OpenSSL) says so when its connect timeout ends a TLS handshake; with
+         * no answer to CONNECT yet, that handshake is the proxy's */
+        a.tls_timed_out = strstr(x->errbuf, "SSL connection timeout") != NULL;
         if (code == CURLE_PROXY) /* set by the SOCKS code with it, stale otherwise */
             (void)curl_easy_getinfo(e, CURLINFO_PROXY_ERROR, &proxy_error);
         a.proxy_error = (int)proxy_error;

@@ -343,6 +343,18 @@ static void test_proxy_refusal(void **state)
     assert_int_equal(refusal(S, CURLE_SSL_CONNECT_ERROR, 200, 0, 1), CONS_REFUSAL_NONE);
     assert_int_equal(refusal(H, CURLE_PEER_FAILED_VERIFICATION, 0, 0, 1), CONS_REFUSAL_NONE);
     assert_int_equal(refusal(S, CURLE_RECV_ERROR, 407, 0, 1), CONS_REFUSAL_PROXY);
+    /* a timeout in a TLS handshake before any answer to CONNECT: the https:// proxy's
+     * handshake (the endpoint's comes only after a 2xx) */
+    struct cons_proxy_answer t = {.curl_code = CURLE_OPERATION_TIMEDOUT,
+                                  .new_connections = 1,
+                                  .kind = S,
+                                  .tls_timed_out = true};
+    assert_int_equal(cons_proxy_refusal(&t), CONS_REFUSAL_PROXY_DOWN);
+    t.connect_code = 200; /* the endpoint's handshake, through the tunnel */
+    assert_int_equal(cons_proxy_refusal(&t), CONS_REFUSAL_NONE);
+    t.connect_code = 0;
+    t.kind = H; /* no TLS to a plain proxy: it was the endpoint's */
+    assert_int_equal(cons_proxy_refusal(&t), CONS_REFUSAL_NONE);
 }
 
 int main(void)
