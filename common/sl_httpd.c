@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/sl_hex.h"
 #include "common/sl_kafka.h" /* sl_mono_ms */
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
@@ -280,17 +281,6 @@ static int listen_socket(const struct sl_httpd_opts *o, unsigned *port, sl_err_t
     return fd;
 }
 
-static int hex_val(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /*
  * The path and the query's names and values, percent-decoded in place as libmicrohttpd's own
  * unescaper does, except "%00", which stays as it is: decoded, its NUL would end the C string
@@ -304,7 +294,7 @@ static size_t unescape_keep_nul(void *cls, struct MHD_Connection *c, char *s)
     char *w = s;
     for (const char *p = s; *p; p++) {
         int hi, lo;
-        if (p[0] == '%' && (hi = hex_val(p[1])) >= 0 && (lo = hex_val(p[2])) >= 0 &&
+        if (p[0] == '%' && (hi = sl_hex_digit(p[1])) >= 0 && (lo = sl_hex_digit(p[2])) >= 0 &&
             (hi | lo) != 0) {
             *w++ = (char)(hi * 16 + lo);
             p += 2;
