@@ -27,7 +27,7 @@
  * with its deliveries, a slow Redis say, the lower cap lowers that work too, and the loop,
  * idle again, raises it.) The cap starts at the share of
  * max_inflight (no sample yet, no change), and with a share at or below the floor nothing
- * moves. Per-endpoint caps (max_inflight_per_endpoint, the AIMD window after 429s) apply
+ * moves. Per-endpoint caps (max_inflight_per_endpoint, the AIMD window after throttles) apply
  * beneath it as before.
  *
  * Pure state and arithmetic (no clock, no I/O): the engine feeds it times and idle spans.

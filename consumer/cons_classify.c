@@ -267,7 +267,10 @@ const char *cons_verdict_name(enum cons_verdict v)
 
 int64_t cons_retry_after_ms(long http_status, long retry_after_s, int64_t min_ms, int64_t max_ms)
 {
-    if (http_status != 429 && http_status != 503)
+    /* a transient failure's answer (classify_status: 408, 425, 429, 5xx); a Retry-After on a
+     * success or a permanent failure has no next attempt to delay */
+    if (http_status != 408 && http_status != 425 && http_status != 429 &&
+        (http_status < 500 || http_status > 599))
         return 0;
     if (retry_after_s <= 0)
         return 0;

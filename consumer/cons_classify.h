@@ -123,11 +123,10 @@ enum cons_refusal cons_proxy_refusal(const struct cons_proxy_answer *a);
  * callbacks did. *error_class (OUT, optional: NULL allowed) receives a static string, NULL
  * for CONS_DELIVERED.
  *
- * A 2xx status line decides DELIVERED even when the transfer then failed (the body timed out,
- * was cut short or hit the body cap): the endpoint accepted the event, and retrying would
- * send it twice. Any other status line with a transfer error: the error decides (a 503 whose
- * body timed out is retried as a timeout), except CURLE_HTTP_RETURNED_ERROR, whose status
- * decides. CURLE_OK with a status outside 100..599 is PERMANENT.
+ * A status line decides whatever then happened to the body (timed out, cut short, over the
+ * body cap): a 2xx is DELIVERED (the endpoint accepted the event, and retrying would send it
+ * twice), a 503 is retried, a 410 disables, a 400 is not sent again. CURLE_OK with a status
+ * outside 100..599 is PERMANENT.
  */
 enum cons_verdict
 cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const char **error_class);
@@ -136,7 +135,9 @@ cons_classify(int curl_code, long http_status, enum cons_refusal refusal, const 
 const char *cons_verdict_name(enum cons_verdict v);
 
 /*
- * Delay a server asked for, in ms: honoured only for 429 and 503, and only when
+ * Delay a server asked for, in ms: honoured on the answers of a transient failure (408, 425,
+ * 429, 5xx: Standard Webhooks says a retry-after "should be taken into consideration when
+ * scheduling the next attempt"), and only when
  * retry_after_s (CURLINFO_RETRY_AFTER: seconds, 0 or -1 = none; HTTP dates are already
  * converted by libcurl) is positive. The result is clamped to [min_ms, max_ms] (a negative
  * min_ms counts as 0; max_ms wins when min_ms > max_ms) without overflow for any input.

@@ -392,23 +392,45 @@ static void observe_latency(struct cons_ep *ce, const struct cons_http_result *r
     }
 }
 
-/* The AIMD window: a throttle (429, or 503 with Retry-After) pauses the endpoint (all its
- * queued deliveries, not just this one) for Retry-After or 1 s and halves its concurrency
- * window; successes grow the window back by about one request per round trip. */
+/* An answer that asks the sender to slow down: 429, 502 and 504 (Standard Webhooks: a rate
+ * limit, a server under load), or any transient failure with a Retry-After. */
+static bool is_throttle(const struct cons_http_result *r, enum cons_verdict v, int64_t ra_ms)
+{
+    if (r->refusal == CONS_REFUSAL_PROXY || r->refusal == CONS_REFUSAL_TUNNEL ||
+        r->refusal == CONS_REFUSAL_PROXY_DOWN)
+        return false; /* the delivery proxy's answer, not the endpoint's */
+    return r->status == 429 || r->status == 502 || r->status == 504 ||
+           (v == CONS_RETRY && ra_ms > 0);
+}
+
+/*
+ * The AIMD window: a throttle halves the endpoint's concurrency window, once per round trip
+ * (answers to requests sent before the last cut do not cut it again, or a burst of 100
+ * answers in flight would take it to 1), and pauses the endpoint (all its queued deliveries,
+ * not just this one) for the Retry-After it asked for, or 1 s after a 429 without one;
+ * successes grow the window back by about one request per round trip.
+ */
 static void observe_throttle(cons_engine_t *e,
                              struct cons_ep *ce,
                              const struct cons_http_result *r,
                              enum cons_verdict v,
                              int64_t ra_ms)
 {
-    if (r->status == 429 || (r->status == 503 && ra_ms > 0)) {
+    int64_t now = sl_mono_ms();
+    if (is_throttle(r, v, ra_ms)) {
         sl_counter_inc(cons_m.throttled);
-        cons_block_until(e, ce, sl_mono_ms() + (ra_ms > 0 ? ra_ms : 1000));
+        int64_t pause_ms = ra_ms > 0 ? ra_ms : r->status == 429 ? 1000 : 0;
+        if (pause_ms > 0)
+            cons_block_until(e, ce, now + pause_ms);
+        int64_t sent = now - (r->total_us > 0 ? r->total_us / 1000 : 0);
+        if (ce->cwnd_cut_mono != 0 && sent < ce->cwnd_cut_mono)
+            return; /* this round trip already cut the window */
         double cap = (double)ep_cap(e, ce);
         double w = ce->cwnd > 0 ? ce->cwnd : cap;
         ce->cwnd = w / 2 < 1 ? 1 : w / 2;
+        ce->cwnd_cut_mono = now;
         SL_LOGKV(SL_LOG_INFO, "deliver", "endpoint_throttled",
-                 ((struct sl_log_kv[]){SL_KV_I("status", r->status), SL_KV_I("pause_ms", ra_ms),
+                 ((struct sl_log_kv[]){SL_KV_I("status", r->status), SL_KV_I("pause_ms", pause_ms),
                                        SL_KV_I("window", (int64_t)ce->cwnd)}),
                  "endpoint %s asked to slow down", ce->id);
     } else if (v == CONS_DELIVERED && ce->cwnd > 0) {

@@ -232,7 +232,8 @@ struct cons_ep {
     int64_t lease_granted;           /* tokens the last lease brought (sizes the next one) */
     int64_t blocked_until_mono;      /* rate limit or Retry-After pause (mono ms); 0 = none */
     struct cons_link blocked_link;   /* on the engine's blocked list */
-    double cwnd;                     /* AIMD concurrency window after 429s (<= cap) */
+    double cwnd;                     /* AIMD concurrency window after throttles (<= cap) */
+    int64_t cwnd_cut_mono;           /* when the window was last halved (mono ms) */
     uint32_t lat_ms[LAT_RING];       /* recent answered-attempt latencies, ms */
     uint32_t lat_at_s[LAT_RING];     /* when each was taken (mono s) */
     uint32_t nlat, lat_pos;          /* samples held / next slot */

@@ -8,6 +8,8 @@ import struct
 import subprocess
 import time
 
+import pytest
+
 from sluice_e2e import event, final_states, psql, redis_cmd, wait_until
 
 
@@ -95,6 +97,75 @@ def test_429_retry_after_pauses_the_endpoint(make_world):
     assert any(o["state"] == "retry_scheduled" and o["http"] == 429 for o in outs)
     # a throttle is not ill health: the breaker stayed closed
     assert not any(o["err"] == "breaker_open" for o in outs)
+
+
+@pytest.mark.parametrize("status", [500, 503, 408])
+def test_retry_after_on_any_retried_answer_pauses_the_endpoint(make_world, status):
+    """Standard Webhooks: a retry-after "should be taken into consideration when scheduling
+    the next attempt", whatever the transient status carried it; it pauses the endpoint and
+    delays the event's own retry past the backoff (100-200 ms here)."""
+    w = make_world(retry_base_ms=100, retry_cap_ms=200)
+    rcv = w.receiver()
+    ep = w.add_endpoint("ra" + w.tag,
+                        rcv.url("ok", "ra") + f"?fail_n=1&fail_status={status}&retry_after=2",
+                        "--max-inflight", "1")
+    events = [event(ep, i, w.tag) for i in range(3)]
+    assert w.produce(events).returncode == 0
+    c = w.consumer()
+    want = {(e["id"], ep) for e in events}
+    wait_until(lambda: want <= delivered(w), 60, 0.5, f"deliveries after {status}s")
+    assert c.term() == 0
+    hits = sorted((l["ts_ms"], l["status"]) for l in rcv.ledger() if l["endpoint"] == "ra")
+    first = next(t for t, s in hits if s == status)
+    after = [t for t, s in hits if t > first]
+    assert after and min(after) - first >= 1900, \
+        f"endpoint contacted {min(after) - first} ms after a {status} with Retry-After: 2"
+    retries = [o for o in w.outcomes() if o["state"] == "retry_scheduled" and o["http"] == status]
+    assert retries and all(o["next_ms"] - o["ts_ms"] >= 2000 for o in retries), retries
+
+
+def most_overlapping(ts, span_ms):
+    """The largest number of arrivals (sorted ms) within span_ms of each other."""
+    worst, j = 0, 0
+    for i in range(len(ts)):
+        while ts[i] - ts[j] >= span_ms:
+            j += 1
+        worst = max(worst, i - j + 1)
+    return worst
+
+
+@pytest.mark.parametrize("status", [502, 504])
+def test_502_and_504_halve_the_concurrency_window(make_world, status):
+    """429, 502 and 504 are Standard Webhooks' "throttle" answers: the endpoint's window of
+    requests in flight halves once per round trip (8 -> 4 -> 2 -> 1 while nothing succeeds:
+    each event's first two attempts answer that way) and grows back as deliveries succeed.
+    Every request takes 400 ms, so requests arriving within 350 ms of each other overlap."""
+    delay = 400
+    w = make_world(retry_base_ms=100, retry_cap_ms=200)
+    rcv = w.receiver()
+    ep = w.add_endpoint("w" + w.tag, rcv.url("ok", "w") +
+                        f"?fail_n=2&fail_status={status}&delay_ms={delay}", "--max-inflight", "8",
+                        "--breaker-threshold", "1000")  # the window alone, not the breaker
+    events = [event(ep, i, w.tag) for i in range(24)]
+    assert w.produce(events).returncode == 0
+    c = w.consumer()
+    want = {(e["id"], ep) for e in events}
+    wait_until(lambda: want <= delivered(w), 90, 0.5, f"deliveries after {status}s")
+    assert c.term() == 0
+    hits = sorted((l["ts_ms"], l["status"]) for l in rcv.ledger() if l["endpoint"] == "w")
+    assert len(hits) >= 72, len(hits)  # each event: two failures, one success
+    t0 = hits[0][0]
+    # until the first success is answered the window only shrinks
+    ok_answered = min(t for t, s in hits if s < 300) + delay
+    first_round = [t for t, _ in hits if t < t0 + delay - 50]
+    assert len(first_round) == 8, hits[:10]  # at the full cap: nothing throttled yet
+    second = [t for t, _ in hits if t0 + delay - 50 <= t < t0 + 2 * delay - 50]
+    # the 8 answers of the first round cut the window once (to 4), not 8 times (to 1)
+    assert 2 <= most_overlapping(second, delay - 50) <= 4, (status, second)
+    throttled = [t for t, _ in hits if t0 + delay - 50 <= t < ok_answered]
+    assert most_overlapping(throttled, delay - 50) <= 4, (status, throttled)
+    outs = w.outcomes()
+    assert any(o["state"] == "retry_scheduled" and o["http"] == status for o in outs)
 
 
 PLANTED_CLICK = "CLKPLANTED7731"
