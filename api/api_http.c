@@ -5,10 +5,10 @@
  * shared listening socket (common/sl_httpd: our loops, not libmicrohttpd's internal threads,
  * whose loop stalls with exactly 128 connections ready). Each loop beats the liveness probe.
  *
- * Connections past api_max_connections are refused, one idle or stalled for
- * api_idle_timeout_s is closed, and so is one that has not sent a whole request within
- * api_request_timeout_s of opening or of its previous answer (a client trickling bytes):
- * slow clients cannot hold the connection slots. A handler must never wait
+ * A connection past api_max_connections waits (not accepted) until one closes; one idle or
+ * stalled for api_idle_timeout_s is closed, and so is one that has not sent a whole request
+ * within api_request_timeout_s of opening or of its previous answer (a client trickling
+ * bytes): slow clients cannot hold the connection slots. A handler must never wait
  * for Kafka on a loop thread: publishes suspend the connection (MHD_suspend_connection) and
  * the producer's report thread resumes it.
  *

@@ -3,7 +3,7 @@
 # machine, against a private stack it starts (and stops) itself. Not a test: it exits non-zero
 # only when a run fails, never for a missed target. See bench/README.md.
 #
-#   bench/run.sh            full run (1,000,000 deliveries end to end; 13 to 17 minutes)
+#   bench/run.sh            full run (1,000,000 deliveries end to end; 13 to 18 minutes)
 #   bench/run.sh --quick    100,000 deliveries and shorter phases, for iteration (about 5 min)
 #   bench/run.sh --only wrk,produce,e2e,rss,latency,recorder,scaling,rcluster,endpoints,tls,api,scrape
 #                           a subset
