@@ -40,6 +40,7 @@ struct api_keys {
     bool stop;
     pthread_t thr;
     bool started;
+    size_t skipped; /* rows the last reload left out (reload thread only) */
 };
 
 static void set_release(struct api_keyset *s)
@@ -78,13 +79,22 @@ static int reload(struct api_keys *k, PGconn **pg, sl_err_t *err)
             return SL_EPG;
     }
     struct sl_apikey *keys = NULL;
-    size_t n = 0;
-    int rc = sl_apikey_db_list(*pg, false, &keys, &n, err);
+    size_t n = 0, skipped = 0;
+    int rc = sl_apikey_db_list(*pg, false, &keys, &n, &skipped, err);
     if (rc != 0) {
         PQfinish(*pg);
         *pg = NULL;
         return rc;
     }
+    if (skipped > 0 && skipped != k->skipped) /* said once per change, not every refresh */
+        SL_LOGKV(SL_LOG_WARN, "auth", "api_keys_skipped",
+                 ((struct sl_log_kv[]){SL_KV_I("keys", (int64_t)skipped)}),
+                 "%zu API keys not loaded: their rows break the rules, so they do not "
+                 "authenticate (every other key does): %s",
+                 skipped, err->msg);
+    else if (skipped == 0 && k->skipped > 0)
+        sl_info("auth", "api_keys_skipped_none", "every API key row loads again");
+    k->skipped = skipped;
     struct api_keyset *s = set_new(keys, n);
     pthread_mutex_lock(&k->mu);
     struct api_keyset *old = k->cur;

@@ -465,12 +465,17 @@ static int row_to_key(PGresult *res, int i, struct sl_apikey *k, sl_err_t *err)
     return 0;
 }
 
-int sl_apikey_db_list(
-    PGconn *pg, bool include_revoked, struct sl_apikey **out, size_t *n, sl_err_t *err)
+int sl_apikey_db_list(PGconn *pg,
+                      bool include_revoked,
+                      struct sl_apikey **out,
+                      size_t *n,
+                      size_t *skipped,
+                      sl_err_t *err)
 {
     const char *params[] = {include_revoked ? "t" : "f"};
     *out = NULL;
     *n = 0;
+    *skipped = 0;
     PGresult *res =
         sl_pg_exec(pg, "list api keys",
                    "select id, name, encode(hash, 'hex'), array_to_string(scopes, ','), "
@@ -483,18 +488,22 @@ int sl_apikey_db_list(
         return SL_EPG;
     int rows = PQntuples(res);
     struct sl_apikey *v = rows > 0 ? sl_xcalloc((size_t)rows, sizeof(*v)) : NULL;
-    int rc = 0;
-    for (int i = 0; i < rows && rc == 0; i++)
-        rc = row_to_key(res, i, &v[i], err);
+    size_t kept = 0;
+    for (int i = 0; i < rows; i++) {
+        if (row_to_key(res, i, &v[kept], err) == 0) {
+            kept++;
+        } else {
+            sl_apikey_fini(&v[kept]);
+            (*skipped)++;
+        }
+    }
     PQclear(res);
-    if (rc != 0) {
-        for (int i = 0; i < rows; i++)
-            sl_apikey_fini(&v[i]);
+    if (kept == 0) {
         free(v);
-        return rc;
+        v = NULL;
     }
     *out = v;
-    *n = (size_t)rows;
+    *n = kept;
     return 0;
 }
 

@@ -160,11 +160,18 @@ int sl_apikey_db_insert(PGconn *pg, const struct sl_apikey *k, sl_err_t *err);
 /*
  * Every key (revoked ones too when include_revoked), ordered by created_at, id, hashes
  * included. *out (OUT) receives an array the caller frees with sl_apikey_fini on each element
- * and free() on the array (NULL when *n is 0); *n (OUT) the count. Returns 0, SL_EPG or
- * SL_EDECODE (a row breaks the table's rules; nothing is returned then).
+ * and free() on the array (NULL when *n is 0); *n (OUT) the count. A row that breaks the
+ * rules (a malformed hash, a channel listed twice: written by hand) is left out and counted
+ * in *skipped (OUT), the reason of the last one in *err: that key does not authenticate, and
+ * every other key still loads (one bad row must not freeze the API's key set, revocations
+ * included). Returns 0 or SL_EPG.
  */
-int sl_apikey_db_list(
-    PGconn *pg, bool include_revoked, struct sl_apikey **out, size_t *n, sl_err_t *err);
+int sl_apikey_db_list(PGconn *pg,
+                      bool include_revoked,
+                      struct sl_apikey **out,
+                      size_t *n,
+                      size_t *skipped,
+                      sl_err_t *err);
 
 /*
  * Revoke key id (borrowed): sets revoked_at and updated_at to now() when it is active.

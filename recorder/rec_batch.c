@@ -12,6 +12,7 @@
  */
 #include "recorder/rec_batch.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -122,10 +123,21 @@ static int check_ranges(const struct sl_outcome *o, sl_err_t *err)
         return sl_err_set(err, SL_EINVAL, "field \"created\": after year 9999");
     if (o->next_ms > (uint64_t)REC_TS_MAX_MS)
         return sl_err_set(err, SL_EINVAL, "field \"next\": after year 9999");
-    const uint64_t lim = (uint64_t)INT64_MAX;
-    if (o->lat_us > lim || o->dns_us > lim || o->conn_us > lim || o->tls_us > lim ||
-        o->ttfb_us > lim)
-        return sl_err_set(err, SL_EINVAL, "a timing field exceeds 2^63-1 µs");
+    /* A request's phases are bounded by its timeout (10 minutes at most): a timing past a
+     * day is a broken producer's, and a value near 2^63 would overflow the int8 that the
+     * percentiles over latency_us are rounded back to, failing every endpoint's refresh. */
+    const struct {
+        const char *name;
+        uint64_t v;
+    } t[] = {{"lat_us", o->lat_us},
+             {"dns_us", o->dns_us},
+             {"conn_us", o->conn_us},
+             {"tls_us", o->tls_us},
+             {"ttfb_us", o->ttfb_us}};
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
+        if (t[i].v > (uint64_t)REC_TIMING_MAX_US)
+            return sl_err_set(err, SL_EINVAL, "field \"%s\": more than a day (%" PRIu64 " µs)",
+                              t[i].name, t[i].v);
     return 0;
 }
 

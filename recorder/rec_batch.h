@@ -46,6 +46,9 @@
 
 /* Latest outcome timestamp PostgreSQL (and common sense) accepts: 9999-12-31T23:59:59.999Z. */
 #define REC_TS_MAX_MS 253402300799999LL
+/* Largest timing field (lat_us, dns_us, conn_us, tls_us, ttfb_us) recorded: one day, in µs;
+ * a larger one is a bad record, quarantined with its reason. */
+#define REC_TIMING_MAX_US 86400000000LL
 
 /* Binary COPY framing: 11-byte signature, int32 flags, int32 header extension length. */
 #define REC_COPY_HEADER_LEN  19

@@ -303,10 +303,36 @@ log_skipped(rec_loop_t *l, const char *event, int32_t partition, int64_t offset,
 
 /*
  * Write every row of one lane. Data errors are bisected (explicit range stack) down to single
- * rows, which are skipped. Sets job->rc to 0 (everything written or skipped) or SL_EPG (try
- * again later; sub-ranges already committed are harmless to write again).
+ * rows; a single row refused is tried once more, then skipped (quarantined). Sets job->rc to
+ * 0 (everything written or skipped) or SL_EPG (try again later; sub-ranges already committed
+ * are harmless to write again).
  */
 static void lane_run(struct lane_job *job);
+
+/* Write rows [from, to) of job's lane in one transaction, counting them when it commits.
+ * Returns rec_db_write's code. */
+static int write_range(struct lane_job *job, size_t from, size_t to)
+{
+    struct rec_db_stats ds;
+    int rc = rec_db_write(job->db, job->b, job->lane, from, to, &ds, &job->err);
+    if (rc != 0)
+        return rc;
+    job->rows += (int64_t)(to - from);
+    job->attempts += ds.attempts;
+    sl_counter_add(rm.rows_attempts, (uint64_t)ds.attempts);
+    sl_counter_add(rm.rows_latency, (uint64_t)ds.samples);
+    sl_counter_add(rm.rows_deliveries, (uint64_t)ds.deliveries);
+    sl_counter_add(rm.rows_dead, (uint64_t)ds.dead);
+    sl_debug(SL_DBG_DB, "db", "batch_written",
+             "rows %zu new attempts %lld samples %lld deliveries %lld dead letters %lld "
+             "resolved %lld pending %lld; "
+             "copy %lld us apply %lld us dead %lld us commit %lld us",
+             to - from, (long long)ds.attempts, (long long)ds.samples, (long long)ds.deliveries,
+             (long long)ds.dead, (long long)ds.resolved, (long long)ds.pending,
+             (long long)ds.copy_us, (long long)ds.apply_us, (long long)ds.dead_us,
+             (long long)ds.commit_us);
+    return 0;
+}
 
 static void *lane_main(void *arg)
 {
@@ -331,25 +357,15 @@ static void lane_run(struct lane_job *job)
         top--;
         size_t from = stack[top].from;
         size_t to = stack[top].to;
-        struct rec_db_stats ds;
-        int rc = rec_db_write(job->db, job->b, job->lane, from, to, &ds, &job->err);
-        if (rc == 0) {
-            job->rows += (int64_t)(to - from);
-            job->attempts += ds.attempts;
-            sl_counter_add(rm.rows_attempts, (uint64_t)ds.attempts);
-            sl_counter_add(rm.rows_latency, (uint64_t)ds.samples);
-            sl_counter_add(rm.rows_deliveries, (uint64_t)ds.deliveries);
-            sl_counter_add(rm.rows_dead, (uint64_t)ds.dead);
-            sl_debug(SL_DBG_DB, "db", "batch_written",
-                     "rows %zu new attempts %lld samples %lld deliveries %lld dead letters %lld "
-                     "resolved %lld pending %lld; "
-                     "copy %lld us apply %lld us dead %lld us commit %lld us",
-                     to - from, (long long)ds.attempts, (long long)ds.samples,
-                     (long long)ds.deliveries, (long long)ds.dead, (long long)ds.resolved,
-                     (long long)ds.pending, (long long)ds.copy_us, (long long)ds.apply_us,
-                     (long long)ds.dead_us, (long long)ds.commit_us);
+        int rc = write_range(job, from, to);
+        /* A refusal can be passing: a row bound for a DEFAULT partition while the maintenance
+         * thread attaches the partition that now owns its range waits for that lock, then
+         * fails the default's constraint (SQLSTATE 23514). So a single row refused is tried
+         * once more before it is quarantined; a bad row is refused again. */
+        if (rc == SL_EINVAL && to - from == 1)
+            rc = write_range(job, from, to);
+        if (rc == 0)
             continue;
-        }
         if (rc != SL_EINVAL) {
             job->rc = rc == SL_EVERSION ? SL_EVERSION : SL_EPG;
             return;

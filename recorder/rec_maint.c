@@ -27,7 +27,7 @@ struct rec_maint {
     pthread_mutex_t mu;          /* guards stop, fatal and fatal_err */
     pthread_cond_t cv;           /* signalled on stop */
     bool stop;                   /* asked to stop */
-    bool failing;                /* last task failed (for state-change logs) */
+    unsigned failing;            /* tasks (1u << enum maint_task) whose last run failed */
     bool fatal;                  /* a connect returned SL_EVERSION (rec_maint_fatal) */
     sl_err_t fatal_err;          /* its reason */
     int64_t next_parts_ms;       /* mono ms: next partition maintenance */
@@ -47,8 +47,15 @@ static bool stopping(rec_maint_t *m)
     return s;
 }
 
-static void failed(rec_maint_t *m, const char *task, const sl_err_t *err)
+/* The periodic tasks, each with its own failing state: one task that keeps failing stays
+ * reported while the others succeed. */
+enum maint_task { T_PARTITIONS, T_RETENTION, T_HEALTH, T_OLDEST, T_CLOCK };
+static const char *const task_names[] = {"partitions", "retention", "endpoint health",
+                                         "oldest undelivered", "clock reading"};
+
+static void failed(rec_maint_t *m, enum maint_task t, const sl_err_t *err)
 {
+    const char *task = task_names[t];
     if (err->code == SL_EVERSION) {
         pthread_mutex_lock(&m->mu);
         m->fatal = true;
@@ -58,8 +65,8 @@ static void failed(rec_maint_t *m, const char *task, const sl_err_t *err)
     }
     if (stopping(m))
         return; /* a cancelled statement at shutdown is not news */
-    if (!m->failing) {
-        m->failing = true;
+    if (!(m->failing & (1u << t))) {
+        m->failing |= 1u << t;
         SL_LOGKV(SL_LOG_WARN, "db", "maintenance_failed",
                  ((struct sl_log_kv[]){SL_KV_S("task", task)}),
                  "history maintenance failed (retried every minute): %s", err->msg);
@@ -68,11 +75,13 @@ static void failed(rec_maint_t *m, const char *task, const sl_err_t *err)
     }
 }
 
-static void succeeded(rec_maint_t *m)
+static void succeeded(rec_maint_t *m, enum maint_task t)
 {
-    if (m->failing) {
-        m->failing = false;
-        sl_info("db", "maintenance_recovered", "history maintenance works again");
+    if (m->failing & (1u << t)) {
+        m->failing &= ~(1u << t);
+        SL_LOGKV(SL_LOG_INFO, "db", "maintenance_recovered",
+                 ((struct sl_log_kv[]){SL_KV_S("task", task_names[t])}),
+                 "history maintenance works again: %s", task_names[t]);
     }
 }
 
@@ -85,10 +94,10 @@ static void do_partitions(rec_maint_t *m)
     if (rec_db_partitions(m->db, REC_PARTITION_DAYS_AHEAD, cfg->history_retention_d,
                           cfg->latency_window_h + REC_LATENCY_MARGIN_H, &created, &dropped,
                           &err) != 0) {
-        failed(m, "partitions", &err);
+        failed(m, T_PARTITIONS, &err);
         return;
     }
-    succeeded(m);
+    succeeded(m, T_PARTITIONS);
     if (created || dropped)
         SL_LOGKV(SL_LOG_INFO, "db", "partitions_maintained",
                  ((struct sl_log_kv[]){SL_KV_I("created", created), SL_KV_I("dropped", dropped)}),
@@ -117,12 +126,12 @@ static void do_purge(rec_maint_t *m)
         for (int round = 0; round < REC_PURGE_ROUNDS && n == REC_PURGE_LIMIT && !stopping(m);
              round++) {
             if (rec_db_purge(m->db, jobs[j].what, jobs[j].days, REC_PURGE_LIMIT, &n, &err) != 0) {
-                failed(m, "retention", &err);
+                failed(m, T_RETENTION, &err);
                 return;
             }
             total += n;
         }
-        succeeded(m);
+        succeeded(m, T_RETENTION);
         if (total > 0)
             SL_LOGKV(
                 SL_LOG_INFO, "db", "retention_purged",
@@ -136,10 +145,10 @@ static void do_health(rec_maint_t *m, int64_t started)
     sl_err_t err;
     int64_t n = 0;
     if (rec_db_refresh_health(m->db, m->cfg->latency_window_h, &n, &err) != 0) {
-        failed(m, "endpoint health", &err);
+        failed(m, T_HEALTH, &err);
         return;
     }
-    succeeded(m);
+    succeeded(m, T_HEALTH);
     int64_t took = sl_mono_ms() - started;
     if (took * REC_HEALTH_SHARE > m->cfg->recorder_health_refresh_ms)
         m->next_health_ms = started + took * REC_HEALTH_SHARE;
@@ -152,10 +161,10 @@ static void do_oldest(rec_maint_t *m)
     sl_err_t err;
     int64_t age = 0;
     if (rec_db_oldest_undelivered(m->db, &age, &err) != 0) {
-        failed(m, "oldest undelivered", &err);
+        failed(m, T_OLDEST, &err);
         return;
     }
-    succeeded(m);
+    succeeded(m, T_OLDEST);
     sl_gauge_set(m->oldest, age);
 }
 
@@ -190,10 +199,10 @@ static void do_clock(rec_maint_t *m)
 {
     sl_err_t err;
     if (rec_clock_read(m->db, m->clock, &err) != 0) {
-        failed(m, "clock reading", &err);
+        failed(m, T_CLOCK, &err);
         return;
     }
-    succeeded(m);
+    succeeded(m, T_CLOCK);
 }
 
 static void *maint_main(void *arg)

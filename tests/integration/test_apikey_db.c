@@ -135,14 +135,14 @@ static void test_insert_list_roundtrip(void **state)
     (void)state;
     sl_err_t err;
     struct sl_apikey a, b, *v = NULL;
-    size_t n = 0;
+    size_t n = 0, skipped = 0;
     make_key(&a, "billing service", SL_SCOPE_PUBLISH | SL_SCOPE_READ, "orders,billing.eu:v2");
     a.rate_per_s = 50;
     a.burst = 200;
     make_key(&b, "", SL_SCOPE_ADMIN, "");
     insert_ok(&a);
     insert_ok(&b);
-    assert_int_equal(sl_apikey_db_list(g_pg, false, &v, &n, &err), 0);
+    assert_int_equal(sl_apikey_db_list(g_pg, false, &v, &n, &skipped, &err), 0);
     assert_int_equal(n, 2);
     const struct sl_apikey *ga = strcmp(v[0].id, a.id) == 0 ? &v[0] : &v[1];
     const struct sl_apikey *gb = ga == &v[0] ? &v[1] : &v[0];
@@ -208,8 +208,8 @@ static void test_insert_validates_first(void **state)
     make_key(&k, "n", SL_SCOPE_READ, "NULL,null");
     insert_ok(&k);
     struct sl_apikey *v = NULL;
-    size_t n = 0;
-    assert_int_equal(sl_apikey_db_list(g_pg, false, &v, &n, &err), 0);
+    size_t n = 0, skipped = 0;
+    assert_int_equal(sl_apikey_db_list(g_pg, false, &v, &n, &skipped, &err), 0);
     assert_int_equal(n, 1);
     assert_int_equal(v[0].n_channels, 2);
     assert_string_equal(v[0].channels[0], "NULL");
@@ -224,7 +224,7 @@ static void test_list_order(void **state)
     (void)state;
     sl_err_t err;
     struct sl_apikey k[4], *v = NULL;
-    size_t n = 0;
+    size_t n = 0, skipped = 0;
     /* the first one older; the other three in one transaction (same now()): by id */
     make_key(&k[0], "first", SL_SCOPE_READ, "");
     insert_ok(&k[0]);
@@ -235,7 +235,7 @@ static void test_list_order(void **state)
         insert_ok(&k[i]);
     }
     exec_on(g_pg, "commit");
-    assert_int_equal(sl_apikey_db_list(g_pg, true, &v, &n, &err), 0);
+    assert_int_equal(sl_apikey_db_list(g_pg, true, &v, &n, &skipped, &err), 0);
     assert_int_equal(n, 4);
     assert_string_equal(v[0].id, k[0].id);
     for (size_t i = 2; i < 4; i++)
@@ -247,12 +247,50 @@ static void test_list_order(void **state)
         sl_apikey_fini(&k[i]);
 }
 
+/* A row the table accepts but the rules refuse (a channel listed twice, written by hand) is
+ * left out and counted: that key does not authenticate, every other key still loads, and a
+ * revocation still takes effect (one bad row froze the whole key set before). */
+static void test_bad_row_is_left_out(void **state)
+{
+    (void)state;
+    sl_err_t err;
+    struct sl_apikey a, b, *v = NULL;
+    size_t n = 0, skipped = 0;
+    bool changed = false;
+    make_key(&a, "good", SL_SCOPE_READ, "");
+    make_key(&b, "hand-edited", SL_SCOPE_READ, "tenant_a");
+    insert_ok(&a);
+    insert_ok(&b);
+    char sql[256];
+    snprintf(sql, sizeof(sql),
+             "update api_keys set channels = '{tenant_a,tenant_a}' where id = '%s'", b.id);
+    exec_on(g_pg, sql);
+    assert_int_equal(sl_apikey_db_list(g_pg, false, &v, &n, &skipped, &err), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(skipped, 1);
+    assert_string_equal(v[0].id, a.id);
+    assert_non_null(strstr(err.msg, b.id));
+    assert_non_null(strstr(err.msg, "twice"));
+    free_list(v, n);
+    assert_int_equal(sl_apikey_db_revoke(g_pg, a.id, &changed, &err), 0);
+    assert_int_equal(sl_apikey_db_list(g_pg, false, &v, &n, &skipped, &err), 0);
+    assert_int_equal(n, 0);
+    assert_null(v);
+    assert_int_equal(skipped, 1);
+    assert_int_equal(sl_apikey_db_list(g_pg, true, &v, &n, &skipped, &err), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(v[0].id, a.id);
+    free_list(v, n);
+    sl_apikey_fini(&a);
+    sl_apikey_fini(&b);
+}
+
 static void test_revoke(void **state)
 {
     (void)state;
     sl_err_t err;
     struct sl_apikey a, b, *v = NULL;
-    size_t n = 0;
+    size_t n = 0, skipped = 0;
     bool changed = false;
     make_key(&a, "to revoke", SL_SCOPE_PUBLISH, "");
     make_key(&b, "stays", SL_SCOPE_PUBLISH, "");
@@ -275,11 +313,11 @@ static void test_revoke(void **state)
     assert_false(changed);
     assert_string_equal(q1(sql), first);
     /* active list leaves it out; --all has it, revoked */
-    assert_int_equal(sl_apikey_db_list(g_pg, false, &v, &n, &err), 0);
+    assert_int_equal(sl_apikey_db_list(g_pg, false, &v, &n, &skipped, &err), 0);
     assert_int_equal(n, 1);
     assert_string_equal(v[0].id, b.id);
     free_list(v, n);
-    assert_int_equal(sl_apikey_db_list(g_pg, true, &v, &n, &err), 0);
+    assert_int_equal(sl_apikey_db_list(g_pg, true, &v, &n, &skipped, &err), 0);
     assert_int_equal(n, 2);
     for (size_t i = 0; i < n; i++) {
         if (strcmp(v[i].id, a.id) == 0) {
@@ -386,6 +424,7 @@ int main(void)
         cmocka_unit_test_setup(test_insert_validates_first, empty),
         cmocka_unit_test_setup(test_list_order, empty),
         cmocka_unit_test_setup(test_revoke, empty),
+        cmocka_unit_test_setup(test_bad_row_is_left_out, empty),
         cmocka_unit_test_setup(test_table_checks, empty),
         cmocka_unit_test_setup(test_privileges, empty),
     };

@@ -933,6 +933,72 @@ static void test_sigterm_while_a_lane_waits_for_a_lock(void **state)
     topic_delete(topic);
 }
 
+/* A row bound for the DEFAULT partition while maintenance attaches the partition that owns
+ * its day waits for the lock, then fails the default's constraint (SQLSTATE 23514) though
+ * nothing is wrong with it: it is written (tried again), not quarantined. */
+static void test_row_racing_a_partition_attach(void **state)
+{
+    (void)state;
+    char topic[160], group[96], p[64], ep[96], id[96], sql[512];
+    topic_new(topic, sizeof(topic), "rt.outcomes");
+    make_prefix(p, sizeof(p), "pa");
+    snprintf(group, sizeof(group), "%s-grp", p);
+    snprintf(ep, sizeof(ep), "%s-ep", p);
+    snprintf(id, sizeof(id), "%s-e1", p);
+    /* a day without a partition of its own: 9 days ago (inside the 30-day retention) */
+    uint64_t day = ((uint64_t)now_ms() / 86400000 - 9) * 86400000;
+    /* made by an earlier run of this test on the same database: gone again */
+    snprintf(sql, sizeof(sql),
+             "do $$ begin execute format('drop table if exists %%I', 'delivery_attempts_p' || "
+             "to_char(to_timestamp(%llu) at time zone 'UTC', 'YYYYMMDD')); end $$",
+             (unsigned long long)(day / 1000));
+    exec_sql(sql);
+    PGconn *holder = PQconnectdb(g_dsn);
+    assert_int_equal(PQstatus(holder), CONNECTION_OK);
+    PQclear(PQexec(holder, "begin"));
+    snprintf(sql, sizeof(sql),
+             "select sluice_partition_add('delivery_attempts', to_timestamp(%llu), "
+             "to_timestamp(%llu), to_char(to_timestamp(%llu) at time zone 'UTC', 'YYYYMMDD'))",
+             (unsigned long long)(day / 1000), (unsigned long long)(day / 1000 + 86400),
+             (unsigned long long)(day / 1000));
+    PGresult *res = PQexec(holder, sql);
+    assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
+    PQclear(res);
+    uint64_t T = day + 3600000;
+    produce_outcome(topic, &(struct sl_outcome){.id = id,
+                                                .ep = ep,
+                                                .type = "order.paid",
+                                                .created_ms = T,
+                                                .attempt = 1,
+                                                .state = SL_OUTCOME_DELIVERED,
+                                                .http = 200,
+                                                .ts_ms = T + 10,
+                                                .lat_us = 100});
+    produce_flush();
+    struct rec_proc r = {0};
+    rec_start(&r, topic, group, g_dsn, NULL);
+    /* the lane's insert waits for the holder's lock on the default partition */
+    int64_t deadline = now_ms() + 60000 * g_mult;
+    while (q1("select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
+              " and query like '%%delivery_attempts%%'") < 1) {
+        assert_true(now_ms() < deadline);
+        sleep_ms(100);
+    }
+    PQclear(PQexec(holder, "commit"));
+    PQfinish(holder);
+    snprintf(sql, sizeof(sql), "select count(*) from delivery_attempts where event_id = '%s'", id);
+    while (q1("%s", sql) < 1) {
+        assert_true(now_ms() < deadline);
+        sleep_ms(100);
+    }
+    assert_int_equal(rec_stop(&r, SIGTERM), 0);
+    assert_int_equal(log_count(&r, "\"event\":\"outcome_rejected_by_db\""), 0);
+    snprintf(sql, sizeof(sql),
+             "select count(*) from delivery_attempts_default where event_id = '%s'", id);
+    assert_int_equal(q1("%s", sql), 0);
+    topic_delete(topic);
+}
+
 /* ==== 2. duplicates on the topic ==== */
 
 static void test_duplicates(void **state)
@@ -1693,6 +1759,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lifecycles, kill_leftovers),
         cmocka_unit_test_teardown(test_quarantine_refused, kill_leftovers),
         cmocka_unit_test_teardown(test_sigterm_while_a_lane_waits_for_a_lock, kill_leftovers),
+        cmocka_unit_test_teardown(test_row_racing_a_partition_attach, kill_leftovers),
         cmocka_unit_test_teardown(test_duplicates, kill_leftovers),
         cmocka_unit_test_teardown(test_kill9, kill_leftovers),
         cmocka_unit_test_teardown(test_rebalance, kill_leftovers),
