@@ -402,10 +402,10 @@ static int cmd_list(struct run *r, struct opts *o)
     if (sl_apikey_db_list(r->pg, o->all, &keys, &n, &skipped, &err) != 0)
         return ctl_fail(r->cmd, "%s", err.msg);
     if (skipped > 0) /* listed on stderr: they exist but do not authenticate */
-        fprintf(stderr,
-                "sluicectl %s: %zu key rows left out, they break the rules and do not "
-                "authenticate (the last: %s)\n",
-                r->cmd, skipped, err.msg);
+        (void)fprintf(stderr,
+                      "sluicectl %s: %zu key rows left out, they break the rules and do not "
+                      "authenticate (the last: %s)\n",
+                      r->cmd, skipped, err.msg);
     if (o->json) {
         json_t *arr = json_array();
         for (size_t i = 0; i < n; i++) {
