@@ -582,7 +582,8 @@ static const struct opt opts[] = {
       1,
       65536,
       "1024",
-      "sluice-api: open client connections served at once (one past it waits, not accepted, until one closes)"),
+      "sluice-api: open client connections served at once (one past it waits, not accepted, until "
+      "one closes)"),
     I("api_idle_timeout_s",
       "SLUICE_API_IDLE_TIMEOUT_S",
       api_idle_timeout_s,
