@@ -42,17 +42,21 @@ static const char SQL_ATTEMPTS[] =
     "and ($2::text is null or endpoint_id " ID_BYTES " > $2) and endpoint_id " ID_BYTES " <= $3 "
     "order by endpoint_id " ID_BYTES ", ts, attempt";
 /* $1 endpoint or NULL, $2..$4 the cursor (dead_at µs, event id, endpoint id) or NULLs,
- * $5 include resolved, $6 limit + 1, $7 with the response body (admin keys) */
-static const char SQL_DEAD_LETTERS[] =
-    "select event_id, endpoint_id, event_type, error_class, last_status, last_msg, attempts, "
-    TS("created_at") ", " TS("first_failed_at") ", " TS("dead_at") ", " TS("replayed_at") ", "
-    "replay_count, " TS("resolved_at") ", (extract(epoch from dead_at) * 1000000)::bigint, "
-    "case when $7::bool then last_response end "
-    "from dead_letters where ($1::text is null or endpoint_id = $1) "
-    "and ($5::bool or resolved_at is null) "
-    "and ($2::bigint is null or (dead_at, event_id, endpoint_id) < "
-    "(to_timestamp($2::bigint / 1000000.0), $3, $4)) "
-    "order by dead_at desc, event_id desc, endpoint_id desc limit $6::int";
+ * $5 include resolved, $6 limit + 1. The response body (last_response) goes to admin keys
+ * only, and only their statement names it: PostgreSQL checks a column's privilege wherever a
+ * statement mentions it, and sluice_analyst, which serves the others, may not read it. */
+#define DEAD_LETTERS_SQL(resp)                                                                     \
+    "select event_id, endpoint_id, event_type, error_class, last_status, last_msg, attempts, "    \
+    TS("created_at") ", " TS("first_failed_at") ", " TS("dead_at") ", " TS("replayed_at") ", "     \
+    "replay_count, " TS("resolved_at") ", (extract(epoch from dead_at) * 1000000)::bigint, "        \
+    resp " "                                                                                       \
+    "from dead_letters where ($1::text is null or endpoint_id = $1) "                              \
+    "and ($5::bool or resolved_at is null) "                                                       \
+    "and ($2::bigint is null or (dead_at, event_id, endpoint_id) < "                               \
+    "(to_timestamp($2::bigint / 1000000.0), $3, $4)) "                                             \
+    "order by dead_at desc, event_id desc, endpoint_id desc limit $6::int"
+static const char SQL_DEAD_LETTERS[] = DEAD_LETTERS_SQL("null::bytea");
+static const char SQL_DEAD_LETTERS_ADMIN[] = DEAD_LETTERS_SQL("last_response");
 static const char SQL_TYPES_SEEN[] =
     "select event_type, count(*) from delivery_attempts "
     "where ts > now() - interval '24 hours' and state = 'delivered' "
@@ -100,6 +104,17 @@ static PGresult *query(struct api_req *r, const char *sql, int n, const char *co
         char why[512];
         sl_warn("history", "query_failed", "history query failed: %s",
                 sl_pg_reason(res, pg, why, sizeof(why)));
+        const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+        if (state && strcmp(state, "42501") == 0) {
+            /* not passing: this instance's role lacks a grant, and a client retrying after
+             * a 503 would wait forever */
+            PQclear(res);
+            api_problem(r, 500, "internal", NULL,
+                        "this sluice-api's database role may not read what this asks for "
+                        "(the delivery log needs sluice_analyst; response bodies, for admin "
+                        "keys, the registry owner's role: docs/OPERATIONS.md)");
+            return NULL;
+        }
         PQclear(res);
         api_pg_reset();
         r->retry_after_s = 2;
@@ -236,9 +251,11 @@ enum api_hret api_dead_letters_list(struct api_req *r)
                        have ? cev : NULL,
                        have ? cep : NULL,
                        inc && strcmp(inc, "true") == 0 ? "t" : "f",
-                       lim,
-                       sl_apikey_allows(r->auth.key, SL_SCOPE_ADMIN) ? "t" : "f"};
-    PGresult *res = query(r, SQL_DEAD_LETTERS, 7, p);
+                       lim};
+    PGresult *res = query(r,
+                          sl_apikey_allows(r->auth.key, SL_SCOPE_ADMIN) ? SQL_DEAD_LETTERS_ADMIN
+                                                                        : SQL_DEAD_LETTERS,
+                          6, p);
     if (!res)
         return API_DONE;
     json_t *data = json_array();

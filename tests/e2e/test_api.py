@@ -1373,3 +1373,38 @@ def test_repeating_a_change_whose_publish_failed_publishes_the_endpoint(make_wor
     assert "endpoint_not_published" in api.proc.logs()  # the failed create only, once
     assert api.proc.logs().count("endpoint_not_published") == 1
     assert api.proc.term() == 0
+
+
+def test_an_instance_with_the_least_privileged_roles_serves_the_delivery_log(make_world):
+    """docs/OPERATIONS.md: an instance that publishes and serves the delivery log needs no
+    more than sluice_api + sluice_analyst. Dead letters and their patterns are served to it
+    (the analyst may not read payloads or response bodies, and the queries it runs must not
+    name them); a grant it lacks is a 500 naming the role, not a 503 to retry forever."""
+    w = make_world()
+    dsn = w.env["SLUICE_PG_DSN"]
+    role = f"e2e_api_{w.tag}".lower()
+    psql(dsn, f"create role {role} login in role sluice_api, sluice_analyst")
+    try:
+        ep = w.add_endpoint("lp" + w.tag, "http://127.0.0.1:9/x")
+        ev = f"evt_lp_{w.tag}"
+        psql(dsn, "insert into dead_letters (event_id, endpoint_id, error_class, attempts, "
+                  "first_failed_at, dead_at, payload, last_response) values "
+                  f"('{ev}', '{ep}', 'http_5xx', 5, now(), now(), '\\x01', 'secret body')")
+        read, admin = w.api_key("read"), w.api_key("admin")
+        api = w.api(pg_dsn=dsn.replace("user=sluice", f"user={role}"))
+        st, _, page = call(api, "GET", f"/v1/dead-letters?endpoint={ep}", None, read)
+        assert st == 200 and [d["event_id"] for d in page["data"]] == [ev], page
+        assert page["data"][0]["last_response"] is None, page  # bodies are for admin keys
+        st, _, pat = call(api, "GET", f"/v1/dead-letters/patterns?endpoint={ep}", None, read)
+        assert st == 200 and pat["data"][0]["dead_letters"] == 1, pat
+        assert pat["data"][0]["without_payload"] == 0, pat
+        # an admin key asks for the response bodies, which this role may not read
+        st, hdrs, body = call(api, "GET", f"/v1/dead-letters?endpoint={ep}", None, admin)
+        problem(st, hdrs, body, 500)
+        assert "retry-after" not in hdrs and "role" in body["detail"], (hdrs, body)
+    finally:
+        for a in w.apis:  # its connections hold the role
+            if a.proc.alive():
+                a.proc.kill9()
+        w.apis.clear()
+        psql(dsn, f"drop owned by {role}; drop role {role}")
