@@ -41,6 +41,7 @@
 
 struct MHD_Connection;
 struct sl_httpd;
+typedef struct api_reads api_reads_t; /* api_reads.c: the history read threads */
 
 struct api {
     const struct sl_config *cfg;      /* loaded configuration (borrowed from main) */
@@ -53,6 +54,7 @@ struct api {
     atomic_bool stopping;             /* SIGTERM seen: readiness fails, new requests get 503 */
     atomic_int replays;               /* dead-letter replays running on their threads (their
                                          requests suspended): shutdown waits for them */
+    api_reads_t *reads;               /* history reads' threads (routes marked reads) */
     atomic_llong qfull_until_ms;      /* Kafka's local queue stayed full: until this monotonic ms
                                          publishes fail at once (api_events.c) */
     _Atomic(struct sl_httpd *) httpd; /* the HTTP loops once started (metrics read them) */
@@ -114,7 +116,8 @@ struct api_req {
     void *job;                                  /* the replay in flight (api_replay.c), or NULL */
     enum api_hret (*finish)(struct api_req *r); /* set while suspended: builds the answer on
                                                    the loop after api_req_resume */
-    atomic_bool resumed; /* set by the waking thread before it resumes the connection */
+    atomic_bool resumed;       /* set by the waking thread before it resumes the connection */
+    struct api_req *next_read; /* api_reads.c's queue */
 };
 
 typedef enum api_hret (*api_handler_fn)(struct api_req *r);
@@ -126,6 +129,7 @@ struct api_route {
     unsigned scope;      /* SL_SCOPE_* needed; 0 = no key needed */
     api_handler_fn fn;   /* handler */
     const char *name;    /* route name for logs ("endpoints.get") */
+    bool reads;          /* reads the history (PostgreSQL): run on api_reads' threads */
 };
 
 /* ==== replies (api_http.c) ==== */
@@ -242,6 +246,13 @@ enum api_hret api_dead_letters_list(struct api_req *r);
 enum api_hret api_dead_letters_replay(struct api_req *r);
 /* Until no replay runs (each ends before its next batch once a->stopping is set): the server
  * cannot stop with their requests suspended. Logs every 10 s while it waits. */
+/* api_reads.c: the history read threads (see there). api_reads_start: nthreads threads, or
+ * NULL with err. api_reads_submit (loop thread): suspend r and queue it; returns
+ * API_SUSPENDED. api_reads_stop: serve what is queued, then end the threads (NULL is fine). */
+api_reads_t *api_reads_start(size_t nthreads, sl_err_t *err);
+enum api_hret api_reads_submit(api_reads_t *q, struct api_req *r);
+void api_reads_stop(api_reads_t *q);
+
 void api_replays_wait(struct api *a);
 /* api_stats.c */
 enum api_hret api_endpoint_stats(struct api_req *r);

@@ -18,10 +18,12 @@
 
 #include "api/api.h"
 #include "common/sl_b64.h"
+#include "common/sl_fault.h"
 #include "common/sl_log.h"
 #include "common/sl_map.h"
 #include "common/sl_mem.h"
 #include "common/sl_pg.h"
+#include "common/sl_time.h"
 
 /* Endpoint ids in the order of their bytes, as the merge of deliveries and attempts compares
  * them (strcmp), whatever the database's collation. */
@@ -99,6 +101,8 @@ static PGresult *query(struct api_req *r, const char *sql, int n, const char *co
                     "the delivery history (PostgreSQL) is unreachable");
         return NULL;
     }
+    if (sl_fault_is("history_slow")) /* a slow query (3 s): it must hold no HTTP loop */
+        sl_sleep_ms(sl_fault_delay_ms(3000));
     PGresult *res = PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         char why[512];

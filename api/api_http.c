@@ -578,32 +578,36 @@ static enum api_hret readyz(struct api_req *r)
 }
 
 static const struct api_route routes[] = {
-    {"GET", "/healthz", 0, healthz, "healthz"},
-    {"GET", "/readyz", 0, readyz, "readyz"},
-    {"POST", "/v1/events", SL_SCOPE_PUBLISH, api_events_publish, "events.publish"},
-    {"POST", "/v1/events/batch", SL_SCOPE_PUBLISH, api_events_publish_batch, "events.batch"},
-    {"GET", "/v1/events/{}/deliveries", SL_SCOPE_READ, api_event_deliveries, "events.deliveries"},
-    {"GET", "/v1/event-types", SL_SCOPE_READ, api_event_types, "event_types.list"},
-    {"GET", "/v1/endpoints", SL_SCOPE_READ, api_endpoints_list, "endpoints.list"},
-    {"POST", "/v1/endpoints", SL_SCOPE_ADMIN, api_endpoints_create, "endpoints.create"},
-    {"GET", "/v1/endpoints/{}", SL_SCOPE_READ, api_endpoints_get, "endpoints.get"},
-    {"PATCH", "/v1/endpoints/{}", SL_SCOPE_ADMIN, api_endpoints_patch, "endpoints.update"},
-    {"DELETE", "/v1/endpoints/{}", SL_SCOPE_ADMIN, api_endpoints_delete, "endpoints.delete"},
-    {"POST", "/v1/endpoints/{}/enable", SL_SCOPE_ADMIN, api_endpoints_enable, "endpoints.enable"},
-    {"POST", "/v1/endpoints/{}/disable", SL_SCOPE_ADMIN, api_endpoints_disable,
-     "endpoints.disable"},
-    {"POST", "/v1/endpoints/{}/test", SL_SCOPE_PUBLISH, api_endpoints_test, "endpoints.test"},
+    {"GET", "/healthz", 0, healthz, "healthz", false},
+    {"GET", "/readyz", 0, readyz, "readyz", false},
+    {"POST", "/v1/events", SL_SCOPE_PUBLISH, api_events_publish, "events.publish", false},
+    {"POST", "/v1/events/batch", SL_SCOPE_PUBLISH, api_events_publish_batch, "events.batch", false},
+    {"GET", "/v1/events/{}/deliveries", SL_SCOPE_READ, api_event_deliveries, "events.deliveries",
+     true},
+    {"GET", "/v1/event-types", SL_SCOPE_READ, api_event_types, "event_types.list", true},
+    {"GET", "/v1/endpoints", SL_SCOPE_READ, api_endpoints_list, "endpoints.list", false},
+    {"POST", "/v1/endpoints", SL_SCOPE_ADMIN, api_endpoints_create, "endpoints.create", false},
+    {"GET", "/v1/endpoints/{}", SL_SCOPE_READ, api_endpoints_get, "endpoints.get", false},
+    {"PATCH", "/v1/endpoints/{}", SL_SCOPE_ADMIN, api_endpoints_patch, "endpoints.update", false},
+    {"DELETE", "/v1/endpoints/{}", SL_SCOPE_ADMIN, api_endpoints_delete, "endpoints.delete", false},
+    {"POST", "/v1/endpoints/{}/enable", SL_SCOPE_ADMIN, api_endpoints_enable, "endpoints.enable",
+     false},
+    {"POST", "/v1/endpoints/{}/disable", SL_SCOPE_ADMIN, api_endpoints_disable, "endpoints.disable",
+     false},
+    {"POST", "/v1/endpoints/{}/test", SL_SCOPE_PUBLISH, api_endpoints_test, "endpoints.test",
+     false},
     {"POST", "/v1/endpoints/{}/rotate-secret", SL_SCOPE_ADMIN, api_endpoints_rotate,
-     "endpoints.rotate_secret"},
-    {"GET", "/v1/dead-letters", SL_SCOPE_READ, api_dead_letters_list, "dead_letters.list"},
+     "endpoints.rotate_secret", false},
+    {"GET", "/v1/dead-letters", SL_SCOPE_READ, api_dead_letters_list, "dead_letters.list", true},
     {"POST", "/v1/dead-letters/replay", SL_SCOPE_ADMIN, api_dead_letters_replay,
-     "dead_letters.replay"},
+     "dead_letters.replay", false},
     {"GET", "/v1/dead-letters/patterns", SL_SCOPE_READ, api_dead_letter_patterns,
-     "dead_letters.patterns"},
-    {"GET", "/v1/endpoint-stats", SL_SCOPE_READ, api_endpoint_stats, "endpoints.stats"},
-    {"GET", "/v1/endpoints/{}/latency", SL_SCOPE_READ, api_endpoint_latency, "endpoints.latency"},
-    {"GET", "/console", 0, api_console_get, "console"},
-    {"GET", "/console/{*}", 0, api_console_get, "console"},
+     "dead_letters.patterns", true},
+    {"GET", "/v1/endpoint-stats", SL_SCOPE_READ, api_endpoint_stats, "endpoints.stats", true},
+    {"GET", "/v1/endpoints/{}/latency", SL_SCOPE_READ, api_endpoint_latency, "endpoints.latency",
+     true},
+    {"GET", "/console", 0, api_console_get, "console", false},
+    {"GET", "/console/{*}", 0, api_console_get, "console", false},
 };
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
 
@@ -854,6 +858,8 @@ static enum api_hret dispatch(struct api_req *r)
         if (rate_limited(r))
             return API_DONE;
     }
+    if (r->route->reads && r->api->reads)
+        return api_reads_submit(r->api->reads, r);
     return r->route->fn(r);
 }
 

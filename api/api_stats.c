@@ -25,10 +25,12 @@
 
 #include "api/api.h"
 #include "common/sl_breaker.h"
+#include "common/sl_fault.h"
 #include "common/sl_log.h"
 #include "common/sl_pg.h"
 #include "common/sl_record.h"
 #include "common/sl_thresholds.h"
+#include "common/sl_time.h"
 
 #define WINDOW_MIN_S 60LL       /* shortest window, s */
 #define WINDOW_MAX_S 31622400LL /* longest window, s: 366 days (sluice__check_window) */
@@ -136,6 +138,8 @@ history(struct api_req *r, const char *what, const char *sql, int n, const char 
 {
     sl_err_t err;
     PGconn *pg = api_pg(r->api, &err);
+    if (sl_fault_is("history_slow")) /* a slow query (3 s): it must hold no HTTP loop */
+        sl_sleep_ms(sl_fault_delay_ms(3000));
     PGresult *res = pg ? sl_pg_exec(pg, what, sql, n, params, &err) : NULL;
     if (!res) {
         if (pg) {

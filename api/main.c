@@ -176,6 +176,11 @@ static int start(struct run *r)
     if (start_producer(r, &err) != 0)
         return 1;
     r->a.keys = api_keys_start(&r->cfg);
+    r->a.reads = api_reads_start((size_t)r->cfg.api_read_threads, &err);
+    if (!r->a.reads) {
+        sl_error("api", "start_failed", "%s", err.msg);
+        return 1;
+    }
     api_metrics_init(&r->a);
     if (start_listeners(r, &err) != 0)
         return 1;
@@ -215,6 +220,10 @@ static void stop(struct run *r)
     /* a replay ends after its batch in progress (a->stopping): libmicrohttpd cannot stop with
      * its request still suspended */
     api_replays_wait(&r->a);
+    /* history reads still queued or running are answered (each within its statement
+     * timeout) before the loops stop */
+    api_reads_stop(r->a.reads);
+    r->a.reads = NULL;
     (void)api_server_quiesce(r->srv, 2000);
     api_server_stop(r->srv);
     sl_probe_stop(r->probe);

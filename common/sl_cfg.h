@@ -112,6 +112,7 @@ struct sl_config {
     /* HTTP API (sluice-api) */
     char *api_listen;               /* host:port the API listens on */
     int64_t api_threads;            /* HTTP worker threads */
+    int64_t api_read_threads;       /* threads running the history reads */
     int64_t api_max_connections;    /* open client connections before new ones are refused */
     int64_t api_idle_timeout_s;     /* a connection idle (or stalled mid-request) this long is
                                        closed, s */

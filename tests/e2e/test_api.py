@@ -1408,3 +1408,32 @@ def test_an_instance_with_the_least_privileged_roles_serves_the_delivery_log(mak
                 a.proc.kill9()
         w.apis.clear()
         psql(dsn, f"drop owned by {role}; drop role {role}")
+
+
+def test_a_slow_history_read_holds_no_http_loop(make_world):
+    """History reads run on api_read_threads, not on the HTTP loops: with one loop, a read
+    whose query takes 3 s (SL_FAULT=history_slow) leaves publishes and probes on that loop
+    answered at once, and is itself answered when its query ends."""
+    import threading
+    w = make_world()
+    ep = w.add_endpoint("hs" + w.tag, "http://127.0.0.1:9/x")
+    key = w.api_key("publish", "read")
+    api = w.api(api_threads=1, _fault="history_slow")
+    got = {}
+
+    def slow_read():
+        t = time.monotonic()
+        got["read"] = call(api, "GET", f"/v1/dead-letters?endpoint={ep}", None, key)[0]
+        got["read_s"] = time.monotonic() - t
+
+    th = threading.Thread(target=slow_read)
+    th.start()
+    time.sleep(0.5)  # the read is waiting on its query
+    t = time.monotonic()
+    st, _, body = call(api, "POST", "/v1/events", {"type": "t", "endpoint": ep, "body": 1}, key)
+    took = time.monotonic() - t
+    assert st == 202, body
+    assert took < 1.5 * MULT, f"a publish waited {took:.1f} s behind a history read"
+    assert api.get("/healthz")[0] == 200
+    th.join(30)
+    assert got.get("read") == 200 and got["read_s"] >= 2.9, got
