@@ -148,6 +148,24 @@ static int start_listeners(struct run *r, sl_err_t *err)
     return 0;
 }
 
+/* Once the endpoint table is loaded: the fan-out index, the producer, the key cache, the read
+ * threads, metrics and the listeners. 0, or 1 (logged). */
+static int start_serving(struct run *r)
+{
+    sl_err_t err;
+    r->a.fanout = api_fanout_new(r->a.eps);
+    if (start_producer(r, &err) != 0)
+        return 1;
+    r->a.keys = api_keys_start(&r->cfg);
+    r->a.reads = api_reads_start((size_t)r->cfg.api_read_threads, &err);
+    if (!r->a.reads) {
+        sl_error("api", "start_failed", "%s", err.msg);
+        return 1;
+    }
+    api_metrics_init(&r->a);
+    return start_listeners(r, &err) != 0 ? 1 : 0;
+}
+
 /* Start everything. Returns 0 serving, 1 failed (logged), START_CANCELLED when a stop signal
  * came while the endpoint table loaded. */
 #define START_CANCELLED 2
@@ -172,17 +190,7 @@ static int start(struct run *r)
         sl_error("api", "endpoints_unavailable", "%s", err.msg);
         return 1;
     }
-    r->a.fanout = api_fanout_new(r->a.eps);
-    if (start_producer(r, &err) != 0)
-        return 1;
-    r->a.keys = api_keys_start(&r->cfg);
-    r->a.reads = api_reads_start((size_t)r->cfg.api_read_threads, &err);
-    if (!r->a.reads) {
-        sl_error("api", "start_failed", "%s", err.msg);
-        return 1;
-    }
-    api_metrics_init(&r->a);
-    if (start_listeners(r, &err) != 0)
+    if (start_serving(r) != 0)
         return 1;
     SL_LOGKV(SL_LOG_INFO, "api", "listening",
              ((struct sl_log_kv[]){SL_KV_S("listen", r->cfg.api_listen),
