@@ -276,15 +276,39 @@ int64_t cons_request_lease_ms(const cons_engine_t *e, const struct cons_ep *ce)
     return (ce && ce->ep ? ce->ep->timeout_ms : e->cfg->http_timeout_ms) + LEASE_MARGIN_MS;
 }
 
+/*
+ * sluice_breaker_open_endpoints counts the endpoints whose breaker holds deliveries back: open
+ * with its cooldown still running, as this pod last saw it. An open breaker whose cooldown has
+ * ended waits for a probe, which only traffic brings: an endpoint nobody sends to, deleted
+ * since, or whose Redis state was lost would otherwise stay counted (and alerting) for ever.
+ */
+static void brk_count(struct cons_ep *ce, int64_t now_mono)
+{
+    bool want = ce->brk == CONS_BRK_OPEN && now_mono < ce->brk_reopen_mono;
+    if (want != ce->brk_counted) {
+        cons_metrics_breaker_open(ce->id, ce->m, want);
+        ce->brk_counted = want;
+    }
+}
+
+void cons_brk_sweep(cons_engine_t *e, int64_t now_mono)
+{
+    size_t it = 0;
+    const char *key;
+    void *val;
+    while (sl_map_next(e->eps, &it, &key, &val)) {
+        struct cons_ep *ce = val;
+        if (ce->brk_counted)
+            brk_count(ce, now_mono);
+    }
+}
+
 static void brk_apply(struct cons_ep *ce, const struct cons_brk_view *v)
 {
-    if (v->state != ce->brk) {
+    if (v->state != ce->brk)
         sl_counter_inc(v->state == CONS_BRK_OPEN        ? cons_m.brk_to_open
                        : v->state == CONS_BRK_HALF_OPEN ? cons_m.brk_to_half_open
                                                         : cons_m.brk_to_closed);
-        if ((v->state == CONS_BRK_OPEN) != (ce->brk == CONS_BRK_OPEN))
-            cons_metrics_breaker_open(ce->id, ce->m, v->state == CONS_BRK_OPEN);
-    }
     ce->brk = v->state;
     ce->brk_failures = v->failures;
     /* Redis's times as a distance from Redis's now, onto this pod's monotonic clock */
@@ -292,6 +316,7 @@ static void brk_apply(struct cons_ep *ce, const struct cons_brk_view *v)
     ce->brk_open_for_ms =
         v->state != CONS_BRK_CLOSED && v->open_since_ms > 0 ? v->now_ms - v->open_since_ms : 0;
     ce->brk_refreshed_mono = sl_mono_ms();
+    brk_count(ce, ce->brk_refreshed_mono);
 }
 
 /* The one exit of JOB_QUEUED: take j off its endpoint's queue. */

@@ -393,6 +393,7 @@ static void stats_line(cons_engine_t *e, bool force)
         return;
     double secs = (double)(STATS_INTERVAL_MS) / 1000.0;
     cons_timer_arm(&e->timers, T_STATS, now + STATS_INTERVAL_MS);
+    cons_brk_sweep(e, now);
     struct cons_stats *s = &e->st, *l = &e->st_last;
     SL_LOGKV(
         SL_LOG_INFO, "stats", "stats",

@@ -231,6 +231,23 @@ void ctl_alert_rules_print(FILE *f, const struct ctl_thresholds *t)
               "Restore them with sluicectl retries rebuild; find why the data went "
               "(persistence, failover)");
 
+    /* process_missing: with every consumer gone nothing is delivered, and no other alert
+     * sees it: the lag and breaker series are the consumers' own. sluice_build_info carries
+     * its own process label, whatever the scrape configuration calls the jobs. */
+    (void)fprintf(
+        f, "      # process_missing: no sluice-consumer (nothing is delivered; the lag alert\n"
+           "      # reads the consumers' own series, so it cannot fire) or no sluice-recorder\n"
+           "      # (no history, no oldest_undelivered) has been scraped for 5 minutes.\n"
+           "      - alert: SluiceProcessMissing\n"
+           "        expr: |-\n"
+           "          absent(sluice_build_info{process=\"consumer\"})\n"
+           "            or absent(sluice_build_info{process=\"recorder\"})\n"
+           "        for: 5m\n");
+    rule_meta(f, "critical", "process_missing", "No {{ $labels.process }} is running",
+              "No sluice {{ $labels.process }} has been scraped for 5 minutes: none runs, or "
+              "Prometheus cannot reach any. Without consumers nothing is delivered (records "
+              "wait in Kafka); without a recorder the history stops (outcomes wait in Kafka)");
+
     /* proxy_refused: the delivery proxy answers CONNECT with an error; every endpoint's
      * deliveries are retried meanwhile, and nothing says why but this class. */
     (void)fprintf(
@@ -262,7 +279,7 @@ void ctl_alert_rules_help(FILE *f)
            "docs/METRICS.md: SluiceDeadLettersRising, SluiceOldestUndelivered and\n"
            "SluiceSlowEndpoint (the alerts of `sluicectl alerts`, with its thresholds),\n"
            "SluiceBreakerOpen, SluiceConsumerLag, SluiceRecordsSetAside,\n"
-           "SluiceRedisStateLost and SluiceProxyRefusing.\n"
+           "SluiceRedisStateLost, SluiceProcessMissing and SluiceProxyRefusing.\n"
            "ops/prometheus/sluice-alerts.yml is this output with the defaults. Needs no\n"
            "configuration and touches no service.\n"
            "\n");

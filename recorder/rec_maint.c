@@ -161,6 +161,9 @@ static void do_oldest(rec_maint_t *m)
     sl_err_t err;
     int64_t age = 0;
     if (rec_db_oldest_undelivered(m->db, &age, &err) != 0) {
+        /* unknown, not the last reading: a stale age would keep SluiceOldestUndelivered
+         * firing (or silent) for as long as PostgreSQL cannot be read */
+        sl_gauge_set(m->oldest, -1);
         failed(m, T_OLDEST, &err);
         return;
     }

@@ -11,6 +11,7 @@ opens), the test scrapes each process and checks:
   - /healthz and /readyz answer with their checks; a bad metrics_listen fails at start-up.
 """
 import json
+import time
 import os
 import re
 import shutil
@@ -307,3 +308,30 @@ def test_healthz_fails_while_a_delivery_loop_stalls(world):
     wait_until(lambda: health() == (200, {"live": True}), 30 * MULT, 0.2,
                "/healthz recovering once the loop turns again")
     assert c.term() == 0
+
+
+def test_an_open_breaker_leaves_the_gauge_when_its_cooldown_ends(world):
+    """sluice_breaker_open_endpoints (SluiceBreakerOpen) counts breakers holding deliveries
+    back: once the cooldown has ended with nothing sent to the endpoint (no probe comes
+    without traffic) the endpoint leaves it, at the loop's next 10-s tick, instead of
+    alerting for ever."""
+    w = world
+    dead = w.add_endpoint(f"cd-{w.tag}", f"http://127.0.0.1:{closed_port()}/x",
+                          "--breaker-threshold", "2", "--max-attempts", "1",
+                          "--breaker-cooldown-ms", "4000")
+    port = free_port()
+    cons = w.consumer(metrics_listen=f"127.0.0.1:{port}")
+    base = f"http://127.0.0.1:{port}"
+    assert w.produce([event(dead, i, w.tag) for i in range(3)]).returncode == 0
+
+    def gauge():
+        try:
+            _, s = parse(http_get(base + "/metrics")[2])
+        except OSError:
+            return None
+        return value(s, "sluice_breaker_open_endpoints")
+    wait_until(lambda: gauge() == 1, 60 * MULT, 0.2, "the breaker counted open")
+    opened = time.monotonic()
+    wait_until(lambda: gauge() == 0, 40 * MULT, 0.5, "the breaker out of the gauge")
+    assert time.monotonic() - opened >= 3.5  # not before the cooldown's end
+    assert cons.term() == 0

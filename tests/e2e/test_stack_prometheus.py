@@ -21,7 +21,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 STACK = os.path.join(REPO, "scripts", "stack.sh")
 RULES = ("SluiceDeadLettersRising", "SluiceOldestUndelivered", "SluiceSlowEndpoint",
          "SluiceBreakerOpen", "SluiceConsumerLag", "SluiceRecordsSetAside",
-         "SluiceRedisStateLost", "SluiceProxyRefusing")
+         "SluiceRedisStateLost", "SluiceProcessMissing", "SluiceProxyRefusing")
 
 
 def free_port():
