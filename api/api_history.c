@@ -44,7 +44,8 @@ static const char SQL_ATTEMPTS[] =
     "and ($2::text is null or endpoint_id " ID_BYTES " > $2) and endpoint_id " ID_BYTES " <= $3 "
     "order by endpoint_id " ID_BYTES ", ts, attempt";
 /* $1 endpoint or NULL, $2..$4 the cursor (dead_at µs, event id, endpoint id) or NULLs,
- * $5 include resolved, $6 limit + 1. The response body (last_response) goes to admin keys
+ * $5 include resolved, $6 limit + 1, $7 the endpoints a key limited to channels sees (NULL
+ * for any other key: every endpoint), so that its pages are not emptied by others' letters. The response body (last_response) goes to admin keys
  * only, and only their statement names it: PostgreSQL checks a column's privilege wherever a
  * statement mentions it, and sluice_analyst, which serves the others, may not read it. */
 #define DEAD_LETTERS_SQL(resp)                                                                     \
@@ -54,6 +55,7 @@ static const char SQL_ATTEMPTS[] =
     resp " "                                                                                       \
     "from dead_letters where ($1::text is null or endpoint_id = $1) "                              \
     "and ($5::bool or resolved_at is null) "                                                       \
+    "and ($7::text[] is null or endpoint_id = any($7::text[])) "                                   \
     "and ($2::bigint is null or (dead_at, event_id, endpoint_id) < "                               \
     "(to_timestamp($2::bigint / 1000000.0), $3, $4)) "                                             \
     "order by dead_at desc, event_id desc, endpoint_id desc limit $6::int"
@@ -222,6 +224,44 @@ static void response_json(const PGresult *res, int row, int col, json_t **text, 
     PQfreemem(raw);
 }
 
+/* For a key limited to channels, keep (in place) the endpoints sharing one of its channels and
+ * release the others; returns how many are kept. */
+static size_t keep_visible(struct api_req *r, const struct sl_endpoint **eps, size_t n)
+{
+    const struct sl_apikey *key = r->auth.key;
+    if (!key || key->n_channels == 0)
+        return n;
+    size_t kept = 0;
+    for (size_t e = 0; e < n; e++) {
+        if (sl_apikey_sees_channels(key, eps[e]->channels, eps[e]->n_channels))
+            eps[kept++] = eps[e];
+        else
+            sl_endpoint_release(eps[e]);
+    }
+    return kept;
+}
+
+/* For a key limited to channels, the ids of the endpoints it sees as a PostgreSQL text array
+ * (malloc'd); NULL for any other key. */
+static char *visible_ids(struct api_req *r)
+{
+    if (!r->auth.key || r->auth.key->n_channels == 0)
+        return NULL;
+    const struct sl_endpoint **eps = NULL;
+    size_t n = 0;
+    sl_endpoints_snapshot(r->api->eps, &eps, &n);
+    n = keep_visible(r, eps, n);
+    const char **ids = sl_xcalloc(n ? n : 1, sizeof(*ids));
+    for (size_t e = 0; e < n; e++)
+        ids[e] = eps[e]->id;
+    char *arr = sl_pg_text_array(ids, n);
+    free(ids);
+    for (size_t e = 0; e < n; e++)
+        sl_endpoint_release(eps[e]);
+    free(eps);
+    return arr;
+}
+
 enum api_hret api_dead_letters_list(struct api_req *r)
 {
     long limit;
@@ -250,16 +290,19 @@ enum api_hret api_dead_letters_list(struct api_req *r)
                            "cursor is not one this API returned");
     char lim[24];
     (void)snprintf(lim, sizeof(lim), "%ld", limit + 1);
+    char *seen = ep ? NULL : visible_ids(r);
     const char *p[] = {ep,
                        have ? cts : NULL,
                        have ? cev : NULL,
                        have ? cep : NULL,
                        inc && strcmp(inc, "true") == 0 ? "t" : "f",
-                       lim};
+                       lim,
+                       seen};
     PGresult *res = query(r,
                           sl_apikey_allows(r->auth.key, SL_SCOPE_ADMIN) ? SQL_DEAD_LETTERS_ADMIN
                                                                         : SQL_DEAD_LETTERS,
-                          6, p);
+                          7, p);
+    free(seen);
     if (!res)
         return API_DONE;
     json_t *data = json_array();
@@ -296,23 +339,6 @@ enum api_hret api_dead_letters_list(struct api_req *r)
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* For a key limited to channels, keep (in place) the endpoints sharing one of its channels and
- * release the others; returns how many are kept. */
-static size_t keep_visible(struct api_req *r, const struct sl_endpoint **eps, size_t n)
-{
-    const struct sl_apikey *key = r->auth.key;
-    if (!key || key->n_channels == 0)
-        return n;
-    size_t kept = 0;
-    for (size_t e = 0; e < n; e++) {
-        if (sl_apikey_sees_channels(key, eps[e]->channels, eps[e]->n_channels))
-            eps[kept++] = eps[e];
-        else
-            sl_endpoint_release(eps[e]);
-    }
-    return kept;
 }
 
 /* Event types delivered in 24 h with their counts: all of them, or for a key limited to

@@ -285,6 +285,12 @@ prod_lib_new(const struct sl_config *cfg, const struct sluice_producer_opts *opt
         goto fail;
     rd_kafka_conf_set_error_cb(conf, error_cb);
     rd_kafka_conf_set_opaque(conf, p);
+    /* librdkafka times out the records of a broker only when the broker's thread wakes, and
+     * while the broker refuses connections that thread sleeps up to reconnect.backoff.max.ms
+     * (10 s by default): a 2-s message timeout took 6-10 s. 1 s keeps message_timeout_ms
+     * within a second (one connection attempt a second to a broker that is down). */
+    if (sl_kafka_conf_set(conf, "reconnect.backoff.max.ms", "1000", err) != 0)
+        goto fail;
     /* consumes conf in every case */
     p->rk = sl_kafka_producer_new_linger(
         cfg, role, o->linger_ms ? o->linger_ms : SLUICE_PRODUCER_LINGER_DEFAULT_MS, conf, dr_msg_cb,
