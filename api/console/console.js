@@ -336,9 +336,16 @@
 
   var chart = null;
 
+  /* A value of the page's #hash; "" when absent or not valid percent-encoding (a link cut
+   * short must not stop the page before it has even read the stored key). */
   function hashParam(name) {
     var m = new RegExp("(?:^|[#&])" + name + "=([^&]*)").exec(window.location.hash);
-    return m ? decodeURIComponent(m[1]) : "";
+    if (!m) { return ""; }
+    try {
+      return decodeURIComponent(m[1]);
+    } catch (e) {
+      return "";
+    }
   }
 
   function drawChart(j) {
@@ -428,6 +435,13 @@
         status("No endpoints.", "ok");
         return null;
       }
+      if (want && sel.value !== want) {
+        /* the link named an endpoint this key does not see (or none has that id): say so
+         * rather than show another endpoint's trend as if it were the one asked for */
+        status("No endpoint " + want + " (or this key may not see it): pick one and press Show.",
+               "error");
+        return null;
+      }
       return loadTrend();
     }, failed);
   }
@@ -491,7 +505,11 @@
     var dry = Object.assign({ dry_run: true }, sel);
     return api("/v1/dead-letters/replay", dry).then(function (d) {
       if (d.would_replay === 0) {
-        status("Nothing to replay for " + what + ": every letter was replayed already.", "ok");
+        status(d.unregistered > 0
+          ? "Nothing to replay for " + what + ": " + count(d.unregistered, "letter belongs",
+            "letters belong") + " to an endpoint no longer registered (register it again " +
+            "to replay them)."
+          : "Nothing to replay for " + what + ": every letter was replayed already.", "ok");
         return null;
       }
       var n = d.would_replay;
@@ -682,6 +700,7 @@
 
   function search(id) {
     var out = $("results");
+    clear(out); /* an error must not leave the previous event's deliveries on show */
     status("Searching for event " + id + "…");
     return apiAll("/v1/events/" + encodeURIComponent(id) + "/deliveries?limit=500", 10000)
       .then(function (res) {

@@ -643,6 +643,31 @@ def test_event_search_shows_every_attempt(run, console):
     p.get_by_role("button", name="Search").click()
     expect(c.status()).to_contain_text("0 deliveries")
     expect(p.locator("#results")).to_contain_text("No deliveries recorded")
+    # a refused search clears what the one before showed
+    p.get_by_role("textbox", name="Event id").fill(ev)
+    p.get_by_role("button", name="Search").click()
+    expect(c.status()).to_contain_text(f"Event {ev}: 1 delivery")
+    c.allow(400, "/v1/events/bad.id/deliveries?limit=500")
+    p.get_by_role("textbox", name="Event id").fill("bad.id")
+    p.get_by_role("button", name="Search").click()
+    expect(c.status()).to_contain_text("400")
+    expect(p.locator("section.delivery")).to_have_count(0)
+
+
+def test_a_broken_or_unknown_link_is_said_not_acted_on(run, console):
+    """A link whose #hash is not valid percent-encoding still opens the page with the stored
+    key; a latency link naming an endpoint that does not exist says so rather than charting
+    another endpoint as if it were the one asked for."""
+    from playwright.sync_api import expect
+    c = console(run.read)
+    p = c.open("latency", "#endpoint=" + run.eps["slow"])
+    expect(c.status()).to_contain_text(f"Latency of {run.eps['slow']}")
+    p.goto(run.api.base + "/console/dead-letters.html#endpoint=%E0%A4%A")
+    expect(p.get_by_role("button", name="Forget key")).to_be_visible()  # the key was used
+    expect(c.status()).not_to_contain_text("Enter an API key")
+    p.goto(run.api.base + "/console/latency.html#endpoint=nobody_" + run.w.tag)
+    expect(c.status()).to_contain_text("No endpoint nobody_" + run.w.tag)
+    expect(p.locator("#chart canvas")).to_have_count(0)
 
 
 def test_dead_letters_page_with_a_read_only_key_has_no_working_replay(run, console):
