@@ -93,19 +93,35 @@ static json_t *col_ms(const PGresult *res, int row, int col)
 }
 
 /* Run a query; NULL after answering 503 (and dropping the connection). */
+static PGresult *unreachable(struct api_req *r)
+{
+    r->retry_after_s = 2;
+    api_problem(r, 503, "history-unavailable", NULL,
+                "the delivery history (PostgreSQL) is unreachable");
+    return NULL;
+}
+
 static PGresult *query(struct api_req *r, const char *sql, int n, const char *const *params)
 {
     sl_err_t err;
     PGconn *pg = api_pg(r->api, &err);
-    if (!pg) {
-        r->retry_after_s = 2;
-        api_problem(r, 503, "history-unavailable", NULL,
-                    "the delivery history (PostgreSQL) is unreachable");
-        return NULL;
-    }
+    if (!pg)
+        return unreachable(r);
     if (sl_fault_is("history_slow")) /* a slow query (3 s): it must hold no HTTP loop */
         sl_sleep_ms(sl_fault_delay_ms(3000));
     PGresult *res = PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK && PQstatus(pg) != CONNECTION_OK) {
+        /* the connection had died since its last use (PostgreSQL restarted, the backend was
+         * ended): a read is safe to repeat, once, on a new one */
+        PQclear(res);
+        res = NULL;
+        api_pg_reset();
+        pg = api_pg(r->api, &err);
+        if (pg)
+            res = PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0);
+    }
+    if (!pg)
+        return unreachable(r);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         char why[512];
         sl_warn("history", "query_failed", "history query failed: %s",

@@ -141,6 +141,13 @@ history(struct api_req *r, const char *what, const char *sql, int n, const char 
     if (sl_fault_is("history_slow")) /* a slow query (3 s): it must hold no HTTP loop */
         sl_sleep_ms(sl_fault_delay_ms(3000));
     PGresult *res = pg ? sl_pg_exec(pg, what, sql, n, params, &err) : NULL;
+    if (!res && pg && PQstatus(pg) != CONNECTION_OK) {
+        /* the connection had died since its last use (PostgreSQL restarted, the backend was
+         * ended): a read is safe to repeat, once, on a new one */
+        api_pg_reset();
+        pg = api_pg(r->api, &err);
+        res = pg ? sl_pg_exec(pg, what, sql, n, params, &err) : NULL;
+    }
     if (!res) {
         if (pg) {
             sl_warn("history", "query_failed", "%s", err.msg);

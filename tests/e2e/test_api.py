@@ -1449,3 +1449,27 @@ def test_a_slow_history_read_holds_no_http_loop(make_world):
     assert api.get("/healthz")[0] == 200
     th.join(30)
     assert got.get("read") == 200 and got["read_s"] >= 2.9, got
+
+
+def test_a_read_after_postgresql_dropped_the_connections_is_answered(make_world):
+    """PostgreSQL restarted (here: every backend of this sluice-api ended): the next read on
+    each thread finds its connection dead only when it uses it, and repeats the read on a new
+    one instead of answering 503."""
+    w = make_world()
+    dsn = w.env["SLUICE_PG_DSN"]
+    app = f"e2e_api_{w.tag}"
+    key = w.api_key("read")
+    w.env["PGAPPNAME"] = app
+    try:
+        api = w.api(api_threads=1, api_read_threads=1)
+    finally:
+        del w.env["PGAPPNAME"]
+    for path in ("/v1/endpoint-stats?limit=1", "/v1/dead-letters?limit=1"):
+        assert call(api, "GET", path, None, key)[0] == 200
+    ended = psql(dsn, "select count(pg_terminate_backend(pid)) from pg_stat_activity "
+                      f"where application_name = '{app}'")
+    assert int(ended) >= 1, ended
+    for path in ("/v1/endpoint-stats?limit=1", "/v1/dead-letters?limit=1",
+                 "/v1/event-types"):
+        st, _, body = call(api, "GET", path, None, key)
+        assert st == 200, (path, body)
