@@ -21,7 +21,7 @@
 struct row {
     char *client, *topic;
     int32_t partition;
-    int64_t lag;
+    int64_t lag; /* -1: assigned, lag not known (no committed offset yet, broker unreachable) */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -75,17 +75,19 @@ int sl_kstats_update(const char *client, const char *json, size_t len)
             json_t *desired = json_object_get(p, "desired");
             char *end = NULL;
             long id = strtol(pname, &end, 10);
-            if (!end || *end || id < 0 || id > INT32_MAX || !json_is_integer(lag) ||
-                json_integer_value(lag) < 0 || !json_is_true(desired))
+            if (!end || *end || id < 0 || id > INT32_MAX || !json_is_true(desired))
                 continue;
             if (g_nrows == g_cap) {
                 g_cap = g_cap ? g_cap * 2 : 16;
                 g_rows = sl_xrealloc(g_rows, g_cap * sizeof(*g_rows));
             }
-            g_rows[g_nrows++] = (struct row){.client = sl_xstrdup(client),
-                                             .topic = sl_xstrdup(tname),
-                                             .partition = (int32_t)id,
-                                             .lag = (int64_t)json_integer_value(lag)};
+            g_rows[g_nrows++] =
+                (struct row){.client = sl_xstrdup(client),
+                             .topic = sl_xstrdup(tname),
+                             .partition = (int32_t)id,
+                             .lag = json_is_integer(lag) && json_integer_value(lag) >= 0
+                                        ? (int64_t)json_integer_value(lag)
+                                        : -1};
         }
     }
     pthread_mutex_unlock(&g_mu);
@@ -99,12 +101,27 @@ int64_t sl_kstats_total_lag(size_t *rows, bool *known)
     if (known)
         *known = g_known;
     int64_t sum = 0;
-    for (size_t i = 0; i < g_nrows; i++)
-        sum += g_rows[i].lag;
+    size_t n = 0;
+    for (size_t i = 0; i < g_nrows; i++) {
+        if (g_rows[i].lag >= 0) {
+            sum += g_rows[i].lag;
+            n++;
+        }
+    }
     if (rows)
-        *rows = g_nrows;
+        *rows = n;
     pthread_mutex_unlock(&g_mu);
     return sum;
+}
+
+size_t sl_kstats_unknown(void)
+{
+    pthread_mutex_lock(&g_mu);
+    size_t n = 0;
+    for (size_t i = 0; i < g_nrows; i++)
+        n += g_rows[i].lag < 0;
+    pthread_mutex_unlock(&g_mu);
+    return n;
 }
 
 static int cmp_row(const void *a, const void *b)
@@ -133,6 +150,8 @@ static void collect(struct sl_buf *out, void *arg)
         int64_t lag = g_rows[i].lag;
         while (i + 1 < g_nrows && cmp_row(&g_rows[i], &g_rows[i + 1]) == 0)
             lag = g_rows[++i].lag > lag ? g_rows[i].lag : lag;
+        if (lag < 0)
+            continue; /* not known: no sample rather than a made-up one */
         char part[16];
         (void)snprintf(part, sizeof(part), "%d", (int)g_rows[i].partition);
         sl_buf_reset(&lb);

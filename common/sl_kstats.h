@@ -28,9 +28,14 @@ int sl_kstats_enable(rd_kafka_conf_t *conf, int interval_ms, sl_err_t *err);
  * when json is not a librdkafka statistics object (the table is then unchanged). */
 int sl_kstats_update(const char *client, const char *json, size_t len);
 
-/* Sum of the lags held (all clients), and the rows held; *known (may be NULL) tells whether
- * any statistics document has been parsed yet (before that, the sum means nothing). */
+/* Sum of the known lags held (all clients), and the rows with a known lag; *known (may be
+ * NULL) tells whether any statistics document has been parsed yet (before that, the sum means
+ * nothing). */
 int64_t sl_kstats_total_lag(size_t *rows, bool *known);
+
+/* Assigned partitions whose lag librdkafka does not know (consumer_lag -1: no committed
+ * offset yet, or the broker unreachable): the sum above leaves them out. */
+size_t sl_kstats_unknown(void);
 
 /* Drop a client's rows (its handle is being destroyed). */
 void sl_kstats_forget(const char *client);

@@ -9,6 +9,7 @@
 
 #include <dirent.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -209,7 +210,11 @@ void sl_metrics_write_head(struct sl_buf *out, const char *name, const char *typ
 
 static void write_value(struct sl_buf *out, double v)
 {
-    if (v == (double)(int64_t)v && v < 9e15 && v > -9e15)
+    if (isnan(v)) /* the exposition format's spelling (and no cast of NaN to an integer) */
+        outf(out, "NaN\n");
+    else if (isinf(v))
+        outf(out, "%s\n", v > 0 ? "+Inf" : "-Inf");
+    else if (v < 9e15 && v > -9e15 && v == (double)(int64_t)v)
         outf(out, "%" PRId64 "\n", (int64_t)v);
     else { /* the shortest of %.15g and %.17g that reads back as v */
         char t[40];

@@ -22,6 +22,7 @@
  */
 #include "recorder/rec_loop.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -72,9 +73,14 @@ static void collect_lag(struct sl_buf *out, void *arg)
 {
     (void)arg;
     sl_metrics_write_head(out, "sluice_recorder_lag_records", "gauge",
-                          "The recorder's consumer-group lag over all its partitions.");
+                          "The recorder's consumer-group lag over all its partitions (NaN "
+                          "while some partition's lag is not known).");
+    bool known = false;
+    int64_t lag = sl_kstats_total_lag(NULL, &known);
+    /* a sum that leaves partitions out (Kafka unreachable, nothing committed yet) is not
+     * the lag: NaN says unknown, where 0 said all caught up */
     sl_metrics_write_sample(out, "sluice_recorder_lag_records", NULL,
-                            (double)sl_kstats_total_lag(NULL, NULL));
+                            known && sl_kstats_unknown() == 0 ? (double)lag : NAN);
 }
 
 static void metrics_init(void)

@@ -4,6 +4,7 @@
  * reported), common/sl_kstats (lag rows from a librdkafka statistics document) and the
  * liveness heartbeats of common/sl_probe.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -103,6 +104,8 @@ static void write_escaped(struct sl_buf *out, void *arg)
     sl_metrics_label(&lb, "n", "1");
     sl_metrics_write_head(out, "t_dyn", "gauge", "Help with \\ and\nnewline.");
     sl_metrics_write_sample(out, "t_dyn", (const char *)lb.data, 2.5);
+    sl_metrics_write_sample(out, "t_nan", NULL, NAN); /* unknown: the format's NaN */
+    sl_metrics_write_sample(out, "t_inf", NULL, -INFINITY);
     sl_buf_fini(&lb);
 }
 
@@ -113,6 +116,8 @@ static void test_collector_and_escaping(void **state)
     char *s = render();
     assert_non_null(strstr(s, "# HELP t_dyn Help with \\\\ and\\nnewline.\n"));
     assert_non_null(strstr(s, "t_dyn{endpoint=\"a\\\"b\\\\c\\nd\",n=\"1\"} 2.5\n"));
+    assert_non_null(strstr(s, "\nt_nan NaN\n"));
+    assert_non_null(strstr(s, "\nt_inf -Inf\n"));
     free(s);
     sl_metrics_collector_remove(write_escaped, NULL);
     s = render();
@@ -154,10 +159,11 @@ static void test_kstats_lag_rows(void **state)
     assert_int_equal(sl_kstats_update("c#consumer-1", "not json", 8), -1);
     assert_int_equal(sl_kstats_update("c#consumer-1", "{\"x\":1}", 7), -1);
     assert_int_equal(sl_kstats_update("c#consumer-1", STATS, strlen(STATS)), 0);
-    /* assigned partitions with a known lag only: d/0 (7) and e/3 (5) */
+    /* assigned partitions with a known lag only: d/0 (7) and e/3 (5); d/2's is not known */
     assert_int_equal(sl_kstats_total_lag(&rows, &known), 12);
     assert_int_equal(rows, 2);
     assert_true(known);
+    assert_int_equal(sl_kstats_unknown(), 1);
     /* a second document of the same client replaces its rows; another client adds */
     assert_int_equal(sl_kstats_update("c#consumer-1", STATS, strlen(STATS)), 0);
     assert_int_equal(sl_kstats_update("c#consumer-2", STATS, strlen(STATS)), 0);
@@ -168,6 +174,7 @@ static void test_kstats_lag_rows(void **state)
     sl_kstats_forget("c#consumer-1");
     assert_int_equal(sl_kstats_total_lag(&rows, NULL), 0);
     assert_int_equal(rows, 0);
+    assert_int_equal(sl_kstats_unknown(), 0);
 }
 
 static void test_kstats_collector_renders_rows(void **state)
