@@ -46,6 +46,8 @@ CTL="$(bench_build_dir ctl/sluicectl)/ctl/sluicectl" || exit 1
 bench_stack SLUICE_REDIS_URL SLUICE_PG_DSN
 export SLUICE_MASTER_KEY="${SLUICE_MASTER_KEY:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
 export SLUICE_LOG_LEVEL=warn SLUICE_API_LISTEN="127.0.0.1:$PORT" SLUICE_API_MAX_CONNECTIONS=4096
+# the endpoint registered below is on loopback, which the SSRF rules refuse by default
+export SLUICE_SSRF_ALLOW_CIDRS="${SLUICE_SSRF_ALLOW_CIDRS:-127.0.0.0/8}"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/sluice-api-ab.XXXXXX")
 API_PID=""
