@@ -141,8 +141,8 @@ static const struct opt opts[] = {
       "(queued.max.messages.kbytes), on top of its jobs in memory; it also bounds the loop's "
       "intake: once this queue is full, librdkafka 2.0.2 fetches again only when its broker "
       "thread next wakes (up to a second), so the queue should hold about a second of the "
-      "loop's deliveries. One loop on a 2-vCPU host: 11,379/s at 4096, 15,920 at 8192, 16,547 "
-      "at 16384; 8,000, 14,700 and 17,300 from a single partition (bench/README.md)"),
+      "loop's deliveries. One loop reading one partition on a 2-vCPU host: 7,953-7,959/s at "
+      "4096, 13,236-14,713 at 8192 (bench/results/2026-12-05-intel-prefetch-ab.txt)"),
     S("kafka_security_protocol",
       "SLUICE_KAFKA_SECURITY_PROTOCOL",
       kafka_security_protocol,
