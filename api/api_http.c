@@ -257,25 +257,6 @@ const char *api_query(struct api_req *r, const char *name)
     return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
 }
 
-/* What a client can act on in a JSON parse error (jansson's own text quotes the input). */
-static const char *json_error_kind(enum json_error_code code)
-{
-    switch (code) {
-    case json_error_duplicate_key:
-        return "a key repeated in one object";
-    case json_error_null_byte_in_key:
-        return "\\u0000 in an object key";
-    case json_error_null_character:
-        return "\\u0000 in a string";
-    case json_error_invalid_utf8:
-        return "invalid UTF-8";
-    case json_error_premature_end_of_input:
-        return "unexpected end";
-    default:
-        return "error";
-    }
-}
-
 /* Whether a Content-Type names application/json: the media type (any case), then nothing or
  * parameters ("; charset=utf-8"). */
 static bool is_json_type(const char *ct)
@@ -334,7 +315,7 @@ static json_t *body_json(struct api_req *r, const enum sl_json_shape *shape, boo
          * one a client can act on */
         api_problem(r, 400, "invalid-json", "/",
                     "the request body is not valid JSON (%s at byte %d, line %d)",
-                    json_error_kind(json_error_code(&jerr)), jerr.position, jerr.line);
+                    sl_json_error_words(json_error_code(&jerr)), jerr.position, jerr.line);
         return NULL;
     }
     if (!json_is_object(j)) {

@@ -63,8 +63,7 @@ int sl_jsonl_gen_event_id(char out[SL_JSONL_GEN_ID_LEN + 1], sl_err_t *err)
     return 0;
 }
 
-/* A fixed description of a jansson error code: jansson's text would quote the input. */
-static const char *json_error_words(enum json_error_code code)
+const char *sl_json_error_words(enum json_error_code code)
 {
     switch (code) {
     case json_error_out_of_memory:
@@ -74,15 +73,15 @@ static const char *json_error_words(enum json_error_code code)
     case json_error_invalid_utf8:
         return "invalid UTF-8";
     case json_error_premature_end_of_input:
-        return "unexpected end of line";
+        return "unexpected end of input";
     case json_error_end_of_input_expected:
         return "text after the JSON value";
     case json_error_null_character:
-        return "NUL character";
+        return "\\u0000 in a string";
     case json_error_null_byte_in_key:
         return "\\u0000 in an object key";
     case json_error_duplicate_key:
-        return "duplicate object key";
+        return "a key repeated in one object";
     case json_error_numeric_overflow:
         return "number out of range";
     default:
@@ -290,7 +289,7 @@ static int load_line(const char *line, size_t len, size_t max_line, json_t **roo
         json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | JSON_DECODE_ANY, &jerr);
     if (!j)
         return sl_err_set(err, SL_EDECODE, "line is not valid JSON: %s at byte %d",
-                          json_error_words(json_error_code(&jerr)), jerr.position);
+                          sl_json_error_words(json_error_code(&jerr)), jerr.position);
     if (!json_is_object(j)) {
         json_decref(j);
         return sl_err_set(err, SL_EDECODE, "line is not a JSON object");

@@ -125,4 +125,9 @@ int sl_json_elide_bodies(
  */
 int sl_jsonl_gen_event_id(char out[SL_JSONL_GEN_ID_LEN + 1], sl_err_t *err);
 
+/* A fixed description of a jansson error code, for messages to whoever sent the text
+ * (jansson's own text would quote the input): "invalid UTF-8", "unexpected end of input",
+ * "a key repeated in one object"... Static; "syntax error" for any other code. */
+const char *sl_json_error_words(enum json_error_code code);
+
 #endif /* SL_JSONL_H */

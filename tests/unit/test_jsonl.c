@@ -297,7 +297,7 @@ struct bad_case {
 /* Every line contains PLANTED in a value; no message may contain it. */
 static const struct bad_case bad_cases[] = {
     {"{\"endpoint\":\"e\",\"type\":\"t\",\"body\":\"PLANTED", SL_EDECODE,
-     "line is not valid JSON: unexpected end of line"},
+     "line is not valid JSON: unexpected end of input"},
     {"{\"endpoint\":\"e\",\"type\":\"t\",\"body\":PLANTED}", SL_EDECODE,
      "line is not valid JSON: syntax error at byte"},
     {"{\"endpoint\":\"e\",\"type\":\"t\",\"body\":\"PLANTED\"} trailing", SL_EDECODE,
@@ -307,7 +307,7 @@ static const struct bad_case bad_cases[] = {
     {"[\"PLANTED\"]", SL_EDECODE, "line is not a JSON object"},
     {"\"PLANTED\"", SL_EDECODE, "line is not a JSON object"},
     {"{\"endpoint\":\"e\",\"endpoint\":\"PLANTED\",\"type\":\"t\",\"body\":1}", SL_EDECODE,
-     "duplicate object key"},
+     "a key repeated in one object"},
     {"{\"endpoint\":\"e\",\"type\":\"t\",\"body\":\"\xff PLANTED\"}", SL_EDECODE, "invalid UTF-8"},
     {"{\"endpoint\":\"e\",\"type\":\"t\",\"body\":\"\\ud800 PLANTED\"}", SL_EDECODE,
      "line is not valid JSON"},
