@@ -228,10 +228,12 @@ sl_probe_t *sl_probe_start(const char *listen,
     p->arg = arg;
     p->scrapes = sl_metric_counter("sluice_metrics_scrapes_total",
                                    "Scrapes of /metrics answered by this process.", NULL);
-    p->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, p, MHD_OPTION_SOCK_ADDR,
-                            (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, 64u,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-                            NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+    /* the logger goes first: libmicrohttpd logs what the options before it say on stderr,
+     * outside the JSON log (and notes that the logger was not first) */
+    p->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, p, MHD_OPTION_EXTERNAL_LOGGER,
+                            mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                            MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
+                            MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
     if (!p->d) {
         free(p);
         sl_err_set(err, SL_EIO, "could not listen on %s for %s (address in use or not available)",

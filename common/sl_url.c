@@ -13,6 +13,8 @@
 
 #include <curl/curl.h>
 
+#include "common/sl_hex.h"
+
 /* Get one part (NULL when absent or on error). Caller frees with curl_free. */
 static char *get_part(CURLU *h, CURLUPart what)
 {
@@ -187,6 +189,16 @@ out:
     return rc;
 }
 
+/* Every '%' of s (a userinfo part as written) starts a %XX escape. */
+static bool pct_well_formed(const char *s)
+{
+    for (; s && *s; s++)
+        if (*s == '%' &&
+            (sl_hex_digit((unsigned char)s[1]) < 0 || sl_hex_digit((unsigned char)s[2]) < 0))
+            return false;
+    return true;
+}
+
 int sl_url_proxy_check(const char *url, sl_err_t *err)
 {
     if (!url || !*url)
@@ -196,6 +208,7 @@ int sl_url_proxy_check(const char *url, sl_err_t *err)
         return sl_err_set(err, SL_ENOMEM, "could not allocate url parser");
     int rc = 0;
     char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *rest = NULL;
+    char *user = NULL, *password = NULL;
     CURLUcode uc = curl_url_set(h, CURLUPART_URL, url, CURLU_NON_SUPPORT_SCHEME);
     if (uc != CURLUE_OK || !strstr(url, "://")) {
         rc = sl_err_set(err, SL_EINVAL, "expected scheme://host:port (%s)",
@@ -233,7 +246,14 @@ int sl_url_proxy_check(const char *url, sl_err_t *err)
         rest = get_part(h, CURLUPART_FRAGMENT);
     if (!rest)
         rest = get_part(h, CURLUPART_ZONEID);
-    if (!host || !*host)
+    user = get_part(h, CURLUPART_USER);
+    password = get_part(h, CURLUPART_PASSWORD);
+    if (!pct_well_formed(user) || !pct_well_formed(password))
+        /* libcurl would pass a bad escape on as it is: the proxy would refuse credentials
+         * that are not the ones meant (the same rule as redis_url's) */
+        rc = sl_err_set(err, SL_EINVAL, "bad percent-encoding in the %s",
+                        pct_well_formed(user) ? "password" : "user name");
+    else if (!host || !*host)
         rc = sl_err_set(err, SL_EINVAL, "no host");
     else if (port && strspn(port, "0") == strlen(port))
         rc = sl_err_set(err, SL_EINVAL, "the port must be 1..65535");
@@ -246,6 +266,8 @@ out:
     curl_free(port);
     curl_free(path);
     curl_free(rest);
+    curl_free(user);
+    curl_free(password);
     curl_url_cleanup(h);
     return rc;
 }

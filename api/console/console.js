@@ -256,7 +256,9 @@
             } else {
               status(what + ": " + last.state + " (" + (last.error || "?") +
                      (last.http_status ? " " + last.http_status : "") +
-                     (last.message ? ": " + last.message : "") + ").", "error");
+                     /* the message of a bare status is its class again: said once */
+                     (last.message && last.message !== last.error ? ": " + last.message : "") +
+                     ").", "error");
             }
             return loadEndpoints(true).then(function () {
               var a = document.activeElement, again = rowButton(id);

@@ -287,6 +287,10 @@ static void test_proxy_check(void **state)
         {"http://px.example:0", "port"},
         {"http://[fe80::1%25eth0]:3128", "nothing may follow"},
         {"http://", "expected scheme://host:port"},
+        /* a bad escape in the credentials, as redis_url refuses it */
+        {"http://u:s3cr3t%zz@px.example:3128", "bad percent-encoding in the password"},
+        {"http://u:s3cr3t%4@px.example:3128", "bad percent-encoding in the password"},
+        {"http://u%g1:s3cr3t@px.example:3128", "bad percent-encoding in the user name"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         sl_err_t err = {0};
