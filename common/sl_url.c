@@ -199,6 +199,22 @@ static bool pct_well_formed(const char *s)
     return true;
 }
 
+/* The proxy URL's user name and password, as written, hold only well-formed escapes: libcurl
+ * would pass a bad one on as it is, and the proxy would refuse credentials that are not the
+ * ones meant (the same rule as redis_url's). 0 or SL_EINVAL. */
+static int userinfo_check(CURLU *h, sl_err_t *err)
+{
+    char *user = get_part(h, CURLUPART_USER), *password = get_part(h, CURLUPART_PASSWORD);
+    int rc = 0;
+    if (!pct_well_formed(user))
+        rc = sl_err_set(err, SL_EINVAL, "bad percent-encoding in the user name");
+    else if (!pct_well_formed(password))
+        rc = sl_err_set(err, SL_EINVAL, "bad percent-encoding in the password");
+    curl_free(user);
+    curl_free(password);
+    return rc;
+}
+
 int sl_url_proxy_check(const char *url, sl_err_t *err)
 {
     if (!url || !*url)
@@ -208,7 +224,6 @@ int sl_url_proxy_check(const char *url, sl_err_t *err)
         return sl_err_set(err, SL_ENOMEM, "could not allocate url parser");
     int rc = 0;
     char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *rest = NULL;
-    char *user = NULL, *password = NULL;
     CURLUcode uc = curl_url_set(h, CURLUPART_URL, url, CURLU_NON_SUPPORT_SCHEME);
     if (uc != CURLUE_OK || !strstr(url, "://")) {
         rc = sl_err_set(err, SL_EINVAL, "expected scheme://host:port (%s)",
@@ -246,13 +261,8 @@ int sl_url_proxy_check(const char *url, sl_err_t *err)
         rest = get_part(h, CURLUPART_FRAGMENT);
     if (!rest)
         rest = get_part(h, CURLUPART_ZONEID);
-    user = get_part(h, CURLUPART_USER);
-    password = get_part(h, CURLUPART_PASSWORD);
-    if (!pct_well_formed(user) || !pct_well_formed(password))
-        /* libcurl would pass a bad escape on as it is: the proxy would refuse credentials
-         * that are not the ones meant (the same rule as redis_url's) */
-        rc = sl_err_set(err, SL_EINVAL, "bad percent-encoding in the %s",
-                        pct_well_formed(user) ? "password" : "user name");
+    if (userinfo_check(h, err) != 0)
+        rc = SL_EINVAL;
     else if (!host || !*host)
         rc = sl_err_set(err, SL_EINVAL, "no host");
     else if (port && strspn(port, "0") == strlen(port))
@@ -266,8 +276,6 @@ out:
     curl_free(port);
     curl_free(path);
     curl_free(rest);
-    curl_free(user);
-    curl_free(password);
     curl_url_cleanup(h);
     return rc;
 }
