@@ -1473,3 +1473,26 @@ def test_a_read_after_postgresql_dropped_the_connections_is_answered(make_world)
                  "/v1/event-types"):
         st, _, body = call(api, "GET", path, None, key)
         assert st == 200, (path, body)
+
+
+def test_repeating_a_cli_change_whose_publish_failed_publishes_the_endpoint(make_world):
+    """sluicectl as sluice-api: an update that finds nothing to change publishes the committed
+    record again, so repeating a change whose publish failed repairs it (no sync needed)."""
+    w = make_world()
+    rcv = w.receiver()
+    admin = w.api_key("admin")
+    api = w.api()
+    ep = f"clilate_{w.tag}"
+    url = rcv.url("ok", ep)
+    env = dict(w.env, SL_FAULT="reg_publish_first_fails")
+    r = w.ctl("endpoints", "add", "--id", ep, "--url", url, env=env)
+    assert r.returncode == 1 and "NOT published" in r.stderr, (r.returncode, r.stderr)
+    ev = {"type": "t", "endpoint": ep, "body": 1}
+    problem(*call(api, "POST", "/v1/events", ev, admin), 404, "/endpoint")
+    r = w.ctl("endpoints", "update", ep, "--url", url, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["changed"] is False and out["published"] is True, out
+    wait_until(lambda: call(api, "POST", "/v1/events", ev, admin)[0] == 202, 30 * MULT, 0.3,
+               "the endpoint taking events")
+    assert api.proc.term() == 0
