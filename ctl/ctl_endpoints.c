@@ -1180,6 +1180,30 @@ static int upd_modify(void *opaque, struct sl_reg_ep *ep, sl_err_t *err)
     return 0;
 }
 
+/* An update that changed nothing: the committed state is published again (byte-identical
+ * for consumers that have it, so no new version), which repairs a change whose publish
+ * failed, as sluice-api does. Returns the exit status. */
+static int
+unchanged(struct run *r, const struct opts *o, struct sl_reg_ep *ep, struct show_opts *so)
+{
+    sl_err_t perr;
+    bool published = sl_reg_republish(r->pg, &r->pub, ep->id, &perr) == 0;
+    if (o->json) {
+        json_t *j = ep_json(ep, so);
+        json_object_set_new(j, "changed", json_false());
+        json_object_set_new(j, "published", json_boolean(published));
+        print_json(j);
+    } else {
+        printf("endpoint %s unchanged%s\n", ep->id, published ? "" : " (not published)");
+    }
+    if (published)
+        return CTL_EXIT_OK;
+    return ctl_fail(r->cmd,
+                    "endpoint %s is unchanged but publishing its record again failed: %s; run "
+                    "'sluicectl endpoints sync'",
+                    ep->id, perr.msg);
+}
+
 static int cmd_update(struct run *r, struct opts *o)
 {
     int rc;
@@ -1206,24 +1230,7 @@ static int cmd_update(struct run *r, struct opts *o)
     }
     struct show_opts so = {false, &r->mk, NULL, NULL, NULL, &r->defs};
     if (!res.changed) {
-        /* nothing to write: the committed state is published again (byte-identical for
-         * consumers that have it, so no new version), which repairs a change whose publish
-         * failed, as sluice-api does */
-        sl_err_t perr;
-        bool published = sl_reg_republish(r->pg, &r->pub, ep.id, &perr) == 0;
-        if (o->json) {
-            json_t *j = ep_json(&ep, &so);
-            json_object_set_new(j, "changed", json_false());
-            json_object_set_new(j, "published", json_boolean(published));
-            print_json(j);
-        } else {
-            printf("endpoint %s unchanged%s\n", ep.id, published ? "" : " (not published)");
-        }
-        if (!published)
-            rc = ctl_fail(r->cmd,
-                          "endpoint %s is unchanged but publishing its record again failed: %s; "
-                          "run 'sluicectl endpoints sync'",
-                          ep.id, perr.msg);
+        rc = unchanged(r, o, &ep, &so);
         goto out;
     }
     if (o->json) {

@@ -57,7 +57,9 @@ def test_dump_stops_at_the_start_ends_while_a_partition_grows(make_world):
     assert {rec["id"] for rec in before} <= set(ids)
     grown = [rec for rec in recs if rec["endpoint"] == "busy" and
              int(rec["id"].rsplit("_", 1)[1]) >= 1000]
-    assert p_before <= len(grown) <= p_after
+    # (plus one batch of 20: its records may be in Kafka before the dump starts while its
+    # sluice-produce has not returned, so not counted, when the dump ends)
+    assert p_before <= len(grown) <= p_after + 20
     print(f"dump took {took:.1f} s while the partition grew by {p_after - p_before} records; "
           f"printed {len(recs)}")
 
