@@ -263,6 +263,36 @@ void ctl_alert_rules_print(FILE *f, const struct ctl_thresholds *t)
               "{{ $value | printf \"%.2f\" }} attempts/s refused by the delivery proxy "
               "(err proxy_refused): check delivery_proxy's credentials and the proxy's rules, "
               "limits and log; the deliveries are retried until it lets them through");
+
+    /* proxy_unreachable: the delivery proxy does not answer at all; deliveries are
+     * deferred without spending attempts, so no dead letter or breaker says it. */
+    (void)fprintf(
+        f, "      # proxy_unreachable: the delivery proxy has not answered for 5 minutes (down,\n"
+           "      # its name unresolved, its TLS failing): nothing is delivered; deliveries\n"
+           "      # are deferred without spending attempts, so nothing else fires.\n"
+           "      - alert: SluiceProxyUnreachable\n"
+           "        expr: sum(rate(sluice_attempt_failures_total{class=\"proxy_unreachable\"}"
+           "[5m])) > 0\n"
+           "        for: 5m\n");
+    rule_meta(f, "critical", "proxy_unreachable", "The delivery proxy does not answer",
+              "{{ $value | printf \"%.2f\" }} attempts/s could not reach the delivery proxy "
+              "(err proxy_unreachable): nothing is delivered. The deliveries wait without "
+              "spending attempts; bring the proxy (delivery_proxy) back");
+
+    /* history_not_written: the recorder cannot write PostgreSQL; outcomes wait in Kafka and
+     * every history figure (sluicectl, the API's delivery log, oldest_undelivered) stands
+     * still. */
+    (void)fprintf(
+        f, "      # history_not_written: the recorder's writes to PostgreSQL have failed in\n"
+           "      # every 5-minute window for 10 minutes: the history stands still (outcomes\n"
+           "      # wait in Kafka and are written once PostgreSQL is back).\n"
+           "      - alert: SluiceHistoryNotWritten\n"
+           "        expr: sum(rate(sluice_recorder_db_errors_total[5m])) > 0\n"
+           "        for: 10m\n");
+    rule_meta(f, "warning", "history_not_written", "The recorder cannot write the history",
+              "The recorder's PostgreSQL writes keep failing: the delivery history, the "
+              "analysis and the API's delivery log stand still (deliveries go on; outcomes "
+              "wait in Kafka). See the recorder's log (history_db_unavailable) and PostgreSQL");
 }
 
 void ctl_alert_rules_help(FILE *f)
@@ -279,7 +309,8 @@ void ctl_alert_rules_help(FILE *f)
            "docs/METRICS.md: SluiceDeadLettersRising, SluiceOldestUndelivered and\n"
            "SluiceSlowEndpoint (the alerts of `sluicectl alerts`, with its thresholds),\n"
            "SluiceBreakerOpen, SluiceConsumerLag, SluiceRecordsSetAside,\n"
-           "SluiceRedisStateLost, SluiceProcessMissing and SluiceProxyRefusing.\n"
+           "SluiceRedisStateLost, SluiceProcessMissing, SluiceProxyRefusing,\n"
+           "SluiceProxyUnreachable and SluiceHistoryNotWritten.\n"
            "ops/prometheus/sluice-alerts.yml is this output with the defaults. Needs no\n"
            "configuration and touches no service.\n"
            "\n");

@@ -21,7 +21,8 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 STACK = os.path.join(REPO, "scripts", "stack.sh")
 RULES = ("SluiceDeadLettersRising", "SluiceOldestUndelivered", "SluiceSlowEndpoint",
          "SluiceBreakerOpen", "SluiceConsumerLag", "SluiceRecordsSetAside",
-         "SluiceRedisStateLost", "SluiceProcessMissing", "SluiceProxyRefusing")
+         "SluiceRedisStateLost", "SluiceProcessMissing", "SluiceProxyRefusing",
+         "SluiceProxyUnreachable", "SluiceHistoryNotWritten")
 
 
 def free_port():
