@@ -679,8 +679,9 @@ static const struct opt opts[] = {
       0,
       1000,
       "0",
-      "sluice-consumer: the N endpoints with the most attempts get per-endpoint series "
-      "(sluice_endpoint_*, label endpoint); 0 = no endpoint label"),
+      "sluice-consumer: N endpoints get per-endpoint series (sluice_endpoint_*, label "
+      "endpoint): those with an open breaker first, then those with the most attempts; 0 = "
+      "no endpoint label"),
     I("live_stall_ms",
       "SLUICE_LIVE_STALL_MS",
       live_stall_ms,

@@ -240,10 +240,15 @@ static void collect_outq(struct sl_buf *out, void *arg)
     sl_metrics_write_sample(out, "sluice_outcome_queue_messages", NULL, (double)n);
 }
 
+/* Endpoints with an open breaker first (few, and the ones an operator looks for: by attempts
+ * alone a broken endpoint, held back, falls out of the top), then by attempts. */
 static int cmp_attempts(const void *a, const void *b)
 {
     const struct cons_ep_metrics *x = *(const struct cons_ep_metrics *const *)a;
     const struct cons_ep_metrics *y = *(const struct cons_ep_metrics *const *)b;
+    bool ox = atomic_load(&x->open_loops) > 0, oy = atomic_load(&y->open_loops) > 0;
+    if (ox != oy)
+        return ox ? -1 : 1;
     uint64_t ax = atomic_load_explicit(&x->attempts, memory_order_relaxed);
     uint64_t ay = atomic_load_explicit(&y->attempts, memory_order_relaxed);
     if (ax != ay)
@@ -251,7 +256,8 @@ static int cmp_attempts(const void *a, const void *b)
     return strcmp(x->id, y->id);
 }
 
-/* The top metrics_endpoint_top endpoints by attempts, in three families. */
+/* The top metrics_endpoint_top endpoints (open breakers first, then by attempts), in three
+ * families. */
 static void collect_endpoints(struct sl_buf *out, void *arg)
 {
     (void)arg;
@@ -269,8 +275,8 @@ static void collect_endpoints(struct sl_buf *out, void *arg)
     struct sl_buf lb;
     sl_buf_init(&lb, 4096);
     sl_metrics_write_head(out, "sluice_endpoint_deliveries_total", "counter",
-                          "Finished HTTP attempts of one endpoint by what they led to (top "
-                          "endpoints by attempts, metrics_endpoint_top).");
+                          "Finished HTTP attempts of one endpoint by what they led to "
+                          "(metrics_endpoint_top endpoints: open breakers, then most attempts).");
     for (size_t i = 0; i < k; i++) {
         for (int o = 0; o < CONS_M_NOUTCOME; o++) {
             sl_buf_reset(&lb);
@@ -282,8 +288,8 @@ static void collect_endpoints(struct sl_buf *out, void *arg)
         }
     }
     sl_metrics_write_head(out, "sluice_endpoint_request_duration_seconds", "histogram",
-                          "Total time of one endpoint's answered requests, seconds (top "
-                          "endpoints by attempts).");
+                          "Total time of one endpoint's answered requests, seconds "
+                          "(metrics_endpoint_top endpoints).");
     for (size_t i = 0; i < k; i++) {
         sl_buf_reset(&lb);
         sl_metrics_label(&lb, "endpoint", v[i]->id);
@@ -291,8 +297,8 @@ static void collect_endpoints(struct sl_buf *out, void *arg)
                                (const char *)lb.data, &v[i]->duration);
     }
     sl_metrics_write_head(out, "sluice_endpoint_breaker_open", "gauge",
-                          "1 while this process sees the endpoint's breaker open (top endpoints "
-                          "by attempts).");
+                          "1 while this process sees the endpoint's breaker open, its cooldown "
+                          "running (metrics_endpoint_top endpoints).");
     for (size_t i = 0; i < k; i++) {
         sl_buf_reset(&lb);
         sl_metrics_label(&lb, "endpoint", v[i]->id);

@@ -319,19 +319,30 @@ def test_an_open_breaker_leaves_the_gauge_when_its_cooldown_ends(world):
     dead = w.add_endpoint(f"cd-{w.tag}", f"http://127.0.0.1:{closed_port()}/x",
                           "--breaker-threshold", "2", "--max-attempts", "1",
                           "--breaker-cooldown-ms", "4000")
+    rcv = w.receiver()
+    ok = w.add_endpoint(f"busy-{w.tag}", rcv.url("ok", f"busy-{w.tag}"))
     port = free_port()
-    cons = w.consumer(metrics_listen=f"127.0.0.1:{port}")
+    # one per-endpoint slot: the open breaker takes it from the busier endpoint
+    cons = w.consumer(metrics_listen=f"127.0.0.1:{port}", metrics_endpoint_top=1)
     base = f"http://127.0.0.1:{port}"
+    assert w.produce([event(ok, i, w.tag) for i in range(20)]).returncode == 0
     assert w.produce([event(dead, i, w.tag) for i in range(3)]).returncode == 0
 
-    def gauge():
+    def samples():
         try:
-            _, s = parse(http_get(base + "/metrics")[2])
+            return parse(http_get(base + "/metrics")[2])[1]
         except OSError:
             return None
-        return value(s, "sluice_breaker_open_endpoints")
+
+    def gauge():
+        s = samples()
+        return value(s, "sluice_breaker_open_endpoints") if s else None
     wait_until(lambda: gauge() == 1, 60 * MULT, 0.2, "the breaker counted open")
     opened = time.monotonic()
+    s = samples()
+    assert has(s, "sluice_endpoint_breaker_open", 1, endpoint=dead)
+    assert not any(lb.get("endpoint") == ok for n, lb, _ in s
+                   if n == "sluice_endpoint_breaker_open"), "the busier endpoint kept the slot"
     wait_until(lambda: gauge() == 0, 40 * MULT, 0.5, "the breaker out of the gauge")
     assert time.monotonic() - opened >= 3.5  # not before the cooldown's end
     assert cons.term() == 0
