@@ -240,11 +240,11 @@ void ctl_alert_rules_print(FILE *f, const struct ctl_thresholds *t)
            "      # (no history, no oldest_undelivered) has been scraped for 5 minutes.\n"
            "      - alert: SluiceProcessMissing\n"
            "        expr: |-\n"
-           "          absent(sluice_build_info{process=\"consumer\"})\n"
-           "            or absent(sluice_build_info{process=\"recorder\"})\n"
+           "          absent(sluice_build_info{process=\"sluice-consumer\"})\n"
+           "            or absent(sluice_build_info{process=\"sluice-recorder\"})\n"
            "        for: 5m\n");
     rule_meta(f, "critical", "process_missing", "No {{ $labels.process }} is running",
-              "No sluice {{ $labels.process }} has been scraped for 5 minutes: none runs, or "
+              "No {{ $labels.process }} has been scraped for 5 minutes: none runs, or "
               "Prometheus cannot reach any. Without consumers nothing is delivered (records "
               "wait in Kafka); without a recorder the history stops (outcomes wait in Kafka)");
 

@@ -89,9 +89,9 @@ MPORT="${SLUICE_DEMO_METRICS_PORT:-18090}"
 export SLUICE_METRICS_ENDPOINT_TOP=20
 mkdir -p "$SLUICE_STACK_PROMETHEUS_TARGETS"
 cat > "$SLUICE_STACK_PROMETHEUS_TARGETS/demo.json.tmp" <<EOF
-[{"targets": ["127.0.0.1:$((MPORT + 1))", "127.0.0.1:$((MPORT + 2))"], "labels": {"process": "consumer"}},
- {"targets": ["127.0.0.1:$((MPORT + 3))"], "labels": {"process": "recorder"}},
- {"targets": ["127.0.0.1:$((MPORT + 4))"], "labels": {"process": "api"}}]
+[{"targets": ["127.0.0.1:$((MPORT + 1))", "127.0.0.1:$((MPORT + 2))"], "labels": {"process": "sluice-consumer"}},
+ {"targets": ["127.0.0.1:$((MPORT + 3))"], "labels": {"process": "sluice-recorder"}},
+ {"targets": ["127.0.0.1:$((MPORT + 4))"], "labels": {"process": "sluice-api"}}]
 EOF
 mv -f "$SLUICE_STACK_PROMETHEUS_TARGETS/demo.json.tmp" "$SLUICE_STACK_PROMETHEUS_TARGETS/demo.json"
 

@@ -11,7 +11,7 @@
 # Optional service, never started by default: Prometheus (Debian's package), scraping every
 # 1 s the targets listed in $STACK_DIR/prometheus/targets/*.json (file-based discovery,
 # written by the demo and tests: [{"targets": ["127.0.0.1:PORT"], "labels": {"process":
-# "consumer"}}]) and evaluating ops/prometheus/sluice-alerts.yml (docs/OPERATIONS.md,
+# "sluice-consumer"}}]) and evaluating ops/prometheus/sluice-alerts.yml (docs/OPERATIONS.md,
 # "Monitoring"). Data and log under $STACK_DIR/prometheus.
 #   scripts/stack.sh start --prometheus   the stack plus Prometheus (or SLUICE_STACK_PROMETHEUS=1)
 #   scripts/stack.sh start|stop SERVICE.. only those of kafka, redis, postgres, prometheus
@@ -965,8 +965,9 @@ rule_files:
   - $PR_RULES
 scrape_configs:
   - job_name: sluice
-    # Targets carry a process label (consumer, recorder, api); sluice_build_info exports the
-    # same label with the same value, kept as it is rather than renamed exported_process.
+    # Targets carry a process label (sluice-consumer, sluice-recorder, sluice-api);
+    # sluice_build_info exports the same label with the same value, kept as it is rather than
+    # renamed exported_process.
     honor_labels: true
     file_sd_configs:
       - files:

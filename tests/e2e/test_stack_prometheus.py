@@ -100,7 +100,7 @@ def test_prometheus_scrapes_file_targets(private, tmp_path):
 
     # a target file names a tiny exposition server; its series appear with the labels
     Exposition.body = (b'# TYPE sluice_build_info gauge\n'
-                       b'sluice_build_info{process="consumer",version="test"} 1\n'
+                       b'sluice_build_info{process="sluice-consumer",version="test"} 1\n'
                        b'# TYPE sluice_attempts_total counter\n'
                        b'sluice_attempts_total 4242\n')
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exposition)
@@ -108,7 +108,7 @@ def test_prometheus_scrapes_file_targets(private, tmp_path):
     try:
         target = f"127.0.0.1:{srv.server_address[1]}"
         tmp = targets / ".probe.json.tmp"
-        tmp.write_text(json.dumps([{"targets": [target], "labels": {"process": "consumer"}}]))
+        tmp.write_text(json.dumps([{"targets": [target], "labels": {"process": "sluice-consumer"}}]))
         os.rename(tmp, targets / "probe.json")
         q = url + "/api/v1/query?query=sluice_attempts_total"
         deadline, result = time.monotonic() + 60, []
@@ -119,11 +119,11 @@ def test_prometheus_scrapes_file_targets(private, tmp_path):
             time.sleep(0.5)
         assert result, "the target's series did not appear within 60 s"
         assert result[0]["metric"] == {"__name__": "sluice_attempts_total", "instance": target,
-                                       "job": "sluice", "process": "consumer"}
+                                       "job": "sluice", "process": "sluice-consumer"}
         assert result[0]["value"][1] == "4242"
         # the exposition's own process label is kept as it is (honor_labels), not renamed
         info = get_json(url + "/api/v1/query?query=sluice_build_info")["data"]["result"]
-        assert [x["metric"].get("process") for x in info] == ["consumer"]
+        assert [x["metric"].get("process") for x in info] == ["sluice-consumer"]
         assert "exported_process" not in info[0]["metric"]
         active = get_json(url + "/api/v1/targets")["data"]["activeTargets"]
         assert [(t["labels"]["instance"], t["scrapeInterval"]) for t in active] == [(target, "1s")]

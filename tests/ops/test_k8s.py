@@ -750,4 +750,5 @@ def test_scrape_jobs_name_the_metrics_services():
         component = deps[name]["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
         assert component == PROCESSES[name][1]
         assert job["relabel_configs"] == compose_jobs[name]["relabel_configs"]
-        assert job["relabel_configs"][0]["replacement"] == component
+        # the process's own name (its sluice_build_info label), the job's name
+        assert job["relabel_configs"][0]["replacement"] == name

@@ -195,6 +195,30 @@ def check_names(names, documented):
     return bad
 
 
+def test_process_labels_are_the_processes_own():
+    """Every process="..." the rules, the scrape configurations and the demo's targets name is
+    a value the binaries export themselves (sluice_build_info's label, which honor_labels
+    keeps): a rule matching another spelling would never see the series (SluiceProcessMissing
+    firing for ever)."""
+    exported = set()
+    for d in ("consumer", "recorder", "api"):
+        for f in os.listdir(os.path.join(REPO, d)):
+            if f.endswith(".c"):
+                exported |= set(re.findall(r'sl_metrics_set_process\("([^"]+)"\)',
+                                           read(os.path.join(REPO, d, f))))
+    assert exported == {"sluice-consumer", "sluice-recorder", "sluice-api"}, exported
+    named = set()
+    for f in (os.path.join(OPS, "prometheus", "sluice-alerts.yml"),
+              os.path.join(OPS, "prometheus", "sluice-alerts.test.yml")):
+        named |= set(re.findall(r'process="([^"]+)"', read(f)))
+    for f in (os.path.join(OPS, "prometheus", "prometheus.yml"),
+              os.path.join(OPS, "k8s", "prometheus-scrape.yml")):
+        named |= set(re.findall(r"replacement: (\S+)", read(f)))
+    named |= set(re.findall(r'"process": "([^"]+)"', read(os.path.join(REPO, "scripts",
+                                                                          "demo.sh"))))
+    assert named and named <= exported, named - exported
+
+
 def test_the_name_extractor():
     names, funcs = promql_names(
         'histogram_quantile(0.95, sum by (endpoint, le) (rate(a_seconds_bucket{endpoint=~"$ep",'
@@ -353,8 +377,9 @@ def test_compose_provisions_prometheus_and_grafana():
     prom = yaml.safe_load(read(os.path.join(OPS, "prometheus", "prometheus.yml")))
     assert prom["rule_files"] == ["sluice-alerts.yml"]
     jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
-    for service, process in (("sluice-consumer", "consumer"), ("sluice-recorder", "recorder"),
-                             ("sluice-api", "api")):
+    # the processes' own names, as sluice_build_info's process label (kept by honor_labels)
+    for service, process in (("sluice-consumer", "sluice-consumer"),
+                             ("sluice-recorder", "sluice-recorder"), ("sluice-api", "sluice-api")):
         listen = svc[service]["environment"]["SLUICE_METRICS_LISTEN"]
         sd = jobs[service]["dns_sd_configs"][0]
         assert sd["names"] == [service] and listen == f"0.0.0.0:{sd['port']}", (service, listen)
