@@ -277,14 +277,17 @@ int64_t cons_request_lease_ms(const cons_engine_t *e, const struct cons_ep *ce)
 }
 
 /*
- * sluice_breaker_open_endpoints counts the endpoints whose breaker holds deliveries back: open
- * with its cooldown still running, as this pod last saw it. An open breaker whose cooldown has
- * ended waits for a probe, which only traffic brings: an endpoint nobody sends to, deleted
+ * sluice_breaker_open_endpoints counts the endpoints whose breaker holds deliveries back: open,
+ * as this pod last saw it, until its cooldown has ended and a probe had the time to be sent
+ * and answered (the endpoint's request timeout and two sweeps: a failed probe reopens it
+ * before that, so a broken endpoint with traffic stays counted without a gap). An open breaker
+ * past that waits for a probe that only traffic brings: an endpoint nobody sends to, deleted
  * since, or whose Redis state was lost would otherwise stay counted (and alerting) for ever.
  */
 static void brk_count(struct cons_ep *ce, int64_t now_mono)
 {
-    bool want = ce->brk == CONS_BRK_OPEN && now_mono < ce->brk_reopen_mono;
+    int64_t grace = cons_request_lease_ms(ce->eng, ce) + 2 * (int64_t)STATS_INTERVAL_MS;
+    bool want = ce->brk == CONS_BRK_OPEN && now_mono < ce->brk_reopen_mono + grace;
     if (want != ce->brk_counted) {
         cons_metrics_breaker_open(ce->id, ce->m, want);
         ce->brk_counted = want;

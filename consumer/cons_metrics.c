@@ -297,8 +297,8 @@ static void collect_endpoints(struct sl_buf *out, void *arg)
                                (const char *)lb.data, &v[i]->duration);
     }
     sl_metrics_write_head(out, "sluice_endpoint_breaker_open", "gauge",
-                          "1 while this process sees the endpoint's breaker open, its cooldown "
-                          "running (metrics_endpoint_top endpoints).");
+                          "1 while this process counts the endpoint's breaker open, as "
+                          "sluice_breaker_open_endpoints (metrics_endpoint_top endpoints).");
     for (size_t i = 0; i < k; i++) {
         sl_buf_reset(&lb);
         sl_metrics_label(&lb, "endpoint", v[i]->id);

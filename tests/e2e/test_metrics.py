@@ -312,13 +312,13 @@ def test_healthz_fails_while_a_delivery_loop_stalls(world):
 
 def test_an_open_breaker_leaves_the_gauge_when_its_cooldown_ends(world):
     """sluice_breaker_open_endpoints (SluiceBreakerOpen) counts breakers holding deliveries
-    back: once the cooldown has ended with nothing sent to the endpoint (no probe comes
-    without traffic) the endpoint leaves it, at the loop's next 10-s tick, instead of
-    alerting for ever."""
+    back: once the cooldown has ended and a probe's time has passed with nothing sent to the
+    endpoint (no probe comes without traffic) the endpoint leaves it, at the loop's next 10-s
+    tick, instead of alerting for ever."""
     w = world
     dead = w.add_endpoint(f"cd-{w.tag}", f"http://127.0.0.1:{closed_port()}/x",
                           "--breaker-threshold", "2", "--max-attempts", "1",
-                          "--breaker-cooldown-ms", "4000")
+                          "--breaker-cooldown-ms", "4000", "--timeout-ms", "1000")
     rcv = w.receiver()
     ok = w.add_endpoint(f"busy-{w.tag}", rcv.url("ok", f"busy-{w.tag}"))
     port = free_port()
@@ -343,6 +343,8 @@ def test_an_open_breaker_leaves_the_gauge_when_its_cooldown_ends(world):
     assert has(s, "sluice_endpoint_breaker_open", 1, endpoint=dead)
     assert not any(lb.get("endpoint") == ok for n, lb, _ in s
                    if n == "sluice_endpoint_breaker_open"), "the busier endpoint kept the slot"
-    wait_until(lambda: gauge() == 0, 40 * MULT, 0.5, "the breaker out of the gauge")
-    assert time.monotonic() - opened >= 3.5  # not before the cooldown's end
+    wait_until(lambda: gauge() == 0, 90 * MULT, 0.5, "the breaker out of the gauge")
+    # not before the cooldown (4 s) and the time a probe would take (the 1-s request
+    # timeout, a margin, two 10-s sweeps) have passed
+    assert time.monotonic() - opened >= 20
     assert cons.term() == 0
