@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import time
 
 from sluice_e2e import PrivateDb, ledger_ok, psql, wait_until
@@ -1414,6 +1415,16 @@ def test_an_instance_with_the_least_privileged_roles_serves_the_delivery_log(mak
         st, hdrs, body = call(api, "GET", f"/v1/dead-letters?endpoint={ep}", None, admin)
         problem(st, hdrs, body, 500)
         assert "retry-after" not in hdrs and "role" in body["detail"], (hdrs, body)
+        # the analysis runs with its owner's rights: for the analyst, not for any role
+        pub_only = f"e2e_pub_{w.tag}".lower()
+        psql(dsn, f"create role {pub_only} login in role sluice_api")
+        try:
+            r = subprocess.run(["psql", "-X", "-At", dsn.replace("user=sluice", f"user={pub_only}"),
+                                "-c", "select count(*) from sluice_dead_letter_analysis()"],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode != 0 and "permission denied" in r.stderr, (r.returncode, r.stderr)
+        finally:
+            psql(dsn, f"drop role {pub_only}")
     finally:
         for a in w.apis:  # its connections hold the role
             if a.proc.alive():
