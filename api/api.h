@@ -118,6 +118,7 @@ struct api_req {
                                                    the loop after api_req_resume */
     atomic_bool resumed;       /* set by the waking thread before it resumes the connection */
     struct api_req *next_read; /* api_reads.c's queue */
+    int64_t read_queued_ms;    /* when it was queued there (mono ms) */
 };
 
 typedef enum api_hret (*api_handler_fn)(struct api_req *r);
@@ -247,11 +248,14 @@ enum api_hret api_dead_letters_replay(struct api_req *r);
 /* Until no replay runs (each ends before its next batch once a->stopping is set): the server
  * cannot stop with their requests suspended. Logs every 10 s while it waits. */
 /* api_reads.c: the history read threads (see there). api_reads_start: nthreads threads, or
- * NULL with err. api_reads_submit (loop thread): suspend r and queue it; returns
- * API_SUSPENDED. api_reads_stop: serve what is queued, then end the threads (NULL is fine). */
+ * NULL with err. api_reads_submit (loop thread): suspend r and queue it (API_SUSPENDED), or
+ * answer 503 once stopping (API_DONE). api_reads_stop: answer 503 to what is queued, let
+ * what runs finish, end the threads; later submits get 503. api_reads_free: stop if needed,
+ * then free, once no loop runs. NULL is fine for both. */
 api_reads_t *api_reads_start(size_t nthreads, sl_err_t *err);
 enum api_hret api_reads_submit(api_reads_t *q, struct api_req *r);
 void api_reads_stop(api_reads_t *q);
+void api_reads_free(api_reads_t *q);
 
 void api_replays_wait(struct api *a);
 /* api_stats.c */

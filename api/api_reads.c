@@ -9,8 +9,12 @@
  * the route's handler (with its own PostgreSQL connection, api_pg being per thread), stores
  * the answer in the request and resumes the connection, whose loop then sends it.
  *
- * Requests wait in one FIFO. Shutdown: api_server_quiesce counts them as requests in flight
- * (each is answered within its statement timeout); api_reads_stop then ends the threads.
+ * Requests wait in one FIFO. One that waited API_READ_WAIT_MAX_MS for a thread (the threads
+ * busy with slow queries) is answered 503 with Retry-After rather than run late. Shutdown:
+ * api_server_quiesce counts them as requests in flight; api_reads_stop then answers 503 to
+ * those still queued, lets the running ones finish and ends the threads; a read submitted
+ * after that is answered 503 at once. The queue itself is freed (api_reads_free) only once
+ * the HTTP loops have stopped, as they may still submit until then.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -22,6 +26,9 @@
 #include "api/api.h"
 #include "common/sl_log.h"
 #include "common/sl_mem.h"
+#include "common/sl_time.h"
+
+#define API_READ_WAIT_MAX_MS 30000 /* longest a read waits for a thread before a 503 */
 
 struct api_reads {
     pthread_mutex_t mu;
@@ -39,10 +46,21 @@ static enum api_hret answered(struct api_req *r)
     return API_DONE;
 }
 
-static void run_one(struct api_req *r)
+/* Serve r (a worker thread): run its handler, or answer 503 when it waited too long or the
+ * server is stopping; then resume its connection, whose loop sends the answer. */
+static void run_one(struct api_req *r, bool stopping)
 {
-    if (r->route->fn(r) == API_SUSPENDED) /* a reads route never suspends: a bug */
+    if (stopping) {
+        r->retry_after_s = 1;
+        api_problem(r, 503, "shutting-down", NULL,
+                    "this instance is stopping; another one will answer");
+    } else if (sl_mono_ms() - r->read_queued_ms > API_READ_WAIT_MAX_MS) {
+        r->retry_after_s = 2;
+        api_problem(r, 503, "history-unavailable", NULL,
+                    "the delivery log's readers are all busy with slow queries");
+    } else if (r->route->fn(r) == API_SUSPENDED) { /* a reads route never suspends: a bug */
         api_problem(r, 500, "internal", NULL, "the read could not be served");
+    }
     api_req_resume(r);
 }
 
@@ -59,8 +77,9 @@ static void *read_main(void *arg)
         q->head = r->next_read;
         if (!q->head)
             q->tail = NULL;
+        bool stopping = q->stop;
         pthread_mutex_unlock(&q->mu);
-        run_one(r);
+        run_one(r, stopping);
         pthread_mutex_lock(&q->mu);
     }
     pthread_mutex_unlock(&q->mu);
@@ -76,7 +95,7 @@ api_reads_t *api_reads_start(size_t nthreads, sl_err_t *err)
     for (; q->nthreads < nthreads; q->nthreads++) {
         if (pthread_create(&q->threads[q->nthreads], NULL, read_main, q) != 0) {
             sl_err_set(err, SL_EIO, "could not start the history read threads");
-            api_reads_stop(q);
+            api_reads_free(q);
             return NULL;
         }
         (void)pthread_setname_np(q->threads[q->nthreads], "api-read");
@@ -86,10 +105,18 @@ api_reads_t *api_reads_start(size_t nthreads, sl_err_t *err)
 
 enum api_hret api_reads_submit(api_reads_t *q, struct api_req *r)
 {
+    pthread_mutex_lock(&q->mu);
+    if (q->stop) { /* the threads are gone or going: answered here, never suspended */
+        pthread_mutex_unlock(&q->mu);
+        r->retry_after_s = 1;
+        return api_problem(r, 503, "shutting-down", NULL,
+                           "this instance is stopping; another one will answer");
+    }
     r->finish = answered;
     r->next_read = NULL;
+    r->read_queued_ms = sl_mono_ms();
+    /* under the lock: no worker can take r (and resume it) before it is suspended */
     MHD_suspend_connection(r->conn);
-    pthread_mutex_lock(&q->mu);
     if (q->tail)
         q->tail->next_read = r;
     else
@@ -105,11 +132,22 @@ void api_reads_stop(api_reads_t *q)
     if (!q)
         return;
     pthread_mutex_lock(&q->mu);
+    bool joined = q->stop && q->nthreads == 0;
     q->stop = true;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
+    if (joined)
+        return;
     for (size_t i = 0; i < q->nthreads; i++)
         pthread_join(q->threads[i], NULL);
+    q->nthreads = 0;
+}
+
+void api_reads_free(api_reads_t *q)
+{
+    if (!q)
+        return;
+    api_reads_stop(q);
     pthread_cond_destroy(&q->cv);
     pthread_mutex_destroy(&q->mu);
     free(q->threads);

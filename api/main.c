@@ -228,12 +228,14 @@ static void stop(struct run *r)
     /* a replay ends after its batch in progress (a->stopping): libmicrohttpd cannot stop with
      * its request still suspended */
     api_replays_wait(&r->a);
-    /* history reads still queued or running are answered (each within its statement
-     * timeout) before the loops stop */
+    /* history reads still queued are answered 503, running ones finish (each within its
+     * statement timeout), before the loops stop; the queue outlives the loops, which may
+     * still hand it a read (answered 503) until they stop */
     api_reads_stop(r->a.reads);
-    r->a.reads = NULL;
     (void)api_server_quiesce(r->srv, 2000);
     api_server_stop(r->srv);
+    api_reads_free(r->a.reads);
+    r->a.reads = NULL;
     sl_probe_stop(r->probe);
     api_keys_stop(r->a.keys);
     api_fanout_destroy(r->a.fanout);

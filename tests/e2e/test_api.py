@@ -1507,3 +1507,33 @@ def test_repeating_a_cli_change_whose_publish_failed_publishes_the_endpoint(make
     wait_until(lambda: call(api, "POST", "/v1/events", ev, admin)[0] == 202, 30 * MULT, 0.3,
                "the endpoint taking events")
     assert api.proc.term() == 0
+
+
+def test_sigterm_answers_the_queued_history_reads_and_lets_the_running_one_finish(make_world):
+    """One read thread busy with a 3-s query, two more reads queued behind it, then SIGTERM
+    with api_shutdown_ms 500: the running read is answered 200, the queued ones 503
+    shutting-down (with Retry-After), and the process exits 0 without hanging on them."""
+    import threading
+    w = make_world()
+    key = w.api_key("read")
+    api = w.api(api_threads=1, api_read_threads=1, api_shutdown_ms=500, _fault="history_slow")
+    got = []
+    lock = threading.Lock()
+
+    def read():
+        st, hdrs, body = call(api, "GET", "/v1/dead-letters?limit=1", None, key)
+        with lock:
+            got.append((st, hdrs.get("retry-after"), (body or {}).get("type", "")))
+
+    ths = []
+    for _ in range(3):
+        ths.append(threading.Thread(target=read))
+        ths[-1].start()
+        time.sleep(0.3)  # the first is running, the others queue behind it
+    api.proc.stop(signal.SIGTERM)
+    for t in ths:
+        t.join(30)
+    assert api.proc.term(30) == 0
+    sts = sorted(s for s, _, _ in got)
+    assert sts == [200, 503, 503], got
+    assert all(ra and t.endswith("shutting-down") for s, ra, t in got if s == 503), got
