@@ -51,6 +51,20 @@ void sl_kstats_forget(const char *client)
     pthread_mutex_unlock(&g_mu);
 }
 
+/* A partition's lag from its statistics: consumer_lag, or 0 when that is not known but the
+ * partition holds nothing (its low and high offsets equal: never written, or emptied by
+ * retention: no offset to commit, so librdkafka never knows a lag), else -1 (not known). */
+static int64_t row_lag(json_t *p, json_t *lag)
+{
+    if (json_is_integer(lag) && json_integer_value(lag) >= 0)
+        return (int64_t)json_integer_value(lag);
+    json_t *lo = json_object_get(p, "lo_offset"), *hi = json_object_get(p, "hi_offset");
+    if (json_is_integer(lo) && json_is_integer(hi) && json_integer_value(hi) >= 0 &&
+        json_integer_value(lo) == json_integer_value(hi))
+        return 0;
+    return -1;
+}
+
 int sl_kstats_update(const char *client, const char *json, size_t len)
 {
     json_t *root = json_loadb(json, len, 0, NULL);
@@ -81,13 +95,10 @@ int sl_kstats_update(const char *client, const char *json, size_t len)
                 g_cap = g_cap ? g_cap * 2 : 16;
                 g_rows = sl_xrealloc(g_rows, g_cap * sizeof(*g_rows));
             }
-            g_rows[g_nrows++] =
-                (struct row){.client = sl_xstrdup(client),
-                             .topic = sl_xstrdup(tname),
-                             .partition = (int32_t)id,
-                             .lag = json_is_integer(lag) && json_integer_value(lag) >= 0
-                                        ? (int64_t)json_integer_value(lag)
-                                        : -1};
+            g_rows[g_nrows++] = (struct row){.client = sl_xstrdup(client),
+                                             .topic = sl_xstrdup(tname),
+                                             .partition = (int32_t)id,
+                                             .lag = row_lag(p, lag)};
         }
     }
     pthread_mutex_unlock(&g_mu);

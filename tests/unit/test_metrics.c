@@ -143,10 +143,13 @@ static const char STATS[] = "{\"name\":\"c#consumer-1\",\"type\":\"consumer\",\"
                             "\"d\":{\"topic\":\"d\",\"partitions\":{"
                             "\"0\":{\"partition\":0,\"desired\":true,\"consumer_lag\":7},"
                             "\"1\":{\"partition\":1,\"desired\":false,\"consumer_lag\":100},"
-                            "\"2\":{\"partition\":2,\"desired\":true,\"consumer_lag\":-1},"
+                            "\"2\":{\"partition\":2,\"desired\":true,\"consumer_lag\":-1,"
+                            "\"lo_offset\":0,\"hi_offset\":40},"
                             "\"-1\":{\"partition\":-1,\"desired\":false,\"consumer_lag\":-1}}},"
                             "\"e\":{\"topic\":\"e\",\"partitions\":{"
-                            "\"3\":{\"partition\":3,\"desired\":true,\"consumer_lag\":5}}}}}";
+                            "\"3\":{\"partition\":3,\"desired\":true,\"consumer_lag\":5},"
+                            "\"4\":{\"partition\":4,\"desired\":true,\"consumer_lag\":-1,"
+                            "\"lo_offset\":12,\"hi_offset\":12}}}}}";
 
 static void test_kstats_lag_rows(void **state)
 {
@@ -159,16 +162,17 @@ static void test_kstats_lag_rows(void **state)
     assert_int_equal(sl_kstats_update("c#consumer-1", "not json", 8), -1);
     assert_int_equal(sl_kstats_update("c#consumer-1", "{\"x\":1}", 7), -1);
     assert_int_equal(sl_kstats_update("c#consumer-1", STATS, strlen(STATS)), 0);
-    /* assigned partitions with a known lag only: d/0 (7) and e/3 (5); d/2's is not known */
+    /* assigned partitions with a known lag: d/0 (7), e/3 (5) and e/4 (empty: nothing to
+     * consume, 0); d/2's is not known (records, nothing committed yet) */
     assert_int_equal(sl_kstats_total_lag(&rows, &known), 12);
-    assert_int_equal(rows, 2);
+    assert_int_equal(rows, 3);
     assert_true(known);
     assert_int_equal(sl_kstats_unknown(), 1);
     /* a second document of the same client replaces its rows; another client adds */
     assert_int_equal(sl_kstats_update("c#consumer-1", STATS, strlen(STATS)), 0);
     assert_int_equal(sl_kstats_update("c#consumer-2", STATS, strlen(STATS)), 0);
     assert_int_equal(sl_kstats_total_lag(&rows, NULL), 24);
-    assert_int_equal(rows, 4);
+    assert_int_equal(rows, 6);
     sl_kstats_forget("c#consumer-2");
     assert_int_equal(sl_kstats_total_lag(&rows, NULL), 12);
     sl_kstats_forget("c#consumer-1");
