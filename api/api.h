@@ -259,6 +259,9 @@ void api_reads_free(api_reads_t *q);
 
 void api_replays_wait(struct api *a);
 /* api_stats.c */
+/* For a key limited to channels, the ids of the endpoints it sees as a PostgreSQL text[]
+ * literal (malloc'd), to filter a history query by; NULL for any other key (api_stats.c). */
+char *api_visible_ids(struct api_req *r);
 enum api_hret api_endpoint_stats(struct api_req *r);
 enum api_hret api_endpoint_latency(struct api_req *r);
 enum api_hret api_dead_letter_patterns(struct api_req *r);

@@ -257,27 +257,6 @@ static size_t keep_visible(struct api_req *r, const struct sl_endpoint **eps, si
     return kept;
 }
 
-/* For a key limited to channels, the ids of the endpoints it sees as a PostgreSQL text array
- * (malloc'd); NULL for any other key. */
-static char *visible_ids(struct api_req *r)
-{
-    if (!r->auth.key || r->auth.key->n_channels == 0)
-        return NULL;
-    const struct sl_endpoint **eps = NULL;
-    size_t n = 0;
-    sl_endpoints_snapshot(r->api->eps, &eps, &n);
-    n = keep_visible(r, eps, n);
-    const char **ids = sl_xcalloc(n ? n : 1, sizeof(*ids));
-    for (size_t e = 0; e < n; e++)
-        ids[e] = eps[e]->id;
-    char *arr = sl_pg_text_array(ids, n);
-    free(ids);
-    for (size_t e = 0; e < n; e++)
-        sl_endpoint_release(eps[e]);
-    free(eps);
-    return arr;
-}
-
 enum api_hret api_dead_letters_list(struct api_req *r)
 {
     long limit;
@@ -306,7 +285,7 @@ enum api_hret api_dead_letters_list(struct api_req *r)
                            "cursor is not one this API returned");
     char lim[24];
     (void)snprintf(lim, sizeof(lim), "%ld", limit + 1);
-    char *seen = ep ? NULL : visible_ids(r);
+    char *seen = ep ? NULL : api_visible_ids(r);
     const char *p[] = {ep,
                        have ? cts : NULL,
                        have ? cev : NULL,

@@ -476,8 +476,7 @@ patterns_cursor(struct api_req *r, const char *pos, char *n, size_t ncap, char *
     return 0;
 }
 
-/* For a key limited to channels, the endpoints it sees as a text[] literal; else NULL. */
-static char *patterns_visible(struct api_req *r)
+char *api_visible_ids(struct api_req *r)
 {
     const struct sl_apikey *k = r->auth.key;
     if (!k || k->n_channels == 0)
@@ -521,7 +520,7 @@ enum api_hret api_dead_letter_patterns(struct api_req *r)
     char win[24], lim[24];
     (void)snprintf(win, sizeof(win), "%" PRId64, window_s);
     (void)snprintf(lim, sizeof(lim), "%ld", limit + 1); /* one more says there is a next page */
-    char *vis = patterns_visible(r);
+    char *vis = api_visible_ids(r);
     const char *params[] = {win, ep, have_cur ? cur_n : NULL, have_cur ? cur_id : NULL, lim, vis};
     PGresult *res = history(r, "analyse dead letters", SQL_PATTERNS, 6, params);
     free(vis);
