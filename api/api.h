@@ -259,6 +259,12 @@ void api_reads_free(api_reads_t *q);
 
 void api_replays_wait(struct api *a);
 /* api_stats.c */
+/* Run a read of the delivery history on this thread's PostgreSQL connection (api_history.c),
+ * once more on a new connection when the old one had died since its last use. Returns the
+ * result (the caller PQclears it), or NULL after answering: 503 history-unavailable (with
+ * Retry-After; the connection is dropped), or 500 when this instance's role lacks a grant. */
+PGresult *api_history_query(struct api_req *r, const char *sql, int n, const char *const *params);
+
 /* For a key limited to channels, the ids of the endpoints it sees as a PostgreSQL text[]
  * literal (malloc'd), to filter a history query by; NULL for any other key (api_stats.c). */
 char *api_visible_ids(struct api_req *r);

@@ -92,7 +92,6 @@ static json_t *col_ms(const PGresult *res, int row, int col)
                : json_real((double)strtoll(PQgetvalue(res, row, col), NULL, 10) / 1000.0);
 }
 
-/* Run a query; NULL after answering 503 (and dropping the connection). */
 static PGresult *unreachable(struct api_req *r)
 {
     r->retry_after_s = 2;
@@ -101,7 +100,7 @@ static PGresult *unreachable(struct api_req *r)
     return NULL;
 }
 
-static PGresult *query(struct api_req *r, const char *sql, int n, const char *const *params)
+PGresult *api_history_query(struct api_req *r, const char *sql, int n, const char *const *params)
 {
     sl_err_t err;
     PGconn *pg = api_pg(r->api, &err);
@@ -160,13 +159,13 @@ enum api_hret api_event_deliveries(struct api_req *r)
     char lim[24];
     (void)snprintf(lim, sizeof(lim), "%ld", limit + 1);
     const char *p[] = {id, have ? cur : NULL, lim};
-    PGresult *d = query(r, SQL_DELIVERIES, 3, p);
+    PGresult *d = api_history_query(r, SQL_DELIVERIES, 3, p);
     if (!d)
         return API_DONE;
     int nd = PQntuples(d) > limit ? (int)limit : PQntuples(d);
     /* the attempts of this page's endpoints only: (cursor, last endpoint of the page] */
     const char *pa[] = {id, have ? cur : NULL, nd > 0 ? PQgetvalue(d, nd - 1, 0) : ""};
-    PGresult *at = query(r, SQL_ATTEMPTS, 3, pa);
+    PGresult *at = api_history_query(r, SQL_ATTEMPTS, 3, pa);
     if (!at) {
         PQclear(d);
         return API_DONE;
@@ -293,10 +292,10 @@ enum api_hret api_dead_letters_list(struct api_req *r)
                        inc && strcmp(inc, "true") == 0 ? "t" : "f",
                        lim,
                        seen};
-    PGresult *res = query(r,
-                          sl_apikey_allows(r->auth.key, SL_SCOPE_ADMIN) ? SQL_DEAD_LETTERS_ADMIN
-                                                                        : SQL_DEAD_LETTERS,
-                          7, p);
+    PGresult *res = api_history_query(
+        r,
+        sl_apikey_allows(r->auth.key, SL_SCOPE_ADMIN) ? SQL_DEAD_LETTERS_ADMIN : SQL_DEAD_LETTERS,
+        7, p);
     free(seen);
     if (!res)
         return API_DONE;
@@ -341,13 +340,13 @@ static int cmp_str(const void *a, const void *b)
 static PGresult *types_seen(struct api_req *r, const struct sl_endpoint **eps, size_t n)
 {
     if (!r->auth.key || r->auth.key->n_channels == 0)
-        return query(r, SQL_TYPES_SEEN, 0, NULL);
+        return api_history_query(r, SQL_TYPES_SEEN, 0, NULL);
     const char **ids = sl_xcalloc(n ? n : 1, sizeof(*ids));
     for (size_t e = 0; e < n; e++)
         ids[e] = eps[e]->id;
     char *arr = sl_pg_text_array(ids, n);
     const char *params[] = {arr};
-    PGresult *res = query(r, SQL_TYPES_SEEN_IN, 1, params);
+    PGresult *res = api_history_query(r, SQL_TYPES_SEEN_IN, 1, params);
     free(arr);
     free(ids);
     return res;

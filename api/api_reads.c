@@ -132,15 +132,12 @@ void api_reads_stop(api_reads_t *q)
     if (!q)
         return;
     pthread_mutex_lock(&q->mu);
-    bool joined = q->stop && q->nthreads == 0;
     q->stop = true;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
-    if (joined)
-        return;
     for (size_t i = 0; i < q->nthreads; i++)
         pthread_join(q->threads[i], NULL);
-    q->nthreads = 0;
+    q->nthreads = 0; /* a second call joins nothing */
 }
 
 void api_reads_free(api_reads_t *q)

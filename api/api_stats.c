@@ -25,12 +25,10 @@
 
 #include "api/api.h"
 #include "common/sl_breaker.h"
-#include "common/sl_fault.h"
 #include "common/sl_log.h"
 #include "common/sl_pg.h"
 #include "common/sl_record.h"
 #include "common/sl_thresholds.h"
-#include "common/sl_time.h"
 
 #define WINDOW_MIN_S 60LL       /* shortest window, s */
 #define WINDOW_MAX_S 31622400LL /* longest window, s: 366 days (sluice__check_window) */
@@ -130,35 +128,6 @@ query_int(struct api_req *r, const char *name, int64_t lo, int64_t hi, int64_t d
     }
     *out = (int64_t)v;
     return 0;
-}
-
-/* Run a history query; NULL after answering 503 (and dropping the connection). */
-static PGresult *
-history(struct api_req *r, const char *what, const char *sql, int n, const char *const *params)
-{
-    sl_err_t err;
-    PGconn *pg = api_pg(r->api, &err);
-    if (sl_fault_is("history_slow")) /* a slow query (3 s): it must hold no HTTP loop */
-        sl_sleep_ms(sl_fault_delay_ms(3000));
-    PGresult *res = pg ? sl_pg_exec(pg, what, sql, n, params, &err) : NULL;
-    if (!res && pg && PQstatus(pg) != CONNECTION_OK) {
-        /* the connection had died since its last use (PostgreSQL restarted, the backend was
-         * ended): a read is safe to repeat, once, on a new one */
-        api_pg_reset();
-        pg = api_pg(r->api, &err);
-        res = pg ? sl_pg_exec(pg, what, sql, n, params, &err) : NULL;
-    }
-    if (!res) {
-        if (pg) {
-            sl_warn("history", "query_failed", "%s", err.msg);
-            api_pg_reset();
-        }
-        r->retry_after_s = 2;
-        api_problem(r, 503, "history-unavailable", NULL,
-                    pg ? "the delivery history query failed"
-                       : "the delivery history (PostgreSQL) is unreachable");
-    }
-    return res;
 }
 
 /* A latency in ms with at most three decimals (the API's convention), or JSON null. */
@@ -326,7 +295,7 @@ enum api_hret api_endpoint_stats(struct api_req *r)
     (void)snprintf(win, sizeof(win), "%" PRId64, o.window_s);
     char *arr = sl_pg_text_array(ids, np);
     const char *params[] = {arr, win};
-    PGresult *res = history(r, "read endpoint statistics", SQL_STATS, 2, params);
+    PGresult *res = api_history_query(r, SQL_STATS, 2, params);
     free(arr);
     if (res) {
         struct sl_breaker_view *brk = stats_breakers(r, ids, np);
@@ -379,7 +348,7 @@ enum api_hret api_endpoint_latency(struct api_req *r)
     (void)snprintf(win, sizeof(win), "%" PRId64, window_s);
     (void)snprintf(bkt, sizeof(bkt), "%" PRId64, bucket_s);
     const char *params[] = {id, win, bkt};
-    PGresult *res = history(r, "read the latency trend", SQL_TREND, 3, params);
+    PGresult *res = api_history_query(r, SQL_TREND, 3, params);
     if (!res)
         return API_DONE;
     int n = PQntuples(res);
@@ -522,7 +491,7 @@ enum api_hret api_dead_letter_patterns(struct api_req *r)
     (void)snprintf(lim, sizeof(lim), "%ld", limit + 1); /* one more says there is a next page */
     char *vis = api_visible_ids(r);
     const char *params[] = {win, ep, have_cur ? cur_n : NULL, have_cur ? cur_id : NULL, lim, vis};
-    PGresult *res = history(r, "analyse dead letters", SQL_PATTERNS, 6, params);
+    PGresult *res = api_history_query(r, SQL_PATTERNS, 6, params);
     free(vis);
     if (!res)
         return API_DONE;
