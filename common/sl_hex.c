@@ -2,6 +2,9 @@
 #include "common/sl_hex.h"
 
 #include <stdint.h>
+#include <stdlib.h>
+
+#include "common/sl_mem.h"
 
 void sl_hex_encode(const void *in, size_t n, char *out)
 {
@@ -28,4 +31,27 @@ int sl_hex_digit(int c)
     if (c >= 'A' && c <= 'F')
         return c - 'A' + 10;
     return sl_hex_digit_lower(c);
+}
+
+char *sl_pct_decode(const char *s, size_t n)
+{
+    char *out = sl_xmalloc(n + 1);
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '%') {
+            out[o++] = s[i];
+            continue;
+        }
+        int hi = i + 2 < n ? sl_hex_digit(s[i + 1]) : -1;
+        int lo = i + 2 < n ? sl_hex_digit(s[i + 2]) : -1;
+        if (hi < 0 || lo < 0 || (hi | lo) == 0) {
+            sl_secret_wipe(out, n + 1);
+            free(out);
+            return NULL;
+        }
+        out[o++] = (char)(hi * 16 + lo);
+        i += 2;
+    }
+    out[o] = '\0';
+    return out;
 }

@@ -40,30 +40,6 @@ int64_t sl_redis_mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Percent-decode [s, s+n) into a new string; NULL on a bad %XX or an encoded NUL. */
-static char *pct_decode(const char *s, size_t n)
-{
-    char *out = sl_xmalloc(n + 1);
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] != '%') {
-            out[o++] = s[i];
-            continue;
-        }
-        int hi = i + 2 < n ? sl_hex_digit(s[i + 1]) : -1;
-        int lo = i + 2 < n ? sl_hex_digit(s[i + 2]) : -1;
-        if (hi < 0 || lo < 0 || (hi | lo) == 0) {
-            sl_secret_wipe(out, n + 1);
-            free(out);
-            return NULL;
-        }
-        out[o++] = (char)(hi * 16 + lo);
-        i += 2;
-    }
-    out[o] = '\0';
-    return out;
-}
-
 /* Parse "host[:port]" in [p, end) into a. */
 static int parse_addr(const char *p, const char *end, struct sl_redis_addr *a, sl_err_t *err)
 {
@@ -96,9 +72,9 @@ static int parse_userinfo(const char *p, struct sl_redis_url *u, const char **re
     if (!colon)
         return sl_err_set(err, SL_ECONFIG,
                           "the user name needs a password (redis://user:password@host)");
-    if (colon > p && !(u->user = pct_decode(p, (size_t)(colon - p))))
+    if (colon > p && !(u->user = sl_pct_decode(p, (size_t)(colon - p))))
         return sl_err_set(err, SL_ECONFIG, "bad percent-encoding in the user name");
-    if (!(u->password = pct_decode(colon + 1, (size_t)(at - colon - 1))))
+    if (!(u->password = sl_pct_decode(colon + 1, (size_t)(at - colon - 1))))
         return sl_err_set(err, SL_ECONFIG, "bad percent-encoding in the password");
     if (u->password[0] == '\0')
         return sl_err_set(err, SL_ECONFIG, "empty password before '@'");

@@ -8,12 +8,14 @@
 #include "common/sl_url.h"
 
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include <curl/curl.h>
 
 #include "common/sl_hex.h"
+#include "common/sl_mem.h"
 
 /* Get one part (NULL when absent or on error). Caller frees with curl_free. */
 static char *get_part(CURLU *h, CURLUPart what)
@@ -189,19 +191,23 @@ out:
     return rc;
 }
 
-/* Every '%' of s (a userinfo part as written) starts a %XX escape. */
+/* s (NULL: absent) decodes with sl_pct_decode. */
 static bool pct_well_formed(const char *s)
 {
-    for (; s && *s; s++)
-        if (*s == '%' &&
-            (sl_hex_digit((unsigned char)s[1]) < 0 || sl_hex_digit((unsigned char)s[2]) < 0))
-            return false;
+    if (!s)
+        return true;
+    size_t n = strlen(s);
+    char *d = sl_pct_decode(s, n);
+    if (!d)
+        return false;
+    sl_secret_wipe(d, n);
+    free(d);
     return true;
 }
 
-/* The proxy URL's user name and password, as written, hold only well-formed escapes: libcurl
- * would pass a bad one on as it is, and the proxy would refuse credentials that are not the
- * ones meant (the same rule as redis_url's). 0 or SL_EINVAL. */
+/* The proxy URL's user name and password, as written, decode as redis_url's do: libcurl
+ * would pass a bad escape on as it is, and the proxy would refuse credentials that are not
+ * the ones meant. 0 or SL_EINVAL. */
 static int userinfo_check(CURLU *h, sl_err_t *err)
 {
     char *user = get_part(h, CURLUPART_USER), *password = get_part(h, CURLUPART_PASSWORD);

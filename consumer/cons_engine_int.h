@@ -221,7 +221,7 @@ struct cons_ep {
     enum cons_brk_state brk;         /* local view of the shared breaker */
     int64_t brk_failures;            /* consecutive failures per the last Redis answer */
     int64_t brk_reopen_mono;         /* open: cooldown end (this pod's monotonic ms), 0 none */
-    bool brk_counted;                /* counted in sluice_breaker_open_endpoints (cons_brk_count) */
+    bool brk_counted;                /* counted in sluice_breaker_open_endpoints (brk_count) */
     int64_t brk_refreshed_mono;      /* when the view was last refreshed (mono ms) */
     int64_t last_failure_mono;       /* last failure seen here (mono ms) */
     int64_t last_answer_mono;        /* last request of it that ended here, or the start of the
@@ -393,8 +393,8 @@ void cons_q_take(cons_engine_t *e, struct job *j);
 struct job *cons_q_head(const struct cons_ep *ce);
 struct job *cons_q_pop(cons_engine_t *e, struct cons_ep *ce, bool probe);
 bool cons_breaker_allows(cons_engine_t *e, struct cons_ep *ce, bool *probe);
-/* Every endpoint of the loop whose open breaker's cooldown has ended since it was counted
- * leaves sluice_breaker_open_endpoints (stats_line's tick). */
+/* Every endpoint of the loop whose open breaker's cooldown, and a probe's time after it, has
+ * ended since it was counted leaves sluice_breaker_open_endpoints (stats_line's tick). */
 void cons_brk_sweep(cons_engine_t *e, int64_t now_mono);
 int64_t cons_ep_observe(cons_engine_t *e,
                         struct cons_ep *ce,

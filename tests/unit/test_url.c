@@ -291,6 +291,7 @@ static void test_proxy_check(void **state)
         {"http://u:s3cr3t%zz@px.example:3128", "bad percent-encoding in the password"},
         {"http://u:s3cr3t%4@px.example:3128", "bad percent-encoding in the password"},
         {"http://u%g1:s3cr3t@px.example:3128", "bad percent-encoding in the user name"},
+        {"http://u:s3cr3t%00@px.example:3128", "bad percent-encoding in the password"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         sl_err_t err = {0};
